@@ -1,0 +1,30 @@
+# Set-up and the two jobs the README names. Everything installs into .venv from PyPI.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test gpu-test clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: compile an LSTM to a persistent CUDA kernel, print its ptxas report and check
+# the CPU reference build against NumPy; on a machine with a GPU it also runs and times the kernel.
+run: $(STAMP)
+	$(BIN)/prnn-tvm compile lstm --hidden 256 --batch 4 --seq 64
+
+# The tests CI runs (GPU tests skip themselves without a GPU).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+gpu-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

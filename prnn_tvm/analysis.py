@@ -1,0 +1,376 @@
+"""Analysis of a cell's TE graph: what the schedule templates place, and what they refuse.
+
+The analysis turns a traced cell into a :class:`CellPlan`:
+
+- the *recurrent reductions*: stages ``out[n, j] = sum_k S[n, k] * W[j, k]`` with ``S`` a
+  state and ``W`` a recurrent weight. They are the only stages that mix hidden units, so
+  they are what the persistent kernel distributes across thread blocks;
+- the *pointwise stages*, rewritten per hidden unit: for every gate slice ``s`` of a
+  stage, an expression in *leaves*, the values of one unit (``x`` at slice 2, the
+  reduction ``hw`` at slice 0, the state ``c``, ...). This is where the analysis works
+  out which gate slices belong to one hidden unit: each tensor access's column index
+  must be ``s' * hidden + u`` for the unit ``u`` being computed;
+- which states are *exchanged* (read by a reduction, so every block needs all of them
+  after each step: they go through global memory and a grid barrier) and which stay
+  private to the unit that owns them (LSTM's ``c``: registers for the whole sequence).
+
+Anything that does not fit is refused with a :class:`~prnn_tvm.errors.CellError` naming
+the stage and saying what would be accepted: a kernel is never built on a guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from tvm import te, tirx
+from tvm.ir import Range
+from tvm.ir import expr as E
+from tvm.ir.prim import expr as P
+from tvm.sym import Analyzer
+
+from .cell import Cell, Role, Slot, TracedCell
+from .errors import CellError
+from .texpr import (UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuild, substitute,
+                    tensor_load_parts)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One hidden unit's value of a tensor at a gate slice (an input of the pointwise math).
+
+    ``kind`` is the role of the tensor (``input``, ``state``, ``param``), ``reduction`` for
+    a recurrent reduction's output, or ``stage`` for another pointwise stage.
+    """
+
+    kind: str
+    name: str
+    slice: int
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A recurrent product ``out[n, s*H + u] = sum_k state[n, k] * weight[s*H + u, k]``."""
+
+    name: str
+    state: str
+    weight: str
+    slices: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A pointwise stage, one expression per gate slice, written in leaf variables."""
+
+    name: str
+    exprs: tuple  # PrimExpr per slice
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """Everything a schedule template needs to know about a cell, and nothing about its name.
+
+    Attributes
+    ----------
+    input : Slot
+        The input projection (its ``slices`` is the projection's width / hidden).
+    states, weights, params : tuple of Slot
+        Declared tensors by role, in declaration order.
+    exchanged : tuple of str
+        States read by a recurrent reduction: they cross thread blocks every step.
+    reductions : tuple of Reduction
+    stages : tuple of Stage
+        Pointwise stages in dependency order.
+    updates : dict
+        State name -> the leaf holding its new value.
+    leaf_vars : dict
+        Leaf -> the variable standing for it inside stage expressions.
+    """
+
+    cell: Cell
+    batch: int
+    hidden: int
+    dtype: str
+    input: Slot
+    states: tuple
+    weights: tuple
+    params: tuple
+    exchanged: tuple
+    reductions: tuple
+    stages: tuple
+    updates: dict
+    leaf_vars: dict
+
+    @property
+    def output(self) -> str:
+        return self.cell.output
+
+    @property
+    def private_states(self) -> tuple:
+        return tuple(s.name for s in self.states if s.name not in self.exchanged)
+
+    @property
+    def needs_grid_barrier(self) -> bool:
+        """A cell without recurrent reductions has no cross-unit dependency at all."""
+        return bool(self.reductions)
+
+    def slot(self, name: str) -> Slot:
+        for s in (self.input, *self.states, *self.weights, *self.params):
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """A hash of the cell's math (not its name or sizes): keys tuning records."""
+        parts = [f"{s.role.value}:{s.name}:{s.slices}" for s in (self.input, *self.states, *self.weights,
+                                                                 *self.params)]
+        parts += [f"red:{r.name}={r.state}*{r.weight}:{r.slices}" for r in self.reductions]
+        parts += [f"stage:{st.name}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
+        parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
+        parts.append(f"output:{self.output}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def analyze(cell: Cell, batch: int, hidden: int, dtype: str = "float32") -> CellPlan:
+    """Trace ``cell`` at the given sizes and map its TE graph, or raise CellError."""
+    if batch < 1 or hidden < 1:
+        raise CellError(f"batch and hidden must be positive, got batch={batch}, hidden={hidden}")
+    return _Analysis(cell.trace(batch, hidden, dtype)).run()
+
+
+class _Analysis:
+    def __init__(self, traced: TracedCell):
+        self.t = traced
+        self.H = traced.hidden
+        self.B = traced.batch
+        self.slots = {s.tensor: s for s in traced.slots}
+        self.leaf_vars: dict[Leaf, E.Var] = {}
+        self.reductions: dict[te.Tensor, Reduction] = {}
+        self.stages: dict[te.Tensor, Stage] = {}
+        self.order: list[te.Tensor] = []
+        self.used: set[str] = set()
+
+    # ---- entry
+    def run(self) -> CellPlan:
+        t = self.t
+        by_role = {r: tuple(s for s in t.slots if s.role is r) for r in Role}
+        if not by_role[Role.INPUT]:
+            raise CellError(f"cell '{t.cell.name}' declares no input: call c.input(slices) once")
+        if not by_role[Role.STATE]:
+            raise CellError(f"cell '{t.cell.name}' declares no state: a recurrent cell needs c.state(name)")
+        state_names = [s.name for s in by_role[Role.STATE]]
+        if t.cell.output not in state_names:
+            raise CellError(f"cell '{t.cell.name}': output '{t.cell.output}' is not a declared state "
+                            f"(states: {', '.join(state_names)})")
+        missing = [n for n in state_names if n not in t.updates]
+        extra = [n for n in t.updates if n not in state_names]
+        if missing:
+            raise CellError(f"cell '{t.cell.name}': the step returns no new value for state(s) "
+                            f"{', '.join(missing)}; return {{name: tensor}} for every c.state()")
+        if extra:
+            raise CellError(f"cell '{t.cell.name}': the step returns {', '.join(extra)}, which "
+                            f"{'is' if len(extra) == 1 else 'are'} not a declared state")
+
+        updates = {}
+        for name in state_names:
+            tensor = t.updates[name]
+            if not isinstance(tensor, te.Tensor):
+                raise CellError(f"the new value of state '{name}' must be a te.Tensor, "
+                                f"got {type(tensor).__name__}")
+            self._visit(tensor)
+            if self._slices(tensor, f"new value of state '{name}'") != 1:
+                raise CellError(f"the new value of state '{name}' has shape {self._shape(tensor)}; "
+                                f"a state is (batch, hidden) = ({self.B}, {self.H})", tensor.op.name)
+            updates[name] = self._leaf_of(tensor, 0)
+
+        for s in t.slots:
+            if s.role in (Role.WEIGHT, Role.PARAM) and s.name not in self.used:
+                raise CellError(f"{s.role.value} '{s.name}' is declared but never used; remove it or use it")
+        exchanged = tuple(n for n in state_names if any(r.state == n for r in self.reductions.values()))
+        return CellPlan(
+            cell=t.cell, batch=self.B, hidden=self.H, dtype=t.dtype,
+            input=by_role[Role.INPUT][0], states=by_role[Role.STATE], weights=by_role[Role.WEIGHT],
+            params=by_role[Role.PARAM], exchanged=exchanged,
+            reductions=tuple(self.reductions[x] for x in self.order if x in self.reductions),
+            stages=tuple(self.stages[x] for x in self.order if x in self.stages),
+            updates=updates, leaf_vars=dict(self.leaf_vars),
+        )
+
+    # ---- graph walk (post-order = dependency order)
+    def _visit(self, tensor: te.Tensor) -> None:
+        if tensor in self.slots or tensor in self.reductions or tensor in self.stages:
+            return
+        op = tensor.op
+        if isinstance(op, te.PlaceholderOp):
+            raise CellError(f"'{op.name}' is a te.placeholder the cell did not declare; create inputs "
+                            f"with c.input(), c.state(), c.weight() or c.param()", op.name)
+        if not isinstance(op, te.ComputeOp):
+            raise CellError(f"{type(op).__name__} is not supported; a cell is made of te.compute stages",
+                            op.name)
+        if len(op.body) != 1:
+            raise CellError("multi-output compute stages are not supported; write one te.compute per value",
+                            op.name)
+        if tensor.dtype != self.t.dtype:
+            raise CellError(f"computes {tensor.dtype}; every stage of a {self.t.dtype} cell must be "
+                            f"{self.t.dtype} (cast inside the expression instead)", op.name)
+        for inp in op.input_tensors:
+            self._visit(inp)
+        if isinstance(op.body[0], tirx.Reduce):
+            self.reductions[tensor] = self._reduction(tensor)
+        else:
+            self.stages[tensor] = self._stage(tensor)
+        self.order.append(tensor)
+
+    # ---- shapes
+    @staticmethod
+    def _shape(tensor: te.Tensor) -> tuple:
+        return tuple(int(d) for d in tensor.shape)
+
+    def _slices(self, tensor: te.Tensor, what: str) -> int:
+        shape = self._shape(tensor)
+        if len(shape) != 2 or shape[0] != self.B or shape[1] % self.H != 0:
+            raise CellError(f"{what} has shape {shape}; cell stages must be (batch, slices*hidden) with "
+                            f"batch={self.B}, hidden={self.H}", tensor.op.name)
+        return shape[1] // self.H
+
+    def _leaf_of(self, tensor: te.Tensor, s: int) -> Leaf:
+        if tensor in self.reductions:
+            return Leaf("reduction", tensor.op.name, s)
+        if tensor in self.stages:
+            return Leaf("stage", tensor.op.name, s)
+        slot = self.slots[tensor]
+        return Leaf(slot.role.value, slot.name, s)
+
+    def _leaf_var(self, leaf: Leaf) -> E.Var:
+        if leaf not in self.leaf_vars:
+            self.leaf_vars[leaf] = tirx.Var(f"{leaf.name}_{leaf.slice}", self.t.dtype)
+        return self.leaf_vars[leaf]
+
+    # ---- recurrent reductions
+    def _reduction(self, tensor: te.Tensor) -> Reduction:
+        op = tensor.op
+        name = op.name
+        red = op.body[0]
+        slices = self._slices(tensor, "the reduction")
+        comb = red.combiner
+        identity = comb.identity_element[0]
+        if not (len(comb.result) == 1 and isinstance(comb.result[0], P.Add)
+                and isinstance(identity, (P.FloatImm, P.IntImm)) and float(identity.value) == 0.0):
+            raise CellError("only sums (te.sum) of state x weight products are supported as reductions, "
+                            f"this stage reduces with {comb.result[0]}", name)
+        if len(op.reduce_axis) != 1:
+            raise CellError(f"reduces over {len(op.reduce_axis)} axes; a recurrent product reduces over one "
+                            "axis k in range(hidden)", name)
+        k = op.reduce_axis[0]
+        if int(k.dom.min) != 0 or int(k.dom.extent) != self.H:
+            raise CellError(f"reduces over range({k.dom.min}, {int(k.dom.min) + int(k.dom.extent)}); a "
+                            f"recurrent product reduces over the whole state, range(0, {self.H})", name)
+        if not (isinstance(red.condition, P.IntImm) and int(red.condition.value) == 1):
+            raise CellError("a reduction with a where= condition is not supported", name)
+        src = red.source[0]
+        if not (isinstance(src, P.Mul) and is_tensor_load(src.a) and is_tensor_load(src.b)):
+            raise CellError(f"sums {src}; a recurrent product sums state[n, k] * weight[j, k], the product "
+                            "of exactly two tensor accesses", name)
+        n, j = (iv.var for iv in op.axis)
+        loads = [tensor_load_parts(src.a), tensor_load_parts(src.b)]
+        roles = [self.slots[t].role if t in self.slots else None for t, _ in loads]
+        if Role.WEIGHT not in roles:
+            raise CellError("a recurrent product multiplies a state by a recurrent weight (c.weight); this "
+                            f"one reads {', '.join(self._describe(t) for t, _ in loads)}", name)
+        (w_t, w_idx), (s_t, s_idx) = loads if roles[0] is Role.WEIGHT else loads[::-1]
+        if s_t not in self.slots or self.slots[s_t].role is not Role.STATE:
+            if s_t in self.stages or s_t in self.reductions:
+                raise CellError(f"the recurrent product reads '{s_t.op.name}', which this step computes; "
+                                "a reduction must read a state (c.state) directly. A cell whose recurrent "
+                                "product depends on this step's own results needs two phases per step, "
+                                "which the compiler does not support yet", name)
+            raise CellError(f"the recurrent product multiplies the weight by {self._describe(s_t)}; it must "
+                            "multiply a state (c.state)", name)
+        w_slot, s_slot = self.slots[w_t], self.slots[s_t]
+        if not (self._is(w_idx[0], j) and self._is(w_idx[1], k.var)):
+            raise CellError(f"weight '{w_slot.name}' is indexed [{w_idx[0]}, {w_idx[1]}]; recurrent weights "
+                            f"have PyTorch's (slices*hidden, hidden) layout and are indexed [j, k]", name)
+        if not (self._is(s_idx[0], n) and self._is(s_idx[1], k.var)):
+            raise CellError(f"state '{s_slot.name}' is indexed [{s_idx[0]}, {s_idx[1]}]; the recurrent "
+                            f"product reads it as [n, k]", name)
+        if w_slot.slices != slices:
+            raise CellError(f"has {slices} gate slice(s) but weight '{w_slot.name}' has {w_slot.slices}; "
+                            "the product's shape is (batch, rows of the weight)", name)
+        self.used.add(w_slot.name)
+        return Reduction(name, s_slot.name, w_slot.name, slices)
+
+    # ---- pointwise stages
+    def _stage(self, tensor: te.Tensor) -> Stage:
+        op = tensor.op
+        name = op.name
+        slices = self._slices(tensor, "the stage")
+        n, j = (iv.var for iv in op.axis)
+        u = tirx.Var("u", "int32")
+        an = Analyzer()
+        an.bind(u, Range(0, self.H))
+        exprs = []
+        for s in range(slices):
+            col = s * self.H + u
+
+            def replace(e, s=s, col=col):
+                if is_tensor_load(e):
+                    return self._pointwise_access(e, name, n, j, col, u, an)
+                if isinstance(e, tirx.Reduce):
+                    raise CellError("a reduction inside a larger expression is not supported; give it its "
+                                    "own te.compute stage", name)
+                return None
+
+            try:
+                expr = rebuild(op.body[0], replace)
+            except UnsupportedExpr as err:
+                raise CellError(str(err), name) from None
+            bad = [v for v in free_vars(expr) if v.same_as(n) or v.same_as(j)]
+            if bad:
+                raise CellError(f"uses its index '{bad[0]}' as a value; a cell's math must be the same for "
+                                "every batch row and hidden unit", name)
+            exprs.append(expr)
+        return Stage(name, tuple(exprs))
+
+    def _pointwise_access(self, e, stage: str, n, j, col, u, an: Analyzer):
+        tensor, idx = tensor_load_parts(e)
+        what = self._describe(tensor)
+        slot = self.slots.get(tensor)
+        if slot is not None and slot.role is Role.WEIGHT:
+            raise CellError(f"reads weight '{slot.name}' directly; recurrent weights may only appear in a "
+                            "recurrent product te.sum(state[n, k] * weight[j, k])", stage)
+        if slot is not None and slot.role is Role.PARAM:
+            if len(idx) != 1:
+                raise CellError(f"indexes param '{slot.name}' with {len(idx)} indices; params are vectors "
+                                "indexed [s*hidden + j]", stage)
+            column, slices = idx[0], slot.slices
+        else:
+            slices = slot.slices if slot is not None else self._slices(tensor, what)
+            if len(idx) != 2:
+                raise CellError(f"indexes {what} with {len(idx)} indices, expected [n, column]", stage)
+            if not self._is(idx[0], n):
+                raise CellError(f"reads {what} at batch index {idx[0]}; every stage may only read its own "
+                                f"batch row [n, ...]", stage)
+            column = idx[1]
+        offset = an.simplify(substitute(column, {j: col}) - u)
+        c = const_int(offset)
+        if c is None or c < 0 or c >= slices * self.H or c % self.H != 0:
+            raise CellError(
+                f"reads {what} at column {column}, which does not belong to the hidden unit being computed; "
+                f"pointwise stages may only combine values of the same hidden unit, at columns "
+                f"s*hidden + j for a constant gate slice s < {slices}", stage)
+        if slot is not None:
+            self.used.add(slot.name)
+        return self._leaf_var(self._leaf_of(tensor, c // self.H))
+
+    # ---- helpers
+    def _describe(self, tensor: te.Tensor) -> str:
+        slot = self.slots.get(tensor)
+        if slot is not None:
+            return f"'{slot.name}' ({slot.role.value})"
+        if tensor in self.reductions:
+            return f"'{tensor.op.name}' (recurrent product)"
+        return f"'{tensor.op.name}' (stage)"
+
+    @staticmethod
+    def _is(e, var) -> bool:
+        return isinstance(e, E.Var) and e.same_as(var)

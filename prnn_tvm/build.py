@@ -1,0 +1,99 @@
+"""Build a compiled layer: input projection + recurrent kernel in one TVM module.
+
+Two things here are project-owned on purpose:
+
+- a TIR pipeline ("prnn") that lowers the hand-placed recurrent kernel with TVM's
+  ``tirx`` pipeline (placement kept exactly as written: no automatic syncs, no buffer
+  compaction) and everything else (the dlight-scheduled projection) with the default one;
+- CUDA compilation through nvcc (``prnn_tvm.ptxas``), so that every kernel comes with its
+  ptxas report (registers, spills). Without a GPU, TVM emits source only and the report
+  comes from compiling that source for the target arch here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import tvm
+import tvm_ffi
+from tvm.tirx.compilation_pipeline import get_tir_pipeline, register_tir_pipeline
+
+from . import ptxas
+from .analysis import CellPlan
+from .errors import ConfigError
+from .kernel import Kernel
+from .projection import projection_func
+from .target import GpuSpec
+
+log = logging.getLogger(__name__)
+
+HAND_PLACED = "prnn.hand_placed"
+PIPELINE = "prnn"
+
+
+def _prnn_pipeline():
+    default, finalize_host, finalize_device = get_tir_pipeline("s_tir")
+    exact, _, _ = get_tir_pipeline("tirx")
+
+    @tvm.transform.module_pass(opt_level=0)
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        placed = {gv: f for gv, f in mod.functions.items() if f.attrs and f.attrs.get(HAND_PLACED)}
+        rest = {gv: f for gv, f in mod.functions.items() if gv not in placed}
+        out = {}
+        for funcs, pipeline in ((placed, exact), (rest, default)):
+            if funcs:
+                out.update(pipeline(tvm.IRModule(funcs)).functions)
+        return tvm.IRModule(out)
+
+    return _pipeline, finalize_host, finalize_device
+
+
+register_tir_pipeline(PIPELINE, _prnn_pipeline)
+
+
+@contextlib.contextmanager
+def _nvcc_compile(arch: str, reports: list):
+    """Route TVM's CUDA compilation through nvcc for ``arch`` while building; restore after."""
+    name = "tvm_callback_cuda_compile"
+    previous = tvm.get_global_func(name, allow_missing=True)
+
+    def compile_with_nvcc(code, *_):
+        cubin, report = ptxas.compile_cuda(code, arch)
+        reports.append(report)
+        return bytearray(cubin)
+
+    tvm_ffi.register_global_func(name, compile_with_nvcc, override=True)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func(name, previous, override=True)
+        else:
+            tvm_ffi.remove_global_func(name)
+
+
+def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target,
+                 gpu: GpuSpec | None, with_projection: bool = True):
+    """Compile projection + recurrent kernel; return (runtime module, CUDA source or None, ptxas report or None).
+
+    On a host whose CUDA runtime is loaded the module holds a cubin built by nvcc; otherwise
+    CUDA builds hold source only and cannot run here.
+    """
+    funcs = {"recurrent": kernel.func.with_attr("global_symbol", "recurrent")}
+    if with_projection:
+        funcs["projection"] = projection_func(plan, input_size, target)
+    mod = tvm.IRModule(funcs)
+    if target.kind.name != "cuda":
+        return tvm.tirx.build(mod, target=target, pipeline=PIPELINE), None, None
+    reports: list = []
+    with target, _nvcc_compile(gpu.arch, reports):
+        lib = tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
+    source = lib.imports[0].inspect_source()
+    report = reports[-1] if reports else None
+    return lib, source, report
+
+
+def check_target(target: tvm.target.Target) -> None:
+    if target.kind.name not in ("cuda", "llvm"):
+        raise ConfigError(f"target kind '{target.kind.name}' is not supported; use cuda or llvm")

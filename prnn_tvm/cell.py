@@ -1,0 +1,178 @@
+"""The public cell API: how a recurrent cell is written.
+
+A cell is one timestep written with ``tvm.te``. Its step function receives a
+:class:`CellBuilder`, declares what it reads (the input projection, the states, the
+recurrent weights, per-unit parameters) and returns the new value of every state as TE
+tensors. The compiler analyses that graph (``prnn_tvm.analysis``) and places it into a
+schedule template; it never needs to know which cell it is compiling.
+
+Every tensor a cell sees is indexed ``[n, j]`` with ``n`` the batch row and ``j`` a
+column; a tensor with ``slices`` gate slices has ``slices * hidden`` columns and column
+``s * hidden + u`` belongs to hidden unit ``u`` (PyTorch's stacking of gates).
+
+Example, a vanilla tanh RNN::
+
+    from tvm import te
+    from prnn_tvm import Cell
+
+    def step(c):
+        x, h = c.input(), c.state("h")
+        W, b = c.weight("W_hh"), c.param("b_hh")
+        hw = c.matvec(h, W, name="hw")                  # te.sum(h[n, k] * W[j, k])
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j] + b[j]), "h_new")}
+
+    def reference(x, state, p):                          # NumPy, one step, float64
+        return {"h": np.tanh(x + state["h"] @ p["W_hh"].T + p["b_hh"])}
+
+    MY_RNN = Cell("my_rnn", step, reference)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import te
+
+from .errors import CellError
+
+
+class Role(enum.Enum):
+    """What a declared tensor is to the compiler."""
+
+    INPUT = "input"    # x_t W_ih^T + b_ih for this step, shape (batch, slices*hidden)
+    STATE = "state"    # carried from step to step, shape (batch, hidden)
+    WEIGHT = "weight"  # recurrent weight, shape (slices*hidden, hidden), PyTorch layout
+    PARAM = "param"    # per-unit vector (biases, peepholes), shape (slices*hidden,)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A tensor the cell declared, with its role and gate-slice count."""
+
+    name: str
+    role: Role
+    slices: int
+    tensor: te.Tensor = field(compare=False, repr=False)
+
+
+class CellBuilder:
+    """What a step function receives: the sizes and the declaration methods.
+
+    Parameters
+    ----------
+    batch, hidden : int
+        Concrete sizes the cell is traced at.
+    dtype : str
+        Element type of every tensor (``"float32"``).
+    """
+
+    def __init__(self, batch: int, hidden: int, dtype: str = "float32"):
+        self.batch = batch
+        self.hidden = hidden
+        self.dtype = dtype
+        self.slots: list[Slot] = []
+
+    def _declare(self, name: str, role: Role, slices: int, shape: tuple[int, ...]) -> te.Tensor:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise CellError(f"declared names must be Python identifiers, got {name!r}")
+        if any(s.name == name for s in self.slots):
+            raise CellError(f"'{name}' is declared twice")
+        if not isinstance(slices, int) or slices < 1:
+            raise CellError(f"'{name}' needs a positive whole number of gate slices, got {slices!r}")
+        t = te.placeholder(shape, self.dtype, name=name)
+        self.slots.append(Slot(name, role, slices, t))
+        return t
+
+    def input(self, slices: int = 1, name: str = "x") -> te.Tensor:
+        """This step's input projection ``x_t W_ih^T + b_ih``: shape (batch, slices*hidden).
+
+        The layer computes it for all timesteps in one matrix product before the
+        recurrence; ``slices`` is the number of gates that take the input.
+        """
+        if any(s.role is Role.INPUT for s in self.slots):
+            raise CellError("a cell has one input projection; c.input() was called twice")
+        return self._declare(name, Role.INPUT, slices, (self.batch, slices * self.hidden))
+
+    def state(self, name: str) -> te.Tensor:
+        """A recurrent state of shape (batch, hidden); the step must return its new value."""
+        return self._declare(name, Role.STATE, 1, (self.batch, self.hidden))
+
+    def weight(self, name: str, slices: int = 1) -> te.Tensor:
+        """A recurrent weight of shape (slices*hidden, hidden), indexed ``W[j, k]``.
+
+        This is PyTorch's ``weight_hh`` layout: row ``s*hidden + u`` holds gate ``s`` of unit ``u``.
+        """
+        return self._declare(name, Role.WEIGHT, slices, (slices * self.hidden, self.hidden))
+
+    def param(self, name: str, slices: int = 1) -> te.Tensor:
+        """A per-unit parameter vector of shape (slices*hidden,), e.g. ``bias_hh``."""
+        return self._declare(name, Role.PARAM, slices, (slices * self.hidden,))
+
+    def matvec(self, state: te.Tensor, weight: te.Tensor, name: str) -> te.Tensor:
+        """The recurrent product ``out[n, j] = sum_k state[n, k] * weight[j, k]``.
+
+        A convenience: writing the same ``te.compute`` with ``te.sum`` by hand is equivalent.
+        """
+        k = te.reduce_axis((0, self.hidden), name=f"{name}_k")
+        rows = int(weight.shape[0])
+        return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, k] * weight[j, k], axis=k),
+                          name=name)
+
+    def pointwise(self, fn: Callable, name: str, slices: int = 1) -> te.Tensor:
+        """A pointwise stage ``fn(n, j)`` of shape (batch, slices*hidden)."""
+        return te.compute((self.batch, slices * self.hidden), fn, name=name)
+
+
+StepFn = Callable[[CellBuilder], Mapping[str, te.Tensor]]
+ReferenceFn = Callable[[np.ndarray, Mapping[str, np.ndarray], Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class TracedCell:
+    """A cell's TE graph at concrete sizes: the declared slots and the state updates."""
+
+    cell: "Cell"
+    batch: int
+    hidden: int
+    dtype: str
+    slots: tuple[Slot, ...]
+    updates: Mapping[str, te.Tensor]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A recurrent cell: a TE step function and its NumPy reference.
+
+    Parameters
+    ----------
+    name : str
+        Short name used in reports, records and the CLI.
+    step : callable
+        ``step(c: CellBuilder) -> {state_name: te.Tensor}``: one timestep in TE.
+    reference : callable
+        ``reference(x, state, params) -> {state_name: ndarray}``: the same step in NumPy,
+        called in float64 with ``x`` the input projection (batch, slices*hidden), ``state``
+        the states by name and ``params`` the weights and per-unit parameters by name.
+    output : str
+        The state whose value at every step is the layer's output sequence.
+    doc : str
+        Equations and source, shown by ``prnn-tvm cells``.
+    """
+
+    name: str
+    step: StepFn
+    reference: ReferenceFn
+    output: str = "h"
+    doc: str = ""
+
+    def trace(self, batch: int, hidden: int, dtype: str = "float32") -> TracedCell:
+        """Run the step function at concrete sizes and return its TE graph."""
+        builder = CellBuilder(batch, hidden, dtype)
+        updates = self.step(builder)
+        if not isinstance(updates, Mapping):
+            raise CellError(f"cell '{self.name}': the step function must return a dict "
+                            f"{{state name: new value}}, got {type(updates).__name__}")
+        return TracedCell(self, batch, hidden, dtype, tuple(builder.slots), dict(updates))

@@ -1,0 +1,61 @@
+"""Numerical checks and timings of a compiled layer: what ``prnn-tvm compile`` reports."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layer import Layer
+from .reference import random_inputs, reference_layer
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Max abs error of a layer's output and final states against the float64 reference."""
+
+    max_abs_error: float
+    tolerance: float
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_error <= self.tolerance
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per sequence: projection, recurrent kernel, and both."""
+
+    seq_len: int
+    projection_s: float
+    recurrent_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.projection_s + self.recurrent_s
+
+    @property
+    def per_step_s(self) -> float:
+        return self.recurrent_s / self.seq_len
+
+
+def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: int = 0) -> CheckResult:
+    """Run ``layer`` on random inputs and compare with the cell's NumPy reference in float64."""
+    inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
+    start = time.perf_counter()
+    out, finals = layer(**inputs)
+    seconds = time.perf_counter() - start
+    ref, ref_finals = reference_layer(layer.plan, inputs)
+    err = float(np.abs(out - ref).max())
+    for state, got in zip(layer.plan.states, finals):
+        err = max(err, float(np.abs(got - ref_finals[state.name]).max()))
+    return CheckResult(err, tolerance, seconds)
+
+
+def time_layer(layer: Layer, seq_len: int, number: int = 10, repeat: int = 5, seed: int = 0) -> Timing:
+    """Time both kernels of ``layer`` on random inputs (minimum over repeats)."""
+    inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
+    t = layer.time(number=number, repeat=repeat, **inputs)
+    return Timing(seq_len, t["projection"], t["recurrent"])

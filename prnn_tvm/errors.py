@@ -1,0 +1,33 @@
+"""Exceptions raised by prnn-tvm.
+
+Every error a user can cause (a cell the compiler cannot map, a schedule config that
+does not fit the GPU, inputs of the wrong shape) is one of these, with a message that
+names the offending piece and says what would be accepted.
+"""
+
+
+class PrnnError(Exception):
+    """Base class of every error prnn-tvm raises on purpose."""
+
+
+class CellError(PrnnError):
+    """The cell definition cannot be compiled to a persistent kernel.
+
+    ``stage`` names the TE stage (or declared tensor) at fault, when there is one.
+    """
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(f"stage '{stage}': {message}" if stage else message)
+        self.stage = stage
+
+
+class ConfigError(PrnnError):
+    """A schedule config was rejected before building (registers, shared memory, grid)."""
+
+
+class InputError(PrnnError, ValueError):
+    """Arguments of a compiled layer call have the wrong shape, dtype or device."""
+
+
+class LaunchError(PrnnError):
+    """A kernel launch was refused before it started (for example a grid too large to be co-resident)."""

@@ -1,0 +1,46 @@
+"""The input projection ``xp[t, n, j] = sum_i x[t, n, i] * W_ih[j, i] + b_ih[j]``.
+
+It has no recurrence, so it is one large matrix product over all timesteps, built from
+TE and scheduled by TVM (dlight's GPU rules on CUDA, a parallel loop nest on the CPU)
+before the persistent kernel runs.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te, tirx
+
+from .analysis import CellPlan
+from .kernel import SEQ_LEN
+
+
+def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) -> tirx.PrimFunc:
+    """The projection as a PrimFunc named ``projection``, scheduled for ``target``."""
+    B, N, dt = plan.batch, plan.input.slices * plan.hidden, plan.dtype
+    seq_len = tirx.Var(SEQ_LEN, "int32")
+    x = te.placeholder((seq_len, B, input_size), dt, name="x")
+    w = te.placeholder((N, input_size), dt, name="W_ih")
+    b = te.placeholder((N,), dt, name="b_ih")
+    k = te.reduce_axis((0, input_size), name="k")
+    xw = te.compute((seq_len, B, N), lambda t, n, j: te.sum(x[t, n, k] * w[j, k], axis=k), name="xw")
+    xp = te.compute((seq_len, B, N), lambda t, n, j: xw[t, n, j] + b[j], name="xp")
+    func = te.create_prim_func([x, w, b, xp]).with_attr("global_symbol", "projection")
+    mod = tvm.IRModule({"projection": func})
+    if target.kind.name == "cuda":
+        from tvm.s_tir import dlight as dl
+
+        with target:
+            mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
+    else:
+        mod = _cpu_schedule(mod)
+    return mod["projection"]
+
+
+def _cpu_schedule(mod: tvm.IRModule) -> tvm.IRModule:
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(mod)
+    block = sch.get_sblock("xw", func_name="projection")
+    t, n, j, _k = sch.get_loops(block)
+    sch.parallel(sch.fuse(t, n))
+    return sch.mod

@@ -1,0 +1,100 @@
+"""Compile CUDA source with nvcc and read ptxas's report: registers, spills, shared memory.
+
+Used two ways: on a GPU host it is the project's CUDA compile callback (the cubin goes
+into the module, the report is kept); on a machine without a GPU, TVM returns source
+only, and the report comes from compiling that source here. Either way every generated
+kernel is inspected, not assumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PrnnError
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+@dataclass(frozen=True)
+class FunctionReport:
+    """ptxas's figures for one kernel."""
+
+    name: str
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    static_smem_bytes: int
+
+    @property
+    def spills(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    arch: str
+    functions: dict  # name -> FunctionReport
+    log: str
+
+    def function(self, prefix: str) -> FunctionReport:
+        """The report of the kernel whose name starts with ``prefix`` (TVM appends ``_kernel``)."""
+        for name, rep in self.functions.items():
+            if name.startswith(prefix):
+                return rep
+        raise KeyError(f"no kernel named {prefix}* in the ptxas report ({', '.join(self.functions)})")
+
+
+class NvccError(PrnnError):
+    """nvcc is missing or rejected the generated source."""
+
+
+def parse_report(log: str, arch: str) -> PtxasReport:
+    functions, current = {}, None
+    fields: dict = {}
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current, fields = m.group(1), {}
+        elif current and (m := _PROPS.search(line)):
+            fields.update(stack=int(m.group(1)), st=int(m.group(2)), ld=int(m.group(3)))
+        elif current and (m := _USED.search(line)):
+            functions[current] = FunctionReport(current, int(m.group(1)), fields.get("stack", 0),
+                                                fields.get("st", 0), fields.get("ld", 0), int(m.group(2) or 0))
+            current = None
+    return PtxasReport(arch, functions, log)
+
+
+_CACHE: dict = {}
+
+
+def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
+    """Compile ``source`` to a cubin for ``arch`` (e.g. ``sm_90``); return it with the report.
+
+    Results are cached by source and arch, so inspecting a kernel that was just built
+    on a GPU host costs nothing.
+    """
+    key = (hashlib.sha256(source.encode()).hexdigest(), arch)
+    if key in _CACHE:
+        return _CACHE[key]
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise NvccError("nvcc not found on PATH: the CUDA toolkit (12 or newer) is needed to compile "
+                        "and inspect kernels")
+    with tempfile.TemporaryDirectory(prefix="prnn_tvm_") as tmp:
+        src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
+        src.write_text(source)
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", str(src), "-o", str(cubin)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NvccError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
+        result = cubin.read_bytes(), parse_report(proc.stderr + proc.stdout, arch)
+    _CACHE[key] = result
+    return result

@@ -1,0 +1,59 @@
+"""Resolve a cell from a name, a file, or a Cell object.
+
+Built-in cells are the modules of ``prnn_tvm.cells`` that define ``CELL``: the files are
+the registry, so there is no table to keep in step with them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from pathlib import Path
+
+from .cell import Cell
+from .errors import CellError
+
+
+def builtin_cells() -> dict[str, Cell]:
+    """Name -> Cell for every built-in cell, in file-name order."""
+    from . import cells
+
+    found = {}
+    for info in sorted(pkgutil.iter_modules(cells.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{cells.__name__}.{info.name}")
+        cell = getattr(module, "CELL", None)
+        if isinstance(cell, Cell):
+            found[cell.name] = cell
+    return found
+
+
+def resolve(spec: str | Cell) -> Cell:
+    """A Cell from a Cell, a built-in name (``"lstm"``) or ``path/to/file.py[:ATTR]``.
+
+    A file must define ``CELL`` (or the attribute named after the colon) as a Cell.
+    """
+    if isinstance(spec, Cell):
+        return spec
+    if not isinstance(spec, str) or not spec:
+        raise CellError(f"a cell is a Cell object, a built-in name or a .py file, got {spec!r}")
+    path, _, attr = spec.rpartition(":") if ".py:" in spec else (spec, "", "CELL")
+    if path.endswith(".py"):
+        return _from_file(Path(path), attr)
+    cells = builtin_cells()
+    if spec not in cells:
+        raise CellError(f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
+                        "(or give a path/to/cell.py defining CELL)")
+    return cells[spec]
+
+
+def _from_file(path: Path, attr: str) -> Cell:
+    if not path.is_file():
+        raise CellError(f"cell file {path} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"prnn_tvm_user_cell_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    cell = getattr(module, attr, None)
+    if not isinstance(cell, Cell):
+        raise CellError(f"{path} defines no Cell named {attr}")
+    return cell

@@ -1,0 +1,66 @@
+"""What a compile produced, in numbers: the report the CLI prints and tests inspect."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """Cell, shapes, the schedule used and where its config came from, and ptxas's figures.
+
+    ``registers`` and the spill/stack figures come from ptxas for CUDA builds (None on the
+    CPU, or when nvcc is unavailable: ``ptxas_note`` says why).
+    """
+
+    cell: str
+    fingerprint: str
+    batch: int
+    hidden: int
+    input_size: int
+    seq_len: int | None
+    dtype: str
+    target: str
+    template: str
+    config: dict = field(default_factory=dict)
+    config_origin: str = "none"
+    ctas: int | None = None
+    threads: int | None = None
+    dynamic_smem_bytes: int | None = None
+    registers: int | None = None
+    stack_bytes: int | None = None
+    spill_store_bytes: int | None = None
+    spill_load_bytes: int | None = None
+    static_smem_bytes: int | None = None
+    ptxas_note: str = ""
+
+    @property
+    def spill_bytes(self) -> int | None:
+        if self.spill_store_bytes is None:
+            return None
+        return self.spill_store_bytes + self.spill_load_bytes
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def format(self) -> str:
+        lines = [
+            f"cell        {self.cell} (math hash {self.fingerprint})",
+            f"shapes      batch={self.batch} hidden={self.hidden} input={self.input_size} "
+            f"seq_len={self.seq_len if self.seq_len is not None else 'any'} dtype={self.dtype}",
+            f"target      {self.target}",
+            f"schedule    {self.template}",
+        ]
+        if self.config:
+            knobs = " ".join(f"{k}={v}" for k, v in self.config.items())
+            lines.append(f"config      {knobs} ({self.config_origin})")
+        if self.ctas is not None:
+            lines.append(f"grid        {self.ctas} CTAs x {self.threads} threads, "
+                         f"{self.dynamic_smem_bytes} B dynamic shared memory per CTA")
+        if self.registers is not None:
+            lines.append(f"ptxas       {self.registers} registers/thread, {self.spill_store_bytes} B spill stores, "
+                         f"{self.spill_load_bytes} B spill loads, {self.stack_bytes} B stack, "
+                         f"{self.static_smem_bytes} B static shared memory")
+        elif self.ptxas_note:
+            lines.append(f"ptxas       {self.ptxas_note}")
+        return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""GPU facts the schedule needs before anything is built: SMs, registers, shared memory.
+
+Known architectures carry the numbers of their flagship part (the H100 SXM for sm_90);
+on a machine with a GPU, :func:`gpu_spec` takes the SM count from the device itself.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+import tvm
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Per-architecture limits used by config validation and occupancy checks."""
+
+    arch: str                   # "sm_90"
+    sms: int                    # streaming multiprocessors
+    smem_per_sm: int            # bytes of shared memory per SM
+    smem_per_block: int         # bytes one block may opt in to
+    regs_per_sm: int = 65536
+    max_regs_per_thread: int = 255
+    max_threads_per_sm: int = 2048
+    max_ctas_per_sm: int = 32
+    device_name: str = ""
+
+    @property
+    def compute_version(self) -> tuple[int, int]:
+        digits = self.arch[3:]
+        return int(digits[:-1]), int(digits[-1])
+
+    def target(self) -> tvm.target.Target:
+        """The TVM target for this GPU, with an LLVM host."""
+        return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host="llvm")
+
+
+_KNOWN = {
+    "sm_70": GpuSpec("sm_70", 80, 96 * 1024, 96 * 1024, max_threads_per_sm=2048),        # V100
+    "sm_75": GpuSpec("sm_75", 40, 64 * 1024, 64 * 1024, max_threads_per_sm=1024, max_ctas_per_sm=16),  # T4
+    "sm_80": GpuSpec("sm_80", 108, 164 * 1024, 163 * 1024),                              # A100
+    "sm_86": GpuSpec("sm_86", 82, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=16),
+    "sm_89": GpuSpec("sm_89", 128, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=24),
+    "sm_90": GpuSpec("sm_90", 132, 228 * 1024, 227 * 1024),                              # H100 SXM
+}
+
+
+def known_archs() -> list[str]:
+    return sorted(_KNOWN)
+
+
+def parse_arch(arch: str) -> str:
+    """Normalize ``"sm_90"``, ``"90"``, ``"9.0"`` or ``"sm_90a"`` to ``"sm_90"``; refuse unknown ones."""
+    m = re.fullmatch(r"(?:sm_?)?(\d)\.?(\d)a?", str(arch).strip().lower())
+    name = f"sm_{m.group(1)}{m.group(2)}" if m else str(arch)
+    if name not in _KNOWN:
+        raise ConfigError(f"unknown GPU architecture '{arch}'; known: {', '.join(known_archs())}")
+    return name
+
+
+def local_gpu() -> tvm.runtime.Device | None:
+    """The first CUDA device, or None on a machine without a usable GPU."""
+    try:
+        dev = tvm.cuda(0)
+        return dev if dev.exist else None
+    except Exception:  # noqa: BLE001 - no CUDA runtime library at all: same as no GPU
+        return None
+
+
+def gpu_spec(arch: str | None = None) -> GpuSpec:
+    """The spec for ``arch``; with no arch, the local GPU's (which must exist).
+
+    When the local GPU has the requested architecture its real SM count is used, so a
+    grid sized for an H100 SXM (132 SMs) is not planned for an H100 PCIe (114).
+    """
+    dev = local_gpu()
+    local_arch = f"sm_{dev.compute_version.replace('.', '')}" if dev is not None else None
+    if arch is None:
+        if local_arch is None:
+            raise ConfigError("no GPU here: name the target architecture (e.g. --arch sm_90)")
+        arch = local_arch
+    spec = _KNOWN[parse_arch(arch)]
+    if dev is not None and local_arch == spec.arch:
+        spec = replace(spec, sms=dev.multi_processor_count, device_name=dev.device_name)
+    return spec
+
+
+def ctas_per_sm(threads: int, regs: int, smem: int, gpu: GpuSpec) -> int:
+    """How many CTAs of this shape one SM holds.
+
+    Registers are allocated per warp (in units of 256) from four sub-partitions of a
+    quarter of the register file each, so a CTA's warps fit only if every sub-partition
+    takes its share: this is why ptxas caps a 320-thread kernel at 168 registers.
+    """
+    warps = math.ceil(threads / 32)
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    warps_by_regs = 4 * ((gpu.regs_per_sm // 4) // regs_per_warp)
+    by_regs = warps_by_regs // warps
+    by_smem = gpu.smem_per_sm // (smem + 1024) if smem else gpu.max_ctas_per_sm  # 1 KB reserved per CTA
+    by_threads = gpu.max_threads_per_sm // threads
+    return max(0, min(by_regs, by_smem, by_threads, gpu.max_ctas_per_sm))
+
+
+def max_regs_per_thread(threads: int, gpu: GpuSpec) -> int:
+    """The most registers a thread of a ``threads``-wide CTA can have with one CTA per SM."""
+    per_warp = (gpu.regs_per_sm // 4) // math.ceil(math.ceil(threads / 32) / 4)
+    return min(gpu.max_regs_per_thread, per_warp // 32 // 8 * 8)

@@ -1,0 +1,90 @@
+"""Small helpers over TVM primitive expressions (TVM 0.27 has no Python substitute/mutator).
+
+`rebuild` walks an expression bottom-up and lets a callback replace any node; the cell
+analysis uses it to turn TE tensor loads into per-unit leaves, and the schedule templates
+use it to turn those leaves back into concrete loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tvm import te
+from tvm.ir import expr as E
+from tvm.ir.prim import expr as P
+
+_BINARY = (
+    P.Add, P.Sub, P.Mul, P.Div, P.Mod, P.FloorDiv, P.FloorMod, P.Min, P.Max,
+    P.EQ, P.NE, P.LT, P.LE, P.GT, P.GE, P.And, P.Or,
+)
+_LEAVES = (P.IntImm, P.FloatImm, E.StringImm, E.Var)
+
+
+class UnsupportedExpr(Exception):
+    """An expression node the cell compiler does not lower (message names it)."""
+
+
+def is_tensor_load(e) -> bool:
+    """True for a TE tensor access ``A[i, j]`` inside a compute body."""
+    return isinstance(e, E.Call) and getattr(e.op, "name", None) == "te.tensor_load"
+
+
+def tensor_load_parts(e) -> tuple[te.Tensor, list]:
+    """The tensor and the index expressions of a TE tensor load."""
+    return e.args[0], list(e.args[1:])
+
+
+def rebuild(e, replace: Callable[[object], object | None]):
+    """Rebuild ``e`` bottom-up; ``replace(node)`` returns a substitute or None to keep going.
+
+    The callback sees each node before its children; returning a value stops the descent
+    there. Raises UnsupportedExpr on node kinds a recurrent cell has no use for (vectors,
+    shuffles, nested reductions).
+    """
+    r = replace(e)
+    if r is not None:
+        return r
+    if isinstance(e, _LEAVES):
+        return e
+    if isinstance(e, _BINARY):
+        return type(e)(rebuild(e.a, replace), rebuild(e.b, replace))
+    if isinstance(e, P.Not):
+        return P.Not(rebuild(e.a, replace))
+    if isinstance(e, P.Cast):
+        return P.Cast(e.ty, rebuild(e.value, replace))
+    if isinstance(e, P.Select):
+        return P.Select(rebuild(e.condition, replace), rebuild(e.true_value, replace),
+                        rebuild(e.false_value, replace))
+    if isinstance(e, P.Let):
+        return P.Let(e.var, rebuild(e.value, replace), rebuild(e.body, replace))
+    if isinstance(e, E.Call) and not is_tensor_load(e):
+        return E.Call(e.op, [rebuild(a, replace) for a in e.args], ret_ty=e.ty)
+    raise UnsupportedExpr(f"{type(e).__name__} expressions are not supported in a cell ({e})")
+
+
+def free_vars(e) -> list:
+    """Variables an expression mentions (in first-seen order)."""
+    seen: dict = {}
+
+    def visit(node):
+        if isinstance(node, E.Var):
+            seen.setdefault(node, None)
+            return node
+        return None
+
+    rebuild(e, visit)
+    return list(seen)
+
+
+def substitute(e, mapping: dict):
+    """Replace variables by expressions."""
+    return rebuild(e, lambda node: mapping.get(node) if isinstance(node, E.Var) else None)
+
+
+def const_int(e) -> int | None:
+    """The value of an integer constant, or None when ``e`` is not one."""
+    return int(e.value) if isinstance(e, P.IntImm) else None
+
+
+__all__ = ["rebuild", "free_vars", "substitute", "const_int", "is_tensor_load",
+           "tensor_load_parts", "UnsupportedExpr"]

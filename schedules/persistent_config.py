@@ -1,0 +1,183 @@
+"""Knobs of the persistent CUDA template, their derived geometry, validation and default.
+
+A thread block (CTA) owns ``units_per_cta`` hidden units with every gate row of every
+recurrent product ("rows"). Inside it, ``k_split`` adjacent lanes share one row's dot
+product, each holding ``rows_per_thread`` rows x ceil(hidden / k_split) weights in
+registers; lane ``ks`` takes k in chunks of ``vec`` contiguous elements,
+k = vec * (ks + k_split * q) + v, so its state reads are ``vec``-wide shared-memory loads
+that neighbouring lanes issue on neighbouring addresses. The batch is processed in
+tiles of ``batch_tile`` rows, each a pass over the register-resident weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from prnn_tvm.analysis import CellPlan
+from prnn_tvm.errors import ConfigError
+from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+
+BARRIERS = ("grid_sync",)
+REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
+TILE_OVERHEAD = 800  # cycles per batch tile: an L2 round trip for the states and two block barriers
+
+
+@dataclass(frozen=True)
+class PersistentConfig:
+    """One point in the persistent template's space (all sizes in elements)."""
+
+    units_per_cta: int
+    k_split: int
+    rows_per_thread: int
+    batch_tile: int
+    vec: int = 4
+    barrier: str = "grid_sync"
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a config implies for one cell plan: grid, registers, shared memory."""
+
+    ctas: int
+    threads: int
+    rows: int              # gate rows per CTA over all recurrent products
+    row_groups: int        # threads along rows (each with k_split lanes)
+    k_chunks: int          # vec-wide chunks of k per lane
+    k_pad: int             # hidden rounded up to vec * k_split * k_chunks
+    weights_per_thread: int
+    batch_chunks: int
+    items_per_thread: int  # (batch row, unit) pairs of pointwise math per thread
+    smem_hs: int           # bytes: exchanged states of one batch tile
+    smem_gs: int           # bytes: reduced gate sums of the whole batch
+    regs_estimate: int
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.smem_hs + self.smem_gs
+
+
+def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
+    H, B = plan.hidden, plan.batch
+    slices = sum(r.slices for r in plan.reductions)
+    ctas = math.ceil(H / cfg.units_per_cta)
+    rows = slices * cfg.units_per_cta
+    row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
+    threads = _round_up(row_groups * cfg.k_split, 32)
+    k_chunks = math.ceil(H / (cfg.vec * cfg.k_split)) if rows else 0
+    weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
+    items = B * cfg.units_per_cta
+    ipt = math.ceil(items / threads)
+    n_exch = len(plan.exchanged)
+    smem_hs = 4 * n_exch * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
+    smem_gs = 4 * B * rows
+    regs = weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * len(plan.private_states) + REG_OVERHEAD
+    return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
+                    math.ceil(B / cfg.batch_tile), ipt, smem_hs, smem_gs, regs)
+
+
+def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
+    """Check a config before building; raise ConfigError with the reason, else return its geometry."""
+    if plan.dtype != "float32":
+        raise ConfigError(f"the persistent template supports float32, not {plan.dtype}")
+    if cfg.k_split not in (1, 2, 4, 8, 16, 32):
+        raise ConfigError(f"k_split={cfg.k_split}: must be a power of two from 1 to 32 (lanes of one warp)")
+    if cfg.vec not in (1, 2, 4):
+        raise ConfigError(f"vec={cfg.vec}: must be 1, 2 or 4")
+    if cfg.units_per_cta < 1 or cfg.rows_per_thread < 1:
+        raise ConfigError("units_per_cta and rows_per_thread must be at least 1")
+    if not 1 <= cfg.batch_tile <= plan.batch:
+        raise ConfigError(f"batch_tile={cfg.batch_tile}: must be between 1 and the batch ({plan.batch})")
+    if cfg.barrier not in BARRIERS:
+        raise ConfigError(f"barrier '{cfg.barrier}' unknown; available: {', '.join(BARRIERS)}")
+    if cfg.units_per_cta > plan.hidden:
+        raise ConfigError(f"units_per_cta={cfg.units_per_cta} exceeds hidden={plan.hidden}")
+    g = geometry(cfg, plan)
+    if g.rows and cfg.rows_per_thread > g.rows:
+        raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
+    if g.threads > 1024:
+        raise ConfigError(f"{g.threads} threads per CTA ({g.row_groups} row groups x k_split {cfg.k_split}); "
+                          "at most 1024: raise rows_per_thread or lower units_per_cta")
+    reg_cap = max_regs_per_thread(g.threads, gpu)
+    if g.regs_estimate > reg_cap:
+        raise ConfigError(
+            f"needs about {g.regs_estimate} registers per thread ({g.weights_per_thread} weights, "
+            f"{cfg.rows_per_thread * cfg.batch_tile} accumulators); a {g.threads}-thread CTA allows "
+            f"{reg_cap}: lower rows_per_thread or batch_tile, or raise k_split")
+    if g.smem_bytes > gpu.smem_per_block:
+        raise ConfigError(f"needs {g.smem_bytes} bytes of shared memory per CTA, {gpu.arch} allows "
+                          f"{gpu.smem_per_block}: lower batch_tile")
+    fit = ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu)
+    if plan.needs_grid_barrier and g.ctas > fit * gpu.sms:
+        raise ConfigError(
+            f"grid of {g.ctas} CTAs cannot be co-resident on {gpu.arch}: {fit * gpu.sms} fit "
+            f"({gpu.sms} SMs x {fit} per SM at {g.threads} threads, ~{g.regs_estimate} registers, "
+            f"{g.smem_bytes} bytes of shared memory): raise units_per_cta")
+    return g
+
+
+def space(plan: CellPlan, gpu: GpuSpec) -> list[PersistentConfig]:
+    """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
+    H, B = plan.hidden, plan.batch
+    min_units = math.ceil(H / gpu.sms)
+    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units) if u <= H})
+    tiles = sorted({t for t in (1, 2, 4, 8, 16, B) if t <= B})
+    slices = sum(r.slices for r in plan.reductions)
+    out = []
+    for u in units:
+        rows = max(1, slices * u)
+        # powers of two, and divisors of the CTA's rows so that no row group idles
+        per_thread = sorted({r for r in range(1, 17) if r & (r - 1) == 0 or rows % r == 0})
+        for ks in (1, 2, 4, 8, 16, 32):
+            for r in per_thread:
+                for bt in tiles:
+                    for vec in (1, 2, 4):
+                        out.append(PersistentConfig(u, ks, r, bt, vec))
+    return out
+
+
+def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
+    """A rough per-step cost in SM cycles, used only to pick the untuned default.
+
+    Per batch tile: FMAs issue at 4 warp-instructions per cycle; shared memory delivers
+    one 128-byte wavefront (one 32-bit word for each lane of a warp) per cycle, however
+    wide the load (each load instruction adds a quarter cycle); a shuffle step costs about 3 cycles per warp with its dependent add;
+    the tile pays an L2 round trip for the states and two block barriers
+    (``TILE_OVERHEAD``). Fewer than 8 warps cannot hide latency (last factor).
+
+    Calibrated on an H100 sweep of LSTM hidden=1024 batch=4 (bench/config_sweep.py): it
+    ranks k_split=16/rows_per_thread=2 (3.0 us/step) ahead of 32/4 (3.3) and 8/1 (4.0).
+    """
+    warps = g.threads / 32
+    words = cfg.batch_tile * g.k_chunks * cfg.vec  # state words each thread reads per tile
+    fma = warps / 4 * words * cfg.rows_per_thread
+    lds = warps * words + warps * cfg.batch_tile * g.k_chunks / 4  # wavefronts + load instructions
+    shfl = 3 * warps * cfg.rows_per_thread * cfg.batch_tile * math.log2(cfg.k_split)
+    per_tile = (max(fma, lds) + shfl) * max(1.0, 8 / warps) + TILE_OVERHEAD
+    return g.batch_chunks * per_tile
+
+
+def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
+    """The untuned choice: one CTA per SM at most, then the valid config of least estimated cost."""
+    best, best_cost = None, math.inf
+    min_units = max(1, math.ceil(plan.hidden / gpu.sms))
+    for cfg in space(plan, gpu):
+        try:
+            g = validate(cfg, plan, gpu)
+        except ConfigError:
+            continue
+        # Spreading units over every SM is the first priority; the estimate ranks the rest.
+        cost = (cfg.units_per_cta != min_units, estimated_cycles(cfg, g), g.threads)
+        if best is None or cost < best_cost:
+            best, best_cost = cfg, cost
+    if best is None:
+        raise ConfigError(f"no persistent config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
+                          f"batch={plan.batch} on {gpu.arch} (the weights may not fit in registers)")
+    return best
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m

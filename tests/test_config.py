@@ -1,0 +1,82 @@
+"""The persistent template's config: geometry, validation before building, the default."""
+
+import dataclasses
+
+import pytest
+
+import prnn_tvm
+from prnn_tvm import ConfigError
+from prnn_tvm.schedules import persistent_config as pc
+from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
+
+SM90 = gpu_spec("sm_90")
+
+
+def plan(cell="lstm", batch=4, hidden=1024):
+    return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden)
+
+
+def test_geometry_of_the_lstm_default():
+    p = plan()
+    cfg = pc.PersistentConfig(units_per_cta=8, k_split=16, rows_per_thread=2, batch_tile=4, vec=4)
+    g = pc.validate(cfg, p, SM90)
+    assert (g.ctas, g.rows, g.row_groups, g.threads) == (128, 32, 16, 256)
+    assert g.k_chunks == 16 and g.k_pad == 1024 and g.weights_per_thread == 128
+    assert g.smem_hs == 4 * 4 * 1024 and g.smem_gs == 4 * 4 * 32
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(rows_per_thread=16, k_split=4), "registers per thread"),
+    (dict(units_per_cta=64, k_split=32, rows_per_thread=1), "threads per CTA"),
+    (dict(units_per_cta=1, k_split=32, rows_per_thread=1), "cannot be co-resident"),
+    (dict(k_split=3), "power of two"),
+    (dict(vec=3), "vec=3"),
+    (dict(batch_tile=5), "batch_tile=5"),
+    (dict(barrier="spin"), "barrier 'spin' unknown"),
+    (dict(units_per_cta=2000), "exceeds hidden"),
+])
+def test_validate_rejects_with_a_reason(change, reason):
+    base = pc.PersistentConfig(units_per_cta=8, k_split=16, rows_per_thread=2, batch_tile=4, vec=4)
+    with pytest.raises(ConfigError, match=reason):
+        pc.validate(dataclasses.replace(base, **change), plan(), SM90)
+
+
+def test_shared_memory_over_budget_is_rejected():
+    p = plan("rnn_tanh", batch=64, hidden=1024)
+    cfg = pc.PersistentConfig(units_per_cta=8, k_split=32, rows_per_thread=1, batch_tile=64, vec=4)
+    with pytest.raises(ConfigError, match="bytes of shared memory"):
+        pc.validate(cfg, p, SM90)
+
+
+def test_register_cap_follows_the_four_subpartitions():
+    assert max_regs_per_thread(256, SM90) == 255
+    assert max_regs_per_thread(320, SM90) == 168   # three warps on some sub-partition
+    assert max_regs_per_thread(1024, SM90) == 64
+    assert ctas_per_sm(256, 200, 17_000, SM90) == 1
+    assert ctas_per_sm(128, 64, 4_000, SM90) == 8
+
+
+@pytest.mark.parametrize("cell", sorted(prnn_tvm.builtin_cells()))
+@pytest.mark.parametrize("hidden, batch", [(1, 1), (7, 3), (256, 4), (1024, 4), (1024, 16), (512, 64)])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_default_config_is_valid_and_spreads_over_the_gpu(cell, hidden, batch, arch):
+    gpu = gpu_spec(arch)
+    p = plan(cell, batch, hidden)
+    cfg = pc.default_config(p, gpu)
+    g = pc.validate(cfg, p, gpu)
+    assert g.ctas <= gpu.sms
+    assert g.ctas == -(-hidden // cfg.units_per_cta)
+
+
+def test_space_is_pruned_by_validate():
+    p = plan()
+    space = pc.space(p, SM90)
+    valid = []
+    for cfg in space:
+        try:
+            pc.validate(cfg, p, SM90)
+            valid.append(cfg)
+        except ConfigError:
+            pass
+    assert 0 < len(valid) < len(space)
+    assert pc.default_config(p, SM90) in valid

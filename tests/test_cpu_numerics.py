@@ -1,0 +1,55 @@
+"""The CPU reference build of every built-in cell against its float64 NumPy reference."""
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.checks import check_against_reference
+from prnn_tvm.reference import random_inputs, reference_layer
+
+from .conftest import cpu_tolerance
+
+CELLS = sorted(prnn_tvm.builtin_cells())
+_LAYERS = {}
+
+
+def cpu_layer(cell, hidden, batch, input_size=None):
+    key = (cell, hidden, batch, input_size)
+    if key not in _LAYERS:
+        _LAYERS[key] = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, target="llvm")
+    return _LAYERS[key]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden", [1, 7, 64, 256])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("seq_len", [1, 5, 64])
+def test_cpu_matches_reference(cell, hidden, batch, seq_len):
+    res = check_against_reference(cpu_layer(cell, hidden, batch), seq_len, cpu_tolerance(seq_len), seed=seq_len)
+    assert res.ok, f"max abs error {res.max_abs_error:.2e} > {res.tolerance:.1e}"
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_input_size_differs_from_hidden(cell):
+    res = check_against_reference(cpu_layer(cell, 12, 2, input_size=5), 6, cpu_tolerance(6))
+    assert res.ok
+
+
+def test_zero_initial_states_when_omitted():
+    layer = cpu_layer("lstm", 7, 3)
+    inputs = random_inputs(layer.plan, 4, 7)
+    inputs["h0"][:] = 0
+    inputs["c0"][:] = 0
+    out, _ = layer(inputs["x"], inputs["W_ih"], inputs["b_ih"], inputs["W_hh"], inputs["b_hh"])
+    ref, _ = reference_layer(layer.plan, inputs)
+    assert np.abs(out - ref).max() <= cpu_tolerance(4)
+
+
+def test_precomputed_projection_gives_the_same_result():
+    layer = cpu_layer("gru", 64, 3)
+    inputs = random_inputs(layer.plan, 5, 64, seed=4)
+    out, finals = layer(**inputs)
+    xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T + inputs["b_ih"]).astype(np.float32)
+    out2, finals2 = layer.recurrent(xp, inputs["W_hh"], inputs["b_hh"], h0=inputs["h0"])
+    assert np.abs(out - out2).max() <= 1e-5
+    assert np.abs(finals[0] - finals2[0]).max() <= 1e-5

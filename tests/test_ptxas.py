@@ -1,0 +1,68 @@
+"""Generated CUDA, inspected: ptxas registers and spills for every default config, and structure.
+
+Runs without a GPU: TVM emits CUDA source, which is compiled here with nvcc for each arch.
+"""
+
+import re
+
+import pytest
+
+import prnn_tvm
+from prnn_tvm.ptxas import parse_report
+from prnn_tvm.target import gpu_spec, max_regs_per_thread
+
+CELLS = sorted(prnn_tvm.builtin_cells())
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden", [256, 1024])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_default_configs_have_no_spills(cell, hidden, arch):
+    layer = prnn_tvm.compile_cell(cell, hidden, 4, target="cuda", arch=arch)
+    rep = layer.report
+    assert rep.registers is not None, rep.ptxas_note
+    assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
+    assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
+    assert rep.config_origin == "default"
+
+
+def kernel_source(layer):
+    src = layer.cuda_source
+    start = src.index("recurrent_kernel(", src.index("recurrent_kernel(") + 1)  # the definition, not the declaration
+    return src[start:src.index("\n}\n", start)]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_weights_are_loaded_once_before_the_time_loop(cell):
+    layer = prnn_tvm.compile_cell(cell, 256, 4, target="cuda", arch="sm_90")
+    body = kernel_source(layer)
+    loop = body.index("< seq_len;")
+    assert "W_hh_ptr[" in body[:loop] and "W_hh_ptr[" not in body[loop:]
+    assert body.count("tvm_builtin_cuda_grid_sync()") == 1 and body.index("tvm_builtin_cuda_grid_sync") > loop
+    assert "__shfl_xor_sync" in body[loop:]
+
+
+def test_private_state_stays_in_registers():
+    """LSTM's c never goes to the workspace: only h (the exchanged state) is written there."""
+    body = kernel_source(prnn_tvm.compile_cell("lstm", 256, 4, target="cuda", arch="sm_90"))
+    loop = body[body.index("< seq_len;"):]
+    assert "c0_ptr[" not in loop and "workspace_ptr[" in loop
+    assert re.search(r"c_n_ptr\[.*\] = ", loop)
+
+
+def test_parse_report():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'recurrent_kernel' for 'sm_90'
+ptxas info    : Function properties for recurrent_kernel
+    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 400 bytes smem, 448 bytes cmem[0]
+ptxas info    : Compiling entry function 'projection_kernel' for 'sm_90'
+ptxas info    : Function properties for projection_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 6912 bytes smem, 400 bytes cmem[0]
+"""
+    rep = parse_report(log, "sm_90")
+    r = rep.function("recurrent")
+    assert (r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, r.static_smem_bytes) == \
+        (168, 8, 12, 16, 400)
+    assert rep.function("projection").registers == 64 and r.spills == 28
