@@ -13,7 +13,6 @@ Two things here are project-owned on purpose:
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import tvm
 import tvm_ffi
@@ -21,12 +20,9 @@ from tvm.tirx.compilation_pipeline import get_tir_pipeline, register_tir_pipelin
 
 from . import ptxas
 from .analysis import CellPlan
-from .errors import ConfigError
 from .kernel import Kernel
 from .projection import projection_func
 from .target import GpuSpec
-
-log = logging.getLogger(__name__)
 
 HAND_PLACED = "prnn.hand_placed"
 PIPELINE = "prnn"
@@ -92,8 +88,3 @@ def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.ta
     source = lib.imports[0].inspect_source()
     report = reports[-1] if reports else None
     return lib, source, report
-
-
-def check_target(target: tvm.target.Target) -> None:
-    if target.kind.name not in ("cuda", "llvm"):
-        raise ConfigError(f"target kind '{target.kind.name}' is not supported; use cuda or llvm")

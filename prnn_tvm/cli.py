@@ -17,8 +17,6 @@ from .errors import PrnnError
 from .registry import builtin_cells
 from .target import known_archs, local_gpu, parse_arch
 
-log = logging.getLogger("prnn_tvm")
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump, exit 2

@@ -10,8 +10,6 @@ tensors, which speak DLPack, come back).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
 
 import numpy as np
 import tvm
@@ -22,8 +20,6 @@ from .kernel import Kernel
 from .reference import layer_arg_names
 from .report import CompileReport
 from .target import GpuSpec, ctas_per_sm, gpu_spec, local_gpu
-
-log = logging.getLogger(__name__)
 
 
 class Layer:
@@ -138,9 +134,10 @@ class Layer:
         smem = launch["smem_bytes"] + (self.report.static_smem_bytes or 0)
         fit = ctas_per_sm(launch["threads"], regs, smem, gpu) * gpu.sms
         if launch["ctas"] > fit:
-            raise LaunchError(f"the grid of {launch['ctas']} CTAs cannot be co-resident on this {gpu.device_name or gpu.arch}: "
-                              f"{fit} fit ({gpu.sms} SMs at {launch['threads']} threads, {regs} registers, "
-                              f"{smem} bytes of shared memory each); recompile for this GPU")
+            raise LaunchError(f"the grid of {launch['ctas']} CTAs cannot be co-resident on this "
+                              f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {launch['threads']} "
+                              f"threads, {regs} registers, {smem} bytes of shared memory each); "
+                              "recompile for this GPU")
 
     def _seq_len(self, value, name: str) -> int:
         shape = getattr(value, "shape", None)

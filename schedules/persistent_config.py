@@ -96,6 +96,11 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     if cfg.units_per_cta > plan.hidden:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} exceeds hidden={plan.hidden}")
     g = geometry(cfg, plan)
+    products = [r.slices * cfg.units_per_cta for r in plan.reductions]
+    if len({r.state for r in plan.reductions}) > 1 and any(rows % cfg.rows_per_thread for rows in products):
+        raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} must divide the rows of each recurrent product "
+                          f"({', '.join(map(str, products))}) when products read different states: a thread's "
+                          "rows must all multiply one state")
     if g.rows and cfg.rows_per_thread > g.rows:
         raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
     if g.threads > 1024:
@@ -144,9 +149,10 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
 
     Per batch tile: FMAs issue at 4 warp-instructions per cycle; shared memory delivers
     one 128-byte wavefront (one 32-bit word for each lane of a warp) per cycle, however
-    wide the load (each load instruction adds a quarter cycle); a shuffle step costs about 3 cycles per warp with its dependent add;
-    the tile pays an L2 round trip for the states and two block barriers
-    (``TILE_OVERHEAD``). Fewer than 8 warps cannot hide latency (last factor).
+    wide the load, and each load instruction adds a quarter cycle; a shuffle step costs
+    about 3 cycles per warp with its dependent add; the tile pays an L2 round trip for
+    the states and two block barriers (``TILE_OVERHEAD``). Fewer than 8 warps cannot
+    hide latency (last factor).
 
     Calibrated on an H100 sweep of LSTM hidden=1024 batch=4 (bench/config_sweep.py): it
     ranks k_split=16/rows_per_thread=2 (3.0 us/step) ahead of 32/4 (3.3) and 8/1 (4.0).

@@ -179,11 +179,9 @@ class _Builder:
             T.buffer_store(self.acc, tirx.const(0.0, self.dt), [i])
         for q in range(self.g.k_chunks):
             for bb in range(BT):
+                base = self.state_base + bb * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
+                T.buffer_store(self.hv, self.smem[_vec(base, c.vec)], [_vec(0, c.vec)])
                 for r in range(c.rows_per_thread):
-                    if r == 0 or not self.uniform_state:
-                        e = self.state_of_row(r)
-                        base = (e * BT + bb) * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
-                        T.buffer_store(self.hv, self.smem[_vec(base, c.vec)], [_vec(0, c.vec)])
                     for v in range(c.vec):
                         a = r * BT + bb
                         T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)] * self.hv[v], [a])
@@ -211,7 +209,7 @@ class _Builder:
                                                [self.gs0 + (b0 + bb) * rows + row])
 
     def pointwise(self, t, it, b, unit, ul):
-        p, H = self.p, self.H
+        p = self.p
         nx, npar = len(self.x_leaves), len(self.p_leaves)
         red_lo = {r.name: self.row_lo[i] for i, r in enumerate(p.reductions)}
 
@@ -242,19 +240,15 @@ class _Builder:
 
     # ------------------------------------------------------------------ helpers
     @property
-    def uniform_state(self) -> bool:
-        return len({r.state for r in self.p.reductions}) <= 1
-
-    def state_of_row(self, r: int):
-        """Index of the exchanged state a thread's r-th row multiplies (constant when uniform)."""
-        reds = self.p.reductions
-        if self.uniform_state:
-            return self.exch[reds[0].state]
-        row = self.rg * self.c.rows_per_thread + r
+    def state_base(self):
+        """Offset of the state tile this thread's rows multiply (one product per thread, see validate)."""
+        reds, tile = self.p.reductions, self.c.batch_tile * self.g.k_pad
         e = tirx.const(self.exch[reds[0].state], "int32")
+        first_row = self.rg * self.c.rows_per_thread
         for i, red in enumerate(reds[1:], start=1):
-            e = T.if_then_else(row >= self.row_lo[i], self.exch[red.state], e)
-        return e
+            if red.state != reds[i - 1].state:
+                e = T.if_then_else(first_row >= self.row_lo[i], self.exch[red.state], e)
+        return e * tile
 
     def wreg_index(self, r: int, q: int, v: int) -> int:
         return (r * self.g.k_chunks + q) * self.c.vec + v

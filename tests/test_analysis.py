@@ -8,6 +8,8 @@ import prnn_tvm
 from prnn_tvm import Cell, CellError, analyze
 from prnn_tvm.analysis import Leaf
 
+from .two_state_cell import TWO_STATE
+
 
 def stage_leaves(plan, stage_name):
     stage = next(s for s in plan.stages if s.name == stage_name)
@@ -42,6 +44,13 @@ def test_rnn_plans(name):
     plan = analyze(prnn_tvm.resolve(name), batch=1, hidden=1)
     assert [(r.state, r.weight, r.slices) for r in plan.reductions] == [("h", "W_hh", 1)]
     assert len(plan.stages) == 1
+
+
+def test_two_products_over_two_states():
+    plan = analyze(TWO_STATE, 2, 6)
+    assert [(r.name, r.state, r.weight) for r in plan.reductions] == [("hu", "h", "U"), ("mv", "m", "V")]
+    assert plan.exchanged == ("h", "m") and plan.private_states == ()
+    assert Leaf("stage", "m_new", 0) in stage_leaves(plan, "h_new")[0]
 
 
 def test_fingerprint_depends_on_math_not_name_or_size():

@@ -35,4 +35,5 @@ def test_bad_arguments_exit_with_one_line(args, message):
 
 def test_cells_lists_builtins():
     r = run("cells")
-    assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu"} <= {ln.split()[0] for ln in r.stdout.splitlines()}
+    listed = {line.split()[0] for line in r.stdout.splitlines()}
+    assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu"} <= listed

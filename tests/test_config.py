@@ -9,6 +9,8 @@ from prnn_tvm import ConfigError
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
 
+from .two_state_cell import TWO_STATE
+
 SM90 = gpu_spec("sm_90")
 
 
@@ -80,3 +82,11 @@ def test_space_is_pruned_by_validate():
             pass
     assert 0 < len(valid) < len(space)
     assert pc.default_config(p, SM90) in valid
+
+
+def test_rows_of_a_thread_multiply_one_state():
+    p = prnn_tvm.analyze(TWO_STATE, 3, 256)
+    ok = pc.PersistentConfig(units_per_cta=4, k_split=16, rows_per_thread=2, batch_tile=3)
+    assert pc.validate(ok, p, SM90).rows == 8
+    with pytest.raises(ConfigError, match="must divide the rows of each recurrent product"):
+        pc.validate(dataclasses.replace(ok, rows_per_thread=3), p, SM90)

@@ -8,6 +8,7 @@ from prnn_tvm.checks import check_against_reference
 from prnn_tvm.reference import random_inputs, reference_layer
 
 from .conftest import cpu_tolerance
+from .two_state_cell import TWO_STATE
 
 CELLS = sorted(prnn_tvm.builtin_cells())
 _LAYERS = {}
@@ -53,3 +54,9 @@ def test_precomputed_projection_gives_the_same_result():
     out2, finals2 = layer.recurrent(xp, inputs["W_hh"], inputs["b_hh"], h0=inputs["h0"])
     assert np.abs(out - out2).max() <= 1e-5
     assert np.abs(finals[0] - finals2[0]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("hidden, batch", [(1, 1), (7, 3), (64, 8)])
+def test_two_products_over_two_states(hidden, batch):
+    layer = prnn_tvm.compile_cell(TWO_STATE, hidden, batch, target="llvm")
+    assert check_against_reference(layer, 9, cpu_tolerance(9)).ok

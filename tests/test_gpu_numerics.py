@@ -11,6 +11,7 @@ from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.target import gpu_spec
 
 from .conftest import GPU_TOLERANCE
+from .two_state_cell import TWO_STATE
 
 pytestmark = pytest.mark.gpu
 CELLS = ["rnn_tanh", "rnn_relu", "lstm", "gru"]
@@ -52,6 +53,14 @@ def test_odd_hidden_and_batch_tiles(cell):
     cfg = PersistentConfig(units_per_cta=3, k_split=16, rows_per_thread=2, batch_tile=2, vec=4)
     layer = prnn_tvm.compile_cell(cell, 133, 5, target="cuda", arch=gpu.arch, config=cfg)
     assert run_and_compare(layer, 9) <= GPU_TOLERANCE
+
+
+@pytest.mark.parametrize("rows_per_thread", [1, 2, 4])
+def test_two_products_over_two_states(rows_per_thread):
+    """Threads of one CTA multiply different states with the rows of different products."""
+    cfg = PersistentConfig(units_per_cta=4, k_split=16, rows_per_thread=rows_per_thread, batch_tile=3, vec=4)
+    layer = prnn_tvm.compile_cell(TWO_STATE, 256, 3, target="cuda", config=cfg)
+    assert run_and_compare(layer, 17) <= GPU_TOLERANCE
 
 
 def test_back_to_back_launches_are_bitwise_identical():
