@@ -2,6 +2,7 @@
 
 from .analysis import CellPlan, analyze
 from .cell import Cell, CellBuilder, Role
+from .barrier import BarrierTimeout
 from .errors import CellError, ConfigError, InputError, LaunchError, PrnnError
 from .registry import builtin_cells, resolve
 from .compiler import compile_cell
@@ -13,5 +14,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Cell", "CellBuilder", "Role", "CellPlan", "analyze", "builtin_cells", "resolve", "compile_cell",
     "Layer", "CompileReport",
-    "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError",
+    "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError", "BarrierTimeout",
 ]

@@ -49,7 +49,7 @@ register_tir_pipeline(PIPELINE, _prnn_pipeline)
 
 
 @contextlib.contextmanager
-def _nvcc_compile(arch: str, reports: list):
+def nvcc_compile(arch: str, reports: list):
     """Route TVM's CUDA compilation through nvcc for ``arch`` while building; restore after."""
     name = "tvm_callback_cuda_compile"
     previous = tvm.get_global_func(name, allow_missing=True)
@@ -83,7 +83,7 @@ def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.ta
     if target.kind.name != "cuda":
         return tvm.tirx.build(mod, target=target, pipeline=PIPELINE), None, None
     reports: list = []
-    with target, _nvcc_compile(gpu.arch, reports):
+    with target, nvcc_compile(gpu.arch, reports):
         lib = tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
     source = lib.imports[0].inspect_source()
     report = reports[-1] if reports else None

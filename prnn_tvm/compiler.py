@@ -68,7 +68,7 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     if source is not None and report is None:
         try:
             _, report = ptxas.compile_cuda(source, gpu.arch)
-        except ptxas.NvccError as err:
+        except ptxas.NvccNotFound as err:
             note = str(err).splitlines()[0]
             log.warning("no ptxas report: %s", note)
     rep = _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, config is not None, report, note)

@@ -8,7 +8,9 @@ The recurrent kernel's arguments, in order (shapes for batch B, hidden H, T step
     <state>0    (B, H)             each initial state
     out         (T, B, H)          the output state at every step
     <state>_n   (B, H)             each final state
-    workspace   (E, 2, B, H)       only for templates that ask for one
+    workspace   (E, 2, B, H)       only for templates that ask for one (float32, or uint64
+                                   tagged values with the ``tags`` barrier)
+    sync, timeout_us, stall_step   only with a stateful grid barrier (prnn_tvm.barrier)
 
 T is symbolic: one kernel serves every sequence length.
 """
@@ -30,8 +32,9 @@ SEQ_LEN = "seq_len"
 class Kernel:
     """A recurrent kernel made by a schedule template.
 
-    ``workspace`` is the shape of the float32 scratch argument the kernel takes last, or
-    None; ``launch`` describes the grid for reports and pre-launch checks (empty on CPU).
+    ``workspace`` is the shape of the float32 scratch argument, or None; ``sync_words``
+    the size of the barrier state the kernel takes after it, or None; ``launch`` describes
+    the grid for reports and pre-launch checks (empty on CPU).
     """
 
     func: tirx.PrimFunc
@@ -39,15 +42,11 @@ class Kernel:
     config: object | None = None
     launch: dict = field(default_factory=dict)
     workspace: tuple | None = None
+    sync_words: int | None = None
+    workspace_dtype: str = "float32"
 
 
-def arg_names(plan: CellPlan, workspace: bool) -> list[str]:
-    names = ["xp", *(w.name for w in plan.weights), *(p.name for p in plan.params),
-             *(f"{s.name}0" for s in plan.states), "out", *(f"{s.name}_n" for s in plan.states)]
-    return names + (["workspace"] if workspace else [])
-
-
-def declare_args(plan: CellPlan, workspace: tuple | None) -> SimpleNamespace:
+def declare_args(plan: CellPlan, workspace: tuple | None, workspace_dtype: str = "float32") -> SimpleNamespace:
     """Declare the kernel's buffer arguments inside a ``T.prim_func()`` frame.
 
     Returns a namespace with ``seq_len``, ``xp``, ``out``, ``ws`` and dicts ``weight``,
@@ -66,5 +65,5 @@ def declare_args(plan: CellPlan, workspace: tuple | None) -> SimpleNamespace:
     a.init = {s.name: arg(f"{s.name}0", (B, H)) for s in plan.states}
     a.out = arg("out", (seq_len, B, H))
     a.final = {s.name: arg(f"{s.name}_n", (B, H)) for s in plan.states}
-    a.ws = arg("workspace", workspace, "float32") if workspace else None
+    a.ws = arg("workspace", workspace, workspace_dtype) if workspace else None
     return a

@@ -15,6 +15,7 @@ import numpy as np
 import tvm
 
 from .analysis import CellPlan
+from .barrier import DEFAULT_TIMEOUT_US, BarrierTimeout
 from .errors import InputError, LaunchError, PrnnError
 from .kernel import Kernel
 from .reference import layer_arg_names
@@ -27,6 +28,10 @@ class Layer:
 
     Use :func:`prnn_tvm.compile_cell` to make one. ``layer(x, W_ih, b_ih, W_hh, b_hh, h0, c0)``
     returns ``(out, (h_n, c_n, ...))`` with ``out`` of shape (T, batch, hidden).
+
+    ``barrier_timeout_us`` bounds every grid-barrier wait (a timeout raises
+    :class:`~prnn_tvm.barrier.BarrierTimeout`); ``debug_stall_step`` (tests only) makes block 0
+    skip its arrival at that step, forcing the timeout path.
     """
 
     def __init__(self, plan: CellPlan, kernel: Kernel, module, input_size: int, target: tvm.target.Target,
@@ -35,7 +40,10 @@ class Layer:
         self.input_size, self.target, self.gpu = input_size, target, gpu
         self.report, self.cuda_source = report, source
         self.arg_names = layer_arg_names(plan)
+        self.barrier_timeout_us = DEFAULT_TIMEOUT_US
+        self.debug_stall_step = -1
         self._workspace = None
+        self._sync = None
 
     @property
     def is_cuda(self) -> bool:
@@ -104,8 +112,13 @@ class Layer:
         rec = [tensors["xp"], *(tensors[n] for n in tail), out, *finals]
         if self.kernel.workspace is not None:
             if self._workspace is None:
-                self._workspace = tvm.runtime.empty(self.kernel.workspace, "float32", dev)
+                self._workspace = tvm.runtime.tensor(
+                    np.zeros(self.kernel.workspace, self.kernel.workspace_dtype), dev)
             rec.append(self._workspace)
+        if self.kernel.sync_words is not None:
+            if self._sync is None:
+                self._sync = tvm.runtime.tensor(np.zeros(self.kernel.sync_words, np.uint32), dev)
+            rec += [self._sync, self.barrier_timeout_us, self.debug_stall_step]
         launches.append(("recurrent", rec))
         return launches, (out, finals), numpy_all
 
@@ -114,6 +127,7 @@ class Layer:
         self._check_coresidency()
         for name, args in launches:
             self._launch(name, args)
+        self._check_barrier(int(out.shape[0]))
         if numpy_all:
             return out.numpy(), tuple(f.numpy() for f in finals)
         return out, tuple(finals)
@@ -123,6 +137,19 @@ class Layer:
             self.module[name](*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
             raise LaunchError(f"launching '{name}' of {self.plan.cell.name} failed: {err}") from err
+
+    def _check_barrier(self, seq_len: int) -> None:
+        """Raise if a barrier wait timed out in the last launch (and reset the barrier state)."""
+        if self._sync is None:
+            return
+        state = self._sync.numpy()
+        if state[0]:
+            self._sync.copyfrom(np.zeros_like(state))
+            self._workspace.copyfrom(np.zeros(self.kernel.workspace, self.kernel.workspace_dtype))  # stale tags
+            raise BarrierTimeout(
+                f"{self.plan.cell.name}: the grid barrier after step {int(state[0]) - 1} of {seq_len} timed out "
+                f"({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs of this "
+                "call are invalid; the barrier state was reset and the next call starts clean.")
 
     def _check_coresidency(self) -> None:
         """Refuse a grid that cannot be co-resident on this GPU (a cooperative launch would fail or hang)."""

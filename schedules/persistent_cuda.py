@@ -11,7 +11,8 @@ Per CTA (see ``persistent_config`` for the knobs):
                  with warp shuffles, store the gate sums in shared memory
                per (batch row, unit) item: the cell's pointwise math, fused, writing
                  h(t) to the workspace (ping-pong) and to the output sequence
-               grid barrier, unless this was the last step
+               grid barrier (``prnn_tvm.barrier``), unless this was the last step; a
+                 barrier that timed out ends the time loop
 
 The kernel is built with TVM's IRBuilder and compiled with the ``tirx`` pipeline, which
 keeps the placement as written (no automatic syncs or buffer compaction).
@@ -23,6 +24,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm import barrier as grid_barrier
 from prnn_tvm.analysis import CellPlan, Leaf
 from prnn_tvm.kernel import Kernel, declare_args
 from prnn_tvm.pointwise import emit_unit_math
@@ -42,7 +44,10 @@ def apply(plan: CellPlan, target, gpu, config: PersistentConfig | None = None) -
     workspace = (max(1, len(plan.exchanged)), 2, plan.batch, plan.hidden)
     launch = {"ctas": g.ctas, "threads": g.threads, "smem_bytes": g.smem_bytes,
               "cooperative": plan.needs_grid_barrier, "geometry": g}
-    return Kernel(_Builder(plan, cfg, g).build(), NAME, cfg, launch, workspace)
+    builder = _Builder(plan, cfg, g)
+    sync_words = grid_barrier.sync_words(g.ctas) if builder.barrier_state else None
+    ws_dtype = "uint64" if builder.barrier.carries_data else "float32"
+    return Kernel(builder.build(), NAME, cfg, launch, workspace, sync_words, ws_dtype)
 
 
 class _Builder:
@@ -61,6 +66,8 @@ class _Builder:
         self.x_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "input"}, key=_leaf_key)
         self.p_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "param"}, key=_leaf_key)
         self.gs0 = len(plan.exchanged) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
+        self.barrier = grid_barrier.BARRIERS[cfg.barrier]
+        self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
 
     # ------------------------------------------------------------------ structure
     def build(self) -> tirx.PrimFunc:
@@ -73,8 +80,13 @@ class _Builder:
             with T.prim_func():
                 T.func_name("recurrent")
                 T.func_attr(attrs)
-                self.a = declare_args(p, (max(1, len(p.exchanged)), 2, self.B, self.H))
-                with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx:
+                self.a = declare_args(p, (max(1, len(p.exchanged)), 2, self.B, self.H),
+                                      "uint64" if self.barrier.carries_data else "float32")
+                self.sync = grid_barrier.declare_sync_args(g.ctas) if self.barrier_state else None
+                # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
+                # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
+                with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
+                        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
                     self.bx, self.tx = bx, tx
                     self.wreg = T.alloc_buffer((max(1, g.weights_per_thread),), self.dt, scope="local")
                     self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.dt, scope="local")
@@ -83,11 +95,16 @@ class _Builder:
                     self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.dt, scope="local")
                     self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
                     self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // 4),), self.dt, scope="shared.dyn")
+                    self.aborted = T.alloc_buffer((1,), "int32", scope="local")
+                    T.buffer_store(self.aborted, 0, [0])
                     self.ks = _bind(tx % c.k_split, "ks")
                     self.rg = _bind(tx // c.k_split, "rg")
+                    self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
                     self.prologue()
                     with T.serial(0, self.a.seq_len) as t:
                         self.step(t)
+                    if self.barrier_state:
+                        grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, self.a.seq_len)
         return ib.get()
 
     def prologue(self):
@@ -111,19 +128,26 @@ class _Builder:
         if p.reductions:
             with T.serial(0, g.batch_chunks) as bc:
                 b0 = _bind(bc * self.c.batch_tile, "b0")
-                self.load_states(t, b0)
-                _sync()
+                if self.barrier.carries_data:
+                    self.exchange_tagged_states(t, b0, bc)
+                else:
+                    self.load_states(t, b0)
+                    _sync()
                 self.partial_products()
                 self.lane_reduce()
                 self.store_gate_sums(b0)
                 _sync()
+            if self.barrier.carries_data:
+                with T.If(self.aborted[0] != 0):
+                    with T.Then():
+                        T.Break()
         for it in range(g.items_per_thread):
             with self.item(it) as (b, unit, ul):
                 self.pointwise(t, it, b, unit, ul)
-        if p.needs_grid_barrier:
+        if p.needs_grid_barrier and not self.barrier.carries_data:
             with T.If(t < self.a.seq_len - 1):
                 with T.Then():
-                    T.evaluate(T.cuda.grid_sync())
+                    grid_barrier.emit(self.barrier, t, self.barrier_base, self.sync)
 
     # ------------------------------------------------------------------ prologue pieces
     def load_weights(self):
@@ -154,6 +178,28 @@ class _Builder:
                                    [(idx // pad) * self.g.k_pad + self.H + idx % pad])
 
     # ------------------------------------------------------------------ step pieces
+    def exchange_tagged_states(self, t, b0, bc):
+        """``tags``: at step 0 copy the initial states; later poll the tagged h(t-1) until current.
+
+        A timeout (block-uniform) ends the batch-tile loop and, through ``aborted``, the time loop.
+        """
+        with T.If(t == 0):
+            with T.Then():
+                self.load_states(t, b0)
+                _sync()
+            with T.Else():
+                BT, H = self.c.batch_tile, self.H
+                rows = T.min(BT, self.B - b0)
+                for e in self.exch.values():
+                    abort = grid_barrier.tag_copy(
+                        self.barrier, self.g.threads, T.address_of(self.a.ws[e, (t + 1) % 2, b0, 0]),
+                        T.address_of(self.smem[e * BT * self.g.k_pad]), rows * H, BT * H, H, self.g.k_pad,
+                        self.barrier_base, t, self.sync)
+                    with T.If(abort != 0):
+                        with T.Then():
+                            T.buffer_store(self.aborted, 1, [0])
+                            T.Break()
+
     def load_states(self, t, b0):
         """Copy rows b0..b0+batch_tile of every exchanged state h(t-1) into shared memory."""
         H, BT, threads = self.H, self.c.batch_tile, self.g.threads
@@ -224,11 +270,19 @@ class _Builder:
             if leaf.name in self.priv:
                 return self.sreg[self.sreg_index(it, self.priv[leaf.name])]
             e = self.exch[leaf.name]
-            return T.if_then_else(t == 0, self.a.init[leaf.name][b, unit], self.a.ws[e, (t + 1) % 2, b, unit])
+            previous = self.a.ws[e, (t + 1) % 2, b, unit]
+            if self.barrier.carries_data:  # this thread's own store of the step before: no polling
+                previous = grid_barrier.tag_value(self.barrier, T.address_of(previous))
+            return T.if_then_else(t == 0, self.a.init[leaf.name][b, unit], previous)
 
         new = emit_unit_math(p, load, _bind)
         for name, value in new.items():
-            if name in self.exch:
+            if name in self.exch and self.barrier.carries_data:
+                with T.If(tirx.Not(tirx.all(self.bx == 0, t == self.sync.stall_step))):  # test knob
+                    with T.Then():
+                        slot = T.address_of(self.a.ws[self.exch[name], t % 2, b, unit])
+                        T.evaluate(grid_barrier.tag_store(self.barrier, slot, value, self.barrier_base, t))
+            elif name in self.exch:
                 T.buffer_store(self.a.ws, value, [self.exch[name], t % 2, b, unit])
             else:
                 T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])

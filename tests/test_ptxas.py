@@ -3,22 +3,25 @@
 Runs without a GPU: TVM emits CUDA source, which is compiled here with nvcc for each arch.
 """
 
+import dataclasses
 import re
 
 import pytest
 
 import prnn_tvm
+from prnn_tvm.barrier import BARRIERS
 from prnn_tvm.ptxas import parse_report
+from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 
 CELLS = sorted(prnn_tvm.builtin_cells())
 
 
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("hidden", [256, 1024])
+@pytest.mark.parametrize("hidden, batch", [(256, 4), (1024, 4), (128, 16)])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_default_configs_have_no_spills(cell, hidden, arch):
-    layer = prnn_tvm.compile_cell(cell, hidden, 4, target="cuda", arch=arch)
+def test_default_configs_have_no_spills(cell, hidden, batch, arch):
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, target="cuda", arch=arch)
     rep = layer.report
     assert rep.registers is not None, rep.ptxas_note
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
@@ -38,8 +41,32 @@ def test_weights_are_loaded_once_before_the_time_loop(cell):
     body = kernel_source(layer)
     loop = body.index("< seq_len;")
     assert "W_hh_ptr[" in body[:loop] and "W_hh_ptr[" not in body[loop:]
-    assert body.count("tvm_builtin_cuda_grid_sync()") == 1 and body.index("tvm_builtin_cuda_grid_sync") > loop
+    barrier = BARRIERS[layer.report.config["barrier"]]
+    sync = "prnn_tag_copy<" if barrier.carries_data else f"{barrier.function or 'tvm_builtin_cuda_grid_sync'}("
+    assert body.count(sync) == 1 and body.index(sync) > loop
     assert "__shfl_xor_sync" in body[loop:]
+
+
+@pytest.mark.parametrize("barrier", sorted(BARRIERS))
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_barrier_variant_compiles_without_spills(barrier, arch):
+    gpu = gpu_spec(arch)
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 4, 512)
+    cfg = dataclasses.replace(default_config(plan, gpu), barrier=barrier)
+    layer = prnn_tvm.compile_cell("lstm", 512, 4, target="cuda", arch=arch, config=cfg)
+    rep = layer.report
+    assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()
+    body = kernel_source(layer)
+    if BARRIERS[barrier].carries_data:
+        assert "prnn_tag_copy<" in body and "prnn_tag_store(" in body
+        assert "prnn_barrier_end(sync_ptr, barrier_base, seq_len)" in body  # the base advances by T steps
+    elif BARRIERS[barrier].has_state:
+        assert f"{BARRIERS[barrier].function}(" in body
+        assert "prnn_barrier_end(sync_ptr, barrier_base, (seq_len - 1))" in body  # by T - 1 barriers
+    if BARRIERS[barrier].has_state:
+        assert layer.kernel.sync_words == 4
+    else:
+        assert "tvm_builtin_cuda_grid_sync()" in body and layer.kernel.sync_words is None
 
 
 def test_private_state_stays_in_registers():

@@ -1,0 +1,300 @@
+"""Synchronization between timesteps: the project's two designs and cooperative groups' ``grid.sync()``.
+
+- ``tags`` (default where it fits): data-carried synchronization. Every exchanged value
+  travels with the step that wrote it, ``(tag << 32) | bits`` in one single-copy-atomic
+  64-bit relaxed store; a block polls the values it needs until all carry the expected
+  tag (only the stale ones are loaded again). No barrier call, no release fence, no
+  separate data read: on an H100 the fastest (0.91-0.97 us per all-to-all step at 132
+  CTAs, vs 1.32 for ``grid.sync()``), up to 23% faster per LSTM step at batch 1-4. It
+  needs twice the state traffic, so large batch tiles fall back to ``counter``. With a
+  double-buffered exchange it is only a barrier when every block reads every other
+  block's values, which a recurrent product guarantees.
+- ``counter``: one monotonic arrival counter; thread 0 of each block adds with a gpu-scope
+  *release* reduction after a block barrier (cumulative over the block's writes), polls
+  with *acquire* loads, and a block barrier publishes the result. As fast as ``grid.sync()``,
+  and bounded.
+- ``grid_sync``: cooperative groups; no state, no timeout (CUDA guarantees it under
+  cooperative launch); the baseline.
+
+The two project designs share one protocol (device code pasted with ``T.cuda.func_call``,
+which pastes the source once per function called, hence the include guards):
+
+- **state** is a ``uint32`` buffer of ``SYNC_WORDS`` words owned by the layer: word 0 the
+  error word (0, or 1 + the step whose wait timed out), word 1 the arrival count, word 2
+  the base;
+- **no reset between launches**: the base is the number of barriers (``counter``) or steps
+  (``tags``) all earlier launches passed, mod 2^32. Every block reads it when the kernel
+  starts; step ``s`` waits for count ``(base + s + 1) * ctas`` or for values tagged
+  ``base + s`` written at step ``s - 1``, compared wrap-safe; block 0 advances the base when
+  it leaves (every block read it before its first wait, and the next launch starts after
+  this one ends). Only a timeout leaves the state inconsistent: the host then zeroes it
+  (and the workspace, whose tags are stale);
+- **never hangs**: every poll loop looks at the error word and ``%globaltimer`` every
+  ``PRNN_CHECK_EVERY`` polls, gives up after ``timeout_us``, records the step in the error
+  word (first one wins) and makes the whole block leave its time loop; a waiter that sees
+  the error word set gives up at once; the host raises :class:`BarrierTimeout`;
+- ``stall_step`` (a test knob, -1 in normal use) makes block 0 skip its arrival (or its
+  tagged stores) at that step, which forces the timeout path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .errors import PrnnError
+
+SYNC_WORDS = 4  # error word, counter, base, and one spare keeping the buffer 16-byte sized
+
+_COMMON = r"""
+#ifndef PRNN_BARRIER_COMMON
+#define PRNN_BARRIER_COMMON
+__device__ __forceinline__ unsigned prnn_ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned prnn_ld_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long prnn_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Barriers all earlier launches passed; read by every block before its first barrier.
+__device__ __forceinline__ int prnn_barrier_begin(const unsigned* sync) { return (int)sync[2]; }
+// Block 0 records this launch's barriers when it leaves (after every block read the base).
+__device__ __forceinline__ void prnn_barrier_end(unsigned* sync, int base, int barriers) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) sync[2] = (unsigned)base + (unsigned)barriers;
+}
+// Every PRNN_CHECK_EVERY polls a waiter looks at the error word and the clock: checking on
+// every poll would put a second round trip into each one.
+#define PRNN_CHECK_EVERY 32
+// 1 when this wait must give up: another block reported a timeout, or this one timed out
+// (then it records 1 + step in the error word, first one wins).
+__device__ __forceinline__ int prnn_give_up(unsigned* sync, int step, unsigned long long start,
+                                            unsigned long long limit_ns) {
+  if (prnn_ld_relaxed(sync) != 0u) return 1;
+  if (prnn_globaltimer() - start > limit_ns) {
+    atomicCAS(sync, 0u, (unsigned)step + 1u);
+    return 1;
+  }
+  return 0;
+}
+// Poll *p until it reaches target (wrap-safe); 0 when reached, 1 when giving up.
+__device__ __forceinline__ int prnn_wait_geq(const unsigned* p, unsigned target, unsigned* sync, int step,
+                                             unsigned long long limit_ns, unsigned long long start) {
+  for (unsigned polls = 1; (int)(prnn_ld_acquire(p) - target) < 0; ++polls) {
+    if (polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step, start, limit_ns)) return 1;
+  }
+  return 0;
+}
+#endif
+"""
+
+_COUNTER = _COMMON + r"""
+#ifndef PRNN_BARRIER_COUNTER
+#define PRNN_BARRIER_COUNTER
+// One monotonic arrival counter: thread 0 adds with a release reduction and polls it.
+__device__ __forceinline__ int prnn_barrier_counter(unsigned* sync, int base, int step, int timeout_us,
+                                                 int stall_step) {
+  __shared__ int prnn_abort;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (!(blockIdx.x == 0 && step == stall_step)) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(sync + 1) : "memory");
+    }
+    const unsigned target = ((unsigned)base + (unsigned)step + 1u) * gridDim.x;
+    prnn_abort = prnn_wait_geq(sync + 1, target, sync, step, (unsigned long long)timeout_us * 1000ull,
+                               prnn_globaltimer());
+  }
+  __syncthreads();
+  return prnn_abort;
+}
+#endif
+"""
+
+
+_TAGS = _COMMON + r"""
+#ifndef PRNN_TAGS
+#define PRNN_TAGS
+// Data-carried synchronization: an exchanged value travels with the step that wrote it,
+// (tag << 32 | bits) in one single-copy-atomic 64-bit store; a reader polls the values it
+// needs until all carry the tag it expects. No separate barrier, no release fence.
+__device__ __forceinline__ void prnn_tag_store(uint64_t* p, float v, unsigned tag) {
+  const unsigned long long word = ((unsigned long long)tag << 32) | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(word) : "memory");
+}
+__device__ __forceinline__ float prnn_tag_value(const uint64_t* p) {
+  return __uint_as_float((unsigned)*p);
+}
+// Copy n tagged values (row-major rows of ROW) into dst (rows padded to ROW_PAD): thread t
+// takes the VEC-wide groups t + j * blockDim.x, j < PER, and polls until every tag is the one
+// written at step - 1 (only stale groups are loaded again). Returns 1 for the whole block if a
+// wait timed out or another block reported one. VEC = 2 loads two tagged words at once with a
+// volatile vector load (each 64-bit word stays single-copy atomic; ld.relaxed has no vector form).
+template <int PER, int VEC, int ROW, int ROW_PAD>
+__device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, float* dst, int n, int base, int step,
+                                             unsigned* sync, int timeout_us) {
+  static_assert(PER <= 32 && (VEC == 1 || VEC == 2) && ROW % VEC == 0, "stale bits, vector width");
+  const unsigned tag = (unsigned)base + (unsigned)step;  // written at step - 1
+  uint64_t v[PER][VEC];
+  int failed = 0;
+  const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
+  unsigned stale = 0;  // bit j: group j still carries an older tag; only those are polled again
+#pragma unroll
+  for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) * VEC < n ? 1u : 0u) << j;
+  for (unsigned polls = 1; stale; ++polls) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (stale & (1u << j)) {
+        const uint64_t* p = src + (threadIdx.x + j * blockDim.x) * VEC;
+        if (VEC == 2) {
+          asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v[j][0]), "=l"(v[j][VEC - 1]) : "l"(p)
+                       : "memory");
+        } else {
+          asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v[j][0]) : "l"(p) : "memory");
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      bool fresh = true;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) fresh &= (unsigned)(v[j][e] >> 32) == tag;
+      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
+    }
+    // the step whose values never came is step - 1: record it as (step - 1) + 1
+    if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
+      failed = 1;
+      break;
+    }
+  }
+  if (!failed) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int i = (threadIdx.x + j * blockDim.x) * VEC;
+      if (i < n) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          dst[((i + e) / ROW) * ROW_PAD + (i + e) % ROW] = __uint_as_float((unsigned)v[j][e]);
+        }
+      }
+    }
+  }
+  return __syncthreads_or(failed);
+}
+#endif
+"""
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A way to separate timesteps.
+
+    ``function`` is the barrier's device function (None for cooperative groups' grid sync
+    and for ``tags``, where no barrier call exists); ``carries_data`` marks the
+    data-carried variant, which changes how a kernel exchanges its states.
+    """
+
+    name: str
+    function: str | None
+    source: str | None
+    carries_data: bool = False
+
+    @property
+    def has_state(self) -> bool:
+        return self.source is not None
+
+
+BARRIERS = {
+    "tags": Barrier("tags", None, _TAGS, carries_data=True),
+    "counter": Barrier("counter", "prnn_barrier_counter", _COUNTER),
+    "grid_sync": Barrier("grid_sync", None, None),
+}
+DEFAULT_TIMEOUT_US = 50_000  # per wait: generous against preemption, short against a hang
+
+
+class BarrierTimeout(PrnnError):
+    """A grid barrier wait gave up: some block never arrived. The layer's outputs are invalid."""
+
+
+def sync_words(ctas: int) -> int:
+    """Words of barrier state a grid of ``ctas`` blocks needs (the same for any grid)."""
+    return SYNC_WORDS
+
+
+@dataclass(frozen=True)
+class SyncArgs:
+    """The kernel arguments of a stateful barrier, and the base read at kernel start."""
+
+    sync: object
+    timeout_us: object
+    stall_step: object
+
+
+ARG_NAMES = ("sync", "timeout_us", "stall_step")
+
+
+def declare_sync_args(ctas: int) -> SyncArgs:
+    """Declare the barrier's kernel arguments inside a ``T.prim_func()`` frame."""
+    sync = T.arg("sync", T.buffer((sync_words(ctas),), "uint32", buffer_name="sync"))
+    return SyncArgs(sync, *(T.arg(name, tirx.Var(name, "int32")) for name in ARG_NAMES[1:]))
+
+
+def emit_begin(barrier: Barrier, args: SyncArgs | None):
+    """At kernel start: bind and return the base (None for ``grid_sync``)."""
+    if not barrier.has_state:
+        return None
+    call = T.cuda.func_call("prnn_barrier_begin", args.sync.data, source_code=barrier.source, return_type="int32")
+    return T.bind(call, var=tirx.Var("barrier_base", "int32"))
+
+
+def emit_end(barrier: Barrier, args: SyncArgs | None, base, seq_len) -> None:
+    """At kernel end: advance the base past this launch (its barriers, or its steps for ``tags``)."""
+    if barrier.has_state:
+        advance = seq_len if barrier.carries_data else seq_len - 1
+        T.evaluate(T.cuda.func_call("prnn_barrier_end", args.sync.data, base, advance, source_code=barrier.source,
+                                    return_type="void"))
+
+
+def tag_store(barrier: Barrier, ptr, value, base, step):
+    """``tags``: store ``value`` written at ``step`` with its tag (an expression to evaluate)."""
+    return T.cuda.func_call("prnn_tag_store", ptr, value, T.Cast("uint32", base + step + 1),
+                            source_code=barrier.source, return_type="void")
+
+
+def tag_value(barrier: Barrier, ptr):
+    """``tags``: the value part of a tagged word (the caller's own earlier store: no polling)."""
+    return T.cuda.func_call("prnn_tag_value", ptr, source_code=barrier.source, return_type="float32")
+
+
+def tag_copy(barrier: Barrier, threads: int, src, dst, n, max_n: int, row: int, row_pad: int, base, step,
+             args: SyncArgs):
+    """``tags``: poll-and-copy ``n`` (at most ``max_n``) tagged values, rows of ``row``, into shared
+    memory rows of ``row_pad``; returns the block-uniform abort flag."""
+    vec = 2 if row % 2 == 0 else 1
+    per = -(-max_n // (threads * vec))
+    call = T.cuda.func_call(f"prnn_tag_copy<{per}, {vec}, {row}, {row_pad}>", src, dst, n, base, step,
+                            args.sync.data, args.timeout_us, source_code=barrier.source, return_type="int32")
+    return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
+
+
+def emit(barrier: Barrier, step, base, args: SyncArgs | None) -> None:
+    """Emit the barrier of ``step``; with a stateful barrier, leave the enclosing loop if it timed out."""
+    if barrier.carries_data:
+        return
+    if not barrier.has_state:
+        T.evaluate(T.cuda.grid_sync())
+        return
+    call = T.cuda.func_call(barrier.function, args.sync.data, base, step, args.timeout_us, args.stall_step,
+                            source_code=barrier.source, return_type="int32")
+    abort = T.bind(call, var=tirx.Var("barrier_abort", "int32"))
+    with T.If(abort != 0):
+        with T.Then():
+            T.Break()

@@ -1,0 +1,76 @@
+"""Grid barriers on the GPU: all-to-all stress, forced timeouts, identical answers (``pytest -m gpu``)."""
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.barrier import BARRIERS, BarrierTimeout
+from prnn_tvm.barrier_probe import Probe
+from prnn_tvm.reference import random_inputs
+from prnn_tvm.schedules.persistent_config import default_config
+from prnn_tvm.target import gpu_spec
+
+from .conftest import GPU_TOLERANCE
+from .test_gpu_numerics import run_and_compare
+
+pytestmark = pytest.mark.gpu
+STATEFUL = sorted(name for name, b in BARRIERS.items() if b.has_state)
+
+
+def lstm_with(barrier, hidden=512, batch=4):
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), batch, hidden)
+    cfg = dataclasses.replace(default_config(plan, gpu_spec()), barrier=barrier)
+    return prnn_tvm.compile_cell("lstm", hidden, batch, target="cuda", config=cfg)
+
+
+@pytest.mark.parametrize("barrier", sorted(BARRIERS))
+@pytest.mark.parametrize("blocks_per_sm", [1, 2])
+def test_stress_every_block_reads_every_other_block(barrier, blocks_per_sm):
+    probe = Probe(barrier, blocks_per_sm * gpu_spec().sms, 128, all_to_all=True)
+    assert probe.run(steps=2000, launches=10) == 0
+
+
+@pytest.mark.parametrize("barrier", STATEFUL)
+def test_forced_timeout_raises_then_next_call_is_correct(barrier):
+    layer = lstm_with(barrier, hidden=256)
+    inputs = random_inputs(layer.plan, 16, layer.input_size)
+    layer.barrier_timeout_us, layer.debug_stall_step = 20_000, 3
+    start = time.perf_counter()
+    with pytest.raises(BarrierTimeout, match="after step 3 of 16"):
+        layer(**inputs)
+    assert time.perf_counter() - start < 5.0  # every waiter gave up, no hang
+    layer.debug_stall_step = -1
+    assert run_and_compare(layer, 16) <= GPU_TOLERANCE
+
+
+@pytest.mark.parametrize("barrier", STATEFUL)
+def test_forced_timeout_in_the_probe(barrier):
+    probe = Probe(barrier, gpu_spec().sms, 128, all_to_all=True)
+    probe.timeout_us, probe.stall_step = 10_000, 100
+    with pytest.raises(BarrierTimeout, match="after step 100"):
+        probe.run(steps=500)
+    probe.stall_step = -1
+    assert probe.run(steps=500, launches=3) == 0
+
+
+def test_all_barriers_give_bitwise_identical_results():
+    outputs = {}
+    for barrier in sorted(BARRIERS):
+        layer = lstm_with(barrier)
+        inputs = random_inputs(layer.plan, 64, layer.input_size, seed=7)
+        outputs[barrier] = layer(**inputs)
+        assert run_and_compare(layer, 64, seed=7) <= GPU_TOLERANCE
+    first = next(iter(outputs.values()))
+    for out, finals in outputs.values():
+        assert np.array_equal(out, first[0]) and all(np.array_equal(a, b) for a, b in zip(finals, first[1]))
+
+
+@pytest.mark.parametrize("barrier", STATEFUL)
+def test_many_launches_need_no_reset(barrier):
+    """The barrier state carries over from launch to launch (device-side base), including T=1 and T=2."""
+    layer = lstm_with(barrier, hidden=256)
+    for seq_len in (33, 1, 2, 33, 7) * 4:
+        assert run_and_compare(layer, seq_len, seed=seq_len) <= GPU_TOLERANCE
