@@ -15,13 +15,16 @@ Tags carry the launch id, so a value left over from an earlier launch counts as 
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from . import barrier as grid_barrier
+from .build import PIPELINE, nvcc_compile
 from .kernel import SEQ_LEN
+from .target import gpu_spec
 
 TAG_STRIDE = 65536  # tags are launch_id * TAG_STRIDE + step, so steps stay below this
 
@@ -108,8 +111,6 @@ def _count_if(errors, wrong):
 
 def build_probe(barrier: str, ctas: int, threads: int, all_to_all: bool, arch: str):
     """Compile the probe for ``arch`` (through the project's nvcc callback); returns the runtime module."""
-    from .build import PIPELINE, nvcc_compile
-
     target = tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
     mod = tvm.IRModule({"barrier_probe": probe_func(barrier, ctas, threads, all_to_all)})
     with target, nvcc_compile(arch, []):
@@ -124,13 +125,8 @@ class Probe:
     """
 
     def __init__(self, barrier: str, ctas: int, threads: int, all_to_all: bool):
-        from .target import gpu_spec
-
-        import numpy as np
-
-        self.np = np
         self.barrier, self.ctas = grid_barrier.BARRIERS[barrier], ctas
-        self.module = build_probe(barrier, ctas, threads, all_to_all, gpu_spec().arch)
+        self.module = build_probe(barrier, ctas, threads, all_to_all, gpu_spec().arch)  # the local GPU's arch
         self.dev = tvm.cuda(0)
         self.buf = tvm.runtime.tensor(np.zeros((2, ctas), np.uint64 if self.barrier.carries_data else np.int32),
                                       self.dev)
@@ -146,14 +142,14 @@ class Probe:
         """Launch ``launches`` times (fresh launch id each); return the wrong values counted."""
         if steps >= TAG_STRIDE:
             raise ValueError(f"at most {TAG_STRIDE - 1} steps per launch")
-        self.errors.copyfrom(self.np.zeros(1, self.np.uint32))
+        self.errors.copyfrom(np.zeros(1, np.uint32))
         for _ in range(launches):
             self.launch_id = (self.launch_id + 1) % 30000
             self.module["barrier_probe"](*self._args(steps))
         state = self.sync.numpy()
         if state[0]:
-            self.sync.copyfrom(self.np.zeros_like(state))
-            self.buf.copyfrom(self.np.zeros_like(self.buf.numpy()))  # stale tags
+            self.sync.copyfrom(np.zeros_like(state))
+            self.buf.copyfrom(np.zeros_like(self.buf.numpy()))  # stale tags
             raise grid_barrier.BarrierTimeout(f"probe barrier timed out after step {int(state[0]) - 1}")
         return int(self.errors.numpy()[0])
 

@@ -73,11 +73,13 @@ class Layer:
         Takes the same arguments as a call; inputs are placed on the device once, outside
         the timed region. Returns ``{"projection": s, "recurrent": s}``.
         """
-        launches, _, _ = self._prepare(self.arg_names, args, kwargs)
+        launches, (out, _), _ = self._prepare(self.arg_names, args, kwargs)
         self._check_coresidency()
         dev = self.device
-        return {name: min(self.module.time_evaluator(name, dev, number=number, repeat=repeat)(*a).results)
-                for name, a in launches}
+        times = {name: min(self.module.time_evaluator(name, dev, number=number, repeat=repeat)(*a).results)
+                 for name, a in launches}
+        self._check_barrier(int(out.shape[0]))  # a timed-out run would make the figures meaningless
+        return times
 
     # ------------------------------------------------------------------ internals
     @property

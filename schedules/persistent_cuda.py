@@ -129,7 +129,7 @@ class _Builder:
             with T.serial(0, g.batch_chunks) as bc:
                 b0 = _bind(bc * self.c.batch_tile, "b0")
                 if self.barrier.carries_data:
-                    self.exchange_tagged_states(t, b0, bc)
+                    self.exchange_tagged_states(t, b0)
                 else:
                     self.load_states(t, b0)
                     _sync()
@@ -178,7 +178,7 @@ class _Builder:
                                    [(idx // pad) * self.g.k_pad + self.H + idx % pad])
 
     # ------------------------------------------------------------------ step pieces
-    def exchange_tagged_states(self, t, b0, bc):
+    def exchange_tagged_states(self, t, b0):
         """``tags``: at step 0 copy the initial states; later poll the tagged h(t-1) until current.
 
         A timeout (block-uniform) ends the batch-tile loop and, through ``aborted``, the time loop.
