@@ -50,20 +50,29 @@ class Leaf:
 
 @dataclass(frozen=True)
 class Reduction:
-    """A recurrent product ``out[n, s*H + u] = sum_k state[n, k] * weight[s*H + u, k]``."""
+    """A recurrent product ``out[n, s*H + u] = sum_k operand[n, k] * weight[s*H + u, k]``.
+
+    The operand is a state (``phase`` 0) or a one-slice pointwise stage computed earlier in
+    the same step: then the product runs in the phase after that stage's.
+    """
 
     name: str
-    state: str
+    operand: str
     weight: str
     slices: int
+    phase: int = 0
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A pointwise stage, one expression per gate slice, written in leaf variables."""
+    """A pointwise stage, one expression per gate slice, written in leaf variables.
+
+    ``phase`` is the latest phase of the products it depends on (0 without any).
+    """
 
     name: str
     exprs: tuple  # PrimExpr per slice
+    phase: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,10 @@ class CellPlan:
     states, weights, params : tuple of Slot
         Declared tensors by role, in declaration order.
     exchanged : tuple of str
-        States read by a recurrent reduction: they cross thread blocks every step.
+        States read by a recurrent product: they cross thread blocks every step.
+    exchanged_stages : tuple of str
+        Stages read by a recurrent product of a later phase: they cross thread blocks
+        between the phases of a step.
     reductions : tuple of Reduction
     stages : tuple of Stage
         Pointwise stages in dependency order.
@@ -96,6 +108,7 @@ class CellPlan:
     weights: tuple
     params: tuple
     exchanged: tuple
+    exchanged_stages: tuple
     reductions: tuple
     stages: tuple
     updates: dict
@@ -114,6 +127,39 @@ class CellPlan:
         """A cell without recurrent reductions has no cross-unit dependency at all."""
         return bool(self.reductions)
 
+    @property
+    def phases(self) -> int:
+        """Phases per step: products over this step's own results add one each, with a grid sync before."""
+        return 1 + max((r.phase for r in self.reductions), default=0)
+
+    @property
+    def operands(self) -> tuple:
+        """Everything a product multiplies, in workspace order: exchanged states, then stages."""
+        return self.exchanged + self.exchanged_stages
+
+    def phase_of(self, leaf: Leaf) -> int:
+        """The phase in which a leaf's value becomes available."""
+        if leaf.kind == "stage":
+            return next(st.phase for st in self.stages if st.name == leaf.name)
+        if leaf.kind == "reduction":
+            return next(r.phase for r in self.reductions if r.name == leaf.name)
+        return 0
+
+    def live_outs(self, phase: int) -> tuple:
+        """Stage leaves computed in ``phase`` that something after it reads.
+
+        Readers are the stages of later phases, the products of later phases (their operand
+        stage) and the state updates, which are written when the step ends.
+        """
+        inverse = {var: leaf for leaf, var in self.leaf_vars.items()}
+        needed = set(self.updates.values())
+        needed |= {Leaf("stage", r.operand, 0) for r in self.reductions if r.phase > 0}
+        for st in self.stages:
+            if st.phase > phase:
+                needed |= {inverse[v] for e in st.exprs for v in free_vars(e)}
+        return tuple(sorted((lf for lf in needed if lf.kind == "stage" and self.phase_of(lf) == phase),
+                            key=lambda lf: (lf.name, lf.slice)))
+
     def slot(self, name: str) -> Slot:
         for s in (self.input, *self.states, *self.weights, *self.params):
             if s.name == name:
@@ -124,8 +170,8 @@ class CellPlan:
         """A hash of the cell's math (not its name or sizes): keys tuning records."""
         parts = [f"{s.role.value}:{s.name}:{s.slices}" for s in (self.input, *self.states, *self.weights,
                                                                  *self.params)]
-        parts += [f"red:{r.name}={r.state}*{r.weight}:{r.slices}" for r in self.reductions]
-        parts += [f"stage:{st.name}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
+        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" for r in self.reductions]
+        parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
         parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
         parts.append(f"output:{self.output}")
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -186,11 +232,12 @@ class _Analysis:
         for s in t.slots:
             if s.role in (Role.WEIGHT, Role.PARAM) and s.name not in self.used:
                 raise CellError(f"{s.role.value} '{s.name}' is declared but never used; remove it or use it")
-        exchanged = tuple(n for n in state_names if any(r.state == n for r in self.reductions.values()))
+        exchanged = tuple(n for n in state_names if any(r.operand == n for r in self.reductions.values()))
+        exchanged_stages = tuple(dict.fromkeys(r.operand for r in self.reductions.values() if r.phase > 0))
         return CellPlan(
             cell=t.cell, batch=self.B, hidden=self.H, dtype=t.dtype,
             input=by_role[Role.INPUT][0], states=by_role[Role.STATE], weights=by_role[Role.WEIGHT],
-            params=by_role[Role.PARAM], exchanged=exchanged,
+            params=by_role[Role.PARAM], exchanged=exchanged, exchanged_stages=exchanged_stages,
             reductions=tuple(self.reductions[x] for x in self.order if x in self.reductions),
             stages=tuple(self.stages[x] for x in self.order if x in self.stages),
             updates=updates, leaf_vars=dict(self.leaf_vars),
@@ -278,26 +325,33 @@ class _Analysis:
             raise CellError("a recurrent product multiplies a state by a recurrent weight (c.weight); this "
                             f"one reads {', '.join(self._describe(t) for t, _ in loads)}", name)
         (w_t, w_idx), (s_t, s_idx) = loads if roles[0] is Role.WEIGHT else loads[::-1]
-        if s_t not in self.slots or self.slots[s_t].role is not Role.STATE:
-            if s_t in self.stages or s_t in self.reductions:
-                raise CellError(f"the recurrent product reads '{s_t.op.name}', which this step computes; "
-                                "a reduction must read a state (c.state) directly. A cell whose recurrent "
-                                "product depends on this step's own results needs two phases per step, "
-                                "which the compiler does not support yet", name)
+        if s_t in self.reductions:
+            raise CellError(f"the recurrent product multiplies the weight by '{s_t.op.name}', another product; "
+                            "apply a pointwise stage in between (a product's operand is a state or a "
+                            "pointwise stage of shape (batch, hidden))", name)
+        if s_t in self.stages:
+            if self._slices(s_t, "the product's operand") != 1:
+                raise CellError(f"the recurrent product reads '{s_t.op.name}', which has "
+                                f"{self._shape(s_t)[1] // self.H} gate slices; a product's operand is "
+                                "(batch, hidden)", name)
+            operand, phase = s_t.op.name, self.stages[s_t].phase + 1
+        elif s_t in self.slots and self.slots[s_t].role is Role.STATE:
+            operand, phase = self.slots[s_t].name, 0
+        else:
             raise CellError(f"the recurrent product multiplies the weight by {self._describe(s_t)}; it must "
-                            "multiply a state (c.state)", name)
-        w_slot, s_slot = self.slots[w_t], self.slots[s_t]
+                            "multiply a state (c.state) or a pointwise stage of this step", name)
+        w_slot = self.slots[w_t]
         if not (self._is(w_idx[0], j) and self._is(w_idx[1], k.var)):
             raise CellError(f"weight '{w_slot.name}' is indexed [{w_idx[0]}, {w_idx[1]}]; recurrent weights "
                             f"have PyTorch's (slices*hidden, hidden) layout and are indexed [j, k]", name)
         if not (self._is(s_idx[0], n) and self._is(s_idx[1], k.var)):
-            raise CellError(f"state '{s_slot.name}' is indexed [{s_idx[0]}, {s_idx[1]}]; the recurrent "
-                            f"product reads it as [n, k]", name)
+            raise CellError(f"'{operand}' is indexed [{s_idx[0]}, {s_idx[1]}]; the recurrent product reads "
+                            "its operand as [n, k]", name)
         if w_slot.slices != slices:
             raise CellError(f"has {slices} gate slice(s) but weight '{w_slot.name}' has {w_slot.slices}; "
                             "the product's shape is (batch, rows of the weight)", name)
         self.used.add(w_slot.name)
-        return Reduction(name, s_slot.name, w_slot.name, slices)
+        return Reduction(name, operand, w_slot.name, slices, phase)
 
     # ---- pointwise stages
     def _stage(self, tensor: te.Tensor) -> Stage:
@@ -329,7 +383,13 @@ class _Analysis:
                 raise CellError(f"uses its index '{bad[0]}' as a value; a cell's math must be the same for "
                                 "every batch row and hidden unit", name)
             exprs.append(expr)
-        return Stage(name, tuple(exprs))
+        inverse = {var: leaf for leaf, var in self.leaf_vars.items()}
+        phase = 0
+        for leaf in (inverse[v] for e in exprs for v in free_vars(e)):
+            if leaf.kind in ("reduction", "stage"):
+                producers = self.reductions if leaf.kind == "reduction" else self.stages
+                phase = max(phase, next(x.phase for x in producers.values() if x.name == leaf.name))
+        return Stage(name, tuple(exprs), phase)
 
     def _pointwise_access(self, e, stage: str, n, j, col, u, an: Analyzer):
         tensor, idx = tensor_load_parts(e)

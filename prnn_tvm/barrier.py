@@ -255,10 +255,9 @@ def emit_begin(barrier: Barrier, args: SyncArgs | None):
     return T.bind(call, var=tirx.Var("barrier_base", "int32"))
 
 
-def emit_end(barrier: Barrier, args: SyncArgs | None, base, seq_len) -> None:
-    """At kernel end: advance the base past this launch (its barriers, or its steps for ``tags``)."""
+def emit_end(barrier: Barrier, args: SyncArgs | None, base, advance) -> None:
+    """At kernel end: advance the base past this launch (by its barriers, or its steps for ``tags``)."""
     if barrier.has_state:
-        advance = seq_len if barrier.carries_data else seq_len - 1
         T.evaluate(T.cuda.func_call("prnn_barrier_end", args.sync.data, base, advance, source_code=barrier.source,
                                     return_type="void"))
 
@@ -285,14 +284,17 @@ def tag_copy(barrier: Barrier, threads: int, src, dst, n, max_n: int, row: int, 
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
 
-def emit(barrier: Barrier, step, base, args: SyncArgs | None) -> None:
-    """Emit the barrier of ``step``; with a stateful barrier, leave the enclosing loop if it timed out."""
+def emit(barrier: Barrier, step, base, args: SyncArgs | None, stall=None) -> None:
+    """Emit the barrier of ``step`` (its ordinal among the launch's barriers); with a stateful
+    barrier, leave the enclosing loop if it timed out. ``stall`` is the ordinal the test knob
+    stalls (default: the ``stall_step`` argument itself)."""
     if barrier.carries_data:
         return
     if not barrier.has_state:
         T.evaluate(T.cuda.grid_sync())
         return
-    call = T.cuda.func_call(barrier.function, args.sync.data, base, step, args.timeout_us, args.stall_step,
+    stall = args.stall_step if stall is None else stall
+    call = T.cuda.func_call(barrier.function, args.sync.data, base, step, args.timeout_us, stall,
                             source_code=barrier.source, return_type="int32")
     abort = T.bind(call, var=tirx.Var("barrier_abort", "int32"))
     with T.If(abort != 0):

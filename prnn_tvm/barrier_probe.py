@@ -60,7 +60,7 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
                         _plain_step(bar, buf, errors, sync, base, launch_id, steps, t, bx, tx, ctas, threads,
                                     all_to_all)
                 if bar.has_state:
-                    grid_barrier.emit_end(bar, sync, base, steps)
+                    grid_barrier.emit_end(bar, sync, base, steps if bar.carries_data else steps - 1)
     return ib.get()
 
 

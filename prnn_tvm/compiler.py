@@ -60,17 +60,30 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         raise ConfigError(f"dtype {dtype} is not supported yet; supported: {', '.join(SUPPORTED_DTYPES)}")
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
-    kernel = next((k for k in (t.apply(plan, tgt, gpu, config) for t in TEMPLATES) if k is not None), None)
-    if kernel is None:
+    # First template that accepts the target wins. An untuned build walks its ranked default
+    # configs until ptxas reports no spills (the register estimate is a model; ptxas decides).
+    for template in TEMPLATES:
+        candidates = [config] if config is not None else (template.default_configs(plan, tgt, gpu) or [None])
+        kernel = template.apply(plan, tgt, gpu, candidates[0])
+        if kernel is not None:
+            break
+    else:
         raise ConfigError(f"no schedule template accepts target {tgt}")
-    module, source, report = build_module(plan, kernel, input_size, tgt, gpu)
-    note = ""
-    if source is not None and report is None:
-        try:
-            _, report = ptxas.compile_cuda(source, gpu.arch)
-        except ptxas.NvccNotFound as err:
-            note = str(err).splitlines()[0]
-            log.warning("no ptxas report: %s", note)
+    for attempt, cfg in enumerate(candidates):
+        if attempt:
+            kernel = template.apply(plan, tgt, gpu, cfg)
+        module, source, report = build_module(plan, kernel, input_size, tgt, gpu)
+        note = ""
+        if source is not None and report is None:
+            try:
+                _, report = ptxas.compile_cuda(source, gpu.arch)
+            except ptxas.NvccNotFound as err:
+                note = str(err).splitlines()[0]
+                log.warning("no ptxas report: %s", note)
+        spills = report.function("recurrent").spills if report is not None else 0
+        if not spills or attempt == len(candidates) - 1:
+            break
+        log.info("%s: config %s spills %d B; trying the next default", cell.name, cfg, spills)
     rep = _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, config is not None, report, note)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
     return Layer(plan, kernel, module, input_size, tgt, gpu, rep, source)

@@ -149,9 +149,17 @@ class Layer:
             self._sync.copyfrom(np.zeros_like(state))
             self._workspace.copyfrom(np.zeros(self.kernel.workspace, self.kernel.workspace_dtype))  # stale tags
             raise BarrierTimeout(
-                f"{self.plan.cell.name}: the grid barrier after step {int(state[0]) - 1} of {seq_len} timed out "
-                f"({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs of this "
-                "call are invalid; the barrier state was reset and the next call starts clean.")
+                f"{self.plan.cell.name}: the grid synchronization {self._where(int(state[0]) - 1)} of {seq_len} "
+                f"timed out ({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs "
+                "of this call are invalid; the barrier state was reset and the next call starts clean.")
+
+    def _where(self, recorded: int) -> str:
+        """The error word records a step (``tags``) or a barrier ordinal, ``phases`` per step."""
+        phases = self.kernel.launch.get("phases", 1)
+        if self.kernel.launch.get("sync_counts") == "steps" or phases == 1:
+            return f"after step {recorded}"
+        step, phase = divmod(recorded, phases)
+        return f"after phase {phase} of step {step}"
 
     def _check_coresidency(self) -> None:
         """Refuse a grid that cannot be co-resident on this GPU (a cooperative launch would fail or hang)."""

@@ -1,8 +1,9 @@
 """Emit a cell's pointwise math for one (batch row, hidden unit), shared by every template.
 
-A template supplies where each leaf value lives (a register, shared memory, a global
-load) and how to bind a value to a name; this module walks the plan's stages in
-dependency order and returns the new value of every state.
+A step runs in phases (``CellPlan.phases``): phase ``p`` computes the stages that depend on
+the products of phase ``p``. A template supplies where each leaf value lives (a register,
+shared memory, a global load) and how to bind a value to a name; this module walks the
+stages of one phase in dependency order and returns the values the rest of the step needs.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from .analysis import CellPlan, Leaf
 from .texpr import free_vars, substitute
 
 
-def emit_unit_math(plan: CellPlan, load: Callable[[Leaf], object],
-                   bind: Callable[[object, str], object]) -> dict[str, object]:
-    """Bind every stage value one unit needs; return ``{state: new value}``.
+def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
+               bind: Callable[[object, str], object]) -> dict[Leaf, object]:
+    """Bind the stages of ``phase`` that the step needs; return ``{leaf: variable}`` for its live-outs.
 
-    ``load(leaf)`` gives the value of an input, state, param or reduction leaf;
-    ``bind(expr, name)`` emits a binding and returns the variable that holds it.
-    Each leaf is loaded and each stage computed at most once.
+    ``load(leaf)`` gives the value of an input, state, param or product leaf, and of a
+    stage leaf of an earlier phase; ``bind(expr, name)`` emits a binding and returns the
+    variable that holds it. Each leaf is loaded and each stage computed at most once.
     """
     stages = {st.name: st for st in plan.stages}
     leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
@@ -27,7 +28,7 @@ def emit_unit_math(plan: CellPlan, load: Callable[[Leaf], object],
 
     def value(leaf: Leaf):
         if leaf not in values:
-            if leaf.kind == "stage":
+            if leaf.kind == "stage" and plan.phase_of(leaf) == phase:
                 expr = stages[leaf.name].exprs[leaf.slice]
                 expr = substitute(expr, {v: value(leaf_of_var[v]) for v in free_vars(expr)})
             else:
@@ -35,4 +36,15 @@ def emit_unit_math(plan: CellPlan, load: Callable[[Leaf], object],
             values[leaf] = bind(expr, f"{leaf.name}_{leaf.slice}")
         return values[leaf]
 
-    return {s.name: value(plan.updates[s.name]) for s in plan.states}
+    return {leaf: value(leaf) for leaf in plan.live_outs(phase)}
+
+
+def live_index(plan: CellPlan) -> dict[Leaf, int]:
+    """A slot for every live-out of every phase: where templates keep them until they are read."""
+    leaves = [leaf for p in range(plan.phases) for leaf in plan.live_outs(p)]
+    return {leaf: i for i, leaf in enumerate(leaves)}
+
+
+def new_state_values(plan: CellPlan, value_of: Callable[[Leaf], object]) -> dict[str, object]:
+    """``{state: new value}`` at the end of a step; ``value_of`` resolves the update leaves."""
+    return {s.name: value_of(plan.updates[s.name]) for s in plan.states}

@@ -13,10 +13,16 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.analysis import CellPlan, Leaf
+from prnn_tvm.errors import ConfigError
 from prnn_tvm.kernel import Kernel, declare_args
-from prnn_tvm.pointwise import emit_unit_math
+from prnn_tvm.pointwise import emit_phase, live_index, new_state_values
 
 NAME = "cpu_reference"
+
+
+def default_configs(plan: CellPlan, target, gpu=None) -> list:
+    """The CPU template has no knobs."""
+    return []
 
 
 def apply(plan: CellPlan, target, gpu=None, config=None) -> Kernel | None:
@@ -24,7 +30,7 @@ def apply(plan: CellPlan, target, gpu=None, config=None) -> Kernel | None:
     if target.kind.name != "llvm":
         return None
     if config is not None:
-        raise ValueError("the CPU reference template has no config")
+        raise ConfigError("the CPU reference template has no config; pass config only for target 'cuda'")
     return Kernel(_build(plan), NAME)
 
 
@@ -32,6 +38,7 @@ def _build(plan: CellPlan) -> tirx.PrimFunc:
     B, H, dt = plan.batch, plan.hidden, plan.dtype
     states = [s.name for s in plan.states]
     si = {name: i for i, name in enumerate(states)}
+    live = live_index(plan)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("recurrent")
@@ -39,32 +46,22 @@ def _build(plan: CellPlan) -> tirx.PrimFunc:
             a = declare_args(plan, workspace=None)
             cur = T.alloc_buffer((len(states), B, H), dt)
             nxt = T.alloc_buffer((len(states), B, H), dt)
+            kept = T.alloc_buffer((max(1, len(live)), B, H), dt)  # live-outs of every phase
             acc = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in plan.reductions}
             with T.grid(B, H) as (b, u):
                 for name in states:
                     T.buffer_store(cur, a.init[name][b, u], [si[name], b, u])
             with T.serial(0, a.seq_len) as t:
-                for r in plan.reductions:
-                    rows = r.slices * H
-                    w = a.weight[r.weight]
-                    with T.parallel(0, B * rows) as i:
-                        b, j = i // rows, i % rows
-                        T.buffer_store(acc[r.name], tirx.const(0.0, dt), [b, j])
-                        with T.serial(0, H) as k:
-                            T.buffer_store(acc[r.name], acc[r.name][b, j] + cur[si[r.state], b, k] * w[j, k],
-                                           [b, j])
+                for phase in range(plan.phases):
+                    for r in (r for r in plan.reductions if r.phase == phase):
+                        _product(r, a, acc[r.name], cur, si, kept, live, H)
+                    with T.parallel(0, B) as b, T.serial(0, H) as u:
+                        for leaf, value in emit_phase(plan, phase, _loader(a, t, b, u, cur, si, acc, kept, live, H),
+                                                      _bind).items():
+                            T.buffer_store(kept, value, [live[leaf], b, u])
                 with T.parallel(0, B) as b, T.serial(0, H) as u:
-                    def load(leaf: Leaf, b=b, u=u):
-                        col = leaf.slice * H + u
-                        if leaf.kind == "input":
-                            return a.xp[t, b, col]
-                        if leaf.kind == "state":
-                            return cur[si[leaf.name], b, u]
-                        if leaf.kind == "param":
-                            return a.param[leaf.name][col]
-                        return acc[leaf.name][b, col]
-
-                    new = emit_unit_math(plan, load, _bind)
+                    load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
+                    new = new_state_values(plan, load)
                     for name in states:
                         T.buffer_store(nxt, new[name], [si[name], b, u])
                     T.buffer_store(a.out, new[plan.output], [t, b, u])
@@ -74,6 +71,33 @@ def _build(plan: CellPlan) -> tirx.PrimFunc:
                 for name in states:
                     T.buffer_store(a.final[name], cur[si[name], b, u], [b, u])
     return ib.get()
+
+
+def _product(r, a, acc, cur, si, kept, live, H):
+    """acc[b, j] = sum_k operand[b, k] * W[j, k], the operand a state or a live-out stage of this step."""
+    rows, w = r.slices * H, a.weight[r.weight]
+    operand = (lambda b, k: cur[si[r.operand], b, k]) if r.phase == 0 else \
+        (lambda b, k: kept[live[Leaf("stage", r.operand, 0)], b, k])
+    with T.parallel(0, acc.shape[0] * rows) as i:
+        b, j = i // rows, i % rows
+        T.buffer_store(acc, tirx.const(0.0, acc.dtype), [b, j])
+        with T.serial(0, H) as k:
+            T.buffer_store(acc, acc[b, j] + operand(b, k) * w[j, k], [b, j])
+
+
+def _loader(a, t, b, u, cur, si, acc, kept, live, H):
+    def load(leaf: Leaf):
+        col = leaf.slice * H + u
+        if leaf.kind == "input":
+            return a.xp[t, b, col]
+        if leaf.kind == "state":
+            return cur[si[leaf.name], b, u]
+        if leaf.kind == "param":
+            return a.param[leaf.name][col]
+        if leaf.kind == "stage":  # computed in an earlier phase
+            return kept[live[leaf], b, u]
+        return acc[leaf.name][b, col]
+    return load
 
 
 def _bind(expr, name: str):

@@ -21,6 +21,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
+PHASE_OVERHEAD = 32  # more registers live across a step's phases (ptxas, Cho's GRU at hidden 1024)
 TILE_OVERHEAD = 800  # cycles per batch tile: an L2 round trip for the states and two block barriers
 
 
@@ -53,7 +54,7 @@ class Geometry:
     batch_chunks: int
     items_per_thread: int  # (batch row, unit) pairs of pointwise math per thread
     tagged_per_thread: int  # ``tags`` barrier: loads of tagged state words each thread polls per batch tile
-    smem_hs: int           # bytes: exchanged states of one batch tile
+    smem_hs: int           # bytes: the operand tiles (states, stages) of one batch tile
     smem_gs: int           # bytes: reduced gate sums of the whole batch
     regs_estimate: int
 
@@ -73,14 +74,15 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
     items = B * cfg.units_per_cta
     ipt = math.ceil(items / threads)
-    n_exch = len(plan.exchanged)
-    smem_hs = 4 * n_exch * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
+    n_ops = len(plan.operands)
+    smem_hs = 4 * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
     smem_gs = 4 * B * rows
     tag_vec = 2 if H % 2 == 0 else 1  # tagged words per load (prnn_tvm.barrier.tag_copy)
-    tagged = math.ceil(cfg.batch_tile * H / (threads * tag_vec)) if BARRIERS[cfg.barrier].carries_data and n_exch else 0
+    tagged = math.ceil(cfg.batch_tile * H / (threads * tag_vec)) if BARRIERS[cfg.barrier].carries_data and n_ops else 0
     # a tagged load holds tag_vec 64-bit words and its own 64-bit address while it polls
-    regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * len(plan.private_states)
-            + (2 * tag_vec + 2) * tagged + REG_OVERHEAD)
+    live = sum(len(plan.live_outs(p)) for p in range(plan.phases))
+    regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * (len(plan.private_states) + live)
+            + (2 * tag_vec + 2) * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
                     math.ceil(B / cfg.batch_tile), ipt, tagged, smem_hs, smem_gs, regs)
 
@@ -107,10 +109,11 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
                           f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
                           "batch_tile")
     products = [r.slices * cfg.units_per_cta for r in plan.reductions]
-    if len({r.state for r in plan.reductions}) > 1 and any(rows % cfg.rows_per_thread for rows in products):
+    mixed = len({(r.operand, r.phase) for r in plan.reductions}) > 1
+    if mixed and any(rows % cfg.rows_per_thread for rows in products):
         raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} must divide the rows of each recurrent product "
-                          f"({', '.join(map(str, products))}) when products read different states: a thread's "
-                          "rows must all multiply one state")
+                          f"({', '.join(map(str, products))}) when products read different operands or run in "
+                          "different phases: a thread's rows must all belong to one product")
     if g.rows and cfg.rows_per_thread > g.rows:
         raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
     if g.threads > 1024:
@@ -176,32 +179,50 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
     return g.batch_chunks * per_tile
 
 
-def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
-    """The untuned choice: one CTA per SM at most, then the valid config of least estimated cost.
+def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
+    """The untuned choices, best first: one CTA per SM at most, then least estimated cost.
 
-    The barrier is ``tags`` when that config fits it as it is (on an H100 it was up to 23%
+    Each takes the barrier ``tags`` when it fits as it is (on an H100 it was up to 23%
     faster per step at batch 1-4, and within 5% elsewhere), else ``counter`` (as fast as
-    cooperative ``grid.sync()``, and bounded).
+    cooperative ``grid.sync()``, and bounded). Later entries, each with fewer weights per
+    thread, are what a build falls back to when ptxas spills (the register estimate is a
+    model; ptxas decides).
     """
-    best, best_cost = None, None
     min_units = max(1, math.ceil(plan.hidden / gpu.sms))
+    ranked = []
     for cfg in space(plan, gpu, barriers=("counter",)):
         try:
             g = validate(cfg, plan, gpu)
         except ConfigError:
             continue
         # Spreading units over every SM is the first priority; the estimate ranks the rest.
-        cost = (cfg.units_per_cta != min_units, estimated_cycles(cfg, g), g.threads)
-        if best is None or cost < best_cost:
-            best, best_cost = cfg, cost
-    if best is None:
+        ranked.append(((cfg.units_per_cta != min_units, estimated_cycles(cfg, g), g.threads), cfg))
+    if not ranked:
         raise ConfigError(f"no persistent config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
                           f"batch={plan.batch} on {gpu.arch} (the weights may not fit in registers)")
-    tagged = dataclasses.replace(best, barrier="tags")
+    ranked.sort(key=lambda rc: rc[0])
+    # Fallbacks step down in register pressure: a config that spilled is followed by one
+    # holding fewer weights per thread, not by a near-twin that spills the same way.
+    ladder = [ranked[0][1]]
+    for _, cfg in ranked[1:]:
+        if len(ladder) == limit:
+            break
+        if geometry(cfg, plan).weights_per_thread < geometry(ladder[-1], plan).weights_per_thread:
+            ladder.append(cfg)
+    return [_prefer_tags(cfg, plan, gpu) for cfg in ladder]
+
+
+def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
+    """The untuned choice (the first of :func:`ranked_configs`)."""
+    return ranked_configs(plan, gpu, limit=1)[0]
+
+
+def _prefer_tags(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
+    tagged = dataclasses.replace(cfg, barrier="tags")
     try:
         validate(tagged, plan, gpu)
     except ConfigError:
-        return best
+        return cfg
     return tagged
 
 

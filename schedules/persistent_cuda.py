@@ -6,13 +6,20 @@ Per CTA (see ``persistent_config`` for the knobs):
                constant indices (so it stays in registers), and its items' params and
                private states (LSTM's c) likewise
     each step  prefetch this step's input projection for the thread's items
-               for each batch tile: copy the exchanged states h(t-1) into shared memory,
-                 multiply with the register weights, reduce across the k_split lanes
-                 with warp shuffles, store the gate sums in shared memory
-               per (batch row, unit) item: the cell's pointwise math, fused, writing
-                 h(t) to the workspace (ping-pong) and to the output sequence
+               for each phase (``CellPlan.phases``; one for most cells):
+                 for each batch tile: bring the phase's operands (h(t-1), or a stage of
+                   this step) into shared memory (``persistent_exchange``), multiply with
+                   the register weights, reduce across the k_split lanes with warp
+                   shuffles, store the gate sums in shared memory
+                 per (batch row, unit) item: the phase's pointwise math, fused; values
+                   needed later stay in registers, operands of the next phase are
+                   published for the other blocks, then a grid barrier
+               write h(t) (workspace and output sequence) and the private states
                grid barrier (``prnn_tvm.barrier``), unless this was the last step; a
-                 barrier that timed out ends the time loop
+                 synchronization that timed out ends the time loop
+
+With several products, each thread's rows belong to one of them, so in each phase only
+the threads of that phase's products multiply.
 
 The kernel is built with TVM's IRBuilder and compiled with the ``tirx`` pipeline, which
 keeps the placement as written (no automatic syncs or buffer compaction).
@@ -27,12 +34,18 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm import barrier as grid_barrier
 from prnn_tvm.analysis import CellPlan, Leaf
 from prnn_tvm.kernel import Kernel, declare_args
-from prnn_tvm.pointwise import emit_unit_math
+from prnn_tvm.pointwise import emit_phase, live_index, new_state_values
 
-from .persistent_config import Geometry, PersistentConfig, default_config, validate
+from .persistent_config import Geometry, PersistentConfig, default_config, ranked_configs, validate
+from .persistent_exchange import OperandExchange, sync_threads, vec_index
 
 NAME = "persistent_cuda"
 FULL_MASK = 0xFFFFFFFF
+
+
+def default_configs(plan: CellPlan, target, gpu) -> list:
+    """Untuned configs, best first (a build falls back along them when ptxas spills)."""
+    return ranked_configs(plan, gpu) if target.kind.name == "cuda" else []
 
 
 def apply(plan: CellPlan, target, gpu, config: PersistentConfig | None = None) -> Kernel | None:
@@ -41,21 +54,23 @@ def apply(plan: CellPlan, target, gpu, config: PersistentConfig | None = None) -
         return None
     cfg = config if config is not None else default_config(plan, gpu)
     g = validate(cfg, plan, gpu)
-    workspace = (max(1, len(plan.exchanged)), 2, plan.batch, plan.hidden)
+    workspace = (max(1, len(plan.operands)), 2, plan.batch, plan.hidden)
     launch = {"ctas": g.ctas, "threads": g.threads, "smem_bytes": g.smem_bytes,
-              "cooperative": plan.needs_grid_barrier, "geometry": g}
+              "cooperative": plan.needs_grid_barrier, "geometry": g, "phases": plan.phases}
     builder = _Builder(plan, cfg, g)
+    launch["sync_counts"] = "steps" if builder.barrier.carries_data else "barriers"  # what the error word counts
     sync_words = grid_barrier.sync_words(g.ctas) if builder.barrier_state else None
     ws_dtype = "uint64" if builder.barrier.carries_data else "float32"
     return Kernel(builder.build(), NAME, cfg, launch, workspace, sync_words, ws_dtype)
 
 
-class _Builder:
+class _Builder(OperandExchange):
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
         self.p, self.c, self.g = plan, cfg, g
         self.H, self.B, self.dt = plan.hidden, plan.batch, plan.dtype
-        self.exch = {name: i for i, name in enumerate(plan.exchanged)}
+        self.ops = {name: i for i, name in enumerate(plan.operands)}
         self.priv = {name: i for i, name in enumerate(plan.private_states)}
+        self.live = live_index(plan)
         self.KT = g.k_chunks * cfg.vec  # k elements per lane
         # rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)
         self.row_lo, lo = [], 0
@@ -65,7 +80,7 @@ class _Builder:
         # leaves read once per step (inputs) or once per launch (params): kept in registers
         self.x_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "input"}, key=_leaf_key)
         self.p_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "param"}, key=_leaf_key)
-        self.gs0 = len(plan.exchanged) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
+        self.gs0 = len(plan.operands) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
 
@@ -80,7 +95,7 @@ class _Builder:
             with T.prim_func():
                 T.func_name("recurrent")
                 T.func_attr(attrs)
-                self.a = declare_args(p, (max(1, len(p.exchanged)), 2, self.B, self.H),
+                self.a = declare_args(p, (max(1, len(p.operands)), 2, self.B, self.H),
                                       "uint64" if self.barrier.carries_data else "float32")
                 self.sync = grid_barrier.declare_sync_args(g.ctas) if self.barrier_state else None
                 # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
@@ -94,6 +109,7 @@ class _Builder:
                     self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.dt, scope="local")
                     self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.dt, scope="local")
                     self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
+                    self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.dt, scope="local")
                     self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // 4),), self.dt, scope="shared.dyn")
                     self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                     T.buffer_store(self.aborted, 0, [0])
@@ -103,8 +119,9 @@ class _Builder:
                     self.prologue()
                     with T.serial(0, self.a.seq_len) as t:
                         self.step(t)
-                    if self.barrier_state:
-                        grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, self.a.seq_len)
+                    if self.barrier_state:  # the base counts steps (tags) or barriers
+                        advance = self.a.seq_len if self.barrier.carries_data else self.a.seq_len * p.phases - 1
+                        grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
         return ib.get()
 
     def prologue(self):
@@ -116,7 +133,7 @@ class _Builder:
                 for i, leaf in enumerate(self.p_leaves):
                     T.buffer_store(self.preg, self.a.param[leaf.name][leaf.slice * self.H + unit],
                                    [it * len(self.p_leaves) + i])
-        self.zero_state_padding()
+        self.zero_operand_padding()
 
     def step(self, t):
         p, g = self.p, self.g
@@ -125,29 +142,37 @@ class _Builder:
                 for i, leaf in enumerate(self.x_leaves):
                     T.buffer_store(self.xreg, self.a.xp[t, b, leaf.slice * self.H + unit],
                                    [it * len(self.x_leaves) + i])
-        if p.reductions:
-            with T.serial(0, g.batch_chunks) as bc:
-                b0 = _bind(bc * self.c.batch_tile, "b0")
-                if self.barrier.carries_data:
-                    self.exchange_tagged_states(t, b0)
-                else:
-                    self.load_states(t, b0)
-                    _sync()
-                self.partial_products()
-                self.lane_reduce()
-                self.store_gate_sums(b0)
-                _sync()
-            if self.barrier.carries_data:
-                with T.If(self.aborted[0] != 0):
-                    with T.Then():
-                        T.Break()
+        for phase in range(p.phases):
+            self.products(t, phase)
+            for it in range(g.items_per_thread):
+                with self.item(it) as (b, unit, ul):
+                    self.pointwise(t, phase, it, b, unit, ul)
+            if phase < p.phases - 1:
+                grid_barrier.emit(self.barrier, t * p.phases + phase, self.barrier_base, self.sync, self.stall)
         for it in range(g.items_per_thread):
             with self.item(it) as (b, unit, ul):
-                self.pointwise(t, it, b, unit, ul)
+                self.write_states(t, it, b, unit, ul)
         if p.needs_grid_barrier and not self.barrier.carries_data:
             with T.If(t < self.a.seq_len - 1):
                 with T.Then():
-                    grid_barrier.emit(self.barrier, t, self.barrier_base, self.sync)
+                    grid_barrier.emit(self.barrier, t * p.phases + p.phases - 1, self.barrier_base, self.sync,
+                                      self.stall)
+
+    def products(self, t, phase: int):
+        """This phase's recurrent products, for every batch tile, into the shared gate sums."""
+        if not any(r.phase == phase for r in self.p.reductions):
+            return
+        with T.serial(0, self.g.batch_chunks) as bc:
+            b0 = _bind(bc * self.c.batch_tile, "b0")
+            self.load_operands(t, b0, phase)
+            self.partial_products(phase)
+            self.lane_reduce()
+            self.store_gate_sums(b0, phase)
+            sync_threads()
+        if self.barrier.carries_data:
+            with T.If(self.aborted[0] != 0):
+                with T.Then():
+                    T.Break()
 
     # ------------------------------------------------------------------ prologue pieces
     def load_weights(self):
@@ -166,71 +191,22 @@ class _Builder:
                         value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
 
-    def zero_state_padding(self):
-        """Columns hidden..k_pad of the shared state tile are multiplied by zero weights; keep them 0."""
-        pad = self.g.k_pad - self.H
-        total = len(self.p.exchanged) * self.c.batch_tile * pad
-        for i in range(_ceil(total, self.g.threads)):
-            idx = i * self.g.threads + self.tx
-            with T.If(idx < total):
-                with T.Then():
-                    T.buffer_store(self.smem, tirx.const(0.0, self.dt),
-                                   [(idx // pad) * self.g.k_pad + self.H + idx % pad])
-
     # ------------------------------------------------------------------ step pieces
-    def exchange_tagged_states(self, t, b0):
-        """``tags``: at step 0 copy the initial states; later poll the tagged h(t-1) until current.
-
-        A timeout (block-uniform) ends the batch-tile loop and, through ``aborted``, the time loop.
-        """
-        with T.If(t == 0):
-            with T.Then():
-                self.load_states(t, b0)
-                _sync()
-            with T.Else():
-                BT, H = self.c.batch_tile, self.H
-                rows = T.min(BT, self.B - b0)
-                for e in self.exch.values():
-                    abort = grid_barrier.tag_copy(
-                        self.barrier, self.g.threads, T.address_of(self.a.ws[e, (t + 1) % 2, b0, 0]),
-                        T.address_of(self.smem[e * BT * self.g.k_pad]), rows * H, BT * H, H, self.g.k_pad,
-                        self.barrier_base, t, self.sync)
-                    with T.If(abort != 0):
-                        with T.Then():
-                            T.buffer_store(self.aborted, 1, [0])
-                            T.Break()
-
-    def load_states(self, t, b0):
-        """Copy rows b0..b0+batch_tile of every exchanged state h(t-1) into shared memory."""
-        H, BT, threads = self.H, self.c.batch_tile, self.g.threads
-        lv = 4 if H % 4 == 0 else (2 if H % 2 == 0 else 1)
-        n = BT * H // lv
-        for name, e in self.exch.items():
-            for i in range(_ceil(n, threads)):
-                idx = i * threads + self.tx
-                bb, k = (idx * lv) // H, (idx * lv) % H
-                b = b0 + bb
-                dst = [_vec((e * BT + bb) * self.g.k_pad + k, lv)]
-                with T.If(tirx.all(idx < n, b < self.B)):
-                    with T.Then():
-                        with T.If(t == 0):
-                            with T.Then():
-                                T.buffer_store(self.smem, self.a.init[name][b, _vec(k, lv)], dst)
-                            with T.Else():
-                                T.buffer_store(self.smem, self.a.ws[e, (t + 1) % 2, b, _vec(k, lv)], dst)
-
-    def partial_products(self):
+    def partial_products(self, phase: int):
         c, BT = self.c, self.c.batch_tile
         for i in range(c.rows_per_thread * BT):
             T.buffer_store(self.acc, tirx.const(0.0, self.dt), [i])
-        for q in range(self.g.k_chunks):
-            for bb in range(BT):
-                base = self.state_base + bb * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
-                T.buffer_store(self.hv, self.smem[_vec(base, c.vec)], [_vec(0, c.vec)])
-                for r in range(c.rows_per_thread):
-                    for v in range(c.vec):
-                        a = r * BT + bb
-                        T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)] * self.hv[v], [a])
+        with T.If(self.thread_phase == phase):  # every lane still joins the shuffles after
+            with T.Then():
+                for q in range(self.g.k_chunks):
+                    for bb in range(BT):
+                        base = self.operand_base + bb * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
+                        T.buffer_store(self.hv, self.smem[vec_index(base, c.vec)], [vec_index(0, c.vec)])
+                        for r in range(c.rows_per_thread):
+                            for v in range(c.vec):
+                                a = r * BT + bb
+                                T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)]
+                                               * self.hv[v], [a])
 
     def lane_reduce(self):
         """Butterfly over the k_split lanes of a row: every lane ends with the full sum."""
@@ -242,9 +218,9 @@ class _Builder:
                 T.buffer_store(self.acc, self.acc[i] + other, [i])
                 offset //= 2
 
-    def store_gate_sums(self, b0):
+    def store_gate_sums(self, b0, phase: int):
         c, rows = self.c, self.g.rows
-        with T.If(self.ks == 0):
+        with T.If(tirx.all(self.ks == 0, self.thread_phase == phase)):
             with T.Then():
                 for r in range(c.rows_per_thread):
                     row = self.rg * c.rows_per_thread + r
@@ -254,61 +230,82 @@ class _Builder:
                                 T.buffer_store(self.smem, self.acc[r * c.batch_tile + bb],
                                                [self.gs0 + (b0 + bb) * rows + row])
 
-    def pointwise(self, t, it, b, unit, ul):
-        p = self.p
+    def pointwise(self, t, phase: int, it, b, unit, ul):
+        """The phase's stages for one item; keep what later phases need, publish next-phase operands."""
+        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), _bind).items():
+            T.buffer_store(self.lreg, value, [self.lreg_index(it, leaf)])
+            if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
+                self.publish(leaf.name, t, b, unit, value)
+
+    def write_states(self, t, it, b, unit, ul):
+        """End of step: the new states to the workspace or registers, the output, the final states."""
+        new = new_state_values(self.p, self.loader(t, it, b, unit, ul))
+        for name, value in new.items():
+            if name in self.priv:
+                T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])
+            else:
+                self.publish(name, t, b, unit, value)
+        T.buffer_store(self.a.out, new[self.p.output], [t, b, unit])
+        with T.If(t == self.a.seq_len - 1):
+            with T.Then():
+                for name, value in new.items():
+                    T.buffer_store(self.a.final[name], value, [b, unit])
+
+    def loader(self, t, it, b, unit, ul):
+        """Where each leaf of item ``it`` lives: registers, shared gate sums, the workspace."""
         nx, npar = len(self.x_leaves), len(self.p_leaves)
-        red_lo = {r.name: self.row_lo[i] for i, r in enumerate(p.reductions)}
+        red_lo = {r.name: self.row_lo[i] for i, r in enumerate(self.p.reductions)}
 
         def load(leaf: Leaf):
             if leaf.kind == "input":
                 return self.xreg[it * nx + self.x_leaves.index(leaf)]
             if leaf.kind == "param":
                 return self.preg[it * npar + self.p_leaves.index(leaf)]
+            if leaf.kind == "stage":  # a live-out of an earlier phase
+                return self.lreg[self.lreg_index(it, leaf)]
             if leaf.kind == "reduction":
                 row = red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul
                 return self.smem[self.gs0 + b * self.g.rows + row]
             if leaf.name in self.priv:
                 return self.sreg[self.sreg_index(it, self.priv[leaf.name])]
-            e = self.exch[leaf.name]
-            previous = self.a.ws[e, (t + 1) % 2, b, unit]
-            if self.barrier.carries_data:  # this thread's own store of the step before: no polling
-                previous = grid_barrier.tag_value(self.barrier, T.address_of(previous))
-            return T.if_then_else(t == 0, self.a.init[leaf.name][b, unit], previous)
+            return self.previous_state(leaf.name, t, b, unit)
 
-        new = emit_unit_math(p, load, _bind)
-        for name, value in new.items():
-            if name in self.exch and self.barrier.carries_data:
-                with T.If(tirx.Not(tirx.all(self.bx == 0, t == self.sync.stall_step))):  # test knob
-                    with T.Then():
-                        slot = T.address_of(self.a.ws[self.exch[name], t % 2, b, unit])
-                        T.evaluate(grid_barrier.tag_store(self.barrier, slot, value, self.barrier_base, t))
-            elif name in self.exch:
-                T.buffer_store(self.a.ws, value, [self.exch[name], t % 2, b, unit])
-            else:
-                T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])
-        T.buffer_store(self.a.out, new[p.output], [t, b, unit])
-        with T.If(t == self.a.seq_len - 1):
-            with T.Then():
-                for name, value in new.items():
-                    T.buffer_store(self.a.final[name], value, [b, unit])
+        return load
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def state_base(self):
-        """Offset of the state tile this thread's rows multiply (one product per thread, see validate)."""
-        reds, tile = self.p.reductions, self.c.batch_tile * self.g.k_pad
-        e = tirx.const(self.exch[reds[0].state], "int32")
+    def _per_product(self, value_of):
+        """A per-thread value that depends on the product its rows belong to (one per thread, see validate)."""
+        reds = self.p.reductions
+        value = tirx.const(value_of(reds[0]), "int32")
         first_row = self.rg * self.c.rows_per_thread
         for i, red in enumerate(reds[1:], start=1):
-            if red.state != reds[i - 1].state:
-                e = T.if_then_else(first_row >= self.row_lo[i], self.exch[red.state], e)
-        return e * tile
+            if value_of(red) != value_of(reds[i - 1]):
+                value = T.if_then_else(first_row >= self.row_lo[i], value_of(red), value)
+        return value
+
+    @property
+    def stall(self):
+        """The barrier ordinal the test knob stalls: the end-of-step barrier of ``stall_step``."""
+        return self.sync.stall_step * self.p.phases + (self.p.phases - 1) if self.sync is not None else None
+
+    @property
+    def operand_base(self):
+        """Offset of the shared tile this thread's rows multiply."""
+        return self._per_product(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.g.k_pad)
+
+    @property
+    def thread_phase(self):
+        """The phase in which this thread's rows multiply."""
+        return self._per_product(lambda r: r.phase)
 
     def wreg_index(self, r: int, q: int, v: int) -> int:
         return (r * self.g.k_chunks + q) * self.c.vec + v
 
     def sreg_index(self, it: int, i: int) -> int:
         return it * len(self.priv) + i
+
+    def lreg_index(self, it: int, leaf: Leaf) -> int:
+        return it * len(self.live) + self.live[leaf]
 
     def item(self, it: int):
         """Context for pointwise item ``it`` of this thread: yields (batch row, unit, unit in CTA)."""
@@ -336,18 +333,6 @@ class _Item:
 
 def _bind(expr, name: str):
     return T.bind(expr, var=tirx.Var(name, expr.ty))
-
-
-def _sync():
-    T.evaluate(T.tvm_storage_sync("shared"))
-
-
-def _vec(base, lanes: int):
-    return T.ramp(base, 1, lanes) if lanes > 1 else base
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _leaf_key(leaf: Leaf):

@@ -20,7 +20,7 @@ def stage_leaves(plan, stage_name):
 
 def test_lstm_plan():
     plan = analyze(prnn_tvm.resolve("lstm"), batch=3, hidden=5)
-    assert [(r.name, r.state, r.weight, r.slices) for r in plan.reductions] == [("hw", "h", "W_hh", 4)]
+    assert [(r.name, r.operand, r.weight, r.slices) for r in plan.reductions] == [("hw", "h", "W_hh", 4)]
     assert plan.exchanged == ("h",) and plan.private_states == ("c",)
     assert plan.input.slices == 4 and plan.needs_grid_barrier
     # the forget gate of unit u reads gate slice 1 of the projection, the product and the bias
@@ -32,7 +32,7 @@ def test_lstm_plan():
 
 def test_gru_reset_gate_multiplies_product_slice_2():
     plan = analyze(prnn_tvm.resolve("gru"), batch=2, hidden=4)
-    assert [(r.state, r.slices) for r in plan.reductions] == [("h", 3)]
+    assert [(r.operand, r.slices) for r in plan.reductions] == [("h", 3)]
     assert plan.exchanged == ("h",) and plan.private_states == ()
     assert stage_leaves(plan, "n") == [{Leaf("input", "x", 2), Leaf("stage", "r", 0), Leaf("reduction", "hw", 2),
                                         Leaf("param", "b_hh", 2)}]
@@ -42,13 +42,13 @@ def test_gru_reset_gate_multiplies_product_slice_2():
 @pytest.mark.parametrize("name", ["rnn_tanh", "rnn_relu"])
 def test_rnn_plans(name):
     plan = analyze(prnn_tvm.resolve(name), batch=1, hidden=1)
-    assert [(r.state, r.weight, r.slices) for r in plan.reductions] == [("h", "W_hh", 1)]
+    assert [(r.operand, r.weight, r.slices) for r in plan.reductions] == [("h", "W_hh", 1)]
     assert len(plan.stages) == 1
 
 
 def test_two_products_over_two_states():
     plan = analyze(TWO_STATE, 2, 6)
-    assert [(r.name, r.state, r.weight) for r in plan.reductions] == [("hu", "h", "U"), ("mv", "m", "V")]
+    assert [(r.name, r.operand, r.weight) for r in plan.reductions] == [("hu", "h", "U"), ("mv", "m", "V")]
     assert plan.exchanged == ("h", "m") and plan.private_states == ()
     assert Leaf("stage", "m_new", 0) in stage_leaves(plan, "h_new")[0]
 
@@ -125,10 +125,17 @@ def bad_transposed_weight(c, x, h, W, b):
     return _ok_tail(c, x, hw, b)
 
 
-def bad_two_phases(c, x, h, W, b):
-    rh = c.pointwise(lambda n, j: te.sigmoid(x[n, j]) * h[n, j], "rh")
+def bad_product_of_a_product(c, x, h, W, b):
+    hw = _matvec(c, h, W)
     k = te.reduce_axis((0, c.hidden), "k")
-    hw = te.compute((c.batch, c.hidden), lambda n, j: te.sum(rh[n, k] * W[j, k], axis=k), name="u_rh")
+    hww = te.compute((c.batch, c.hidden), lambda n, j: te.sum(hw[n, k] * W[j, k], axis=k), name="hww")
+    return _ok_tail(c, x, hww, b)
+
+
+def bad_operand_with_gate_slices(c, x, h, W, b):
+    wide = c.pointwise(lambda n, j: te.sigmoid(h[n, tirx.floormod(j, c.hidden)]), "wide", slices=2)
+    k = te.reduce_axis((0, c.hidden), "k")
+    hw = te.compute((c.batch, c.hidden), lambda n, j: te.sum(wide[n, k] * W[j, k], axis=k), name="u_wide")
     return _ok_tail(c, x, hw, b)
 
 
@@ -165,7 +172,8 @@ MALFORMED = [
     (bad_shape, "wide", r"shape \(2, 9\)"),
     (bad_max_reduction, "hmax", "only sums"),
     (bad_transposed_weight, "hwT", r"indexed \[k, j\]"),
-    (bad_two_phases, "u_rh", "needs two phases"),
+    (bad_product_of_a_product, "hww", "another product"),
+    (bad_operand_with_gate_slices, "u_wide", "2 gate slices"),
     (bad_undeclared_placeholder, "extra", "did not declare"),
     (bad_weight_in_pointwise, "h_new", "reads weight 'W' directly"),
     (bad_other_batch_row, "h_new", "batch index 0"),
@@ -218,3 +226,52 @@ def test_cell_without_recurrent_product_needs_no_barrier():
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + w[j] * h[n, j]), "h_new")}
     plan = analyze(Cell("ind", step, lambda x, s, p: {"h": np.tanh(x + p["w"] * s["h"])}), 2, 4)
     assert not plan.needs_grid_barrier and plan.exchanged == ()
+
+
+def _reset_before_product(c):
+    """Cho et al.'s GRU shape: the reset gate multiplies h before the second product."""
+    H = c.hidden
+    x, h = c.input(3), c.state("h")
+    U, Un = c.weight("U_rz", 2), c.weight("U_n", 1)
+    rz = c.matvec(h, U, "rz_h")
+    r = c.pointwise(lambda n, j: te.sigmoid(x[n, j] + rz[n, j]), "r")
+    z = c.pointwise(lambda n, j: te.sigmoid(x[n, H + j] + rz[n, H + j]), "z")
+    rh = c.pointwise(lambda n, j: r[n, j] * h[n, j], "rh")
+    n_h = c.matvec(rh, Un, "n_rh")
+    cand = c.pointwise(lambda n, j: te.tanh(x[n, 2 * H + j] + n_h[n, j]), "cand")
+    return {"h": c.pointwise(lambda n, j: z[n, j] * h[n, j] + (1.0 - z[n, j]) * cand[n, j], "h_new")}
+
+
+def test_a_product_over_this_steps_stage_gets_its_own_phase():
+    plan = analyze(Cell("cho", _reset_before_product, None), 2, 6)
+    assert [(r.name, r.operand, r.phase) for r in plan.reductions] == [("rz_h", "h", 0), ("n_rh", "rh", 1)]
+    assert plan.phases == 2 and plan.exchanged == ("h",) and plan.exchanged_stages == ("rh",)
+    assert plan.operands == ("h", "rh")
+    phases = {st.name: st.phase for st in plan.stages}
+    assert phases == {"r": 0, "z": 0, "rh": 0, "cand": 1, "h_new": 1}
+    # rh crosses to phase 1 as the operand; z is read by h_new in phase 1: both stay live
+    assert set(plan.live_outs(0)) == {Leaf("stage", "rh", 0), Leaf("stage", "z", 0)}
+    assert plan.live_outs(1) == (Leaf("stage", "h_new", 0),)
+
+
+@pytest.mark.parametrize("name, phases, operands", [
+    ("gru_cho", 2, ("h", "r_times_h")),
+    ("mgu", 2, ("h", "f_times_h")),
+    ("stacked_rnn", 2, ("h1", "h2", "h1_new")),
+    ("lstm_peephole", 1, ("h",)),
+])
+def test_new_cells_get_their_phases_from_the_graph(name, phases, operands):
+    plan = analyze(prnn_tvm.resolve(name), 2, 8)
+    assert plan.phases == phases and plan.operands == operands
+
+
+def test_indrnn_has_no_product_and_needs_no_barrier():
+    plan = analyze(prnn_tvm.resolve("indrnn"), 2, 8)
+    assert plan.reductions == () and not plan.needs_grid_barrier
+    assert plan.exchanged == () and plan.private_states == ("h",)
+
+
+def test_peepholes_are_per_unit_params():
+    plan = analyze(prnn_tvm.resolve("lstm_peephole"), 2, 8)
+    assert [(p.name, p.slices) for p in plan.params] == [("b_hh", 4), ("w_peep", 3)]
+    assert Leaf("param", "w_peep", 2) in stage_leaves(plan, "o")[0]  # the output gate peeps at c'

@@ -38,13 +38,20 @@ def kernel_source(layer):
 @pytest.mark.parametrize("cell", CELLS)
 def test_weights_are_loaded_once_before_the_time_loop(cell):
     layer = prnn_tvm.compile_cell(cell, 256, 4, target="cuda", arch="sm_90")
-    body = kernel_source(layer)
+    plan, body = layer.plan, kernel_source(layer)
     loop = body.index("< seq_len;")
-    assert "W_hh_ptr[" in body[:loop] and "W_hh_ptr[" not in body[loop:]
+    for w in plan.weights:
+        assert f"{w.name}_ptr[" in body[:loop] and f"{w.name}_ptr[" not in body[loop:]
     barrier = BARRIERS[layer.report.config["barrier"]]
-    sync = "prnn_tag_copy<" if barrier.carries_data else f"{barrier.function or 'tvm_builtin_cuda_grid_sync'}("
-    assert body.count(sync) == 1 and body.index(sync) > loop
-    assert "__shfl_xor_sync" in body[loop:]
+    if not plan.needs_grid_barrier:
+        assert "prnn_tag_copy<" not in body and "prnn_barrier" not in body and "grid_sync" not in body
+    elif barrier.carries_data:  # every operand polled once per step
+        assert body.count("prnn_tag_copy<") == len(plan.operands) and body.index("prnn_tag_copy<") > loop
+    else:  # one barrier after each phase (the last one skipped on the last step)
+        call = f"{barrier.function or 'tvm_builtin_cuda_grid_sync'}("
+        assert body.count(call) == plan.phases and body.index(call) > loop
+    if plan.reductions and layer.report.config["k_split"] > 1:
+        assert "__shfl_xor_sync" in body[loop:]
 
 
 @pytest.mark.parametrize("barrier", sorted(BARRIERS))

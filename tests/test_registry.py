@@ -14,7 +14,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_builtin_cells_are_the_files_in_cells():
     files = {p.stem for p in (ROOT / "cells").glob("*.py") if p.stem != "__init__"}
-    assert set(prnn_tvm.builtin_cells()) == files == {"rnn_tanh", "rnn_relu", "lstm", "gru"}
+    assert set(prnn_tvm.builtin_cells()) == files
+    assert {"rnn_tanh", "rnn_relu", "lstm", "gru", "lstm_peephole", "mgu", "gru_cho", "indrnn",
+            "stacked_rnn"} <= files
+
+
+@pytest.mark.parametrize("name", sorted(prnn_tvm.builtin_cells()))
+def test_every_cell_documents_its_equations_and_source(name):
+    doc = prnn_tvm.resolve(name).doc
+    assert "=" in doc and any(str(year) in doc for year in range(1985, 2030)), doc
 
 
 def test_resolve_name_object_and_file(tmp_path):
