@@ -20,161 +20,16 @@ the stage and saying what would be accepted: a kernel is never built on a guess.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-
 from tvm import te, tirx
 from tvm.ir import Range
 from tvm.ir import expr as E
 from tvm.ir.prim import expr as P
 from tvm.sym import Analyzer
 
-from .cell import Cell, Role, Slot, TracedCell
+from .cell import Cell, Role, TracedCell
 from .errors import CellError
-from .texpr import (UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuild, substitute,
-                    tensor_load_parts)
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """One hidden unit's value of a tensor at a gate slice (an input of the pointwise math).
-
-    ``kind`` is the role of the tensor (``input``, ``state``, ``param``), ``reduction`` for
-    a recurrent reduction's output, or ``stage`` for another pointwise stage.
-    """
-
-    kind: str
-    name: str
-    slice: int
-
-
-@dataclass(frozen=True)
-class Reduction:
-    """A recurrent product ``out[n, s*H + u] = sum_k operand[n, k] * weight[s*H + u, k]``.
-
-    The operand is a state (``phase`` 0) or a one-slice pointwise stage computed earlier in
-    the same step: then the product runs in the phase after that stage's.
-    """
-
-    name: str
-    operand: str
-    weight: str
-    slices: int
-    phase: int = 0
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A pointwise stage, one expression per gate slice, written in leaf variables.
-
-    ``phase`` is the latest phase of the products it depends on (0 without any).
-    """
-
-    name: str
-    exprs: tuple  # PrimExpr per slice
-    phase: int = 0
-
-
-@dataclass(frozen=True)
-class CellPlan:
-    """Everything a schedule template needs to know about a cell, and nothing about its name.
-
-    Attributes
-    ----------
-    input : Slot
-        The input projection (its ``slices`` is the projection's width / hidden).
-    states, weights, params : tuple of Slot
-        Declared tensors by role, in declaration order.
-    exchanged : tuple of str
-        States read by a recurrent product: they cross thread blocks every step.
-    exchanged_stages : tuple of str
-        Stages read by a recurrent product of a later phase: they cross thread blocks
-        between the phases of a step.
-    reductions : tuple of Reduction
-    stages : tuple of Stage
-        Pointwise stages in dependency order.
-    updates : dict
-        State name -> the leaf holding its new value.
-    leaf_vars : dict
-        Leaf -> the variable standing for it inside stage expressions.
-    """
-
-    cell: Cell
-    batch: int
-    hidden: int
-    dtype: str
-    input: Slot
-    states: tuple
-    weights: tuple
-    params: tuple
-    exchanged: tuple
-    exchanged_stages: tuple
-    reductions: tuple
-    stages: tuple
-    updates: dict
-    leaf_vars: dict
-
-    @property
-    def output(self) -> str:
-        return self.cell.output
-
-    @property
-    def private_states(self) -> tuple:
-        return tuple(s.name for s in self.states if s.name not in self.exchanged)
-
-    @property
-    def needs_grid_barrier(self) -> bool:
-        """A cell without recurrent reductions has no cross-unit dependency at all."""
-        return bool(self.reductions)
-
-    @property
-    def phases(self) -> int:
-        """Phases per step: products over this step's own results add one each, with a grid sync before."""
-        return 1 + max((r.phase for r in self.reductions), default=0)
-
-    @property
-    def operands(self) -> tuple:
-        """Everything a product multiplies, in workspace order: exchanged states, then stages."""
-        return self.exchanged + self.exchanged_stages
-
-    def phase_of(self, leaf: Leaf) -> int:
-        """The phase in which a leaf's value becomes available."""
-        if leaf.kind == "stage":
-            return next(st.phase for st in self.stages if st.name == leaf.name)
-        if leaf.kind == "reduction":
-            return next(r.phase for r in self.reductions if r.name == leaf.name)
-        return 0
-
-    def live_outs(self, phase: int) -> tuple:
-        """Stage leaves computed in ``phase`` that something after it reads.
-
-        Readers are the stages of later phases, the products of later phases (their operand
-        stage) and the state updates, which are written when the step ends.
-        """
-        inverse = {var: leaf for leaf, var in self.leaf_vars.items()}
-        needed = set(self.updates.values())
-        needed |= {Leaf("stage", r.operand, 0) for r in self.reductions if r.phase > 0}
-        for st in self.stages:
-            if st.phase > phase:
-                needed |= {inverse[v] for e in st.exprs for v in free_vars(e)}
-        return tuple(sorted((lf for lf in needed if lf.kind == "stage" and self.phase_of(lf) == phase),
-                            key=lambda lf: (lf.name, lf.slice)))
-
-    def slot(self, name: str) -> Slot:
-        for s in (self.input, *self.states, *self.weights, *self.params):
-            if s.name == name:
-                return s
-        raise KeyError(name)
-
-    def fingerprint(self) -> str:
-        """A hash of the cell's math (not its name or sizes): keys tuning records."""
-        parts = [f"{s.role.value}:{s.name}:{s.slices}" for s in (self.input, *self.states, *self.weights,
-                                                                 *self.params)]
-        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" for r in self.reductions]
-        parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
-        parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
-        parts.append(f"output:{self.output}")
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+from .plan import CellPlan, Leaf, Reduction, Stage
+from .texpr import UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuild, substitute, tensor_load_parts
 
 
 def analyze(cell: Cell, batch: int, hidden: int, dtype: str = "float32") -> CellPlan:

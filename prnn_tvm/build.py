@@ -19,8 +19,8 @@ import tvm_ffi
 from tvm.tirx.compilation_pipeline import get_tir_pipeline, register_tir_pipeline
 
 from . import ptxas
-from .analysis import CellPlan
 from .kernel import Kernel
+from .plan import CellPlan
 from .projection import projection_func
 from .target import GpuSpec
 

@@ -10,14 +10,13 @@ tensors, which speak DLPack, come back).
 
 from __future__ import annotations
 
-
 import numpy as np
 import tvm
 
-from .analysis import CellPlan
 from .barrier import DEFAULT_TIMEOUT_US, BarrierTimeout
 from .errors import InputError, LaunchError, PrnnError
 from .kernel import Kernel
+from .plan import CellPlan
 from .reference import layer_arg_names
 from .report import CompileReport
 from .target import GpuSpec, ctas_per_sm, gpu_spec, local_gpu

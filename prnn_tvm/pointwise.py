@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .analysis import CellPlan, Leaf
+from .plan import CellPlan, Leaf
 from .texpr import free_vars, substitute
 
 

@@ -12,9 +12,9 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.analysis import CellPlan, Leaf
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.kernel import Kernel, declare_args
+from prnn_tvm.plan import CellPlan, Leaf
 from prnn_tvm.pointwise import emit_phase, live_index, new_state_values
 
 NAME = "cpu_reference"

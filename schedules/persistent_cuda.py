@@ -32,8 +32,8 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm import barrier as grid_barrier
-from prnn_tvm.analysis import CellPlan, Leaf
 from prnn_tvm.kernel import Kernel, declare_args
+from prnn_tvm.plan import CellPlan, Leaf
 from prnn_tvm.pointwise import emit_phase, live_index, new_state_values
 
 from .persistent_config import Geometry, PersistentConfig, default_config, ranked_configs, validate

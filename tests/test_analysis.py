@@ -6,7 +6,7 @@ from tvm import te, tirx
 
 import prnn_tvm
 from prnn_tvm import Cell, CellError, analyze
-from prnn_tvm.analysis import Leaf
+from prnn_tvm.plan import Leaf
 
 from .two_state_cell import TWO_STATE
 
