@@ -224,11 +224,6 @@ class BarrierTimeout(PrnnError):
     """A grid barrier wait gave up: some block never arrived. The layer's outputs are invalid."""
 
 
-def sync_words(ctas: int) -> int:
-    """Words of barrier state a grid of ``ctas`` blocks needs (the same for any grid)."""
-    return SYNC_WORDS
-
-
 @dataclass(frozen=True)
 class SyncArgs:
     """The kernel arguments of a stateful barrier, and the base read at kernel start."""
@@ -241,9 +236,9 @@ class SyncArgs:
 ARG_NAMES = ("sync", "timeout_us", "stall_step")
 
 
-def declare_sync_args(ctas: int) -> SyncArgs:
+def declare_sync_args() -> SyncArgs:
     """Declare the barrier's kernel arguments inside a ``T.prim_func()`` frame."""
-    sync = T.arg("sync", T.buffer((sync_words(ctas),), "uint32", buffer_name="sync"))
+    sync = T.arg("sync", T.buffer((SYNC_WORDS,), "uint32", buffer_name="sync"))
     return SyncArgs(sync, *(T.arg(name, tirx.Var(name, "int32")) for name in ARG_NAMES[1:]))
 
 

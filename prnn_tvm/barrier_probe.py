@@ -49,7 +49,7 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
             errors = T.arg("errors", T.buffer((1,), "uint32", buffer_name="errors"))
             launch_id = T.arg("launch_id", tirx.Var("launch_id", "int32"))
             steps = T.arg(SEQ_LEN, tirx.Var(SEQ_LEN, "int32"))
-            sync = grid_barrier.declare_sync_args(ctas) if bar.has_state else None
+            sync = grid_barrier.declare_sync_args() if bar.has_state else None
             with T.launch_thread("blockIdx.x", ctas) as bx, T.launch_thread("threadIdx.x", threads) as tx:
                 seen = T.alloc_buffer((ctas,), "float32", scope="shared")
                 base = grid_barrier.emit_begin(bar, sync)
@@ -131,7 +131,7 @@ class Probe:
         self.buf = tvm.runtime.tensor(np.zeros((2, ctas), np.uint64 if self.barrier.carries_data else np.int32),
                                       self.dev)
         self.errors = tvm.runtime.tensor(np.zeros(1, np.uint32), self.dev)
-        self.sync = tvm.runtime.tensor(np.zeros(grid_barrier.sync_words(ctas), np.uint32), self.dev)
+        self.sync = tvm.runtime.tensor(np.zeros(grid_barrier.SYNC_WORDS, np.uint32), self.dev)
         self.timeout_us, self.stall_step, self.launch_id = grid_barrier.DEFAULT_TIMEOUT_US, -1, 0
 
     def _args(self, steps: int) -> list:

@@ -32,9 +32,9 @@ SEQ_LEN = "seq_len"
 class Kernel:
     """A recurrent kernel made by a schedule template.
 
-    ``workspace`` is the shape of the float32 scratch argument, or None; ``sync_words``
-    the size of the barrier state the kernel takes after it, or None; ``launch`` describes
-    the grid for reports and pre-launch checks (empty on CPU).
+    ``workspace`` is the shape of the scratch argument (of ``workspace_dtype``), or None;
+    ``sync_words`` the size of the barrier state the kernel takes after it, or None;
+    ``launch`` describes the grid for reports and pre-launch checks (empty on CPU).
     """
 
     func: tirx.PrimFunc

@@ -59,7 +59,7 @@ def apply(plan: CellPlan, target, gpu, config: PersistentConfig | None = None) -
               "cooperative": plan.needs_grid_barrier, "geometry": g, "phases": plan.phases}
     builder = _Builder(plan, cfg, g)
     launch["sync_counts"] = "steps" if builder.barrier.carries_data else "barriers"  # what the error word counts
-    sync_words = grid_barrier.sync_words(g.ctas) if builder.barrier_state else None
+    sync_words = grid_barrier.SYNC_WORDS if builder.barrier_state else None
     ws_dtype = "uint64" if builder.barrier.carries_data else "float32"
     return Kernel(builder.build(), NAME, cfg, launch, workspace, sync_words, ws_dtype)
 
@@ -71,7 +71,6 @@ class _Builder(OperandExchange):
         self.ops = {name: i for i, name in enumerate(plan.operands)}
         self.priv = {name: i for i, name in enumerate(plan.private_states)}
         self.live = live_index(plan)
-        self.KT = g.k_chunks * cfg.vec  # k elements per lane
         # rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)
         self.row_lo, lo = [], 0
         for r in plan.reductions:
@@ -97,7 +96,7 @@ class _Builder(OperandExchange):
                 T.func_attr(attrs)
                 self.a = declare_args(p, (max(1, len(p.operands)), 2, self.B, self.H),
                                       "uint64" if self.barrier.carries_data else "float32")
-                self.sync = grid_barrier.declare_sync_args(g.ctas) if self.barrier_state else None
+                self.sync = grid_barrier.declare_sync_args() if self.barrier_state else None
                 # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
                 # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
                 with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
