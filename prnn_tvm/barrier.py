@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -234,6 +235,20 @@ class SyncArgs:
 
 
 ARG_NAMES = ("sync", "timeout_us", "stall_step")
+
+
+def take_timeout(sync, stale=()) -> int | None:
+    """After a launch: what the error word recorded (a step or barrier ordinal), or None.
+
+    On a timeout the launch left the state inconsistent: zero it, and the buffers in
+    ``stale`` (which may hold tags of the failed launch), so that the next launch is clean.
+    """
+    state = sync.numpy()
+    if not state[0]:
+        return None
+    for buf in (sync, *stale):
+        buf.copyfrom(np.zeros(tuple(int(d) for d in buf.shape), str(buf.dtype)))
+    return int(state[0]) - 1
 
 
 def declare_sync_args() -> SyncArgs:

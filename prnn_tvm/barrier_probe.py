@@ -146,11 +146,9 @@ class Probe:
         for _ in range(launches):
             self.launch_id = (self.launch_id + 1) % 30000
             self.module["barrier_probe"](*self._args(steps))
-        state = self.sync.numpy()
-        if state[0]:
-            self.sync.copyfrom(np.zeros_like(state))
-            self.buf.copyfrom(np.zeros_like(self.buf.numpy()))  # stale tags
-            raise grid_barrier.BarrierTimeout(f"probe barrier timed out after step {int(state[0]) - 1}")
+        recorded = grid_barrier.take_timeout(self.sync, stale=[self.buf])
+        if recorded is not None:
+            raise grid_barrier.BarrierTimeout(f"probe barrier timed out after step {recorded}")
         return int(self.errors.numpy()[0])
 
     def seconds_per_step(self, steps: int = 1000, number: int = 5, repeat: int = 5) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from .barrier import DEFAULT_TIMEOUT_US, BarrierTimeout
+from .barrier import DEFAULT_TIMEOUT_US, BarrierTimeout, take_timeout
 from .errors import InputError, LaunchError, PrnnError
 from .kernel import Kernel
 from .plan import CellPlan
@@ -143,12 +143,10 @@ class Layer:
         """Raise if a barrier wait timed out in the last launch (and reset the barrier state)."""
         if self._sync is None:
             return
-        state = self._sync.numpy()
-        if state[0]:
-            self._sync.copyfrom(np.zeros_like(state))
-            self._workspace.copyfrom(np.zeros(self.kernel.workspace, self.kernel.workspace_dtype))  # stale tags
+        recorded = take_timeout(self._sync, stale=[self._workspace])
+        if recorded is not None:
             raise BarrierTimeout(
-                f"{self.plan.cell.name}: the grid synchronization {self._where(int(state[0]) - 1)} of {seq_len} "
+                f"{self.plan.cell.name}: the grid synchronization {self._where(recorded)} of {seq_len} "
                 f"timed out ({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs "
                 "of this call are invalid; the barrier state was reset and the next call starts clean.")
 
