@@ -1,19 +1,30 @@
 """prnn-tvm: compile recurrent cells written in TVM tensor expressions to persistent GPU kernels."""
 
-from .analysis import analyze
-from .barrier import BarrierTimeout
-from .cell import Cell, CellBuilder, Role
-from .compiler import compile_cell
-from .errors import CellError, ConfigError, InputError, LaunchError, PrnnError
-from .layer import Layer
-from .plan import CellPlan
-from .registry import builtin_cells, resolve
-from .report import CompileReport
+from tvm.base import _RUNTIME_ONLY
+
+from .errors import BarrierTimeout, CellError, ConfigError, ExportError, InputError, LaunchError, LoadError, PrnnError
+from .loading import LoadedLayer, load
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cell", "CellBuilder", "Role", "CellPlan", "analyze", "builtin_cells", "resolve", "compile_cell",
-    "Layer", "CompileReport",
-    "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError", "BarrierTimeout",
+    "Layer", "CompileReport", "export", "load", "LoadedLayer",
+    "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError", "BarrierTimeout", "ExportError",
+    "LoadError",
 ]
+
+# Under TVM's runtime-only import (TVM_USE_RUNTIME_LIB=1, inference machines) only `load`
+# and the errors exist: everything below needs the TVM compiler.
+if not _RUNTIME_ONLY:
+    from .analysis import analyze
+    from .cell import Cell, CellBuilder, Role
+    from .compiler import compile_cell
+    from .exporting import export
+    from .layer import Layer
+    from .plan import CellPlan
+    from .registry import builtin_cells, resolve
+    from .report import CompileReport
+else:
+    __all__ = ["load", "LoadedLayer", "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError",
+               "BarrierTimeout", "ExportError", "LoadError"]

@@ -41,11 +41,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .errors import PrnnError
+from .errors import BarrierTimeout  # noqa: F401 - raised by the runtime, importable from here too
+from .runtime import DEFAULT_TIMEOUT_US, take_timeout  # noqa: F401 - host-side rules live with the runtime
 
 SYNC_WORDS = 4  # error word, counter, base, and one spare keeping the buffer 16-byte sized
 
@@ -218,11 +218,6 @@ BARRIERS = {
     "counter": Barrier("counter", "prnn_barrier_counter", _COUNTER),
     "grid_sync": Barrier("grid_sync", None, None),
 }
-DEFAULT_TIMEOUT_US = 50_000  # per wait: generous against preemption, short against a hang
-
-
-class BarrierTimeout(PrnnError):
-    """A grid barrier wait gave up: some block never arrived. The layer's outputs are invalid."""
 
 
 @dataclass(frozen=True)
@@ -235,20 +230,6 @@ class SyncArgs:
 
 
 ARG_NAMES = ("sync", "timeout_us", "stall_step")
-
-
-def take_timeout(sync, stale=()) -> int | None:
-    """After a launch: what the error word recorded (a step or barrier ordinal), or None.
-
-    On a timeout the launch left the state inconsistent: zero it, and the buffers in
-    ``stale`` (which may hold tags of the failed launch), so that the next launch is clean.
-    """
-    state = sync.numpy()
-    if not state[0]:
-        return None
-    for buf in (sync, *stale):
-        buf.copyfrom(np.zeros(tuple(int(d) for d in buf.shape), str(buf.dtype)))
-    return int(state[0]) - 1
 
 
 def declare_sync_args() -> SyncArgs:

@@ -47,11 +47,17 @@ def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: 
     start = time.perf_counter()
     out, finals = layer(**inputs)
     seconds = time.perf_counter() - start
-    ref, ref_finals = reference_layer(layer.plan, inputs)
-    err = float(np.abs(out - ref).max())
-    for state, got in zip(layer.plan.states, finals):
-        err = max(err, float(np.abs(got - ref_finals[state.name]).max()))
+    err = max_abs_error(layer.plan, (out, finals), reference_layer(layer.plan, inputs))
     return CheckResult(err, tolerance, seconds)
+
+
+def max_abs_error(plan, result: tuple, expected: tuple) -> float:
+    """Largest abs difference of a layer's ``(out, finals)`` to the reference's ``(out, {state: final})``."""
+    (out, finals), (ref, ref_finals) = result, expected
+    err = float(np.abs(np.asarray(out) - ref).max())
+    for state, got in zip(plan.states, finals):
+        err = max(err, float(np.abs(np.asarray(got) - ref_finals[state.name]).max()))
+    return err
 
 
 def time_layer(layer: Layer, seq_len: int, number: int = 10, repeat: int = 5, seed: int = 0) -> Timing:

@@ -1,6 +1,9 @@
 """``prnn-tvm``: a thin command line over the library.
 
     prnn-tvm compile lstm --hidden 1024 --batch 4 --seq 256 --arch sm_90
+    prnn-tvm tune lstm --hidden 1024 --batch 4 --trials 64
+    prnn-tvm records show
+    prnn-tvm bench --cells lstm --hidden 1024 --batch 4 16
     prnn-tvm cells
 """
 
@@ -9,13 +12,17 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
+from pathlib import Path
 
-from . import compile_cell
+from . import compile_cell, records
 from .checks import check_against_reference, time_layer
 from .errors import PrnnError
 from .registry import builtin_cells
 from .target import known_archs, local_gpu, parse_arch
+from .tune import tune
+from .tune.search import STRATEGIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +62,46 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--arch", type=_arch, default=None,
                    help=f"CUDA architecture ({', '.join(known_archs())}); default: the local GPU's, else sm_90")
     c.add_argument("--no-check", action="store_true", help="skip the CPU reference check")
+    c.add_argument("--log", type=Path, default=None,
+                   help="tuning log to take the config from (default: the shipped tuning_logs/<arch>.jsonl)")
+    c.add_argument("--default-config", action="store_true", help="ignore tuning records")
     c.set_defaults(func=cmd_compile)
+
+    t = sub.add_parser("tune", help="auto-tune a cell's persistent kernel on this GPU, appending records")
+    t.add_argument("cell", help="built-in cell name or path/to/cell.py")
+    t.add_argument("--hidden", type=_positive, required=True)
+    t.add_argument("--batch", type=_positive, required=True)
+    t.add_argument("--seq", type=_positive, default=256, help="sequence length to time (default 256)")
+    t.add_argument("--dtype", default="float32")
+    t.add_argument("--trials", type=_positive, default=64, help="configs to measure (default 64)")
+    t.add_argument("--batch-size", type=_positive, default=16, help="configs per search round (default 16)")
+    t.add_argument("--search", choices=sorted(STRATEGIES), default="xgb",
+                   help="xgb (cost model, default), random, or grid (every valid config)")
+    t.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="build processes")
+    t.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_tune)
+
+    r = sub.add_parser("records", help="inspect tuning records")
+    r.add_argument("action", choices=["show", "best"], help="show: a summary per key; best: each key's best config")
+    r.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
+    r.add_argument("--arch", type=_arch, default="sm_90", help="which shipped log (default sm_90)")
+    r.add_argument("--cell", default=None, help="only this cell (name)")
+    r.set_defaults(func=cmd_records)
+
+    _add_bench_parser(sub)
+
+    e = sub.add_parser("export", help="compile a cell and write it as one shared library for inference")
+    e.add_argument("cell", help="built-in cell name or path/to/cell.py")
+    e.add_argument("--hidden", type=_positive, required=True)
+    e.add_argument("--batch", type=_positive, required=True)
+    e.add_argument("--seq", type=_positive, default=None, help="the sequence length it is meant for (recorded)")
+    e.add_argument("--input-size", type=_positive, default=None, help="features per step (default: hidden)")
+    e.add_argument("--arch", type=_arch, default=None, help="CUDA architecture of the inference GPU; default: the "
+                   "local GPU's (required without one)")
+    e.add_argument("--cpu", action="store_true", help="export the CPU (llvm) build instead of the CUDA one")
+    e.add_argument("-o", "--output", type=Path, required=True, help="the library to write (.so)")
+    e.set_defaults(func=cmd_export)
 
     cells = sub.add_parser("cells", help="list the built-in cells")
     cells.set_defaults(func=cmd_cells)
@@ -65,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_compile(args) -> int:
     gpu = local_gpu()
     arch = args.arch or (None if gpu is not None else "sm_90")
+    logs = [] if args.default_config else ([args.log] if args.log else None)
     layer = compile_cell(args.cell, args.hidden, args.batch, input_size=args.input_size, seq_len=args.seq,
-                         target="cuda", arch=arch)
+                         target="cuda", arch=arch, tuning_logs=logs)
     print(layer.report.format())
     ok = True
     if not args.no_check:
@@ -85,6 +132,118 @@ def cmd_compile(args) -> int:
     print(f"gpu time    {t.total_s * 1e3:.3f} ms per sequence of {args.seq} (projection {t.projection_s * 1e3:.3f} ms, "
           f"recurrent {t.recurrent_s * 1e3:.3f} ms = {t.per_step_s * 1e6:.2f} us per step) on {gpu.device_name}")
     return 0 if ok and res.ok else 1
+
+
+def cmd_tune(args) -> int:
+    res = tune(args.cell, args.hidden, args.batch, seq_len=args.seq, dtype=args.dtype, trials=args.trials,
+               batch_size=args.batch_size, strategy=args.search, log_path=args.log, workers=args.workers,
+               seed=args.seed)
+    print(f"tuned {args.cell}: {len(res.new)} new trials ({res.errors} errors) of {res.space_size} valid configs "
+          f"in {res.seconds:.0f} s; records in {res.log_path}")
+    if res.best is None:
+        print("no config ran correctly: compile will use the default config")
+        return 1
+    print(f"best     {res.best.per_step_s * 1e6:.2f} us/step  {_knobs(res.best.config)}")
+    if res.default is not None:
+        print(f"default  {res.default.per_step_s * 1e6:.2f} us/step  {_knobs(res.default.config)}  "
+              f"(tuned is {res.default.per_step_s / res.best.per_step_s:.2f}x faster)")
+    return 0
+
+
+def cmd_records(args) -> int:
+    path = args.log or records.default_log(args.arch)
+    recs = [r for r in records.load(path) if args.cell in (None, r.cell)]
+    if not recs:
+        print(f"no records in {path}" + (f" for cell {args.cell}" if args.cell else ""))
+        return 0
+    keys = list(dict.fromkeys(r.key for r in recs))
+    print(f"{path}: {len(recs)} records, {len(keys)} keys")
+    for key in keys:
+        mine = records.for_key(recs, key)
+        best = records.best(mine, key)
+        cell = mine[0].cell
+        if args.action == "show":
+            errors = sum(not r.ok for r in mine)
+            best_text = f"best {best.per_step_s * 1e6:.2f} us/step" if best else "no successful trial"
+            print(f"{cell:12s} batch={key.batch:<3d} hidden={key.hidden:<5d} {key.dtype} {key.arch} "
+                  f"({key.sms} SMs, TVM {key.tvm}): {len(mine)} trials, {errors} errors, {best_text}")
+        elif best is not None:
+            print(f"{cell:12s} batch={key.batch:<3d} hidden={key.hidden:<5d} {best.per_step_s * 1e6:7.2f} us/step  "
+                  f"{_knobs(best.config)}")
+    return 0
+
+
+def _knobs(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+def _add_bench_parser(sub) -> None:
+    from .bench import matrix
+
+    def hidden(text: str):
+        return matrix.LARGEST if text == matrix.LARGEST else _positive(text)
+
+    b = sub.add_parser("bench", help="time prnn-tvm against cuDNN, a CUDA-graph GEMM loop and the floor on this GPU")
+    b.add_argument("--cells", nargs="+", default=list(matrix.DEFAULT_CELLS), metavar="CELL",
+                   help=f"cells with a PyTorch counterpart (default: {' '.join(matrix.DEFAULT_CELLS)})")
+    b.add_argument("--hidden", nargs="+", type=hidden, default=list(matrix.DEFAULT_HIDDEN), metavar="H",
+                   help=f"hidden sizes; '{matrix.LARGEST}' is the largest each cell supports here without spills "
+                        f"(default: {' '.join(map(str, matrix.DEFAULT_HIDDEN))})")
+    b.add_argument("--batch", nargs="+", type=_positive, default=list(matrix.DEFAULT_BATCHES), metavar="B",
+                   help=f"batch sizes (default: {' '.join(map(str, matrix.DEFAULT_BATCHES))})")
+    b.add_argument("--seq", type=_positive, default=matrix.DEFAULT_SEQ_LEN,
+                   help=f"steps per sequence (default {matrix.DEFAULT_SEQ_LEN})")
+    b.add_argument("--dtype", nargs="+", choices=["float32", "float16"], default=list(matrix.DEFAULT_DTYPES),
+                   help="float32 (float16 is not supported by the compiler yet: its cases become error rows)")
+    b.add_argument("--repeats", type=_positive, default=5, help="timed repeats per implementation; the median "
+                                                                "is reported (default 5)")
+    b.add_argument("--out", type=Path, default=Path("bench/results"), help="output folder (default bench/results)")
+    b.add_argument("--name", default="bench", help="file stem: NAME.csv, NAME.md, NAME.png (default bench)")
+    b.add_argument("--from-csv", type=Path, default=None, metavar="CSV",
+                   help="only re-render the table and plot of an existing CSV (no GPU needed)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    from .bench import matrix, outputs, runner, table
+
+    if args.from_csv is not None:
+        paths = outputs.render_csv(args.from_csv)
+        print(f"wrote {paths['md']} and {paths['png']}")
+        return 0
+    problem = runner.missing_requirements()
+    if problem:
+        print(f"prnn-tvm: error: {problem}", file=sys.stderr)
+        return 1
+    command = " ".join(["prnn-tvm bench --cells", *args.cells, "--hidden", *map(str, args.hidden), "--batch",
+                        *map(str, args.batch), "--seq", str(args.seq), "--dtype", *args.dtype, "--repeats",
+                        str(args.repeats), "--name", args.name])
+    print(outputs.NOTES[0])
+    if matrix.LARGEST in args.hidden:
+        print("finding the largest hidden size of each cell (built at every batch to check for spills) ...")
+    rows = runner.run(args.cells, args.hidden, args.batch, args.seq, args.dtype, repeats=args.repeats,
+                      progress=not args.no_progress)
+    paths = outputs.write_outputs(rows, args.out, args.name, command)
+    print(table.markdown(rows, command=command))
+    failed = sum(r.get("status") != "ok" for r in rows)
+    print(f"{len(rows) - failed} of {len(rows)} cases measured, {failed} failed (error rows); wrote "
+          f"{', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .exporting import export
+
+    target = "llvm" if args.cpu else "cuda"
+    if target == "cuda" and args.arch is None and local_gpu() is None:
+        raise PrnnError("no GPU here: name the inference GPU's architecture with --arch (e.g. --arch sm_90)")
+    layer = compile_cell(args.cell, args.hidden, args.batch, input_size=args.input_size, seq_len=args.seq,
+                         target=target, arch=args.arch)
+    path = export(layer, args.output)
+    print(layer.report.format())
+    print(f"exported    {path} ({path.stat().st_size} bytes; load it with prnn_tvm.load)")
+    return 0
 
 
 def cmd_cells(_args) -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import tvm
 
-from . import ptxas
+from . import ptxas, records
 from .analysis import analyze
 from .build import build_module
 from .cell import Cell
@@ -24,7 +25,7 @@ SUPPORTED_DTYPES = ("float32",)
 
 def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int | None = None,
                  seq_len: int | None = None, dtype: str = "float32", target: str = "cuda",
-                 arch: str | None = None, config=None) -> Layer:
+                 arch: str | None = None, config=None, tuning_logs=None) -> Layer:
     """Compile a recurrent cell into a layer: input projection + recurrent kernel.
 
     Parameters
@@ -47,7 +48,11 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         CUDA architecture (``"sm_90"``), or a full GpuSpec; defaults to the local GPU's.
         Without a GPU the layer holds CUDA source only: it can be inspected, not run.
     config : PersistentConfig, optional
-        Schedule knobs; default: derived from the target.
+        Schedule knobs. Default: the best tuning record for this cell, shapes and GPU in
+        ``tuning_logs`` (see ``prnn-tvm tune``), else the default derived from the target.
+    tuning_logs : path or list of paths, optional
+        Tuning logs to look in (default: the package's ``tuning_logs/<arch>.jsonl``);
+        ``[]`` ignores tuning records.
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
@@ -69,6 +74,16 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
             break
     else:
         raise ConfigError(f"no schedule template accepts target {tgt}")
+    origin = "user" if config is not None else ("default" if kernel.config is not None else "none")
+    if config is None and kernel.config is not None:
+        tuned, origin = _tuned_config(plan, template, gpu, tuning_logs)
+        try:
+            if tuned is not None:
+                kernel = template.apply(plan, tgt, gpu, tuned)
+                candidates = [tuned, *candidates]  # the defaults stay behind it, should it spill here
+        except ConfigError as err:
+            log.warning("ignoring the tuned config %s: %s", tuned, err)
+            origin = "default: the tuned config does not fit this GPU"
     for attempt, cfg in enumerate(candidates):
         if attempt:
             kernel = template.apply(plan, tgt, gpu, cfg)
@@ -84,7 +99,9 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         if not spills or attempt == len(candidates) - 1:
             break
         log.info("%s: config %s spills %d B; trying the next default", cell.name, cfg, spills)
-    rep = _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, config is not None, report, note)
+        if attempt == 0 and origin.startswith("tuned"):
+            origin = f"default: the tuned config spills {spills} B here"
+    rep = _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, origin, report, note)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
     return Layer(plan, kernel, module, input_size, tgt, gpu, rep, source)
 
@@ -103,7 +120,30 @@ def _target(target, arch):
     raise ConfigError(f"unknown target '{target}'; use 'cuda' or 'llvm'")
 
 
-def _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, user_config, ptx, note) -> CompileReport:
+def _tuned_config(plan, template, gpu, logs):
+    """(the best recorded config of this key, where it came from) or (None, why the default is used)."""
+    if logs is None:
+        logs = [records.default_log(gpu.arch)]
+    elif isinstance(logs, (str, Path)):
+        logs = [logs]
+    if not logs:
+        return None, "default: tuning records not consulted"
+    key = records.key_for(plan, gpu, template.NAME)
+    found = [r for path in logs for r in records.load(path)]
+    best = records.best(found, key)
+    if best is None:
+        where = ", ".join(Path(p).name for p in logs)
+        return None, f"default: no tuning record for this cell, shapes and GPU in {where}"
+    try:
+        cfg = template.config_from_dict(best.config)
+    except (ConfigError, TypeError) as err:
+        log.warning("ignoring the tuned config %s: %s", best.config, err)
+        return None, "default: the tuned record's config is not one of this template's"
+    log.info("using the tuned config of %s (%.2f us/step)", key.describe(), best.per_step_s * 1e6)
+    return cfg, f"tuned: {best.per_step_s * 1e6:.2f} us/step measured on {best.device or key.arch}"
+
+
+def _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, origin, ptx, note) -> CompileReport:
     fn = ptx.function("recurrent") if ptx is not None else None
     launch = kernel.launch
     return CompileReport(
@@ -111,7 +151,7 @@ def _report(cell, plan, kernel, input_size, seq_len, tgt, gpu, user_config, ptx,
         input_size=input_size, seq_len=seq_len, dtype=plan.dtype,
         target=f"cuda {gpu.arch}" if gpu else "llvm (CPU reference)", template=kernel.template,
         config=kernel.config.as_dict() if kernel.config is not None else {},
-        config_origin="user" if user_config else ("default" if kernel.config is not None else "none"),
+        config_origin=origin,
         ctas=launch.get("ctas"), threads=launch.get("threads"), dynamic_smem_bytes=launch.get("smem_bytes"),
         registers=fn.registers if fn else None, stack_bytes=fn.stack_bytes if fn else None,
         spill_store_bytes=fn.spill_store_bytes if fn else None, spill_load_bytes=fn.spill_load_bytes if fn else None,

@@ -31,3 +31,15 @@ class InputError(PrnnError, ValueError):
 
 class LaunchError(PrnnError):
     """A kernel launch was refused before it started (for example a grid too large to be co-resident)."""
+
+
+class BarrierTimeout(PrnnError):
+    """A grid barrier wait gave up: some block never arrived. The layer's outputs are invalid."""
+
+
+class ExportError(PrnnError):
+    """A layer cannot be exported (for example a CUDA layer whose kernels nvcc cannot compile here)."""
+
+
+class LoadError(PrnnError):
+    """An exported library cannot be used here: not a prnn-tvm library, damaged, or built for another GPU."""

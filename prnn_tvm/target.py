@@ -27,6 +27,8 @@ class GpuSpec:
     max_regs_per_thread: int = 255
     max_threads_per_sm: int = 2048
     max_ctas_per_sm: int = 32
+    fp32_lanes_per_sm: int = 64  # FP32 FMA units per SM (architecture whitepapers)
+    boost_clock_mhz: int = 0     # the flagship part's boost clock (datasheets); 0 = unknown
     device_name: str = ""
 
     @property
@@ -34,18 +36,33 @@ class GpuSpec:
         digits = self.arch[3:]
         return int(digits[:-1]), int(digits[-1])
 
+    @property
+    def peak_fp32_flops(self) -> float:
+        """Peak fp32 FLOP/s without tensor cores: SMs x FP32 lanes x 2 (an FMA) x boost clock.
+
+        The benchmark's floor uses it. With the table's clocks it gives NVIDIA's published
+        figures (H100 SXM 66.9, A100 19.5, V100 15.7 TFLOP/s); a part clocked lower than the
+        flagship (H100 PCIe) gets a slightly high peak, so its floor errs low.
+        """
+        return self.sms * self.fp32_lanes_per_sm * 2 * self.boost_clock_mhz * 1e6
+
     def target(self) -> tvm.target.Target:
         """The TVM target for this GPU, with an LLVM host."""
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host="llvm")
 
 
 _KNOWN = {
-    "sm_70": GpuSpec("sm_70", 80, 96 * 1024, 96 * 1024, max_threads_per_sm=2048),        # V100
-    "sm_75": GpuSpec("sm_75", 40, 64 * 1024, 64 * 1024, max_threads_per_sm=1024, max_ctas_per_sm=16),  # T4
-    "sm_80": GpuSpec("sm_80", 108, 164 * 1024, 163 * 1024),                              # A100
-    "sm_86": GpuSpec("sm_86", 82, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=16),
-    "sm_89": GpuSpec("sm_89", 128, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=24),
-    "sm_90": GpuSpec("sm_90", 132, 228 * 1024, 227 * 1024),                              # H100 SXM
+    "sm_70": GpuSpec("sm_70", 80, 96 * 1024, 96 * 1024, max_threads_per_sm=2048,        # V100
+                     boost_clock_mhz=1530),
+    "sm_75": GpuSpec("sm_75", 40, 64 * 1024, 64 * 1024, max_threads_per_sm=1024, max_ctas_per_sm=16,  # T4
+                     boost_clock_mhz=1590),
+    "sm_80": GpuSpec("sm_80", 108, 164 * 1024, 163 * 1024, boost_clock_mhz=1410),        # A100
+    "sm_86": GpuSpec("sm_86", 82, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=16,
+                     fp32_lanes_per_sm=128, boost_clock_mhz=1695),                      # RTX 3090
+    "sm_89": GpuSpec("sm_89", 128, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=24,
+                     fp32_lanes_per_sm=128, boost_clock_mhz=2520),                      # RTX 4090
+    "sm_90": GpuSpec("sm_90", 132, 228 * 1024, 227 * 1024,                               # H100 SXM
+                     fp32_lanes_per_sm=128, boost_clock_mhz=1980),
 }
 
 

@@ -167,7 +167,7 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
     the states and two block barriers (``TILE_OVERHEAD``). Fewer than 8 warps cannot
     hide latency (last factor).
 
-    Calibrated on an H100 sweep of LSTM hidden=1024 batch=4 (bench/config_sweep.py): it
+    Calibrated on an H100 sweep of LSTM hidden=1024 batch=4 (``prnn-tvm tune --search grid``): it
     ranks k_split=16/rows_per_thread=2 (3.0 us/step) ahead of 32/4 (3.3) and 8/1 (4.0).
     """
     warps = g.threads / 32

@@ -336,3 +336,8 @@ def _bind(expr, name: str):
 
 def _leaf_key(leaf: Leaf):
     return leaf.name, leaf.slice
+
+
+def config_from_dict(knobs: dict) -> PersistentConfig:
+    """The config a tuning record stores as a dict (``PersistentConfig.as_dict``)."""
+    return PersistentConfig(**knobs)

@@ -21,12 +21,12 @@ CELLS = sorted(prnn_tvm.builtin_cells())
 @pytest.mark.parametrize("hidden, batch", [(256, 4), (1024, 4), (128, 16)])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_default_configs_have_no_spills(cell, hidden, batch, arch):
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, target="cuda", arch=arch)
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, target="cuda", arch=arch, tuning_logs=[])
     rep = layer.report
     assert rep.registers is not None, rep.ptxas_note
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
     assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
-    assert rep.config_origin == "default"
+    assert rep.config_origin.startswith("default")
 
 
 def kernel_source(layer):

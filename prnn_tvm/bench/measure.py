@@ -1,0 +1,113 @@
+"""One benchmark case on the GPU: check prnn-tvm against cuDNN, then time everything the same way.
+
+For a compiled layer, on the weights of the matching ``torch.nn`` module:
+
+1. check: prnn-tvm's output sequence and final states against cuDNN's (TF32 off);
+2. time, with CUDA events (median and minimum over repeats, after warm-up): prnn-tvm's
+   whole layer (projection + persistent kernel) and the kernel alone, launched on
+   DLPack-wrapped torch tensors; cuDNN's whole layer; the graph loop, whole and recurrent;
+3. the floor: the barrier alone for the layer's own grid (``barrier_probe``, every CTA
+   reading every CTA's value, timed by TVM's time_evaluator, minimum over repeats) and
+   the FLOP time at the GPU's fp32 peak;
+4. check again after timing (a barrier timeout in any timed launch raises here).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..barrier_probe import Probe
+from ..errors import PrnnError
+from ..layer import Layer
+from ..target import GpuSpec
+from . import baselines
+from .matrix import Case, flops
+
+log = logging.getLogger(__name__)
+
+TOLERANCE = 1e-4  # fp32 prnn-tvm vs fp32 cuDNN, T up to 256 (the GPU tests' tolerance)
+PROBE_STEPS = 1000
+
+
+class Mismatch(PrnnError):
+    """prnn-tvm's output differs from cuDNN's on the same weights by more than the tolerance."""
+
+
+def barrier_seconds_per_step(layer: Layer, probes: dict) -> float:
+    """The barrier alone for this layer's grid and barrier (probes are cached by grid)."""
+    launch = layer.kernel.launch
+    key = (layer.report.config.get("barrier", "grid_sync"), launch["ctas"], launch["threads"])
+    if key not in probes:
+        probes[key] = Probe(*key, all_to_all=True)
+        wrong = probes[key].run(steps=200)
+        if wrong:
+            raise PrnnError(f"barrier probe {key}: {wrong} wrong values; the barrier is broken")
+    return probes[key].seconds_per_step(PROBE_STEPS)
+
+
+def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, probes: dict) -> dict:
+    """Every figure of one case, as CSV columns (see :mod:`prnn_tvm.bench.table`).
+
+    Raises on anything that makes the case's figures meaningless: no baseline for the
+    cell, a mismatch with cuDNN, a failed launch or a barrier timeout.
+    """
+    base = baselines.BASELINES.get(case.cell)
+    if base is None:
+        raise PrnnError(f"no PyTorch baseline for cell '{case.cell}' (have: {', '.join(baselines.BASELINES)})")
+    if layer.arg_names[:5] != ["x", "W_ih", "b_ih", "W_hh", "b_hh"] or len(layer.plan.states) != len(base.states):
+        raise PrnnError(f"cell '{case.cell}' does not take PyTorch's weights (W_hh, b_hh) and states")
+    T, B, H = case.seq_len, case.batch, case.hidden
+    dev, dt = torch.device("cuda"), getattr(torch, case.dtype)
+    torch.manual_seed(0)
+    module = base.module(layer.input_size, H).to(dev, dt).eval()
+    w = baselines.weights(module)
+    x = torch.randn(T, B, layer.input_size, device=dev, dtype=dt)
+    states = [0.5 * torch.randn(B, H, device=dev, dtype=dt) for _ in base.states]
+    args = [x, w["W_ih"], w["b_ih"], w["W_hh"], w["b_hh"], *states]  # the order of layer.arg_names
+    row: dict = {}
+    with torch.no_grad():
+        ref_out, ref_finals = baselines.run_cudnn(module, x, states)
+        row["max_abs_err"] = _check(layer, args, ref_out, ref_finals)
+        # The two launches with every argument bound once, so only the kernels run between events.
+        launches, _, _ = layer._prepare(layer.arg_names, tuple(args), {})
+        funcs = {name: (layer.module[name], a) for name, a in launches}
+        proj, rec = funcs["projection"], funcs["recurrent"]
+        row["prnn_layer_ms"], row["prnn_layer_min_ms"] = _ms(lambda: (proj[0](*proj[1]), rec[0](*rec[1])),
+                                                             repeats, number)
+        row["prnn_kernel_ms"], row["prnn_kernel_min_ms"] = _ms(lambda: rec[0](*rec[1]), repeats, number)
+        row["max_abs_err"] = max(row["max_abs_err"], _check(layer, args, ref_out, ref_finals))
+        initial = baselines.hx(states)
+        row["cudnn_ms"], row["cudnn_min_ms"] = _ms(lambda: module(x, initial), repeats, number)
+        loop = baselines.GraphLoop(base, w, x, states)
+        row["graph_layer_ms"], row["graph_layer_min_ms"] = _ms(loop.replay_layer, repeats, number)
+        row["graph_recurrent_ms"], row["graph_recurrent_min_ms"] = _ms(loop.replay_recurrent, repeats, number)
+        loop.replay_layer()
+        row["graph_max_err"] = float((loop.out - ref_out).abs().max())
+        del loop
+    flop_layer, flop_rec = flops(layer.plan, layer.input_size, T)
+    barrier_s = barrier_seconds_per_step(layer, probes)
+    row.update(repeats=repeats, barrier_us=barrier_s * 1e6)
+    if gpu.peak_fp32_flops:  # unknown clock: no FLOP floor rather than a wrong one
+        peak = gpu.peak_fp32_flops
+        row.update(flop_layer_ms=flop_layer / peak * 1e3, flop_recurrent_ms=flop_rec / peak * 1e3,
+                   floor_step_us=(barrier_s + flop_rec / T / peak) * 1e6)
+    return row
+
+
+def _ms(fn, repeats: int, number: int) -> tuple[float, float]:
+    median, best = baselines.cuda_event_times(fn, repeats, number)
+    return median * 1e3, best * 1e3
+
+
+def _check(layer: Layer, args: list, ref_out: torch.Tensor, ref_finals: list[torch.Tensor]) -> float:
+    """Run the layer through its public call and return the max abs difference to cuDNN."""
+    out, finals = layer(*args)
+    err = float((torch.from_dlpack(out) - ref_out).abs().max())
+    for got, ref in zip(finals, ref_finals):
+        err = max(err, float((torch.from_dlpack(got) - ref).abs().max()))
+    if not np.isfinite(err) or err > TOLERANCE:
+        raise Mismatch(f"prnn-tvm differs from cuDNN by {err:.2e} (tolerance {TOLERANCE:.0e})")
+    return err

@@ -1,0 +1,48 @@
+"""A run's three files: the CSV with every figure, the Markdown table of ratios, the PNG plot."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..compiler import SUPPORTED_DTYPES
+from .plot import plot
+from .table import markdown, read_csv, write_csv
+
+log = logging.getLogger(__name__)
+
+NOTES = [
+    f"dtypes: the compiler supports {', '.join(SUPPORTED_DTYPES)} only so far; float16 (and with it cuDNN's "
+    "own persistent kernel, which PyTorch picks only for float16) is not measured.",
+    "Every implementation is timed with CUDA events on the same stream (prnn-tvm's two kernels launched on "
+    "PyTorch tensors through DLPack); the floor's barrier is the barrier alone for the kernel's own grid "
+    "(every CTA reading every CTA's value), timed with TVM's time_evaluator (minimum over repeats).",
+    "floor = barrier + recurrent FLOPs per step at the fp32 peak (no tensor cores); the graph loop is one "
+    "input-projection GEMM plus a GEMM and the cell's pointwise math per step, replayed as a CUDA graph.",
+]
+
+
+def write_outputs(rows: list[dict], out_dir: str | Path, name: str, command: str | None = None) -> dict[str, Path]:
+    """Write ``<name>.csv``, ``<name>.md`` and ``<name>.png`` under ``out_dir``; returns the paths by kind."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": write_csv(rows, out_dir / f"{name}.csv")}
+    return {**paths, **render(rows, out_dir, name, command)}
+
+
+def render(rows: list[dict], out_dir: str | Path, name: str, command: str | None = None) -> dict[str, Path]:
+    """The Markdown table and the plot from rows (e.g. :func:`table.read_csv` of a committed CSV)."""
+    out_dir = Path(out_dir)
+    gpu = next((r["gpu"] for r in rows if r.get("gpu")), "")
+    title = f"prnn-tvm vs cuDNN and a CUDA-graph GEMM loop{f' on {gpu}' if gpu else ''}"
+    md = out_dir / f"{name}.md"
+    md.write_text(markdown(rows, title, command, NOTES) + f"\n![time per step vs batch]({name}.png)\n")
+    png = plot(rows, out_dir / f"{name}.png", title)
+    log.info("wrote %s and %s", md, png)
+    return {"md": md, "png": png}
+
+
+def render_csv(csv_path: str | Path, out_dir: str | Path | None = None, command: str | None = None):
+    """Re-render the table and plot of an existing CSV next to it (or under ``out_dir``)."""
+    csv_path = Path(csv_path)
+    return render(read_csv(csv_path), out_dir or csv_path.parent, csv_path.stem, command)

@@ -1,0 +1,160 @@
+"""A benchmark run's rows: the CSV schema, reading and writing it, the ratios and the Markdown table.
+
+Pure functions over lists of dicts (no GPU, no torch): the run writes rows with these
+columns, and everything shown to a reader is derived from the CSV alone, so a table can
+be re-rendered from a committed CSV anywhere.
+
+Times are milliseconds per sequence of ``seq_len`` steps (``*_ms``: median over repeats,
+``*_min_ms``: minimum); the barrier and the floor are microseconds per step.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+CASE_COLUMNS = ["cell", "dtype", "hidden", "batch", "seq_len", "status", "error"]
+CONFIG_COLUMNS = ["config", "config_origin", "ctas", "threads", "registers", "spill_bytes", "compile_s"]
+TIMED = ["prnn_layer", "prnn_kernel", "cudnn", "graph_layer", "graph_recurrent"]
+FIGURE_COLUMNS = (["max_abs_err", "graph_max_err", "repeats"]
+                  + [f"{name}{suffix}" for name in TIMED for suffix in ("_ms", "_min_ms")]
+                  + ["barrier_us", "flop_layer_ms", "flop_recurrent_ms", "floor_step_us"])
+ENV_COLUMNS = ["gpu", "sms", "arch", "peak_fp32_tflops", "driver", "cuda", "tvm", "torch", "cudnn", "prnn_tvm"]
+COLUMNS = CASE_COLUMNS + CONFIG_COLUMNS + FIGURE_COLUMNS + ENV_COLUMNS
+
+_INT = {"hidden", "batch", "seq_len", "ctas", "threads", "registers", "spill_bytes", "repeats", "sms"}
+_TEXT = {"cell", "dtype", "status", "error", "config", "config_origin", "gpu", "arch", "driver", "cuda", "tvm",
+         "torch", "cudnn", "prnn_tvm"}
+
+# The plot's lines: label -> column (per sequence in ms, or per step in us for ``*_us``)
+SERIES = {
+    "prnn-tvm layer": "prnn_layer_ms",
+    "prnn-tvm kernel": "prnn_kernel_ms",
+    "cuDNN layer": "cudnn_ms",
+    "graph loop layer": "graph_layer_ms",
+    "graph loop recurrent": "graph_recurrent_ms",
+    "floor (barrier + FLOPs)": "floor_step_us",
+}
+
+
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """Write rows with exactly :data:`COLUMNS` (missing values as empty cells; unknown keys are refused)."""
+    for row in rows:
+        unknown = set(row) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"not benchmark columns: {', '.join(sorted(unknown))}")
+    path = Path(path)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in COLUMNS})
+    return path
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    """Read rows back: empty cells become None, counts int, figures float."""
+    with Path(path).open(newline="") as f:
+        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _parse(key: str, text: str | None):
+    if text is None or text == "":
+        return None
+    if key in _TEXT or key not in COLUMNS:
+        return text
+    return int(float(text)) if key in _INT else float(text)
+
+
+def per_step_us(row: dict, column: str) -> float | None:
+    """A series' time per step in microseconds (None when not measured)."""
+    value = row.get(column)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value if column.endswith("_us") else value * 1e3 / row["seq_len"]
+
+
+def ratios(row: dict) -> dict[str, float | None]:
+    """cuDNN / prnn-tvm and graph loop / prnn-tvm (whole layers), prnn-tvm kernel / floor (per step).
+
+    Above 1 means prnn-tvm is faster than the baseline; the floor ratio is at least 1 for
+    a kernel that respects physics, and the issue's target is at most 1.3.
+    """
+    return {
+        "cudnn_over_prnn": _div(row.get("cudnn_ms"), row.get("prnn_layer_ms")),
+        "graph_over_prnn": _div(row.get("graph_layer_ms"), row.get("prnn_layer_ms")),
+        "prnn_over_floor": _div(per_step_us(row, "prnn_kernel_ms"), row.get("floor_step_us")),
+    }
+
+
+def _div(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    return "" if value is None else format(value, spec)
+
+
+_SHORT_KNOBS = {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r", "batch_tile": "bt", "vec": "v"}
+
+
+def _config_text(row: dict) -> str:
+    """The config in short form (``U=8 ks=16 r=2 bt=4 v=4 tags``) and where it came from."""
+    try:
+        knobs = json.loads(row.get("config") or "{}")
+    except json.JSONDecodeError:
+        return str(row.get("config"))
+    text = " ".join(f"{_SHORT_KNOBS[k]}={v}" if k in _SHORT_KNOBS else str(v) for k, v in knobs.items())
+    origin = (row.get("config_origin") or "").partition(":")[0]  # "default", "tuned", ...; the CSV has the why
+    return f"{text} ({origin})" if origin else text
+
+
+def markdown(rows: list[dict], title: str = "prnn-tvm benchmark", command: str | None = None,
+             notes: list[str] | None = None) -> str:
+    """The report a reader sees: environment, then one table per cell and dtype.
+
+    Each row gives time per step (us) of prnn-tvm's layer and kernel, cuDNN's layer, the
+    CUDA-graph GEMM loop's layer and the floor, then the three ratios. Error rows keep their
+    place and say ``error: ...`` so a failed case is never silently missing.
+    """
+    lines = [f"# {title}", ""]
+    env = next((r for r in rows if r.get("gpu")), rows[0] if rows else {})
+    if env:
+        lines += [f"GPU {env.get('gpu')} ({env.get('arch')}, {env.get('sms')} SMs, peak fp32 "
+                  f"{_fmt(env.get('peak_fp32_tflops'), '.1f')} TFLOP/s), driver {env.get('driver')}, CUDA "
+                  f"{env.get('cuda')}, cuDNN {env.get('cudnn')}, torch {env.get('torch')}, TVM {env.get('tvm')}, "
+                  f"prnn-tvm {env.get('prnn_tvm')}. TF32 off everywhere.", ""]
+    if command:
+        lines += ["    " + command, ""]
+    lines += [f"- {n}" for n in notes or []] + ([""] if notes else [])
+    lines += ["Times are microseconds per step (median over repeats, T steps per sequence). Ratios above 1 under "
+              "*cuDNN/ours* and *graph/ours* mean prnn-tvm's whole layer is faster; *ours/floor* compares the "
+              "persistent kernel with one barrier plus the recurrent FLOPs at peak.", ""]
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["cell"], row["dtype"]), []).append(row)
+    for (cell, dtype), group in groups.items():
+        lines += [f"## {cell} {dtype}", "",
+                  "| H | B | ours layer | ours kernel | cuDNN | graph loop | floor | cuDNN/ours | graph/ours "
+                  "| ours/floor | max err vs cuDNN | config |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in sorted(group, key=lambda r: (r["hidden"], r["batch"])):
+            head = f"| {row['hidden']} | {row['batch']} "
+            if row.get("status") != "ok":
+                lines.append(head + f"| error: {_short(row.get('error'))} |" + " |" * 9)
+                continue
+            us = [_fmt(per_step_us(row, c)) for c in ("prnn_layer_ms", "prnn_kernel_ms", "cudnn_ms",
+                                                        "graph_layer_ms", "floor_step_us")]
+            r = ratios(row)
+            cells = us + [_fmt(r["cudnn_over_prnn"]), _fmt(r["graph_over_prnn"]), _fmt(r["prnn_over_floor"]),
+                          _fmt(row.get("max_abs_err"), ".1e"), _config_text(row)]
+            lines.append(head + "| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _short(text: str | None, limit: int = 160) -> str:
+    first = (text or "unknown error").strip().splitlines()[0].replace("|", "/")
+    return first if len(first) <= limit else first[: limit - 3] + "..."

@@ -1,0 +1,173 @@
+"""PyTorch modules backed by prnn-tvm's persistent kernels: ``LSTM``, ``GRU``, ``RNN``, ``from_torch``.
+
+Drop-in for single-layer, unidirectional ``torch.nn.LSTM``/``GRU``/``RNN`` at inference::
+
+    fast = prnn_tvm.torch.from_torch(torch_lstm)     # shares its parameters, no copy
+    with torch.no_grad():
+        out, (h_n, c_n) = fast(x)                    # out (T, B, H), or (B, T, H) with batch_first
+
+Parameters have PyTorch's names, layout and gate order (``weight_ih_l0``, ``bias_hh_l0``,
+...), so ``state_dict`` loads either way. Tensors reach the kernels through DLPack, without
+copies (``batch_first`` input is made time-major: one copy). Batch and hidden size are
+compile-time constants of a kernel: a module compiles its layer the first time it sees a
+batch size (and device), logs it, and keeps it for later calls. CUDA tensors run the
+persistent CUDA kernel (kernels run on the default stream); CPU tensors the CPU build.
+Inference only: a call that would need gradients is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch  # PyTorch itself: absolute import
+
+from prnn_tvm.compiler import compile_cell
+from prnn_tvm.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
+
+_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 device=None, dtype=None, arch: str | None = None, config=None):
+        super().__init__()
+        kind = type(self).__name__
+        if num_layers != 1:
+            raise ConfigError(f"{kind}: num_layers={num_layers} is not supported; stack single-layer modules")
+        if bidirectional:
+            raise ConfigError(f"{kind}: bidirectional is not supported; run a second module on the reversed sequence")
+        if proj_size:
+            raise ConfigError(f"{kind}: proj_size={proj_size} is not supported")
+        if dtype not in (None, torch.float32):
+            raise ConfigError(f"{kind}: dtype {dtype} is not supported yet; use torch.float32")
+        del dropout  # applies only between layers; a single layer has none
+        self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
+        self.bias, self.batch_first, self.arch, self.config = bias, batch_first, arch, config
+        G, kw = _GATES[cell], {"device": device, "dtype": torch.float32}
+        self.weight_ih_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, input_size, **kw))
+        self.weight_hh_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, hidden_size, **kw))
+        if bias:
+            self.bias_ih_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, **kw))
+            self.bias_hh_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, **kw))
+        self.reset_parameters()
+        self._layers: dict = {}
+
+    def reset_parameters(self) -> None:
+        """PyTorch's initialization: U(-1/sqrt(hidden), 1/sqrt(hidden))."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            torch.nn.init.uniform_(p, -bound, bound)
+
+    def extra_repr(self) -> str:
+        return (f"{self.input_size}, {self.hidden_size}, cell={self.cell}, bias={self.bias}, "
+                f"batch_first={self.batch_first}")
+
+    def layer_for(self, batch: int, device: torch.device):
+        """The compiled layer for ``batch`` on ``device`` (compiled on first use, then kept)."""
+        key = (batch, device.type, device.index)
+        if key not in self._layers:
+            target = "cuda" if device.type == "cuda" else "llvm"
+            if device.type not in ("cuda", "cpu"):
+                raise InputError(f"{type(self).__name__}: tensors on {device} are not supported; use cuda or cpu")
+            log.info("compiling %s hidden=%d batch=%d for %s", self.cell, self.hidden_size, batch, target)
+            self._layers[key] = compile_cell(self.cell, self.hidden_size, batch, input_size=self.input_size,
+                                             target=target, arch=self.arch if target == "cuda" else None,
+                                             config=self.config if target == "cuda" else None)
+        return self._layers[key]
+
+    def forward(self, input: torch.Tensor, hx=None):
+        kind, H = type(self).__name__, self.hidden_size
+        states = 2 if self.cell == "lstm" else 1
+        hx = () if hx is None else (tuple(hx) if states == 2 else (hx,))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters())):
+            raise InputError(f"{kind} is inference only: call it under torch.no_grad() or torch.inference_mode()")
+        if input.dim() not in (2, 3):
+            raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
+                             f"got shape {tuple(input.shape)}")
+        batched = input.dim() == 3
+        x = input if batched else input.unsqueeze(1)
+        if self.batch_first and batched:
+            x = x.transpose(0, 1)
+        x = x.contiguous()
+        B = x.shape[1]
+        want = (1, B, H) if batched else (1, H)
+        if len(hx) not in (0, states):
+            raise InputError(f"{kind}: hx must be {'(h0, c0)' if states == 2 else 'h0'}")
+        for t in hx:
+            if tuple(t.shape) != want:
+                raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
+        layer = self.layer_for(B, x.device)
+        zeros = None if self.bias else torch.zeros(len(self.weight_hh_l0), device=x.device)
+        args = [x, self.weight_ih_l0, self.bias_ih_l0 if self.bias else zeros, self.weight_hh_l0,
+                self.bias_hh_l0 if self.bias else zeros, *(t.reshape(B, H) for t in hx)]
+        args = [a.detach().contiguous() for a in args]  # views: DLPack refuses tensors that track gradients
+        if x.device.type == "cuda" and torch.cuda.current_stream(x.device) != torch.cuda.default_stream(x.device):
+            torch.cuda.current_stream(x.device).synchronize()  # the kernels run on the default stream
+        out, finals = layer(*args)
+        out = torch.from_dlpack(out)
+        finals = [torch.from_dlpack(f).unsqueeze(0) for f in finals]
+        if not batched:
+            out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
+        elif self.batch_first:
+            out = out.transpose(0, 1)
+        return out, (tuple(finals) if states == 2 else finals[0])
+
+
+class LSTM(_Recurrent):
+    """``torch.nn.LSTM`` (one layer, unidirectional) on a persistent kernel; inference only."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 device=None, dtype=None, *, arch: str | None = None, config=None):
+        super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         proj_size, device, dtype, arch, config)
+
+
+class GRU(_Recurrent):
+    """``torch.nn.GRU`` (one layer, unidirectional) on a persistent kernel; inference only."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
+                 dtype=None, *, arch: str | None = None, config=None):
+        super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         0, device, dtype, arch, config)
+
+
+class RNN(_Recurrent):
+    """``torch.nn.RNN`` (one layer, unidirectional, tanh or relu) on a persistent kernel; inference only."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device=None, dtype=None, *, arch: str | None = None, config=None):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ConfigError(f"RNN: unknown nonlinearity '{nonlinearity}'; use 'tanh' or 'relu'")
+        self.nonlinearity = nonlinearity
+        super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, 0, device, dtype, arch, config)
+
+
+def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None) -> _Recurrent:
+    """The prnn-tvm module for a ``torch.nn.LSTM``, ``GRU`` or ``RNN``, sharing its parameters (no copy).
+
+    Use it to speed up a trained model's recurrent layer at inference. Refused with the
+    reason: several layers, bidirectional, ``proj_size``, a dtype other than float32.
+    """
+    kinds = {"LSTM": LSTM, "GRU": GRU, "RNN_TANH": RNN, "RNN_RELU": RNN}
+    mode = getattr(module, "mode", None)
+    if not isinstance(module, torch.nn.RNNBase) or mode not in kinds:
+        raise ConfigError(f"from_torch takes a torch.nn.LSTM, GRU or RNN, got {type(module).__name__}")
+    p = module.weight_ih_l0
+    kw = dict(num_layers=module.num_layers, bias=module.bias, batch_first=module.batch_first,
+              bidirectional=module.bidirectional, device=p.device, dtype=p.dtype, arch=arch, config=config)
+    if mode == "LSTM":
+        kw["proj_size"] = module.proj_size
+    if mode.startswith("RNN"):
+        kw["nonlinearity"] = module.nonlinearity
+    ours = kinds[mode](module.input_size, module.hidden_size, **kw)
+    for name, _ in list(ours.named_parameters()):
+        setattr(ours, name, getattr(module, name))  # the same Parameter objects: shared, not copied
+    return ours.train(module.training)

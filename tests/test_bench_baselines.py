@@ -1,0 +1,87 @@
+"""The benchmark's PyTorch side on the CPU: the graph loop's math and prnn-tvm on torch.nn's weights.
+
+Skipped where PyTorch is not installed (CI); the GPU test runs the same path on cuDNN.
+"""
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.bench.matrix import DEFAULT_CELLS
+
+torch = pytest.importorskip("torch", reason="the benchmark's baselines need PyTorch")
+baselines = pytest.importorskip("prnn_tvm.bench.baselines")
+
+T, B, H, N_IN = 5, 3, 16, 12
+
+
+def module_and_inputs(cell):
+    torch.manual_seed(0)
+    base = baselines.BASELINES[cell]
+    module = base.module(N_IN, H).double().eval()
+    x = torch.randn(T, B, N_IN, dtype=torch.float64)
+    states = [0.5 * torch.randn(B, H, dtype=torch.float64) for _ in base.states]
+    return base, module, x, states
+
+
+@pytest.mark.parametrize("cell", sorted(set(DEFAULT_CELLS) | {"rnn_relu"}))
+def test_gemm_loop_matches_torch_nn(cell):
+    base, module, x, states = module_and_inputs(cell)
+    w = baselines.weights(module)
+    xp = torch.empty(T, B, w["W_ih"].shape[0], dtype=torch.float64)
+    out = torch.empty(T, B, H, dtype=torch.float64)
+    with torch.no_grad():
+        baselines.project(w, x, xp)
+        baselines.recur(base, w, xp, states, out)
+        ref, _ = baselines.run_cudnn(module, x, states)
+    assert torch.allclose(out, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("cell", DEFAULT_CELLS)
+def test_prnn_tvm_takes_torch_nn_weights_in_the_benchmarks_order(cell):
+    """The argument order the benchmark passes (x, W_ih, b_ih, W_hh, b_hh, states) gives torch.nn's answer."""
+    base, module, x, states = module_and_inputs(cell)
+    module = module.float()
+    w = baselines.weights(module)
+    x, states = x.float(), [s.float() for s in states]
+    layer = prnn_tvm.compile_cell(cell, H, B, input_size=N_IN, target="llvm")
+    args = [x, w["W_ih"], w["b_ih"], w["W_hh"], w["b_hh"], *states]
+    out, finals = layer(*[a.numpy() for a in args])
+    with torch.no_grad():
+        ref, ref_finals = baselines.run_cudnn(module, x, states)
+    assert np.abs(out - ref.numpy()).max() < 1e-5
+    for got, want in zip(finals, ref_finals, strict=True):
+        assert np.abs(got - want.numpy()).max() < 1e-5
+
+
+def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
+    """The run loop alone (compile and measurement faked): a failed compile or measurement is a row."""
+    from types import SimpleNamespace
+
+    from prnn_tvm.bench import measure, runner
+    from prnn_tvm.errors import ConfigError, LaunchError
+    from prnn_tvm.target import gpu_spec
+
+    def fake_compile(cell, hidden, batch, **kwargs):
+        if hidden == 512:
+            raise ConfigError("no persistent config fits")
+        config = {"units_per_cta": 2, "barrier": "tags"}
+        return SimpleNamespace(report=SimpleNamespace(config=config, config_origin="tuned (records)", ctas=128,
+                                                      threads=256, registers=200, spill_bytes=0))
+
+    def fake_measure(case, layer, gpu, repeats, number, probes):
+        if case.batch == 64:
+            raise LaunchError("launching 'recurrent' failed: too many resources requested")
+        return {"prnn_layer_ms": 1.0, "prnn_kernel_ms": 0.5, "cudnn_ms": 3.0, "floor_step_us": 1.0}
+
+    monkeypatch.setattr(runner, "missing_requirements", lambda: None)
+    monkeypatch.setattr(runner, "gpu_spec", lambda: gpu_spec("sm_90"))
+    monkeypatch.setattr(runner, "environment", lambda gpu: {"gpu": "test GPU", "sms": 132})
+    monkeypatch.setattr(runner, "compile_cell", fake_compile)
+    monkeypatch.setattr(measure, "measure", fake_measure)
+    rows = runner.run(["lstm"], [256, 512], [4, 64], seq_len=8, dtypes=["float32"], progress=False)
+    assert [(r["hidden"], r["batch"], r["status"]) for r in rows] == [
+        (256, 4, "ok"), (256, 64, "error"), (512, 4, "error"), (512, 64, "error")]
+    assert rows[0]["config_origin"] == "tuned (records)" and rows[0]["cudnn_ms"] == 3.0 and rows[0]["gpu"] == "test GPU"
+    assert rows[1]["error"].startswith("LaunchError: launching 'recurrent' failed")
+    assert rows[2]["error"] == "ConfigError: no persistent config fits"

@@ -1,0 +1,279 @@
+"""The auto-tuner on the CPU: space, records, the search loop against known costs, compile's lookup, CLI.
+
+GPU measurements of the tuner are in tests/test_gpu_tune.py.
+"""
+
+import json
+import logging
+import math
+import multiprocessing
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm import records
+from prnn_tvm.analysis import analyze
+from prnn_tvm.errors import ConfigError, PrnnError
+from prnn_tvm.records import ErrorKind, Record, TuneKey
+from prnn_tvm.registry import resolve
+from prnn_tvm.schedules.persistent_config import PersistentConfig, ranked_configs, space, validate
+from prnn_tvm.target import gpu_spec
+from prnn_tvm.tune import tune
+from prnn_tvm.tune.measure import CpuRunner
+from prnn_tvm.tune.model import XGBoostCostModel
+from prnn_tvm.tune.replay import replay
+from prnn_tvm.tune.search import GridSearch, ModelSearch, RandomSearch
+from prnn_tvm.tune.space import FEATURES, ConfigSpace
+
+from .conftest import HAS_GPU
+
+GPU = gpu_spec("sm_90")
+
+
+@pytest.fixture(scope="module")
+def lstm_space():
+    return ConfigSpace(analyze(resolve("lstm"), 4, 1024, "float32"), GPU)
+
+
+# ---------------------------------------------------------------- space
+def test_space_keeps_exactly_the_configs_validate_accepts(lstm_space):
+    plan, raw = lstm_space.plan, space(lstm_space.plan, GPU)
+    assert len(lstm_space) + lstm_space.rejected == len(raw)
+    assert lstm_space.rejected > 0
+    for cfg in raw:
+        try:
+            validate(cfg, plan, GPU)
+            valid = True
+        except ConfigError:
+            valid = False
+        assert (lstm_space.index(cfg) is not None) == valid, cfg
+
+
+def test_space_encodes_configs_by_index_and_dict(lstm_space):
+    for i in (0, len(lstm_space) // 2, len(lstm_space) - 1):
+        cfg = lstm_space.configs[i]
+        assert lstm_space.index(cfg) == i == lstm_space.index(cfg.as_dict())
+    assert lstm_space.index({"units_per_cta": 8, "bogus": 1}) is None
+    assert lstm_space.index(PersistentConfig(8, 1, 16, 4)) is None  # 1024 threads x 16 rows: pruned
+    assert lstm_space.defaults()[0] == lstm_space.index(ranked_configs(lstm_space.plan, GPU)[0])
+
+
+def test_features_are_stable_and_ptxas_figures_replace_estimates(lstm_space):
+    again = ConfigSpace(lstm_space.plan, GPU)
+    assert lstm_space.features.shape == (len(lstm_space), len(FEATURES))
+    np.testing.assert_array_equal(again.features, lstm_space.features)
+    regs = FEATURES.index("registers")
+    assert again.features[3, regs] == again.features[3, FEATURES.index("regs_estimate")]
+    again.record_ptxas(3, 201, 16)
+    assert again.features[3, regs] == 201 and again.features[3, FEATURES.index("spill_bytes")] == 16
+
+
+# ---------------------------------------------------------------- records
+def key(batch=4, hidden=1024, **kw):
+    fields = dict(fingerprint="abc", batch=batch, hidden=hidden, dtype="float32", arch="sm_90", sms=132,
+                  template="persistent_cuda", tvm="0.27.0.post1")
+    return TuneKey(**{**fields, **kw})
+
+
+CFG = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
+
+
+def test_record_round_trips_through_json():
+    rec = Record(key(), CFG, (1e-3, 2e-3, 3e-3), 256, None, "", "lstm", 235, 0, 1e-6, 0.7, "H100")
+    back = Record.from_json(rec.to_json())
+    assert back == rec and back.per_step_s == pytest.approx(2e-3 / 256)
+    failed = Record(key(), CFG, (), 256, ErrorKind.SPILL, "ptxas spills 64 bytes")
+    back = Record.from_json(failed.to_json())
+    assert back.error is ErrorKind.SPILL and not back.ok and math.isinf(back.per_step_s)
+    assert json.loads(rec.to_json())["schema"] == records.SCHEMA
+
+
+def test_corrupt_lines_are_skipped_with_a_warning_and_nothing_is_lost(tmp_path, caplog):
+    path = tmp_path / "sm_90.jsonl"
+    good = [Record(key(), CFG, (float(i + 1),), 1) for i in range(3)]
+    records.append(path, good[:2])
+    with open(path, "a") as f:
+        f.write('{"schema": 1, "key": {"fingerprint": "abc"}, "trunc\n')  # a torn line
+        f.write("not json at all\n")
+        f.write(json.dumps({"schema": 99}) + "\n")  # a future schema
+    records.append(path, good[2:])
+    with caplog.at_level(logging.WARNING):
+        assert records.load(path) == good
+    assert [m for m in caplog.messages if "corrupt tuning record" in m and "sm_90.jsonl:3" in m]
+    assert sum("corrupt tuning record" in m for m in caplog.messages) == 3
+
+
+def _append_many(path, tag, n):
+    for i in range(n):
+        records.append(path, [Record(key(), {**CFG, "detail": tag}, (float(i + 1),), 1, detail=tag * 200)] * 3)
+
+
+def test_concurrent_appends_from_two_processes_do_not_interleave(tmp_path):
+    path = tmp_path / "log.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(path, tag, 60)) for tag in "ab"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 * 60 * 3
+    loaded = records.load(path)  # every line parses: no torn or interleaved bytes
+    assert len(loaded) == len(lines)
+    assert {r.detail[0] for r in loaded} == {"a", "b"}
+
+
+def test_best_picks_the_fastest_successful_record_of_the_exact_key():
+    recs = [Record(key(), {**CFG, "vec": 1}, (3.0,), 10),
+            Record(key(), {**CFG, "vec": 2}, (2.0, 9.0, 2.0), 10),              # median 2.0
+            Record(key(), CFG, (), 10, ErrorKind.WRONG, "max abs error 1"),   # failed: never best
+            Record(key(batch=8), CFG, (0.5,), 10),                            # another key
+            Record(key(tvm="0.28"), CFG, (0.5,), 10),
+            Record(key(), {**CFG, "vec": 4}, (25.0,), 100)]                   # 0.25 s/step: per step wins
+    best = records.best(recs, key())
+    assert best.config["vec"] == 2 and best.per_step_s == pytest.approx(0.2)
+    assert records.best(recs, key(hidden=512)) is None
+
+
+# ---------------------------------------------------------------- compile uses the best record
+@pytest.fixture(scope="module")
+def small_lstm():
+    return analyze(resolve("lstm"), 2, 64, "float32")
+
+
+def test_compile_uses_the_best_record_and_says_so(tmp_path, small_lstm):
+    default = ranked_configs(small_lstm, GPU)[0]
+    other = next(c for c in space(small_lstm, GPU) if c != default and _valid(c, small_lstm))
+    k = records.key_for(small_lstm, GPU, "persistent_cuda")
+    path = tmp_path / "log.jsonl"
+    records.append(path, [Record(k, default.as_dict(), (2.0,), 1), Record(k, other.as_dict(), (1.0,), 1),
+                          Record(k, {**other.as_dict(), "vec": 1}, (), 1, ErrorKind.TIMEOUT)])
+    layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90", tuning_logs=[path])
+    assert layer.report.config == other.as_dict()
+    assert layer.report.config_origin.startswith("tuned: ") and "tuned" in layer.report.format()
+    layer = prnn_tvm.compile_cell("lstm", 64, 3, target="cuda", arch="sm_90", tuning_logs=[path])
+    assert layer.report.config == ranked_configs(layer.plan, GPU)[0].as_dict()
+    assert layer.report.config_origin == "default: no tuning record for this cell, shapes and GPU in log.jsonl"
+
+
+def test_a_tuned_config_that_no_longer_fits_falls_back_to_the_default(tmp_path, small_lstm, caplog):
+    k = records.key_for(small_lstm, GPU, "persistent_cuda")
+    path = tmp_path / "log.jsonl"
+    records.append(path, [Record(k, {**CFG, "units_per_cta": 64, "k_split": 1, "rows_per_thread": 1}, (1.0,), 1)])
+    with caplog.at_level(logging.WARNING):
+        layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90", tuning_logs=[path])
+    assert layer.report.config_origin == "default: the tuned config does not fit this GPU"
+    assert any("ignoring the tuned config" in m for m in caplog.messages)
+
+
+def _valid(cfg, plan):
+    try:
+        validate(cfg, plan, GPU)
+        return True
+    except ConfigError:
+        return False
+
+
+# ---------------------------------------------------------------- search against known costs
+def synthetic_cost(cfg) -> float:
+    """A smooth cost over the knobs with one optimum, unrelated to the analytic estimate."""
+    return 1e-6 * (2 + 0.3 * (math.log2(cfg.k_split) - 3.5) ** 2 + 0.2 * (cfg.rows_per_thread - 2) ** 2
+                   + 0.5 * (cfg.barrier != "tags") + 0.3 * (cfg.vec != 4) + 0.2 * abs(cfg.batch_tile - 2))
+
+
+@pytest.fixture(scope="module")
+def synthetic(lstm_space):
+    table = {i: synthetic_cost(c) for i, c in enumerate(lstm_space.configs)}
+    table[5] = math.inf  # a failing config among them
+    return table
+
+
+def test_model_search_finds_the_known_optimum_and_beats_random(lstm_space, synthetic):
+    seeds = range(6)
+    tuned = replay(lstm_space, synthetic, ModelSearch, budgets=(32, 64), seeds=seeds)
+    rand = replay(lstm_space, synthetic, RandomSearch, budgets=(32, 64), seeds=seeds)
+    assert tuned.hit_rate(1.0)[-1] == 1.0, tuned.fractions  # the optimum itself within 64 trials, every seed
+    assert (tuned.mean() > rand.mean()).all(), (tuned.fractions, rand.fractions)
+    assert rand.hit_rate(1.0)[-1] < 1.0
+
+
+def test_both_model_objectives_learn_the_order():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(80, 4))
+    seconds = np.exp(3 * x[:, 0] - 2 * x[:, 1])
+    for objective in ("rank", "regression"):
+        model = XGBoostCostModel(objective)
+        model.fit(x[:60], seconds[:60])
+        corr = np.corrcoef(model.predict(x[60:]), np.log(seconds[60:]))[0, 1]
+        assert corr > 0.8, (objective, corr)
+    with pytest.raises(ValueError, match="objective 'magic' unknown"):
+        XGBoostCostModel("magic")
+
+
+def test_grid_search_measures_every_config_once(lstm_space, synthetic):
+    res = replay(lstm_space, synthetic, GridSearch, budgets=(len(lstm_space),), seeds=[0])
+    assert res.fractions[0, 0] == 1.0
+
+
+# ---------------------------------------------------------------- the real loop, built and run on the CPU
+def test_tune_builds_runs_records_and_resumes(tmp_path):
+    path = tmp_path / "sm_90.jsonl"
+    first = tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=3, batch_size=2, log_path=path,
+                 runner=CpuRunner(), progress=False)
+    assert len(first.new) == 3 and all(r.ok for r in first.new), [r.detail for r in first.new]
+    assert all(r.registers and r.spill_bytes == 0 and r.max_abs_error < 1e-5 for r in first.new)
+    again = tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=2, log_path=path, runner=CpuRunner(),
+                 progress=False)
+    configs = [json.dumps(r.config, sort_keys=True) for r in records.load(path)]
+    assert len(configs) == 5 and len(set(configs)) == 5  # the second run measured new configs only
+    assert again.best == records.best(records.load(path), first.key)
+
+
+def test_tune_refuses_unknown_strategy():
+    with pytest.raises(PrnnError, match="search strategy 'annealing' unknown"):
+        tune("lstm", 32, 2, arch="sm_90", strategy="annealing", runner=CpuRunner())
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "prnn_tvm.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the message on a machine without a GPU")
+def test_cli_tune_without_gpu_exits_with_a_clear_message(tmp_path):
+    r = cli("tune", "lstm", "--hidden", "64", "--batch", "2", "--log", str(tmp_path / "x.jsonl"))
+    assert r.returncode == 2 and "there is none here" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_cli_records_show_and_best(tmp_path):
+    path = tmp_path / "log.jsonl"
+    records.append(path, [Record(key(), CFG, (2e-3,), 256, cell="lstm"),
+                          Record(key(), {**CFG, "vec": 2}, (), 256, ErrorKind.SPILL, cell="lstm")])
+    show = cli("records", "show", "--log", str(path))
+    assert show.returncode == 0 and "lstm" in show.stdout and "2 trials, 1 errors, best 7.81 us/step" in show.stdout
+    best = cli("records", "best", "--log", str(path))
+    assert "7.81 us/step" in best.stdout and "k_split=16" in best.stdout
+    assert "no records" in cli("records", "show", "--log", str(tmp_path / "none.jsonl")).stdout
+
+
+# ---------------------------------------------------------------- the records shipped in tuning_logs/
+SHIPPED = records.load(records.default_log("sm_90"))
+
+
+def test_shipped_records_cover_the_benchmark_matrix():
+    shapes = {(r.cell, r.key.hidden, r.key.batch) for r in SHIPPED if r.ok}
+    assert {(c, h, b) for c in ("rnn_tanh", "lstm", "gru") for h in (256, 512, 1024) for b in (1, 4, 16)} <= shapes
+
+
+@pytest.mark.parametrize("key", list(dict.fromkeys(r.key for r in SHIPPED)),
+                         ids=lambda k: f"{k.fingerprint}-h{k.hidden}-b{k.batch}")
+def test_shipped_records_compile_to_tuned_spill_free_kernels(key):
+    cell = next(r.cell for r in SHIPPED if r.key == key)
+    layer = prnn_tvm.compile_cell(cell, key.hidden, key.batch, target="cuda", arch=key.arch)
+    rep = layer.report
+    assert rep.config == records.best(SHIPPED, key).config and rep.config_origin.startswith("tuned: ")
+    assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()

@@ -1,0 +1,1 @@
+"""Shipped tuning records (JSON lines per GPU architecture); see README.md here."""
