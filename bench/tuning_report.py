@@ -23,6 +23,7 @@ from prnn_tvm.tune.model import XGBoostCostModel
 from prnn_tvm.tune.replay import replay
 from prnn_tvm.tune.search import ModelSearch, RandomSearch
 from prnn_tvm.tune.space import ConfigSpace
+from prnn_tvm.tune.tuner import known_times
 
 p = argparse.ArgumentParser()
 p.add_argument("log")
@@ -60,11 +61,7 @@ if args.grid:
     grid = records.load(args.grid)
     plan, gpu = plan_and_gpu(grid[0])
     space = ConfigSpace(plan, gpu)
-    per_step = {}
-    for r in records.for_key(grid, grid[0].key):
-        i = space.index(r.config)
-        if i is not None:
-            per_step[i] = min(per_step.get(i, math.inf), r.per_step_s)
+    per_step = known_times(space, records.for_key(grid, grid[0].key))
     missing = len(space) - len(per_step)
     best = min(per_step.values())
     print(f"\n## Search vs random on an exhaustively measured space\n\n{grid[0].cell} hidden={plan.hidden} "

@@ -32,8 +32,8 @@ from tvm.runtime import _ffi_api as _runtime_api
 
 from . import ptxas
 from .errors import ExportError
-from .layer import Layer, launch_spec
-from .loading import FORMAT, METADATA_SYMBOL, SCHEMA
+from .layer import Layer
+from .loading import FORMAT, METADATA_SYMBOL, SCHEMA, first_line
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,8 @@ def export(layer, path, **compile_kwargs) -> Path:
             layer.module.export_library(str(path), fpack_imports=pack, addons=[str(meta_c)],
                                         options=[f"-I{d}" for d in includes], workspace_dir=tmp)
         except (RuntimeError, OSError) as err:  # the host compiler's or linker's message, first line
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ExportError(f"linking {path.name} failed: {first}; a host C++ compiler (g++) is needed") from err
+            raise ExportError(f"linking {path.name} failed: {first_line(err)}; a host C++ compiler (g++) is "
+                              "needed") from err
     log.info("exported %s (%s, %s) to %s", layer.spec.cell, metadata["target"], metadata["arch"], path)
     return path
 
@@ -85,7 +85,7 @@ def layer_metadata(layer: Layer) -> dict:
     """The JSON-able description an exported library carries: what, for which shapes and GPU, how to call it."""
     from . import __version__
 
-    rep, spec = layer.report, launch_spec(layer.plan, layer.kernel, layer.input_size, layer.report)
+    rep, spec = layer.report, layer.spec
     B, H, n_in, T = spec.batch, spec.hidden, spec.input_size, "T"
     inputs = [{"name": "x", "shape": [T, B, n_in]}, {"name": "W_ih", "shape": [spec.proj_width, n_in]},
               {"name": "b_ih", "shape": [spec.proj_width]}]

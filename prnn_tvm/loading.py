@@ -65,7 +65,7 @@ def read_metadata(path: str | Path) -> dict:
     try:
         lib = ctypes.CDLL(str(path.resolve()), mode=ctypes.RTLD_LOCAL)
     except OSError as err:
-        raise LoadError(f"{path.name} is not a loadable shared library ({_first_line(err)}); "
+        raise LoadError(f"{path.name} is not a loadable shared library ({first_line(err)}); "
                         "export the layer again with prnn-tvm export") from err
     try:
         fn = getattr(lib, METADATA_SYMBOL)
@@ -114,7 +114,7 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
     try:
         module = tvm.runtime.load_module(str(path))
     except Exception as err:  # TVM's loader error: keep its first line
-        raise LoadError(f"TVM cannot load {path.name}: {_first_line(err)}") from err
+        raise LoadError(f"TVM cannot load {path.name}: {first_line(err)}") from err
     for name in ("projection", "recurrent"):
         if not module.implements_function(name, True):
             raise LoadError(f"{path.name} has no '{name}' function; it is damaged or not a prnn-tvm layer")
@@ -153,7 +153,7 @@ def _ensure_cuda_runtime() -> None:
     try:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except OSError as err:
-        raise LoadError(f"cannot load TVM's CUDA runtime ({_first_line(err)}): a CUDA layer needs a GPU and "
+        raise LoadError(f"cannot load TVM's CUDA runtime ({first_line(err)}): a CUDA layer needs a GPU and "
                         "its driver") from err
 
 
@@ -182,6 +182,6 @@ def _version(arch: str) -> tuple[int, int]:
     return int(digits[:-1]), int(digits[-1])
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__

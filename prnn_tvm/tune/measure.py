@@ -2,11 +2,11 @@
 
 ``Builder.build`` compiles a batch of configs, each in a worker process when
 ``workers > 1`` (nvcc takes most of a build), and returns one :class:`Built` per config:
-the compiled layer exported to a shared library (when the runner needs one) and ptxas's
-report, or the error that stopped it. ``GpuRunner.run`` loads the library, checks the
+the compiled layer exported (:func:`prnn_tvm.export`, when the runner needs a library) and
+ptxas's report, or the error that stopped it. ``GpuRunner.run`` loads it (:func:`prnn_tvm.load`), checks the
 layer's output against the cell's float64 reference (a wrong answer is an error, not a
 time) and times the recurrent kernel. Every failure is returned as an
-:class:`~prnn_tvm.tune.records.ErrorKind`; nothing raised by one config escapes.
+:class:`~prnn_tvm.records.ErrorKind`; nothing raised by one config escapes.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from prnn_tvm import exporting
 from prnn_tvm.analysis import analyze
 from prnn_tvm.barrier import BarrierTimeout
 from prnn_tvm.checks import max_abs_error
 from prnn_tvm.compiler import compile_cell
 from prnn_tvm.errors import LaunchError, PrnnError
-from prnn_tvm.layer import Layer
+from prnn_tvm.loading import load
 from prnn_tvm.plan import CellPlan
 from prnn_tvm.ptxas import NvccError
 from prnn_tvm.records import ErrorKind
 from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.registry import resolve
 from prnn_tvm.report import CompileReport
-from prnn_tvm.schedules import persistent_cuda
 from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.target import GpuSpec
 
@@ -131,12 +131,9 @@ class GpuRunner:
         self._inputs = {name: tvm.runtime.tensor(value, tvm.cuda(0)) for name, value in inputs.items()}
 
     def run(self, built: Built) -> Measured:
-        task, plan = self._task, self._task.plan
+        plan = self._task.plan
         try:
-            tgt = task.gpu.target()
-            kernel = persistent_cuda.apply(plan, tgt, task.gpu, built.config)
-            layer = Layer(plan, kernel, tvm.runtime.load_module(built.library), plan.hidden, tgt, task.gpu,
-                          built.report, None)
+            layer = load(built.library)
             out, finals = layer(**self._inputs)
             err = max_abs_error(plan, (out.numpy(), [f.numpy() for f in finals]), self._expected)
             if not err <= self.tolerance:  # also catches NaN
@@ -179,6 +176,9 @@ class CpuRunner:
         seconds = time.perf_counter() - start
         return Measured((seconds,), max_abs_error(self._layer.plan, result, self._expected))
 
+    def healthy(self) -> bool:
+        return True
+
 
 def _build(task: TuneTask, index: int, cfg: PersistentConfig, out_dir: str, export: bool,
            max_spill_bytes: int) -> Built:
@@ -195,8 +195,7 @@ def _build(task: TuneTask, index: int, cfg: PersistentConfig, out_dir: str, expo
                     seconds=time.perf_counter() - start)
     library = None
     if export:
-        library = str(Path(out_dir, f"config{index}.so"))
-        layer.module.export_library(library)
+        library = str(exporting.export(layer, Path(out_dir, f"config{index}.so")))
     return done(report, library, seconds=time.perf_counter() - start)
 
 

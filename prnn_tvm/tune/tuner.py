@@ -90,7 +90,7 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     key = key_for(plan, gpu, "persistent_cuda")
     log_path = Path(log_path) if log_path is not None else records.default_log(gpu.arch)
     result = TuneResult(key, log_path, len(space))
-    measured = _known(space, records.for_key(records.load(log_path), key))
+    measured = known_times(space, records.for_key(records.load(log_path), key))
     log.info("tuning %s: %d valid configs (%d pruned), %d already in %s", cell, len(space), space.rejected,
              len(measured), log_path)
     task = TuneTask(cell, hidden, batch, seq_len, dtype, gpu)
@@ -107,7 +107,7 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
                 batch_records.append(_record(key, plan, task, built, runner, gpu))
             records.append(log_path, batch_records)  # each round lands before the next starts
             result.new += batch_records
-            if any(r.error == records.ErrorKind.RUNTIME for r in batch_records) and not _healthy(runner):
+            if any(r.error == records.ErrorKind.RUNTIME for r in batch_records) and not runner.healthy():
                 raise PrnnError(f"the GPU stopped working during tuning (see the runtime errors in {log_path}); "
                                 "the records so far are kept: restart to resume")
             return batch_records
@@ -154,19 +154,14 @@ def _record(key: TuneKey, plan: CellPlan, task: TuneTask, built: Built, runner, 
                   gpu.device_name)
 
 
-def _known(space: ConfigSpace, recs: list[Record]) -> dict[int, float]:
-    """Per-step seconds of the configs the log already has for this key (best of repeats)."""
+def known_times(space: ConfigSpace, recs: list[Record]) -> dict[int, float]:
+    """Per-step seconds (``inf`` if failed) of the configs of ``space`` that ``recs`` measured, best of repeats."""
     known: dict[int, float] = {}
     for r in recs:
         i = space.index(r.config)
         if i is not None:
             known[i] = min(known.get(i, math.inf), r.per_step_s)
     return known
-
-
-def _healthy(runner) -> bool:
-    check = getattr(runner, "healthy", None)
-    return check() if check is not None else True
 
 
 def _us(rec: Record) -> str:
