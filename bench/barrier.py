@@ -16,9 +16,9 @@ import dataclasses
 import time
 
 import prnn_tvm
-from prnn_tvm.barrier import BARRIERS
-from prnn_tvm.barrier_probe import Probe
 from prnn_tvm.checks import check_against_reference, time_layer
+from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.barrier_probe import Probe
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec
 

@@ -15,8 +15,8 @@ import dataclasses
 import math
 
 from prnn_tvm import records
-from prnn_tvm.analysis import analyze
-from prnn_tvm.registry import resolve
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.schedules.persistent_config import ranked_configs
 from prnn_tvm.target import gpu_spec
 from prnn_tvm.tune.model import XGBoostCostModel

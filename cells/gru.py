@@ -12,7 +12,7 @@ the variant cuDNN and PyTorch implement (reset gate applied after the recurrent 
 import numpy as np
 from tvm import te
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

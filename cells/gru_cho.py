@@ -15,7 +15,7 @@ encoder-decoder for statistical machine translation", EMNLP 2014, eqs. 5-8.
 import numpy as np
 from tvm import te
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

@@ -11,7 +11,7 @@ recurrent neural network (IndRNN): building a longer and deeper RNN", CVPR 2018.
 import numpy as np
 from tvm import te, tirx
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

@@ -14,7 +14,7 @@ forget gate of Gers, Schmidhuber and Cummins, 2000).
 import numpy as np
 from tvm import te
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

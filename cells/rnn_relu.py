@@ -9,7 +9,7 @@ units", 2015.
 import numpy as np
 from tvm import te, tirx
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

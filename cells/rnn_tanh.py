@@ -8,7 +8,7 @@ Elman, "Finding structure in time", Cognitive Science 1990.
 import numpy as np
 from tvm import te
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

@@ -14,7 +14,7 @@ recurrent neural networks", ICASSP 2013.
 import numpy as np
 from tvm import te
 
-from prnn_tvm.cell import Cell
+from prnn_tvm.frontend.cell import Cell
 
 
 def step(c):

@@ -3,7 +3,7 @@
 from tvm.base import _RUNTIME_ONLY
 
 from .errors import BarrierTimeout, CellError, ConfigError, ExportError, InputError, LaunchError, LoadError, PrnnError
-from .loading import LoadedLayer, load
+from .runtime.loading import LoadedLayer, load
 
 __version__ = "0.1.0"
 
@@ -17,14 +17,14 @@ __all__ = [
 # Under TVM's runtime-only import (TVM_USE_RUNTIME_LIB=1, inference machines) only `load`
 # and the errors exist: everything below needs the TVM compiler.
 if not _RUNTIME_ONLY:
-    from .analysis import analyze
-    from .cell import Cell, CellBuilder, Role
     from .compiler import compile_cell
-    from .exporting import export
-    from .layer import Layer
-    from .plan import CellPlan
-    from .registry import builtin_cells, resolve
+    from .frontend.analysis import analyze
+    from .frontend.cell import Cell, CellBuilder, Role
+    from .frontend.plan import CellPlan
+    from .frontend.registry import builtin_cells, resolve
     from .report import CompileReport
+    from .runtime.exporting import export
+    from .runtime.layer import Layer
 else:
     __all__ = ["load", "LoadedLayer", "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError",
                "BarrierTimeout", "ExportError", "LoadError"]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layer import Layer
 from .reference import random_inputs, reference_layer
+from .runtime.layer import Layer
 
 
 @dataclass(frozen=True)

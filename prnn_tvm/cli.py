@@ -19,7 +19,7 @@ from pathlib import Path
 from . import compile_cell, records
 from .checks import check_against_reference, time_layer
 from .errors import PrnnError
-from .registry import builtin_cells
+from .frontend.registry import builtin_cells
 from .target import known_archs, local_gpu, parse_arch
 from .tune import tune
 from .tune.search import STRATEGIES
@@ -233,7 +233,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .exporting import export
+    from .runtime.exporting import export
 
     target = "llvm" if args.cpu else "cuda"
     if target == "cuda" and args.arch is None and local_gpu() is None:

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import tvm
 
-from . import ptxas, records
-from .analysis import analyze
-from .build import build_module
-from .cell import Cell
+from . import records
+from .codegen import ptxas
+from .codegen.build import build_module
 from .errors import ConfigError
-from .layer import Layer
-from .registry import resolve
+from .frontend.analysis import analyze
+from .frontend.cell import Cell
+from .frontend.registry import resolve
 from .report import CompileReport
+from .runtime.layer import Layer
 from .schedules import TEMPLATES
 from .target import GpuSpec, gpu_spec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plan import CellPlan
+from .frontend.plan import CellPlan
 
 
 def layer_arg_names(plan: CellPlan) -> list[str]:

@@ -12,10 +12,10 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.codegen.kernel import Kernel, declare_args
+from prnn_tvm.codegen.pointwise import emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.kernel import Kernel, declare_args
-from prnn_tvm.plan import CellPlan, Leaf
-from prnn_tvm.pointwise import emit_phase, live_index, new_state_values
+from prnn_tvm.frontend.plan import CellPlan, Leaf
 
 NAME = "cpu_reference"
 

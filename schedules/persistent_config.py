@@ -15,9 +15,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from prnn_tvm.barrier import BARRIERS
+from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.plan import CellPlan
+from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states

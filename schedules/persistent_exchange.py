@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm import barrier as grid_barrier
+from prnn_tvm.codegen import barrier as grid_barrier
 
 
 class OperandExchange:

@@ -6,7 +6,7 @@ from tvm import te, tirx
 
 import prnn_tvm
 from prnn_tvm import Cell, CellError, analyze
-from prnn_tvm.plan import Leaf
+from prnn_tvm.frontend.plan import Leaf
 
 from .two_state_cell import TWO_STATE
 
@@ -14,7 +14,7 @@ from .two_state_cell import TWO_STATE
 def stage_leaves(plan, stage_name):
     stage = next(s for s in plan.stages if s.name == stage_name)
     inverse = {var: leaf for leaf, var in plan.leaf_vars.items()}
-    from prnn_tvm.texpr import free_vars
+    from prnn_tvm.frontend.texpr import free_vars
     return [{inverse[v] for v in free_vars(e)} for e in stage.exprs]
 
 

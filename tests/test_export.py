@@ -14,10 +14,10 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import InputError, LoadError
-from prnn_tvm.exporting import _Reader, replace_cuda_payload
-from prnn_tvm.loading import arch_runs_on, read_metadata
-from prnn_tvm.ptxas import compile_cuda
+from prnn_tvm.codegen.ptxas import compile_cuda
 from prnn_tvm.reference import random_inputs
+from prnn_tvm.runtime.exporting import _Reader, replace_cuda_payload
+from prnn_tvm.runtime.loading import arch_runs_on, read_metadata
 from prnn_tvm.target import local_gpu
 
 from .conftest import cpu_tolerance
@@ -66,7 +66,7 @@ RUNTIME_ONLY = textwrap.dedent("""
     assert np.array_equal(out, data["out"]) and np.array_equal(finals[1], data["c_n"]), "outputs differ"
     maps = open("/proc/self/maps").read()
     assert tvm.base._RUNTIME_ONLY and "libtvm_compiler" not in maps, "the TVM compiler was loaded"
-    assert not [m for m in sys.modules if m in ("prnn_tvm.compiler", "prnn_tvm.build", "tvm.tirx.build")]
+    assert not [m for m in sys.modules if m in ("prnn_tvm.compiler", "prnn_tvm.codegen.build", "tvm.tirx.build")]
     print("runtime-only ok")
 """)
 

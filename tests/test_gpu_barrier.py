@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.barrier import BARRIERS, BarrierTimeout
-from prnn_tvm.barrier_probe import Probe
+from prnn_tvm.codegen.barrier import BARRIERS, BarrierTimeout
+from prnn_tvm.codegen.barrier_probe import Probe
 from prnn_tvm.reference import random_inputs
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 import prnn_tvm
-from prnn_tvm.barrier import BarrierTimeout
+from prnn_tvm.codegen.barrier import BarrierTimeout
 from prnn_tvm.reference import random_inputs
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.loading import read_metadata
 from prnn_tvm.reference import random_inputs
+from prnn_tvm.runtime.loading import read_metadata
 from prnn_tvm.target import gpu_spec
 
 from .test_export import embedded_cuda_code

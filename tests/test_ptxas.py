@@ -9,8 +9,8 @@ import re
 import pytest
 
 import prnn_tvm
-from prnn_tvm.barrier import BARRIERS
-from prnn_tvm.ptxas import parse_report
+from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.ptxas import parse_report
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 

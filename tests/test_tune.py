@@ -15,10 +15,10 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import records
-from prnn_tvm.analysis import analyze
 from prnn_tvm.errors import ConfigError, PrnnError
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.records import ErrorKind, Record, TuneKey
-from prnn_tvm.registry import resolve
 from prnn_tvm.schedules.persistent_config import PersistentConfig, ranked_configs, space, validate
 from prnn_tvm.target import gpu_spec
 from prnn_tvm.tune import tune

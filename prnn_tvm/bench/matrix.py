@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..analysis import analyze
 from ..compiler import SUPPORTED_DTYPES
 from ..errors import ConfigError
-from ..plan import CellPlan
-from ..registry import resolve
+from ..frontend.analysis import analyze
+from ..frontend.plan import CellPlan
+from ..frontend.registry import resolve
 from ..schedules.persistent_config import ranked_configs
 from ..target import GpuSpec
 

@@ -19,9 +19,9 @@ import logging
 import numpy as np
 import torch
 
-from ..barrier_probe import Probe
+from ..codegen.barrier_probe import Probe
 from ..errors import PrnnError
-from ..layer import Layer
+from ..runtime.layer import Layer
 from ..target import GpuSpec
 from . import baselines
 from .matrix import Case, flops

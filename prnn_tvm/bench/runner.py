@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from ..compiler import compile_cell
-from ..layer import Layer
+from ..runtime.layer import Layer
 from ..target import GpuSpec, gpu_spec, local_gpu
 from .matrix import Case, build_cases
 from .table import per_step_us, ratios

@@ -23,19 +23,19 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from prnn_tvm import exporting
-from prnn_tvm.analysis import analyze
-from prnn_tvm.barrier import BarrierTimeout
 from prnn_tvm.checks import max_abs_error
+from prnn_tvm.codegen.barrier import BarrierTimeout
+from prnn_tvm.codegen.ptxas import NvccError
 from prnn_tvm.compiler import compile_cell
 from prnn_tvm.errors import LaunchError, PrnnError
-from prnn_tvm.loading import load
-from prnn_tvm.plan import CellPlan
-from prnn_tvm.ptxas import NvccError
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.plan import CellPlan
+from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.records import ErrorKind
 from prnn_tvm.reference import random_inputs, reference_layer
-from prnn_tvm.registry import resolve
 from prnn_tvm.report import CompileReport
+from prnn_tvm.runtime import exporting
+from prnn_tvm.runtime.loading import load
 from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.target import GpuSpec
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from prnn_tvm.barrier import BARRIERS
+from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.plan import CellPlan
+from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.schedules.persistent_config import PersistentConfig, estimated_cycles, ranked_configs, space, validate
 from prnn_tvm.target import GpuSpec, ctas_per_sm
 

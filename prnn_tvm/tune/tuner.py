@@ -20,11 +20,11 @@ import numpy as np
 from tqdm import tqdm
 
 from prnn_tvm import records
-from prnn_tvm.analysis import analyze
 from prnn_tvm.errors import PrnnError
-from prnn_tvm.plan import CellPlan
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.plan import CellPlan
+from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.records import Record, TuneKey, key_for
-from prnn_tvm.registry import resolve
 from prnn_tvm.target import GpuSpec, gpu_spec, local_gpu
 
 from .measure import Builder, Built, GpuRunner, Measured, TuneTask

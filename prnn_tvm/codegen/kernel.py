@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .plan import CellPlan
+from ..frontend.plan import CellPlan
 
 SEQ_LEN = "seq_len"
 

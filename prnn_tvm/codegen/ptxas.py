@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PrnnError
+from ..errors import PrnnError
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import tvm
 
-from .errors import PrnnError
-from .kernel import Kernel
-from .plan import CellPlan
-from .reference import layer_arg_names
-from .report import CompileReport
-from .runtime import LaunchSpec, RuntimeLayer
-from .target import GpuSpec, local_gpu
+from ..codegen.kernel import Kernel
+from ..errors import PrnnError
+from ..frontend.plan import CellPlan
+from ..reference import layer_arg_names
+from ..report import CompileReport
+from ..target import GpuSpec, local_gpu
+from .base import LaunchSpec, RuntimeLayer
 
 
 class Layer(RuntimeLayer):

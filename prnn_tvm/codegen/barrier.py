@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from .errors import BarrierTimeout  # noqa: F401 - raised by the runtime, importable from here too
-from .runtime import DEFAULT_TIMEOUT_US, take_timeout  # noqa: F401 - host-side rules live with the runtime
+from ..errors import BarrierTimeout  # noqa: F401 - raised by the runtime, importable from here too
+from ..runtime.base import DEFAULT_TIMEOUT_US, take_timeout  # noqa: F401 - host-side rules live with the runtime
 
 SYNC_WORDS = 4  # error word, counter, base, and one spare keeping the buffer 16-byte sized
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import te
 
-from .errors import CellError
+from ..errors import CellError
 
 
 class Role(enum.Enum):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import tvm
 from tvm import te, tirx
 
+from ..frontend.plan import CellPlan
 from .kernel import SEQ_LEN
-from .plan import CellPlan
 
 
 def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) -> tirx.PrimFunc:

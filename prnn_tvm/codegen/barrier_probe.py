@@ -21,10 +21,10 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from ..target import gpu_spec
 from . import barrier as grid_barrier
 from .build import PIPELINE, nvcc_compile
 from .kernel import SEQ_LEN
-from .target import gpu_spec
 
 TAG_STRIDE = 65536  # tags are launch_id * TAG_STRIDE + step, so steps stay below this
 

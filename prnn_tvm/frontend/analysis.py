@@ -26,8 +26,8 @@ from tvm.ir import expr as E
 from tvm.ir.prim import expr as P
 from tvm.sym import Analyzer
 
+from ..errors import CellError
 from .cell import Cell, Role, TracedCell
-from .errors import CellError
 from .plan import CellPlan, Leaf, Reduction, Stage
 from .texpr import UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuild, substitute, tensor_load_parts
 

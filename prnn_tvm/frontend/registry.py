@@ -11,13 +11,13 @@ import importlib.util
 import pkgutil
 from pathlib import Path
 
+from ..errors import CellError
 from .cell import Cell
-from .errors import CellError
 
 
 def builtin_cells() -> dict[str, Cell]:
     """Name -> Cell for every built-in cell, in file-name order."""
-    from . import cells
+    from .. import cells
 
     found = {}
     for info in sorted(pkgutil.iter_modules(cells.__path__), key=lambda m: m.name):

@@ -18,11 +18,11 @@ import tvm
 import tvm_ffi
 from tvm.tirx.compilation_pipeline import get_tir_pipeline, register_tir_pipeline
 
+from ..frontend.plan import CellPlan
+from ..target import GpuSpec
 from . import ptxas
 from .kernel import Kernel
-from .plan import CellPlan
 from .projection import projection_func
-from .target import GpuSpec
 
 HAND_PLACED = "prnn.hand_placed"
 PIPELINE = "prnn"

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import tvm
 
-from .errors import BarrierTimeout, InputError, LaunchError
-from .target import ctas_per_sm, gpu_spec
+from ..errors import BarrierTimeout, InputError, LaunchError
+from ..target import ctas_per_sm, gpu_spec
 
 DEFAULT_TIMEOUT_US = 50_000  # per barrier wait: generous against preemption, short against a hang
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
-from .errors import LoadError
-from .runtime import LaunchSpec, RuntimeLayer
+from ..errors import LoadError
+from .base import LaunchSpec, RuntimeLayer
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import tvm
 import tvm_ffi
 from tvm.runtime import _ffi_api as _runtime_api
 
-from . import ptxas
-from .errors import ExportError
+from ..codegen import ptxas
+from ..errors import ExportError
 from .layer import Layer
 from .loading import FORMAT, METADATA_SYMBOL, SCHEMA, first_line
 
@@ -56,7 +56,7 @@ def export(layer, path, **compile_kwargs) -> Path:
     they are passed at each call, as to the compiled layer. Returns the path.
     """
     if not isinstance(layer, Layer):
-        from .compiler import compile_cell  # the compiler only when asked to compile
+        from ..compiler import compile_cell  # the compiler only when asked to compile
 
         layer = compile_cell(layer, **compile_kwargs)
     elif compile_kwargs:
@@ -83,7 +83,7 @@ def export(layer, path, **compile_kwargs) -> Path:
 
 def layer_metadata(layer: Layer) -> dict:
     """The JSON-able description an exported library carries: what, for which shapes and GPU, how to call it."""
-    from . import __version__
+    from .. import __version__
 
     rep, spec = layer.report, layer.spec
     B, H, n_in, T = spec.batch, spec.hidden, spec.input_size, "T"

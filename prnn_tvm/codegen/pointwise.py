@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .plan import CellPlan, Leaf
-from .texpr import free_vars, substitute
+from ..frontend.plan import CellPlan, Leaf
+from ..frontend.texpr import free_vars, substitute
 
 
 def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],

@@ -1,0 +1,1 @@
+"""Code generation: kernel arguments, the barrier, the projection, lowering and nvcc."""
