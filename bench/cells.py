@@ -12,6 +12,8 @@ import argparse
 
 import prnn_tvm
 from prnn_tvm.checks import check_against_reference, time_layer
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.schedules import knob_short_names, knob_text
 
 p = argparse.ArgumentParser()
 p.add_argument("--hidden", type=int, default=1024)
@@ -25,9 +27,8 @@ lines = [f"# Cells at hidden={args.hidden}, batch={args.batch}, T={args.seq} (fp
 print("\n".join(lines), flush=True)
 for name in prnn_tvm.builtin_cells():
     layer = prnn_tvm.compile_cell(name, args.hidden, args.batch, target="cuda")
-    cfg = layer.report.config
-    knobs = f"U={cfg['units_per_cta']} ks={cfg['k_split']} r={cfg['rows_per_thread']} {cfg['barrier']}"
-    err = check_against_reference(layer, 16, 1e-4).max_abs_error
+    knobs = knob_text(layer.report.config, knob_short_names())
+    err = check_against_reference(layer, 16, tolerance("float32", 16)).max_abs_error
     us = time_layer(layer, args.seq).per_step_s * 1e6
     line = f"| {name} | {layer.plan.phases} | {knobs} | {us:.2f} | {err:.1e} |"
     print(line, flush=True)

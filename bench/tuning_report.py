@@ -17,7 +17,7 @@ import math
 from prnn_tvm import records
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
-from prnn_tvm.schedules.persistent_config import ranked_configs
+from prnn_tvm.schedules import by_name, knob_text
 from prnn_tvm.target import gpu_spec
 from prnn_tvm.tune.model import XGBoostCostModel
 from prnn_tvm.tune.replay import replay
@@ -32,9 +32,9 @@ p.add_argument("--seeds", type=int, default=20)
 args = p.parse_args()
 
 
-def plan_and_gpu(rec):
+def plan_gpu_template(rec):
     plan = analyze(resolve(rec.cell), rec.key.batch, rec.key.hidden, rec.key.dtype)
-    return plan, dataclasses.replace(gpu_spec(rec.key.arch), sms=rec.key.sms)
+    return plan, dataclasses.replace(gpu_spec(rec.key.arch), sms=rec.key.sms), by_name(rec.key.template)
 
 
 def us(seconds):
@@ -47,20 +47,20 @@ print("| cell | hidden | batch | trials | errors | default us/step | tuned us/st
 print("|---|---|---|---|---|---|---|---|---|")
 for key in dict.fromkeys(r.key for r in recs):
     mine = records.for_key(recs, key)
-    plan, gpu = plan_and_gpu(mine[0])
-    default = ranked_configs(plan, gpu)[0].as_dict()
+    plan, gpu, template = plan_gpu_template(mine[0])
+    default = template.default_configs(plan, gpu.target(), gpu)[0].as_dict()
     d = min((r.per_step_s for r in mine if r.config == default), default=math.inf)
     best = records.best(mine, key)
     b = best.per_step_s if best else math.inf
-    knobs = " ".join(f"{k}={v}" for k, v in best.config.items()) if best else ""
+    knobs = knob_text(best.config) if best else ""
     speedup = f"{d / b:.2f}x" if math.isfinite(d) and math.isfinite(b) else "n/a"
     print(f"| {mine[0].cell} | {key.hidden} | {key.batch} | {len(mine)} | {sum(not r.ok for r in mine)} | {us(d)} "
           f"| {us(b)} | {speedup} | {knobs} |")
 
 if args.grid:
     grid = records.load(args.grid)
-    plan, gpu = plan_and_gpu(grid[0])
-    space = ConfigSpace(plan, gpu)
+    plan, gpu, template = plan_gpu_template(grid[0])
+    space = ConfigSpace(plan, gpu, template)
     per_step = known_times(space, records.for_key(grid, grid[0].key))
     missing = len(space) - len(per_step)
     best = min(per_step.values())

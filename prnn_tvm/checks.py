@@ -26,18 +26,22 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per sequence: projection, recurrent kernel, and both."""
+    """Seconds per sequence of each launch (by function name), and of the whole layer."""
 
     seq_len: int
-    projection_s: float
-    recurrent_s: float
+    launches: dict
 
     @property
     def total_s(self) -> float:
-        return self.projection_s + self.recurrent_s
+        return sum(self.launches.values())
+
+    @property
+    def recurrent_s(self) -> float:
+        return self.launches["recurrent"]
 
     @property
     def per_step_s(self) -> float:
+        """The recurrent kernel's time per step."""
         return self.recurrent_s / self.seq_len
 
 
@@ -61,7 +65,6 @@ def max_abs_error(plan, result: tuple, expected: tuple) -> float:
 
 
 def time_layer(layer: Layer, seq_len: int, number: int = 10, repeat: int = 5, seed: int = 0) -> Timing:
-    """Time both kernels of ``layer`` on random inputs (minimum over repeats)."""
+    """Time every kernel of ``layer`` on random inputs (minimum over repeats)."""
     inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
-    t = layer.time(number=number, repeat=repeat, **inputs)
-    return Timing(seq_len, t["projection"], t["recurrent"])
+    return Timing(seq_len, layer.time(number=number, repeat=repeat, **inputs))

@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from .codegen.kernel import layer_signature
 from .frontend.plan import CellPlan
-
-
-def layer_arg_names(plan: CellPlan) -> list[str]:
-    """The layer's inputs in call order: x, W_ih, b_ih, weights, params, initial states."""
-    return ["x", "W_ih", "b_ih", *(w.name for w in plan.weights), *(p.name for p in plan.params),
-            *(f"{s.name}0" for s in plan.states)]
+from .signature import ArgRole
 
 
 def random_inputs(plan: CellPlan, seq_len: int, input_size: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Float32 inputs for every layer argument, initialized as PyTorch does (U(-1/sqrt(H), 1/sqrt(H)))
-    with nonzero initial states."""
+    """Inputs for every layer argument in the plan's storage dtype: the sequence ``x`` standard
+    normal, weights and params as PyTorch initializes them (U(-1/sqrt(H), 1/sqrt(H))), initial
+    states 0.5 * standard normal (nonzero)."""
     rng = np.random.default_rng(seed)
-    B, H = plan.batch, plan.hidden
-    bound = 1.0 / np.sqrt(H)
-
-    def uniform(*shape):
-        return rng.uniform(-bound, bound, size=shape).astype(np.float32)
-
-    n_in = plan.input.slices * H
-    arrays = {"x": rng.standard_normal((seq_len, B, input_size)).astype(np.float32),
-              "W_ih": uniform(n_in, input_size), "b_ih": uniform(n_in)}
-    arrays.update({w.name: uniform(w.slices * H, H) for w in plan.weights})
-    arrays.update({p.name: uniform(p.slices * H) for p in plan.params})
-    arrays.update({f"{s.name}0": (0.5 * rng.standard_normal((B, H))).astype(np.float32) for s in plan.states})
+    bound = 1.0 / np.sqrt(plan.hidden)
+    arrays = {}
+    for arg in layer_signature(plan, input_size).inputs:
+        shape = arg.concrete_shape(seq_len)
+        if arg.role is ArgRole.INPUT:
+            value = rng.standard_normal(shape)
+        elif arg.role is ArgRole.STATE:
+            value = 0.5 * rng.standard_normal(shape)
+        else:  # weights and params
+            value = rng.uniform(-bound, bound, size=shape)
+        arrays[arg.name] = value.astype(arg.dtype)
     return arrays
 
 

@@ -24,10 +24,13 @@ import torch  # PyTorch itself: absolute import
 
 from prnn_tvm.compiler import compile_cell
 from prnn_tvm.errors import ConfigError, InputError
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.registry import resolve
 
 log = logging.getLogger(__name__)
 
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+# torch.nn's parameter names -> the cell's arguments (PyTorch's layout and gate order)
+_PARAMETERS = {"weight_ih_l0": "W_ih", "weight_hh_l0": "W_hh", "bias_ih_l0": "b_ih", "bias_hh_l0": "b_hh"}
 
 
 class _Recurrent(torch.nn.Module):
@@ -47,12 +50,16 @@ class _Recurrent(torch.nn.Module):
         del dropout  # applies only between layers; a single layer has none
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
         self.bias, self.batch_first, self.arch, self.config = bias, batch_first, arch, config
-        G, kw = _GATES[cell], {"device": device, "dtype": torch.float32}
-        self.weight_ih_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, input_size, **kw))
-        self.weight_hh_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, hidden_size, **kw))
-        if bias:
-            self.bias_ih_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, **kw))
-            self.bias_hh_l0 = torch.nn.Parameter(torch.empty(G * hidden_size, **kw))
+        # gate and state counts come from the cell's plan (any batch: the shapes do not depend on it)
+        plan = analyze(resolve(cell), 1, hidden_size)
+        self._states = tuple(s.name for s in plan.states)
+        shapes = {"W_ih": (plan.input.slices * hidden_size, input_size), "b_ih": (plan.input.slices * hidden_size,)}
+        shapes.update({s.name: (s.slices * hidden_size, hidden_size) for s in plan.weights})
+        shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
+        kw = {"device": device, "dtype": torch.float32}
+        for name, arg in _PARAMETERS.items():
+            if bias or not name.startswith("bias"):
+                setattr(self, name, torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
         self.reset_parameters()
         self._layers: dict = {}
 
@@ -81,8 +88,8 @@ class _Recurrent(torch.nn.Module):
 
     def forward(self, input: torch.Tensor, hx=None):
         kind, H = type(self).__name__, self.hidden_size
-        states = 2 if self.cell == "lstm" else 1
-        hx = () if hx is None else (tuple(hx) if states == 2 else (hx,))
+        states = len(self._states)
+        hx = () if hx is None else (tuple(hx) if states > 1 else (hx,))
         if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters())):
             raise InputError(f"{kind} is inference only: call it under torch.no_grad() or torch.inference_mode()")
         if input.dim() not in (2, 3):
@@ -96,14 +103,17 @@ class _Recurrent(torch.nn.Module):
         B = x.shape[1]
         want = (1, B, H) if batched else (1, H)
         if len(hx) not in (0, states):
-            raise InputError(f"{kind}: hx must be {'(h0, c0)' if states == 2 else 'h0'}")
+            wanted = f"({', '.join(f'{s}0' for s in self._states)})" if states > 1 else f"{self._states[0]}0"
+            raise InputError(f"{kind}: hx must be {wanted}")
         for t in hx:
             if tuple(t.shape) != want:
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
         layer = self.layer_for(B, x.device)
-        zeros = None if self.bias else torch.zeros(len(self.weight_hh_l0), device=x.device)
-        args = [x, self.weight_ih_l0, self.bias_ih_l0 if self.bias else zeros, self.weight_hh_l0,
-                self.bias_hh_l0 if self.bias else zeros, *(t.reshape(B, H) for t in hx)]
+        def bias(name, weight):  # bias=False: zeros as long as the weight's rows
+            return getattr(self, name) if self.bias else torch.zeros(len(weight), device=x.device)
+
+        args = [x, self.weight_ih_l0, bias("bias_ih_l0", self.weight_ih_l0), self.weight_hh_l0,
+                bias("bias_hh_l0", self.weight_hh_l0), *(t.reshape(B, H) for t in hx)]
         args = [a.detach().contiguous() for a in args]  # views: DLPack refuses tensors that track gradients
         if x.device.type == "cuda" and torch.cuda.current_stream(x.device) != torch.cuda.default_stream(x.device):
             torch.cuda.current_stream(x.device).synchronize()  # the kernels run on the default stream
@@ -114,7 +124,7 @@ class _Recurrent(torch.nn.Module):
             out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
         elif self.batch_first:
             out = out.transpose(0, 1)
-        return out, (tuple(finals) if states == 2 else finals[0])
+        return out, (tuple(finals) if states > 1 else finals[0])
 
 
 class LSTM(_Recurrent):

@@ -1,10 +1,42 @@
-"""Schedule templates, tried in order; the first that accepts the target builds the kernel.
+"""Schedule templates: each places a cell plan on a target (``template.Template`` is the contract).
 
-Each module exposes ``NAME``, ``apply(plan, target, gpu, config=None) -> Kernel | None``
-(None means "not mine") and ``default_configs(plan, target, gpu)``: its untuned configs,
-best first, which a build falls back along when ptxas spills the first.
+``TEMPLATES`` is tried in order; the first whose ``accepts(plan, target)`` holds builds the
+kernel. Everything outside this package reaches a template through :func:`template_for`
+or :func:`by_name`, never by importing it.
 """
 
-from . import cpu_reference, persistent_cuda
+from __future__ import annotations
 
-TEMPLATES = (persistent_cuda, cpu_reference)
+from prnn_tvm.errors import ConfigError
+
+from . import cpu_reference, persistent_cuda
+from .template import Template, as_config, knob_text, short_names
+
+TEMPLATES: tuple = (persistent_cuda.TEMPLATE, cpu_reference.TEMPLATE)
+
+__all__ = ["TEMPLATES", "Template", "as_config", "by_name", "knob_short_names", "knob_text", "template_for"]
+
+
+def template_for(plan, target) -> Template:
+    """The first template that places ``plan`` (a CellPlan) on ``target`` (a ``tvm.target.Target``)."""
+    for template in TEMPLATES:
+        if template.accepts(plan, target):
+            return template
+    raise ConfigError(f"no schedule template places a {plan.dtype} '{plan.cell.name}' cell on target "
+                      f"{target.kind.name}; templates: {', '.join(t.name for t in TEMPLATES)}")
+
+
+def by_name(name: str) -> Template:
+    """The template of that name (as tuning records and reports name it)."""
+    for template in TEMPLATES:
+        if template.name == name:
+            return template
+    raise ConfigError(f"no schedule template named '{name}'; templates: {', '.join(t.name for t in TEMPLATES)}")
+
+
+def knob_short_names() -> dict:
+    """Knob name -> short name over every template's knobs (for tables that show configs of any template)."""
+    names: dict = {}
+    for template in TEMPLATES:
+        names.update(short_names(template.config_type))
+    return names

@@ -12,30 +12,51 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.kernel import Kernel, declare_args
+from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
 from prnn_tvm.codegen.pointwise import emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 
-NAME = "cpu_reference"
+NO_KNOBS = "the CPU reference template has no config; pass config only for target 'cuda'"
 
 
-def default_configs(plan: CellPlan, target, gpu=None) -> list:
-    """The CPU template has no knobs."""
-    return []
+class CpuReference:
+    """The template's contract (``schedules.template.Template``) for ``llvm`` targets; it has no knobs."""
+
+    name = "cpu_reference"
+    config_type = None
+
+    def accepts(self, plan: CellPlan, target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, plan: CellPlan, target, gpu=None, config=None) -> Kernel:
+        if config is not None:
+            raise ConfigError(NO_KNOBS)
+        launch = recurrent_launch(plan)
+        return Kernel(_build(plan, launch), self.name, launch)
+
+    def default_configs(self, plan: CellPlan, target, gpu=None) -> list:
+        return []
+
+    def space(self, plan: CellPlan, gpu) -> list:
+        return []
+
+    def validate(self, config, plan: CellPlan, gpu) -> None:
+        raise ConfigError(NO_KNOBS)
+
+    def features(self, config, plan: CellPlan, gpu) -> dict:
+        raise ConfigError(NO_KNOBS)
+
+    def config_from_dict(self, knobs: dict):
+        raise ConfigError(NO_KNOBS)
 
 
-def apply(plan: CellPlan, target, gpu=None, config=None) -> Kernel | None:
-    """Build the CPU kernel for an ``llvm`` target; None for any other target."""
-    if target.kind.name != "llvm":
-        return None
-    if config is not None:
-        raise ConfigError("the CPU reference template has no config; pass config only for target 'cuda'")
-    return Kernel(_build(plan), NAME)
+TEMPLATE = CpuReference()
 
 
-def _build(plan: CellPlan) -> tirx.PrimFunc:
-    B, H, dt = plan.batch, plan.hidden, plan.dtype
+def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
+    B, H = plan.batch, plan.hidden
+    dt = plan.policy.compute  # the loop nest keeps every intermediate in the compute type
     states = [s.name for s in plan.states]
     si = {name: i for i, name in enumerate(states)}
     live = live_index(plan)
@@ -43,7 +64,7 @@ def _build(plan: CellPlan) -> tirx.PrimFunc:
         with T.prim_func():
             T.func_name("recurrent")
             T.func_attr({"tirx.noalias": True})
-            a = declare_args(plan, workspace=None)
+            a = declare_args(launch)
             cur = T.alloc_buffer((len(states), B, H), dt)
             nxt = T.alloc_buffer((len(states), B, H), dt)
             kept = T.alloc_buffer((max(1, len(live)), B, H), dt)  # live-outs of every phase

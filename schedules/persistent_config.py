@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.dtypes import itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+
+DTYPES = ("float32",)  # storage dtypes this template places (one register word per weight)
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
 PHASE_OVERHEAD = 32  # more registers live across a step's phases (ptxas, Cho's GRU at hidden 1024)
@@ -27,14 +30,14 @@ TILE_OVERHEAD = 800  # cycles per batch tile: an L2 round trip for the states an
 
 @dataclass(frozen=True)
 class PersistentConfig:
-    """One point in the persistent template's space (all sizes in elements)."""
+    """One point in the persistent template's space (all sizes in elements; metadata: short names)."""
 
-    units_per_cta: int
-    k_split: int
-    rows_per_thread: int
-    batch_tile: int
-    vec: int = 4
-    barrier: str = "counter"
+    units_per_cta: int = field(metadata={"short": "U"})
+    k_split: int = field(metadata={"short": "ks"})
+    rows_per_thread: int = field(metadata={"short": "r"})
+    batch_tile: int = field(metadata={"short": "bt"})
+    vec: int = field(default=4, metadata={"short": "v"})
+    barrier: str = field(default="counter", metadata={"short": ""})
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -75,9 +78,10 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     items = B * cfg.units_per_cta
     ipt = math.ceil(items / threads)
     n_ops = len(plan.operands)
-    smem_hs = 4 * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
-    smem_gs = 4 * B * rows
-    tag_vec = 2 if H % 2 == 0 else 1  # tagged words per load (prnn_tvm.barrier.tag_copy)
+    policy = plan.policy
+    smem_hs = policy.itemsize * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
+    smem_gs = itemsize(policy.accumulate) * B * rows
+    tag_vec = 2 if H % 2 == 0 else 1  # tagged words per load (prnn_tvm.codegen.barrier.tag_copy)
     tagged = math.ceil(cfg.batch_tile * H / (threads * tag_vec)) if BARRIERS[cfg.barrier].carries_data and n_ops else 0
     # a tagged load holds tag_vec 64-bit words and its own 64-bit address while it polls
     live = sum(len(plan.live_outs(p)) for p in range(plan.phases))
@@ -89,8 +93,8 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
 
 def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     """Check a config before building; raise ConfigError with the reason, else return its geometry."""
-    if plan.dtype != "float32":
-        raise ConfigError(f"the persistent template supports float32, not {plan.dtype}")
+    if plan.dtype not in DTYPES:
+        raise ConfigError(f"the persistent template places {', '.join(DTYPES)} cells, not {plan.dtype}")
     if cfg.barrier not in BARRIERS:
         raise ConfigError(f"barrier '{cfg.barrier}' unknown; available: {', '.join(BARRIERS)}")
     if cfg.k_split not in (1, 2, 4, 8, 16, 32):
@@ -155,6 +159,21 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                     for vec in (1, 2, 4):
                         out.extend(PersistentConfig(u, ks, r, bt, vec, b) for b in barriers)
     return out
+
+
+GEOMETRY_FEATURES = ("ctas", "threads", "rows", "k_chunks", "weights_per_thread", "batch_chunks",
+                     "items_per_thread", "tagged_per_thread", "smem_bytes")
+
+
+def features(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
+    """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
+    g = geometry(cfg, plan)
+    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_split", "rows_per_thread", "batch_tile", "vec")}
+    row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
+    row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
+    row.update(regs_estimate=g.regs_estimate, ctas_per_sm=ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu),
+               log2_estimated_cycles=math.log2(estimated_cycles(cfg, g)), registers=g.regs_estimate)
+    return row
 
 
 def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:

@@ -15,7 +15,7 @@ Per CTA (see ``persistent_config`` for the knobs):
                    needed later stay in registers, operands of the next phase are
                    published for the other blocks, then a grid barrier
                write h(t) (workspace and output sequence) and the private states
-               grid barrier (``prnn_tvm.barrier``), unless this was the last step; a
+               grid barrier (``prnn_tvm.codegen.barrier``), unless this was the last step; a
                  synchronization that timed out ends the time loop
 
 With several products, each thread's rows belong to one of them, so in each phase only
@@ -32,42 +32,60 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import Kernel, declare_args
+from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
 from prnn_tvm.codegen.pointwise import emit_phase, live_index, new_state_values
+from prnn_tvm.dtypes import itemsize
 from prnn_tvm.frontend.plan import CellPlan, Leaf
+from prnn_tvm.signature import Grid, GridSync
+from prnn_tvm.target import GpuSpec
 
-from .persistent_config import Geometry, PersistentConfig, default_config, ranked_configs, validate
-from .persistent_exchange import OperandExchange, sync_threads, vec_index
-
-NAME = "persistent_cuda"
-FULL_MASK = 0xFFFFFFFF
-
-
-def default_configs(plan: CellPlan, target, gpu) -> list:
-    """Untuned configs, best first (a build falls back along them when ptxas spills)."""
-    return ranked_configs(plan, gpu) if target.kind.name == "cuda" else []
+from . import persistent_config as pc
+from .persistent_config import Geometry, PersistentConfig
+from .persistent_exchange import OperandExchange, sync_threads
+from .persistent_weights import RegisterWeights
+from .template import config_from_dict
 
 
-def apply(plan: CellPlan, target, gpu, config: PersistentConfig | None = None) -> Kernel | None:
-    """Build the persistent kernel for a ``cuda`` target; None for any other target."""
-    if target.kind.name != "cuda":
-        return None
-    cfg = config if config is not None else default_config(plan, gpu)
-    g = validate(cfg, plan, gpu)
-    workspace = (max(1, len(plan.operands)), 2, plan.batch, plan.hidden)
-    launch = {"ctas": g.ctas, "threads": g.threads, "smem_bytes": g.smem_bytes,
-              "cooperative": plan.needs_grid_barrier, "geometry": g, "phases": plan.phases}
-    builder = _Builder(plan, cfg, g)
-    launch["sync_counts"] = "steps" if builder.barrier.carries_data else "barriers"  # what the error word counts
-    sync_words = grid_barrier.SYNC_WORDS if builder.barrier_state else None
-    ws_dtype = "uint64" if builder.barrier.carries_data else "float32"
-    return Kernel(builder.build(), NAME, cfg, launch, workspace, sync_words, ws_dtype)
+class PersistentCuda:
+    """The template's contract (``schedules.template.Template``) for ``cuda`` targets."""
+
+    name = "persistent_cuda"
+    config_type = PersistentConfig
+
+    def accepts(self, plan: CellPlan, target) -> bool:
+        return target.kind.name == "cuda" and plan.dtype in pc.DTYPES
+
+    def apply(self, plan: CellPlan, target, gpu: GpuSpec, config: PersistentConfig | None = None) -> Kernel:
+        cfg = config if config is not None else pc.default_config(plan, gpu)
+        g = pc.validate(cfg, plan, gpu)
+        builder = _Builder(plan, cfg, g)
+        return Kernel(builder.build(), self.name, builder.launch, cfg, g)
+
+    def default_configs(self, plan: CellPlan, target, gpu: GpuSpec) -> list:
+        return pc.ranked_configs(plan, gpu)
+
+    def space(self, plan: CellPlan, gpu: GpuSpec) -> list:
+        return pc.space(plan, gpu)
+
+    def validate(self, config: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> None:
+        pc.validate(config, plan, gpu)
+
+    def features(self, config: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
+        return pc.features(config, plan, gpu)
+
+    def config_from_dict(self, knobs: dict) -> PersistentConfig:
+        return config_from_dict(PersistentConfig, knobs)
 
 
-class _Builder(OperandExchange):
+TEMPLATE = PersistentCuda()
+
+
+class _Builder(OperandExchange, RegisterWeights):
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
         self.p, self.c, self.g = plan, cfg, g
-        self.H, self.B, self.dt = plan.hidden, plan.batch, plan.dtype
+        self.H, self.B = plan.hidden, plan.batch
+        policy = plan.policy
+        self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}
         self.priv = {name: i for i, name in enumerate(plan.private_states)}
         self.live = live_index(plan)
@@ -82,6 +100,20 @@ class _Builder(OperandExchange):
         self.gs0 = len(plan.operands) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
+        self.launch = self._launch()
+
+    def _launch(self):
+        """The kernel's arguments, grid and grid synchronization (what the runtime calls it with)."""
+        p, g, bar = self.p, self.g, self.barrier
+        # the exchange: one double-buffered slot per operand, tagged 64-bit words for ``tags``
+        workspace = (max(1, len(p.operands)), 2, self.B, self.H)
+        ws_dtype = "uint64" if bar.carries_data else self.dt
+        sync = None
+        if p.needs_grid_barrier:  # the error word counts steps (tags) or barriers
+            sync = GridSync(bar.name, grid_barrier.SYNC_WORDS if self.barrier_state else None,
+                            "steps" if bar.carries_data else "barriers", p.phases)
+        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
+        return recurrent_launch(p, workspace, ws_dtype, grid, sync)
 
     # ------------------------------------------------------------------ structure
     def build(self) -> tirx.PrimFunc:
@@ -94,22 +126,22 @@ class _Builder(OperandExchange):
             with T.prim_func():
                 T.func_name("recurrent")
                 T.func_attr(attrs)
-                self.a = declare_args(p, (max(1, len(p.operands)), 2, self.B, self.H),
-                                      "uint64" if self.barrier.carries_data else "float32")
-                self.sync = grid_barrier.declare_sync_args() if self.barrier_state else None
+                self.a = declare_args(self.launch)
+                self.sync = self.a.sync
                 # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
                 # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
                 with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
                         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
                     self.bx, self.tx = bx, tx
                     self.wreg = T.alloc_buffer((max(1, g.weights_per_thread),), self.dt, scope="local")
-                    self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.dt, scope="local")
+                    self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.acc_dt, scope="local")
                     self.hv = T.alloc_buffer((c.vec,), self.dt, scope="local")
-                    self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.dt, scope="local")
+                    self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.compute_dt, scope="local")
                     self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.dt, scope="local")
                     self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
-                    self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.dt, scope="local")
-                    self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // 4),), self.dt, scope="shared.dyn")
+                    self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.compute_dt, scope="local")
+                    self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // itemsize(self.dt)),), self.dt,
+                                               scope="shared.dyn")
                     self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                     T.buffer_store(self.aborted, 0, [0])
                     self.ks = _bind(tx % c.k_split, "ks")
@@ -173,62 +205,6 @@ class _Builder(OperandExchange):
                 with T.Then():
                     T.Break()
 
-    # ------------------------------------------------------------------ prologue pieces
-    def load_weights(self):
-        c, H, U = self.c, self.H, self.c.units_per_cta
-        for r in range(c.rows_per_thread if self.p.reductions else 0):
-            row = _bind(self.rg * c.rows_per_thread + r, f"row{r}")
-            for q in range(self.g.k_chunks):
-                for v in range(c.vec):
-                    k = c.vec * (self.ks + c.k_split * q) + v
-                    value = tirx.const(0.0, self.dt)
-                    for i, red in reversed(list(enumerate(self.p.reductions))):
-                        lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
-                        s, ul = (row - lo) // U, (row - lo) % U
-                        unit = self.bx * U + ul
-                        ok = tirx.all(row >= lo, row < hi, unit < H, k < H)
-                        value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
-                    T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
-
-    # ------------------------------------------------------------------ step pieces
-    def partial_products(self, phase: int):
-        c, BT = self.c, self.c.batch_tile
-        for i in range(c.rows_per_thread * BT):
-            T.buffer_store(self.acc, tirx.const(0.0, self.dt), [i])
-        with T.If(self.thread_phase == phase):  # every lane still joins the shuffles after
-            with T.Then():
-                for q in range(self.g.k_chunks):
-                    for bb in range(BT):
-                        base = self.operand_base + bb * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
-                        T.buffer_store(self.hv, self.smem[vec_index(base, c.vec)], [vec_index(0, c.vec)])
-                        for r in range(c.rows_per_thread):
-                            for v in range(c.vec):
-                                a = r * BT + bb
-                                T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)]
-                                               * self.hv[v], [a])
-
-    def lane_reduce(self):
-        """Butterfly over the k_split lanes of a row: every lane ends with the full sum."""
-        ks = self.c.k_split
-        for i in range(self.c.rows_per_thread * self.c.batch_tile):
-            offset = ks // 2
-            while offset >= 1:
-                other = T.call_extern(self.dt, "__shfl_xor_sync", T.uint32(FULL_MASK), self.acc[i], offset, ks)
-                T.buffer_store(self.acc, self.acc[i] + other, [i])
-                offset //= 2
-
-    def store_gate_sums(self, b0, phase: int):
-        c, rows = self.c, self.g.rows
-        with T.If(tirx.all(self.ks == 0, self.thread_phase == phase)):
-            with T.Then():
-                for r in range(c.rows_per_thread):
-                    row = self.rg * c.rows_per_thread + r
-                    for bb in range(c.batch_tile):
-                        with T.If(tirx.all(row < rows, b0 + bb < self.B)):
-                            with T.Then():
-                                T.buffer_store(self.smem, self.acc[r * c.batch_tile + bb],
-                                               [self.gs0 + (b0 + bb) * rows + row])
-
     def pointwise(self, t, phase: int, it, b, unit, ul):
         """The phase's stages for one item; keep what later phases need, publish next-phase operands."""
         for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), _bind).items():
@@ -272,33 +248,10 @@ class _Builder(OperandExchange):
         return load
 
     # ------------------------------------------------------------------ helpers
-    def _per_product(self, value_of):
-        """A per-thread value that depends on the product its rows belong to (one per thread, see validate)."""
-        reds = self.p.reductions
-        value = tirx.const(value_of(reds[0]), "int32")
-        first_row = self.rg * self.c.rows_per_thread
-        for i, red in enumerate(reds[1:], start=1):
-            if value_of(red) != value_of(reds[i - 1]):
-                value = T.if_then_else(first_row >= self.row_lo[i], value_of(red), value)
-        return value
-
     @property
     def stall(self):
         """The barrier ordinal the test knob stalls: the end-of-step barrier of ``stall_step``."""
         return self.sync.stall_step * self.p.phases + (self.p.phases - 1) if self.sync is not None else None
-
-    @property
-    def operand_base(self):
-        """Offset of the shared tile this thread's rows multiply."""
-        return self._per_product(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.g.k_pad)
-
-    @property
-    def thread_phase(self):
-        """The phase in which this thread's rows multiply."""
-        return self._per_product(lambda r: r.phase)
-
-    def wreg_index(self, r: int, q: int, v: int) -> int:
-        return (r * self.g.k_chunks + q) * self.c.vec + v
 
     def sreg_index(self, it: int, i: int) -> int:
         return it * len(self.priv) + i
@@ -336,8 +289,3 @@ def _bind(expr, name: str):
 
 def _leaf_key(leaf: Leaf):
     return leaf.name, leaf.slice
-
-
-def config_from_dict(knobs: dict) -> PersistentConfig:
-    """The config a tuning record stores as a dict (``PersistentConfig.as_dict``)."""
-    return PersistentConfig(**knobs)

@@ -9,7 +9,7 @@ double-buffered slot pair in the workspace, ``ws[e, parity, b, k]``:
   phase ``p + 1`` of the same step.
 
 With a barrier variant the reads are plain loads after the barrier; with ``tags`` the
-values carry their step and the reads poll (``prnn_tvm.barrier.tag_copy``).
+values carry their step and the reads poll (``prnn_tvm.codegen.barrier.tag_copy``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class OperandExchange:
             e = self.ops[name]
             abort = grid_barrier.tag_copy(
                 self.barrier, self.g.threads, T.address_of(self.a.ws[e, parity, b0, 0]),
-                T.address_of(self.smem[e * BT * self.g.k_pad]), rows * H, BT * H, H, self.g.k_pad,
+                T.address_of(self.smem[e * BT * self.g.k_pad]), self.dt, rows * H, BT * H, H, self.g.k_pad,
                 self.barrier_base, step, self.sync)
             with T.If(abort != 0):
                 with T.Then():
@@ -100,7 +100,7 @@ class OperandExchange:
         """This unit's value of exchanged state ``name`` from the step before (this thread wrote it)."""
         previous = self.a.ws[self.ops[name], (t + 1) % 2, b, unit]
         if self.barrier.carries_data:  # the thread's own store: no polling
-            previous = grid_barrier.tag_value(self.barrier, T.address_of(previous))
+            previous = grid_barrier.tag_value(self.barrier, T.address_of(previous), self.dt)
         return T.if_then_else(t == 0, self.a.init[name][b, unit], previous)
 
     def zero_operand_padding(self):

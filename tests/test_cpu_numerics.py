@@ -5,9 +5,9 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm.checks import check_against_reference
+from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, reference_layer
 
-from .conftest import cpu_tolerance
 from .two_state_cell import TWO_STATE
 
 CELLS = sorted(prnn_tvm.builtin_cells())
@@ -26,13 +26,13 @@ def cpu_layer(cell, hidden, batch, input_size=None):
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("seq_len", [1, 5, 64])
 def test_cpu_matches_reference(cell, hidden, batch, seq_len):
-    res = check_against_reference(cpu_layer(cell, hidden, batch), seq_len, cpu_tolerance(seq_len), seed=seq_len)
+    res = check_against_reference(cpu_layer(cell, hidden, batch), seq_len, tolerance("float32", seq_len), seed=seq_len)
     assert res.ok, f"max abs error {res.max_abs_error:.2e} > {res.tolerance:.1e}"
 
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_input_size_differs_from_hidden(cell):
-    res = check_against_reference(cpu_layer(cell, 12, 2, input_size=5), 6, cpu_tolerance(6))
+    res = check_against_reference(cpu_layer(cell, 12, 2, input_size=5), 6, tolerance("float32", 6))
     assert res.ok
 
 
@@ -43,7 +43,7 @@ def test_zero_initial_states_when_omitted():
     inputs["c0"][:] = 0
     out, _ = layer(inputs["x"], inputs["W_ih"], inputs["b_ih"], inputs["W_hh"], inputs["b_hh"])
     ref, _ = reference_layer(layer.plan, inputs)
-    assert np.abs(out - ref).max() <= cpu_tolerance(4)
+    assert np.abs(out - ref).max() <= tolerance("float32", 4)
 
 
 def test_precomputed_projection_gives_the_same_result():
@@ -59,4 +59,4 @@ def test_precomputed_projection_gives_the_same_result():
 @pytest.mark.parametrize("hidden, batch", [(1, 1), (7, 3), (64, 8)])
 def test_two_products_over_two_states(hidden, batch):
     layer = prnn_tvm.compile_cell(TWO_STATE, hidden, batch, target="llvm")
-    assert check_against_reference(layer, 9, cpu_tolerance(9)).ok
+    assert check_against_reference(layer, 9, tolerance("float32", 9)).ok

@@ -15,12 +15,12 @@ import pytest
 import prnn_tvm
 from prnn_tvm import InputError, LoadError
 from prnn_tvm.codegen.ptxas import compile_cuda
+from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs
-from prnn_tvm.runtime.exporting import _Reader, replace_cuda_payload
-from prnn_tvm.runtime.loading import arch_runs_on, read_metadata
+from prnn_tvm.runtime import exporting
+from prnn_tvm.runtime.loading import arch_runs_on, read_metadata, signature_of
+from prnn_tvm.runtime.module_format import _Reader, replace_cuda_payload
 from prnn_tvm.target import local_gpu
-
-from .conftest import cpu_tolerance
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +39,42 @@ def test_metadata_describes_the_layer(cpu_layer, cpu_library):
     assert (meta["batch"], meta["hidden"], meta["input_size"], meta["seq_len"]) == (3, 16, 12, 7)
     assert meta["dtype"] == "float32" and meta["target"] == "llvm" and meta["arch"] is None
     assert meta["prnn_tvm_version"] == prnn_tvm.__version__ and meta["tvm_version"]
-    assert meta["config_origin"] == cpu_layer.report.config_origin
+    assert meta["config_origin"] == cpu_layer.report.config_detail == "none"
     assert [i["name"] for i in meta["inputs"]] == cpu_layer.arg_names
     assert [o["name"] for o in meta["outputs"]] == ["out", "h_n", "c_n"]
     assert meta["functions"]["recurrent"][:5] == ["xp", "W_hh", "b_hh", "h0", "c0"]
+
+
+def test_metadata_carries_the_signature(cpu_layer, cpu_library):
+    meta = read_metadata(cpu_library)
+    assert meta["schema"] == 2 and signature_of(meta) == cpu_layer.signature
+    assert [i["name"] for i in meta["inputs"] if i.get("optional")] == ["h0", "c0"]
+    assert meta["functions"] == {x.function: [a.name for a in x.args] for x in cpu_layer.signature.launches}
+
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def test_schema_1_metadata_reads_as_the_same_signature():
+    """Files exported before the typed signature (metadata schema 1) describe the same launches.
+
+    The fixture is the metadata prnn-tvm 0.1.0 wrote for this layer (a two-phase cell with the
+    ``tags`` barrier, weights declared out of alphabetical order, input size != hidden).
+    """
+    old = json.loads((DATA / "schema1-gru_cho-sm_90.json").read_text())
+    layer = prnn_tvm.compile_cell("gru_cho", 256, 4, input_size=100, target="cuda", arch="sm_90",
+                                  config=old["config"])
+    assert signature_of(old) == layer.signature
+
+
+def test_a_schema_1_library_still_loads_and_runs(cpu_layer, tmp_path, monkeypatch):
+    old = json.loads((DATA / "schema1-lstm-llvm.json").read_text())
+    assert old["schema"] == 1 and "signature" not in old
+    monkeypatch.setattr(exporting, "layer_metadata", lambda layer: old)  # write it as 0.1.0 did
+    loaded = prnn_tvm.load(prnn_tvm.export(cpu_layer, tmp_path / "old.so"))
+    assert loaded.signature == cpu_layer.signature
+    inputs = random_inputs(cpu_layer.plan, 7, 12, seed=5)
+    assert np.array_equal(loaded(**inputs)[0], cpu_layer(**inputs)[0])
 
 
 def test_round_trip_is_bitwise_identical(cpu_layer, cpu_library):
@@ -54,7 +86,7 @@ def test_round_trip_is_bitwise_identical(cpu_layer, cpu_library):
     assert np.array_equal(out, out2) and all(np.array_equal(a, b) for a, b in zip(finals, finals2))
     xp = inputs["x"] @ inputs["W_ih"].T + inputs["b_ih"]
     rec, _ = loaded.recurrent(xp.astype(np.float32), inputs["W_hh"], inputs["b_hh"], inputs["h0"], inputs["c0"])
-    assert np.abs(rec - out).max() < cpu_tolerance(7)
+    assert np.abs(rec - out).max() < tolerance("float32", 7)
 
 
 RUNTIME_ONLY = textwrap.dedent("""
@@ -173,7 +205,8 @@ def test_cuda_library_holds_a_cubin_not_source(cuda_export):
     cubin, _ = compile_cuda(layer.cuda_source, "sm_90")
     assert cubin.startswith(b"\x7fELF") and data.endswith(cubin)
     meta = read_metadata(path)
-    assert meta["arch"] == "sm_90" and meta["launch"]["launch"]["ctas"] == layer.report.ctas
+    assert meta["arch"] == "sm_90" and signature_of(meta) == layer.signature
+    assert signature_of(meta).launch("recurrent").grid.ctas == layer.report.ctas
     assert meta["report"]["registers"] == layer.report.registers
 
 

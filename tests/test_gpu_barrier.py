@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.codegen.barrier import BARRIERS, BarrierTimeout
-from prnn_tvm.codegen.barrier_probe import Probe
+from prnn_tvm.bench.barrier_probe import Probe
+from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.errors import BarrierTimeout
 from prnn_tvm.reference import random_inputs
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec
 
-from .conftest import GPU_TOLERANCE
 from .test_gpu_numerics import run_and_compare
 
 pytestmark = pytest.mark.gpu
@@ -43,7 +44,7 @@ def test_forced_timeout_raises_then_next_call_is_correct(barrier):
         layer(**inputs)
     assert time.perf_counter() - start < 5.0  # every waiter gave up, no hang
     layer.debug_stall_step = -1
-    assert run_and_compare(layer, 16) <= GPU_TOLERANCE
+    assert run_and_compare(layer, 16) <= tolerance("float32", 16)
 
 
 @pytest.mark.parametrize("barrier", STATEFUL)
@@ -62,7 +63,7 @@ def test_all_barriers_give_bitwise_identical_results():
         layer = lstm_with(barrier)
         inputs = random_inputs(layer.plan, 64, layer.input_size, seed=7)
         outputs[barrier] = layer(**inputs)
-        assert run_and_compare(layer, 64, seed=7) <= GPU_TOLERANCE
+        assert run_and_compare(layer, 64, seed=7) <= tolerance("float32", 64)
     first = next(iter(outputs.values()))
     for out, finals in outputs.values():
         assert np.array_equal(out, first[0]) and all(np.array_equal(a, b) for a, b in zip(finals, first[1]))
@@ -73,4 +74,4 @@ def test_many_launches_need_no_reset(barrier):
     """The barrier state carries over from launch to launch (device-side base), including T=1 and T=2."""
     layer = lstm_with(barrier, hidden=256)
     for seq_len in (33, 1, 2, 33, 7) * 4:
-        assert run_and_compare(layer, seq_len, seed=seq_len) <= GPU_TOLERANCE
+        assert run_and_compare(layer, seq_len, seed=seq_len) <= tolerance("float32", seq_len)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import prnn_tvm
+from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.target import gpu_spec
 
-from .conftest import GPU_TOLERANCE
 from .two_state_cell import TWO_STATE
 
 pytestmark = pytest.mark.gpu
@@ -43,7 +43,7 @@ def test_gpu_matches_reference(cell, hidden, batch, seq_len):
     layer = layer_for(cell, hidden, batch)
     assert layer.report.spill_bytes == 0, layer.report.format()
     err = run_and_compare(layer, seq_len, seed=seq_len)
-    assert err <= GPU_TOLERANCE, f"max abs error {err:.2e}\n{layer.report.format()}"
+    assert err <= tolerance("float32", seq_len), f"max abs error {err:.2e}\n{layer.report.format()}"
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
@@ -52,7 +52,7 @@ def test_odd_hidden_and_batch_tiles(cell):
     gpu = gpu_spec()
     cfg = PersistentConfig(units_per_cta=3, k_split=16, rows_per_thread=2, batch_tile=2, vec=4)
     layer = prnn_tvm.compile_cell(cell, 133, 5, target="cuda", arch=gpu.arch, config=cfg)
-    assert run_and_compare(layer, 9) <= GPU_TOLERANCE
+    assert run_and_compare(layer, 9) <= tolerance("float32", 9)
 
 
 @pytest.mark.parametrize("rows_per_thread", [1, 2, 4])
@@ -60,7 +60,7 @@ def test_two_products_over_two_states(rows_per_thread):
     """Threads of one CTA multiply different states with the rows of different products."""
     cfg = PersistentConfig(units_per_cta=4, k_split=16, rows_per_thread=rows_per_thread, batch_tile=3, vec=4)
     layer = prnn_tvm.compile_cell(TWO_STATE, 256, 3, target="cuda", config=cfg)
-    assert run_and_compare(layer, 17) <= GPU_TOLERANCE
+    assert run_and_compare(layer, 17) <= tolerance("float32", 17)
 
 
 def test_back_to_back_launches_are_bitwise_identical():
@@ -93,4 +93,4 @@ def test_grid_too_large_is_refused_before_launch():
     with pytest.raises(prnn_tvm.LaunchError, match="launching 'recurrent'"):
         layer(*args)
     # and the GPU is still usable afterwards
-    assert run_and_compare(layer_for("rnn_tanh", 128, 1), 3) <= GPU_TOLERANCE
+    assert run_and_compare(layer_for("rnn_tanh", 128, 1), 3) <= tolerance("float32", 3)

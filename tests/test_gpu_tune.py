@@ -19,7 +19,7 @@ def test_short_tuning_run_records_times_and_compile_uses_the_best(tmp_path):
     assert ok and all(r.max_abs_error < 1e-4 and len(r.costs) == 5 and min(r.costs) > 0 for r in ok)
     assert res.best is not None and res.best.per_step_s == min(r.per_step_s for r in ok)
     layer = prnn_tvm.compile_cell("rnn_tanh", 128, 2, target="cuda", tuning_logs=[log])
-    assert layer.report.config == res.best.config and layer.report.config_origin.startswith("tuned")
+    assert layer.report.config == res.best.config and layer.report.config_detail.startswith("tuned: ")
 
 
 def test_a_wrong_answer_is_an_error_record_not_a_time(tmp_path):

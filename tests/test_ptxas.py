@@ -11,6 +11,7 @@ import pytest
 import prnn_tvm
 from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.codegen.ptxas import parse_report
+from prnn_tvm.report import ConfigOrigin
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 
@@ -26,7 +27,7 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     assert rep.registers is not None, rep.ptxas_note
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
     assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
-    assert rep.config_origin.startswith("default")
+    assert rep.config_origin is ConfigOrigin.DEFAULT
 
 
 def kernel_source(layer):
@@ -71,9 +72,9 @@ def test_every_barrier_variant_compiles_without_spills(barrier, arch):
         assert f"{BARRIERS[barrier].function}(" in body
         assert "prnn_barrier_end(sync_ptr, barrier_base, (seq_len - 1))" in body  # by T - 1 barriers
     if BARRIERS[barrier].has_state:
-        assert layer.kernel.sync_words == 4
+        assert layer.kernel.launch.sync.state_words == 4
     else:
-        assert "tvm_builtin_cuda_grid_sync()" in body and layer.kernel.sync_words is None
+        assert "tvm_builtin_cuda_grid_sync()" in body and layer.kernel.launch.sync.state_words is None
 
 
 def test_private_state_stays_in_registers():

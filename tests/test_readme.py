@@ -5,8 +5,7 @@ import re
 
 import prnn_tvm
 from prnn_tvm.checks import check_against_reference
-
-from .conftest import cpu_tolerance
+from prnn_tvm.dtypes import tolerance
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -19,7 +18,7 @@ def test_tutorial_cell_compiles_and_matches_its_reference(tmp_path):
     path.write_text(code)
     layer = prnn_tvm.compile_cell(str(path), hidden=24, batch=3, target="llvm")
     assert layer.plan.phases == 2  # as the tutorial says
-    res = check_against_reference(layer, 9, cpu_tolerance(9))
+    res = check_against_reference(layer, 9, tolerance("float32", 9))
     assert res.ok, res
     cuda = prnn_tvm.compile_cell(str(path), hidden=256, batch=4, target="cuda", arch="sm_90")
     assert cuda.report.spill_bytes == 0

@@ -19,6 +19,8 @@ from prnn_tvm.errors import ConfigError, PrnnError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.records import ErrorKind, Record, TuneKey
+from prnn_tvm.report import ConfigOrigin
+from prnn_tvm.schedules import by_name
 from prnn_tvm.schedules.persistent_config import PersistentConfig, ranked_configs, space, validate
 from prnn_tvm.target import gpu_spec
 from prnn_tvm.tune import tune
@@ -26,16 +28,17 @@ from prnn_tvm.tune.measure import CpuRunner
 from prnn_tvm.tune.model import XGBoostCostModel
 from prnn_tvm.tune.replay import replay
 from prnn_tvm.tune.search import GridSearch, ModelSearch, RandomSearch
-from prnn_tvm.tune.space import FEATURES, ConfigSpace
+from prnn_tvm.tune.space import ConfigSpace
 
 from .conftest import HAS_GPU
 
 GPU = gpu_spec("sm_90")
+PERSISTENT = by_name("persistent_cuda")
 
 
 @pytest.fixture(scope="module")
 def lstm_space():
-    return ConfigSpace(analyze(resolve("lstm"), 4, 1024, "float32"), GPU)
+    return ConfigSpace(analyze(resolve("lstm"), 4, 1024, "float32"), GPU, PERSISTENT)
 
 
 # ---------------------------------------------------------------- space
@@ -62,13 +65,14 @@ def test_space_encodes_configs_by_index_and_dict(lstm_space):
 
 
 def test_features_are_stable_and_ptxas_figures_replace_estimates(lstm_space):
-    again = ConfigSpace(lstm_space.plan, GPU)
-    assert lstm_space.features.shape == (len(lstm_space), len(FEATURES))
+    again = ConfigSpace(lstm_space.plan, GPU, PERSISTENT)
+    names = again.feature_names
+    assert lstm_space.features.shape == (len(lstm_space), len(names)) and names[-1] == "spill_bytes"
     np.testing.assert_array_equal(again.features, lstm_space.features)
-    regs = FEATURES.index("registers")
-    assert again.features[3, regs] == again.features[3, FEATURES.index("regs_estimate")]
+    regs = names.index("registers")
+    assert again.features[3, regs] == again.features[3, names.index("regs_estimate")]
     again.record_ptxas(3, 201, 16)
-    assert again.features[3, regs] == 201 and again.features[3, FEATURES.index("spill_bytes")] == 16
+    assert again.features[3, regs] == 201 and again.features[3, names.index("spill_bytes")] == 16
 
 
 # ---------------------------------------------------------------- records
@@ -154,10 +158,11 @@ def test_compile_uses_the_best_record_and_says_so(tmp_path, small_lstm):
                           Record(k, {**other.as_dict(), "vec": 1}, (), 1, ErrorKind.TIMEOUT)])
     layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90", tuning_logs=[path])
     assert layer.report.config == other.as_dict()
-    assert layer.report.config_origin.startswith("tuned: ") and "tuned" in layer.report.format()
+    assert layer.report.config_origin is ConfigOrigin.TUNED and "(tuned: " in layer.report.format()
     layer = prnn_tvm.compile_cell("lstm", 64, 3, target="cuda", arch="sm_90", tuning_logs=[path])
     assert layer.report.config == ranked_configs(layer.plan, GPU)[0].as_dict()
-    assert layer.report.config_origin == "default: no tuning record for this cell, shapes and GPU in log.jsonl"
+    assert layer.report.config_origin is ConfigOrigin.DEFAULT
+    assert layer.report.config_detail == "default: no tuning record for this cell, shapes and GPU in log.jsonl"
 
 
 def test_a_tuned_config_that_no_longer_fits_falls_back_to_the_default(tmp_path, small_lstm, caplog):
@@ -166,7 +171,7 @@ def test_a_tuned_config_that_no_longer_fits_falls_back_to_the_default(tmp_path, 
     records.append(path, [Record(k, {**CFG, "units_per_cta": 64, "k_split": 1, "rows_per_thread": 1}, (1.0,), 1)])
     with caplog.at_level(logging.WARNING):
         layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90", tuning_logs=[path])
-    assert layer.report.config_origin == "default: the tuned config does not fit this GPU"
+    assert layer.report.config_detail == "default: the tuned config does not fit this GPU"
     assert any("ignoring the tuned config" in m for m in caplog.messages)
 
 
@@ -275,5 +280,5 @@ def test_shipped_records_compile_to_tuned_spill_free_kernels(key):
     cell = next(r.cell for r in SHIPPED if r.key == key)
     layer = prnn_tvm.compile_cell(cell, key.hidden, key.batch, target="cuda", arch=key.arch)
     rep = layer.report
-    assert rep.config == records.best(SHIPPED, key).config and rep.config_origin.startswith("tuned: ")
+    assert rep.config == records.best(SHIPPED, key).config and rep.config_origin is ConfigOrigin.TUNED
     assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()

@@ -1,10 +1,10 @@
 """Which cases a benchmark run measures: the default matrix, and the largest hidden size per cell.
 
 The largest hidden size is not a table entry: it is the largest multiple of
-``HIDDEN_STEP`` for which the persistent template has a valid config at every batch of the
-run (:func:`schedules.persistent_config.ranked_configs`, which checks registers, shared
-memory and co-residency before building), and, when the caller supplies a compile check,
-whose build does not spill at any of those batches.
+``HIDDEN_STEP`` for which the cell's CUDA template has a valid config at every batch of the
+run (its ranked defaults, which check registers, shared memory and co-residency before
+building), and, when the caller supplies a compile check, whose build does not spill at
+any of those batches.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..compiler import SUPPORTED_DTYPES
+from ..dtypes import POLICIES as SUPPORTED_DTYPES
 from ..errors import ConfigError
 from ..frontend.analysis import analyze
 from ..frontend.plan import CellPlan
 from ..frontend.registry import resolve
-from ..schedules.persistent_config import ranked_configs
+from ..schedules import template_for
 from ..target import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -50,9 +50,11 @@ class Case:
 
 
 def config_fits(cell: str, hidden: int, batch: int, gpu: GpuSpec, dtype: str = "float32") -> bool:
-    """Whether the persistent template has at least one valid config for this shape on ``gpu``."""
+    """Whether the cell's CUDA template has at least one valid config for this shape on ``gpu``."""
+    target = gpu.target()
     try:
-        ranked_configs(analyze(resolve(cell), batch, hidden, dtype), gpu, limit=1)
+        plan = analyze(resolve(cell), batch, hidden, dtype)
+        template_for(plan, target).default_configs(plan, target, gpu)
     except ConfigError:
         return False
     return True

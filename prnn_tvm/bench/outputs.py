@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..compiler import SUPPORTED_DTYPES
+from ..dtypes import POLICIES as SUPPORTED_DTYPES
 from .plot import plot
 from .table import markdown, read_csv, write_csv
 

@@ -142,7 +142,7 @@ def run(cells: Sequence[str], hiddens: Sequence[int | str], batches: Sequence[in
             if isinstance(layer, Exception):
                 raise layer
             rep = layer.report
-            row.update(config=json.dumps(rep.config), config_origin=rep.config_origin, ctas=rep.ctas,
+            row.update(config=json.dumps(rep.config), config_origin=rep.config_detail, ctas=rep.ctas,
                        threads=rep.threads, registers=rep.registers, spill_bytes=rep.spill_bytes)
             row.update(measure(case, layer, gpu, repeats, number, probes))
             row["status"] = "ok"

@@ -15,6 +15,8 @@ import json
 import math
 from pathlib import Path
 
+from ..schedules import knob_short_names, knob_text
+
 CASE_COLUMNS = ["cell", "dtype", "hidden", "batch", "seq_len", "status", "error"]
 CONFIG_COLUMNS = ["config", "config_origin", "ctas", "threads", "registers", "spill_bytes", "compile_s"]
 TIMED = ["prnn_layer", "prnn_kernel", "cudnn", "graph_layer", "graph_recurrent"]
@@ -97,16 +99,13 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "" if value is None else format(value, spec)
 
 
-_SHORT_KNOBS = {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r", "batch_tile": "bt", "vec": "v"}
-
-
 def _config_text(row: dict) -> str:
     """The config in short form (``U=8 ks=16 r=2 bt=4 v=4 tags``) and where it came from."""
     try:
         knobs = json.loads(row.get("config") or "{}")
     except json.JSONDecodeError:
         return str(row.get("config"))
-    text = " ".join(f"{_SHORT_KNOBS[k]}={v}" if k in _SHORT_KNOBS else str(v) for k, v in knobs.items())
+    text = knob_text(knobs, knob_short_names())
     origin = (row.get("config_origin") or "").partition(":")[0]  # "default", "tuned", ...; the CSV has the why
     return f"{text} ({origin})" if origin else text
 

@@ -5,7 +5,7 @@ Two things here are project-owned on purpose:
 - a TIR pipeline ("prnn") that lowers the hand-placed recurrent kernel with TVM's
   ``tirx`` pipeline (placement kept exactly as written: no automatic syncs, no buffer
   compaction) and everything else (the dlight-scheduled projection) with the default one;
-- CUDA compilation through nvcc (``prnn_tvm.ptxas``), so that every kernel comes with its
+- CUDA compilation through nvcc (``prnn_tvm.codegen.ptxas``), so that every kernel comes with its
   ptxas report (registers, spills). Without a GPU, TVM emits source only and the report
   comes from compiling that source for the target arch here.
 """
@@ -13,6 +13,8 @@ Two things here are project-owned on purpose:
 from __future__ import annotations
 
 import contextlib
+import logging
+from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
@@ -23,6 +25,8 @@ from ..target import GpuSpec
 from . import ptxas
 from .kernel import Kernel
 from .projection import projection_func
+
+log = logging.getLogger(__name__)
 
 HAND_PLACED = "prnn.hand_placed"
 PIPELINE = "prnn"
@@ -69,22 +73,48 @@ def nvcc_compile(arch: str, reports: list):
             tvm_ffi.remove_global_func(name)
 
 
+@dataclass(frozen=True)
+class Built:
+    """A compiled layer module: the runtime module, the CUDA source (None on the CPU) and ptxas's
+    report (None on the CPU, or when nvcc is missing: ``note`` says why)."""
+
+    module: object
+    source: str | None = None
+    ptxas: ptxas.PtxasReport | None = None
+    note: str = ""
+
+    @property
+    def recurrent(self) -> ptxas.FunctionReport | None:
+        return self.ptxas.function("recurrent") if self.ptxas is not None else None
+
+    @property
+    def spill_bytes(self) -> int:
+        """The recurrent kernel's spill bytes (0 when not known)."""
+        return self.recurrent.spills if self.recurrent is not None else 0
+
+
 def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target,
-                 gpu: GpuSpec | None, with_projection: bool = True):
-    """Compile projection + recurrent kernel; return (runtime module, CUDA source or None, ptxas report or None).
+                 gpu: GpuSpec | None) -> Built:
+    """Compile the layer's functions (input projection, recurrent kernel) into one module.
 
     On a host whose CUDA runtime is loaded the module holds a cubin built by nvcc; otherwise
-    CUDA builds hold source only and cannot run here.
+    CUDA builds hold source only and cannot run here, and the source is compiled with nvcc
+    for ``gpu.arch`` anyway, to get ptxas's report.
     """
-    funcs = {"recurrent": kernel.func.with_attr("global_symbol", "recurrent")}
-    if with_projection:
-        funcs["projection"] = projection_func(plan, input_size, target)
+    funcs = {"recurrent": kernel.func.with_attr("global_symbol", "recurrent"),
+             "projection": projection_func(plan, input_size, target)}
     mod = tvm.IRModule(funcs)
     if target.kind.name != "cuda":
-        return tvm.tirx.build(mod, target=target, pipeline=PIPELINE), None, None
+        return Built(tvm.tirx.build(mod, target=target, pipeline=PIPELINE))
     reports: list = []
     with target, nvcc_compile(gpu.arch, reports):
         lib = tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
     source = lib.imports[0].inspect_source()
-    report = reports[-1] if reports else None
-    return lib, source, report
+    if reports:
+        return Built(lib, source, reports[-1])
+    try:
+        return Built(lib, source, ptxas.compile_cuda(source, gpu.arch)[1])
+    except ptxas.NvccNotFound as err:
+        note = str(err).splitlines()[0]
+        log.warning("no ptxas report: %s", note)
+        return Built(lib, source, None, note)

@@ -1,69 +1,84 @@
-"""What a schedule template returns, and the argument list every recurrent kernel shares.
+"""What a schedule template returns, and the argument list of every recurrent kernel.
 
-The recurrent kernel's arguments, in order (shapes for batch B, hidden H, T steps):
-
-    xp          (T, B, slices*H)   the input projection of every step
-    <weight>    (slices*H, H)      each recurrent weight, in declaration order
-    <param>     (slices*H,)        each per-unit parameter, in declaration order
-    <state>0    (B, H)             each initial state
-    out         (T, B, H)          the output state at every step
-    <state>_n   (B, H)             each final state
-    workspace   (E, 2, B, H)       only for templates that ask for one (float32, or uint64
-                                   tagged values with the ``tags`` barrier)
-    sync, timeout_us, stall_step   only with a stateful grid barrier (prnn_tvm.barrier)
-
-T is symbolic: one kernel serves every sequence length.
+The arguments come from one place, :func:`recurrent_launch` (in turn
+:func:`prnn_tvm.signature.recurrent_args`): templates declare exactly those
+(:func:`declare_args`), and the runtime binds a call's arrays to the same list.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan
+from ..signature import SEQ, SYNC_SCALARS, ArgRole, Grid, GridSync, Launch, Signature, projection_launch, recurrent_args
+from .barrier import SyncArgs
 
-SEQ_LEN = "seq_len"
+SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
 
 
 @dataclass(frozen=True)
 class Kernel:
     """A recurrent kernel made by a schedule template.
 
-    ``workspace`` is the shape of the scratch argument (of ``workspace_dtype``), or None;
-    ``sync_words`` the size of the barrier state the kernel takes after it, or None;
-    ``launch`` describes the grid for reports and pre-launch checks (empty on CPU).
+    ``launch`` says how to call it (function name, arguments, grid, grid synchronization);
+    ``config`` is the template's knobs (None for a template without any), ``geometry`` what
+    they imply for this plan (template-specific, for reports; None when there is none).
     """
 
     func: tirx.PrimFunc
     template: str
+    launch: Launch
     config: object | None = None
-    launch: dict = field(default_factory=dict)
-    workspace: tuple | None = None
-    sync_words: int | None = None
-    workspace_dtype: str = "float32"
+    geometry: object | None = None
 
 
-def declare_args(plan: CellPlan, workspace: tuple | None, workspace_dtype: str = "float32") -> SimpleNamespace:
-    """Declare the kernel's buffer arguments inside a ``T.prim_func()`` frame.
+def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_dtype: str | None = None,
+                     grid: Grid | None = None, sync: GridSync | None = None) -> Launch:
+    """The ``recurrent`` launch of ``plan``: the arguments every template's kernel takes, in order."""
+    H = plan.hidden
+    args = recurrent_args(
+        plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
+        {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states), plan.dtype,
+        workspace, workspace_dtype, sync.state_words if sync is not None else None)
+    return Launch("recurrent", args, grid, sync)
 
-    Returns a namespace with ``seq_len``, ``xp``, ``out``, ``ws`` and dicts ``weight``,
-    ``param``, ``init``, ``final`` keyed by declared name.
+
+def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = None) -> Signature:
+    """The layer a compile makes: the input projection, then the recurrent kernel (``recurrent``:
+    the template's launch; by default the arguments alone, which every template shares)."""
+    projection = projection_launch(plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype)
+    return Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype,
+                     (projection, recurrent or recurrent_launch(plan)))
+
+
+def declare_args(launch: Launch) -> SimpleNamespace:
+    """Declare a launch's arguments inside a ``T.prim_func()`` frame, in its order.
+
+    Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out``, ``ws``
+    (None without a workspace), ``sync`` (the barrier's :class:`~.barrier.SyncArgs`, or
+    None) and dicts ``weight``, ``param``, ``init``, ``final`` keyed by the cell's
+    declared names.
     """
-    B, H, dt = plan.batch, plan.hidden, plan.dtype
     seq_len = tirx.Var(SEQ_LEN, "int32")
+    declared = {}
+    for a in launch.args:
+        if a.role is ArgRole.SCALAR:
+            declared[a.name] = T.arg(a.name, tirx.Var(a.name, a.dtype))
+        else:
+            shape = tuple(seq_len if d == SEQ else d for d in a.shape)
+            declared[a.name] = T.arg(a.name, T.buffer(shape, a.dtype, buffer_name=a.name))
 
-    def arg(name, shape, dtype=dt):
-        return T.arg(name, T.buffer(shape, dtype, buffer_name=name))
+    def by_role(role, strip=""):
+        return {a.name[:len(a.name) - len(strip)] if strip else a.name: declared[a.name]
+                for a in launch.args if a.role is role}
 
-    a = SimpleNamespace(seq_len=seq_len)
-    a.xp = arg("xp", (seq_len, B, plan.input.slices * H))
-    a.weight = {w.name: arg(w.name, (w.slices * H, H)) for w in plan.weights}
-    a.param = {p.name: arg(p.name, (p.slices * H,)) for p in plan.params}
-    a.init = {s.name: arg(f"{s.name}0", (B, H)) for s in plan.states}
-    a.out = arg("out", (seq_len, B, H))
-    a.final = {s.name: arg(f"{s.name}_n", (B, H)) for s in plan.states}
-    a.ws = arg("workspace", workspace, workspace_dtype) if workspace else None
-    return a
+    ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared["out"], ws=declared.get("workspace"))
+    ns.weight, ns.param = by_role(ArgRole.WEIGHT), by_role(ArgRole.PARAM)
+    ns.init, ns.final = by_role(ArgRole.STATE, strip="0"), by_role(ArgRole.FINAL, strip="_n")
+    ns.sync = (SyncArgs(declared["sync"], *(declared[name] for name in SYNC_SCALARS)) if "sync" in declared
+               else None)
+    return ns

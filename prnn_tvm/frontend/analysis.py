@@ -26,6 +26,7 @@ from tvm.ir import expr as E
 from tvm.ir.prim import expr as P
 from tvm.sym import Analyzer
 
+from ..dtypes import policy
 from ..errors import CellError
 from .cell import Cell, Role, TracedCell
 from .plan import CellPlan, Leaf, Reduction, Stage
@@ -33,15 +34,20 @@ from .texpr import UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuil
 
 
 def analyze(cell: Cell, batch: int, hidden: int, dtype: str = "float32") -> CellPlan:
-    """Trace ``cell`` at the given sizes and map its TE graph, or raise CellError."""
+    """Trace ``cell`` at the given sizes and map its TE graph, or raise CellError.
+
+    ``dtype`` is the layer's storage dtype; the cell is traced in its policy's compute
+    type (:mod:`prnn_tvm.dtypes`), so a cell file never names a dtype.
+    """
     if batch < 1 or hidden < 1:
         raise CellError(f"batch and hidden must be positive, got batch={batch}, hidden={hidden}")
-    return _Analysis(cell.trace(batch, hidden, dtype)).run()
+    return _Analysis(cell.trace(batch, hidden, policy(dtype).compute), dtype).run()
 
 
 class _Analysis:
-    def __init__(self, traced: TracedCell):
+    def __init__(self, traced: TracedCell, dtype: str):
         self.t = traced
+        self.dtype = dtype
         self.H = traced.hidden
         self.B = traced.batch
         self.slots = {s.tensor: s for s in traced.slots}
@@ -90,7 +96,7 @@ class _Analysis:
         exchanged = tuple(n for n in state_names if any(r.operand == n for r in self.reductions.values()))
         exchanged_stages = tuple(dict.fromkeys(r.operand for r in self.reductions.values() if r.phase > 0))
         return CellPlan(
-            cell=t.cell, batch=self.B, hidden=self.H, dtype=t.dtype,
+            cell=t.cell, batch=self.B, hidden=self.H, dtype=self.dtype,
             input=by_role[Role.INPUT][0], states=by_role[Role.STATE], weights=by_role[Role.WEIGHT],
             params=by_role[Role.PARAM], exchanged=exchanged, exchanged_stages=exchanged_stages,
             reductions=tuple(self.reductions[x] for x in self.order if x in self.reductions),
@@ -113,8 +119,8 @@ class _Analysis:
             raise CellError("multi-output compute stages are not supported; write one te.compute per value",
                             op.name)
         if tensor.dtype != self.t.dtype:
-            raise CellError(f"computes {tensor.dtype}; every stage of a {self.t.dtype} cell must be "
-                            f"{self.t.dtype} (cast inside the expression instead)", op.name)
+            raise CellError(f"computes {tensor.dtype}; every stage of a cell computes in {self.t.dtype}, the "
+                            f"compute type of a {self.dtype} layer (cast inside the expression instead)", op.name)
         for inp in op.input_tensors:
             self._visit(inp)
         if isinstance(op.body[0], tirx.Reduce):

@@ -3,7 +3,7 @@
 A cell is one timestep written with ``tvm.te``. Its step function receives a
 :class:`CellBuilder`, declares what it reads (the input projection, the states, the
 recurrent weights, per-unit parameters) and returns the new value of every state as TE
-tensors. The compiler analyses that graph (``prnn_tvm.analysis``) and places it into a
+tensors. The compiler analyses that graph (``prnn_tvm.frontend.analysis``) and places it into a
 schedule template; it never needs to know which cell it is compiling.
 
 Every tensor a cell sees is indexed ``[n, j]`` with ``n`` the batch row and ``j`` a

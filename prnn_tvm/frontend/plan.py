@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from ..dtypes import DtypePolicy, policy
 from .cell import Cell, Slot
 from .texpr import free_vars
 
@@ -79,7 +80,7 @@ class CellPlan:
     cell: Cell
     batch: int
     hidden: int
-    dtype: str
+    dtype: str  # the storage dtype; ``policy`` gives the accumulation and compute types
     input: Slot
     states: tuple
     weights: tuple
@@ -94,6 +95,11 @@ class CellPlan:
     @property
     def output(self) -> str:
         return self.cell.output
+
+    @property
+    def policy(self) -> DtypePolicy:
+        """Storage, accumulation and compute types (the stages and leaf variables are in the compute type)."""
+        return policy(self.dtype)
 
     @property
     def private_states(self) -> tuple:

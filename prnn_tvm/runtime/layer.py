@@ -1,4 +1,4 @@
-"""A compiled layer: the run-time half (:mod:`prnn_tvm.runtime`) plus what compiled it.
+"""A compiled layer: the run-time half (:mod:`prnn_tvm.runtime.base`) plus what compiled it.
 
 Call order (positional or by keyword): ``x, W_ih, b_ih``, the cell's recurrent weights
 and per-unit params in declaration order, then the initial states (``h0``, ``c0``, ...;
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import tvm
 
-from ..codegen.kernel import Kernel
+from ..codegen.build import Built
+from ..codegen.kernel import Kernel, layer_signature
 from ..errors import PrnnError
 from ..frontend.plan import CellPlan
-from ..reference import layer_arg_names
 from ..report import CompileReport
 from ..target import GpuSpec, local_gpu
-from .base import LaunchSpec, RuntimeLayer
+from .base import RuntimeLayer
 
 
 class Layer(RuntimeLayer):
@@ -27,19 +27,24 @@ class Layer(RuntimeLayer):
     Use :func:`prnn_tvm.compile_cell` to make one. ``layer(x, W_ih, b_ih, W_hh, b_hh, h0, c0)``
     returns ``(out, (h_n, c_n, ...))`` with ``out`` of shape (T, batch, hidden);
     :func:`prnn_tvm.export` writes it to a shared library that :func:`prnn_tvm.load` runs
-    with the TVM runtime alone.
+    with the TVM runtime alone. ``signature`` describes its launches and arguments.
 
     ``barrier_timeout_us`` bounds every grid-barrier wait (a timeout raises
-    :class:`~prnn_tvm.barrier.BarrierTimeout`); ``debug_stall_step`` (tests only) makes block 0
+    :class:`~prnn_tvm.errors.BarrierTimeout`); ``debug_stall_step`` (tests only) makes block 0
     skip its arrival at that step, forcing the timeout path.
     """
 
-    def __init__(self, plan: CellPlan, kernel: Kernel, module, input_size: int, target: tvm.target.Target,
-                 gpu: GpuSpec | None, report: CompileReport, source: str | None):
+    def __init__(self, plan: CellPlan, kernel: Kernel, built: Built, input_size: int, target: tvm.target.Target,
+                 gpu: GpuSpec | None, report: CompileReport):
         self.plan, self.kernel = plan, kernel
         self.target, self.gpu = target, gpu
-        self.report, self.cuda_source = report, source
-        super().__init__(launch_spec(plan, kernel, input_size, report), module, target.kind.name == "cuda")
+        self.report, self.cuda_source = report, built.source
+        signature = layer_signature(plan, input_size, kernel.launch)
+        if kernel.launch.grid is not None:  # the co-residency check wants ptxas's figures where there are any
+            grid = kernel.launch.grid
+            signature = signature.with_grid(kernel.launch.function, registers=report.registers or grid.registers,
+                                            static_smem_bytes=report.static_smem_bytes or 0)
+        super().__init__(signature, built.module, target.kind.name == "cuda")
 
     @property
     def device(self) -> tvm.runtime.Device:
@@ -48,20 +53,3 @@ class Layer(RuntimeLayer):
             raise PrnnError("this layer was compiled for CUDA on a machine without a usable GPU, so it holds "
                             "CUDA source only; compile it where the GPU is (or use target='llvm' to run on the CPU)")
         return super().device
-
-
-def launch_spec(plan: CellPlan, kernel: Kernel, input_size: int, report: CompileReport) -> LaunchSpec:
-    """What calling the compiled kernels needs, as plain data (kept with an exported library too)."""
-    H = plan.hidden
-    launch = {k: v for k, v in kernel.launch.items() if k != "geometry"}
-    geometry = kernel.launch.get("geometry")
-    registers = report.registers or (geometry.regs_estimate if geometry is not None else None)
-    shapes = {w.name: (w.slices * H, H) for w in plan.weights}
-    shapes.update({p.name: (p.slices * H,) for p in plan.params})
-    return LaunchSpec(
-        cell=plan.cell.name, arg_names=tuple(layer_arg_names(plan)), batch=plan.batch, hidden=H,
-        input_size=input_size, proj_width=plan.input.slices * H, shapes=shapes,
-        states=tuple(s.name for s in plan.states), dtype=plan.dtype,
-        workspace=tuple(kernel.workspace) if kernel.workspace is not None else None,
-        workspace_dtype=kernel.workspace_dtype, sync_words=kernel.sync_words, launch=launch,
-        registers=registers, static_smem_bytes=report.static_smem_bytes or 0)

@@ -19,12 +19,14 @@ import tvm
 import tvm_ffi
 
 from ..errors import LoadError
-from .base import LaunchSpec, RuntimeLayer
+from ..signature import Grid, GridSync, Launch, Signature, projection_launch, recurrent_args
+from .base import RuntimeLayer
 
 log = logging.getLogger(__name__)
 
 FORMAT = "prnn-tvm layer"
-SCHEMA = 1
+SCHEMA = 2  # 2: a typed signature (prnn_tvm.signature); 1: a flat launch spec, still read
+READABLE_SCHEMAS = (1, 2)
 METADATA_SYMBOL = "prnn_tvm_metadata"
 
 
@@ -36,10 +38,10 @@ class LoadedLayer(RuntimeLayer):
     description (cell and math hash, shapes, arch, config, versions, argument layout).
     """
 
-    def __init__(self, path: Path, metadata: dict, module, device: tvm.runtime.Device):
+    def __init__(self, path: Path, metadata: dict, signature: Signature, module, device: tvm.runtime.Device):
         self.path, self.metadata = path, metadata
         self._device = device
-        super().__init__(LaunchSpec.from_dict(metadata["launch"]), module, metadata["target"] == "cuda")
+        super().__init__(signature, module, metadata["target"] == "cuda")
         self.cell, self.batch, self.hidden = metadata["cell"], metadata["batch"], metadata["hidden"]
 
     @property
@@ -79,10 +81,40 @@ def read_metadata(path: str | Path) -> dict:
         raise LoadError(f"{path.name}: its metadata is damaged ({err}); export the layer again") from err
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise LoadError(f"{path.name}: its metadata does not describe a prnn-tvm layer; export the layer again")
-    if metadata.get("schema") != SCHEMA:
+    if metadata.get("schema") not in READABLE_SCHEMAS:
         raise LoadError(f"{path.name} was written with metadata schema {metadata.get('schema')}, this prnn-tvm "
-                        f"reads schema {SCHEMA}; export it again with this version")
+                        f"reads schemas {', '.join(map(str, READABLE_SCHEMAS))}; export it again with this version")
     return metadata
+
+
+def signature_of(metadata: dict) -> Signature:
+    """The layer's signature from its metadata, whichever readable schema wrote it."""
+    if metadata["schema"] == SCHEMA:
+        return Signature.from_dict(metadata["signature"])
+    return _schema_1_signature(metadata["launch"], metadata.get("config") or {})
+
+
+def _schema_1_signature(spec: dict, config: dict) -> Signature:
+    """Schema 1 kept a flat spec of the two launches; their argument lists are the ones
+    :func:`~prnn_tvm.signature.recurrent_args` still makes from the same names and shapes."""
+    B, H, dtype, states = spec["batch"], spec["hidden"], spec.get("dtype", "float32"), tuple(spec["states"])
+    shapes = spec["shapes"]  # JSON with sorted keys: the declaration order is the one of arg_names
+    declared = [n for n in spec["arg_names"][3:] if n in shapes]
+    weights = {n: tuple(shapes[n]) for n in declared if len(shapes[n]) == 2}
+    params = {n: tuple(shapes[n]) for n in declared if len(shapes[n]) == 1}
+    launch, grid, sync = spec.get("launch") or {}, None, None
+    if "ctas" in launch:
+        grid = Grid(launch["ctas"], launch["threads"], launch["smem_bytes"], bool(launch.get("cooperative")),
+                    spec.get("registers"), spec.get("static_smem_bytes") or 0)
+    if launch.get("cooperative"):
+        sync = GridSync(config.get("barrier", "grid_sync"), spec.get("sync_words"),
+                        launch.get("sync_counts", "barriers"), launch.get("phases", 1))
+    workspace = tuple(spec["workspace"]) if spec.get("workspace") else None
+    args = recurrent_args(B, H, spec["proj_width"], weights, params, states, dtype, workspace,
+                          spec.get("workspace_dtype"), spec.get("sync_words"))
+    projection = projection_launch(B, spec["input_size"], spec["proj_width"], dtype)
+    return Signature(spec["cell"], B, H, spec["input_size"], dtype,
+                     (projection, Launch("recurrent", args, grid, sync)))
 
 
 def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLayer:
@@ -100,6 +132,11 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
     """
     path = Path(path)
     metadata = read_metadata(path)
+    try:
+        signature = signature_of(metadata)
+    except (KeyError, TypeError, ValueError) as err:
+        raise LoadError(f"{path.name}: its metadata is damaged ({type(err).__name__}: {err}); export the layer "
+                        "again") from err
     if metadata["target"] == "cuda":
         _ensure_cuda_runtime()
         device = device if device is not None else tvm.cuda(0)
@@ -115,10 +152,11 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
         module = tvm.runtime.load_module(str(path))
     except Exception as err:  # TVM's loader error: keep its first line
         raise LoadError(f"TVM cannot load {path.name}: {first_line(err)}") from err
-    for name in ("projection", "recurrent"):
-        if not module.implements_function(name, True):
-            raise LoadError(f"{path.name} has no '{name}' function; it is damaged or not a prnn-tvm layer")
-    layer = LoadedLayer(path, metadata, module, device)
+    for launch in signature.launches:
+        if not module.implements_function(launch.function, True):
+            raise LoadError(f"{path.name} has no '{launch.function}' function; it is damaged or not a prnn-tvm "
+                            "layer")
+    layer = LoadedLayer(path, metadata, signature, module, device)
     log.info("loaded %r", layer)
     return layer
 

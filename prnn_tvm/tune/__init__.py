@@ -1,4 +1,4 @@
-"""Auto-tuning of the persistent schedule (AutoTVM's design, built for this template).
+"""Auto-tuning of a schedule template's knobs (AutoTVM's design, through the template contract).
 
 Four roles, one module each: the config ``space`` (knobs, pruning, features), the XGBoost
 cost ``model``, the ``search`` that proposes what to measure, and ``measure`` (parallel

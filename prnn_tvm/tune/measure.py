@@ -24,10 +24,10 @@ import numpy as np
 import tvm
 
 from prnn_tvm.checks import max_abs_error
-from prnn_tvm.codegen.barrier import BarrierTimeout
 from prnn_tvm.codegen.ptxas import NvccError
 from prnn_tvm.compiler import compile_cell
-from prnn_tvm.errors import LaunchError, PrnnError
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.errors import BarrierTimeout, LaunchError, PrnnError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.frontend.registry import resolve
@@ -36,17 +36,15 @@ from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.report import CompileReport
 from prnn_tvm.runtime import exporting
 from prnn_tvm.runtime.loading import load
-from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.target import GpuSpec
 
 log = logging.getLogger(__name__)
 
-GPU_TOLERANCE = 1e-4  # fp32 kernel vs float64 reference, as the GPU tests state it
-
 
 @dataclass(frozen=True)
 class TuneTask:
-    """What is tuned: a cell (name or path, so worker processes can load it) at fixed shapes."""
+    """What is tuned: a cell (name or path, so worker processes can load it) at fixed shapes,
+    with the schedule template of that name."""
 
     cell: str
     hidden: int
@@ -54,6 +52,7 @@ class TuneTask:
     seq_len: int
     dtype: str
     gpu: GpuSpec
+    template: str
 
     @property
     def plan(self) -> CellPlan:
@@ -65,7 +64,7 @@ class Built:
     """A built config: its report and library, or why it failed."""
 
     index: int
-    config: PersistentConfig
+    config: object  # the template's config
     report: CompileReport | None = None
     library: str | None = None
     error: ErrorKind | None = None
@@ -91,7 +90,7 @@ class Builder:
         self.task, self.out_dir, self.export = task, Path(out_dir), export
         self.workers, self.max_spill_bytes = workers, max_spill_bytes
 
-    def build(self, jobs: list[tuple[int, PersistentConfig]]) -> list[Built]:
+    def build(self, jobs: list[tuple[int, object]]) -> list[Built]:
         args = [(self.task, i, cfg, str(self.out_dir), self.export, self.max_spill_bytes) for i, cfg in jobs]
         if self.workers <= 1:
             return [_build(*a) for a in args]
@@ -118,13 +117,16 @@ class GpuRunner:
 
     needs_library = True
 
-    def __init__(self, repeat: int = 5, number: int = 3, tolerance: float = GPU_TOLERANCE):
-        self.repeat, self.number, self.tolerance = repeat, number, tolerance
+    def __init__(self, repeat: int = 5, number: int = 3, tolerance: float | None = None):
+        self.repeat, self.number = repeat, number
+        self.tolerance = tolerance  # default: the dtype policy's bound at the task's sequence length
         self._task = None
 
     def setup(self, task: TuneTask) -> None:
         plan = task.plan
         self._task = task
+        if self.tolerance is None:
+            self.tolerance = tolerance(task.dtype, task.seq_len)
         inputs = random_inputs(plan, task.seq_len, plan.hidden, seed=0)
         self._expected = reference_layer(plan, inputs)
         # on the device once: each trial's check and timing then copy nothing
@@ -137,7 +139,7 @@ class GpuRunner:
             out, finals = layer(**self._inputs)
             err = max_abs_error(plan, (out.numpy(), [f.numpy() for f in finals]), self._expected)
             if not err <= self.tolerance:  # also catches NaN
-                return Measured((), err, ErrorKind.WRONG, f"max abs error {err:.3g} > {self.tolerance:.0e}")
+                return Measured((), err, ErrorKind.WRONG, f"max abs error {err:.3g} > {self.tolerance:.1e}")
             costs = tuple(layer.time(number=self.number, repeat=1, **self._inputs)["recurrent"]
                           for _ in range(self.repeat))
             return Measured(costs, err)
@@ -180,7 +182,7 @@ class CpuRunner:
         return True
 
 
-def _build(task: TuneTask, index: int, cfg: PersistentConfig, out_dir: str, export: bool,
+def _build(task: TuneTask, index: int, cfg, out_dir: str, export: bool,
            max_spill_bytes: int) -> Built:
     start = time.perf_counter()
     done = functools.partial(Built, index, cfg)
@@ -190,6 +192,9 @@ def _build(task: TuneTask, index: int, cfg: PersistentConfig, out_dir: str, expo
     except (PrnnError, NvccError, tvm.error.TVMError) as e:
         return done(error=ErrorKind.BUILD, detail=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - start)
     report = layer.report
+    if report.template != task.template:
+        return done(report, error=ErrorKind.BUILD, detail=f"built with template {report.template}, tuning "
+                    f"{task.template}", seconds=time.perf_counter() - start)
     if report.spill_bytes and report.spill_bytes > max_spill_bytes:
         return done(report, error=ErrorKind.SPILL, detail=f"ptxas spills {report.spill_bytes} bytes",
                     seconds=time.perf_counter() - start)

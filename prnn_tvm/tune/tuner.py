@@ -25,6 +25,7 @@ from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.records import Record, TuneKey, key_for
+from prnn_tvm.schedules import template_for
 from prnn_tvm.target import GpuSpec, gpu_spec, local_gpu
 
 from .measure import Builder, Built, GpuRunner, Measured, TuneTask
@@ -55,7 +56,10 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
          arch: str | None = None, trials: int = 64, batch_size: int = 16, strategy: str = "xgb",
          log_path: str | Path | None = None, runner=None, workers: int = 0, max_spill_bytes: int = 0,
          seed: int = 0, progress: bool = True) -> TuneResult:
-    """Tune the persistent kernel of ``cell`` at (hidden, batch) and append the trials to a log.
+    """Tune the kernel of ``cell`` at (hidden, batch) and append the trials to a log.
+
+    The template is the one ``compile_cell`` picks for this cell, dtype and GPU; its knobs
+    and space come from it (``prnn_tvm.schedules.template.Template``).
 
     Parameters
     ----------
@@ -86,14 +90,17 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     start = time.perf_counter()
     gpu = gpu_spec(arch)
     plan = analyze(resolve(cell), batch, hidden, dtype)
-    space = ConfigSpace(plan, gpu)
-    key = key_for(plan, gpu, "persistent_cuda")
+    template = template_for(plan, gpu.target())
+    if template.config_type is None:
+        raise PrnnError(f"the {template.name} template has no knobs to tune")
+    space = ConfigSpace(plan, gpu, template)
+    key = key_for(plan, gpu, template.name)
     log_path = Path(log_path) if log_path is not None else records.default_log(gpu.arch)
     result = TuneResult(key, log_path, len(space))
     measured = known_times(space, records.for_key(records.load(log_path), key))
     log.info("tuning %s: %d valid configs (%d pruned), %d already in %s", cell, len(space), space.rejected,
              len(measured), log_path)
-    task = TuneTask(cell, hidden, batch, seq_len, dtype, gpu)
+    task = TuneTask(cell, hidden, batch, seq_len, dtype, gpu, template.name)
     runner.setup(task)
     budget = min(trials, len(space) - len(measured))
     with tempfile.TemporaryDirectory(prefix="prnn_tvm_tune_") as tmp:

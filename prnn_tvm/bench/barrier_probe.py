@@ -21,10 +21,12 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from ..codegen import barrier as grid_barrier
+from ..codegen.build import PIPELINE, nvcc_compile
+from ..codegen.kernel import SEQ_LEN
+from ..errors import BarrierTimeout
+from ..runtime.base import DEFAULT_TIMEOUT_US, take_timeout
 from ..target import gpu_spec
-from . import barrier as grid_barrier
-from .build import PIPELINE, nvcc_compile
-from .kernel import SEQ_LEN
 
 TAG_STRIDE = 65536  # tags are launch_id * TAG_STRIDE + step, so steps stay below this
 
@@ -84,7 +86,7 @@ def _tagged_step(bar, buf, errors, seen, sync, base, t, bx, tx, ctas, threads):
     with T.If(t > 0):
         with T.Then():
             abort = grid_barrier.tag_copy(bar, threads, T.address_of(buf[t % 2, 0]), T.address_of(seen[0]),
-                                          ctas, ctas, ctas, ctas, base, t, sync)
+                                          "float32", ctas, ctas, ctas, ctas, base, t, sync)
             with T.If(abort != 0):
                 with T.Then():
                     T.Break()
@@ -132,7 +134,7 @@ class Probe:
                                       self.dev)
         self.errors = tvm.runtime.tensor(np.zeros(1, np.uint32), self.dev)
         self.sync = tvm.runtime.tensor(np.zeros(grid_barrier.SYNC_WORDS, np.uint32), self.dev)
-        self.timeout_us, self.stall_step, self.launch_id = grid_barrier.DEFAULT_TIMEOUT_US, -1, 0
+        self.timeout_us, self.stall_step, self.launch_id = DEFAULT_TIMEOUT_US, -1, 0
 
     def _args(self, steps: int) -> list:
         args = [self.buf, self.errors, self.launch_id, steps]
@@ -146,9 +148,9 @@ class Probe:
         for _ in range(launches):
             self.launch_id = (self.launch_id + 1) % 30000
             self.module["barrier_probe"](*self._args(steps))
-        recorded = grid_barrier.take_timeout(self.sync, stale=[self.buf])
+        recorded = take_timeout(self.sync, stale=[self.buf])
         if recorded is not None:
-            raise grid_barrier.BarrierTimeout(f"probe barrier timed out after step {recorded}")
+            raise BarrierTimeout(f"probe barrier timed out after step {recorded}")
         return int(self.errors.numpy()[0])
 
     def seconds_per_step(self, steps: int = 1000, number: int = 5, repeat: int = 5) -> float:

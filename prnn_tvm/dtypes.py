@@ -1,0 +1,68 @@
+"""The dtype policy: which type each part of a layer computes in, and how exact it must be.
+
+A layer's ``dtype`` is its *storage* type: what its inputs, weights, outputs and exchanged
+states are. The recurrent products *accumulate* in their own type, and the pointwise math
+(and private states such as LSTM's ``c``) *computes* in another, so a half-precision
+layer can keep fp32 where rounding would compound over the sequence. A cell is traced in
+the compute type (its file never names a dtype); templates load storage values into it
+and round results back to storage.
+
+Tolerances: a layer's max abs error against the cell's float64 NumPy reference, on the
+same storage-rounded inputs, grows with the number of steps a rounding error can travel
+through; :func:`tolerance` is the one bound that tests, the CLI, the tuner and the
+benchmark use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DtypePolicy:
+    """Storage, accumulation and compute types of one layer dtype, and its error per step."""
+
+    storage: str
+    accumulate: str
+    compute: str
+    error_per_step: float  # the tolerance at T=1; it grows like sqrt(T)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one stored element."""
+        return itemsize(self.storage)
+
+    def tolerance(self, seq_len: int) -> float:
+        """Max abs error against the float64 reference allowed after ``seq_len`` steps."""
+        return self.error_per_step * math.sqrt(max(1, seq_len))
+
+
+# float32: the CPU build and the GPU kernels measured 1e-6..2e-6 against float64 at T up to 256
+# (hidden up to 1024): rounding of H-long dot products, growing like sqrt(T).
+POLICIES = {
+    "float32": DtypePolicy(storage="float32", accumulate="float32", compute="float32", error_per_step=1e-5),
+}
+
+
+def policy(dtype: str) -> DtypePolicy:
+    """The policy of a layer dtype; ConfigError naming the supported ones otherwise."""
+    try:
+        return POLICIES[dtype]
+    except (KeyError, TypeError):
+        raise ConfigError(f"dtype {dtype} is not supported yet; supported: {', '.join(POLICIES)}") from None
+
+
+def tolerance(dtype: str, seq_len: int) -> float:
+    """The max abs error a ``dtype`` layer may have against the float64 reference after ``seq_len`` steps."""
+    return policy(dtype).tolerance(seq_len)
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a TVM dtype name (``float32`` -> 4, ``uint64`` -> 8, ``bfloat16`` -> 2)."""
+    bits = int("".join(ch for ch in dtype if ch.isdigit()) or 0)
+    if bits % 8 or not bits:
+        raise ValueError(f"no byte size for dtype {dtype!r}")
+    return bits // 8

@@ -1,0 +1,237 @@
+"""A compiled layer's interface as plain data: its arguments, its launches and their grids.
+
+Code generation declares each kernel's arguments from it, the runtime binds a caller's
+arrays with it, and an exported library carries it as JSON; nothing else describes what a
+kernel takes. It imports only the standard library, so it works under TVM's runtime-only
+import.
+
+A layer is a sequence of :class:`Launch`\\ es. Each names its kernel function and its
+arguments in kernel order, each argument with a role, a shape and a dtype. Between
+launches, values pass by name: the projection's ``xp`` output is the recurrent kernel's
+``xp`` input. What the layer's caller passes (:attr:`Signature.inputs`) and gets back
+(:attr:`Signature.outputs`) is derived from the launches: inputs are the data arguments
+no earlier launch writes, outputs the written arguments no later launch reads.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+SEQ = "T"  # the sequence length in a shape: one kernel serves every length
+
+
+class ArgRole(str, enum.Enum):
+    """What an argument is to the caller and to the runtime."""
+
+    INPUT = "input"          # a sequence read by the launch (x, the projection xp)
+    WEIGHT = "weight"        # a matrix (W_ih, a recurrent weight)
+    PARAM = "param"          # a per-unit vector (a bias, peephole weights)
+    STATE = "state"          # an initial state: zeros when the caller omits it
+    OUTPUT = "output"        # a sequence the launch writes (out, or xp for a later launch)
+    FINAL = "final"          # a final state
+    WORKSPACE = "workspace"  # scratch owned by the layer: zero at first use and after a barrier timeout
+    SYNC = "sync"            # the grid barrier's state, owned by the layer (uint32 words)
+    SCALAR = "scalar"        # an int32 the layer passes itself (a timeout, a test knob)
+
+    @property
+    def written(self) -> bool:
+        return self in (ArgRole.OUTPUT, ArgRole.FINAL)
+
+    @property
+    def data(self) -> bool:
+        """Passed by the caller (or computed by an earlier launch), not by the layer."""
+        return self in (ArgRole.INPUT, ArgRole.WEIGHT, ArgRole.PARAM, ArgRole.STATE)
+
+    @property
+    def owned(self) -> bool:
+        """Allocated and kept by the layer across calls."""
+        return self in (ArgRole.WORKSPACE, ArgRole.SYNC)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel argument: a buffer of ``shape`` (ints and :data:`SEQ`) and ``dtype``, or a scalar."""
+
+    name: str
+    role: ArgRole
+    shape: tuple = ()
+    dtype: str = "float32"
+
+    def concrete_shape(self, seq_len: int) -> tuple[int, ...]:
+        return tuple(seq_len if d == SEQ else int(d) for d in self.shape)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "role": self.role.value, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Arg:
+        return cls(d["name"], ArgRole(d["role"]), tuple(d["shape"]), d["dtype"])
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A hand-placed kernel's grid, and what one CTA uses (for the co-residency check)."""
+
+    ctas: int
+    threads: int
+    dynamic_smem_bytes: int
+    cooperative: bool
+    registers: int | None = None   # per thread: ptxas's figure once built, the template's estimate before
+    static_smem_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class GridSync:
+    """How a kernel separates timesteps across its grid.
+
+    ``kind`` is the barrier (``prnn_tvm.codegen.barrier.BARRIERS``); ``state_words`` the
+    size of its ``sync`` argument (None for a barrier without state); ``counts`` what the
+    error word records on a timeout, ``"steps"`` or ``"barriers"`` (``phases`` per step).
+    """
+
+    kind: str
+    state_words: int | None = None
+    counts: str = "barriers"
+    phases: int = 1
+
+    def where(self, recorded: int) -> str:
+        """Where a timeout happened, from what the error word recorded."""
+        if self.counts == "steps" or self.phases == 1:
+            return f"after step {recorded}"
+        step, phase = divmod(recorded, self.phases)
+        return f"after phase {phase} of step {step}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: the function's name in the module and its arguments in kernel order.
+
+    ``grid`` is set for hand-placed kernels (TVM launches the others itself), ``sync`` for
+    kernels with a grid synchronization between steps.
+    """
+
+    function: str
+    args: tuple
+    grid: Grid | None = None
+    sync: GridSync | None = None
+
+    def arg(self, name: str) -> Arg:
+        return next(a for a in self.args if a.name == name)
+
+    def as_dict(self) -> dict:
+        return {"function": self.function, "args": [a.as_dict() for a in self.args],
+                "grid": None if self.grid is None else vars(self.grid).copy(),
+                "sync": None if self.sync is None else vars(self.sync).copy()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Launch:
+        return cls(d["function"], tuple(Arg.from_dict(a) for a in d["args"]),
+                   Grid(**d["grid"]) if d.get("grid") else None, GridSync(**d["sync"]) if d.get("sync") else None)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A layer: its launches in order, and the inputs and outputs derived from them."""
+
+    cell: str
+    batch: int
+    hidden: int
+    input_size: int
+    dtype: str
+    launches: tuple
+
+    @property
+    def inputs(self) -> tuple:
+        """What the caller passes, in call order: data arguments no earlier launch writes."""
+        seen, written, found = set(), set(), []
+        for launch in self.launches:
+            for a in launch.args:
+                if a.role.data and a.name not in written and a.name not in seen:
+                    seen.add(a.name)
+                    found.append(a)
+            written |= {a.name for a in launch.args if a.role.written}
+        return tuple(found)
+
+    @property
+    def outputs(self) -> tuple:
+        """What the caller gets back: written arguments no later launch reads."""
+        found = []
+        for i, launch in enumerate(self.launches):
+            read_later = {a.name for later in self.launches[i + 1:] for a in later.args if a.role.data}
+            found += [a for a in launch.args if a.role.written and a.name not in read_later]
+        return tuple(found)
+
+    @property
+    def intermediates(self) -> tuple:
+        """Written by one launch and read by a later one (the projection's ``xp``)."""
+        outputs = {a.name for a in self.outputs}
+        return tuple(a for launch in self.launches for a in launch.args if a.role.written and a.name not in outputs)
+
+    @property
+    def arg_names(self) -> tuple:
+        return tuple(a.name for a in self.inputs)
+
+    def launch(self, function: str) -> Launch:
+        return next(x for x in self.launches if x.function == function)
+
+    def starting_at(self, function: str) -> Signature:
+        """The same layer entered at launch ``function``: earlier launches' outputs become inputs."""
+        i = next(i for i, x in enumerate(self.launches) if x.function == function)
+        return replace(self, launches=self.launches[i:])
+
+    def with_grid(self, function: str, **changes) -> Signature:
+        """A copy whose launch ``function`` has its grid fields changed (e.g. ptxas's registers)."""
+        launches = tuple(replace(x, grid=replace(x.grid, **changes)) if x.function == function else x
+                         for x in self.launches)
+        return replace(self, launches=launches)
+
+    def as_dict(self) -> dict:
+        return {"cell": self.cell, "batch": self.batch, "hidden": self.hidden, "input_size": self.input_size,
+                "dtype": self.dtype, "launches": [x.as_dict() for x in self.launches]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Signature:
+        return cls(d["cell"], d["batch"], d["hidden"], d["input_size"], d["dtype"],
+                   tuple(Launch.from_dict(x) for x in d["launches"]))
+
+
+# ------------------------------------------------------------------ the launches of a layer
+# Built from sizes and names only (no cell plan), so that code generation and the reading of
+# older exported files make the same argument lists.
+
+def projection_launch(batch: int, input_size: int, width: int, dtype: str) -> Launch:
+    """``xp = x @ W_ih.T + b_ih`` for every step: ``projection(x, W_ih, b_ih, xp)``."""
+    return Launch("projection", (
+        Arg("x", ArgRole.INPUT, (SEQ, batch, input_size), dtype),
+        Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
+        Arg("b_ih", ArgRole.PARAM, (width,), dtype),
+        Arg("xp", ArgRole.OUTPUT, (SEQ, batch, width), dtype)))
+
+
+SYNC_SCALARS = ("timeout_us", "stall_step")
+
+
+def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
+                   workspace: tuple | None = None, workspace_dtype: str | None = None,
+                   sync_words: int | None = None) -> tuple:
+    """The recurrent kernel's arguments, in kernel order.
+
+    ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
+    declaration order); each initial state ``<s>0`` (B, H); ``out`` (T, B, H); each final
+    state ``<s>_n``; then ``workspace`` and the barrier's ``sync``, ``timeout_us`` and
+    ``stall_step`` when the kernel takes them.
+    """
+    B, H = batch, hidden
+    args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
+    args += [Arg(n, ArgRole.WEIGHT, tuple(s), dtype) for n, s in weights.items()]
+    args += [Arg(n, ArgRole.PARAM, tuple(s), dtype) for n, s in params.items()]
+    args += [Arg(f"{s}0", ArgRole.STATE, (B, H), dtype) for s in states]
+    args += [Arg("out", ArgRole.OUTPUT, (SEQ, B, H), dtype)]
+    args += [Arg(f"{s}_n", ArgRole.FINAL, (B, H), dtype) for s in states]
+    if workspace is not None:
+        args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), workspace_dtype or dtype))
+    if sync_words is not None:
+        args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
+        args += [Arg(name, ArgRole.SCALAR, (), "int32") for name in SYNC_SCALARS]
+    return tuple(args)

@@ -1,0 +1,114 @@
+"""Where the persistent template keeps the recurrent weights, and the products over them.
+
+A CTA owns ``units_per_cta`` hidden units with every gate row of every recurrent product;
+product ``i`` owns CTA rows ``[row_lo[i], row_lo[i] + slices_i * units_per_cta)``. Thread
+``tx`` is lane ``ks = tx % k_split`` of row group ``rg = tx // k_split`` and holds rows
+``rg * rows_per_thread + r`` in registers for the whole launch, loaded once through fully
+unrolled constant indices (a runtime index would send them to local memory): element
+``k = vec * (ks + k_split * q) + v`` of row ``r`` lives at register ``(r * k_chunks + q) *
+vec + v``. With several products each thread's rows belong to one of them
+(``validate`` checks it), so a thread has one operand and one phase.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .persistent_exchange import vec_index
+
+FULL_MASK = 0xFFFFFFFF
+
+
+class RegisterWeights:
+    """Mixin of the template's builder: the register-resident weights and the products over them.
+
+    Uses the builder's ``p`` (plan), ``c`` (config), ``g`` (geometry), ``a`` (arguments),
+    ``bx``/``rg``/``ks`` (block, row group, lane), ``row_lo``, ``ops``, ``wreg``, ``acc``,
+    ``hv``, ``smem`` and ``gs0`` (word offset of the gate sums in shared memory).
+    """
+
+    def load_weights(self):
+        """Prologue: each thread's weight rows into registers; zero outside the matrices."""
+        c, H, U = self.c, self.H, self.c.units_per_cta
+        for r in range(c.rows_per_thread if self.p.reductions else 0):
+            row = _bind(self.rg * c.rows_per_thread + r, f"row{r}")
+            for q in range(self.g.k_chunks):
+                for v in range(c.vec):
+                    k = c.vec * (self.ks + c.k_split * q) + v
+                    value = tirx.const(0.0, self.wreg.dtype)
+                    for i, red in reversed(list(enumerate(self.p.reductions))):
+                        lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
+                        s, ul = (row - lo) // U, (row - lo) % U
+                        unit = self.bx * U + ul
+                        ok = tirx.all(row >= lo, row < hi, unit < H, k < H)
+                        value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
+                    T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
+
+    def partial_products(self, phase: int):
+        """This lane's share of each of its rows' dot products, for every row of the batch tile."""
+        c, BT = self.c, self.c.batch_tile
+        for i in range(c.rows_per_thread * BT):
+            T.buffer_store(self.acc, tirx.const(0.0, self.acc.dtype), [i])
+        with T.If(self.thread_phase == phase):  # every lane still joins the shuffles after
+            with T.Then():
+                for q in range(self.g.k_chunks):
+                    for bb in range(BT):
+                        base = self.operand_base + bb * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
+                        T.buffer_store(self.hv, self.smem[vec_index(base, c.vec)], [vec_index(0, c.vec)])
+                        for r in range(c.rows_per_thread):
+                            for v in range(c.vec):
+                                a = r * BT + bb
+                                T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)]
+                                               * self.hv[v], [a])
+
+    def lane_reduce(self):
+        """Butterfly over the k_split lanes of a row: every lane ends with the full sum."""
+        ks = self.c.k_split
+        for i in range(self.c.rows_per_thread * self.c.batch_tile):
+            offset = ks // 2
+            while offset >= 1:
+                other = T.call_extern(self.acc.dtype, "__shfl_xor_sync", T.uint32(FULL_MASK), self.acc[i], offset,
+                                      ks)
+                T.buffer_store(self.acc, self.acc[i] + other, [i])
+                offset //= 2
+
+    def store_gate_sums(self, b0, phase: int):
+        """Lane 0 of each row writes the tile's sums to the shared gate sums (``gs0 + b * rows + row``)."""
+        c, rows = self.c, self.g.rows
+        with T.If(tirx.all(self.ks == 0, self.thread_phase == phase)):
+            with T.Then():
+                for r in range(c.rows_per_thread):
+                    row = self.rg * c.rows_per_thread + r
+                    for bb in range(c.batch_tile):
+                        with T.If(tirx.all(row < rows, b0 + bb < self.B)):
+                            with T.Then():
+                                T.buffer_store(self.smem, self.acc[r * c.batch_tile + bb],
+                                               [self.gs0 + (b0 + bb) * rows + row])
+
+    def wreg_index(self, r: int, q: int, v: int) -> int:
+        return (r * self.g.k_chunks + q) * self.c.vec + v
+
+    def _per_product(self, value_of):
+        """A per-thread value that depends on the product its rows belong to (one per thread, see validate)."""
+        reds = self.p.reductions
+        value = tirx.const(value_of(reds[0]), "int32")
+        first_row = self.rg * self.c.rows_per_thread
+        for i, red in enumerate(reds[1:], start=1):
+            if value_of(red) != value_of(reds[i - 1]):
+                value = T.if_then_else(first_row >= self.row_lo[i], value_of(red), value)
+        return value
+
+    @property
+    def operand_base(self):
+        """Offset of the shared tile this thread's rows multiply."""
+        return self._per_product(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.g.k_pad)
+
+    @property
+    def thread_phase(self):
+        """The phase in which this thread's rows multiply."""
+        return self._per_product(lambda r: r.phase)
+
+
+def _bind(expr, name: str):
+    return T.bind(expr, var=tirx.Var(name, expr.ty))

@@ -1,0 +1,121 @@
+"""The contract between a schedule template and everything that uses one.
+
+The compiler, the config choice, the tuner, tuning records and the benchmark see a
+template only through :class:`Template`; nothing outside ``schedules/`` imports a
+particular template. They get one from :func:`prnn_tvm.schedules.template_for` (the
+first template that accepts a plan and target) or :func:`prnn_tvm.schedules.by_name` (a
+tuning record's template).
+
+A template with knobs has a frozen dataclass of them (``config_type``) whose fields carry
+their short names for tables in their metadata (``field(metadata={"short": "U"})``; an
+empty short name shows the value alone). A template without knobs has
+``config_type = None``, no defaults and an empty space.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import typing
+from typing import Protocol
+
+from prnn_tvm.codegen.kernel import Kernel
+from prnn_tvm.errors import ConfigError
+from prnn_tvm.frontend.plan import CellPlan
+from prnn_tvm.target import GpuSpec
+
+
+class Template(Protocol):
+    """What a schedule template provides.
+
+    Attributes
+    ----------
+    name : str
+        Keys tuning records (with the cell's math, shapes, dtype and GPU) and names the
+        schedule in reports.
+    config_type : type or None
+        The frozen dataclass of the template's knobs, or None for a template without any.
+    """
+
+    name: str
+    config_type: type | None
+
+    def accepts(self, plan: CellPlan, target) -> bool:
+        """Whether this template places ``plan`` on ``target`` (a ``tvm.target.Target``)."""
+
+    def apply(self, plan: CellPlan, target, gpu: GpuSpec | None, config=None) -> Kernel:
+        """Build the kernel for an accepted plan and target; ConfigError if ``config`` does not fit."""
+
+    def default_configs(self, plan: CellPlan, target, gpu: GpuSpec | None) -> list:
+        """The untuned configs, best first; a build falls back along them when ptxas spills the first."""
+
+    def space(self, plan: CellPlan, gpu: GpuSpec) -> list:
+        """The tuning space: candidate configs, not yet validated."""
+
+    def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
+        """Raise ConfigError, with the reason, for a config that cannot fit; before anything is built."""
+
+    def features(self, config, plan: CellPlan, gpu: GpuSpec) -> dict:
+        """The cost model's view of a valid config: name -> number, the same names for every config.
+
+        ``registers`` must be among them (the template's estimate; the tuner replaces it
+        with ptxas's figure once the config is built).
+        """
+
+    def config_from_dict(self, knobs: dict):
+        """The config a tuning record or a user stores as a dict; ConfigError when it is not one."""
+
+
+def config_from_dict(config_type: type, knobs: dict):
+    """Build ``config_type`` from a dict of knobs, checking names and types (whole numbers for ints).
+
+    Unknown or missing knobs and values of the wrong type are a ConfigError naming the knob
+    and what is accepted; NumPy integers are taken as ints.
+    """
+    if not isinstance(knobs, dict):
+        raise ConfigError(f"a config is a dict of knobs or a {config_type.__name__}, got {type(knobs).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(config_type)}
+    hints = typing.get_type_hints(config_type)
+    unknown = [k for k in knobs if k not in fields]
+    if unknown:
+        raise ConfigError(f"unknown knob(s) {', '.join(map(str, unknown))} for {config_type.__name__}; its knobs "
+                          f"are {', '.join(fields)}")
+    missing = [n for n, f in fields.items() if n not in knobs and f.default is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{config_type.__name__} needs the knob(s) {', '.join(missing)}")
+    values = {}
+    for name, value in knobs.items():
+        want = hints[name]
+        if want is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            values[name] = int(value)
+        elif want is str and isinstance(value, str):
+            values[name] = value
+        else:
+            raise ConfigError(f"knob {name}={value!r}: expected {'a whole number' if want is int else 'a string'}")
+    return config_type(**values)
+
+
+def as_config(template: Template, config):
+    """``config`` as the template's config type: a dict is converted, the type itself passes."""
+    if template.config_type is not None and isinstance(config, template.config_type):
+        return config
+    if template.config_type is None:
+        raise ConfigError(f"the {template.name} template has no knobs; do not pass a config for it")
+    return template.config_from_dict(config)
+
+
+def short_names(config_type: type | None) -> dict:
+    """Knob name -> its short name in tables (from the fields' metadata; the name itself by default)."""
+    if config_type is None:
+        return {}
+    return {f.name: f.metadata.get("short", f.name) for f in dataclasses.fields(config_type)}
+
+
+def knob_text(knobs: dict, shorts: dict | None = None) -> str:
+    """``U=8 ks=16 r=2 bt=4 v=4 tags``: knobs in short form (an empty short name shows the value alone)."""
+    shorts = shorts or {}
+    parts = []
+    for name, value in knobs.items():
+        short = shorts.get(name, name)
+        parts.append(f"{short}={value}" if short else str(value))
+    return " ".join(parts)

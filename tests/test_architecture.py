@@ -1,0 +1,92 @@
+"""The seams between the layers: the import graph, who may name a template, the runtime's imports."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FOLDERS = {"prnn_tvm": "prnn_tvm", "schedules": "prnn_tvm.schedules", "cells": "prnn_tvm.cells"}
+
+
+def _modules() -> dict:
+    """Module name -> (path, is package) for every module of the project."""
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            name = ".".join([package, *(parts[:-1] if is_pkg else parts)])
+            found[name] = (path, is_pkg)
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set:
+    """Project modules ``name`` imports (anywhere in the file, lazy imports included)."""
+    path, is_pkg = MODULES[name]
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            candidates = [target] + [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            candidates = [a.name for a in node.names]
+        else:
+            continue
+        out |= {c for c in candidates if c in MODULES}
+    # a module's own package is imported before it, whatever the module imports: not an edge
+    return {m for m in out if m != name and not name.startswith(m + ".")}
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def test_the_import_graph_has_no_cycles():
+    """``prnn_tvm/__init__`` is the public facade (cells import ``Cell`` from it), so edges into it
+    are not part of the layering; every other edge must point down."""
+    graph = {n: {m for m in deps if m != "prnn_tvm"} for n, deps in GRAPH.items() if n != "prnn_tvm"}
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in graph[node]:
+            if state.get(dep) == "open":
+                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(dep):], dep]))
+            if dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
+
+
+def test_only_schedules_name_a_particular_template():
+    """The compiler, tuner, records and benchmark reach templates through the contract
+    (``schedules.template_for`` / ``by_name``), never by importing one."""
+    particular = {"prnn_tvm.schedules.persistent_cuda", "prnn_tvm.schedules.persistent_config",
+                  "prnn_tvm.schedules.persistent_exchange", "prnn_tvm.schedules.persistent_weights",
+                  "prnn_tvm.schedules.cpu_reference"}
+    for name, deps in GRAPH.items():
+        if not name.startswith("prnn_tvm.schedules"):
+            assert not deps & particular, f"{name} imports {deps & particular}"
+
+
+@pytest.mark.parametrize("name", ["prnn_tvm.runtime.base", "prnn_tvm.runtime.binding", "prnn_tvm.runtime.loading"])
+def test_the_runtime_imports_no_compiler_module(name):
+    """What ``prnn_tvm.load`` runs must work under TVM's runtime-only import."""
+    allowed = {"prnn_tvm.errors", "prnn_tvm.signature", "prnn_tvm.target", "prnn_tvm.runtime",
+               "prnn_tvm.runtime.base", "prnn_tvm.runtime.binding", "prnn_tvm.runtime.loading"}
+    seen, todo = set(), [name]
+    while todo:
+        for dep in GRAPH[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    assert seen <= allowed, f"{name} reaches {sorted(seen - allowed)}"

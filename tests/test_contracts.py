@@ -1,0 +1,215 @@
+"""The contracts the layers meet at: templates, configs as dicts, the typed signature, config choice, dtypes."""
+
+import dataclasses
+import json
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tvm import te
+
+import prnn_tvm
+import prnn_tvm.choice
+from prnn_tvm import Cell, CellError, ConfigError
+from prnn_tvm.choice import ConfigChoice, choose_and_build
+from prnn_tvm.dtypes import itemsize, policy, tolerance
+from prnn_tvm.report import ConfigOrigin
+from prnn_tvm.schedules import TEMPLATES, by_name, knob_short_names, knob_text, template_for
+from prnn_tvm.signature import ArgRole, Signature
+from prnn_tvm.target import gpu_spec
+
+GPU = gpu_spec("sm_90")
+CONTRACT = ("accepts", "apply", "default_configs", "space", "validate", "features", "config_from_dict")
+
+
+# ---------------------------------------------------------------- templates
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: t.name)
+def test_every_template_provides_the_contract(template):
+    assert all(callable(getattr(template, m)) for m in CONTRACT)
+    assert by_name(template.name) is template
+    if template.config_type is not None:
+        assert dataclasses.is_dataclass(template.config_type)
+        assert template.config_type.__dataclass_params__.frozen
+
+
+def test_templates_are_picked_by_plan_and_target():
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 4, 64)
+    assert template_for(plan, GPU.target()).name == "persistent_cuda"
+    assert template_for(plan, prnn_tvm.compile_cell("lstm", 4, 2, target="llvm").target).name == "cpu_reference"
+    with pytest.raises(ConfigError, match="no schedule template named 'wgmma'; templates: persistent_cuda"):
+        by_name("wgmma")
+
+
+def test_a_template_without_knobs_refuses_a_config():
+    with pytest.raises(ConfigError, match="the cpu_reference template has no knobs"):
+        prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", config={"vec": 4})
+
+
+def test_knob_short_names_come_from_the_config_fields():
+    assert knob_short_names() == {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r",
+                                  "batch_tile": "bt", "vec": "v", "barrier": ""}
+    knobs = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
+    assert knob_text(knobs, knob_short_names()) == "U=8 ks=16 r=2 bt=4 v=4 tags"
+    assert knob_text({"vec": 4}) == "vec=4"
+
+
+# ---------------------------------------------------------------- configs as dicts
+@pytest.fixture(scope="module")
+def default_knobs():
+    return prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", tuning_logs=[]).report.config
+
+
+def test_a_config_dict_builds_what_its_dataclass_builds(default_knobs):
+    as_dict = prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config=default_knobs)
+    numpy_ints = {k: np.int64(v) if isinstance(v, int) else v for k, v in default_knobs.items()}
+    as_numpy = prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config=numpy_ints)
+    cfg = by_name("persistent_cuda").config_from_dict(default_knobs)
+    as_object = prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config=cfg)
+    assert as_dict.report.config == as_numpy.report.config == as_object.report.config == default_knobs
+    assert as_dict.cuda_source == as_object.cuda_source
+    assert as_dict.report.config_origin is ConfigOrigin.USER and as_dict.report.config_detail == "user"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"bogus": 1}, r"unknown knob\(s\) bogus for PersistentConfig; its knobs are units_per_cta, k_split"),
+    ({"vec": "4"}, r"knob vec='4': expected a whole number"),
+    ({"vec": 4.0}, r"knob vec=4.0: expected a whole number"),
+    ({"vec": True}, r"knob vec=True: expected a whole number"),
+    ({"barrier": 1}, r"knob barrier=1: expected a string"),
+])
+def test_bad_config_dicts_are_refused_with_the_knob_named(default_knobs, change, message):
+    with pytest.raises(ConfigError, match=message):
+        prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config={**default_knobs, **change})
+
+
+def test_a_config_dict_missing_a_knob_is_refused(default_knobs):
+    knobs = {k: v for k, v in default_knobs.items() if k != "k_split"}
+    with pytest.raises(ConfigError, match="PersistentConfig needs the knob"):
+        prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config=knobs)
+    with pytest.raises(ConfigError, match="a config is a dict of knobs or a PersistentConfig, got list"):
+        prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config=[1, 2])
+
+
+# ---------------------------------------------------------------- the typed signature
+@pytest.fixture(scope="module")
+def lstm_cuda():
+    return prnn_tvm.compile_cell("lstm", 64, 2, input_size=24, target="cuda", arch="sm_90")
+
+
+def test_the_signature_derives_inputs_outputs_and_intermediates(lstm_cuda):
+    sig = lstm_cuda.signature
+    assert [x.function for x in sig.launches] == ["projection", "recurrent"]
+    assert sig.arg_names == ("x", "W_ih", "b_ih", "W_hh", "b_hh", "h0", "c0") == tuple(lstm_cuda.arg_names)
+    assert [a.name for a in sig.outputs] == ["out", "h_n", "c_n"]
+    assert [a.name for a in sig.intermediates] == ["xp"]
+    assert [a.name for a in sig.starting_at("recurrent").inputs] == ["xp", "W_hh", "b_hh", "h0", "c0"]
+    x, w_ih = sig.inputs[:2]
+    assert x.shape == ("T", 2, 24) and w_ih.shape == (256, 24) and x.role is ArgRole.INPUT
+    rec = sig.launch("recurrent")
+    assert [a.role for a in rec.args][-4:] == [ArgRole.WORKSPACE, ArgRole.SYNC, ArgRole.SCALAR, ArgRole.SCALAR]
+    assert rec.grid.ctas == lstm_cuda.report.ctas and rec.grid.registers == lstm_cuda.report.registers
+    assert rec.sync.kind == lstm_cuda.report.config["barrier"] and rec.sync.state_words == 4
+
+
+def test_the_signature_survives_json(lstm_cuda):
+    sig = lstm_cuda.signature
+    assert Signature.from_dict(json.loads(json.dumps(sig.as_dict()))) == sig
+
+
+@pytest.mark.parametrize("target", ["llvm", "cuda"])
+def test_kernels_declare_exactly_the_signature_arguments(target):
+    layer = prnn_tvm.compile_cell("gru_cho", 16, 3, target=target, arch="sm_90" if target == "cuda" else None)
+    launch = layer.kernel.launch
+    assert [p.name for p in layer.kernel.func.params] == [a.name for a in launch.args]
+    header = layer.kernel.func.script().split("def recurrent(", 1)[1].split("):\n", 1)[0]
+    for arg in launch.args:
+        declared = f'"{arg.dtype}")' if arg.role is not ArgRole.SCALAR else arg.dtype
+        assert re.search(rf"\b{arg.name}: T\.(Buffer\(\([^)]*\), )?{re.escape(declared)}", header), arg.name
+
+
+def test_where_a_timeout_happened_is_told_from_the_sync_description():
+    sync = prnn_tvm.compile_cell("gru_cho", 64, 2, target="cuda", arch="sm_90",
+                                 config={"units_per_cta": 1, "k_split": 32, "rows_per_thread": 1, "batch_tile": 2,
+                                         "vec": 4, "barrier": "counter"}).kernel.launch.sync
+    assert (sync.counts, sync.phases) == ("barriers", 2)
+    assert sync.where(7) == "after phase 1 of step 3"
+
+
+# ---------------------------------------------------------------- config choice
+class _FakeTemplate:
+    """Configs a, b, c ranked in that order; each build "spills" what ``SPILLS`` says."""
+
+    name = "fake"
+    config_type = str
+
+    def __init__(self, spills, fits=lambda c: True):
+        self.spills, self.fits = spills, fits
+
+    def default_configs(self, plan, target, gpu):
+        return ["a", "b", "c"]
+
+    def apply(self, plan, target, gpu, config=None):
+        if not self.fits(config):
+            raise ConfigError("does not fit")
+        return config
+
+    def config_from_dict(self, knobs):
+        return knobs["name"]
+
+
+def _choose(monkeypatch, template, tuned=None):
+    monkeypatch.setattr(prnn_tvm.choice, "tuned_config", lambda *a: (tuned, "" if tuned else "no tuning record"))
+    build = lambda kernel: SimpleNamespace(spill_bytes=template.spills.get(kernel, 0))  # noqa: E731
+    return choose_and_build(SimpleNamespace(cell=SimpleNamespace(name="fake")), template, None, GPU, build)
+
+
+def test_the_default_ladder_records_what_it_passed_over(monkeypatch):
+    kernel, built, choice = _choose(monkeypatch, _FakeTemplate({"a": 96, "b": 8}))
+    assert kernel == "c" and built.spill_bytes == 0 and choice.origin is ConfigOrigin.DEFAULT
+    assert choice.passed_over == (96, 8)
+    assert choice.describe() == "default: no tuning record (after 2 that spilled: 96 B, 8 B)"
+    kernel, built, choice = _choose(monkeypatch, _FakeTemplate({"a": 96, "b": 8, "c": 4}))
+    assert kernel == "c" and built.spill_bytes == 4 and choice.passed_over == (96, 8)  # the last one is kept
+
+
+def test_a_tuned_config_that_spills_or_does_not_fit_falls_back(monkeypatch):
+    tuned = ConfigChoice("t", ConfigOrigin.TUNED, "1.00 us/step measured on test GPU")
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}), tuned)
+    assert kernel == "t" and choice is tuned
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 40}), tuned)
+    assert kernel == "a" and choice.describe() == "default: the tuned config spills 40 B here"
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}, fits=lambda c: c != "t"), tuned)
+    assert kernel == "a" and choice.describe() == "default: the tuned config does not fit this GPU"
+
+
+# ---------------------------------------------------------------- dtypes
+def test_the_dtype_policy():
+    p = policy("float32")
+    assert (p.storage, p.accumulate, p.compute, p.itemsize) == ("float32", "float32", "float32", 4)
+    assert tolerance("float32", 256) == pytest.approx(16 * tolerance("float32", 1))
+    assert tolerance("float32", 0) == tolerance("float32", 1)
+    assert (itemsize("uint64"), itemsize("bfloat16"), itemsize("int8")) == (8, 2, 1)
+    with pytest.raises(ConfigError, match="dtype float16 is not supported yet; supported: float32"):
+        policy("float16")
+    assert prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8).policy == p
+
+
+def test_a_stage_outside_the_compute_type_is_refused():
+    def step(c):
+        x, h, w = c.input(), c.state("h"), c.weight("W")
+        hw = c.matvec(h, w, "hw")
+        wide = te.compute((c.batch, c.hidden), lambda n, j: (x[n, j] + hw[n, j]).astype("float64"), name="wide")
+        return {"h": c.pointwise(lambda n, j: te.tanh(wide[n, j].astype("float32")), "h_new")}
+
+    cell = Cell("wide", step, lambda x, s, p: {"h": np.tanh(x + s["h"] @ p["W"].T)})
+    with pytest.raises(CellError, match="computes float64; every stage of a cell computes in float32, the compute "
+                                        "type of a float32 layer"):
+        prnn_tvm.analyze(cell, 2, 8)
+
+
+def test_sizes_may_be_numpy_integers():
+    layer = prnn_tvm.compile_cell("rnn_tanh", np.int64(8), np.int32(2), target="llvm")
+    assert (layer.plan.hidden, layer.plan.batch) == (8, 2) and isinstance(layer.plan.hidden, int)
+    assert math.isclose(tolerance("float32", 4), 2e-5)
