@@ -1,8 +1,8 @@
 """Grid barrier variants: latency alone, an all-to-all stress run, and the effect on an LSTM kernel.
 
-    python bench/barrier.py [--stress-steps 10000 --stress-launches 100] [--out bench/results/barrier.md]
+    python bench/barrier.py [--stress-steps 10000 --stress-launches 1000] [--out bench/results/barrier.md]
 
-1. Latency: each variant alone (``prnn_tvm.barrier_probe``), for CTAs in {SMs, 2 x SMs}
+1. Latency: each variant alone (``prnn_tvm.bench.barrier_probe``), for CTAs in {SMs, 2 x SMs}
    and threads in {128, 256}, with one dependent read per step or reads of every CTA's
    value, microseconds per step (minimum over repeats of 1000-step launches).
 2. Stress: every step, every CTA reads the tags all other CTAs wrote in the step before;
@@ -23,7 +23,7 @@ from prnn_tvm.target import gpu_spec
 
 p = argparse.ArgumentParser()
 p.add_argument("--stress-steps", type=int, default=10_000)
-p.add_argument("--stress-launches", type=int, default=100)
+p.add_argument("--stress-launches", type=int, default=1000)
 p.add_argument("--out", default=None, help="also write the Markdown tables to this file")
 args = p.parse_args()
 

@@ -102,10 +102,14 @@ def tuned_config(plan, template, gpu, logs) -> tuple[ConfigChoice | None, str]:
     if not logs:
         return None, "tuning records not consulted"
     key = records.key_for(plan, gpu, template.name)
-    best = records.best([r for path in logs for r in records.load(path)], key)
+    found = [r for path in logs for r in records.load(path)]
+    best = records.best(found, key)
     if best is None:
         where = ", ".join(Path(p).name for p in logs)
-        return None, f"no tuning record for this cell, shapes and GPU in {where}"
+        other = records.unmatched(found, key)
+        if other:
+            log.info("%s: %s", plan.cell.name, other)
+        return None, f"no tuning record for this cell, shapes and GPU in {where}" + (f" ({other})" if other else "")
     try:
         cfg = template.config_from_dict(best.config)
     except ConfigError as err:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 
 import tvm
 
 from .choice import choose_and_build
 from .codegen.build import Built, build_module
-from .codegen.kernel import Kernel
+from .codegen.kernel import Kernel, layer_signature
 from .dtypes import policy
 from .errors import ConfigError
 from .frontend.analysis import analyze
@@ -17,8 +18,10 @@ from .frontend.cell import Cell
 from .frontend.plan import CellPlan
 from .frontend.registry import resolve
 from .report import CompileReport
+from .runtime.binding import MAX_ELEMENTS
 from .runtime.layer import Layer
 from .schedules import template_for
+from .signature import SEQ
 from .target import GpuSpec, gpu_spec
 
 log = logging.getLogger(__name__)
@@ -65,12 +68,25 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     policy(dtype)  # refuses a dtype the compiler does not support, naming the ones it does
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
+    _check_index_range(layer_signature(plan, input_size))
     template = template_for(plan, tgt)
     kernel, built, choice = choose_and_build(
         plan, template, tgt, gpu, lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
     rep = _report(plan, kernel, built, input_size, seq_len, gpu, choice)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
     return Layer(plan, kernel, built, input_size, tgt, gpu, rep)
+
+
+def _check_index_range(signature) -> None:
+    """Kernels index buffers with 32-bit integers: refuse a weight, or one step of a sequence, that
+    has 2^31 elements or more (longer sequences run in chunks: ``prnn_tvm.runtime.binding``)."""
+    for arg in signature.inputs + signature.outputs:
+        elements = math.prod(int(d) for d in arg.shape if d != SEQ)
+        if elements > MAX_ELEMENTS:
+            what = "one step of " if SEQ in arg.shape else ""
+            raise ConfigError(f"{what}{arg.name} would have {elements} elements ({' x '.join(map(str, arg.shape))}); "
+                              f"kernels index a buffer with 32-bit integers, so at most {MAX_ELEMENTS}: lower hidden, "
+                              "batch or input_size")
 
 
 def _positive(name: str, value) -> int | None:
@@ -104,7 +120,7 @@ def _report(plan: CellPlan, kernel: Kernel, built: Built, input_size: int, seq_l
         input_size=input_size, seq_len=seq_len, dtype=plan.dtype,
         target=f"cuda {gpu.arch}" if gpu else "llvm (CPU reference)", template=kernel.template,
         config=kernel.config.as_dict() if kernel.config is not None else {},
-        config_origin=choice.origin, config_detail=choice.describe(),
+        config_origin=choice.origin, config_detail=choice.describe(), config_passed_over=choice.passed_over,
         ctas=grid and grid.ctas, threads=grid and grid.threads, dynamic_smem_bytes=grid and grid.dynamic_smem_bytes,
         registers=fn and fn.registers, stack_bytes=fn and fn.stack_bytes, spill_store_bytes=fn and fn.spill_store_bytes,
         spill_load_bytes=fn and fn.spill_load_bytes, static_smem_bytes=fn and fn.static_smem_bytes,

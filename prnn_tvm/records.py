@@ -10,8 +10,11 @@ when/where it was measured.
 
 Appends take an exclusive ``flock`` and write each batch of lines with one ``write``
 call on an ``O_APPEND`` descriptor, so two tuners appending to one log never interleave
-bytes. A line that does not parse is skipped with a warning naming the file and line;
-nothing is ever rewritten.
+bytes. A line that does not parse, or holds values no measurement gives (a time that is
+not a positive number, a sequence length below one), is skipped with a warning naming
+the file, the line and why; nothing is ever rewritten. A record of another key (another
+TVM version, GPU or SM count) is never used for a compile; ``unmatched`` says which keys a
+log has for the same cell and shapes, so a compile can say why it used none.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from importlib import resources
 from pathlib import Path
+
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +108,22 @@ class Record:
         d["key"] = TuneKey(**d["key"])
         d["error"] = ErrorKind(d["error"]) if d.get("error") else None
         d["costs"] = tuple(float(c) for c in d.get("costs", ()))
-        return cls(**d)
+        record = cls(**d)
+        record.check()
+        return record
+
+    def check(self) -> None:
+        """ValueError for values no measurement gives: a time that is not a positive number, a
+        sequence length below one, a key or config of the wrong types."""
+        if not all(math.isfinite(c) and c > 0 for c in self.costs):
+            raise ValueError(f"costs {list(self.costs)}: times must be positive numbers")
+        if self.costs and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1):
+            raise ValueError(f"seq_len {self.seq_len!r}: a timed record needs the sequence length it timed")
+        k = self.key
+        if not all(isinstance(getattr(k, f), int) and getattr(k, f) > 0 for f in ("batch", "hidden", "sms")):
+            raise ValueError(f"key {k}: batch, hidden and sms must be positive integers")
+        if not isinstance(self.config, dict):
+            raise ValueError(f"config {self.config!r}: a config is a dict of knobs")
 
 
 def key_for(plan, gpu, template: str) -> TuneKey:
@@ -124,6 +144,8 @@ def append(path: str | Path, records: list[Record]) -> None:
     if not records:
         return
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"tuning log {path} is a directory; give the path of a .jsonl file")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(r.to_json() + "\n" for r in records).encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -139,6 +161,8 @@ def append(path: str | Path, records: list[Record]) -> None:
 def load(path: str | Path) -> list[Record]:
     """Every well-formed record of the log at ``path`` (none if it does not exist)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"tuning log {path} is a directory; give the path of a .jsonl file")
     if not path.exists():
         return []
     records = []
@@ -161,3 +185,16 @@ def best(records: list[Record], key: TuneKey) -> Record | None:
     """The fastest successful record of ``key`` (median per-step time), or None."""
     ok = [r for r in for_key(records, key) if r.ok]
     return min(ok, key=lambda r: r.per_step_s, default=None)
+
+
+def unmatched(records: list[Record], key: TuneKey) -> str:
+    """Why no record of ``records`` serves ``key`` though some are for the same cell, shapes and
+    template: the TVM versions, archs and SM counts they were measured with; "" when none are."""
+    near = {(r.key.tvm, r.key.arch, r.key.sms, r.key.dtype) for r in records
+            if (r.key.fingerprint, r.key.batch, r.key.hidden, r.key.template)
+            == (key.fingerprint, key.batch, key.hidden, key.template) and r.key != key and r.ok}
+    if not near:
+        return ""
+    found = "; ".join(f"TVM {tvm}, {arch} with {sms} SMs, {dtype}" for tvm, arch, sms, dtype in sorted(near))
+    return (f"records for this cell and shapes were measured with {found}, not with TVM {key.tvm}, {key.arch} "
+            f"with {key.sms} SMs, {key.dtype}")

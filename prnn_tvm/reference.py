@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from .codegen.kernel import layer_signature
+from .errors import CellError
 from .frontend.plan import CellPlan
 from .signature import ArgRole
 
@@ -36,6 +39,21 @@ def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.n
     state = {s.name: f64[f"{s.name}0"] for s in plan.states}
     out = np.empty((xp.shape[0], plan.batch, plan.hidden))
     for t in range(xp.shape[0]):
-        state = {k: np.asarray(v, dtype=np.float64) for k, v in plan.cell.reference(xp[t], state, params).items()}
+        state = _checked(plan, plan.cell.reference(xp[t], state, params))
         out[t] = state[plan.output]
     return out, state
+
+
+def _checked(plan: CellPlan, new) -> dict:
+    """The reference's new states as float64 arrays; CellError naming what it got wrong otherwise."""
+    name, want = plan.cell.name, (plan.batch, plan.hidden)
+    if not isinstance(new, Mapping) or set(new) != {s.name for s in plan.states}:
+        got = sorted(new) if isinstance(new, Mapping) else type(new).__name__
+        raise CellError(f"cell '{name}': its reference returned {got}; it must return {{state: new value}} for "
+                        f"the states {', '.join(s.name for s in plan.states)}")
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in new.items()}
+    for k, v in arrays.items():
+        if v.shape != want:
+            raise CellError(f"cell '{name}': its reference returned state '{k}' of shape {v.shape}; states are "
+                            f"(batch, hidden) = {want}")
+    return arrays

@@ -37,6 +37,7 @@ class CompileReport:
     config: dict = field(default_factory=dict)
     config_origin: ConfigOrigin = ConfigOrigin.NONE
     config_detail: str = "none"
+    config_passed_over: tuple = ()  # spill bytes of each ranked default built before this config and dropped
     ctas: int | None = None
     threads: int | None = None
     dynamic_smem_bytes: int | None = None

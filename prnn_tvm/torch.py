@@ -26,6 +26,7 @@ from prnn_tvm.compiler import compile_cell
 from prnn_tvm.errors import ConfigError, InputError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
+from prnn_tvm.runtime.binding import ALIGNMENT
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class _Recurrent(torch.nn.Module):
                 setattr(self, name, torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
         self.reset_parameters()
         self._layers: dict = {}
+        self._aligned_copies: dict = {}
 
     def reset_parameters(self) -> None:
         """PyTorch's initialization: U(-1/sqrt(hidden), 1/sqrt(hidden))."""
@@ -86,6 +88,20 @@ class _Recurrent(torch.nn.Module):
                                              config=self.config if target == "cuda" else None)
         return self._layers[key]
 
+    def _aligned(self, name: str) -> torch.Tensor:
+        """Parameter ``name``, or an aligned copy of it when it does not start on a 64-byte boundary
+        (cuDNN's flattened weights put biases anywhere). The copy is kept while the parameter's
+        storage and version counter stay the same, so it is made once per weight update."""
+        p = getattr(self, name)
+        if p.data_ptr() % ALIGNMENT == 0:
+            return p
+        key = (p.data_ptr(), p._version, p.device)
+        cached = self._aligned_copies.get(name)
+        if cached is None or cached[0] != key:
+            cached = (key, p.detach().clone())  # torch's allocators return aligned blocks
+            self._aligned_copies[name] = cached
+        return cached[1]
+
     def forward(self, input: torch.Tensor, hx=None):
         kind, H = type(self).__name__, self.hidden_size
         states = len(self._states)
@@ -109,11 +125,12 @@ class _Recurrent(torch.nn.Module):
             if tuple(t.shape) != want:
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
         layer = self.layer_for(B, x.device)
-        def bias(name, weight):  # bias=False: zeros as long as the weight's rows
-            return getattr(self, name) if self.bias else torch.zeros(len(weight), device=x.device)
 
-        args = [x, self.weight_ih_l0, bias("bias_ih_l0", self.weight_ih_l0), self.weight_hh_l0,
-                bias("bias_hh_l0", self.weight_hh_l0), *(t.reshape(B, H) for t in hx)]
+        def bias(name, weight):  # bias=False: zeros as long as the weight's rows
+            return self._aligned(name) if self.bias else torch.zeros(len(weight), device=x.device)
+
+        args = [x, self._aligned("weight_ih_l0"), bias("bias_ih_l0", self.weight_ih_l0),
+                self._aligned("weight_hh_l0"), bias("bias_hh_l0", self.weight_hh_l0), *(t.reshape(B, H) for t in hx)]
         args = [a.detach().contiguous() for a in args]  # views: DLPack refuses tensors that track gradients
         if x.device.type == "cuda" and torch.cuda.current_stream(x.device) != torch.cuda.default_stream(x.device):
             torch.cuda.current_stream(x.device).synchronize()  # the kernels run on the default stream

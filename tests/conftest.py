@@ -10,6 +10,8 @@ HAS_GPU = local_gpu() is not None
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return
+    if config.getoption("markexpr") == "gpu":  # `make gpu-test` without a GPU: nothing would run
+        raise pytest.UsageError("the GPU tests (-m gpu) need a CUDA GPU and there is none here: nothing ran")
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
     for item in items:
         if "gpu" in item.keywords:

@@ -12,10 +12,16 @@ import prnn_tvm
 from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.codegen.ptxas import parse_report
 from prnn_tvm.report import ConfigOrigin
+from prnn_tvm.schedules import by_name
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 
 CELLS = sorted(prnn_tvm.builtin_cells())
+
+
+# Where the register estimate ranks first a config that ptxas spills, and the build takes the next
+# ranked default (the report names it): (cell, hidden, batch, arch) -> spill bytes passed over.
+KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (96,)}
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -28,6 +34,15 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
     assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
     assert rep.config_origin is ConfigOrigin.DEFAULT
+    # the first ranked default, unless this is a known fallback (then the report says what spilled)
+    passed_over = KNOWN_FALLBACKS.get((cell, hidden, batch, arch), ())
+    assert rep.config_passed_over == passed_over, rep.format()
+    assert rep.config == default_configs(layer)[len(passed_over)].as_dict()
+    assert ("spilled: 96 B" in rep.config_detail) == bool(passed_over)
+
+
+def default_configs(layer):
+    return by_name(layer.report.template).default_configs(layer.plan, layer.target, layer.gpu)
 
 
 def kernel_source(layer):

@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+from ..errors import InputError
 from ..schedules import knob_short_names, knob_text
 
 CASE_COLUMNS = ["cell", "dtype", "hidden", "batch", "seq_len", "status", "error"]
@@ -57,9 +58,27 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
 
 
 def read_csv(path: str | Path) -> list[dict]:
-    """Read rows back: empty cells become None, counts int, figures float."""
-    with Path(path).open(newline="") as f:
-        return [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    """Read rows back: empty cells become None, counts int, figures float.
+
+    InputError when the file is missing, has no rows, lacks a case column or holds a
+    value that is not a number where a number belongs.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such benchmark CSV")
+    with path.open(newline="", errors="replace") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in CASE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise InputError(f"{path} is not a benchmark CSV: it has no column(s) {', '.join(missing)} (written by "
+                             "prnn-tvm bench, it has the columns of prnn_tvm.bench.table.COLUMNS)")
+        try:
+            rows = [{k: _parse(k, v) for k, v in row.items()} for row in reader]
+        except ValueError as err:
+            raise InputError(f"{path}, line {reader.line_num}: {err}") from err
+    if not rows:
+        raise InputError(f"{path} has a header but no benchmark rows")
+    return rows
 
 
 def _parse(key: str, text: str | None):

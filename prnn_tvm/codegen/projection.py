@@ -21,9 +21,15 @@ def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) 
     x = te.placeholder((seq_len, B, input_size), dt, name="x")
     w = te.placeholder((N, input_size), dt, name="W_ih")
     b = te.placeholder((N,), dt, name="b_ih")
-    k = te.reduce_axis((0, input_size), name="k")
-    xw = te.compute((seq_len, B, N), lambda t, n, j: te.sum(x[t, n, k] * w[j, k], axis=k), name="xw")
-    xp = te.compute((seq_len, B, N), lambda t, n, j: xw[t, n, j] + b[j], name="xp")
+    if input_size == 1:
+        # No reduction for a single input feature: with one, dlight's fallback rule inlines the
+        # bias into a reduction of extent 1 as its init *and* its update, adding it twice
+        # (TVM 0.27; every cell at input_size=1 was wrong on the GPU through it).
+        xp = te.compute((seq_len, B, N), lambda t, n, j: x[t, n, 0] * w[j, 0] + b[j], name="xp")
+    else:
+        k = te.reduce_axis((0, input_size), name="k")
+        xw = te.compute((seq_len, B, N), lambda t, n, j: te.sum(x[t, n, k] * w[j, k], axis=k), name="xw")
+        xp = te.compute((seq_len, B, N), lambda t, n, j: xw[t, n, j] + b[j], name="xp")
     func = te.create_prim_func([x, w, b, xp]).with_attr("global_symbol", "projection")
     mod = tvm.IRModule({"projection": func})
     if target.kind.name == "cuda":
@@ -32,15 +38,15 @@ def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) 
         with target:
             mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
     else:
-        mod = _cpu_schedule(mod)
+        mod = _cpu_schedule(mod, "xp" if input_size == 1 else "xw")
     return mod["projection"]
 
 
-def _cpu_schedule(mod: tvm.IRModule) -> tvm.IRModule:
+def _cpu_schedule(mod: tvm.IRModule, main_block: str) -> tvm.IRModule:
     from tvm import s_tir
 
     sch = s_tir.Schedule(mod)
-    block = sch.get_sblock("xw", func_name="projection")
-    t, n, j, _k = sch.get_loops(block)
+    block = sch.get_sblock(main_block, func_name="projection")
+    t, n = sch.get_loops(block)[:2]
     sch.parallel(sch.fuse(t, n))
     return sch.mod

@@ -52,7 +52,12 @@ def _from_file(path: Path, attr: str) -> Cell:
         raise CellError(f"cell file {path} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"prnn_tvm_user_cell_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as err:
+        raise CellError(f"{path}, line {err.lineno}: {err.msg}; the cell file is not valid Python") from err
+    except Exception as err:  # the user's module failed while importing: say where, keep the cause
+        raise CellError(f"{path} raised {type(err).__name__} while being imported: {err}") from err
     cell = getattr(module, attr, None)
     if not isinstance(cell, Cell):
         raise CellError(f"{path} defines no Cell named {attr}")

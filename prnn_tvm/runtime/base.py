@@ -23,7 +23,7 @@ import tvm
 from ..errors import BarrierTimeout, LaunchError
 from ..signature import Arg, ArgRole, Signature
 from ..target import ctas_per_sm, gpu_spec
-from .binding import BoundCall, bind
+from .binding import COPY, BoundCall, bind
 
 DEFAULT_TIMEOUT_US = 50_000  # per barrier wait: generous against preemption, short against a hang
 
@@ -86,13 +86,18 @@ class RuntimeLayer:
         """Seconds per launch of each kernel (minimum over ``repeat`` runs of ``number`` launches).
 
         Takes the same arguments as a call; inputs are placed on the device once, outside
-        the timed region. Returns ``{function name: seconds}``, one entry per launch.
+        the timed region. Returns ``{function name: seconds}``, one entry per launch of the
+        layer's signature.
         """
         call = self.bind(*args, **kwargs)
         self._check_coresidency()
         dev = self.device
-        times = {name: min(self.module.time_evaluator(name, dev, number=number, repeat=repeat)(*a).results)
-                 for name, a in call.launches}
+        times: dict[str, float] = {}
+        for name, a in call.launches:  # a sequence run in chunks: the sum over its chunks
+            if name == COPY:
+                continue
+            timer = self.module.time_evaluator(name, dev, number=number, repeat=repeat)
+            times[name] = times.get(name, 0.0) + min(timer(*a).results)
         self._check_barrier(call.seq_len)  # a timed-out run would make the figures meaningless
         return times
 
@@ -110,8 +115,11 @@ class RuntimeLayer:
     def _run(self, call: BoundCall):
         self._check_coresidency()
         for name, args in call.launches:
-            self._launch(name, args)
-        self._check_barrier(call.seq_len)
+            if name == COPY:
+                args[0].copyfrom(args[1])
+            else:
+                self._launch(name, args)
+        self._check_barrier(call.seq_len, call.chunks)
         out, *finals = call.outputs
         if call.from_numpy:
             return out.numpy(), tuple(f.numpy() for f in finals)
@@ -123,7 +131,7 @@ class RuntimeLayer:
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
             raise LaunchError(f"launching '{name}' of {self.signature.cell} failed: {err}") from err
 
-    def _check_barrier(self, seq_len: int) -> None:
+    def _check_barrier(self, seq_len: int, chunks: int = 1) -> None:
         """Raise if a barrier wait timed out in the last call (and reset the barrier state)."""
         for launch in self.signature.launches:
             sync = next((a for a in launch.args if a.role is ArgRole.SYNC), None)
@@ -132,10 +140,12 @@ class RuntimeLayer:
             stale = [self._owned[a.name] for a in launch.args if a.role is ArgRole.WORKSPACE and a.name in self._owned]
             recorded = take_timeout(self._owned[sync.name], stale=stale)
             if recorded is not None:
+                within = " (counted within its chunk of the sequence)" if chunks > 1 else ""
                 raise BarrierTimeout(
-                    f"{self.signature.cell}: the grid synchronization {launch.sync.where(recorded)} of {seq_len} "
-                    f"timed out ({self.barrier_timeout_us} us per wait): some thread block never arrived. The "
-                    "outputs of this call are invalid; the barrier state was reset and the next call starts clean.")
+                    f"{self.signature.cell}: the grid synchronization {launch.sync.where(recorded)} of {seq_len}"
+                    f"{within} timed out ({self.barrier_timeout_us} us per wait): some thread block never arrived. "
+                    "The outputs of this call are invalid; the barrier state was reset and the next call starts "
+                    "clean.")
 
     def _check_coresidency(self) -> None:
         """Refuse a grid that cannot be co-resident on this GPU (a cooperative launch would fail or hang)."""

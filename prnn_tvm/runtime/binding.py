@@ -10,41 +10,64 @@ state) and scalars are supplied by the layer. Imports only TVM's runtime and Num
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 
+from ..dtypes import itemsize
 from ..errors import InputError
 from ..signature import SEQ, Arg, ArgRole, Signature
+
+# Kernels index their buffers with 32-bit integers (TVM's default) and take buffers that start
+# at their allocation, so no launch may see a sequence buffer of 2^31 elements or more: a
+# longer sequence runs as several launches over consecutive pieces of it, each starting from
+# the states the one before ended with. Its pieces are copied into (inputs) and out of
+# (outputs) buffers of one piece's length, which also bounds the intermediates' memory.
+MAX_ELEMENTS = 2**31 - 1
+COPY = "copy"  # a step of a chunked call that is a copy, ``(COPY, (destination, source))``
+ALIGNMENT = 64  # bytes: what TVM allocates with and its kernels may assume of a buffer's start
 
 
 @dataclass(frozen=True)
 class BoundCall:
-    """Every launch of one call with its arguments in place, and what the call returns.
+    """Every step of one call with its arguments in place, and what the call returns.
 
-    ``launches`` holds ``(function name, argument values)`` in order; ``outputs`` the
-    tensors the call returns (the output sequence, then the final states); ``from_numpy``
-    whether every input came as NumPy (then NumPy goes back to the caller).
+    ``launches`` holds ``(function name, argument values)`` in order: the signature's
+    launches, once per chunk for a sequence past :data:`MAX_ELEMENTS`, with the copies
+    that move each chunk as ``(COPY, (destination, source))``. ``outputs`` are the tensors
+    the call returns (the output sequence, then the final states); ``from_numpy`` whether
+    every input came as NumPy (then NumPy goes back to the caller).
     """
 
     seq_len: int
     launches: tuple
     outputs: tuple
     from_numpy: bool
+    chunks: int = 1
 
 
 def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars: dict) -> BoundCall:
     """Check and place a call's arguments; allocate its outputs.
 
     ``owned(arg)`` returns the layer's persistent buffer for a workspace or barrier-state
-    argument; ``scalars`` maps scalar argument names to their values.
+    argument; ``scalars`` maps scalar argument names to their values. Refuses, before
+    anything is allocated, a call whose buffers do not fit in the device's free memory.
     """
     inputs = signature.inputs
     names = [a.name for a in inputs]
     values = bind_names(names, args, kwargs, required=[a.name for a in inputs if a.role is not ArgRole.STATE])
     first = next(a for a in inputs if a.shape and a.shape[0] == SEQ)
     seq_len = sequence_length(values[first.name], first.name)
+    chunk = chunk_length(signature, seq_len)
+    chunks = -(-seq_len // chunk)
+    sequences = [a for a in (*inputs, *signature.intermediates, *signature.outputs) if SEQ in a.shape]
+    finals = [a for a in signature.outputs if a.role is ArgRole.FINAL]
+    check_memory([(a, seq_len) for a in signature.outputs]
+                 + [(a, chunk) for a in (signature.intermediates if chunks == 1 else sequences)]
+                 + [(a, 1) for a in (finals if chunks > 1 else ())], device)
     tensors, from_numpy = {}, True
     for arg in inputs:
         given = values.get(arg.name)
@@ -52,20 +75,75 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
             given = np.zeros(arg.concrete_shape(seq_len), arg.dtype)
         tensors[arg.name], numpy_given = place(arg, given, seq_len, device)
         from_numpy &= numpy_given
-    for arg in (*signature.intermediates, *signature.outputs):
+    for arg in signature.outputs:
         tensors[arg.name] = tvm.runtime.empty(arg.concrete_shape(seq_len), arg.dtype, device)
-    launches = []
-    for launch in signature.launches:
-        values_of = []
-        for arg in launch.args:
-            if arg.role.owned:
-                values_of.append(owned(arg))
-            elif arg.role is ArgRole.SCALAR:
-                values_of.append(scalars[arg.name])
-            else:
-                values_of.append(tensors[arg.name])
-        launches.append((launch.function, values_of))
-    return BoundCall(seq_len, tuple(launches), tuple(tensors[a.name] for a in signature.outputs), from_numpy)
+    if chunks == 1:
+        tensors.update({a.name: tvm.runtime.empty(a.concrete_shape(seq_len), a.dtype, device)
+                        for a in signature.intermediates})
+        launches = [(x.function, _values(x, tensors, owned, scalars)) for x in signature.launches]
+        return BoundCall(seq_len, tuple(launches), tuple(tensors[a.name] for a in signature.outputs), from_numpy)
+    pieces = {a.name: tvm.runtime.empty(a.concrete_shape(chunk), a.dtype, device) for a in sequences}
+    # chunk c's final states are chunk c + 1's initial states: two sets written in turn (a
+    # kernel must not write what other blocks may still read), the last chunk's the outputs
+    spare = {a.name: tvm.runtime.empty(a.concrete_shape(1), a.dtype, device) for a in finals}
+    steps, carried = [], {}
+    for c in range(chunks):
+        t0, t1 = c * chunk, min(seq_len, (c + 1) * chunk)
+        piece = {a.name: _steps(pieces[a.name], a, 0, t1 - t0) for a in sequences}
+        steps += [(COPY, (piece[a.name], _steps(tensors[a.name], a, t0, t1))) for a in sequences if a in inputs]
+        for launch in signature.launches:
+            own = {a.name: (tensors if (chunks - 1 - c) % 2 == 0 else spare)[a.name]
+                   for a in launch.args if a.role is ArgRole.FINAL}
+            states = [a.name for a in launch.args if a.role is ArgRole.STATE]
+            here = {**tensors, **piece, **own, **(dict(zip(states, carried[launch.function])) if c else {})}
+            steps.append((launch.function, _values(launch, here, owned, scalars)))
+            carried[launch.function] = list(own.values())  # the k-th final state is the k-th next initial one
+        steps += [(COPY, (_steps(tensors[a.name], a, t0, t1), piece[a.name])) for a in signature.outputs
+                  if SEQ in a.shape]
+    return BoundCall(seq_len, tuple(steps), tuple(tensors[a.name] for a in signature.outputs), from_numpy, chunks)
+
+
+def _values(launch, tensors: dict, owned, scalars: dict) -> list:
+    """A launch's argument values: the layer's own buffers and scalars, else the named tensors."""
+    return [owned(a) if a.role.owned else scalars[a.name] if a.role is ArgRole.SCALAR else tensors[a.name]
+            for a in launch.args]
+
+
+def chunk_length(signature: Signature, seq_len: int) -> int:
+    """Steps per launch: all of them, unless a sequence buffer would reach :data:`MAX_ELEMENTS`."""
+    per_step = max((math.prod(int(d) for d in a.shape if d != SEQ) for x in signature.launches for a in x.args
+                    if SEQ in a.shape), default=1)
+    return min(seq_len, max(1, MAX_ELEMENTS // per_step))
+
+
+def check_memory(buffers: list, device) -> None:
+    """InputError, before anything is allocated, when ``buffers`` ((arg, steps) pairs) exceed the
+    device's free memory."""
+    needed = sum(math.prod(a.concrete_shape(steps)) * itemsize(a.dtype) for a, steps in buffers)
+    free = _free_memory(device)
+    if free is not None and needed > free:
+        names = ", ".join(dict.fromkeys(a.name for a, _ in buffers))
+        longest = max(steps for _, steps in buffers)
+        raise InputError(f"a sequence of {longest} steps needs {needed / 2**30:.2f} GiB on {device} for its "
+                         f"outputs and intermediates ({names}), and {free / 2**30:.2f} GiB are free: run it in "
+                         "shorter pieces, each starting from the final states of the one before")
+
+
+def _free_memory(device) -> int | None:
+    """Free bytes on a GPU; None on the CPU (the operating system has the say there)."""
+    if device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type():
+        return None
+    try:
+        return int(device.available_global_memory)
+    except Exception:  # noqa: BLE001 - a device that cannot say: no check rather than a wrong one
+        return None
+
+
+def _steps(tensor, arg: Arg, t0: int, t1: int):
+    """A view of steps t0..t1 of a (T, ...) tensor."""
+    shape = arg.concrete_shape(t1 - t0)
+    row = math.prod(shape[1:]) * itemsize(arg.dtype)
+    return tensor._create_view(shape, relative_byte_offset=t0 * row)
 
 
 def bind_names(names: list[str], args: tuple, kwargs: dict, required: list[str]) -> dict:
@@ -106,11 +184,10 @@ def place(arg: Arg, value, seq_len: int, device) -> tuple:
     if isinstance(value, tvm.runtime.Tensor):
         tensor = value
     elif hasattr(value, "__dlpack__"):
-        try:
-            tensor = tvm.runtime.from_dlpack(value)
+        try:  # any alignment: a misaligned tensor is copied below, not refused
+            tensor = tvm_ffi.from_dlpack(value, require_alignment=0, require_contiguous=False)
         except Exception as err:
-            raise InputError(f"{arg.name}: cannot be wrapped through DLPack ({err}); pass a contiguous, "
-                             "64-byte aligned tensor") from err
+            raise InputError(f"{arg.name}: cannot be wrapped through DLPack ({err})") from err
     else:
         raise InputError(f"{arg.name} must be a NumPy array or a DLPack tensor, got {type(value).__name__}")
     check(arg.name, tuple(int(d) for d in tensor.shape), str(tensor.dtype), shape, arg.dtype)
@@ -118,6 +195,10 @@ def place(arg: Arg, value, seq_len: int, device) -> tuple:
         raise InputError(f"{arg.name} is not contiguous; pass a compact (row-major) tensor")
     if (tensor.device.dlpack_device_type(), tensor.device.index) != (device.dlpack_device_type(), device.index):
         raise InputError(f"{arg.name} is on {tensor.device}, the layer runs on {device}")
+    if tensor.data_ptr() % ALIGNMENT:  # kernels may load it with vector instructions: an aligned copy
+        aligned = tvm.runtime.empty(shape, arg.dtype, device)
+        aligned.copyfrom(tensor)
+        return aligned, False
     return tensor, False
 
 

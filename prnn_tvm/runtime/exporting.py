@@ -29,7 +29,7 @@ from ..codegen import ptxas
 from ..errors import ExportError
 from ..signature import ArgRole
 from .layer import Layer
-from .loading import FORMAT, METADATA_SYMBOL, SCHEMA, first_line
+from .loading import CHECKSUM, FORMAT, METADATA_SYMBOL, SCHEMA, checksum_trailer, first_line
 from .module_format import pack_with_cubin
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,10 @@ def export(layer, path, **compile_kwargs) -> Path:
     elif compile_kwargs:
         raise ExportError(f"compile arguments ({', '.join(compile_kwargs)}) given with an already compiled layer")
     path = Path(path)
+    if path.is_dir():
+        raise ExportError(f"{path} is a directory; give the path of the library to write (.so)")
+    if not path.parent.is_dir():
+        raise ExportError(f"cannot write {path}: the folder {path.parent} does not exist")
     metadata = layer_metadata(layer)
     with tempfile.TemporaryDirectory(prefix="prnn_tvm_export_") as tmp:
         meta_c = Path(tmp, "prnn_metadata.c")
@@ -72,6 +76,9 @@ def export(layer, path, **compile_kwargs) -> Path:
         except (RuntimeError, OSError) as err:  # the host compiler's or linker's message, first line
             raise ExportError(f"linking {path.name} failed: {first_line(err)}; a host C++ compiler (g++) is "
                               "needed") from err
+    with open(path, "r+b") as f:  # the checksum load verifies before mapping the file
+        body = f.read()
+        f.write(checksum_trailer(body))
     log.info("exported %s (%s, %s) to %s", layer.signature.cell, metadata["target"], metadata["arch"], path)
     return path
 
@@ -91,7 +98,7 @@ def layer_metadata(layer: Layer) -> dict:
         return d | ({"optional": True} if arg.role is ArgRole.STATE else {})
 
     return {
-        "format": FORMAT, "schema": SCHEMA,
+        "format": FORMAT, "schema": SCHEMA, "checksum": CHECKSUM,
         "cell": rep.cell, "fingerprint": rep.fingerprint,
         "batch": sig.batch, "hidden": sig.hidden, "input_size": sig.input_size, "seq_len": rep.seq_len,
         "dtype": sig.dtype, "target": "cuda" if layer.is_cuda else "llvm",

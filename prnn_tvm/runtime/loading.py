@@ -9,6 +9,7 @@ that is not a prnn-tvm library, or one built for another GPU, is refused with th
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,12 @@ from .base import RuntimeLayer
 log = logging.getLogger(__name__)
 
 FORMAT = "prnn-tvm layer"
+# Exported files end with MAGIC + sha256(everything before), checked before the file is ever
+# mapped (a damaged library can kill the process inside dlopen). Their metadata says so with
+# CHECKSUM, so a file cut short (trailer gone) is told from one exported before checksums.
+CHECKSUM = "sha256 trailer"
+CHECKSUM_MAGIC = b"PRNN-TVM-SHA256\0"
+CHECKSUM_BYTES = len(CHECKSUM_MAGIC) + hashlib.sha256().digest_size
 SCHEMA = 2  # 2: a typed signature (prnn_tvm.signature); 1: a flat launch spec, still read
 READABLE_SCHEMAS = (1, 2)
 METADATA_SYMBOL = "prnn_tvm_metadata"
@@ -58,9 +65,11 @@ class LoadedLayer(RuntimeLayer):
 def read_metadata(path: str | Path) -> dict:
     """The metadata of an exported library, checked to be a prnn-tvm layer this version can run."""
     path = Path(path)
+    if path.is_dir():
+        raise LoadError(f"{path} is a directory; give the path of an exported library (.so)")
     if not path.is_file():
         raise LoadError(f"{path}: no such file")
-    problem = _elf_problem(path)
+    problem = _checksum_problem(path) or _elf_problem(path)
     if problem:
         raise LoadError(f"{path.name} is not a loadable shared library ({problem}); "
                         "export the layer again with prnn-tvm export")
@@ -159,6 +168,25 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
     layer = LoadedLayer(path, metadata, signature, module, device)
     log.info("loaded %r", layer)
     return layer
+
+
+def checksum_trailer(body: bytes) -> bytes:
+    """What export appends to a library: the magic and the SHA-256 of everything before it."""
+    return CHECKSUM_MAGIC + hashlib.sha256(body).digest()
+
+
+def _checksum_problem(path: Path) -> str | None:
+    """Why ``path`` is not the file export wrote (checksum), or None."""
+    data = path.read_bytes()
+    body, trailer = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
+    if trailer.startswith(CHECKSUM_MAGIC):
+        if checksum_trailer(body) != trailer:
+            return "its checksum does not match: it was changed or damaged after export"
+        return None
+    if json.dumps({"checksum": CHECKSUM})[1:-1].encode() in data:
+        return "its checksum trailer is missing: it was cut short or changed after export"
+    log.warning("%s carries no checksum (exported by prnn-tvm 0.1.0): it is loaded without that check", path.name)
+    return None
 
 
 def _elf_problem(path: Path) -> str | None:

@@ -1,0 +1,439 @@
+"""The README's bad-input table, row by row: each bad input gives its clear error, before anything is
+launched, and leaves the layer usable for the next good call.
+
+The table under "## Bad inputs" in README.md is the specification: every row's first column names a
+case below, its second column is an excerpt of the error the user sees. A row without a case, or
+a case without a row, fails.
+"""
+
+import json
+import logging
+import math
+import pathlib
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm import PrnnError, records
+from prnn_tvm.cli import main
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.reference import random_inputs, reference_layer
+from prnn_tvm.target import local_gpu
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_rows() -> dict:
+    """Bad input -> the excerpt of its error, from the README's table."""
+    text = README.read_text()
+    section = text[text.index("## Bad inputs"):]
+    section = section[:section.index("\n## ", 4)]
+    rows = {}
+    for line in section.splitlines():
+        m = re.fullmatch(r"\| (.+?) \| `(.+)` \|", line.strip())
+        if m:
+            rows[m.group(1)] = m.group(2).replace("\\|", "|")
+    return rows
+
+
+ROWS = readme_rows()
+CASES = {}
+
+
+def case(what):
+    def register(fn):
+        CASES[what] = fn
+        return fn
+    return register
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    return prnn_tvm.compile_cell("lstm", 8, 2, target="llvm")
+
+
+@pytest.fixture
+def good(lstm):
+    return random_inputs(lstm.plan, 3, 8)
+
+
+def _call_with(lstm, good, **changes):
+    args = {**good, **changes}
+    return lstm(**{k: v for k, v in args.items() if v is not _DROP})
+
+
+_DROP = object()
+
+
+def _cell_file(tmp_path, body):
+    path = tmp_path / "cell.py"
+    path.write_text(body)
+    return str(path)
+
+
+_GOOD_CELL = textwrap.dedent("""
+    import numpy as np
+    from tvm import te
+    from prnn_tvm import Cell
+
+    def step(c):
+        x, h, W = c.input(), c.state("h"), c.weight("W")
+        hw = c.matvec(h, W, "hw")
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")}
+""")
+
+
+# ---------------------------------------------------------------- compile_cell and cells
+@case("`compile_cell` with `hidden=0`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 0, 2, target="llvm")
+
+
+@case("an unsupported `dtype`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, dtype="float16", target="llvm")
+
+
+@case("an unknown `target`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="vulkan")
+
+
+@case("an unknown `arch`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_99")
+
+
+@case("a config dict with an unknown knob")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90", config={"units_per_cta": 1, "bogus": 1})
+
+
+@case("a config knob of the wrong type")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90",
+                          config={"units_per_cta": 1, "k_split": 8, "rows_per_thread": 1, "batch_tile": "2"})
+
+
+@case("a config that cannot fit")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 1024, 4, target="cuda", arch="sm_90",
+                          config={"units_per_cta": 8, "k_split": 4, "rows_per_thread": 16, "batch_tile": 4})
+
+
+@case("a config for the CPU build")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", config={"vec": 4})
+
+
+@case("a weight of 2^31 elements or more")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("rnn_tanh", 100_000, 1, target="llvm")
+
+
+@case("a misspelled cell name")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstmm", 8, 2, target="llvm")
+
+
+@case("a cell file that does not exist")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(str(tmp_path / "nope.py"), 8, 2, target="llvm")
+
+
+@case("a cell file with a syntax error")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_cell_file(tmp_path, "def step(c:\n"), 8, 2, target="llvm")
+
+
+@case("a cell file whose import fails")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_cell_file(tmp_path, "import no_such_module_here\n"), 8, 2, target="llvm")
+
+
+@case("a cell mixing hidden units")
+def _(lstm, good, tmp_path):
+    path = _cell_file(tmp_path, _GOOD_CELL.replace("x[n, j] + hw[n, j]", "x[n, j] + hw[n, (j + 1) % 8]") +
+                      "\nCELL = Cell('shift', step, lambda x, s, p: s)\n")
+    prnn_tvm.compile_cell(path, 8, 2, target="llvm")
+
+
+@case("a state update of the wrong shape")
+def _(lstm, good, tmp_path):
+    body = _GOOD_CELL.replace('c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")',
+                              'c.pointwise(lambda n, j: te.tanh(x[n, j % 8] + hw[n, j % 8]), "h_new", slices=2)')
+    prnn_tvm.compile_cell(_cell_file(tmp_path, body + "\nCELL = Cell('wide', step, lambda x, s, p: s)\n"), 8, 2,
+                          target="llvm")
+
+
+@case("a reference that returns the wrong shape")
+def _(lstm, good, tmp_path):
+    path = _cell_file(tmp_path, _GOOD_CELL + "\nCELL = Cell('bad_ref', step, lambda x, s, p: {'h': np.zeros(3)})\n")
+    layer = prnn_tvm.compile_cell(path, 8, 2, target="llvm")
+    reference_layer(layer.plan, random_inputs(layer.plan, 2, 8))
+
+
+# ---------------------------------------------------------------- calling a layer
+@case("`x` of the wrong batch")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, x=good["x"][:, :1])
+
+
+@case("a weight of the wrong dtype")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, W_hh=good["W_hh"].astype(np.float64))
+
+
+@case("a sequence of zero steps")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, x=good["x"][:0])
+
+
+@case("`x` without a time axis")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, x=good["x"][0])
+
+
+@case("a list instead of an array")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, h0=good["h0"].tolist())
+
+
+@case("a missing argument")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, W_hh=_DROP)
+
+
+@case("an unknown keyword argument")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, bias=good["b_hh"])
+
+
+@case("too many positional arguments")
+def _(lstm, good, tmp_path):
+    lstm(*[good[n] for n in lstm.arg_names], good["h0"])
+
+
+@case("an argument given twice")
+def _(lstm, good, tmp_path):
+    lstm(good["x"], x=good["x"])
+
+
+@case("a non-contiguous DLPack tensor")
+def _(lstm, good, tmp_path):
+    import tvm_ffi
+
+    strided = np.zeros((32, 16), np.float32)[:, ::2]
+    _call_with(lstm, good, W_hh=tvm_ffi.from_dlpack(strided, require_alignment=0))
+
+
+@case("a CUDA layer called on a machine without a GPU")
+def _(lstm, good, tmp_path):
+    if local_gpu() is not None:
+        pytest.skip("checks the GPU-less behaviour")
+    prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")(**good)
+
+
+# ---------------------------------------------------------------- tuning logs
+def _log_with(tmp_path, **change):
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8)
+    from prnn_tvm.target import gpu_spec
+
+    key = records.key_for(plan, gpu_spec("sm_90"), "persistent_cuda")
+    cfg = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90", tuning_logs=[]).report.config
+    line = json.loads(records.Record(key, cfg, (1e-3,), 16).to_json())
+    for k, v in change.items():
+        if k == "tvm":
+            line["key"]["tvm"] = v
+        else:
+            line[k] = v
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    return path
+
+
+def _compile_with_log(path):
+    rep = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90", tuning_logs=[path]).report
+    raise PrnnError(rep.config_detail)  # what the report says is what this row checks
+
+
+@case("a tuning record with a NaN time")
+def _(lstm, good, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        records.load(_log_with(tmp_path, costs=[math.nan]))
+    raise PrnnError(caplog.text)
+
+
+@case("a tuning record with a negative time")
+def _(lstm, good, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        records.load(_log_with(tmp_path, costs=[-3.9]))
+    raise PrnnError(caplog.text)
+
+
+@case("a tuning record with `seq_len: 0`")
+def _(lstm, good, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        records.load(_log_with(tmp_path, seq_len=0))
+    raise PrnnError(caplog.text)
+
+
+@case("a truncated line in a tuning log")
+def _(lstm, good, tmp_path, caplog):
+    path = _log_with(tmp_path)
+    path.write_text(path.read_text()[:40])
+    with caplog.at_level(logging.WARNING):
+        records.load(path)
+    raise PrnnError(caplog.text)
+
+
+@case("a tuning record from another TVM version")
+def _(lstm, good, tmp_path):
+    _compile_with_log(_log_with(tmp_path, tvm="0.26.0"))
+
+
+@case("a tuning log path that is a directory")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90", tuning_logs=[tmp_path])
+
+
+# ---------------------------------------------------------------- export and load
+@case("exporting into a folder that does not exist")
+def _(lstm, good, tmp_path):
+    prnn_tvm.export(lstm, tmp_path / "missing" / "lstm.so")
+
+
+@case("loading a directory")
+def _(lstm, good, tmp_path):
+    prnn_tvm.load(tmp_path)
+
+
+@case("loading a file that does not exist")
+def _(lstm, good, tmp_path):
+    prnn_tvm.load(tmp_path / "lstm.so")
+
+
+@case("loading a file that is not a library")
+def _(lstm, good, tmp_path):
+    (tmp_path / "junk.so").write_bytes(b"not a library" * 100)
+    prnn_tvm.load(tmp_path / "junk.so")
+
+
+@case("loading an export with bytes changed")
+def _(lstm, good, tmp_path):
+    path = prnn_tvm.export(lstm, tmp_path / "lstm.so")
+    data = bytearray(path.read_bytes())
+    for i in range(1000, len(data) - 100, len(data) // 7):  # a few bytes flipped, same size
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    prnn_tvm.load(path)
+
+
+@case("loading an export cut short")
+def _(lstm, good, tmp_path):
+    path = prnn_tvm.export(lstm, tmp_path / "lstm.so")
+    path.write_bytes(path.read_bytes()[:-1000])
+    prnn_tvm.load(path)
+
+
+@case("loading a TVM library without prnn-tvm's metadata")
+def _(lstm, good, tmp_path):
+    lstm.module.export_library(str(tmp_path / "plain.so"))
+    prnn_tvm.load(tmp_path / "plain.so")
+
+
+# ---------------------------------------------------------------- the command line
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err  # one line, no traceback
+    raise PrnnError(err)
+
+
+@case("`prnn-tvm compile` of a cell file with a syntax error")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "compile", _cell_file(tmp_path, "def step(c:\n"), "--hidden", "8", "--batch", "2")
+
+
+@case("`prnn-tvm bench --from-csv` of a missing file")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "bench", "--from-csv", str(tmp_path / "none.csv"))
+
+
+@case("`prnn-tvm bench --from-csv` of a CSV with other columns")
+def _(lstm, good, tmp_path, capsys):
+    (tmp_path / "other.csv").write_text("name,time\nlstm,3\n")
+    _cli(capsys, "bench", "--from-csv", str(tmp_path / "other.csv"))
+
+
+@case("`prnn-tvm records show --log` of a directory")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "records", "show", "--log", str(tmp_path))
+
+
+# ---------------------------------------------------------------- prnn_tvm.torch
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@case("`from_torch` of a two-layer LSTM")
+def _(lstm, good, tmp_path):
+    import prnn_tvm.torch as pt
+
+    pt.from_torch(_torch().nn.LSTM(4, 8, num_layers=2))
+
+
+@case("`from_torch` of a float64 module")
+def _(lstm, good, tmp_path):
+    import prnn_tvm.torch as pt
+
+    pt.from_torch(_torch().nn.GRU(4, 8).double())
+
+
+@case("a module call that needs gradients")
+def _(lstm, good, tmp_path):
+    import prnn_tvm.torch as pt
+
+    torch = _torch()
+    pt.from_torch(torch.nn.LSTM(4, 8))(torch.randn(3, 2, 4))
+
+
+@case("a module call with a wrong initial state")
+def _(lstm, good, tmp_path):
+    import prnn_tvm.torch as pt
+
+    torch = _torch()
+    with torch.no_grad():
+        pt.from_torch(torch.nn.GRU(4, 8))(torch.randn(3, 2, 4), torch.zeros(1, 5, 8))
+
+
+@case("a module call on a 4-d input")
+def _(lstm, good, tmp_path):
+    import prnn_tvm.torch as pt
+
+    torch = _torch()
+    with torch.no_grad():
+        pt.from_torch(torch.nn.RNN(4, 8))(torch.randn(3, 2, 4, 1))
+
+
+# ---------------------------------------------------------------- the checks
+def test_every_readme_row_has_a_case_and_every_case_a_row():
+    assert len(ROWS) >= 30
+    assert set(ROWS) == set(CASES), (set(ROWS) ^ set(CASES))
+
+
+@pytest.mark.parametrize("what", sorted(CASES))
+def test_bad_input_gives_its_error_and_the_layer_stays_usable(what, lstm, good, tmp_path, request):
+    fn = CASES[what]
+    extra = {name: request.getfixturevalue(name) for name in fn.__code__.co_varnames[3:fn.__code__.co_argcount]}
+    with pytest.raises(PrnnError) as raised:
+        fn(lstm, good, tmp_path, **extra)
+    assert ROWS[what] in str(raised.value), f"{what}: got {raised.value}"
+    assert "Traceback" not in str(raised.value)
+    out, (h_n, c_n) = lstm(**good)  # the next good call is right
+    ref, ref_finals = reference_layer(lstm.plan, good)
+    bound = tolerance("float32", 3)
+    assert np.abs(out - ref).max() <= bound and np.abs(c_n - ref_finals["c"]).max() <= bound
