@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 SEQ = "T"  # the sequence length in a shape: one kernel serves every length
 
@@ -141,7 +142,7 @@ class Signature:
     dtype: str
     launches: tuple
 
-    @property
+    @cached_property  # a frozen instance: derived once (cached_property writes its __dict__ directly)
     def inputs(self) -> tuple:
         """What the caller passes, in call order: data arguments no earlier launch writes."""
         seen, written, found = set(), set(), []
@@ -153,7 +154,7 @@ class Signature:
             written |= {a.name for a in launch.args if a.role.written}
         return tuple(found)
 
-    @property
+    @cached_property
     def outputs(self) -> tuple:
         """What the caller gets back: written arguments no later launch reads."""
         found = []
@@ -162,13 +163,13 @@ class Signature:
             found += [a for a in launch.args if a.role.written and a.name not in read_later]
         return tuple(found)
 
-    @property
+    @cached_property
     def intermediates(self) -> tuple:
         """Written by one launch and read by a later one (the projection's ``xp``)."""
         outputs = {a.name for a in self.outputs}
         return tuple(a for launch in self.launches for a in launch.args if a.role.written and a.name not in outputs)
 
-    @property
+    @cached_property
     def arg_names(self) -> tuple:
         return tuple(a.name for a in self.inputs)
 

@@ -65,7 +65,8 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     chunks = -(-seq_len // chunk)
     sequences = [a for a in (*inputs, *signature.intermediates, *signature.outputs) if SEQ in a.shape]
     finals = [a for a in signature.outputs if a.role is ArgRole.FINAL]
-    check_memory([(a, seq_len) for a in signature.outputs]
+    copied = [a for a in inputs if isinstance(values.get(a.name), np.ndarray)]  # NumPy goes to the device
+    check_memory([(a, seq_len) for a in (*copied, *signature.outputs)]
                  + [(a, chunk) for a in (signature.intermediates if chunks == 1 else sequences)]
                  + [(a, 1) for a in (finals if chunks > 1 else ())], device)
     tensors, from_numpy = {}, True
@@ -125,7 +126,7 @@ def check_memory(buffers: list, device) -> None:
         names = ", ".join(dict.fromkeys(a.name for a, _ in buffers))
         longest = max(steps for _, steps in buffers)
         raise InputError(f"a sequence of {longest} steps needs {needed / 2**30:.2f} GiB on {device} for its "
-                         f"outputs and intermediates ({names}), and {free / 2**30:.2f} GiB are free: run it in "
+                         f"inputs, outputs and intermediates ({names}), and {free / 2**30:.2f} GiB are free: run it in "
                          "shorter pieces, each starting from the final states of the one before")
 
 
