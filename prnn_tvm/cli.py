@@ -145,9 +145,9 @@ def cmd_tune(args) -> int:
     if res.best is None:
         print("no config ran correctly: compile will use the default config")
         return 1
-    print(f"best     {res.best.per_step_s * 1e6:.2f} us/step  {_knobs(res.best.config)}")
+    print(f"best     {res.best.per_step_s * 1e6:.2f} us/step  {knob_text(res.best.config)}")
     if res.default is not None:
-        print(f"default  {res.default.per_step_s * 1e6:.2f} us/step  {_knobs(res.default.config)}  "
+        print(f"default  {res.default.per_step_s * 1e6:.2f} us/step  {knob_text(res.default.config)}  "
               f"(tuned is {res.default.per_step_s / res.best.per_step_s:.2f}x faster)")
     return 0
 
@@ -171,12 +171,8 @@ def cmd_records(args) -> int:
                   f"({key.sms} SMs, TVM {key.tvm}): {len(mine)} trials, {errors} errors, {best_text}")
         elif best is not None:
             print(f"{cell:12s} batch={key.batch:<3d} hidden={key.hidden:<5d} {best.per_step_s * 1e6:7.2f} us/step  "
-                  f"{_knobs(best.config)}")
+                  f"{knob_text(best.config)}")
     return 0
-
-
-def _knobs(config: dict) -> str:
-    return knob_text(config)
 
 
 def _add_bench_parser(sub) -> None:

@@ -59,7 +59,7 @@ class PersistentCuda:
         cfg = config if config is not None else pc.default_config(plan, gpu)
         g = pc.validate(cfg, plan, gpu)
         builder = _Builder(plan, cfg, g)
-        return Kernel(builder.build(), self.name, builder.launch, cfg, g)
+        return Kernel(builder.build(), self.name, builder.launch, cfg)
 
     def default_configs(self, plan: CellPlan, target, gpu: GpuSpec) -> list:
         return pc.ranked_configs(plan, gpu)

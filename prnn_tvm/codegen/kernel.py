@@ -25,15 +25,13 @@ class Kernel:
     """A recurrent kernel made by a schedule template.
 
     ``launch`` says how to call it (function name, arguments, grid, grid synchronization);
-    ``config`` is the template's knobs (None for a template without any), ``geometry`` what
-    they imply for this plan (template-specific, for reports; None when there is none).
+    ``config`` is the template's knobs (None for a template without any).
     """
 
     func: tirx.PrimFunc
     template: str
     launch: Launch
     config: object | None = None
-    geometry: object | None = None
 
 
 def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_dtype: str | None = None,
