@@ -58,9 +58,9 @@ def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: 
 def max_abs_error(plan, result: tuple, expected: tuple) -> float:
     """Largest abs difference of a layer's ``(out, finals)`` to the reference's ``(out, {state: final})``."""
     (out, finals), (ref, ref_finals) = result, expected
-    err = float(np.abs(np.asarray(out) - ref).max())
+    err = float(np.abs(np.asarray(out, dtype=np.float64) - ref).max())
     for state, got in zip(plan.states, finals):
-        err = max(err, float(np.abs(np.asarray(got) - ref_finals[state.name]).max()))
+        err = max(err, float(np.abs(np.asarray(got, dtype=np.float64) - ref_finals[state.name]).max()))
     return err
 
 

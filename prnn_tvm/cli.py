@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import compile_cell, records
 from .checks import check_against_reference, time_layer
-from .dtypes import tolerance
+from .dtypes import POLICIES, tolerance
 from .errors import PrnnError
 from .frontend.registry import builtin_cells
 from .schedules import knob_text
@@ -48,6 +48,11 @@ def _arch(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _add_dtype(parser) -> None:
+    parser.add_argument("--dtype", choices=sorted(POLICIES), default="float32",
+                        help="storage dtype: float32, or float16 / bfloat16 on tensor cores (default float32)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="prnn-tvm", description="Compile recurrent cells to persistent GPU kernels.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -60,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch", type=_positive, required=True)
     c.add_argument("--seq", type=_positive, default=64, help="sequence length to check and time (default 64)")
     c.add_argument("--input-size", type=_positive, default=None, help="features per step (default: hidden)")
+    _add_dtype(c)
     c.add_argument("--arch", type=_arch, default=None,
                    help=f"CUDA architecture ({', '.join(known_archs())}); default: the local GPU's, else sm_90")
     c.add_argument("--no-check", action="store_true", help="skip the CPU reference check")
@@ -73,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=_positive, required=True)
     t.add_argument("--batch", type=_positive, required=True)
     t.add_argument("--seq", type=_positive, default=256, help="sequence length to time (default 256)")
-    t.add_argument("--dtype", default="float32")
+    _add_dtype(t)
     t.add_argument("--trials", type=_positive, default=64, help="configs to measure (default 64)")
     t.add_argument("--batch-size", type=_positive, default=16, help="configs per search round (default 16)")
     t.add_argument("--search", choices=sorted(STRATEGIES), default="xgb",
@@ -98,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch", type=_positive, required=True)
     e.add_argument("--seq", type=_positive, default=None, help="the sequence length it is meant for (recorded)")
     e.add_argument("--input-size", type=_positive, default=None, help="features per step (default: hidden)")
+    _add_dtype(e)
     e.add_argument("--arch", type=_arch, default=None, help="CUDA architecture of the inference GPU; default: the "
                    "local GPU's (required without one)")
     e.add_argument("--cpu", action="store_true", help="export the CPU (llvm) build instead of the CUDA one")
@@ -114,11 +121,12 @@ def cmd_compile(args) -> int:
     arch = args.arch or (None if gpu is not None else "sm_90")
     logs = [] if args.default_config else ([args.log] if args.log else None)
     layer = compile_cell(args.cell, args.hidden, args.batch, input_size=args.input_size, seq_len=args.seq,
-                         target="cuda", arch=arch, tuning_logs=logs)
+                         dtype=args.dtype, target="cuda", arch=arch, tuning_logs=logs)
     print(layer.report.format())
     ok = True
     if not args.no_check:
-        cpu = compile_cell(args.cell, args.hidden, args.batch, input_size=args.input_size, target="llvm")
+        cpu = compile_cell(args.cell, args.hidden, args.batch, input_size=args.input_size, dtype=args.dtype,
+                           target="llvm")
         res = check_against_reference(cpu, args.seq, tolerance=tolerance(cpu.plan.dtype, args.seq))
         print(f"cpu check   max abs error {res.max_abs_error:.2e} vs float64 NumPy (tolerance "
               f"{res.tolerance:.1e}): {'ok' if res.ok else 'FAILED'} [{res.seconds:.2f} s]")
@@ -191,8 +199,8 @@ def _add_bench_parser(sub) -> None:
                    help=f"batch sizes (default: {' '.join(map(str, matrix.DEFAULT_BATCHES))})")
     b.add_argument("--seq", type=_positive, default=matrix.DEFAULT_SEQ_LEN,
                    help=f"steps per sequence (default {matrix.DEFAULT_SEQ_LEN})")
-    b.add_argument("--dtype", nargs="+", choices=["float32", "float16"], default=list(matrix.DEFAULT_DTYPES),
-                   help="float32 (float16 is not supported by the compiler yet: its cases become error rows)")
+    b.add_argument("--dtype", nargs="+", choices=sorted(POLICIES), default=list(matrix.DEFAULT_DTYPES),
+                   help="float32, float16, bfloat16 (default float32)")
     b.add_argument("--repeats", type=_positive, default=5, help="timed repeats per implementation; the median "
                                                                 "is reported (default 5)")
     b.add_argument("--out", type=Path, default=Path("bench/results"), help="output folder (default bench/results)")
@@ -237,7 +245,7 @@ def cmd_export(args) -> int:
     if target == "cuda" and args.arch is None and local_gpu() is None:
         raise PrnnError("no GPU here: name the inference GPU's architecture with --arch (e.g. --arch sm_90)")
     layer = compile_cell(args.cell, args.hidden, args.batch, input_size=args.input_size, seq_len=args.seq,
-                         target=target, arch=args.arch)
+                         dtype=args.dtype, target=target, arch=args.arch)
     path = export(layer, args.output)
     print(layer.report.format())
     print(f"exported    {path} ({path.stat().st_size} bytes; load it with prnn_tvm.load)")

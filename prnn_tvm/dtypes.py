@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes  # noqa: F401  (registers NumPy's 'bfloat16', which arrays of bfloat16 layers use)
+
 from .errors import ConfigError
 
 
@@ -29,6 +31,7 @@ class DtypePolicy:
     accumulate: str
     compute: str
     error_per_step: float  # the tolerance at T=1; it grows like sqrt(T)
+    error_floor: float = 0.0  # at any T: rounding an output of magnitude up to 4 to storage
 
     @property
     def itemsize(self) -> int:
@@ -37,14 +40,25 @@ class DtypePolicy:
 
     def tolerance(self, seq_len: int) -> float:
         """Max abs error against the float64 reference allowed after ``seq_len`` steps."""
-        return self.error_per_step * math.sqrt(max(1, seq_len))
+        return max(self.error_floor, self.error_per_step * math.sqrt(max(1, seq_len)))
 
 
 # float32: the CPU build and the GPU kernels measured 1e-6..2e-6 against float64 at T up to 256
 # (hidden up to 1024): rounding of H-long dot products, growing like sqrt(T).
+# float16 / bfloat16: inputs, weights and exchanged states are stored in the half type (the reference
+# gets the same rounded values), products accumulate and pointwise math runs in float32, and private
+# states (LSTM's c) stay float32 between steps. What remains is rounding each step's new state to the
+# half type (2^-11 relative for float16, 2^-8 for bfloat16) and carrying it on: the bounds allow
+# 1e-2 (float16) and 4e-2 (bfloat16) at T=256, and never less than half a unit in the last place
+# of an output of magnitude 4 (2^-9, 2^-6: ReLU cells' outputs exceed 1).
 POLICIES = {
     "float32": DtypePolicy(storage="float32", accumulate="float32", compute="float32", error_per_step=1e-5),
+    "float16": DtypePolicy(storage="float16", accumulate="float32", compute="float32", error_per_step=1e-2 / 16,
+                            error_floor=2.0**-9),
+    "bfloat16": DtypePolicy(storage="bfloat16", accumulate="float32", compute="float32", error_per_step=4e-2 / 16,
+                             error_floor=2.0**-6),
 }
+HALF_DTYPES = ("float16", "bfloat16")
 
 
 def policy(dtype: str) -> DtypePolicy:

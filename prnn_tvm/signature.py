@@ -201,13 +201,14 @@ class Signature:
 # Built from sizes and names only (no cell plan), so that code generation and the reading of
 # older exported files make the same argument lists.
 
-def projection_launch(batch: int, input_size: int, width: int, dtype: str) -> Launch:
-    """``xp = x @ W_ih.T + b_ih`` for every step: ``projection(x, W_ih, b_ih, xp)``."""
+def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dtype: str | None = None) -> Launch:
+    """``xp = x @ W_ih.T + b_ih`` for every step: ``projection(x, W_ih, b_ih, xp)``; ``xp`` is
+    ``xp_dtype`` (the accumulation type: a half-precision layer keeps its projection in float32)."""
     return Launch("projection", (
         Arg("x", ArgRole.INPUT, (SEQ, batch, input_size), dtype),
         Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
         Arg("b_ih", ArgRole.PARAM, (width,), dtype),
-        Arg("xp", ArgRole.OUTPUT, (SEQ, batch, width), dtype)))
+        Arg("xp", ArgRole.OUTPUT, (SEQ, batch, width), xp_dtype or dtype)))
 
 
 SYNC_SCALARS = ("timeout_us", "stall_step")
@@ -215,16 +216,17 @@ SYNC_SCALARS = ("timeout_us", "stall_step")
 
 def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
                    workspace: tuple | None = None, workspace_dtype: str | None = None,
-                   sync_words: int | None = None) -> tuple:
+                   sync_words: int | None = None, xp_dtype: str | None = None) -> tuple:
     """The recurrent kernel's arguments, in kernel order.
 
     ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
     declaration order); each initial state ``<s>0`` (B, H); ``out`` (T, B, H); each final
     state ``<s>_n``; then ``workspace`` and the barrier's ``sync``, ``timeout_us`` and
-    ``stall_step`` when the kernel takes them.
+    ``stall_step`` when the kernel takes them. Everything is ``dtype`` but ``xp``
+    (``xp_dtype``, by default ``dtype``) and the workspace (``workspace_dtype``).
     """
     B, H = batch, hidden
-    args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
+    args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), xp_dtype or dtype)]
     args += [Arg(n, ArgRole.WEIGHT, tuple(s), dtype) for n, s in weights.items()]
     args += [Arg(n, ArgRole.PARAM, tuple(s), dtype) for n, s in params.items()]
     args += [Arg(f"{s}0", ArgRole.STATE, (B, H), dtype) for s in states]

@@ -29,6 +29,7 @@ class GpuSpec:
     max_ctas_per_sm: int = 32
     fp32_lanes_per_sm: int = 64  # FP32 FMA units per SM (architecture whitepapers)
     boost_clock_mhz: int = 0     # the flagship part's boost clock (datasheets); 0 = unknown
+    tensor_flops_per_sm_clock: int = 0  # dense fp16/bf16 mma, fp32 accumulation (whitepapers); 0 = none
     device_name: str = ""
 
     @property
@@ -46,6 +47,13 @@ class GpuSpec:
         """
         return self.sms * self.fp32_lanes_per_sm * 2 * self.boost_clock_mhz * 1e6
 
+    @property
+    def peak_half_flops(self) -> float:
+        """Peak dense fp16/bf16 tensor-core FLOP/s with fp32 accumulation: SMs x FLOPs per SM clock x
+        boost clock (H100 SXM: 4096 per SM clock, 1070 TFLOP/s at 1980 MHz; NVIDIA quotes 989 at the
+        1830 MHz its tensor figures assume, so the half floor errs low, as a floor may)."""
+        return self.sms * self.tensor_flops_per_sm_clock * self.boost_clock_mhz * 1e6
+
     def target(self) -> tvm.target.Target:
         """The TVM target for this GPU, with an LLVM host."""
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host="llvm")
@@ -53,16 +61,17 @@ class GpuSpec:
 
 _KNOWN = {
     "sm_70": GpuSpec("sm_70", 80, 96 * 1024, 96 * 1024, max_threads_per_sm=2048,        # V100
-                     boost_clock_mhz=1530),
+                     boost_clock_mhz=1530, tensor_flops_per_sm_clock=1024),
     "sm_75": GpuSpec("sm_75", 40, 64 * 1024, 64 * 1024, max_threads_per_sm=1024, max_ctas_per_sm=16,  # T4
-                     boost_clock_mhz=1590),
-    "sm_80": GpuSpec("sm_80", 108, 164 * 1024, 163 * 1024, boost_clock_mhz=1410),        # A100
+                     boost_clock_mhz=1590, tensor_flops_per_sm_clock=1024),
+    "sm_80": GpuSpec("sm_80", 108, 164 * 1024, 163 * 1024, boost_clock_mhz=1410,         # A100
+                     tensor_flops_per_sm_clock=2048),
     "sm_86": GpuSpec("sm_86", 82, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=16,
-                     fp32_lanes_per_sm=128, boost_clock_mhz=1695),                      # RTX 3090
+                     fp32_lanes_per_sm=128, boost_clock_mhz=1695, tensor_flops_per_sm_clock=512),  # RTX 3090
     "sm_89": GpuSpec("sm_89", 128, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=24,
-                     fp32_lanes_per_sm=128, boost_clock_mhz=2520),                      # RTX 4090
+                     fp32_lanes_per_sm=128, boost_clock_mhz=2520, tensor_flops_per_sm_clock=512),  # RTX 4090
     "sm_90": GpuSpec("sm_90", 132, 228 * 1024, 227 * 1024,                               # H100 SXM
-                     fp32_lanes_per_sm=128, boost_clock_mhz=1980),
+                     fp32_lanes_per_sm=128, boost_clock_mhz=1980, tensor_flops_per_sm_clock=4096),
 }
 
 

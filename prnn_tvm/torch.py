@@ -10,8 +10,10 @@ Parameters have PyTorch's names, layout and gate order (``weight_ih_l0``, ``bias
 ...), so ``state_dict`` loads either way. Tensors reach the kernels through DLPack, without
 copies (``batch_first`` input is made time-major: one copy). Batch and hidden size are
 compile-time constants of a kernel: a module compiles its layer the first time it sees a
-batch size (and device), logs it, and keeps it for later calls. CUDA tensors run the
-persistent CUDA kernel (kernels run on the default stream); CPU tensors the CPU build.
+batch size, device and dtype (the parameters': float32, float16 or bfloat16), logs it, and
+keeps it for later calls. On CUDA the input projection is torch's own GEMM (cuBLAS), then the
+persistent kernel runs (on the default stream; half precision on tensor cores); CPU tensors run
+the CPU build.
 Inference only: a call that would need gradients is refused.
 """
 
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # torch.nn's parameter names -> the cell's arguments (PyTorch's layout and gate order)
 _PARAMETERS = {"weight_ih_l0": "W_ih", "weight_hh_l0": "W_hh", "bias_ih_l0": "b_ih", "bias_hh_l0": "b_hh"}
+# the parameter dtypes a module runs in -> the layer dtype it compiles
+DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 class _Recurrent(torch.nn.Module):
@@ -46,8 +50,9 @@ class _Recurrent(torch.nn.Module):
             raise ConfigError(f"{kind}: bidirectional is not supported; run a second module on the reversed sequence")
         if proj_size:
             raise ConfigError(f"{kind}: proj_size={proj_size} is not supported")
-        if dtype not in (None, torch.float32):
-            raise ConfigError(f"{kind}: dtype {dtype} is not supported yet; use torch.float32")
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in DTYPES:
+            raise ConfigError(f"{kind}: dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
         del dropout  # applies only between layers; a single layer has none
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
         self.bias, self.batch_first, self.arch, self.config = bias, batch_first, arch, config
@@ -57,7 +62,7 @@ class _Recurrent(torch.nn.Module):
         shapes = {"W_ih": (plan.input.slices * hidden_size, input_size), "b_ih": (plan.input.slices * hidden_size,)}
         shapes.update({s.name: (s.slices * hidden_size, hidden_size) for s in plan.weights})
         shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
-        kw = {"device": device, "dtype": torch.float32}
+        kw = {"device": device, "dtype": dtype}
         for name, arg in _PARAMETERS.items():
             if bias or not name.startswith("bias"):
                 setattr(self, name, torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
@@ -75,16 +80,28 @@ class _Recurrent(torch.nn.Module):
         return (f"{self.input_size}, {self.hidden_size}, cell={self.cell}, bias={self.bias}, "
                 f"batch_first={self.batch_first}")
 
-    def layer_for(self, batch: int, device: torch.device):
-        """The compiled layer for ``batch`` on ``device`` (compiled on first use, then kept)."""
-        key = (batch, device.type, device.index)
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype, which the module computes in (``.half()``, ``.to(torch.bfloat16)`` change it)."""
+        return self.weight_hh_l0.dtype
+
+    def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None):
+        """The compiled layer for ``batch`` on ``device`` in ``dtype`` (the parameters'; compiled on
+        first use, then kept)."""
+        dtype = self.dtype if dtype is None else dtype
+        key = (batch, device.type, device.index, dtype)
         if key not in self._layers:
             target = "cuda" if device.type == "cuda" else "llvm"
             if device.type not in ("cuda", "cpu"):
                 raise InputError(f"{type(self).__name__}: tensors on {device} are not supported; use cuda or cpu")
-            log.info("compiling %s hidden=%d batch=%d for %s", self.cell, self.hidden_size, batch, target)
+            if dtype not in DTYPES:
+                raise ConfigError(f"{type(self).__name__}: parameters of {dtype} are not supported; use one of "
+                                  f"{', '.join(map(str, DTYPES))}")
+            log.info("compiling %s hidden=%d batch=%d %s for %s", self.cell, self.hidden_size, batch, DTYPES[dtype],
+                     target)
             self._layers[key] = compile_cell(self.cell, self.hidden_size, batch, input_size=self.input_size,
-                                             target=target, arch=self.arch if target == "cuda" else None,
+                                             dtype=DTYPES[dtype], target=target,
+                                             arch=self.arch if target == "cuda" else None,
                                              config=self.config if target == "cuda" else None)
         return self._layers[key]
 
@@ -124,17 +141,27 @@ class _Recurrent(torch.nn.Module):
         for t in hx:
             if tuple(t.shape) != want:
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
-        layer = self.layer_for(B, x.device)
+        dtype = self.dtype
+        for what, t in (("input", x), *(("initial state", t) for t in hx)):
+            if t.dtype != dtype:
+                raise InputError(f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
+                                 "of them (.to(dtype))")
+        layer = self.layer_for(B, x.device, dtype)
 
         def bias(name, weight):  # bias=False: zeros as long as the weight's rows
-            return self._aligned(name) if self.bias else torch.zeros(len(weight), device=x.device)
+            return self._aligned(name) if self.bias else torch.zeros(len(weight), device=x.device, dtype=dtype)
 
-        args = [x, self._aligned("weight_ih_l0"), bias("bias_ih_l0", self.weight_ih_l0),
-                self._aligned("weight_hh_l0"), bias("bias_hh_l0", self.weight_hh_l0), *(t.reshape(B, H) for t in hx)]
-        args = [a.detach().contiguous() for a in args]  # views: DLPack refuses tensors that track gradients
-        if x.device.type == "cuda" and torch.cuda.current_stream(x.device) != torch.cuda.default_stream(x.device):
-            torch.cuda.current_stream(x.device).synchronize()  # the kernels run on the default stream
-        out, finals = layer(*args)
+        recurrent = [self._aligned("weight_hh_l0"), bias("bias_hh_l0", self.weight_hh_l0),
+                     *(t.reshape(B, H) for t in hx)]
+        recurrent = [a.detach().contiguous() for a in recurrent]  # views: DLPack refuses tensors that track gradients
+        projection = [x.detach(), self.weight_ih_l0.detach(), bias("bias_ih_l0", self.weight_ih_l0).detach()]
+        if x.device.type == "cuda":
+            xp = _projection(*projection)  # torch's GEMM (cuBLAS, tensor cores for half), on torch's stream
+            if torch.cuda.current_stream(x.device) != torch.cuda.default_stream(x.device):
+                torch.cuda.current_stream(x.device).synchronize()  # the kernels run on the default stream
+            out, finals = layer.recurrent(xp, *recurrent)
+        else:
+            out, finals = layer(*[a.contiguous() for a in projection], *recurrent)
         out = torch.from_dlpack(out)
         finals = [torch.from_dlpack(f).unsqueeze(0) for f in finals]
         if not batched:
@@ -142,6 +169,18 @@ class _Recurrent(torch.nn.Module):
         elif self.batch_first:
             out = out.transpose(0, 1)
         return out, (tuple(finals) if states > 1 else finals[0])
+
+
+def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
+    """``x @ W_ih.T + b_ih`` for every step as one cuBLAS GEMM, in float32 (the recurrent kernel's ``xp``):
+    float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32."""
+    T, B, _ = x.shape
+    x2d = x.reshape(T * B, -1)
+    if x.dtype == torch.float32:
+        xp = torch.addmm(b_ih, x2d, W_ih.t())
+    else:
+        xp = torch.mm(x2d, W_ih.t(), out_dtype=torch.float32).add_(b_ih)
+    return xp.view(T, B, -1)
 
 
 class LSTM(_Recurrent):
@@ -180,8 +219,9 @@ class RNN(_Recurrent):
 def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None) -> _Recurrent:
     """The prnn-tvm module for a ``torch.nn.LSTM``, ``GRU`` or ``RNN``, sharing its parameters (no copy).
 
-    Use it to speed up a trained model's recurrent layer at inference. Refused with the
-    reason: several layers, bidirectional, ``proj_size``, a dtype other than float32.
+    Use it to speed up a trained model's recurrent layer at inference; a ``.half()`` or
+    bfloat16 module runs the half-precision kernels. Refused with the reason: several
+    layers, bidirectional, ``proj_size``, a dtype other than float32, float16 or bfloat16.
     """
     kinds = {"LSTM": LSTM, "GRU": GRU, "RNN_TANH": RNN, "RNN_RELU": RNN}
     mode = getattr(module, "mode", None)

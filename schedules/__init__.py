@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_reference, persistent_cuda
+from . import cpu_reference, persistent_cuda, persistent_mma
 from .template import Template, as_config, knob_text, short_names
 
-TEMPLATES: tuple = (persistent_cuda.TEMPLATE, cpu_reference.TEMPLATE)
+TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
 __all__ = ["TEMPLATES", "Template", "as_config", "by_name", "knob_short_names", "knob_text", "template_for"]
 

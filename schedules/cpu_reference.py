@@ -13,7 +13,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
-from prnn_tvm.codegen.pointwise import emit_phase, live_index, new_state_values
+from prnn_tvm.codegen.pointwise import as_type, emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 
@@ -57,6 +57,7 @@ TEMPLATE = CpuReference()
 def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
     B, H = plan.batch, plan.hidden
     dt = plan.policy.compute  # the loop nest keeps every intermediate in the compute type
+    storage = plan.dtype
     states = [s.name for s in plan.states]
     si = {name: i for i, name in enumerate(states)}
     live = live_index(plan)
@@ -71,7 +72,7 @@ def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
             acc = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in plan.reductions}
             with T.grid(B, H) as (b, u):
                 for name in states:
-                    T.buffer_store(cur, a.init[name][b, u], [si[name], b, u])
+                    T.buffer_store(cur, _widen(a.init[name][b, u], dt), [si[name], b, u])
             with T.serial(0, a.seq_len) as t:
                 for phase in range(plan.phases):
                     for r in (r for r in plan.reductions if r.phase == phase):
@@ -83,42 +84,64 @@ def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
                 with T.parallel(0, B) as b, T.serial(0, H) as u:
                     load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
                     new = new_state_values(plan, load)
-                    for name in states:
-                        T.buffer_store(nxt, new[name], [si[name], b, u])
-                    T.buffer_store(a.out, new[plan.output], [t, b, u])
+                    for name in states:  # exchanged states round to storage each step, as on the GPU
+                        value = new[name] if name in plan.private_states else _rounded(new[name], storage)
+                        T.buffer_store(nxt, value, [si[name], b, u])
+                    T.buffer_store(a.out, as_type(new[plan.output], storage), [t, b, u])
                 with T.grid(len(states), B, H) as (s, b, u):
                     T.buffer_store(cur, nxt[s, b, u], [s, b, u])
             with T.grid(B, H) as (b, u):
                 for name in states:
-                    T.buffer_store(a.final[name], cur[si[name], b, u], [b, u])
+                    T.buffer_store(a.final[name], as_type(cur[si[name], b, u], storage), [b, u])
     return ib.get()
 
 
 def _product(r, a, acc, cur, si, kept, live, H):
     """acc[b, j] = sum_k operand[b, k] * W[j, k], the operand a state or a live-out stage of this step."""
     rows, w = r.slices * H, a.weight[r.weight]
+    dt = acc.dtype
+    storage = w.dtype  # a stage of this step is exchanged in the storage type, as states are
     operand = (lambda b, k: cur[si[r.operand], b, k]) if r.phase == 0 else \
-        (lambda b, k: kept[live[Leaf("stage", r.operand, 0)], b, k])
+        (lambda b, k: _rounded(kept[live[Leaf("stage", r.operand, 0)], b, k], storage))
     with T.parallel(0, acc.shape[0] * rows) as i:
         b, j = i // rows, i % rows
         T.buffer_store(acc, tirx.const(0.0, acc.dtype), [b, j])
         with T.serial(0, H) as k:
-            T.buffer_store(acc, acc[b, j] + operand(b, k) * w[j, k], [b, j])
+            T.buffer_store(acc, acc[b, j] + operand(b, k) * _widen(w[j, k], dt), [b, j])
 
 
 def _loader(a, t, b, u, cur, si, acc, kept, live, H):
     def load(leaf: Leaf):
         col = leaf.slice * H + u
         if leaf.kind == "input":
-            return a.xp[t, b, col]
+            return as_type(a.xp[t, b, col], cur.dtype)
         if leaf.kind == "state":
             return cur[si[leaf.name], b, u]
         if leaf.kind == "param":
-            return a.param[leaf.name][col]
+            return _widen(a.param[leaf.name][col], cur.dtype)
         if leaf.kind == "stage":  # computed in an earlier phase
             return kept[live[leaf], b, u]
         return acc[leaf.name][b, col]
     return load
+
+
+def _widen(expr, dt: str):
+    """A storage value in the compute type ``dt``. bfloat16 widens through its bits: TVM 0.27's LLVM
+    bfloat16 legalization turns a let-bound ``Cast(float32, bf16 value)`` into a cast of the raw bits."""
+    if str(expr.ty.dtype) == "bfloat16":
+        return T.reinterpret(dt, T.shift_left(T.Cast("uint32", T.reinterpret("uint16", expr)), T.uint32(16)))
+    return as_type(expr, dt)
+
+
+def _rounded(value, storage: str):
+    """A compute-type value rounded to ``storage`` and back: what another block reads of it on the GPU.
+    bfloat16 rounds (to nearest even) on the bits, for the reason of :func:`_widen`."""
+    dt = str(value.ty.dtype)
+    if storage != "bfloat16":
+        return as_type(as_type(value, storage), dt)
+    bits = T.reinterpret("uint32", value)
+    bits = bits + T.uint32(0x7FFF) + (T.shift_right(bits, T.uint32(16)) & T.uint32(1))
+    return T.reinterpret(dt, bits & T.uint32(0xFFFF0000))
 
 
 def _bind(expr, name: str):

@@ -11,7 +11,6 @@ tiles of ``batch_tile`` rows, each a pass over the register-resident weights.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -19,7 +18,9 @@ from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+from prnn_tvm.target import GpuSpec, ctas_per_sm
+
+from .ranking import check_resources, ranked_defaults, with_barrier
 
 DTYPES = ("float32",)  # storage dtypes this template places (one register word per weight)
 
@@ -64,6 +65,11 @@ class Geometry:
     @property
     def smem_bytes(self) -> int:
         return self.smem_hs + self.smem_gs
+
+    @property
+    def stride(self) -> int:
+        """Elements between batch rows of a shared operand tile."""
+        return self.k_pad
 
 
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
@@ -123,21 +129,9 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA ({g.row_groups} row groups x k_split {cfg.k_split}); "
                           "at most 1024: raise rows_per_thread or lower units_per_cta")
-    reg_cap = max_regs_per_thread(g.threads, gpu)
-    if g.regs_estimate > reg_cap:
-        raise ConfigError(
-            f"needs about {g.regs_estimate} registers per thread ({g.weights_per_thread} weights, "
-            f"{cfg.rows_per_thread * cfg.batch_tile} accumulators); a {g.threads}-thread CTA allows "
-            f"{reg_cap}: lower rows_per_thread or batch_tile, or raise k_split")
-    if g.smem_bytes > gpu.smem_per_block:
-        raise ConfigError(f"needs {g.smem_bytes} bytes of shared memory per CTA, {gpu.arch} allows "
-                          f"{gpu.smem_per_block}: lower batch_tile")
-    fit = ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu)
-    if plan.needs_grid_barrier and g.ctas > fit * gpu.sms:
-        raise ConfigError(
-            f"grid of {g.ctas} CTAs cannot be co-resident on {gpu.arch}: {fit * gpu.sms} fit "
-            f"({gpu.sms} SMs x {fit} per SM at {g.threads} threads, ~{g.regs_estimate} registers, "
-            f"{g.smem_bytes} bytes of shared memory): raise units_per_cta")
+    check_resources(g, plan, gpu, f"{g.weights_per_thread} weights, {cfg.rows_per_thread * cfg.batch_tile} "
+                    f"accumulators); a {g.threads}-thread CTA allows {{cap}}: lower rows_per_thread or batch_tile, "
+                    "or raise k_split", "lower batch_tile")
     return g
 
 
@@ -207,42 +201,15 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     thread, are what a build falls back to when ptxas spills (the register estimate is a
     model; ptxas decides).
     """
-    min_units = max(1, math.ceil(plan.hidden / gpu.sms))
-    ranked = []
-    for cfg in space(plan, gpu, barriers=("counter",)):
-        try:
-            g = validate(cfg, plan, gpu)
-        except ConfigError:
-            continue
-        # Spreading units over every SM is the first priority; the estimate ranks the rest.
-        ranked.append(((cfg.units_per_cta != min_units, estimated_cycles(cfg, g), g.threads), cfg))
-    if not ranked:
-        raise ConfigError(f"no persistent config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
-                          f"batch={plan.batch} on {gpu.arch} (the weights may not fit in registers)")
-    ranked.sort(key=lambda rc: rc[0])
-    # Fallbacks step down in register pressure: a config that spilled is followed by one
-    # holding fewer weights per thread, not by a near-twin that spills the same way.
-    ladder = [ranked[0][1]]
-    for _, cfg in ranked[1:]:
-        if len(ladder) == limit:
-            break
-        if geometry(cfg, plan).weights_per_thread < geometry(ladder[-1], plan).weights_per_thread:
-            ladder.append(cfg)
-    return [_prefer_tags(cfg, plan, gpu) for cfg in ladder]
+    ladder = ranked_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
+                             "persistent")
+    return [with_barrier(cfg, "tags", plan, gpu, validate) for cfg in ladder]
 
 
 def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
     """The untuned choice (the first of :func:`ranked_configs`)."""
     return ranked_configs(plan, gpu, limit=1)[0]
 
-
-def _prefer_tags(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
-    tagged = dataclasses.replace(cfg, barrier="tags")
-    try:
-        validate(tagged, plan, gpu)
-    except ConfigError:
-        return cfg
-    return tagged
 
 
 def _round_up(x: int, m: int) -> int:

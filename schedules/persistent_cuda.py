@@ -33,8 +33,7 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
-from prnn_tvm.codegen.pointwise import emit_phase, live_index, new_state_values
-from prnn_tvm.dtypes import itemsize
+from prnn_tvm.codegen.pointwise import as_type, emit_phase, live_index, new_state_values
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 from prnn_tvm.signature import Grid, GridSync
 from prnn_tvm.target import GpuSpec
@@ -58,7 +57,7 @@ class PersistentCuda:
     def apply(self, plan: CellPlan, target, gpu: GpuSpec, config: PersistentConfig | None = None) -> Kernel:
         cfg = config if config is not None else pc.default_config(plan, gpu)
         g = pc.validate(cfg, plan, gpu)
-        builder = _Builder(plan, cfg, g)
+        builder = PersistentBuilder(plan, cfg, g)
         return Kernel(builder.build(), self.name, builder.launch, cfg)
 
     def default_configs(self, plan: CellPlan, target, gpu: GpuSpec) -> list:
@@ -80,7 +79,10 @@ class PersistentCuda:
 TEMPLATE = PersistentCuda()
 
 
-class _Builder(OperandExchange, RegisterWeights):
+class PersistentBuilder(OperandExchange, RegisterWeights):
+    """Builds the kernel of one config. The products (weights, their registers, the shared gate sums)
+    come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
+
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
         self.p, self.c, self.g = plan, cfg, g
         self.H, self.B = plan.hidden, plan.batch
@@ -89,11 +91,8 @@ class _Builder(OperandExchange, RegisterWeights):
         self.ops = {name: i for i, name in enumerate(plan.operands)}
         self.priv = {name: i for i, name in enumerate(plan.private_states)}
         self.live = live_index(plan)
-        # rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)
-        self.row_lo, lo = [], 0
-        for r in plan.reductions:
-            self.row_lo.append(lo)
-            lo += r.slices * cfg.units_per_cta
+        self.row_lo = self.row_starts()
+        self.stride = g.stride  # elements between batch rows of a shared operand tile
         # leaves read once per step (inputs) or once per launch (params): kept in registers
         self.x_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "input"}, key=_leaf_key)
         self.p_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "param"}, key=_leaf_key)
@@ -115,9 +114,17 @@ class _Builder(OperandExchange, RegisterWeights):
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
         return recurrent_launch(p, workspace, ws_dtype, grid, sync)
 
+    def row_starts(self) -> list[int]:
+        """Rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)."""
+        row_lo, lo = [], 0
+        for r in self.p.reductions:
+            row_lo.append(lo)
+            lo += r.slices * self.c.units_per_cta
+        return row_lo
+
     # ------------------------------------------------------------------ structure
     def build(self) -> tirx.PrimFunc:
-        p, c, g = self.p, self.c, self.g
+        p, g = self.p, self.g
         attrs = {"tirx.noalias": True, "prnn.hand_placed": True}
         if p.needs_grid_barrier:
             attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
@@ -133,19 +140,13 @@ class _Builder(OperandExchange, RegisterWeights):
                 with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
                         T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
                     self.bx, self.tx = bx, tx
-                    self.wreg = T.alloc_buffer((max(1, g.weights_per_thread),), self.dt, scope="local")
-                    self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.acc_dt, scope="local")
-                    self.hv = T.alloc_buffer((c.vec,), self.dt, scope="local")
+                    self.alloc_product_buffers()
                     self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.compute_dt, scope="local")
-                    self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.dt, scope="local")
+                    self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.a.xp.dtype, scope="local")
                     self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
                     self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.compute_dt, scope="local")
-                    self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // itemsize(self.dt)),), self.dt,
-                                               scope="shared.dyn")
                     self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                     T.buffer_store(self.aborted, 0, [0])
-                    self.ks = _bind(tx % c.k_split, "ks")
-                    self.rg = _bind(tx // c.k_split, "rg")
                     self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
                     self.prologue()
                     with T.serial(0, self.a.seq_len) as t:
@@ -160,7 +161,8 @@ class _Builder(OperandExchange, RegisterWeights):
         for it in range(self.g.items_per_thread):
             with self.item(it) as (b, unit, _ul):
                 for name, i in self.priv.items():
-                    T.buffer_store(self.sreg, self.a.init[name][b, unit], [self.sreg_index(it, i)])
+                    T.buffer_store(self.sreg, as_type(self.a.init[name][b, unit], self.compute_dt),
+                                   [self.sreg_index(it, i)])
                 for i, leaf in enumerate(self.p_leaves):
                     T.buffer_store(self.preg, self.a.param[leaf.name][leaf.slice * self.H + unit],
                                    [it * len(self.p_leaves) + i])
@@ -196,9 +198,7 @@ class _Builder(OperandExchange, RegisterWeights):
         with T.serial(0, self.g.batch_chunks) as bc:
             b0 = _bind(bc * self.c.batch_tile, "b0")
             self.load_operands(t, b0, phase)
-            self.partial_products(phase)
-            self.lane_reduce()
-            self.store_gate_sums(b0, phase)
+            self.tile_products(b0, phase)
             sync_threads()
         if self.barrier.carries_data:
             with T.If(self.aborted[0] != 0):
@@ -210,40 +210,41 @@ class _Builder(OperandExchange, RegisterWeights):
         for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), _bind).items():
             T.buffer_store(self.lreg, value, [self.lreg_index(it, leaf)])
             if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
-                self.publish(leaf.name, t, b, unit, value)
+                self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
 
     def write_states(self, t, it, b, unit, ul):
         """End of step: the new states to the workspace or registers, the output, the final states."""
         new = new_state_values(self.p, self.loader(t, it, b, unit, ul))
+        stored = {name: as_type(value, self.dt) for name, value in new.items()}
         for name, value in new.items():
-            if name in self.priv:
+            if name in self.priv:  # private states stay in the compute type between steps
                 T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])
             else:
-                self.publish(name, t, b, unit, value)
-        T.buffer_store(self.a.out, new[self.p.output], [t, b, unit])
+                self.publish(name, t, b, unit, stored[name])
+        T.buffer_store(self.a.out, stored[self.p.output], [t, b, unit])
         with T.If(t == self.a.seq_len - 1):
             with T.Then():
-                for name, value in new.items():
+                for name, value in stored.items():
                     T.buffer_store(self.a.final[name], value, [b, unit])
 
     def loader(self, t, it, b, unit, ul):
-        """Where each leaf of item ``it`` lives: registers, shared gate sums, the workspace."""
+        """Where each leaf of item ``it`` lives (registers, shared gate sums, the workspace), as a value of
+        the compute type."""
         nx, npar = len(self.x_leaves), len(self.p_leaves)
         red_lo = {r.name: self.row_lo[i] for i, r in enumerate(self.p.reductions)}
 
         def load(leaf: Leaf):
             if leaf.kind == "input":
-                return self.xreg[it * nx + self.x_leaves.index(leaf)]
+                return as_type(self.xreg[it * nx + self.x_leaves.index(leaf)], self.compute_dt)
             if leaf.kind == "param":
-                return self.preg[it * npar + self.p_leaves.index(leaf)]
+                return as_type(self.preg[it * npar + self.p_leaves.index(leaf)], self.compute_dt)
             if leaf.kind == "stage":  # a live-out of an earlier phase
                 return self.lreg[self.lreg_index(it, leaf)]
             if leaf.kind == "reduction":
-                row = red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul
-                return self.smem[self.gs0 + b * self.g.rows + row]
+                return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
             if leaf.name in self.priv:
                 return self.sreg[self.sreg_index(it, self.priv[leaf.name])]
-            return self.previous_state(leaf.name, t, b, unit)
+            return as_type(self.previous_state(leaf.name, t, b, unit), self.compute_dt)
 
         return load
 
@@ -265,7 +266,7 @@ class _Builder(OperandExchange, RegisterWeights):
 
 
 class _Item:
-    def __init__(self, builder: _Builder, it: int):
+    def __init__(self, builder: PersistentBuilder, it: int):
         self.b, self.it = builder, it
 
     def __enter__(self):

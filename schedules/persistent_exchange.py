@@ -18,6 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
+from prnn_tvm.dtypes import itemsize
 
 
 class OperandExchange:
@@ -52,13 +53,13 @@ class OperandExchange:
     def copy_tile(self, name: str, t, b0, phase: int):
         """Plain vector loads: the initial state at step 0, else the workspace slot written before."""
         H, BT, threads, e = self.H, self.c.batch_tile, self.g.threads, self.ops[name]
-        lv = 4 if H % 4 == 0 else (2 if H % 2 == 0 else 1)
+        lv = next(n for n in (16 // itemsize(self.dt), 4, 2, 1) if H % n == 0)  # 16-byte loads where H allows
         n = BT * H // lv
         for i in range(ceil_div(n, threads)):
             idx = i * threads + self.tx
             bb, k = (idx * lv) // H, (idx * lv) % H
             b = b0 + bb
-            dst = [vec_index((e * BT + bb) * self.g.k_pad + k, lv)]
+            dst = [vec_index((e * BT + bb) * self.stride + k, lv)]
             with T.If(tirx.all(idx < n, b < self.B)):
                 with T.Then():
                     if phase > 0:  # a stage of this step
@@ -74,11 +75,12 @@ class OperandExchange:
         """``tags``: poll each operand's tagged values (written at ``step - 1``) into shared memory."""
         BT, H = self.c.batch_tile, self.H
         rows = T.min(BT, self.B - b0)
+        most = min(BT, self.B) * H  # the tensor-core template's tile may be taller than the batch
         for name in names:
             e = self.ops[name]
             abort = grid_barrier.tag_copy(
                 self.barrier, self.g.threads, T.address_of(self.a.ws[e, parity, b0, 0]),
-                T.address_of(self.smem[e * BT * self.g.k_pad]), self.dt, rows * H, BT * H, H, self.g.k_pad,
+                T.address_of(self.smem[e * BT * self.stride]), self.dt, rows * H, most, H, self.stride,
                 self.barrier_base, step, self.sync)
             with T.If(abort != 0):
                 with T.Then():
@@ -112,7 +114,7 @@ class OperandExchange:
             with T.If(idx < total):
                 with T.Then():
                     T.buffer_store(self.smem, tirx.const(0.0, self.dt),
-                                   [(idx // pad) * self.g.k_pad + self.H + idx % pad])
+                                   [(idx // pad) * self.stride + self.H + idx % pad])
 
 
 def sync_threads():

@@ -15,6 +15,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.dtypes import itemsize
+
 from .persistent_exchange import vec_index
 
 FULL_MASK = 0xFFFFFFFF
@@ -27,6 +29,17 @@ class RegisterWeights:
     ``bx``/``rg``/``ks`` (block, row group, lane), ``row_lo``, ``ops``, ``wreg``, ``acc``,
     ``hv``, ``smem`` and ``gs0`` (word offset of the gate sums in shared memory).
     """
+
+    def alloc_product_buffers(self):
+        """Registers for the weights, accumulators and a state vector; shared memory for the operand
+        tiles followed by the gate sums (word ``gs0``); the thread's lane and row group."""
+        g, c = self.g, self.c
+        self.wreg = T.alloc_buffer((max(1, g.weights_per_thread),), self.dt, scope="local")
+        self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.acc_dt, scope="local")
+        self.hv = T.alloc_buffer((c.vec,), self.dt, scope="local")
+        self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // itemsize(self.dt)),), self.dt, scope="shared.dyn")
+        self.ks = _bind(self.tx % c.k_split, "ks")
+        self.rg = _bind(self.tx // c.k_split, "rg")
 
     def load_weights(self):
         """Prologue: each thread's weight rows into registers; zero outside the matrices."""
@@ -44,6 +57,16 @@ class RegisterWeights:
                         ok = tirx.all(row >= lo, row < hi, unit < H, k < H)
                         value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
+
+    def tile_products(self, b0, phase: int):
+        """This phase's products for batch rows b0.. (in shared memory): the gate sums of the tile."""
+        self.partial_products(phase)
+        self.lane_reduce()
+        self.store_gate_sums(b0, phase)
+
+    def gate_sum(self, b, row):
+        """The reduced product of CTA row ``row`` for batch row ``b``."""
+        return self.smem[self.gs0 + b * self.g.rows + row]
 
     def partial_products(self, phase: int):
         """This lane's share of each of its rows' dot products, for every row of the batch tile."""

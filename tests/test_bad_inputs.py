@@ -94,7 +94,7 @@ def _(lstm, good, tmp_path):
 
 @case("an unsupported `dtype`")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell("lstm", 8, 2, dtype="float16", target="llvm")
+    prnn_tvm.compile_cell("lstm", 8, 2, dtype="float64", target="llvm")
 
 
 @case("an unknown `target`")
@@ -391,6 +391,20 @@ def _(lstm, good, tmp_path):
     import prnn_tvm.torch as pt
 
     pt.from_torch(_torch().nn.GRU(4, 8).double())
+
+
+@case("a half module called with a float32 input")
+def _(lstm, good, tmp_path):
+    import prnn_tvm.torch as pt
+
+    torch = _torch()
+    with torch.no_grad():
+        pt.from_torch(torch.nn.LSTM(4, 8).half())(torch.randn(3, 2, 4))
+
+
+@case("a half `dtype` for a GPU before sm_80")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, dtype="float16", target="cuda", arch="sm_75")
 
 
 @case("a module call that needs gradients")

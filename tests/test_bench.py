@@ -16,12 +16,13 @@ ENV = {"gpu": "NVIDIA H100 80GB HBM3", "sms": 132, "arch": "sm_90", "peak_fp32_t
 CONFIG = '{"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}'
 
 
-def ok_row(cell, hidden, batch, layer_ms, kernel_ms, cudnn_ms, graph_ms, floor_us):
+def ok_row(cell, hidden, batch, layer_ms, kernel_ms, cudnn_ms, graph_ms, floor_us, call_ms=None):
     return {"cell": cell, "dtype": "float32", "hidden": hidden, "batch": batch, "seq_len": T, "status": "ok",
             "config": CONFIG, "config_origin": "default: no tuning record for this cell", "ctas": 128,
             "threads": 256, "registers": 235,
             "spill_bytes": 0, "compile_s": 1.5, "max_abs_err": 1.8e-7, "graph_max_err": 2e-7, "repeats": 5,
-            "prnn_layer_ms": layer_ms, "prnn_layer_min_ms": layer_ms * 0.99, "prnn_kernel_ms": kernel_ms,
+            "prnn_call_ms": call_ms, "prnn_layer_ms": layer_ms, "prnn_layer_min_ms": layer_ms * 0.99,
+            "prnn_kernel_ms": kernel_ms,
             "prnn_kernel_min_ms": kernel_ms * 0.99, "cudnn_ms": cudnn_ms, "cudnn_min_ms": cudnn_ms,
             "graph_layer_ms": graph_ms, "graph_layer_min_ms": graph_ms, "graph_recurrent_ms": graph_ms * 0.8,
             "graph_recurrent_min_ms": graph_ms * 0.8, "barrier_us": 0.97, "flop_layer_ms": 0.1,
@@ -34,7 +35,7 @@ def error_row(cell, hidden, batch, message):
 
 
 ROWS = [
-    ok_row("lstm", 1024, 4, layer_ms=1.28, kernel_ms=0.768, cudnn_ms=3.2, graph_ms=4.48, floor_us=2.0),
+    ok_row("lstm", 1024, 4, layer_ms=1.28, kernel_ms=0.768, cudnn_ms=3.2, graph_ms=4.48, floor_us=2.0, call_ms=1.6),
     ok_row("lstm", 1024, 16, layer_ms=2.56, kernel_ms=1.536, cudnn_ms=3.84, graph_ms=5.12, floor_us=4.0),
     error_row("lstm", 1024, 64, "LaunchError: launching 'recurrent' of lstm failed: too many resources | x"),
     ok_row("gru", 512, 4, layer_ms=0.512, kernel_ms=0.256, cudnn_ms=2.048, graph_ms=1.024, floor_us=0.5),
@@ -62,11 +63,13 @@ def test_unknown_column_is_refused(tmp_path):
 
 def test_ratios(csv_path):
     r = table.ratios(table.read_csv(csv_path)[0])
+    assert r["cudnn_over_call"] == pytest.approx(3.2 / 1.6)  # module call against module call
     assert r["cudnn_over_prnn"] == pytest.approx(3.2 / 1.28)
     assert r["graph_over_prnn"] == pytest.approx(4.48 / 1.28)
     assert r["prnn_over_floor"] == pytest.approx(0.768e3 / T / 2.0)  # 3.0 us/step over a 2 us floor
-    assert table.ratios(table.read_csv(csv_path)[2]) == {"cudnn_over_prnn": None, "graph_over_prnn": None,
-                                                         "prnn_over_floor": None}
+    assert table.ratios(table.read_csv(csv_path)[2]) == {"cudnn_over_call": None, "cudnn_over_prnn": None,
+                                                         "graph_over_prnn": None, "prnn_over_floor": None}
+    assert table.ratios(table.read_csv(csv_path)[1])["cudnn_over_call"] is None  # a CSV from before the column
     assert table.per_step_us(ROWS[0], "floor_step_us") == 2.0  # already per step
     assert table.per_step_us(ROWS[0], "cudnn_ms") == pytest.approx(12.5)
 
@@ -79,9 +82,9 @@ def test_markdown_table(csv_path):
     assert "## lstm float32" in lines and "## gru float32" in lines
     b4 = next(line for line in lines if line.startswith("| 1024 | 4 |"))
     cells = [c.strip() for c in b4.strip("|").split("|")]
-    assert cells[2:7] == ["5.00", "3.00", "12.50", "17.50", "2.00"]  # us per step
-    assert cells[7:10] == ["2.50", "3.50", "1.50"]  # cuDNN/ours, graph/ours, ours/floor
-    assert cells[10] == "1.8e-07" and cells[11] == "U=8 ks=16 r=2 bt=4 v=4 tags (default)"
+    assert cells[2:8] == ["6.25", "5.00", "3.00", "12.50", "17.50", "2.00"]  # us per step
+    assert cells[8:12] == ["2.00", "2.50", "3.50", "1.50"]  # cuDNN/call, cuDNN/ours, graph/ours, ours/floor
+    assert cells[12] == "1.8e-07" and cells[13] == "U=8 ks=16 r=2 bt=4 v=4 tags (default)"
     err = next(line for line in lines if line.startswith("| 1024 | 64 |"))
     assert "error: LaunchError: launching 'recurrent' of lstm failed: too many resources / x" in err
     header = next(line for line in lines if line.startswith("| H |"))
@@ -97,7 +100,7 @@ def test_plot_writes_a_png(csv_path, tmp_path):
 
 
 def test_plot_survives_a_panel_where_every_case_failed(tmp_path):
-    rows = [*ROWS, {**error_row("gru", 512, 4, "ConfigError: dtype float16 is not supported yet"), "dtype": "float16"}]
+    rows = [*ROWS, {**error_row("gru", 512, 4, "ConfigError: dtype float64 is not supported yet"), "dtype": "float64"}]
     png = outputs.plot(rows, tmp_path / "run.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -106,7 +109,7 @@ def test_render_from_csv(csv_path):
     paths = outputs.render_csv(csv_path)
     assert paths["md"].name == "run.md" and paths["png"].name == "run.png"
     md = paths["md"].read_text()
-    assert "float16" in md and "![time per step vs batch](run.png)" in md and "error: LaunchError" in md
+    assert "half-precision rows" in md and "![time per step vs batch](run.png)" in md and "error: LaunchError" in md
     assert paths["png"].stat().st_size > 10_000
 
 
@@ -130,12 +133,12 @@ def test_largest_hidden_is_the_edge_of_validity():
 
 def test_build_cases_resolves_largest_and_lists_unsupported_dtypes():
     gpu = gpu_spec("sm_90")
-    cases = matrix.build_cases(["lstm"], [256, matrix.LARGEST], [1, 4], 32, ["float32", "float16"], gpu,
+    cases = matrix.build_cases(["lstm"], [256, matrix.LARGEST], [1, 4], 32, ["float32", "float64"], gpu,
                                compiles_clean=lambda cell, dtype, hidden: True)
     largest = matrix.largest_hidden("lstm", gpu, [1, 4])
     assert [(c.hidden, c.batch, c.dtype) for c in cases] == [
         (256, 1, "float32"), (256, 4, "float32"), (largest, 1, "float32"), (largest, 4, "float32"),
-        (256, 1, "float16"), (256, 4, "float16")]
+        (256, 1, "float64"), (256, 4, "float64")]
     assert all(c.seq_len == 32 for c in cases)
 
 

@@ -7,6 +7,7 @@ import pytest
 import prnn_tvm
 from prnn_tvm import ConfigError
 from prnn_tvm.schedules import persistent_config as pc
+from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
 
 from .two_state_cell import TWO_STATE
@@ -90,3 +91,52 @@ def test_rows_of_a_thread_multiply_one_state():
     assert pc.validate(ok, p, SM90).rows == 8
     with pytest.raises(ConfigError, match="must divide the rows of each recurrent product"):
         pc.validate(dataclasses.replace(ok, rows_per_thread=3), p, SM90)
+
+
+# ---------------------------------------------------------------- the tensor-core template (half precision)
+def half_plan(cell="lstm", batch=16, hidden=1024, dtype="float16"):
+    return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
+
+
+def test_mma_geometry_pads_products_to_row_tiles():
+    g = mc.validate(mc.MmaConfig(units_per_cta=8, k_groups=8, n_tiles=2), half_plan(), SM90)
+    assert (g.ctas, g.m_tiles, g.rows, g.threads) == (128, 2, 32, 512)  # 4 gates x 8 units: two 16-row tiles
+    assert g.k_tiles_per_warp == 8 and g.k_pad == 1024 and g.weights_per_thread == 32
+    assert g.stride == 1024 + mc.ROW_SKEW and g.smem_gs == 4 * 8 * 16 * 32
+    gru = mc.geometry(mc.MmaConfig(units_per_cta=10, k_groups=4), half_plan("gru_cho"))
+    assert gru.m_tiles == 3  # 20 rows of r, z in two tiles; 10 rows of n in a third, never mixed
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(k_groups=1), "registers per thread"),
+    (dict(k_groups=32), "k_groups=32"),
+    (dict(n_tiles=3), "n_tiles=3"),
+    (dict(units_per_cta=16, k_groups=16), "threads per CTA"),
+    (dict(units_per_cta=2), "cannot be co-resident"),
+    (dict(barrier="spin"), "barrier 'spin' unknown"),
+])
+def test_mma_validate_rejects_with_a_reason(change, reason):
+    base = mc.MmaConfig(units_per_cta=8, k_groups=8, n_tiles=2)
+    with pytest.raises(ConfigError, match=reason):
+        mc.validate(dataclasses.replace(base, **change), half_plan(), SM90)
+
+
+def test_mma_validate_refuses_float32_old_gpus_and_batch_tiles_past_the_batch():
+    cfg = mc.MmaConfig(units_per_cta=8, k_groups=8, n_tiles=1)
+    with pytest.raises(ConfigError, match="places float16, bfloat16 cells, not float32"):
+        mc.validate(cfg, plan(), SM90)
+    with pytest.raises(ConfigError, match=r"sm_80 or newer\), not sm_75"):
+        mc.validate(cfg, half_plan(), gpu_spec("sm_75"))
+    with pytest.raises(ConfigError, match="the batch of 4 needs at most 1"):
+        mc.validate(dataclasses.replace(cfg, n_tiles=2), half_plan(batch=4), SM90)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cell", sorted(prnn_tvm.builtin_cells()))
+def test_mma_default_is_valid_and_spreads_over_the_gpu(dtype, cell):
+    p = half_plan(cell, batch=33, hidden=512, dtype=dtype)
+    cfg = mc.ranked_configs(p, SM90)[0]
+    g = mc.validate(cfg, p, SM90)
+    assert cfg.units_per_cta == -(-512 // SM90.sms) and g.ctas <= SM90.sms
+    assert all(g2.weights_per_thread < g1.weights_per_thread for g1, g2 in zip(
+        *(lambda gs: (gs, gs[1:]))([mc.geometry(c, p) for c in mc.ranked_configs(p, SM90)])))

@@ -49,7 +49,7 @@ def test_a_template_without_knobs_refuses_a_config():
 
 def test_knob_short_names_come_from_the_config_fields():
     assert knob_short_names() == {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r",
-                                  "batch_tile": "bt", "vec": "v", "barrier": ""}
+                                  "batch_tile": "bt", "vec": "v", "barrier": "", "k_groups": "kg", "n_tiles": "nt"}
     knobs = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
     assert knob_text(knobs, knob_short_names()) == "U=8 ks=16 r=2 bt=4 v=4 tags"
     assert knob_text({"vec": 4}) == "vec=4"
@@ -191,8 +191,12 @@ def test_the_dtype_policy():
     assert tolerance("float32", 256) == pytest.approx(16 * tolerance("float32", 1))
     assert tolerance("float32", 0) == tolerance("float32", 1)
     assert (itemsize("uint64"), itemsize("bfloat16"), itemsize("int8")) == (8, 2, 1)
-    with pytest.raises(ConfigError, match="dtype float16 is not supported yet; supported: float32"):
-        policy("float16")
+    for half in ("float16", "bfloat16"):  # half storage, float32 products and pointwise math
+        assert (policy(half).storage, policy(half).accumulate, policy(half).compute) == (half, "float32", "float32")
+    assert tolerance("float16", 256) == pytest.approx(1e-2) and tolerance("bfloat16", 256) == pytest.approx(4e-2)
+    assert tolerance("float16", 1) == 2.0**-9  # the floor: half an ulp of an output of 4
+    with pytest.raises(ConfigError, match="dtype float64 is not supported yet; supported: float32, float16, bfloat16"):
+        policy("float64")
     assert prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8).policy == p
 
 

@@ -60,3 +60,15 @@ def test_precomputed_projection_gives_the_same_result():
 def test_two_products_over_two_states(hidden, batch):
     layer = prnn_tvm.compile_cell(TWO_STATE, hidden, batch, target="llvm")
     assert check_against_reference(layer, 9, tolerance("float32", 9)).ok
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden, batch, input_size", [(1, 1, 3), (7, 3, None), (64, 8, 17)])
+def test_cpu_half_matches_reference(dtype, cell, hidden, batch, input_size):
+    """Half storage, float32 math: the reference gets the same rounded inputs, weights and states."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="llvm")
+    assert layer.signature.launches[1].args[0].dtype == "float32"  # the projection stays float32
+    for seq_len in (1, 64):
+        res = check_against_reference(layer, seq_len, tolerance(dtype, seq_len), seed=seq_len)
+        assert res.ok, f"T={seq_len}: max abs error {res.max_abs_error:.2e} > {res.tolerance:.1e}"

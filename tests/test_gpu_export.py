@@ -33,10 +33,11 @@ RUNTIME_ONLY = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru", "mgu"])
-def test_exported_cubin_runs_with_the_runtime_only(cell, tmp_path):
+@pytest.mark.parametrize("cell, dtype", [("lstm", "float32"), ("gru", "float32"), ("mgu", "float32"),
+                                         ("lstm", "float16")])
+def test_exported_cubin_runs_with_the_runtime_only(cell, dtype, tmp_path):
     arch = gpu_spec().arch
-    layer = prnn_tvm.compile_cell(cell, 256, 4, seq_len=64, target="cuda", arch=arch)
+    layer = prnn_tvm.compile_cell(cell, 256, 4, seq_len=64, dtype=dtype, target="cuda", arch=arch)
     path = prnn_tvm.export(layer, tmp_path / f"{cell}.so")
     fmt, code = embedded_cuda_code(path)  # what the runtime loads: a cubin, so no NVRTC compile at load
     assert fmt == b"cubin" and b"\x7fELF" in code
@@ -50,8 +51,9 @@ def test_exported_cubin_runs_with_the_runtime_only(cell, tmp_path):
     assert r.returncode == 0 and "runtime-only gpu ok" in r.stdout, r.stdout[-1000:] + r.stderr[-3000:]
 
 
-def test_in_process_load_matches(tmp_path):
-    layer = prnn_tvm.compile_cell("rnn_tanh", 128, 2, target="cuda")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_in_process_load_matches(dtype, tmp_path):
+    layer = prnn_tvm.compile_cell("rnn_tanh", 128, 2, dtype=dtype, target="cuda")
     loaded = prnn_tvm.load(prnn_tvm.export(layer, tmp_path / "rnn.so"))
     inputs = random_inputs(layer.plan, 16, layer.input_size)
     (a, fa), (b, fb) = layer(**inputs), loaded(**inputs)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import prnn_tvm
+from prnn_tvm.checks import max_abs_error
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.schedules.persistent_config import PersistentConfig
@@ -27,12 +28,8 @@ def layer_for(cell, hidden, batch):
 
 def run_and_compare(layer, seq_len, seed=0):
     inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
-    out, finals = layer(*[inputs[n] for n in layer.arg_names])
-    ref, ref_finals = reference_layer(layer.plan, inputs)
-    err = float(np.abs(out - ref).max())
-    for state, got in zip(layer.plan.states, finals):
-        err = max(err, float(np.abs(got - ref_finals[state.name]).max()))
-    return err
+    result = layer(*[inputs[n] for n in layer.arg_names])
+    return max_abs_error(layer.plan, result, reference_layer(layer.plan, inputs))
 
 
 @pytest.mark.parametrize("cell", CELLS)

@@ -67,7 +67,7 @@ def test_same_argument_twice(lstm, inputs):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(hidden=0), "hidden must be a positive integer"),
     (dict(batch=-2), "batch must be a positive integer"),
-    (dict(dtype="float16"), "float16 is not supported yet"),
+    (dict(dtype="float64"), "float64 is not supported yet"),
     (dict(target="vulkan"), "unknown target"),
     (dict(target="cuda", arch="sm_99"), "unknown GPU architecture"),
 ])

@@ -116,3 +116,36 @@ ptxas info    : Used 64 registers, used 1 barriers, 6912 bytes smem, 400 bytes c
     assert (r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, r.static_smem_bytes) == \
         (168, 8, 12, 16, 400)
     assert rep.function("projection").registers == 64 and r.spills == 28
+
+
+# ---------------------------------------------------------------- half precision: the tensor-core template
+# Two-phase cells with three row tiles at hidden 1024 on the A100 (108 SMs: 10 units per CTA, padded to
+# 16-row tiles) need more registers than 384 threads allow and spill; every other default is clean.
+KNOWN_HALF_SPILLS = {("gru_cho", 1024, "sm_80"), ("stacked_rnn", 1024, "sm_80")}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden", [256, 1024])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidden, arch):
+    layer = prnn_tvm.compile_cell(cell, hidden, 16, dtype=dtype, target="cuda", arch=arch, tuning_logs=[])
+    rep = layer.report
+    assert rep.template == "persistent_mma" and rep.registers is not None, rep.ptxas_note
+    assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
+    spills = rep.spill_store_bytes + rep.spill_load_bytes + rep.stack_bytes
+    assert (spills > 0) == ((cell, hidden, arch) in KNOWN_HALF_SPILLS), rep.format()
+    body = kernel_source(layer)
+    ptx_type = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    products = len(layer.plan.reductions) > 0
+    assert (f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in body) == products
+    start, loop = body.index("{"), body.index("< seq_len;")
+    for w in layer.plan.weights:  # fragments loaded once (half2 loads where hidden is even), before the time loop
+        assert f"{w.name}_ptr" in body[start:loop] and f"{w.name}_ptr" not in body[loop:]
+
+
+@pytest.mark.parametrize("batch", [1, 33, 64])
+def test_half_batches_up_to_64_compile_clean(batch):
+    layer = prnn_tvm.compile_cell("lstm", 1024, batch, dtype="float16", target="cuda", arch="sm_90", tuning_logs=[])
+    rep = layer.report
+    assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()

@@ -270,15 +270,17 @@ SHIPPED = records.load(records.default_log("sm_90"))
 
 
 def test_shipped_records_cover_the_benchmark_matrix():
-    shapes = {(r.cell, r.key.hidden, r.key.batch) for r in SHIPPED if r.ok}
+    shapes = {(r.cell, r.key.hidden, r.key.batch) for r in SHIPPED if r.ok and r.key.dtype == "float32"}
     assert {(c, h, b) for c in ("rnn_tanh", "lstm", "gru") for h in (256, 512, 1024) for b in (1, 4, 16)} <= shapes
+    half = {(r.cell, r.key.hidden, r.key.batch) for r in SHIPPED if r.ok and r.key.dtype == "float16"}
+    assert {("lstm", h, b) for h in (256, 512, 1024) for b in (1, 4, 16, 64)} <= half
 
 
 @pytest.mark.parametrize("key", list(dict.fromkeys(r.key for r in SHIPPED)),
-                         ids=lambda k: f"{k.fingerprint}-h{k.hidden}-b{k.batch}")
+                         ids=lambda k: f"{k.fingerprint}-{k.dtype}-h{k.hidden}-b{k.batch}")
 def test_shipped_records_compile_to_tuned_spill_free_kernels(key):
     cell = next(r.cell for r in SHIPPED if r.key == key)
-    layer = prnn_tvm.compile_cell(cell, key.hidden, key.batch, target="cuda", arch=key.arch)
+    layer = prnn_tvm.compile_cell(cell, key.hidden, key.batch, dtype=key.dtype, target="cuda", arch=key.arch)
     rep = layer.report
     assert rep.config == records.best(SHIPPED, key).config and rep.config_origin is ConfigOrigin.TUNED
     assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()

@@ -19,7 +19,8 @@ import logging
 import numpy as np
 import torch
 
-from ..dtypes import tolerance
+from .. import torch as prnn_torch
+from ..dtypes import HALF_DTYPES, tolerance
 from ..errors import PrnnError
 from ..runtime.layer import Layer
 from ..target import GpuSpec
@@ -80,6 +81,9 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
         row["max_abs_err"] = max(row["max_abs_err"], _check(layer, args, ref_out, ref_finals, tolerance(case.dtype, T)))
         initial = baselines.hx(states)
         row["cudnn_ms"], row["cudnn_min_ms"] = _ms(lambda: module(x, initial), repeats, number)
+        public = prnn_torch.from_torch(module, arch=gpu.arch)  # what a user calls: module call for module call
+        public.layer_for(B, dev)  # compiled once, outside the timing (as the layer above)
+        row["prnn_call_ms"], row["prnn_call_min_ms"] = _ms(lambda: public(x, initial), repeats, number)
         loop = baselines.GraphLoop(base, w, x, states)
         row["graph_layer_ms"], row["graph_layer_min_ms"] = _ms(loop.replay_layer, repeats, number)
         row["graph_recurrent_ms"], row["graph_recurrent_min_ms"] = _ms(loop.replay_recurrent, repeats, number)
@@ -89,8 +93,8 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
     flop_layer, flop_rec = flops(layer.plan, layer.input_size, T)
     barrier_s = barrier_seconds_per_step(layer, probes)
     row.update(repeats=repeats, barrier_us=barrier_s * 1e6)
-    if gpu.peak_fp32_flops:  # unknown clock: no FLOP floor rather than a wrong one
-        peak = gpu.peak_fp32_flops
+    peak = gpu.peak_half_flops if case.dtype in HALF_DTYPES else gpu.peak_fp32_flops
+    if peak:  # unknown clock: no FLOP floor rather than a wrong one
         row.update(flop_layer_ms=flop_layer / peak * 1e3, flop_recurrent_ms=flop_rec / peak * 1e3,
                    floor_step_us=(barrier_s + flop_rec / T / peak) * 1e6)
     return row

@@ -12,12 +12,14 @@ from .table import markdown, read_csv, write_csv
 log = logging.getLogger(__name__)
 
 NOTES = [
-    f"dtypes: the compiler supports {', '.join(SUPPORTED_DTYPES)} only so far; float16 (and with it cuDNN's "
-    "own persistent kernel, which PyTorch picks only for float16) is not measured.",
+    f"dtypes: the compiler supports {', '.join(SUPPORTED_DTYPES)}; half-precision rows run the tensor-core "
+    "template against cuDNN in the same dtype (cuDNN's own persistent kernel where PyTorch picks it: float16 LSTM, "
+    "batch a multiple of 8).",
     "Every implementation is timed with CUDA events on the same stream (prnn-tvm's two kernels launched on "
     "PyTorch tensors through DLPack); the floor's barrier is the barrier alone for the kernel's own grid "
     "(every CTA reading every CTA's value), timed with TVM's time_evaluator (minimum over repeats).",
-    "floor = barrier + recurrent FLOPs per step at the fp32 peak (no tensor cores); the graph loop is one "
+    "floor = barrier + recurrent FLOPs per step at peak: the fp32 peak (no tensor cores) for float32, the "
+    "dense tensor-core peak for float16 and bfloat16; the graph loop is one "
     "input-projection GEMM plus a GEMM and the cell's pointwise math per step, replayed as a CUDA graph.",
 ]
 

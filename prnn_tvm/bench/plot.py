@@ -14,6 +14,7 @@ from .table import SERIES, per_step_us
 log = logging.getLogger(__name__)
 
 _STYLE = {  # label -> matplotlib line style
+    "prnn-tvm public call": dict(color="tab:blue", marker="s", linestyle="-.", linewidth=2),
     "prnn-tvm layer": dict(color="tab:blue", marker="o"),
     "prnn-tvm kernel": dict(color="tab:blue", marker="o", linestyle="--"),
     "cuDNN layer": dict(color="tab:red", marker="s"),

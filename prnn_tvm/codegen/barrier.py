@@ -132,6 +132,18 @@ _TAGS = _COMMON + r"""
 __device__ __forceinline__ unsigned prnn_payload_bits(float v) { return __float_as_uint(v); }
 template <typename V> __device__ __forceinline__ V prnn_from_payload(unsigned bits);
 template <> __device__ __forceinline__ float prnn_from_payload<float>(unsigned bits) { return __uint_as_float(bits); }
+#ifdef __CUDA_FP16_H__
+__device__ __forceinline__ unsigned prnn_payload_bits(half v) { return __half_as_ushort(v); }
+template <> __device__ __forceinline__ half prnn_from_payload<half>(unsigned bits) {
+  return __ushort_as_half((unsigned short)bits);
+}
+#endif
+#ifdef __CUDA_BF16_H__
+__device__ __forceinline__ unsigned prnn_payload_bits(nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+template <> __device__ __forceinline__ nv_bfloat16 prnn_from_payload<nv_bfloat16>(unsigned bits) {
+  return __ushort_as_bfloat16((unsigned short)bits);
+}
+#endif
 template <typename V>
 __device__ __forceinline__ void prnn_tag_store(uint64_t* p, V v, unsigned tag) {
   const unsigned long long word = ((unsigned long long)tag << 32) | prnn_payload_bits(v);
@@ -228,7 +240,7 @@ BARRIERS = {
 
 
 # The C type of each exchanged dtype the ``tags`` payload carries (at most 32 bits next to the tag).
-PAYLOAD_TYPES = {"float32": "float"}
+PAYLOAD_TYPES = {"float32": "float", "float16": "half", "bfloat16": "nv_bfloat16"}
 
 
 def payload_type(dtype: str) -> str:

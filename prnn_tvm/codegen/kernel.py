@@ -41,14 +41,15 @@ def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_d
     args = recurrent_args(
         plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
         {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states), plan.dtype,
-        workspace, workspace_dtype, sync.state_words if sync is not None else None)
+        workspace, workspace_dtype, sync.state_words if sync is not None else None, plan.policy.accumulate)
     return Launch("recurrent", args, grid, sync)
 
 
 def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = None) -> Signature:
     """The layer a compile makes: the input projection, then the recurrent kernel (``recurrent``:
     the template's launch; by default the arguments alone, which every template shares)."""
-    projection = projection_launch(plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype)
+    projection = projection_launch(plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype,
+                                   plan.policy.accumulate)
     return Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype,
                      (projection, recurrent or recurrent_launch(plan)))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tvm import tirx
+
 from ..frontend.plan import CellPlan, Leaf
 from ..frontend.texpr import free_vars, substitute
 
@@ -48,3 +50,9 @@ def live_index(plan: CellPlan) -> dict[Leaf, int]:
 def new_state_values(plan: CellPlan, value_of: Callable[[Leaf], object]) -> dict[str, object]:
     """``{state: new value}`` at the end of a step; ``value_of`` resolves the update leaves."""
     return {s.name: value_of(plan.updates[s.name]) for s in plan.states}
+
+
+def as_type(expr, dtype: str):
+    """``expr`` converted to ``dtype`` (itself when it already is): between a layer's storage type and
+    the types it accumulates and computes in (``prnn_tvm.dtypes``)."""
+    return expr if str(expr.ty.dtype) == dtype else tirx.Cast(dtype, expr)

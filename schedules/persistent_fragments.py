@@ -1,0 +1,151 @@
+"""Recurrent weights as tensor-core fragments in registers, and the products over them.
+
+Warp ``w`` of a CTA is ``(m, kg) = (w // k_groups, w % k_groups)``: it holds, for the whole
+launch, the A fragments of row tile ``m`` for its k tiles ``kg * kt_per + kt``. Lane
+``(grp, quad) = (lane // 4, lane % 4)`` holds, per k tile, the eight half values that
+``mma.sync.m16n8k16.row.col`` takes from it (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
+
+    A element j (0..7): row grp + 8 * ((j // 2) % 2), column 2 * quad + j % 2 + 8 * (j // 4)
+    B element j (0..3): column (batch row) grp, row (hidden) 2 * quad + j % 2 + 8 * (j // 2)
+    C element i (0..3): row grp + 8 * (i // 2), column (batch row) 2 * quad + i % 2
+
+The B fragment of a batch tile is two 32-bit loads from the shared operand tile (rows of
+``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks). Each warp
+adds its k range into float32 accumulators and writes them to its k group's slice of the
+shared partial sums; the pointwise math adds the ``k_groups`` partials of the gate it reads.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from prnn_tvm.dtypes import itemsize
+
+from .persistent_exchange import vec_index
+from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
+
+PTX_TYPES = {"float16": "fp16", "bfloat16": "bf16"}
+A_REGS, B_REGS, C_REGS = 8, 4, 4  # half elements of A and B, float32 elements of C, per lane and tile
+
+
+class FragmentWeights:
+    """Mixin of the template's builder (see ``persistent_cuda.PersistentBuilder``) for the
+    tensor-core template: row tiles per product, fragment registers, mma products, k-group sums."""
+
+    def row_starts(self) -> list[int]:
+        """Product i starts at row tile boundaries: a tile never holds rows of two products."""
+        starts, lo = [], 0
+        for tiles in product_tiles(self.p, self.c.units_per_cta):
+            starts.append(lo)
+            lo += TILE_M * tiles
+        return starts
+
+    def alloc_product_buffers(self):
+        """Fragment registers; one dynamic shared buffer: the float32 partial sums, then the operand tiles."""
+        g, c = self.g, self.c
+        self.wreg = T.alloc_buffer((max(1, A_REGS * g.k_tiles_per_warp),), self.dt, scope="local")
+        self.acc = T.alloc_buffer((C_REGS * c.n_tiles,), self.acc_dt, scope="local")
+        self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles,), self.dt, scope="local")
+        gs_words = g.smem_gs // itemsize(self.acc_dt)
+        words = gs_words + -(-g.smem_ops // itemsize(self.acc_dt))
+        self.gsum = T.alloc_buffer((max(1, words),), self.acc_dt, scope="shared.dyn")
+        per_word = itemsize(self.acc_dt) // itemsize(self.dt)
+        self.smem = T.decl_buffer((max(1, g.smem_ops // itemsize(self.dt)),), self.dt, data=self.gsum.data,
+                                  elem_offset=gs_words * per_word)
+        warp, lane = self.tx // 32, self.tx % 32
+        self.mt = _bind(warp // c.k_groups, "mt")
+        self.kg = _bind(warp % c.k_groups, "kg")
+        self.grp = _bind(lane // 4, "grp")
+        self.quad = _bind(lane % 4, "quad")
+
+    def load_weights(self):
+        """Prologue: this warp's A fragments into registers; zero outside the matrices.
+
+        A lane's fragments cover two rows of its row tile (``grp`` and ``grp + 8``): where each
+        row's weights live (which product, which weight row) is bound once per row, so the
+        unrolled loads differ only in their column."""
+        if not self.p.reductions:
+            return
+        H, U, kt_per = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp
+        sources = []  # per fragment row: [(in this product, weight row), per product]
+        for half in range(2):
+            row = _bind(self.mt * TILE_M + self.grp + 8 * half, f"frag_row{half}")
+            per_product = []
+            for i, red in enumerate(self.p.reductions):
+                lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
+                unit = self.bx * U + (row - lo) % U
+                ok = _bind(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{half}_{i}")
+                per_product.append((ok, _bind(((row - lo) // U) * H + unit, f"frag_src{half}_{i}")))
+            sources.append(per_product)
+        lanes = 2 if H % 2 == 0 else 1  # pairs (2 * quad, 2 * quad + 1) never straddle an even H
+        for kt in range(kt_per):
+            for j in range(0, A_REGS, lanes):
+                k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
+                value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
+                for red, (ok, src) in reversed(list(zip(self.p.reductions, sources[(j // 2) % 2]))):
+                    value = T.if_then_else(tirx.all(ok, k < H), self.a.weight[red.weight][src, vec_index(k, lanes)],
+                                           value)
+                T.buffer_store(self.wreg, value, [vec_index(kt * A_REGS + j, lanes)])
+
+    def tile_products(self, b0, phase: int):
+        """This phase's products for batch rows b0.. (in shared memory) into the k group's partial sums."""
+        c, g, stride = self.c, self.g, self.stride
+        for i in range(C_REGS * c.n_tiles):
+            T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
+        ptx = PTX_TYPES[self.dt]
+        with T.If(self.warp_phase == phase):
+            with T.Then():
+                first = _bind(self.operand_base + self.grp * stride + 2 * self.quad
+                              + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
+                for kt in range(g.k_tiles_per_warp):
+                    for nt in range(c.n_tiles):
+                        at = first + nt * TILE_N * stride + TILE_K * kt
+                        for half in range(2):  # k 2*quad.. and 8 + 2*quad..
+                            T.buffer_store(self.bfrag, self.smem[vec_index(at + 8 * half, 2)],
+                                           [vec_index(nt * B_REGS + 2 * half, 2)])
+                        T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
+                                                    kt * A_REGS, self.bfrag.data, nt * B_REGS, self.acc.data,
+                                                    nt * C_REGS, False))
+                self.store_partials(b0)
+
+    def store_partials(self, b0):
+        """The accumulators to the shared partial sums of this warp's k group: ``[kg][b][row]``."""
+        g = self.g
+        for nt in range(self.c.n_tiles):
+            for i in range(C_REGS):
+                row = self.mt * TILE_M + self.grp + 8 * (i // 2)
+                b = b0 + nt * TILE_N + 2 * self.quad + i % 2
+                with T.If(b < self.B):
+                    with T.Then():
+                        T.buffer_store(self.gsum, self.acc[nt * C_REGS + i], [(self.kg * self.B + b) * g.rows + row])
+
+    def gate_sum(self, b, row):
+        """The product of CTA row ``row`` for batch row ``b``: the sum of the k groups' partials."""
+        total = self.gsum[b * self.g.rows + row]
+        for kg in range(1, self.c.k_groups):
+            total = total + self.gsum[(kg * self.B + b) * self.g.rows + row]
+        return total
+
+    def _per_tile(self, value_of):
+        """A per-warp value that depends on the product its row tile belongs to."""
+        reds = self.p.reductions
+        value = tirx.const(value_of(reds[0]), "int32")
+        for i, red in enumerate(reds[1:], start=1):
+            if value_of(red) != value_of(reds[i - 1]):
+                value = T.if_then_else(self.mt * TILE_M >= self.row_lo[i], value_of(red), value)
+        return value
+
+    @property
+    def operand_base(self):
+        """Offset of the shared tile this warp's rows multiply."""
+        return self._per_tile(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.stride)
+
+    @property
+    def warp_phase(self):
+        """The phase in which this warp's rows multiply."""
+        return self._per_tile(lambda r: r.phase)
+
+
+def _bind(expr, name: str):
+    return T.bind(expr, var=tirx.Var(name, expr.ty))

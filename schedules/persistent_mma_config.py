@@ -1,0 +1,217 @@
+"""Knobs of the tensor-core persistent template, their geometry, validation and default.
+
+The recurrent products run as ``mma.sync.m16n8k16`` (half-precision operands, float32
+accumulators): the weights are the A operand (16 gate rows x 16 hidden columns per tile),
+the exchanged state the B operand (16 hidden x 8 batch rows), so a batch of 1 to 8 costs
+one tile and any batch is padded to a multiple of 8 inside the kernel.
+
+A CTA owns ``units_per_cta`` hidden units; product ``i`` gets ``ceil(slices_i * units / 16)``
+row tiles of its own (rows past its end are zero weights), so a tile never mixes products.
+Each row tile is split along k over ``k_groups`` warps: warp ``(m, kg)`` holds the A
+fragments of row tile ``m`` for k tiles ``kg * k_tiles_per_warp ..`` in registers for the
+whole launch, and the ``k_groups`` partial sums meet in shared memory. The batch runs in
+passes of ``n_tiles`` x 8 rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.dtypes import HALF_DTYPES, itemsize
+from prnn_tvm.errors import ConfigError
+from prnn_tvm.frontend.plan import CellPlan
+from prnn_tvm.target import GpuSpec, ctas_per_sm
+
+from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD
+from .ranking import check_resources, ranked_defaults, with_barrier
+
+DTYPES = HALF_DTYPES
+MIN_ARCH = 80  # mma.sync.m16n8k16 with fp16 / bf16 operands
+TILE_M, TILE_N, TILE_K = 16, 8, 16
+ROW_SKEW = 8  # extra elements per shared operand row: consecutive rows start 4 banks apart
+MMA_CYCLES = 8  # per dependent mma.sync step, as it overlaps with the loads (fitted, see estimated_cycles)
+TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states and two block barriers
+MAX_K_GROUPS = 16
+TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
+K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """One point in the tensor-core template's space (metadata: short names)."""
+
+    units_per_cta: int = field(metadata={"short": "U"})
+    k_groups: int = field(metadata={"short": "kg"})
+    n_tiles: int = field(default=1, metadata={"short": "nt"})
+    barrier: str = field(default="counter", metadata={"short": ""})
+
+    @property
+    def batch_tile(self) -> int:
+        """Batch rows per pass (the shared operand tile's rows)."""
+        return TILE_N * self.n_tiles
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class MmaGeometry:
+    """What a config implies for one cell plan: grid, tiles, registers, shared memory."""
+
+    ctas: int
+    threads: int
+    m_tiles: int               # row tiles per CTA over all products
+    rows: int                  # m_tiles * 16: gate rows per CTA, padding included
+    k_tiles_per_warp: int
+    k_pad: int                 # hidden rounded up to whole k tiles of every k group
+    weights_per_thread: int    # 32-bit registers of A fragments
+    batch_chunks: int          # passes over the batch
+    items_per_thread: int      # (batch row, unit) pairs of pointwise math per thread
+    tagged_per_thread: int
+    smem_ops: int              # bytes: the operand tiles of one pass
+    smem_gs: int               # bytes: the k groups' partial sums for the whole batch
+    regs_estimate: int
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.smem_ops + self.smem_gs
+
+    @property
+    def stride(self) -> int:
+        """Elements between batch rows of a shared operand tile."""
+        return self.k_pad + ROW_SKEW
+
+
+def product_tiles(plan: CellPlan, units: int) -> list[int]:
+    """Row tiles of each recurrent product in a CTA of ``units`` hidden units."""
+    return [math.ceil(r.slices * units / TILE_M) for r in plan.reductions]
+
+
+def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
+    H, B = plan.hidden, plan.batch
+    m_tiles = sum(product_tiles(plan, cfg.units_per_cta))
+    ctas = math.ceil(H / cfg.units_per_cta)
+    warps = max(1, m_tiles * cfg.k_groups)
+    threads = 32 * warps
+    kt = math.ceil(math.ceil(H / TILE_K) / cfg.k_groups) if m_tiles else 0
+    k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
+    weights = 4 * kt
+    ipt = math.ceil(B * cfg.units_per_cta / threads)
+    n_ops = len(plan.operands)
+    stride = k_pad + ROW_SKEW
+    smem_ops = itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
+    smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * m_tiles * TILE_M, 16)
+    tag_vec = 2 if H % 2 == 0 else 1
+    tagged = (math.ceil(min(cfg.batch_tile, B) * H / (threads * tag_vec))
+              if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
+    live = sum(len(plan.live_outs(p)) for p in range(plan.phases))
+    regs = (weights + 6 * cfg.n_tiles + ipt * (len(plan.private_states) + live) + (2 * tag_vec + 2) * tagged
+            + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
+    return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, kt, k_pad, weights, math.ceil(B / cfg.batch_tile),
+                       ipt, tagged, smem_ops, smem_gs, regs)
+
+
+def arch_number(arch: str) -> int:
+    """``sm_90a`` -> 90."""
+    digits = "".join(ch for ch in arch if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def check_target(plan: CellPlan, gpu: GpuSpec) -> None:
+    """The dtype and GPU this template can place at all (before any config is looked at)."""
+    if plan.dtype not in DTYPES:
+        raise ConfigError(f"the tensor-core template places {', '.join(DTYPES)} cells, not {plan.dtype}")
+    if arch_number(gpu.arch) < MIN_ARCH:
+        raise ConfigError(f"{plan.dtype} layers need mma.sync m16n8k16 (sm_{MIN_ARCH} or newer), not {gpu.arch}")
+
+
+def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
+    """Check a config before building; raise ConfigError with the reason, else return its geometry."""
+    check_target(plan, gpu)
+    if cfg.barrier not in BARRIERS:
+        raise ConfigError(f"barrier '{cfg.barrier}' unknown; available: {', '.join(BARRIERS)}")
+    if cfg.units_per_cta < 1 or cfg.units_per_cta > plan.hidden:
+        raise ConfigError(f"units_per_cta={cfg.units_per_cta}: must be between 1 and hidden={plan.hidden}")
+    if not 1 <= cfg.k_groups <= MAX_K_GROUPS:
+        raise ConfigError(f"k_groups={cfg.k_groups}: must be between 1 and {MAX_K_GROUPS} (warps sharing a row "
+                          "tile's k)")
+    if cfg.n_tiles not in (1, 2, 4, 8):
+        raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
+    if cfg.batch_tile > _round_up(plan.batch, TILE_N):
+        raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch of "
+                          f"{plan.batch} needs at most {_round_up(plan.batch, TILE_N) // TILE_N}")
+    g = geometry(cfg, plan)
+    k_tiles = math.ceil(plan.hidden / TILE_K)
+    if g.m_tiles and cfg.k_groups > k_tiles:
+        raise ConfigError(f"k_groups={cfg.k_groups} exceeds the {k_tiles} k tiles of hidden={plan.hidden}")
+    if g.tagged_per_thread > 32:
+        raise ConfigError(f"the 'tags' exchange polls {g.tagged_per_thread} state loads per thread (batch tile "
+                          f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
+                          "n_tiles or raise k_groups")
+    if g.threads > 1024:
+        raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles x k_groups {cfg.k_groups}); at most "
+                          "1024: lower k_groups or units_per_cta")
+    check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {4 * cfg.n_tiles} accumulators); "
+                    f"a {g.threads}-thread CTA allows {{cap}}: raise k_groups or units_per_cta, or lower n_tiles",
+                    "lower n_tiles or k_groups")
+    return g
+
+
+def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[MmaConfig]:
+    """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
+    H = plan.hidden
+    min_units = math.ceil(H / gpu.sms)
+    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units, 8 * min_units) if u <= H})
+    n_max = _round_up(plan.batch, TILE_N) // TILE_N
+    return [MmaConfig(u, kg, nt, b) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8) if nt <= n_max
+            for b in barriers]
+
+
+GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_per_thread", "batch_chunks",
+                     "items_per_thread", "tagged_per_thread", "smem_bytes")
+
+
+def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
+    """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
+    g = geometry(cfg, plan)
+    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles")}
+    row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
+    row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
+    row.update(regs_estimate=g.regs_estimate, ctas_per_sm=ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu),
+               log2_estimated_cycles=math.log2(estimated_cycles(cfg, g)), registers=g.regs_estimate)
+    return row
+
+
+def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
+    """A rough per-step cost in SM cycles, used only to rank the untuned defaults.
+
+    Per pass a warp runs ``k_tiles_per_warp`` dependent mma steps for each of its
+    ``n_tiles`` independent accumulators, each shared-memory B fragment costs a quarter
+    cycle to issue, and the pass pays an L2 round trip and two block barriers
+    (``TILE_OVERHEAD``); every k group adds a partial sum per gate value to store and to
+    add up, more with a larger batch. Fewer than 8 warps cannot hide the latencies (last
+    factor, as in the float32 template's estimate). Fitted on an H100 (LSTM fp16, hidden 1024, T=256):
+    at batch 16 k_groups 4/8/12 with n_tiles 2 ran 2.74/2.96/3.52 us/step and n_tiles 1
+    (two passes) 3.41 at k_groups 4; at batch 1 k_groups 4 and 8 both 2.08.
+    """
+    chain = g.k_tiles_per_warp * max(MMA_CYCLES, 2 * cfg.n_tiles)
+    loads = g.threads / 32 * g.k_tiles_per_warp * cfg.n_tiles / 4
+    per_pass = (chain + loads + TILE_OVERHEAD) * max(1.0, 8 / (g.threads / 32))
+    return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
+
+
+def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
+    """The untuned choices, best first: units spread over every SM, then least estimated cost.
+    Later entries hold fewer weight registers per thread (what a build falls back to if ptxas spills)."""
+    check_target(plan, gpu)
+    ladder = ranked_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
+                             "tensor-core")
+    # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
+    return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
+            else cfg for cfg in ladder]
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m

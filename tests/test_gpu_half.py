@@ -1,0 +1,83 @@
+"""Half-precision layers on tensor cores (``pytest -m gpu``): float16 and bfloat16 against the
+float64 reference on the same rounded inputs, every built-in cell and barrier, torch modules.
+Random tuning configs of every dtype: ``test_gpu_robust``'s fuzz."""
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.checks import max_abs_error
+from prnn_tvm.dtypes import HALF_DTYPES, tolerance
+from prnn_tvm.reference import random_inputs, reference_layer
+
+pytestmark = pytest.mark.gpu
+CELLS = sorted(prnn_tvm.builtin_cells())
+_LAYERS = {}
+
+
+def layer_for(cell, hidden, batch, dtype, config=None):
+    key = (cell, hidden, batch, dtype, repr(config))
+    if key not in _LAYERS:
+        _LAYERS[key] = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", config=config)
+    return _LAYERS[key]
+
+
+def error_of(layer, seq_len, seed=0):
+    inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
+    return max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden", [128, 512, 1024])
+@pytest.mark.parametrize("batch", [1, 4, 16, 33])
+def test_half_matches_reference(dtype, cell, hidden, batch):
+    layer = layer_for(cell, hidden, batch, dtype)
+    assert layer.report.template == "persistent_mma"
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (1, 7, 256):
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: max abs error {err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
+@pytest.mark.parametrize("cell", ["lstm", "gru_cho"])
+def test_every_barrier_odd_sizes(dtype, barrier, cell):
+    """Partial CTAs, a k range that ends inside a k tile, a partial last batch tile, two passes."""
+    cfg = {"units_per_cta": 3, "k_groups": 2, "n_tiles": 1, "barrier": barrier}
+    layer = layer_for(cell, 133, 11, dtype, cfg)
+    assert error_of(layer, 9) <= tolerance(dtype, 9)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh"])
+def test_torch_half_modules_against_cudnn(dtype, kind):
+    """``from_torch`` of a half module: error against float64 at most 1.5x cuDNN's own (or the bound)."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    torch.manual_seed(0)
+    T, B, H, n_in = 64, 8, 256, 96
+    ctor = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[kind]
+    half = ctor(n_in, H).cuda().to(getattr(torch, dtype)).eval()
+    exact = ctor(n_in, H).cuda().double().eval()
+    exact.load_state_dict({k: v.double() for k, v in half.state_dict().items()})
+    x = torch.randn(T, B, n_in, device="cuda", dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        want, _ = exact(x.double())
+        cudnn, _ = half(x)
+        ours, _ = pt.from_torch(half)(x)
+    assert ours.dtype == x.dtype
+    ours_err = (ours.double() - want).abs().max().item()
+    cudnn_err = (cudnn.double() - want).abs().max().item()
+    assert ours_err <= max(1.5 * cudnn_err, tolerance(dtype, T)), f"ours {ours_err:.2e}, cuDNN {cudnn_err:.2e}"
+
+
+def test_half_back_to_back_launches_are_bitwise_identical():
+    layer = layer_for("lstm", 512, 16, "float16")
+    inputs = random_inputs(layer.plan, 32, layer.input_size, seed=3)
+    runs = [layer(**inputs) for _ in range(3)]
+    for out, finals in runs[1:]:
+        assert np.array_equal(out, runs[0][0])
+        assert all(np.array_equal(a, b) for a, b in zip(finals, runs[0][1]))
