@@ -159,11 +159,18 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     return g
 
 
+def row_aligned(plan: CellPlan, units: int) -> bool:
+    """Whether every product's rows fill whole row tiles at ``units`` per CTA (no zero-weight padding)."""
+    return all(r.slices * units % TILE_M == 0 for r in plan.reductions)
+
+
 def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[MmaConfig]:
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
     H = plan.hidden
     min_units = math.ceil(H / gpu.sms)
-    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units, 8 * min_units) if u <= H})
+    aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
+    units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
+                    if u <= H})
     n_max = _round_up(plan.batch, TILE_N) // TILE_N
     return [MmaConfig(u, kg, nt, b) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8) if nt <= n_max
             for b in barriers]
@@ -206,8 +213,16 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
     """The untuned choices, best first: units spread over every SM, then least estimated cost.
     Later entries hold fewer weight registers per thread (what a build falls back to if ptxas spills)."""
     check_target(plan, gpu)
-    ladder = ranked_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
-                             "tensor-core")
+    candidates = space(plan, gpu, barriers=("counter",))
+    ladder = ranked_defaults(plan, gpu, candidates, validate, estimated_cycles, limit, "tensor-core")
+    if not any(row_aligned(plan, cfg.units_per_cta) for cfg in ladder):
+        # The last resort: padded row tiles cost registers the estimate does not see (A100, Cho's GRU at
+        # hidden 1024: 10 units per CTA spill at 384 threads, 16 units compile in 128 registers).
+        aligned = [cfg for cfg in candidates if row_aligned(plan, cfg.units_per_cta)]
+        try:
+            ladder += ranked_defaults(plan, gpu, aligned, validate, estimated_cycles, 1, "tensor-core")
+        except ConfigError:
+            pass
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
     return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
             else cfg for cfg in ladder]

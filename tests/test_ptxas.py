@@ -119,9 +119,9 @@ ptxas info    : Used 64 registers, used 1 barriers, 6912 bytes smem, 400 bytes c
 
 
 # ---------------------------------------------------------------- half precision: the tensor-core template
-# Two-phase cells with three row tiles at hidden 1024 on the A100 (108 SMs: 10 units per CTA, padded to
-# 16-row tiles) need more registers than 384 threads allow and spill; every other default is clean.
-KNOWN_HALF_SPILLS = {("gru_cho", 1024, "sm_80"), ("stacked_rnn", 1024, "sm_80")}
+# Where the first ranked default spills and the build takes a later one (the report names what it passed over):
+# two-phase cells at hidden 1024 on the A100, whose 10 units per CTA pad their 16-row tiles; 16 units do not.
+KNOWN_HALF_FALLBACKS = {("gru_cho", 1024, "sm_80"), ("stacked_rnn", 1024, "sm_80")}
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -133,8 +133,8 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     rep = layer.report
     assert rep.template == "persistent_mma" and rep.registers is not None, rep.ptxas_note
     assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
-    spills = rep.spill_store_bytes + rep.spill_load_bytes + rep.stack_bytes
-    assert (spills > 0) == ((cell, hidden, arch) in KNOWN_HALF_SPILLS), rep.format()
+    assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
+    assert bool(rep.config_passed_over) == ((cell, hidden, arch) in KNOWN_HALF_FALLBACKS), rep.format()
     body = kernel_source(layer)
     ptx_type = {"float16": "f16", "bfloat16": "bf16"}[dtype]
     products = len(layer.plan.reductions) > 0
