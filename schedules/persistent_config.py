@@ -130,8 +130,7 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"{g.threads} threads per CTA ({g.row_groups} row groups x k_split {cfg.k_split}); "
                           "at most 1024: raise rows_per_thread or lower units_per_cta")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} weights, {cfg.rows_per_thread * cfg.batch_tile} "
-                    f"accumulators); a {g.threads}-thread CTA allows {{cap}}: lower rows_per_thread or batch_tile, "
-                    "or raise k_split", "lower batch_tile")
+                    "accumulators", "lower rows_per_thread or batch_tile, or raise k_split", "lower batch_tile")
     return g
 
 

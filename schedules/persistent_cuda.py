@@ -249,6 +249,27 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         return load
 
     # ------------------------------------------------------------------ helpers
+    def per_product(self, value_of):
+        """A per-thread value that depends on the product the thread's rows belong to (the products
+        mixin says where they start: ``first_row``)."""
+        reds = self.p.reductions
+        value = tirx.const(value_of(reds[0]), "int32")
+        first_row = self.first_row
+        for i, red in enumerate(reds[1:], start=1):
+            if value_of(red) != value_of(reds[i - 1]):
+                value = T.if_then_else(first_row >= self.row_lo[i], value_of(red), value)
+        return value
+
+    @property
+    def operand_base(self):
+        """Offset of the shared tile this thread's rows multiply."""
+        return self.per_product(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.stride)
+
+    @property
+    def thread_phase(self):
+        """The phase in which this thread's rows multiply."""
+        return self.per_product(lambda r: r.phase)
+
     @property
     def stall(self):
         """The barrier ordinal the test knob stalls: the end-of-step barrier of ``stall_step``."""

@@ -31,7 +31,8 @@ A_REGS, B_REGS, C_REGS = 8, 4, 4  # half elements of A and B, float32 elements o
 
 class FragmentWeights:
     """Mixin of the template's builder (see ``persistent_cuda.PersistentBuilder``) for the
-    tensor-core template: row tiles per product, fragment registers, mma products, k-group sums."""
+    tensor-core template: row tiles per product, fragment registers, mma products, k-group sums.
+    The builder's ``operand_base`` / ``thread_phase`` follow from ``first_row`` here."""
 
     def row_starts(self) -> list[int]:
         """Product i starts at row tile boundaries: a tile never holds rows of two products."""
@@ -94,7 +95,7 @@ class FragmentWeights:
         for i in range(C_REGS * c.n_tiles):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
         ptx = PTX_TYPES[self.dt]
-        with T.If(self.warp_phase == phase):
+        with T.If(self.thread_phase == phase):
             with T.Then():
                 first = _bind(self.operand_base + self.grp * stride + 2 * self.quad
                               + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
@@ -127,24 +128,10 @@ class FragmentWeights:
             total = total + self.gsum[(kg * self.B + b) * self.g.rows + row]
         return total
 
-    def _per_tile(self, value_of):
-        """A per-warp value that depends on the product its row tile belongs to."""
-        reds = self.p.reductions
-        value = tirx.const(value_of(reds[0]), "int32")
-        for i, red in enumerate(reds[1:], start=1):
-            if value_of(red) != value_of(reds[i - 1]):
-                value = T.if_then_else(self.mt * TILE_M >= self.row_lo[i], value_of(red), value)
-        return value
-
     @property
-    def operand_base(self):
-        """Offset of the shared tile this warp's rows multiply."""
-        return self._per_tile(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.stride)
-
-    @property
-    def warp_phase(self):
-        """The phase in which this warp's rows multiply."""
-        return self._per_tile(lambda r: r.phase)
+    def first_row(self):
+        """The first CTA row of this warp's row tile (a tile never holds rows of two products)."""
+        return self.mt * TILE_M
 
 
 def _bind(expr, name: str):

@@ -153,9 +153,8 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles x k_groups {cfg.k_groups}); at most "
                           "1024: lower k_groups or units_per_cta")
-    check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {4 * cfg.n_tiles} accumulators); "
-                    f"a {g.threads}-thread CTA allows {{cap}}: raise k_groups or units_per_cta, or lower n_tiles",
-                    "lower n_tiles or k_groups")
+    check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {4 * cfg.n_tiles} accumulators",
+                    "raise k_groups or units_per_cta, or lower n_tiles", "lower n_tiles or k_groups")
     return g
 
 

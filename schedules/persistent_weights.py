@@ -27,7 +27,8 @@ class RegisterWeights:
 
     Uses the builder's ``p`` (plan), ``c`` (config), ``g`` (geometry), ``a`` (arguments),
     ``bx``/``rg``/``ks`` (block, row group, lane), ``row_lo``, ``ops``, ``wreg``, ``acc``,
-    ``hv``, ``smem`` and ``gs0`` (word offset of the gate sums in shared memory).
+    ``hv``, ``smem`` and ``gs0`` (word offset of the gate sums in shared memory), and its
+    ``operand_base`` / ``thread_phase``, which follow from ``first_row`` here.
     """
 
     def alloc_product_buffers(self):
@@ -112,25 +113,10 @@ class RegisterWeights:
     def wreg_index(self, r: int, q: int, v: int) -> int:
         return (r * self.g.k_chunks + q) * self.c.vec + v
 
-    def _per_product(self, value_of):
-        """A per-thread value that depends on the product its rows belong to (one per thread, see validate)."""
-        reds = self.p.reductions
-        value = tirx.const(value_of(reds[0]), "int32")
-        first_row = self.rg * self.c.rows_per_thread
-        for i, red in enumerate(reds[1:], start=1):
-            if value_of(red) != value_of(reds[i - 1]):
-                value = T.if_then_else(first_row >= self.row_lo[i], value_of(red), value)
-        return value
-
     @property
-    def operand_base(self):
-        """Offset of the shared tile this thread's rows multiply."""
-        return self._per_product(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.g.k_pad)
-
-    @property
-    def thread_phase(self):
-        """The phase in which this thread's rows multiply."""
-        return self._per_product(lambda r: r.phase)
+    def first_row(self):
+        """The thread's first CTA row (its rows all belong to one product, see validate)."""
+        return self.rg * self.c.rows_per_thread
 
 
 def _bind(expr, name: str):

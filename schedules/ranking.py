@@ -16,12 +16,13 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 
-def check_resources(g, plan: CellPlan, gpu: GpuSpec, registers_hint: str, smem_hint: str) -> None:
+def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str) -> None:
     """Registers per thread, shared memory per CTA, and a co-resident grid where the plan needs a
-    grid barrier; ConfigError with the figures and ``registers_hint`` / ``smem_hint`` (what to change)."""
+    grid barrier; ConfigError with the figures, what a thread ``holds``, and what to change."""
     reg_cap = max_regs_per_thread(g.threads, gpu)
     if g.regs_estimate > reg_cap:
-        raise ConfigError(f"needs about {g.regs_estimate} registers per thread ({registers_hint.format(cap=reg_cap)}")
+        raise ConfigError(f"needs about {g.regs_estimate} registers per thread ({holds}); a {g.threads}-thread CTA "
+                          f"allows {reg_cap}: {registers_advice}")
     if g.smem_bytes > gpu.smem_per_block:
         raise ConfigError(f"needs {g.smem_bytes} bytes of shared memory per CTA, {gpu.arch} allows "
                           f"{gpu.smem_per_block}: {smem_hint}")
