@@ -33,7 +33,7 @@ class ArgRole(str, enum.Enum):
     FINAL = "final"          # a final state
     WORKSPACE = "workspace"  # scratch owned by the layer: zero at first use and after a barrier timeout
     SYNC = "sync"            # the grid barrier's state, owned by the layer (uint32 words)
-    SCALAR = "scalar"        # an int32 the layer passes itself (a timeout, a test knob)
+    SCALAR = "scalar"        # an integer the layer passes itself (a timeout, a test knob, the host error word)
 
     @property
     def written(self) -> bool:
@@ -211,7 +211,9 @@ def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dt
         Arg("xp", ArgRole.OUTPUT, (SEQ, batch, width), xp_dtype or dtype)))
 
 
-SYNC_SCALARS = ("timeout_us", "stall_step")
+# The scalars a stateful barrier takes, with their types: the per-wait bound, the test knob that
+# stalls block 0 (-1: none), and the address of the page-locked host word a timeout is copied to.
+SYNC_SCALARS = {"timeout_us": "int32", "stall_step": "int32", "error_host": "int64"}
 
 
 def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
@@ -221,8 +223,8 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
 
     ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
     declaration order); each initial state ``<s>0`` (B, H); ``out`` (T, B, H); each final
-    state ``<s>_n``; then ``workspace`` and the barrier's ``sync``, ``timeout_us`` and
-    ``stall_step`` when the kernel takes them. Everything is ``dtype`` but ``xp``
+    state ``<s>_n``; then ``workspace`` and the barrier's ``sync`` and scalars
+    (:data:`SYNC_SCALARS`) when the kernel takes them. Everything is ``dtype`` but ``xp``
     (``xp_dtype``, by default ``dtype``) and the workspace (``workspace_dtype``).
     """
     B, H = batch, hidden
@@ -236,5 +238,5 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
         args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), workspace_dtype or dtype))
     if sync_words is not None:
         args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
-        args += [Arg(name, ArgRole.SCALAR, (), "int32") for name in SYNC_SCALARS]
+        args += [Arg(name, ArgRole.SCALAR, (), dtype) for name, dtype in SYNC_SCALARS.items()]
     return tuple(args)

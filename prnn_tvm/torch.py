@@ -12,8 +12,14 @@ copies (``batch_first`` input is made time-major: one copy). Batch and hidden si
 compile-time constants of a kernel: a module compiles its layer the first time it sees a
 batch size, device and dtype (the parameters': float32, float16 or bfloat16), logs it, and
 keeps it for later calls. On CUDA the input projection is torch's own GEMM (cuBLAS), then the
-persistent kernel runs (on the default stream; half precision on tensor cores); CPU tensors run
-the CPU build.
+persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build.
+
+A CUDA call is asynchronous like any torch op: both kernels run on torch's current stream,
+outputs come from torch's allocator, and nothing waits for the GPU. So calls can be captured
+in a CUDA graph (``torch.cuda.graph``) and replayed, and calls on several streams may run at
+once (each stream, and each captured graph, has its own barrier state). A barrier timeout
+fills that call's outputs with NaN and is raised, as
+:class:`~prnn_tvm.errors.BarrierTimeout`, by the module's next call or by :meth:`check`.
 Inference only: a call that would need gradients is refused.
 """
 
@@ -23,12 +29,14 @@ import logging
 import math
 
 import torch  # PyTorch itself: absolute import
+import tvm_ffi
 
 from prnn_tvm.compiler import compile_cell
-from prnn_tvm.errors import ConfigError, InputError
+from prnn_tvm.errors import ConfigError, InputError, LaunchError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
-from prnn_tvm.runtime.binding import ALIGNMENT
+from prnn_tvm.runtime.binding import ALIGNMENT, MAX_ELEMENTS, chunk_length
+from prnn_tvm.signature import ArgRole
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +76,10 @@ class _Recurrent(torch.nn.Module):
                 setattr(self, name, torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
         self.reset_parameters()
         self._layers: dict = {}
+        self._launchers: dict = {}
         self._aligned_copies: dict = {}
+        self._zeros: dict = {}
+        self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     def reset_parameters(self) -> None:
         """PyTorch's initialization: U(-1/sqrt(hidden), 1/sqrt(hidden))."""
@@ -105,19 +116,42 @@ class _Recurrent(torch.nn.Module):
                                              config=self.config if target == "cuda" else None)
         return self._layers[key]
 
+    def check(self) -> None:
+        """Wait for this module's kernels and raise :class:`~prnn_tvm.errors.BarrierTimeout` if one timed
+        out since the last check (a call raises an earlier one's by itself; a replayed CUDA graph's
+        timeout surfaces here or at the next eager call)."""
+        for (_, kind, index, _), layer in self._layers.items():
+            if kind == "cuda":
+                torch.cuda.synchronize(index)
+            layer.check(wait=False)
+
     def _aligned(self, name: str) -> torch.Tensor:
-        """Parameter ``name``, or an aligned copy of it when it does not start on a 64-byte boundary
-        (cuDNN's flattened weights put biases anywhere). The copy is kept while the parameter's
-        storage and version counter stay the same, so it is made once per weight update."""
+        """Parameter ``name`` detached (DLPack refuses tensors that track gradients), or an aligned copy of
+        it when it does not start on a 64-byte boundary (cuDNN's flattened weights put biases anywhere).
+        Kept while the parameter's storage stays the same (a copy: and its version counter), so the
+        copy is made once per weight update."""
         p = getattr(self, name)
-        if p.data_ptr() % ALIGNMENT == 0:
-            return p
-        key = (p.data_ptr(), p._version, p.device)
+        aligned = p.data_ptr() % ALIGNMENT == 0
+        key = (id(p), p.data_ptr(), p.device, None if aligned else p._version)
         cached = self._aligned_copies.get(name)
         if cached is None or cached[0] != key:
-            cached = (key, p.detach().clone())  # torch's allocators return aligned blocks
+            cached = (key, p.detach() if aligned else p.detach().clone())  # torch's allocators align blocks
             self._aligned_copies[name] = cached
         return cached[1]
+
+    def _bias(self, name: str, rows: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Bias ``name``, or zeros of ``rows`` when the module has no biases."""
+        return self._aligned(name) if self.bias else self._zero((rows,), device, dtype)
+
+    def _zero(self, shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Zeros the kernels only read (omitted initial states, absent biases): made once per shape, except
+        while a CUDA graph is being captured (memory made then belongs to the graph)."""
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(shape, device=device, dtype=dtype)
+        key = (shape, device, dtype)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros(shape, device=device, dtype=dtype)
+        return self._zeros[key]
 
     def forward(self, input: torch.Tensor, hx=None):
         kind, H = type(self).__name__, self.hidden_size
@@ -142,33 +176,108 @@ class _Recurrent(torch.nn.Module):
             if tuple(t.shape) != want:
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
         dtype = self.dtype
+        where = self.weight_hh_l0.device
         for what, t in (("input", x), *(("initial state", t) for t in hx)):
             if t.dtype != dtype:
                 raise InputError(f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
                                  "of them (.to(dtype))")
+            if t.device != where:
+                raise InputError(f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
+                                 "of them (.to(device))")
         layer = self.layer_for(B, x.device, dtype)
-
-        def bias(name, weight):  # bias=False: zeros as long as the weight's rows
-            return self._aligned(name) if self.bias else torch.zeros(len(weight), device=x.device, dtype=dtype)
-
-        recurrent = [self._aligned("weight_hh_l0"), bias("bias_hh_l0", self.weight_hh_l0),
-                     *(t.reshape(B, H) for t in hx)]
-        recurrent = [a.detach().contiguous() for a in recurrent]  # views: DLPack refuses tensors that track gradients
-        projection = [x.detach(), self.weight_ih_l0.detach(), bias("bias_ih_l0", self.weight_ih_l0).detach()]
+        rows = (len(self.weight_ih_l0), len(self.weight_hh_l0))
+        projection = [x.detach(), self._aligned("weight_ih_l0"), self._bias("bias_ih_l0", rows[0], x.device, dtype)]
+        initial = [_aligned_state(t.detach().reshape(B, H)) for t in hx]
+        if not initial:
+            initial = [self._zero((B, H), x.device, dtype)] * states
+        recurrent = [self._aligned("weight_hh_l0"), self._bias("bias_hh_l0", rows[1], x.device, dtype), *initial]
         if x.device.type == "cuda":
-            xp = _projection(*projection)  # torch's GEMM (cuBLAS, tensor cores for half), on torch's stream
-            if torch.cuda.current_stream(x.device) != torch.cuda.default_stream(x.device):
-                torch.cuda.current_stream(x.device).synchronize()  # the kernels run on the default stream
-            out, finals = layer.recurrent(xp, *recurrent)
+            out, finals = self._run_cuda(layer, _projection(*projection), recurrent)
         else:
-            out, finals = layer(*[a.contiguous() for a in projection], *recurrent)
-        out = torch.from_dlpack(out)
-        finals = [torch.from_dlpack(f).unsqueeze(0) for f in finals]
+            out, finals = layer(*projection, *recurrent)
+            out, finals = torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+        finals = [f.unsqueeze(0) for f in finals]
         if not batched:
             out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
         elif self.batch_first:
             out = out.transpose(0, 1)
         return out, (tuple(finals) if states > 1 else finals[0])
+
+
+    def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list) -> tuple:
+        """The recurrent kernel on torch's current stream, into tensors from torch's allocator; no waiting.
+        ``recurrent``: the recurrent weights, params and initial states in the signature's order."""
+        layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
+        launcher = self._launchers.get(id(layer))
+        if launcher is None:
+            launcher = self._launchers[id(layer)] = _Launcher(layer, xp.device)
+        return launcher(xp, recurrent, self._captured)
+
+
+class _Launcher:
+    """Calls one layer's recurrent kernel with torch tensors; what can be worked out once is (a call's
+    host time is part of what a user waits for at small batch)."""
+
+    def __init__(self, layer, device: torch.device):
+        self.layer, self.device = layer, device
+        launch = layer.signature.launch("recurrent")
+        self.function = layer.function("recurrent")
+        self.tvm_device = tvm_ffi.device("cuda", device.index)
+        self.inputs = [a.name for a in launch.args if a.role.data]
+        self.written = [(a.name, a.concrete_shape, getattr(torch, a.dtype)) for a in launch.args if a.role.written]
+        # where each argument comes from: the launch state, the layer's scalars, or the call's tensors
+        self.slots = [("state" if a.role.owned else "scalar" if a.role is ArgRole.SCALAR else "value", a.name)
+                      for a in launch.args]
+        self.max_steps = chunk_length(layer.signature, MAX_ELEMENTS)  # more: launches over pieces
+        self.zeros = _torch_zeros(device)
+
+    def __call__(self, xp: torch.Tensor, recurrent: list, captured: list) -> tuple:
+        layer, T = self.layer, xp.shape[0]
+        stream = _current_stream(self.device)
+        if T > self.max_steps:  # past 2^31 elements: the runtime's chunked call (not capturable)
+            with tvm_ffi.use_raw_stream(self.tvm_device, stream):
+                out, finals = layer.recurrent(xp, *recurrent)
+            return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+        if torch.cuda.is_current_stream_capturing():
+            state = layer.new_launch_state(self.zeros)  # the graph's own, zeroed at the start of every replay
+            captured.append(state)
+        else:
+            state = layer.launch_state(stream, self.zeros)
+        values = dict(zip(self.inputs, (xp, *recurrent)))
+        for name, shape, dtype in self.written:
+            values[name] = torch.empty(shape(T), dtype=dtype, device=self.device)
+        sources = {"state": state, "scalar": layer.scalars(), "value": values}
+        args = [sources[kind][name] for kind, name in self.slots]
+        try:
+            with tvm_ffi.use_raw_stream(self.tvm_device, stream):
+                self.function(*args)
+        except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
+            raise LaunchError(f"launching the recurrent kernel of {layer.signature.cell} failed: {err}") from err
+        out, *finals = (values[name] for name, _, _ in self.written)
+        return out, finals
+
+
+def _current_stream(device: torch.device) -> int:
+    """The handle of torch's current stream on ``device`` (torch's raw getter where it has one: a stream
+    object costs microseconds per call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _torch_zeros(device: torch.device):
+    """A launch state's buffers from torch's allocator (unsigned words: zeroed as signed ones, whose
+    kernels torch has everywhere, then viewed)."""
+    def zeros(a):
+        dtype = getattr(torch, a.dtype)
+        signed = {torch.uint32: torch.int32, torch.uint64: torch.int64}.get(dtype, dtype)
+        return torch.zeros(a.shape, dtype=signed, device=device).view(dtype)
+    return zeros
+
+
+def _aligned_state(t: torch.Tensor) -> torch.Tensor:
+    """An initial state as the kernel takes it: contiguous, starting on a 64-byte boundary (else a copy)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
 
 
 def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:

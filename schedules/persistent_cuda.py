@@ -152,6 +152,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     with T.serial(0, self.a.seq_len) as t:
                         self.step(t)
                     if self.barrier_state:  # the base counts steps (tags) or barriers
+                        self.report_timeout()
                         advance = self.a.seq_len if self.barrier.carries_data else self.a.seq_len * p.phases - 1
                         grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
         return ib.get()
@@ -190,6 +191,21 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 with T.Then():
                     grid_barrier.emit(self.barrier, t * p.phases + p.phases - 1, self.barrier_base, self.sync,
                                       self.stall)
+
+    def report_timeout(self):
+        """After the time loop: when a wait of this launch (or of an earlier one on the same state) timed
+        out, fill this block's outputs and final states with NaN, so that nothing read before the host
+        checks looks valid, and copy the error word to the host's."""
+        error = grid_barrier.emit_report(self.barrier, self.sync)
+        nan = as_type(T.reinterpret("float32", tirx.const(0x7FC00000, "uint32")), self.dt)
+        with T.If(error != 0):
+            with T.Then():
+                for it in range(self.g.items_per_thread):
+                    with self.item(it) as (b, unit, _ul):
+                        with T.serial(0, self.a.seq_len) as t:
+                            T.buffer_store(self.a.out, nan, [t, b, unit])
+                        for final in self.a.final.values():
+                            T.buffer_store(final, nan, [b, unit])
 
     def products(self, t, phase: int):
         """This phase's recurrent products, for every batch tile, into the shared gate sums."""

@@ -16,17 +16,19 @@ ENV = {"gpu": "NVIDIA H100 80GB HBM3", "sms": 132, "arch": "sm_90", "peak_fp32_t
 CONFIG = '{"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}'
 
 
-def ok_row(cell, hidden, batch, layer_ms, kernel_ms, cudnn_ms, graph_ms, floor_us, call_ms=None):
+def ok_row(cell, hidden, batch, layer_ms, kernel_ms, cudnn_ms, graph_ms, floor_us, call_ms=None, graph_call_ms=None,
+           host_us=None):
     return {"cell": cell, "dtype": "float32", "hidden": hidden, "batch": batch, "seq_len": T, "status": "ok",
             "config": CONFIG, "config_origin": "default: no tuning record for this cell", "ctas": 128,
             "threads": 256, "registers": 235,
             "spill_bytes": 0, "compile_s": 1.5, "max_abs_err": 1.8e-7, "graph_max_err": 2e-7, "repeats": 5,
-            "prnn_call_ms": call_ms, "prnn_layer_ms": layer_ms, "prnn_layer_min_ms": layer_ms * 0.99,
-            "prnn_kernel_ms": kernel_ms,
+            "prnn_call_ms": call_ms, "prnn_graph_ms": graph_call_ms, "prnn_layer_ms": layer_ms,
+            "prnn_layer_min_ms": layer_ms * 0.99, "prnn_kernel_ms": kernel_ms,
             "prnn_kernel_min_ms": kernel_ms * 0.99, "cudnn_ms": cudnn_ms, "cudnn_min_ms": cudnn_ms,
             "graph_layer_ms": graph_ms, "graph_layer_min_ms": graph_ms, "graph_recurrent_ms": graph_ms * 0.8,
             "graph_recurrent_min_ms": graph_ms * 0.8, "barrier_us": 0.97, "flop_layer_ms": 0.1,
-            "flop_recurrent_ms": 0.05, "floor_step_us": floor_us, **ENV}
+            "flop_recurrent_ms": 0.05, "floor_step_us": floor_us, **ENV,
+            **({"prnn_host_us": host_us[0], "cudnn_host_us": host_us[1]} if host_us else {})}
 
 
 def error_row(cell, hidden, batch, message):
@@ -35,7 +37,8 @@ def error_row(cell, hidden, batch, message):
 
 
 ROWS = [
-    ok_row("lstm", 1024, 4, layer_ms=1.28, kernel_ms=0.768, cudnn_ms=3.2, graph_ms=4.48, floor_us=2.0, call_ms=1.6),
+    ok_row("lstm", 1024, 4, layer_ms=1.28, kernel_ms=0.768, cudnn_ms=3.2, graph_ms=4.48, floor_us=2.0, call_ms=1.6,
+           graph_call_ms=1.344, host_us=(14.6, 21.2)),
     ok_row("lstm", 1024, 16, layer_ms=2.56, kernel_ms=1.536, cudnn_ms=3.84, graph_ms=5.12, floor_us=4.0),
     error_row("lstm", 1024, 64, "LaunchError: launching 'recurrent' of lstm failed: too many resources | x"),
     ok_row("gru", 512, 4, layer_ms=0.512, kernel_ms=0.256, cudnn_ms=2.048, graph_ms=1.024, floor_us=0.5),
@@ -82,9 +85,12 @@ def test_markdown_table(csv_path):
     assert "## lstm float32" in lines and "## gru float32" in lines
     b4 = next(line for line in lines if line.startswith("| 1024 | 4 |"))
     cells = [c.strip() for c in b4.strip("|").split("|")]
-    assert cells[2:8] == ["6.25", "5.00", "3.00", "12.50", "17.50", "2.00"]  # us per step
-    assert cells[8:12] == ["2.00", "2.50", "3.50", "1.50"]  # cuDNN/call, cuDNN/ours, graph/ours, ours/floor
-    assert cells[12] == "1.8e-07" and cells[13] == "U=8 ks=16 r=2 bt=4 v=4 tags (default)"
+    assert cells[2:9] == ["6.25", "5.25", "5.00", "3.00", "12.50", "17.50", "2.00"]  # us per step
+    assert cells[9:13] == ["2.00", "2.50", "3.50", "1.50"]  # cuDNN/call, cuDNN/ours, graph/ours, ours/floor
+    assert cells[13] == "15 / 21"  # host us per call, ours / cuDNN's
+    assert cells[14] == "1.8e-07" and cells[15] == "U=8 ks=16 r=2 bt=4 v=4 tags (default)"
+    b16 = [c.strip() for c in next(ln for ln in lines if ln.startswith("| 1024 | 16 |")).strip("|").split("|")]
+    assert b16[3] == "" and b16[13] == ""  # a CSV from before the graph and host columns: empty cells
     err = next(line for line in lines if line.startswith("| 1024 | 64 |"))
     assert "error: LaunchError: launching 'recurrent' of lstm failed: too many resources / x" in err
     header = next(line for line in lines if line.startswith("| H |"))

@@ -108,7 +108,9 @@ def test_the_signature_derives_inputs_outputs_and_intermediates(lstm_cuda):
     x, w_ih = sig.inputs[:2]
     assert x.shape == ("T", 2, 24) and w_ih.shape == (256, 24) and x.role is ArgRole.INPUT
     rec = sig.launch("recurrent")
-    assert [a.role for a in rec.args][-4:] == [ArgRole.WORKSPACE, ArgRole.SYNC, ArgRole.SCALAR, ArgRole.SCALAR]
+    assert [a.role for a in rec.args][-5:] == [ArgRole.WORKSPACE, ArgRole.SYNC, *[ArgRole.SCALAR] * 3]
+    assert [(a.name, a.dtype) for a in rec.args][-3:] == [("timeout_us", "int32"), ("stall_step", "int32"),
+                                                          ("error_host", "int64")]
     assert rec.grid.ctas == lstm_cuda.report.ctas and rec.grid.registers == lstm_cuda.report.registers
     assert rec.sync.kind == lstm_cuda.report.config["barrier"] and rec.sync.state_words == 4
 

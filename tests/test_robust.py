@@ -3,6 +3,7 @@ projection, checksummed exports, misaligned torch parameters."""
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -80,6 +81,15 @@ def test_the_input_size_1_projection_adds_the_bias_once():
     body = src[src.index("projection_kernel(", src.index("projection_kernel(") + 1):]
     body = body[:body.index("\n}\n")]
     assert body.count("b_ih_ptr[") == 1, body
+
+
+@pytest.mark.parametrize("hidden, batch, dtype, threads", [(1024, 4, "float32", 256), (1024, 1, "float32", 256),
+                                                          (256, 1, "float32", 128), (1024, 4, "float16", 128)])
+def test_the_projection_takes_larger_tiles_where_they_were_measured_faster(hidden, batch, dtype, threads):
+    """float32 projections of batch x width >= 4096 use 16x16-thread blocks; smaller ones and half
+    precision keep dlight's 8x16 (see ``prnn_tvm.codegen.projection``)."""
+    layer = prnn_tvm.compile_cell("lstm", hidden, batch, dtype=dtype, target="cuda", arch="sm_90")
+    assert re.search(rf"__launch_bounds__\({threads}\b[^)]*\) projection_kernel", layer.cuda_source)
 
 
 # ---------------------------------------------------------------- exports carry a checksum

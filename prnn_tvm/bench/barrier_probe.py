@@ -32,7 +32,8 @@ TAG_STRIDE = 65536  # tags are launch_id * TAG_STRIDE + step, so steps stay belo
 
 
 def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.PrimFunc:
-    """The probe as a PrimFunc ``barrier_probe(buf, errors, launch_id, steps[, sync, timeout_us, stall_step])``.
+    """The probe as a PrimFunc ``barrier_probe(buf, errors, launch_id, steps[, sync, timeout_us, stall_step,
+    error_host])`` (the probe checks its state on the host: ``error_host`` is 0).
 
     ``buf`` is (2, ctas): int32 tags, or uint64 tagged values for the ``tags`` variant
     (whose tags come from the device-side base; the value is the step); ``errors`` is (1,)
@@ -138,7 +139,7 @@ class Probe:
 
     def _args(self, steps: int) -> list:
         args = [self.buf, self.errors, self.launch_id, steps]
-        return args + ([self.sync, self.timeout_us, self.stall_step] if self.barrier.has_state else [])
+        return args + ([self.sync, self.timeout_us, self.stall_step, 0] if self.barrier.has_state else [])
 
     def run(self, steps: int, launches: int = 1) -> int:
         """Launch ``launches`` times (fresh launch id each); return the wrong values counted."""

@@ -13,6 +13,7 @@ captured once and replayed as a CUDA graph, so no launch overhead is left in it.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -155,3 +156,35 @@ def cuda_event_times(fn: Callable[[], object], repeats: int, number: int, warmup
         end.synchronize()
         runs.append(start.elapsed_time(end) * 1e-3 / number)
     return statistics.median(runs), min(runs)
+
+
+def host_seconds(fn: Callable[[], object], repeats: int, number: int, warmup: int = 3) -> float:
+    """Minimum host (Python-side) seconds per call of ``fn``: ``number`` calls issued back to back
+    without waiting for the GPU, the GPU drained between runs; what a call costs the CPU, GPU work
+    excluded as long as the calls only enqueue it."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        runs.append((time.perf_counter() - start) / number)
+        torch.cuda.synchronize()
+    return min(runs)
+
+
+def captured(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream, as torch asks):
+    ``(graph, what the captured call returned)``; ``graph.replay()`` runs it again."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result

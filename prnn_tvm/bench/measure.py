@@ -4,8 +4,11 @@ For a compiled layer, on the weights of the matching ``torch.nn`` module:
 
 1. check: prnn-tvm's output sequence and final states against cuDNN's (TF32 off);
 2. time, with CUDA events (median and minimum over repeats, after warm-up): prnn-tvm's
-   whole layer (projection + persistent kernel) and the kernel alone, launched on
-   DLPack-wrapped torch tensors; cuDNN's whole layer; the graph loop, whole and recurrent;
+   public call (``from_torch(m)(x)``) like cuDNN's ``m(x)``, and that call captured in a CUDA
+   graph and replayed; prnn-tvm's whole layer (projection + persistent kernel) and the
+   kernel alone, launched on DLPack-wrapped torch tensors; cuDNN's whole layer; the graph
+   loop, whole and recurrent. The host time of a public call (and of cuDNN's), GPU work
+   excluded, by the wall clock over calls issued back to back;
 3. the floor: the barrier alone for the layer's own grid (``barrier_probe``, every CTA
    reading every CTA's value, timed by TVM's time_evaluator, minimum over repeats) and
    the FLOP time at the GPU's fp32 peak;
@@ -84,6 +87,13 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
         public = prnn_torch.from_torch(module, arch=gpu.arch)  # what a user calls: module call for module call
         public.layer_for(B, dev)  # compiled once, outside the timing (as the layer above)
         row["prnn_call_ms"], row["prnn_call_min_ms"] = _ms(lambda: public(x, initial), repeats, number)
+        row["prnn_host_us"] = baselines.host_seconds(lambda: public(x, initial), repeats, number) * 1e6
+        row["cudnn_host_us"] = baselines.host_seconds(lambda: module(x, initial), repeats, number) * 1e6
+        graph, (graph_out, _) = baselines.captured(lambda: public(x, initial))
+        row["prnn_graph_ms"], row["prnn_graph_min_ms"] = _ms(graph.replay, repeats, number)
+        public.check()  # a timeout in any timed call or replay raises here
+        row["max_abs_err"] = max(row["max_abs_err"], _differs(graph_out, ref_out, tolerance(case.dtype, T)))
+        del graph
         loop = baselines.GraphLoop(base, w, x, states)
         row["graph_layer_ms"], row["graph_layer_min_ms"] = _ms(loop.replay_layer, repeats, number)
         row["graph_recurrent_ms"], row["graph_recurrent_min_ms"] = _ms(loop.replay_recurrent, repeats, number)
@@ -108,9 +118,16 @@ def _ms(fn, repeats: int, number: int) -> tuple[float, float]:
 def _check(layer: Layer, args: list, ref_out: torch.Tensor, ref_finals: list[torch.Tensor], bound: float) -> float:
     """Run the layer through its public call and return the max abs difference to cuDNN (at most ``bound``)."""
     out, finals = layer(*args)
-    err = float((torch.from_dlpack(out) - ref_out).abs().max())
+    layer.check()  # a timed-out launch (of this call or a timed one before) is a timeout, not a mismatch
+    err = _differs(torch.from_dlpack(out), ref_out, bound)
     for got, ref in zip(finals, ref_finals):
-        err = max(err, float((torch.from_dlpack(got) - ref).abs().max()))
+        err = max(err, _differs(torch.from_dlpack(got), ref, bound))
+    return err
+
+
+def _differs(got: torch.Tensor, ref: torch.Tensor, bound: float) -> float:
+    """The max abs difference, at most ``bound`` (else :class:`Mismatch`)."""
+    err = float((got - ref).abs().max())
     if not np.isfinite(err) or err > bound:
         raise Mismatch(f"prnn-tvm differs from cuDNN by {err:.2e} (tolerance {bound:.1e})")
     return err

@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 
 _STYLE = {  # label -> matplotlib line style
     "prnn-tvm public call": dict(color="tab:blue", marker="s", linestyle="-.", linewidth=2),
+    "prnn-tvm call in a CUDA graph": dict(color="tab:purple", marker="D", linestyle="-."),
     "prnn-tvm layer": dict(color="tab:blue", marker="o"),
     "prnn-tvm kernel": dict(color="tab:blue", marker="o", linestyle="--"),
     "cuDNN layer": dict(color="tab:red", marker="s"),

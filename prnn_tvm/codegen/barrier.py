@@ -33,7 +33,13 @@ which pastes the source once per function called, hence the include guards):
 - **never hangs**: every poll loop looks at the error word and ``%globaltimer`` every
   ``PRNN_CHECK_EVERY`` polls, gives up after ``timeout_us``, records the step in the error
   word (first one wins) and makes the whole block leave its time loop; a waiter that sees
-  the error word set gives up at once; the host raises :class:`BarrierTimeout`;
+  the error word set gives up at once;
+- **reported without a host synchronization**: when its time loop ends, a block that finds
+  the error word set fills its part of the outputs with NaN (a result read before anyone
+  checks never looks valid) and copies the word to ``error_host``, the address of a word of
+  page-locked host memory that the host reads whenever it likes (0: no such word). The
+  error word stays set until the host resets the state, so every later launch on that
+  state gives up at once and fills NaN too; the host raises :class:`BarrierTimeout`;
 - ``stall_step`` (a test knob, -1 in normal use) makes block 0 skip its arrival (or its
   tagged stores) at that step, which forces the timeout path.
 """
@@ -87,6 +93,15 @@ __device__ __forceinline__ int prnn_give_up(unsigned* sync, int step, unsigned l
     return 1;
   }
   return 0;
+}
+// At the end of a launch: the error word (0, or 1 + the step that timed out). When it is set,
+// thread 0 copies it to the host-mapped word at error_host (0: none) with a system-scope store.
+__device__ __forceinline__ unsigned prnn_report(const unsigned* sync, unsigned long long error_host) {
+  const unsigned error = prnn_ld_relaxed(sync);
+  if (error != 0u && threadIdx.x == 0 && error_host != 0ull) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" :: "l"(error_host), "r"(error) : "memory");
+  }
+  return error;
 }
 // Poll *p until it reaches target (wrap-safe); 0 when reached, 1 when giving up.
 __device__ __forceinline__ int prnn_wait_geq(const unsigned* p, unsigned target, unsigned* sync, int step,
@@ -257,13 +272,14 @@ class SyncArgs:
     sync: object
     timeout_us: object
     stall_step: object
+    error_host: object
 
 
 def declare_sync_args() -> SyncArgs:
     """Declare the barrier's kernel arguments inside a ``T.prim_func()`` frame (for kernels without a
     layer signature, like the barrier probe)."""
     sync = T.arg("sync", T.buffer((SYNC_WORDS,), "uint32", buffer_name="sync"))
-    return SyncArgs(sync, *(T.arg(name, tirx.Var(name, "int32")) for name in SYNC_SCALARS))
+    return SyncArgs(sync, *(T.arg(name, tirx.Var(name, dtype)) for name, dtype in SYNC_SCALARS.items()))
 
 
 def emit_begin(barrier: Barrier, args: SyncArgs | None):
@@ -279,6 +295,13 @@ def emit_end(barrier: Barrier, args: SyncArgs | None, base, advance) -> None:
     if barrier.has_state:
         T.evaluate(T.cuda.func_call("prnn_barrier_end", args.sync.data, base, advance, source_code=barrier.source,
                                     return_type="void"))
+
+
+def emit_report(barrier: Barrier, args: SyncArgs):
+    """At kernel end: the error word, copied to the host word when set (an int32 expression bound to a var)."""
+    call = T.cuda.func_call("prnn_report", args.sync.data, T.Cast("uint64", args.error_host),
+                            source_code=barrier.source, return_type="uint32")
+    return T.bind(T.Cast("int32", call), var=tirx.Var("barrier_error", "int32"))
 
 
 def tag_store(barrier: Barrier, ptr, value, base, step):

@@ -29,9 +29,11 @@ class Layer(RuntimeLayer):
     :func:`prnn_tvm.export` writes it to a shared library that :func:`prnn_tvm.load` runs
     with the TVM runtime alone. ``signature`` describes its launches and arguments.
 
-    ``barrier_timeout_us`` bounds every grid-barrier wait (a timeout raises
-    :class:`~prnn_tvm.errors.BarrierTimeout`); ``debug_stall_step`` (tests only) makes block 0
-    skip its arrival at that step, forcing the timeout path.
+    ``barrier_timeout_us`` bounds every grid-barrier wait: a timed-out launch fills its outputs
+    with NaN, and :class:`~prnn_tvm.errors.BarrierTimeout` is raised by the call itself when it
+    returns NumPy, else by the next call or :meth:`check` (see :class:`RuntimeLayer`);
+    ``debug_stall_step`` (tests only) makes block 0 skip its arrival at that step, forcing the
+    timeout path.
     """
 
     def __init__(self, plan: CellPlan, kernel: Kernel, built: Built, input_size: int, target: tvm.target.Target,

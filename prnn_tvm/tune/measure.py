@@ -137,6 +137,7 @@ class GpuRunner:
         try:
             layer = load(built.library)
             out, finals = layer(**self._inputs)
+            layer.check()  # device tensors: the call did not wait; a timed-out launch is a timeout, not wrong
             err = max_abs_error(plan, (out.numpy(), [f.numpy() for f in finals]), self._expected)
             if not err <= self.tolerance:  # also catches NaN
                 return Measured((), err, ErrorKind.WRONG, f"max abs error {err:.3g} > {self.tolerance:.1e}")

@@ -1,0 +1,185 @@
+"""Calls that do not wait for the GPU (``pytest -m gpu``): the caller's stream, CUDA graphs,
+concurrent launches of one layer, and barrier timeouts reported after the call."""
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import prnn_tvm  # noqa: E402 - after the skip
+import prnn_tvm.torch as pt  # noqa: E402
+from prnn_tvm.bench.baselines import captured  # noqa: E402
+from prnn_tvm.dtypes import tolerance  # noqa: E402
+from prnn_tvm.errors import BarrierTimeout  # noqa: E402
+from prnn_tvm.reference import random_inputs  # noqa: E402
+from prnn_tvm.schedules.persistent_config import default_config  # noqa: E402
+from prnn_tvm.target import gpu_spec  # noqa: E402
+
+from .test_gpu_numerics import run_and_compare  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+STATEFUL = ["tags", "counter"]
+
+
+def _modules(H=256, n_in=64):
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(n_in, H).cuda().eval()
+    gru = torch.nn.GRU(H, H).cuda().eval()
+    return lstm, gru
+
+
+def _model(lstm, gru):
+    """Two modules in a row, the GRU on the LSTM's output."""
+    def run(x):
+        out, _ = lstm(x)
+        return gru(out)[0]
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _fp32():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def test_a_call_runs_on_the_callers_stream_without_waiting():
+    lstm, _ = _modules()
+    fast = pt.from_torch(lstm)
+    x = torch.randn(64, 4, 64, device="cuda")
+    with torch.no_grad():
+        want = fast(x)[0].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = fast(x)[0]
+            # nothing was waited for: the side stream still has the kernels queued behind a long sleep
+            torch.cuda._sleep(200_000_000)
+            after = fast(x)[0]
+        assert not side.query()  # the calls returned while the stream was busy
+        side.synchronize()
+    assert torch.equal(got, want) and torch.equal(after, want)
+
+
+def test_graph_replays_of_two_modules_equal_eager_calls():
+    lstm, gru = _modules()
+    fast = _model(pt.from_torch(lstm), pt.from_torch(gru))
+    x = torch.randn(32, 4, 64, device="cuda")
+    with torch.no_grad():
+        eager = fast(x).clone()
+        graph, replayed = captured(lambda: fast(x))  # after warm-up calls on a side stream
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, eager)
+        reference = _model(lstm, gru)(x)
+        assert (eager - reference).abs().max().item() <= tolerance("float32", 32)
+        for i in range(1000):  # the barrier's base lives on the device: a replay advances it like a launch
+            replayed.zero_()
+            graph.replay()
+            if i % 100 == 99:
+                torch.cuda.synchronize()
+                assert torch.equal(replayed, eager), f"replay {i}"
+        x.copy_(torch.randn_like(x))  # a replay reads the captured input's memory
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, fast(x))
+
+
+def test_one_layer_from_two_streams_and_two_threads():
+    lstm, _ = _modules()
+    fast = pt.from_torch(lstm)
+    inputs = [torch.randn(16, 4, 64, device="cuda") for _ in range(2)]
+    with torch.no_grad():
+        expected = [fast(x)[0].clone() for x in inputs]
+    results = [[], []]
+
+    def worker(i):
+        stream = torch.cuda.Stream()
+        with torch.no_grad(), torch.cuda.stream(stream):
+            for _ in range(500):
+                results[i].append(fast(inputs[i])[0])
+        stream.synchronize()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fast.check()
+    for i in range(2):
+        assert len(results[i]) == 500
+        assert all(torch.equal(r, expected[i]) for r in results[i]), f"stream {i}"
+
+
+def test_a_graph_replay_beside_an_eager_call():
+    lstm, _ = _modules()
+    fast = pt.from_torch(lstm)
+    x, y = (torch.randn(32, 4, 64, device="cuda") for _ in range(2))
+    with torch.no_grad():
+        want_x, want_y = fast(x)[0].clone(), fast(y)[0].clone()
+        graph, (replayed, _) = captured(lambda: fast(x))
+        other = torch.cuda.Stream()
+        eager = []
+        for _ in range(100):
+            graph.replay()  # on the current stream
+            with torch.cuda.stream(other):
+                eager.append(fast(y)[0])
+        torch.cuda.synchronize()
+    assert torch.equal(replayed, want_x) and all(torch.equal(e, want_y) for e in eager)
+
+
+def _config(barrier, hidden=256, batch=4):
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), batch, hidden)
+    return dataclasses.replace(default_config(plan, gpu_spec()), barrier=barrier)
+
+
+def _stalling(barrier, module=None, hidden=256, batch=4):
+    """A layer (or a torch module's layer) whose block 0 stalls at step 3 with a 20 ms bound."""
+    if module is not None:
+        layer = module.layer_for(batch, torch.device("cuda", torch.cuda.current_device()))
+    else:
+        layer = prnn_tvm.compile_cell("lstm", hidden, batch, target="cuda", config=_config(barrier, hidden, batch))
+    layer.barrier_timeout_us, layer.debug_stall_step = 20_000, 3
+    return layer
+
+
+@pytest.mark.parametrize("barrier", STATEFUL)
+def test_a_timeout_on_device_tensors_fills_nan_and_the_next_call_raises(barrier):
+    layer = _stalling(barrier)
+    inputs = random_inputs(layer.plan, 16, layer.input_size)
+    on_device = {k: torch.from_numpy(v).cuda() for k, v in inputs.items()}
+    out, finals = layer(**on_device)  # returns at once: nothing waits
+    torch.cuda.synchronize()
+    assert torch.from_dlpack(out).isnan().all() and all(torch.from_dlpack(f).isnan().all() for f in finals)
+    layer.debug_stall_step = -1
+    with pytest.raises(BarrierTimeout, match="after step 3 timed out.*filled with NaN"):
+        layer(**on_device)  # the earlier launch's timeout, raised before this one starts
+    assert run_and_compare(layer, 16) <= tolerance("float32", 16)  # the state was reset
+
+
+@pytest.mark.parametrize("barrier", STATEFUL)
+def test_check_raises_a_timeout_and_a_module_recovers(barrier):
+    lstm, _ = _modules()
+    fast = pt.from_torch(lstm, config=_config(barrier))
+    x = torch.randn(16, 4, 64, device="cuda")
+    with torch.no_grad():
+        want = fast(x)[0].clone()
+        layer = _stalling(barrier, module=fast)
+        out, (h_n, _) = fast(x)
+        with pytest.raises(BarrierTimeout, match="after step 3"):
+            fast.check()
+        assert out.isnan().all() and h_n.isnan().all()
+        layer.debug_stall_step = -1
+        fast.check()  # reported once
+        assert torch.equal(fast(x)[0], want)
+
+
+def test_a_numpy_call_still_raises_its_own_timeout():
+    layer = _stalling("tags")
+    with pytest.raises(BarrierTimeout, match="after step 3 of 16"):
+        layer(**random_inputs(layer.plan, 16, layer.input_size))
+    layer.debug_stall_step = -1
+    out, _ = layer(**random_inputs(layer.plan, 16, layer.input_size))
+    assert np.isfinite(out).all()
