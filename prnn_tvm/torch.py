@@ -1,6 +1,6 @@
 """PyTorch modules backed by prnn-tvm's persistent kernels: ``LSTM``, ``GRU``, ``RNN``, ``from_torch``.
 
-Drop-in for single-layer, unidirectional ``torch.nn.LSTM``/``GRU``/``RNN`` at inference::
+Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` at inference (stacked and bidirectional too)::
 
     fast = prnn_tvm.torch.from_torch(torch_lstm)     # shares its parameters, no copy
     with torch.no_grad():
@@ -12,7 +12,9 @@ copies (``batch_first`` input is made time-major: one copy). Batch and hidden si
 compile-time constants of a kernel: a module compiles its layer the first time it sees a
 batch size, device and dtype (the parameters': float32, float16 or bfloat16), logs it, and
 keeps it for later calls. On CUDA the input projection is torch's own GEMM (cuBLAS), then the
-persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build.
+persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build. A stack
+(``num_layers``) and the two directions (``bidirectional``) run one layer after another, the
+reverse direction on the time-reversed sequence, outputs concatenated as PyTorch does.
 
 A CUDA call is asynchronous like any torch op: both kernels run on torch's current stream,
 outputs come from torch's allocator, and nothing waits for the GPU. So calls can be captured
@@ -40,8 +42,9 @@ from prnn_tvm.signature import ArgRole
 
 log = logging.getLogger(__name__)
 
-# torch.nn's parameter names -> the cell's arguments (PyTorch's layout and gate order)
-_PARAMETERS = {"weight_ih_l0": "W_ih", "weight_hh_l0": "W_hh", "bias_ih_l0": "b_ih", "bias_hh_l0": "b_hh"}
+# torch.nn's parameter names, without their layer and direction suffix (``_l0``, ``_l1_reverse``) ->
+# the cell's arguments (PyTorch's layout and gate order)
+_PARAMETERS = {"weight_ih": "W_ih", "weight_hh": "W_hh", "bias_ih": "b_ih", "bias_hh": "b_hh"}
 # the parameter dtypes a module runs in -> the layer dtype it compiles
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -52,28 +55,33 @@ class _Recurrent(torch.nn.Module):
                  device=None, dtype=None, arch: str | None = None, config=None):
         super().__init__()
         kind = type(self).__name__
-        if num_layers != 1:
-            raise ConfigError(f"{kind}: num_layers={num_layers} is not supported; stack single-layer modules")
-        if bidirectional:
-            raise ConfigError(f"{kind}: bidirectional is not supported; run a second module on the reversed sequence")
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ConfigError(f"{kind}: num_layers must be a positive integer, got {num_layers!r}")
         if proj_size:
             raise ConfigError(f"{kind}: proj_size={proj_size} is not supported")
+        if not 0 <= dropout <= 1:
+            raise ConfigError(f"{kind}: dropout must be in [0, 1], got {dropout}")
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in DTYPES:
             raise ConfigError(f"{kind}: dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
-        del dropout  # applies only between layers; a single layer has none
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
+        self.num_layers, self.bidirectional, self.dropout = num_layers, bool(bidirectional), float(dropout)
         self.bias, self.batch_first, self.arch, self.config = bias, batch_first, arch, config
         # gate and state counts come from the cell's plan (any batch: the shapes do not depend on it)
         plan = analyze(resolve(cell), 1, hidden_size)
         self._states = tuple(s.name for s in plan.states)
-        shapes = {"W_ih": (plan.input.slices * hidden_size, input_size), "b_ih": (plan.input.slices * hidden_size,)}
-        shapes.update({s.name: (s.slices * hidden_size, hidden_size) for s in plan.weights})
-        shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
+        directions = 2 if self.bidirectional else 1
         kw = {"device": device, "dtype": dtype}
-        for name, arg in _PARAMETERS.items():
-            if bias or not name.startswith("bias"):
-                setattr(self, name, torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
+        for layer in range(num_layers):
+            width = input_size if layer == 0 else hidden_size * directions
+            shapes = {"W_ih": (plan.input.slices * hidden_size, width), "b_ih": (plan.input.slices * hidden_size,)}
+            shapes.update({s.name: (s.slices * hidden_size, hidden_size) for s in plan.weights})
+            shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
+            for direction in range(directions):
+                for name, arg in _PARAMETERS.items():
+                    if bias or not name.startswith("bias"):
+                        setattr(self, name + _suffix(layer, direction),
+                                torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
         self.reset_parameters()
         self._layers: dict = {}
         self._launchers: dict = {}
@@ -88,19 +96,22 @@ class _Recurrent(torch.nn.Module):
             torch.nn.init.uniform_(p, -bound, bound)
 
     def extra_repr(self) -> str:
-        return (f"{self.input_size}, {self.hidden_size}, cell={self.cell}, bias={self.bias}, "
-                f"batch_first={self.batch_first}")
+        return (f"{self.input_size}, {self.hidden_size}, cell={self.cell}, num_layers={self.num_layers}, "
+                f"bias={self.bias}, batch_first={self.batch_first}, bidirectional={self.bidirectional}")
 
     @property
     def dtype(self) -> torch.dtype:
         """The parameters' dtype, which the module computes in (``.half()``, ``.to(torch.bfloat16)`` change it)."""
         return self.weight_hh_l0.dtype
 
-    def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None):
+    def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None,
+                  input_size: int | None = None):
         """The compiled layer for ``batch`` on ``device`` in ``dtype`` (the parameters'; compiled on
-        first use, then kept)."""
+        first use, then kept), taking ``input_size`` features (the module's; a stack's later layers take
+        hidden x directions)."""
         dtype = self.dtype if dtype is None else dtype
-        key = (batch, device.type, device.index, dtype)
+        input_size = self.input_size if input_size is None else input_size
+        key = (batch, device.type, device.index, dtype, input_size)
         if key not in self._layers:
             target = "cuda" if device.type == "cuda" else "llvm"
             if device.type not in ("cuda", "cpu"):
@@ -110,7 +121,7 @@ class _Recurrent(torch.nn.Module):
                                   f"{', '.join(map(str, DTYPES))}")
             log.info("compiling %s hidden=%d batch=%d %s for %s", self.cell, self.hidden_size, batch, DTYPES[dtype],
                      target)
-            self._layers[key] = compile_cell(self.cell, self.hidden_size, batch, input_size=self.input_size,
+            self._layers[key] = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size,
                                              dtype=DTYPES[dtype], target=target,
                                              arch=self.arch if target == "cuda" else None,
                                              config=self.config if target == "cuda" else None)
@@ -120,7 +131,7 @@ class _Recurrent(torch.nn.Module):
         """Wait for this module's kernels and raise :class:`~prnn_tvm.errors.BarrierTimeout` if one timed
         out since the last check (a call raises an earlier one's by itself; a replayed CUDA graph's
         timeout surfaces here or at the next eager call)."""
-        for (_, kind, index, _), layer in self._layers.items():
+        for (_, kind, index, *_), layer in self._layers.items():
             if kind == "cuda":
                 torch.cuda.synchronize(index)
             layer.check(wait=False)
@@ -156,10 +167,15 @@ class _Recurrent(torch.nn.Module):
     def forward(self, input: torch.Tensor, hx=None):
         kind, H = type(self).__name__, self.hidden_size
         states = len(self._states)
+        directions = 2 if self.bidirectional else 1
+        slots = self.num_layers * directions  # the initial and final states of each layer and direction
         hx = () if hx is None else (tuple(hx) if states > 1 else (hx,))
         if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters())):
             raise InputError(f"{kind} is inference only: call it under torch.no_grad() or torch.inference_mode()")
-        if input.dim() not in (2, 3):
+        if self.training and self.dropout and self.num_layers > 1:
+            raise InputError(f"{kind}: dropout={self.dropout} between layers applies in training mode, and this "
+                             "module is inference only; call .eval() (or make it with dropout=0)")
+        if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
                              f"got shape {tuple(input.shape)}")
         batched = input.dim() == 3
@@ -168,7 +184,7 @@ class _Recurrent(torch.nn.Module):
             x = x.transpose(0, 1)
         x = x.contiguous()
         B = x.shape[1]
-        want = (1, B, H) if batched else (1, H)
+        want = (slots, B, H) if batched else (slots, H)
         if len(hx) not in (0, states):
             wanted = f"({', '.join(f'{s}0' for s in self._states)})" if states > 1 else f"{self._states[0]}0"
             raise InputError(f"{kind}: hx must be {wanted}")
@@ -184,25 +200,40 @@ class _Recurrent(torch.nn.Module):
             if t.device != where:
                 raise InputError(f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
                                  "of them (.to(device))")
-        layer = self.layer_for(B, x.device, dtype)
-        rows = (len(self.weight_ih_l0), len(self.weight_hh_l0))
-        projection = [x.detach(), self._aligned("weight_ih_l0"), self._bias("bias_ih_l0", rows[0], x.device, dtype)]
-        initial = [_aligned_state(t.detach().reshape(B, H)) for t in hx]
-        if not initial:
-            initial = [self._zero((B, H), x.device, dtype)] * states
-        recurrent = [self._aligned("weight_hh_l0"), self._bias("bias_hh_l0", rows[1], x.device, dtype), *initial]
-        if x.device.type == "cuda":
-            out, finals = self._run_cuda(layer, _projection(*projection), recurrent)
-        else:
-            out, finals = layer(*projection, *recurrent)
-            out, finals = torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
-        finals = [f.unsqueeze(0) for f in finals]
+        initial = [t.detach().reshape(slots, B, H) for t in hx]
+        out, finals = x, [[None] * slots for _ in range(states)]
+        for layer in range(self.num_layers):  # one launch per layer and direction, each on the one before
+            outs = []
+            for direction in range(directions):
+                slot = layer * directions + direction
+                sequence = out if direction == 0 else out.flip(0)  # the reverse direction reads time backwards
+                y, ends = self._one_layer(sequence, _suffix(layer, direction), [t[slot] for t in initial])
+                outs.append(y if direction == 0 else y.flip(0))
+                for k, end in enumerate(ends):
+                    finals[k][slot] = end
+            out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
+        finals = [f[0].unsqueeze(0) if slots == 1 else torch.stack(f) for f in finals]
         if not batched:
             out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
         elif self.batch_first:
             out = out.transpose(0, 1)
         return out, (tuple(finals) if states > 1 else finals[0])
 
+    def _one_layer(self, x: torch.Tensor, suffix: str, initial: list) -> tuple:
+        """One layer and direction (parameters ``*{suffix}``) over the time-major ``x``: ``(out, finals)``,
+        finals of shape (B, H); ``initial``: its initial states, or [] for zeros."""
+        B, H, dtype = x.shape[1], self.hidden_size, self.dtype
+        layer = self.layer_for(B, x.device, dtype, x.shape[2])
+        w_ih, w_hh = getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix)
+        projection = [x.detach(), self._aligned("weight_ih" + suffix),
+                      self._bias("bias_ih" + suffix, len(w_ih), x.device, dtype)]
+        states = [_aligned_state(t) for t in initial] or [self._zero((B, H), x.device, dtype)] * len(self._states)
+        recurrent = [self._aligned("weight_hh" + suffix), self._bias("bias_hh" + suffix, len(w_hh), x.device, dtype),
+                     *states]
+        if x.device.type == "cuda":
+            return self._run_cuda(layer, _projection(*projection), recurrent)
+        out, finals = layer(*projection, *recurrent)
+        return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
 
     def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list) -> tuple:
         """The recurrent kernel on torch's current stream, into tensors from torch's allocator; no waiting.
@@ -264,6 +295,11 @@ def _current_stream(device: torch.device) -> int:
     return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
+def _suffix(layer: int, direction: int) -> str:
+    """torch.nn's parameter suffix of a layer and direction: ``_l0``, ``_l1_reverse``."""
+    return f"_l{layer}" + ("_reverse" if direction else "")
+
+
 def _torch_zeros(device: torch.device):
     """A launch state's buffers from torch's allocator (unsigned words: zeroed as signed ones, whose
     kernels torch has everywhere, then viewed)."""
@@ -293,7 +329,7 @@ def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torc
 
 
 class LSTM(_Recurrent):
-    """``torch.nn.LSTM`` (one layer, unidirectional) on a persistent kernel; inference only."""
+    """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); inference only."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
@@ -303,7 +339,7 @@ class LSTM(_Recurrent):
 
 
 class GRU(_Recurrent):
-    """``torch.nn.GRU`` (one layer, unidirectional) on a persistent kernel; inference only."""
+    """``torch.nn.GRU`` on persistent kernels (one launch per layer and direction); inference only."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
@@ -313,7 +349,8 @@ class GRU(_Recurrent):
 
 
 class RNN(_Recurrent):
-    """``torch.nn.RNN`` (one layer, unidirectional, tanh or relu) on a persistent kernel; inference only."""
+    """``torch.nn.RNN`` (tanh or relu) on persistent kernels (one launch per layer and direction); inference
+    only."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
@@ -328,9 +365,10 @@ class RNN(_Recurrent):
 def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None) -> _Recurrent:
     """The prnn-tvm module for a ``torch.nn.LSTM``, ``GRU`` or ``RNN``, sharing its parameters (no copy).
 
-    Use it to speed up a trained model's recurrent layer at inference; a ``.half()`` or
-    bfloat16 module runs the half-precision kernels. Refused with the reason: several
-    layers, bidirectional, ``proj_size``, a dtype other than float32, float16 or bfloat16.
+    Use it to speed up a trained model's recurrent layers at inference; a ``.half()`` or
+    bfloat16 module runs the half-precision kernels; stacked and bidirectional modules run one
+    persistent launch per layer and direction. Refused with the reason: ``proj_size``, a dtype
+    other than float32, float16 or bfloat16.
     """
     kinds = {"LSTM": LSTM, "GRU": GRU, "RNN_TANH": RNN, "RNN_RELU": RNN}
     mode = getattr(module, "mode", None)
@@ -338,7 +376,8 @@ def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None)
         raise ConfigError(f"from_torch takes a torch.nn.LSTM, GRU or RNN, got {type(module).__name__}")
     p = module.weight_ih_l0
     kw = dict(num_layers=module.num_layers, bias=module.bias, batch_first=module.batch_first,
-              bidirectional=module.bidirectional, device=p.device, dtype=p.dtype, arch=arch, config=config)
+              dropout=module.dropout, bidirectional=module.bidirectional, device=p.device, dtype=p.dtype, arch=arch,
+              config=config)
     if mode == "LSTM":
         kw["proj_size"] = module.proj_size
     if mode.startswith("RNN"):

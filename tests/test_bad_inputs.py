@@ -379,11 +379,13 @@ def _torch():
     return pytest.importorskip("torch")
 
 
-@case("`from_torch` of a two-layer LSTM")
+@case("a stacked module with dropout called in training mode")
 def _(lstm, good, tmp_path):
     import prnn_tvm.torch as pt
 
-    pt.from_torch(_torch().nn.LSTM(4, 8, num_layers=2))
+    torch = _torch()
+    with torch.no_grad():
+        pt.from_torch(torch.nn.LSTM(4, 8, num_layers=2, dropout=0.5))(torch.randn(3, 2, 4))
 
 
 @case("`from_torch` of a float64 module")

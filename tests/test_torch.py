@@ -17,23 +17,26 @@ def _reference(kind, **kw):
     return ctor(**kw).eval()
 
 
-def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16, hx=True):
-    ref = _reference(kind, input_size=n_in, hidden_size=H, batch_first=batch_first, bias=bias).to(device)
+def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16, hx=True, layers=1,
+             bidirectional=False):
+    ref = _reference(kind, input_size=n_in, hidden_size=H, batch_first=batch_first, bias=bias, num_layers=layers,
+                     bidirectional=bidirectional).to(device)
     fast = pt.from_torch(ref)
-    assert fast.weight_hh_l0 is ref.weight_hh_l0  # shared, not copied
+    assert all(p is q for p, q in zip(fast.parameters(), ref.parameters()))  # shared, not copied
+    assert [n for n, _ in fast.named_parameters()] == [n for n, _ in ref.named_parameters()]
     shape = (B, T, n_in) if batch_first else (T, B, n_in)
     x = torch.randn(*shape, device=device)
-    state = None
+    state, slots = None, layers * (2 if bidirectional else 1)
     if hx:
-        h0 = 0.5 * torch.randn(1, B, H, device=device)
-        state = (h0, 0.5 * torch.randn(1, B, H, device=device)) if kind == "lstm" else h0
+        h0 = 0.5 * torch.randn(slots, B, H, device=device)
+        state = (h0, 0.5 * torch.randn(slots, B, H, device=device)) if kind == "lstm" else h0
     with torch.no_grad():
         want_out, want_h = ref(x, state)
         got_out, got_h = fast(x, state)
     assert got_out.shape == want_out.shape and got_out.device == want_out.device
     err = (got_out - want_out).abs().max().item()
     for a, b in zip(*((got_h, want_h) if kind == "lstm" else ((got_h,), (want_h,)))):
-        assert a.shape == b.shape == (1, B, H)
+        assert a.shape == b.shape == (slots, B, H)
         err = max(err, (a - b).abs().max().item())
     assert err <= tolerance("float32", T), f"{kind}: max abs error {err:.2e}"  # TF32 off on the GPU
 
@@ -46,6 +49,36 @@ def test_cpu_matches_torch(kind):
 
 def test_batch_first_no_bias_and_zero_state():
     _compare("gru", "cpu", batch_first=True, bias=False, hx=False)
+
+
+@pytest.mark.parametrize("kind, layers, bidirectional, kw", [
+    ("lstm", 3, False, {}),
+    ("lstm", 2, True, {"batch_first": True}),
+    ("gru", 1, True, {"hx": False, "B": 1, "T": 1}),
+    ("rnn_relu", 2, True, {"bias": False, "n_in": 5, "H": 7}),
+])
+def test_stacked_and_bidirectional_match_torch(kind, layers, bidirectional, kw):
+    """One launch per layer and direction, each on the one before; outputs and h_n laid out as PyTorch's."""
+    _compare(kind, "cpu", layers=layers, bidirectional=bidirectional, **kw)
+
+
+def test_a_stack_compiles_one_layer_per_input_width():
+    fast = pt.from_torch(_reference("gru", input_size=10, hidden_size=8, num_layers=3, bidirectional=True))
+    with torch.no_grad():
+        fast(torch.randn(4, 2, 10))
+    assert sorted(key[-1] for key in fast._layers) == [10, 16]  # layer 0 reads x, the others both directions
+
+
+def test_stacked_unbatched_input():
+    ref = _reference("lstm", input_size=4, hidden_size=6, num_layers=2, bidirectional=True)
+    fast = pt.from_torch(ref)
+    x, h0, c0 = torch.randn(5, 4), torch.randn(4, 6), torch.randn(4, 6)
+    with torch.no_grad():
+        got, (h, c) = fast(x, (h0, c0))
+        want, (wh, wc) = ref(x, (h0, c0))
+    assert got.shape == want.shape == (5, 12) and h.shape == wh.shape == (4, 6)
+    err = max((got - want).abs().max(), (h - wh).abs().max(), (c - wc).abs().max()).item()
+    assert err <= tolerance("float32", 5)
 
 
 def test_unbatched_input_and_batch_cache():
@@ -67,8 +100,6 @@ def test_new_module_has_torch_layout():
 
 
 @pytest.mark.parametrize("module, message", [
-    (torch.nn.LSTM(4, 8, num_layers=2), "num_layers=2"),
-    (torch.nn.GRU(4, 8, bidirectional=True), "bidirectional"),
     (torch.nn.LSTM(4, 8, proj_size=4), "proj_size=4"),
     (torch.nn.LSTM(4, 8).double(), "torch.float64"),
     (torch.nn.Linear(4, 8), "takes a torch.nn.LSTM, GRU or RNN"),
@@ -85,6 +116,11 @@ def test_inference_only_and_bad_states():
         fast(x)
     with torch.no_grad(), pytest.raises(InputError, match=r"initial state has shape \(2, 2, 8\)"):
         fast(x, (torch.zeros(2, 2, 8), torch.zeros(2, 2, 8)))
+    with torch.no_grad(), pytest.raises(InputError, match=r"input must be \(T, B, 4\).*\(3, 2, 5\)"):
+        fast(torch.randn(3, 2, 5))
+    stacked = pt.from_torch(_reference("gru", input_size=4, hidden_size=8, num_layers=2, bidirectional=True))
+    with torch.no_grad(), pytest.raises(InputError, match=r"initial state has shape \(1, 2, 8\), expected \(4, 2, 8\)"):
+        stacked(x, torch.zeros(1, 2, 8))
 
 
 def test_readme_pytorch_example_runs():
@@ -100,3 +136,11 @@ def test_cuda_matches_torch(kind, batch_first):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     _compare(kind, "cuda", batch_first=batch_first, T=32, B=4, n_in=256, H=256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 3, False), ("gru", 2, True), ("rnn_tanh", 1, True)])
+def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _compare(kind, "cuda", T=32, B=4, n_in=100, H=256, layers=layers, bidirectional=bidirectional)
