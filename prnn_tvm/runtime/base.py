@@ -258,10 +258,11 @@ class RuntimeLayer:
         launch = next(x for x in self.signature.launches if x.sync is not None)
         of = f" of {seq_len}" if seq_len else ""
         within = " (counted within its chunk of the sequence)" if chunks > 1 else ""
+        outputs = "are invalid" if self._blocking_check else "were filled with NaN"  # older kernels do not fill
         raise BarrierTimeout(
             f"{self.signature.cell}: the grid synchronization {launch.sync.where(recorded)}{of}{within} timed out "
             f"({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs of that call "
-            "were filled with NaN; the barrier state was reset and the next call starts clean.")
+            f"{outputs}; the barrier state was reset and the next call starts clean.")
 
     def _check_coresidency(self) -> None:
         """Refuse a grid that cannot be co-resident on this GPU (a cooperative launch would fail or hang)."""
