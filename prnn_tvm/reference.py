@@ -1,4 +1,11 @@
-"""NumPy float64 reference of a whole layer, and random inputs to check kernels with."""
+"""NumPy float64 references of a whole layer, and random inputs to check kernels with.
+
+- :func:`reference_layer` runs the cell's own NumPy reference (what its author wrote);
+- :func:`plan_layer` runs the same step from the cell's *plan* (the stages the compiler
+  derived from its TE), saving every leaf of every step, and :func:`plan_gradients`
+  backpropagates through it with the adjoints derived from the plan
+  (:mod:`prnn_tvm.frontend.derivative`): the reference a training kernel is checked against.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,9 @@ import numpy as np
 
 from .codegen.kernel import layer_signature
 from .errors import CellError
-from .frontend.plan import CellPlan
+from .frontend.derivative import step_adjoints
+from .frontend.plan import CellPlan, Leaf
+from .frontend.texpr import evaluate
 from .signature import ArgRole
 
 
@@ -57,3 +66,107 @@ def _checked(plan: CellPlan, new) -> dict:
             raise CellError(f"cell '{name}': its reference returned state '{k}' of shape {v.shape}; states are "
                             f"(batch, hidden) = {want}")
     return arrays
+
+
+def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict, list[dict]]:
+    """The layer in float64 from the plan's stages: (output sequence, final states, each step's leaf
+    values as {Leaf: (batch, hidden) array}; products' leaves included)."""
+    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
+    H = plan.hidden
+    xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]
+    state = {s.name: f64[f"{s.name}0"] for s in plan.states}
+    out, steps = np.empty((xp.shape[0], plan.batch, H)), []
+    for t in range(xp.shape[0]):
+        values = {leaf: _leaf_value(plan, leaf, xp[t], f64) for leaf in plan.leaf_vars
+                  if leaf.kind in ("input", "param")}
+        values.update({Leaf("state", name, 0): value for name, value in state.items()})  # read or multiplied
+        env = {plan.leaf_vars[leaf]: v for leaf, v in values.items() if leaf in plan.leaf_vars}
+        for phase in range(plan.phases):
+            for r in (r for r in plan.reductions if r.phase == phase):  # products once their operand exists
+                operand = state[r.operand] if phase == 0 else values[Leaf("stage", r.operand, 0)]
+                for s in range(r.slices):
+                    leaf = Leaf("reduction", r.name, s)
+                    values[leaf] = operand @ f64[r.weight][s * H:(s + 1) * H].T
+                    if leaf in plan.leaf_vars:
+                        env[plan.leaf_vars[leaf]] = values[leaf]
+            for stage in (st for st in plan.stages if st.phase == phase):
+                for s, expr in enumerate(stage.exprs):
+                    leaf = Leaf("stage", stage.name, s)
+                    values[leaf] = np.broadcast_to(evaluate(expr, env), (plan.batch, H))
+                    if leaf in plan.leaf_vars:
+                        env[plan.leaf_vars[leaf]] = values[leaf]
+        steps.append(values)
+        state = {name: values[leaf] for name, leaf in plan.updates.items()}
+        out[t] = state[plan.output]
+    return out, state, steps
+
+
+def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndarray,
+                   d_finals: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Gradients of ``sum(out * d_out) + sum_s sum(final_s * d_finals[s])`` with respect to every layer
+    argument (``x``, ``W_ih``, ``b_ih``, the recurrent weights and params, the initial states ``<s>0``),
+    in float64, by backpropagation through time with the plan's derived adjoints."""
+    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
+    H, adjoints = plan.hidden, step_adjoints(plan)
+    _, _, steps = plan_layer(plan, inputs)
+    grads = {name: np.zeros_like(value) for name, value in f64.items()}
+    d_xp = np.zeros((len(steps), plan.batch, f64["W_ih"].shape[0]))
+    carry = {s.name: np.zeros((plan.batch, H)) for s in plan.states}
+    for name, value in (d_finals or {}).items():
+        carry[name] = carry[name] + value
+    for t in reversed(range(len(steps))):
+        values = steps[t]
+        env = {var: values[leaf] for leaf, var in plan.leaf_vars.items()}
+        env.update({var: carry[name] + (d_out[t] if name == plan.output else 0.0)
+                    for name, var in adjoints.incoming.items()})
+        d = {}
+        for phase in reversed(range(plan.phases)):  # a phase's products, then what they send back
+            for r in (r for r in plan.reductions if r.phase == phase):
+                for s in range(r.slices):
+                    d[r.name, s] = _adjoint(adjoints, Leaf("reduction", r.name, s), env, plan)
+            for name in (n for n in adjoints.operands if any(r.operand == n and r.phase == phase
+                                                             for r in plan.reductions)):
+                env[adjoints.operands[name]] = _back_through_products(plan, d, name, f64)
+        carry = {s.name: _adjoint(adjoints, Leaf("state", s.name, 0), env, plan)
+                 + _back_through_products(plan, d, s.name, f64) for s in plan.states}
+        for s in range(plan.input.slices):
+            d_xp[t][:, s * H:(s + 1) * H] = _adjoint(adjoints, Leaf("input", plan.input.name, s), env, plan)
+        for p in plan.params:
+            for s in range(p.slices):
+                grads[p.name][s * H:(s + 1) * H] += _adjoint(adjoints, Leaf("param", p.name, s), env, plan).sum(0)
+        for r in plan.reductions:
+            operand = values[Leaf("state", r.operand, 0)] if r.phase == 0 else values[Leaf("stage", r.operand, 0)]
+            for s in range(r.slices):
+                grads[r.weight][s * H:(s + 1) * H] += d[r.name, s].T @ operand
+    for s in plan.states:
+        grads[f"{s.name}0"] = carry[s.name]
+    x2d = f64["x"].reshape(-1, f64["x"].shape[-1])
+    grads["W_ih"] = d_xp.reshape(-1, d_xp.shape[-1]).T @ x2d
+    grads["b_ih"] = d_xp.sum((0, 1))
+    grads["x"] = d_xp @ f64["W_ih"]
+    return grads
+
+
+def _leaf_value(plan: CellPlan, leaf: Leaf, xp_t: np.ndarray, f64: dict) -> np.ndarray:
+    """An input or param leaf's value for the whole batch."""
+    H = plan.hidden
+    if leaf.kind == "input":
+        return xp_t[:, leaf.slice * H:(leaf.slice + 1) * H]
+    return np.broadcast_to(f64[leaf.name][leaf.slice * H:(leaf.slice + 1) * H], (plan.batch, H))
+
+
+def _adjoint(adjoints, leaf: Leaf, env: dict, plan: CellPlan) -> np.ndarray:
+    """A leaf's adjoint for the whole batch (zeros where the step does not depend on it)."""
+    expr = adjoints.leaves.get(leaf)
+    return np.zeros((plan.batch, plan.hidden)) if expr is None else np.broadcast_to(evaluate(expr, env),
+                                                                                   (plan.batch, plan.hidden))
+
+
+def _back_through_products(plan: CellPlan, d: dict, operand: str, f64: dict) -> np.ndarray:
+    """What the products over ``operand`` send back to it: sum over their slices of d(slice) @ W(slice)."""
+    H, total = plan.hidden, np.zeros((plan.batch, plan.hidden))
+    for r in (r for r in plan.reductions if r.operand == operand):
+        for s in range(r.slices):
+            if (r.name, s) in d:
+                total = total + d[r.name, s] @ f64[r.weight][s * H:(s + 1) * H]
+    return total

@@ -2,13 +2,15 @@
 
 `rebuild` walks an expression bottom-up and lets a callback replace any node; the cell
 analysis uses it to turn TE tensor loads into per-unit leaves, and the schedule templates
-use it to turn those leaves back into concrete loads.
+use it to turn those leaves back into concrete loads. `evaluate` computes a pointwise
+expression in float64 NumPy (the references of the plan's forward and backward).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from tvm import te
 from tvm.ir import expr as E
 from tvm.ir.prim import expr as P
@@ -81,10 +83,43 @@ def substitute(e, mapping: dict):
     return rebuild(e, lambda node: mapping.get(node) if isinstance(node, E.Var) else None)
 
 
+_NUMPY_BINARY = {
+    P.Add: "add", P.Sub: "subtract", P.Mul: "multiply", P.Div: "divide", P.Max: "maximum", P.Min: "minimum",
+    P.GT: "greater", P.GE: "greater_equal", P.LT: "less", P.LE: "less_equal", P.EQ: "equal", P.NE: "not_equal",
+    P.And: "logical_and", P.Or: "logical_or",
+}
+_NUMPY_CALLS = {"tirx.sigmoid": lambda u: 1.0 / (1.0 + np.exp(-u)), "tirx.tanh": np.tanh, "tirx.exp": np.exp,
+                "tirx.log": np.log, "tirx.sqrt": np.sqrt}
+
+
+def evaluate(e, env: dict):
+    """The value of a pointwise expression in float64 NumPy, its variables taken from ``env``
+    (variable -> array or number; arrays broadcast). Casts are ignored: the reference of any
+    dtype computes in float64. Raises UnsupportedExpr on anything else."""
+    if isinstance(e, E.Var):
+        return env[e]
+    if isinstance(e, (P.FloatImm, P.IntImm)):
+        return float(e.value)
+    if type(e) in _NUMPY_BINARY:
+        return getattr(np, _NUMPY_BINARY[type(e)])(evaluate(e.a, env), evaluate(e.b, env))
+    if isinstance(e, P.Not):
+        return np.logical_not(evaluate(e.a, env))
+    if isinstance(e, P.Cast):
+        return evaluate(e.value, env)
+    if isinstance(e, P.Select):
+        return np.where(evaluate(e.condition, env), evaluate(e.true_value, env), evaluate(e.false_value, env))
+    name = getattr(getattr(e, "op", None), "name", None)
+    if name == "prim.if_then_else":
+        return np.where(*(evaluate(a, env) for a in e.args))
+    if name in _NUMPY_CALLS:
+        return _NUMPY_CALLS[name](evaluate(e.args[0], env))
+    raise UnsupportedExpr(f"cannot evaluate {name or type(e).__name__} in NumPy ({e})")
+
+
 def const_int(e) -> int | None:
     """The value of an integer constant, or None when ``e`` is not one."""
     return int(e.value) if isinstance(e, P.IntImm) else None
 
 
-__all__ = ["rebuild", "free_vars", "substitute", "const_int", "is_tensor_load",
+__all__ = ["rebuild", "free_vars", "substitute", "evaluate", "const_int", "is_tensor_load",
            "tensor_load_parts", "UnsupportedExpr"]

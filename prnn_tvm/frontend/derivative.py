@@ -1,0 +1,191 @@
+"""Derivatives of a cell's step, derived from its plan: the first piece of training any cell.
+
+A plan's pointwise math is a list of stages, each an expression per gate slice in *leaf*
+variables (one hidden unit's value of an input slice, a product, a state, a param, an
+earlier stage). Backpropagation through one step of one unit is therefore reverse-mode
+differentiation of a small expression DAG:
+
+- :func:`partial` differentiates one expression by one variable symbolically (sums,
+  products, quotients, min/max, selects, casts, sigmoid, tanh, exp, log, sqrt); the
+  result is again an expression in the leaf variables, which a template can place like
+  the forward's;
+- :func:`step_adjoints` walks the stages backwards from the adjoints of the step's new
+  states (``dL/dh_t``, ``dL/dc_t``, incoming variables) and returns the adjoint of every
+  leaf the step reads: the input projection's slices (``dL/dxp``, whose sums over steps
+  give ``dW_ih`` and ``db_ih`` as one GEMM each), the products' outputs (``dL/d(W h)``, the
+  gate gradients that the transposed recurrent product turns into ``dL/dh_{t-1}``), the
+  params and the states read directly (LSTM's ``c``).
+
+Nothing here knows a cell's name; a cell using an operation without a rule is refused
+with the operation named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.ir import expr as E
+from tvm.ir.prim import expr as P
+
+from ..errors import CellError
+from .plan import CellPlan, Leaf
+from .texpr import free_vars
+
+_UNARY = ("tirx.sigmoid", "tirx.tanh", "tirx.exp", "tirx.log", "tirx.sqrt")
+
+
+def partial(e, var):
+    """``d e / d var`` as an expression (constants folded where they are obvious)."""
+    if isinstance(e, E.Var):
+        return _one(e) if e.same_as(var) else _zero(e)
+    if isinstance(e, (P.FloatImm, P.IntImm)):
+        return _zero(e)
+    if not _depends_on(e, var):
+        return _zero(e)
+    if isinstance(e, P.Add):
+        return _add(partial(e.a, var), partial(e.b, var))
+    if isinstance(e, P.Sub):
+        return _sub(partial(e.a, var), partial(e.b, var))
+    if isinstance(e, P.Mul):
+        return _add(_mul(partial(e.a, var), e.b), _mul(e.a, partial(e.b, var)))
+    if isinstance(e, P.Div):
+        # (a / b)' = a' / b - a b' / b^2
+        return _sub(_div(partial(e.a, var), e.b), _div(_mul(e.a, partial(e.b, var)), _mul(e.b, e.b)))
+    if isinstance(e, (P.Max, P.Min)):
+        # the derivative follows the operand that wins; a tie goes to the second (relu'(0) = 0, as torch)
+        first_wins = P.GT(e.a, e.b) if isinstance(e, P.Max) else P.LT(e.a, e.b)
+        return _select(first_wins, partial(e.a, var), partial(e.b, var))
+    if isinstance(e, P.Select):
+        return _select(e.condition, partial(e.true_value, var), partial(e.false_value, var))
+    if isinstance(e, P.Cast):
+        return P.Cast(e.ty, partial(e.value, var))
+    if isinstance(e, E.Call):
+        name = getattr(e.op, "name", None)
+        if name == "prim.if_then_else":
+            return _select(e.args[0], partial(e.args[1], var), partial(e.args[2], var))
+        if name in _UNARY:
+            (u,) = e.args
+            return _mul(_outer(name, e, u), partial(u, var))
+        raise CellError(f"cannot differentiate {name or e.op} (in {e}): training supports +, -, *, /, min, max, "
+                        "select, casts, sigmoid, tanh, exp, log and sqrt")
+    raise CellError(f"cannot differentiate a {type(e).__name__} expression ({e})")
+
+
+def _outer(name: str, e, u):
+    """d f(u) / d u for the unary function ``name``, with ``e`` = f(u)."""
+    one = _one(e)
+    if name == "tirx.sigmoid":
+        return e * (one - e)
+    if name == "tirx.tanh":
+        return one - e * e
+    if name == "tirx.exp":
+        return e
+    if name == "tirx.log":
+        return one / u
+    return tirx.const(0.5, _dtype(e)) / e  # sqrt
+
+
+@dataclass(frozen=True)
+class StepAdjoints:
+    """The backward of one step, for one hidden unit.
+
+    ``incoming`` maps each state to the variable standing for the adjoint of its new value
+    (``dL/d state_t``: for the output state, the loss's gradient at step t plus what the
+    next step sends back). ``operands`` maps each stage that a later phase's product
+    multiplies (Cho's GRU's ``r * h``) to the variable standing for its adjoint, which
+    arrives across units through that product's transpose: a backward step runs its phases
+    in reverse, the products' adjoints of the last phase first. ``leaves`` maps each leaf
+    the step reads (inputs, products, params, states; never stages) to its adjoint, an
+    expression in the forward's leaf variables and the ``incoming`` and ``operands``
+    variables; leaves the step's result does not depend on are absent.
+    """
+
+    incoming: dict
+    operands: dict
+    leaves: dict
+
+
+def step_adjoints(plan: CellPlan) -> StepAdjoints:
+    """Reverse-mode differentiation of ``plan``'s pointwise math for one unit and step."""
+    dtype = plan.policy.compute
+    incoming = {s.name: tirx.Var(f"d_{s.name}", dtype) for s in plan.states}
+    operands = {name: tirx.Var(f"d_{name}", dtype) for name in plan.exchanged_stages}
+    adjoint: dict = {}
+    for state, leaf in plan.updates.items():
+        _accumulate(adjoint, leaf, incoming[state])
+    for name, var in operands.items():  # a product's operand stage is one slice wide
+        _accumulate(adjoint, Leaf("stage", name, 0), var)
+    var_leaf = {var: leaf for leaf, var in plan.leaf_vars.items()}
+    for stage in reversed(plan.stages):
+        for slice_, expr in enumerate(stage.exprs):
+            seed = adjoint.pop(Leaf("stage", stage.name, slice_), None)
+            if seed is None:  # nothing downstream reads this slice
+                continue
+            for var in free_vars(expr):
+                _accumulate(adjoint, var_leaf[var], _mul(seed, partial(expr, var)))
+    return StepAdjoints(incoming, operands, {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"})
+
+
+def _accumulate(adjoint: dict, leaf: Leaf, value) -> None:
+    adjoint[leaf] = _add(adjoint[leaf], value) if leaf in adjoint else value
+
+
+def _depends_on(e, var) -> bool:
+    return any(v.same_as(var) for v in free_vars(e))
+
+
+# ------------------------------------------------------------------ folding the obvious constants
+def _const(e):
+    return float(e.value) if isinstance(e, (P.FloatImm, P.IntImm)) else None
+
+
+def _dtype(e) -> str:
+    return str(e.ty.dtype)
+
+
+def _zero(e):
+    return tirx.const(0.0, _dtype(e))
+
+
+def _one(e):
+    return tirx.const(1.0, _dtype(e))
+
+
+def _add(a, b):
+    if _const(a) == 0.0:
+        return b
+    if _const(b) == 0.0:
+        return a
+    return a + b
+
+
+def _sub(a, b):
+    if _const(b) == 0.0:
+        return a
+    if _const(a) == 0.0:
+        return tirx.const(-1.0, _dtype(b)) * b
+    return a - b
+
+
+def _mul(a, b):
+    if _const(a) == 0.0 or _const(b) == 0.0:
+        return _zero(a)
+    if _const(a) == 1.0:
+        return b
+    if _const(b) == 1.0:
+        return a
+    return a * b
+
+
+def _div(a, b):
+    return _zero(a) if _const(a) == 0.0 else a / b
+
+
+def _select(condition, a, b):
+    if _const(a) is not None and _const(a) == _const(b):
+        return a
+    return P.Select(condition, a, b)
+
+
+__all__ = ["partial", "step_adjoints", "StepAdjoints"]
