@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import compile_cell, records
 from .checks import check_against_reference, time_layer
-from .dtypes import POLICIES, tolerance
+from .dtypes import GPU_DTYPES, tolerance
 from .errors import PrnnError
 from .frontend.registry import builtin_cells
 from .schedules import knob_text
@@ -49,7 +49,7 @@ def _arch(text: str) -> str:
 
 
 def _add_dtype(parser) -> None:
-    parser.add_argument("--dtype", choices=sorted(POLICIES), default="float32",
+    parser.add_argument("--dtype", choices=sorted(GPU_DTYPES), default="float32",
                         help="storage dtype: float32, or float16 / bfloat16 on tensor cores (default float32)")
 
 
@@ -199,8 +199,8 @@ def _add_bench_parser(sub) -> None:
                    help=f"batch sizes (default: {' '.join(map(str, matrix.DEFAULT_BATCHES))})")
     b.add_argument("--seq", type=_positive, default=matrix.DEFAULT_SEQ_LEN,
                    help=f"steps per sequence (default {matrix.DEFAULT_SEQ_LEN})")
-    b.add_argument("--dtype", nargs="+", choices=sorted(POLICIES), default=list(matrix.DEFAULT_DTYPES),
-                   help="float32, float16, bfloat16 (default float32)")
+    b.add_argument("--dtype", nargs="+", choices=sorted(GPU_DTYPES), default=list(matrix.DEFAULT_DTYPES),
+                   help=f"{', '.join(GPU_DTYPES)} (default float32)")
     b.add_argument("--repeats", type=_positive, default=5, help="timed repeats per implementation; the median "
                                                                 "is reported (default 5)")
     b.add_argument("--out", type=Path, default=Path("bench/results"), help="output folder (default bench/results)")

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 # the cell's arguments (PyTorch's layout and gate order)
 _PARAMETERS = {"weight_ih": "W_ih", "weight_hh": "W_hh", "bias_ih": "b_ih", "bias_hh": "b_hh"}
 # the parameter dtypes a module runs in -> the layer dtype it compiles
-DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+          torch.float64: "float64"}  # float64: the CPU build only
 
 
 class _Recurrent(torch.nn.Module):

@@ -7,6 +7,9 @@ or :func:`by_name`, never by importing it.
 
 from __future__ import annotations
 
+import dataclasses
+
+from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
 from . import cpu_reference, persistent_cuda, persistent_mma
@@ -22,8 +25,10 @@ def template_for(plan, target) -> Template:
     for template in TEMPLATES:
         if template.accepts(plan, target):
             return template
+    takes = [d for d in POLICIES if any(t.accepts(dataclasses.replace(plan, dtype=d), target) for t in TEMPLATES)]
     raise ConfigError(f"no schedule template places a {plan.dtype} '{plan.cell.name}' cell on target "
-                      f"{target.kind.name}; templates: {', '.join(t.name for t in TEMPLATES)}")
+                      f"{target.kind.name}, which takes {', '.join(takes) or 'no dtype'}"
+                      + (" (float64 is for the CPU build: target='llvm')" if plan.dtype == "float64" else ""))
 
 
 def by_name(name: str) -> Template:

@@ -94,7 +94,7 @@ def _(lstm, good, tmp_path):
 
 @case("an unsupported `dtype`")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell("lstm", 8, 2, dtype="float64", target="llvm")
+    prnn_tvm.compile_cell("lstm", 8, 2, dtype="int8", target="llvm")
 
 
 @case("an unknown `target`")
@@ -388,11 +388,16 @@ def _(lstm, good, tmp_path):
         pt.from_torch(torch.nn.LSTM(4, 8, num_layers=2, dropout=0.5))(torch.randn(3, 2, 4))
 
 
-@case("`from_torch` of a float64 module")
+@case("a `prnn_tvm.torch` module of an integer dtype")
 def _(lstm, good, tmp_path):
     import prnn_tvm.torch as pt
 
-    pt.from_torch(_torch().nn.GRU(4, 8).double())
+    pt.GRU(4, 8, dtype=_torch().int32)
+
+
+@case("a float64 layer for the GPU")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, dtype="float64", target="cuda", arch="sm_90")
 
 
 @case("a half module called with a float32 input")

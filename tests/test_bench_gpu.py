@@ -21,13 +21,14 @@ def test_tiny_run_measures_checks_and_writes_outputs(tmp_path):
         ("gru", "float32", "ok"), ("gru", "bfloat16", "ok"), ("gru", "float64", "error")]
     for row in rows:
         if row["status"] == "error":
-            assert "float64 is not supported" in row["error"]
+            assert "float64 is for the CPU build" in row["error"]
             continue
         bound = tolerance(row["dtype"], 16)
         assert row["max_abs_err"] < bound and row["graph_max_err"] < 2 * bound  # both sides rounded
         for name in table.TIMED:
             assert 0 < row[f"{name}_min_ms"] <= row[f"{name}_ms"] < 100, name
         assert row["prnn_kernel_ms"] < row["prnn_layer_ms"] * 1.05  # the kernel is part of the layer
+        assert 0 < row["prnn_host_us"] < 1e5 and 0 < row["cudnn_host_us"]
         assert 0 < row["barrier_us"] < row["floor_step_us"] < 1e3
         assert row["config_origin"].startswith(("default: ", "tuned: "))  # the words, not the enum's repr
         assert row["ctas"] >= 1 and row["spill_bytes"] == 0

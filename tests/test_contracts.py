@@ -197,8 +197,10 @@ def test_the_dtype_policy():
         assert (policy(half).storage, policy(half).accumulate, policy(half).compute) == (half, "float32", "float32")
     assert tolerance("float16", 256) == pytest.approx(1e-2) and tolerance("bfloat16", 256) == pytest.approx(4e-2)
     assert tolerance("float16", 1) == 2.0**-9  # the floor: half an ulp of an output of 4
-    with pytest.raises(ConfigError, match="dtype float64 is not supported yet; supported: float32, float16, bfloat16"):
-        policy("float64")
+    with pytest.raises(ConfigError, match="dtype int8 is not supported yet; supported: float32, float16, bfloat16, "
+                                          "float64"):
+        policy("int8")
+    assert (policy("float64").storage, policy("float64").compute) == ("float64", "float64")
     assert prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8).policy == p
 
 

@@ -72,3 +72,14 @@ def test_cpu_half_matches_reference(dtype, cell, hidden, batch, input_size):
     for seq_len in (1, 64):
         res = check_against_reference(layer, seq_len, tolerance(dtype, seq_len), seed=seq_len)
         assert res.ok, f"T={seq_len}: max abs error {res.max_abs_error:.2e} > {res.tolerance:.1e}"
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden, batch, input_size", [(1, 1, 3), (7, 3, None), (33, 5, 17)])
+def test_cpu_float64_matches_reference_to_rounding(cell, hidden, batch, input_size):
+    """The double-precision CPU build (what gradient checks run) agrees with NumPy's float64 step."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype="float64", target="llvm")
+    assert {a.dtype for x in layer.signature.launches for a in x.args} == {"float64"}
+    for seq_len in (1, 64):
+        res = check_against_reference(layer, seq_len, tolerance("float64", seq_len), seed=seq_len)
+        assert res.ok and res.max_abs_error < 1e-13, f"T={seq_len}: max abs error {res.max_abs_error:.2e}"

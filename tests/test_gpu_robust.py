@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import prnn_tvm
-from prnn_tvm.dtypes import POLICIES, tolerance
+from prnn_tvm.dtypes import GPU_DTYPES, tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.reference import random_inputs
 from prnn_tvm.runtime import binding
@@ -79,7 +79,7 @@ def cases(draw):
     # T up to 300, as far as the float64 reference stays within a few seconds (~4 GFLOP)
     seq_len = min(draw(st.integers(1, 300)), max(1, int(5e8 // (batch * hidden * hidden))))
     pick = draw(st.floats(0, 1, exclude_max=True) | st.none())  # None: the default config
-    dtype = draw(st.sampled_from(sorted(POLICIES)))
+    dtype = draw(st.sampled_from(sorted(GPU_DTYPES)))
     return cell, hidden, batch, input_size, seq_len, pick, dtype
 
 

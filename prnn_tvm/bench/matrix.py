@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..dtypes import POLICIES as SUPPORTED_DTYPES
+from ..dtypes import GPU_DTYPES
 from ..errors import ConfigError
 from ..frontend.analysis import analyze
 from ..frontend.plan import CellPlan
@@ -78,8 +78,8 @@ def largest_hidden(cell: str, gpu: GpuSpec, batches: Sequence[int], dtype: str =
     The search starts at the register-file bound (every SM's registers holding the
     recurrent weights) and walks down.
     """
-    if dtype not in SUPPORTED_DTYPES:
-        raise ConfigError(f"dtype {dtype} is not supported by the compiler yet: no largest hidden size")
+    if dtype not in GPU_DTYPES:
+        raise ConfigError(f"dtype {dtype} has no GPU kernel: no largest hidden size")
     plan = analyze(resolve(cell), 1, step, dtype)
     rows = sum(r.slices for r in plan.reductions) or 1
     bound = int(math.sqrt(gpu.sms * gpu.regs_per_sm / rows)) // step * step
@@ -109,7 +109,7 @@ def build_cases(cells: Sequence[str], hiddens: Sequence[int | str], batches: Seq
         for h in hiddens:
             if h != LARGEST:
                 sizes.append(int(h))
-            elif dtype in SUPPORTED_DTYPES:
+            elif dtype in GPU_DTYPES:
                 check = (lambda hid, c=cell, d=dtype: compiles_clean(c, d, hid)) if compiles_clean else None
                 sizes.append(largest_hidden(cell, gpu, batches, dtype, compiles_clean=check))
             else:

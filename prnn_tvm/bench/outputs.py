@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..dtypes import POLICIES as SUPPORTED_DTYPES
+from ..dtypes import GPU_DTYPES
 from .plot import plot
 from .table import markdown, read_csv, write_csv
 
 log = logging.getLogger(__name__)
 
 NOTES = [
-    f"dtypes: the compiler supports {', '.join(SUPPORTED_DTYPES)}; half-precision rows run the tensor-core "
+    f"dtypes: the GPU kernels support {', '.join(GPU_DTYPES)}; half-precision rows run the tensor-core "
     "template against cuDNN in the same dtype (cuDNN's own persistent kernel where PyTorch picks it: float16 LSTM, "
     "batch a multiple of 8).",
     "Every implementation is timed with CUDA events on the same stream (prnn-tvm's two kernels launched on "
