@@ -67,7 +67,8 @@ def test_same_argument_twice(lstm, inputs):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(hidden=0), "hidden must be a positive integer"),
     (dict(batch=-2), "batch must be a positive integer"),
-    (dict(dtype="float64"), "float64 is not supported yet"),
+    (dict(dtype="float8"), "float8 is not supported yet"),
+    (dict(dtype="float64", target="cuda", arch="sm_90"), "float64 is for the CPU build"),
     (dict(target="vulkan"), "unknown target"),
     (dict(target="cuda", arch="sm_99"), "unknown GPU architecture"),
 ])
