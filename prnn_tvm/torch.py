@@ -22,7 +22,10 @@ in a CUDA graph (``torch.cuda.graph``) and replayed, and calls on several stream
 once (each stream, and each captured graph, has its own barrier state). A barrier timeout
 fills that call's outputs with NaN and is raised, as
 :class:`~prnn_tvm.errors.BarrierTimeout`, by the module's next call or by :meth:`check`.
-Inference only: a call that would need gradients is refused.
+Gradients: on the CPU a call that needs them is differentiable (``torch.autograd``): the forward
+is the CPU build, the backward backpropagation through time with the adjoints derived from the
+cell's plan (float64 NumPy; ``torch.autograd.gradcheck`` passes on float64 modules). On the GPU
+such a call is refused until the backward kernel exists.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from prnn_tvm.compiler import compile_cell
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
+from prnn_tvm.reference import plan_gradients
 from prnn_tvm.runtime.binding import ALIGNMENT, MAX_ELEMENTS, chunk_length
 from prnn_tvm.signature import ArgRole
 
@@ -171,11 +175,14 @@ class _Recurrent(torch.nn.Module):
         directions = 2 if self.bidirectional else 1
         slots = self.num_layers * directions  # the initial and final states of each layer and direction
         hx = () if hx is None else (tuple(hx) if states > 1 else (hx,))
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters())):
-            raise InputError(f"{kind} is inference only: call it under torch.no_grad() or torch.inference_mode()")
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters()))
+        if grad and input.device.type != "cpu":
+            raise InputError(f"{kind}: gradients are computed on the CPU build only so far (the GPU's backward kernel "
+                             f"is not built yet); on {input.device} call it under torch.no_grad() or "
+                             "torch.inference_mode()")
         if self.training and self.dropout and self.num_layers > 1:
-            raise InputError(f"{kind}: dropout={self.dropout} between layers applies in training mode, and this "
-                             "module is inference only; call .eval() (or make it with dropout=0)")
+            raise InputError(f"{kind}: dropout={self.dropout} between layers applies in training mode, which this "
+                             "module does not run; call .eval() (or make it with dropout=0)")
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
                              f"got shape {tuple(input.shape)}")
@@ -201,14 +208,14 @@ class _Recurrent(torch.nn.Module):
             if t.device != where:
                 raise InputError(f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
                                  "of them (.to(device))")
-        initial = [t.detach().reshape(slots, B, H) for t in hx]
+        initial = [(t if grad else t.detach()).reshape(slots, B, H) for t in hx]
         out, finals = x, [[None] * slots for _ in range(states)]
         for layer in range(self.num_layers):  # one launch per layer and direction, each on the one before
             outs = []
             for direction in range(directions):
                 slot = layer * directions + direction
                 sequence = out if direction == 0 else out.flip(0)  # the reverse direction reads time backwards
-                y, ends = self._one_layer(sequence, _suffix(layer, direction), [t[slot] for t in initial])
+                y, ends = self._one_layer(sequence, _suffix(layer, direction), [t[slot] for t in initial], grad)
                 outs.append(y if direction == 0 else y.flip(0))
                 for k, end in enumerate(ends):
                     finals[k][slot] = end
@@ -220,12 +227,20 @@ class _Recurrent(torch.nn.Module):
             out = out.transpose(0, 1)
         return out, (tuple(finals) if states > 1 else finals[0])
 
-    def _one_layer(self, x: torch.Tensor, suffix: str, initial: list) -> tuple:
+    def _one_layer(self, x: torch.Tensor, suffix: str, initial: list, grad: bool = False) -> tuple:
         """One layer and direction (parameters ``*{suffix}``) over the time-major ``x``: ``(out, finals)``,
-        finals of shape (B, H); ``initial``: its initial states, or [] for zeros."""
+        finals of shape (B, H); ``initial``: its initial states, or [] for zeros. ``grad``: differentiable
+        (the CPU build, see :class:`_CpuBackprop`)."""
         B, H, dtype = x.shape[1], self.hidden_size, self.dtype
         layer = self.layer_for(B, x.device, dtype, x.shape[2])
         w_ih, w_hh = getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix)
+        if grad:
+            def bias(name, rows):
+                return getattr(self, name) if self.bias else self._zero((rows,), x.device, dtype)
+            states = [t.contiguous() for t in initial] or [self._zero((B, H), x.device, dtype)] * len(self._states)
+            out, *finals = _CpuBackprop.apply(layer, x, w_ih, bias("bias_ih" + suffix, len(w_ih)), w_hh,
+                                              bias("bias_hh" + suffix, len(w_hh)), *states)
+            return out, finals
         projection = [x.detach(), self._aligned("weight_ih" + suffix),
                       self._bias("bias_ih" + suffix, len(w_ih), x.device, dtype)]
         states = [_aligned_state(t) for t in initial] or [self._zero((B, H), x.device, dtype)] * len(self._states)
@@ -244,6 +259,27 @@ class _Recurrent(torch.nn.Module):
         if launcher is None:
             launcher = self._launchers[id(layer)] = _Launcher(layer, xp.device)
         return launcher(xp, recurrent, self._captured)
+
+
+class _CpuBackprop(torch.autograd.Function):
+    """One layer and direction on the CPU build, differentiable. The backward is backpropagation through
+    time with the adjoints derived from the cell's plan (:func:`prnn_tvm.reference.plan_gradients`, float64
+    NumPy): no derivative is written per cell. A compiled backward kernel is to replace it."""
+
+    @staticmethod
+    def forward(ctx, layer, *args):  # args: the layer's arguments in its signature's order
+        ctx.layer = layer
+        ctx.save_for_backward(*args)
+        out, finals = layer(*[a.detach() for a in args])
+        return (torch.from_dlpack(out), *(torch.from_dlpack(f) for f in finals))
+
+    @staticmethod
+    def backward(ctx, d_out, *d_finals):
+        layer, args = ctx.layer, ctx.saved_tensors
+        inputs = {name: a.detach().double().numpy() for name, a in zip(layer.arg_names, args)}
+        ends = {s.name: d.double().numpy() for s, d in zip(layer.plan.states, d_finals)}
+        grads = plan_gradients(layer.plan, inputs, d_out.double().numpy(), ends)
+        return (None, *(torch.from_numpy(grads[name]).to(a.dtype) for name, a in zip(layer.arg_names, args)))
 
 
 class _Launcher:
@@ -330,7 +366,7 @@ def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torc
 
 
 class LSTM(_Recurrent):
-    """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); inference only."""
+    """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
@@ -340,7 +376,7 @@ class LSTM(_Recurrent):
 
 
 class GRU(_Recurrent):
-    """``torch.nn.GRU`` on persistent kernels (one launch per layer and direction); inference only."""
+    """``torch.nn.GRU`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
@@ -350,8 +386,8 @@ class GRU(_Recurrent):
 
 
 class RNN(_Recurrent):
-    """``torch.nn.RNN`` (tanh or relu) on persistent kernels (one launch per layer and direction); inference
-    only."""
+    """``torch.nn.RNN`` (tanh or relu) on persistent kernels (one launch per layer and direction); gradients
+    on the CPU."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,

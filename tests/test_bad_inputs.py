@@ -414,14 +414,6 @@ def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, dtype="float16", target="cuda", arch="sm_75")
 
 
-@case("a module call that needs gradients")
-def _(lstm, good, tmp_path):
-    import prnn_tvm.torch as pt
-
-    torch = _torch()
-    pt.from_torch(torch.nn.LSTM(4, 8))(torch.randn(3, 2, 4))
-
-
 @case("a module call with a wrong initial state")
 def _(lstm, good, tmp_path):
     import prnn_tvm.torch as pt
