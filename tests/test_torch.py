@@ -198,3 +198,16 @@ def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     _compare(kind, "cuda", T=32, B=4, n_in=100, H=256, layers=layers, bidirectional=bidirectional)
+
+
+def test_char_model_example_trains_like_torch():
+    """examples/char_lstm.py, shortened: the two loss curves agree (it exits 1 otherwise)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "char_lstm.py"
+    run = subprocess.run([sys.executable, str(script), "--steps", "10", "--hidden", "16", "--seq", "8",
+                          "--tolerance", "1e-4"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
