@@ -1,6 +1,6 @@
 """PyTorch modules backed by prnn-tvm's persistent kernels: ``LSTM``, ``GRU``, ``RNN``, ``from_torch``.
 
-Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` at inference (stacked and bidirectional too)::
+Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` (stacked and bidirectional too; gradients on the CPU)::
 
     fast = prnn_tvm.torch.from_torch(torch_lstm)     # shares its parameters, no copy
     with torch.no_grad():
