@@ -45,38 +45,37 @@ from .persistent_weights import RegisterWeights
 from .template import config_from_dict
 
 
-class PersistentCuda:
-    """The template's contract (``schedules.template.Template``) for ``cuda`` targets."""
+class PersistentTemplate:
+    """The template contract (``schedules.template.Template``) of a persistent CUDA template: its knobs
+    and their validation live in a module ``knobs`` (``DTYPES``, ``ranked_configs``, ``space``,
+    ``validate``, ``features``), its kernel is ``builder(plan, config, geometry).build()``. This module's
+    ``TEMPLATE`` (float32) and ``persistent_mma``'s (half precision) are two of them."""
 
-    name = "persistent_cuda"
-    config_type = PersistentConfig
+    def __init__(self, name: str, config_type: type, knobs, builder: type):
+        self.name, self.config_type, self.knobs, self.builder = name, config_type, knobs, builder
 
     def accepts(self, plan: CellPlan, target) -> bool:
-        return target.kind.name == "cuda" and plan.dtype in pc.DTYPES
+        return target.kind.name == "cuda" and plan.dtype in self.knobs.DTYPES
 
-    def apply(self, plan: CellPlan, target, gpu: GpuSpec, config: PersistentConfig | None = None) -> Kernel:
-        cfg = config if config is not None else pc.default_config(plan, gpu)
-        g = pc.validate(cfg, plan, gpu)
-        builder = PersistentBuilder(plan, cfg, g)
+    def apply(self, plan: CellPlan, target, gpu: GpuSpec, config=None) -> Kernel:
+        cfg = config if config is not None else self.knobs.ranked_configs(plan, gpu, limit=1)[0]
+        builder = self.builder(plan, cfg, self.knobs.validate(cfg, plan, gpu))
         return Kernel(builder.build(), self.name, builder.launch, cfg)
 
     def default_configs(self, plan: CellPlan, target, gpu: GpuSpec) -> list:
-        return pc.ranked_configs(plan, gpu)
+        return self.knobs.ranked_configs(plan, gpu)
 
     def space(self, plan: CellPlan, gpu: GpuSpec) -> list:
-        return pc.space(plan, gpu)
+        return self.knobs.space(plan, gpu)
 
-    def validate(self, config: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> None:
-        pc.validate(config, plan, gpu)
+    def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
+        self.knobs.validate(config, plan, gpu)
 
-    def features(self, config: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
-        return pc.features(config, plan, gpu)
+    def features(self, config, plan: CellPlan, gpu: GpuSpec) -> dict:
+        return self.knobs.features(config, plan, gpu)
 
-    def config_from_dict(self, knobs: dict) -> PersistentConfig:
-        return config_from_dict(PersistentConfig, knobs)
-
-
-TEMPLATE = PersistentCuda()
+    def config_from_dict(self, knobs: dict):
+        return config_from_dict(self.config_type, knobs)
 
 
 class PersistentBuilder(OperandExchange, RegisterWeights):
@@ -327,3 +326,6 @@ def _bind(expr, name: str):
 
 def _leaf_key(leaf: Leaf):
     return leaf.name, leaf.slice
+
+
+TEMPLATE = PersistentTemplate("persistent_cuda", PersistentConfig, pc, PersistentBuilder)
