@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 # torch.nn's parameter names, without their layer and direction suffix (``_l0``, ``_l1_reverse``) ->
 # the cell's arguments (PyTorch's layout and gate order)
 _PARAMETERS = {"weight_ih": "W_ih", "weight_hh": "W_hh", "bias_ih": "b_ih", "bias_hh": "b_hh"}
+_TORCH_NAMES = {arg: name for name, arg in _PARAMETERS.items()}
 # the parameter dtypes a module runs in -> the layer dtype it compiles
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
           torch.float64: "float64"}  # float64: the CPU build only
@@ -155,10 +156,6 @@ class _Recurrent(torch.nn.Module):
             self._aligned_copies[name] = cached
         return cached[1]
 
-    def _bias(self, name: str, rows: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """Bias ``name``, or zeros of ``rows`` when the module has no biases."""
-        return self._aligned(name) if self.bias else self._zero((rows,), device, dtype)
-
     def _zero(self, shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """Zeros the kernels only read (omitted initial states, absent biases): made once per shape, except
         while a CUDA graph is being captured (memory made then belongs to the graph)."""
@@ -233,22 +230,21 @@ class _Recurrent(torch.nn.Module):
         (the CPU build, see :class:`_CpuBackprop`)."""
         B, H, dtype = x.shape[1], self.hidden_size, self.dtype
         layer = self.layer_for(B, x.device, dtype, x.shape[2])
-        w_ih, w_hh = getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix)
-        if grad:
-            def bias(name, rows):
-                return getattr(self, name) if self.bias else self._zero((rows,), x.device, dtype)
-            states = [t.contiguous() for t in initial] or [self._zero((B, H), x.device, dtype)] * len(self._states)
-            out, *finals = _CpuBackprop.apply(layer, x, w_ih, bias("bias_ih" + suffix, len(w_ih)), w_hh,
-                                              bias("bias_hh" + suffix, len(w_hh)), *states)
-            return out, finals
-        projection = [x.detach(), self._aligned("weight_ih" + suffix),
-                      self._bias("bias_ih" + suffix, len(w_ih), x.device, dtype)]
+
+        def param(name: str):  # tracked by autograd when differentiable, else detached (and aligned) once
+            if not self.bias and name.startswith("bias"):  # zeros as long as the weight's rows
+                return self._zero((len(getattr(self, "weight" + name[4:])),), x.device, dtype)
+            return getattr(self, name) if grad else self._aligned(name)
+
         states = [_aligned_state(t) for t in initial] or [self._zero((B, H), x.device, dtype)] * len(self._states)
-        recurrent = [self._aligned("weight_hh" + suffix), self._bias("bias_hh" + suffix, len(w_hh), x.device, dtype),
-                     *states]
+        weights = [param(_TORCH_NAMES[arg] + suffix) for arg in layer.arg_names[1:5]]  # W_ih, b_ih, W_hh, b_hh
+        args = [x if grad else x.detach(), *weights, *states]  # the layer's signature order
+        if grad:
+            out, *finals = _CpuBackprop.apply(layer, *args)
+            return out, finals
         if x.device.type == "cuda":
-            return self._run_cuda(layer, _projection(*projection), recurrent)
-        out, finals = layer(*projection, *recurrent)
+            return self._run_cuda(layer, _projection(*args[:3]), args[3:])
+        out, finals = layer(*args)
         return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
 
     def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list) -> tuple:
