@@ -1,49 +1,24 @@
 """Derivatives derived from a cell's plan, checked in float64 against central finite differences, and
-backpropagation through time with them against finite differences and torch's autograd."""
+backpropagation through time with them against finite differences and torch's autograd.
 
-import math
+Expressions are evaluated with ``texpr.evaluate``, which the plan's forward uses too; that forward
+is checked against each cell's own NumPy reference below."""
 
 import numpy as np
 import pytest
 from tvm import tirx
-from tvm.ir import expr as E
 from tvm.ir.prim import expr as P
 
 import prnn_tvm
 from prnn_tvm.errors import CellError
 from prnn_tvm.frontend.derivative import partial, step_adjoints
 from prnn_tvm.frontend.plan import Leaf
-from prnn_tvm.frontend.texpr import free_vars
+from prnn_tvm.frontend.texpr import evaluate, free_vars
 from prnn_tvm.reference import plan_gradients, plan_layer, random_inputs, reference_layer
 
 CELLS = sorted(prnn_tvm.builtin_cells())
 STEP = 1e-6  # finite-difference step; float64 evaluation keeps its error near 1e-9
 BOUND = 1e-6
-
-_FUNCTIONS = {"tirx.sigmoid": lambda u: 1.0 / (1.0 + math.exp(-u)), "tirx.tanh": math.tanh, "tirx.exp": math.exp,
-              "tirx.log": math.log, "tirx.sqrt": math.sqrt}
-_BINARY = {P.Add: lambda a, b: a + b, P.Sub: lambda a, b: a - b, P.Mul: lambda a, b: a * b,
-           P.Div: lambda a, b: a / b, P.Max: max, P.Min: min, P.GT: lambda a, b: a > b, P.LT: lambda a, b: a < b,
-           P.GE: lambda a, b: a >= b, P.LE: lambda a, b: a <= b}
-
-
-def evaluate(e, env: dict) -> float:
-    """An expression's value in float64, variables from ``env`` (keyed by the variable)."""
-    if isinstance(e, E.Var):
-        return env[e]
-    if isinstance(e, (P.FloatImm, P.IntImm)):
-        return float(e.value)
-    if type(e) in _BINARY:
-        return _BINARY[type(e)](evaluate(e.a, env), evaluate(e.b, env))
-    if isinstance(e, P.Select):
-        return evaluate(e.true_value if evaluate(e.condition, env) else e.false_value, env)
-    if isinstance(e, P.Cast):
-        return evaluate(e.value, env)
-    if isinstance(e, E.Call) and e.op.name == "prim.if_then_else":
-        return evaluate(e.args[1] if evaluate(e.args[0], env) else e.args[2], env)
-    if isinstance(e, E.Call):
-        return _FUNCTIONS[e.op.name](evaluate(e.args[0], env))
-    raise TypeError(f"cannot evaluate {type(e).__name__}")
 
 
 def _forward(plan, leaves: dict) -> dict:
