@@ -45,9 +45,13 @@ class Timing:
         return self.recurrent_s / self.seq_len
 
 
-def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: int = 0) -> CheckResult:
-    """Run ``layer`` on random inputs and compare with the cell's NumPy reference in float64."""
+def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: int = 0,
+                            lengths: np.ndarray | None = None) -> CheckResult:
+    """Run ``layer`` on random inputs (and the per-row ``lengths``, if given) and compare with the cell's
+    NumPy reference in float64."""
     inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
+    if lengths is not None:
+        inputs["lengths"] = lengths
     start = time.perf_counter()
     out, finals = layer(**inputs)
     seconds = time.perf_counter() - start

@@ -24,12 +24,15 @@ from .signature import ArgRole
 def random_inputs(plan: CellPlan, seq_len: int, input_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs for every layer argument in the plan's storage dtype: the sequence ``x`` standard
     normal, weights and params as PyTorch initializes them (U(-1/sqrt(H), 1/sqrt(H))), initial
-    states 0.5 * standard normal (nonzero)."""
+    states 0.5 * standard normal (nonzero). Per-row lengths are left out (every row runs the
+    whole sequence); :func:`random_lengths` makes some."""
     rng = np.random.default_rng(seed)
     bound = 1.0 / np.sqrt(plan.hidden)
     arrays = {}
     for arg in layer_signature(plan, input_size).inputs:
         shape = arg.concrete_shape(seq_len)
+        if arg.role is ArgRole.LENGTHS:
+            continue
         if arg.role is ArgRole.INPUT:
             value = rng.standard_normal(shape)
         elif arg.role is ArgRole.STATE:
@@ -40,17 +43,35 @@ def random_inputs(plan: CellPlan, seq_len: int, input_size: int, seed: int = 0) 
     return arrays
 
 
+def random_lengths(batch: int, seq_len: int, seed: int = 0) -> np.ndarray:
+    """Per-row lengths in [1, T] (int32) for ``batch`` rows, in no order, with a full-length row and,
+    from two rows up, a length-1 row."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, seq_len + 1, size=batch)
+    lengths[rng.permutation(batch)[:2]] = [seq_len, 1][:min(batch, 2)]
+    return lengths.astype(np.int32)
+
+
 def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Run the cell's NumPy reference over the sequence in float64: (output sequence, final states)."""
+    """Run the cell's NumPy reference over the sequence in float64: (output sequence, final states).
+    With ``inputs["lengths"]`` a row past its length keeps its states and outputs zeros."""
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]
     params = {s.name: f64[s.name] for s in (*plan.weights, *plan.params)}
     state = {s.name: f64[f"{s.name}0"] for s in plan.states}
     out = np.empty((xp.shape[0], plan.batch, plan.hidden))
-    for t in range(xp.shape[0]):
-        state = _checked(plan, plan.cell.reference(xp[t], state, params))
-        out[t] = state[plan.output]
+    for t, running in enumerate(_running(inputs, xp.shape[0], plan.batch)):
+        new = _checked(plan, plan.cell.reference(xp[t], state, params))
+        state = {name: np.where(running, value, state[name]) for name, value in new.items()}
+        out[t] = np.where(running, state[plan.output], 0.0)
     return out, state
+
+
+def _running(inputs: dict, seq_len: int, batch: int) -> list[np.ndarray]:
+    """Per step, which rows still run: (batch, 1) booleans from ``inputs["lengths"]`` (all when absent)."""
+    lengths = inputs.get("lengths")
+    lengths = np.full(batch, seq_len) if lengths is None else np.asarray(lengths).reshape(batch)
+    return [(t < lengths)[:, None] for t in range(seq_len)]
 
 
 def _checked(plan: CellPlan, new) -> dict:
@@ -70,13 +91,14 @@ def _checked(plan: CellPlan, new) -> dict:
 
 def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict, list[dict]]:
     """The layer in float64 from the plan's stages: (output sequence, final states, each step's leaf
-    values as {Leaf: (batch, hidden) array}; products' leaves included)."""
+    values as {Leaf: (batch, hidden) array}; products' leaves included). Per-row lengths as in
+    :func:`reference_layer`."""
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     H = plan.hidden
     xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]
     state = {s.name: f64[f"{s.name}0"] for s in plan.states}
     out, steps = np.empty((xp.shape[0], plan.batch, H)), []
-    for t in range(xp.shape[0]):
+    for t, running in enumerate(_running(inputs, xp.shape[0], plan.batch)):
         values = {leaf: _leaf_value(plan, leaf, xp[t], f64) for leaf in plan.leaf_vars
                   if leaf.kind in ("input", "param")}
         values.update({Leaf("state", name, 0): value for name, value in state.items()})  # read or multiplied
@@ -96,8 +118,8 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
                     if leaf in plan.leaf_vars:
                         env[plan.leaf_vars[leaf]] = values[leaf]
         steps.append(values)
-        state = {name: values[leaf] for name, leaf in plan.updates.items()}
-        out[t] = state[plan.output]
+        state = {name: np.where(running, values[leaf], state[name]) for name, leaf in plan.updates.items()}
+        out[t] = np.where(running, state[plan.output], 0.0)
     return out, state, steps
 
 
@@ -105,10 +127,12 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
                    d_finals: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Gradients of ``sum(out * d_out) + sum_s sum(final_s * d_finals[s])`` with respect to every layer
     argument (``x``, ``W_ih``, ``b_ih``, the recurrent weights and params, the initial states ``<s>0``),
-    in float64, by backpropagation through time with the plan's derived adjoints."""
-    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
+    in float64, by backpropagation through time with the plan's derived adjoints. A step a row does not
+    run (past its ``inputs["lengths"]``) passes that row's state gradients through unchanged."""
+    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items() if k != "lengths"}
     H, adjoints = plan.hidden, step_adjoints(plan)
     _, _, steps = plan_layer(plan, inputs)
+    running = _running(inputs, len(steps), plan.batch)
     grads = {name: np.zeros_like(value) for name, value in f64.items()}
     d_xp = np.zeros((len(steps), plan.batch, f64["W_ih"].shape[0]))
     carry = {s.name: np.zeros((plan.batch, H)) for s in plan.states}
@@ -117,7 +141,7 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
     for t in reversed(range(len(steps))):
         values = steps[t]
         env = {var: values[leaf] for leaf, var in plan.leaf_vars.items()}
-        env.update({var: carry[name] + (d_out[t] if name == plan.output else 0.0)
+        env.update({var: running[t] * (carry[name] + (d_out[t] if name == plan.output else 0.0))
                     for name, var in adjoints.incoming.items()})
         d = {}
         for phase in reversed(range(plan.phases)):  # a phase's products, then what they send back
@@ -128,7 +152,7 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
                                                              for r in plan.reductions)):
                 env[adjoints.operands[name]] = _back_through_products(plan, d, name, f64)
         carry = {s.name: _adjoint(adjoints, Leaf("state", s.name, 0), env, plan)
-                 + _back_through_products(plan, d, s.name, f64) for s in plan.states}
+                 + _back_through_products(plan, d, s.name, f64) + ~running[t] * carry[s.name] for s in plan.states}
         for s in range(plan.input.slices):
             d_xp[t][:, s * H:(s + 1) * H] = _adjoint(adjoints, Leaf("input", plan.input.name, s), env, plan)
         for p in plan.params:

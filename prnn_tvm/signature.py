@@ -29,6 +29,7 @@ class ArgRole(str, enum.Enum):
     WEIGHT = "weight"        # a matrix (W_ih, a recurrent weight)
     PARAM = "param"          # a per-unit vector (a bias, peephole weights)
     STATE = "state"          # an initial state: zeros when the caller omits it
+    LENGTHS = "lengths"      # each batch row's number of steps (int32): every row runs all of them when omitted
     OUTPUT = "output"        # a sequence the launch writes (out, or xp for a later launch)
     FINAL = "final"          # a final state
     WORKSPACE = "workspace"  # scratch owned by the layer: zero at first use and after a barrier timeout
@@ -42,7 +43,12 @@ class ArgRole(str, enum.Enum):
     @property
     def data(self) -> bool:
         """Passed by the caller (or computed by an earlier launch), not by the layer."""
-        return self in (ArgRole.INPUT, ArgRole.WEIGHT, ArgRole.PARAM, ArgRole.STATE)
+        return self in (ArgRole.INPUT, ArgRole.WEIGHT, ArgRole.PARAM, ArgRole.STATE, ArgRole.LENGTHS)
+
+    @property
+    def optional(self) -> bool:
+        """The caller may omit it: initial states are zeros, every row runs the whole sequence."""
+        return self in (ArgRole.STATE, ArgRole.LENGTHS)
 
     @property
     def owned(self) -> bool:
@@ -222,8 +228,10 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
     """The recurrent kernel's arguments, in kernel order.
 
     ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
-    declaration order); each initial state ``<s>0`` (B, H); ``out`` (T, B, H); each final
-    state ``<s>_n``; then ``workspace`` and the barrier's ``sync`` and scalars
+    declaration order); each initial state ``<s>0`` (B, H); ``lengths`` (B,) int32, the steps
+    of each batch row (a row's states stop changing after its length and its outputs are zero
+    there); ``out`` (T, B, H); each final state ``<s>_n``; then ``workspace`` and the barrier's
+    ``sync`` and scalars
     (:data:`SYNC_SCALARS`) when the kernel takes them. Everything is ``dtype`` but ``xp``
     (``xp_dtype``, by default ``dtype``) and the workspace (``workspace_dtype``).
     """
@@ -232,6 +240,7 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
     args += [Arg(n, ArgRole.WEIGHT, tuple(s), dtype) for n, s in weights.items()]
     args += [Arg(n, ArgRole.PARAM, tuple(s), dtype) for n, s in params.items()]
     args += [Arg(f"{s}0", ArgRole.STATE, (B, H), dtype) for s in states]
+    args += [Arg("lengths", ArgRole.LENGTHS, (B,), "int32")]
     args += [Arg("out", ArgRole.OUTPUT, (SEQ, B, H), dtype)]
     args += [Arg(f"{s}_n", ArgRole.FINAL, (B, H), dtype) for s in states]
     if workspace is not None:

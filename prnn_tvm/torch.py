@@ -14,7 +14,9 @@ batch size, device and dtype (the parameters': float32, float16 or bfloat16), lo
 keeps it for later calls. On CUDA the input projection is torch's own GEMM (cuBLAS), then the
 persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build. A stack
 (``num_layers``) and the two directions (``bidirectional``) run one layer after another, the
-reverse direction on the time-reversed sequence, outputs concatenated as PyTorch does.
+reverse direction on the time-reversed sequence, outputs concatenated as PyTorch does. A
+``PackedSequence`` runs as its padded batch with per-row lengths (rows stop at their length, the
+reverse direction starts at each row's last step) and comes back packed the same way.
 
 A CUDA call is asynchronous like any torch op: both kernels run on torch's current stream,
 outputs come from torch's allocator, and nothing waits for the GPU. So calls can be captured
@@ -35,6 +37,7 @@ import math
 
 import torch  # PyTorch itself: absolute import
 import tvm_ffi
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from prnn_tvm.compiler import compile_cell
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 # the cell's arguments (PyTorch's layout and gate order)
 _PARAMETERS = {"weight_ih": "W_ih", "weight_hh": "W_hh", "bias_ih": "b_ih", "bias_hh": "b_hh"}
 _TORCH_NAMES = {arg: name for name, arg in _PARAMETERS.items()}
+ALL_STEPS = 2**31 - 1  # a row length that no sequence reaches: the kernels clamp lengths to the sequence's
 # the parameter dtypes a module runs in -> the layer dtype it compiles
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
           torch.float64: "float64"}  # float64: the CPU build only
@@ -92,7 +96,7 @@ class _Recurrent(torch.nn.Module):
         self._layers: dict = {}
         self._launchers: dict = {}
         self._aligned_copies: dict = {}
-        self._zeros: dict = {}
+        self._constants: dict = {}
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     def reset_parameters(self) -> None:
@@ -156,22 +160,27 @@ class _Recurrent(torch.nn.Module):
             self._aligned_copies[name] = cached
         return cached[1]
 
-    def _zero(self, shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """Zeros the kernels only read (omitted initial states, absent biases): made once per shape, except
-        while a CUDA graph is being captured (memory made then belongs to the graph)."""
+    def _constant(self, shape: tuple, device: torch.device, dtype: torch.dtype, value=0) -> torch.Tensor:
+        """A constant the kernels only read (zeros for omitted initial states and absent biases, the
+        lengths of rows that run every step): made once per shape, except while a CUDA graph is being
+        captured (memory made then belongs to the graph)."""
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(shape, device=device, dtype=dtype)
-        key = (shape, device, dtype)
-        if key not in self._zeros:
-            self._zeros[key] = torch.zeros(shape, device=device, dtype=dtype)
-        return self._zeros[key]
+            return torch.full(shape, value, device=device, dtype=dtype)
+        key = (shape, device, dtype, value)
+        if key not in self._constants:
+            self._constants[key] = torch.full(shape, value, device=device, dtype=dtype)
+        return self._constants[key]
 
-    def forward(self, input: torch.Tensor, hx=None):
+    def forward(self, input, hx=None):
         kind, H = type(self).__name__, self.hidden_size
         states = len(self._states)
         directions = 2 if self.bidirectional else 1
         slots = self.num_layers * directions  # the initial and final states of each layer and direction
         hx = () if hx is None else (tuple(hx) if states > 1 else (hx,))
+        packed = input if isinstance(input, PackedSequence) else None
+        lengths = None
+        if packed is not None:  # padded, time-major, in the caller's batch order (as are hx and h_n)
+            input, lengths, sorted_steps = _unpacked(packed)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters()))
         if grad and input.device.type != "cpu":
             raise InputError(f"{kind}: gradients are computed on the CPU build only so far (the GPU's backward kernel "
@@ -185,7 +194,7 @@ class _Recurrent(torch.nn.Module):
                              f"got shape {tuple(input.shape)}")
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(1)
-        if self.batch_first and batched:
+        if self.batch_first and batched and packed is None:
             x = x.transpose(0, 1)
         x = x.contiguous()
         B = x.shape[1]
@@ -207,38 +216,47 @@ class _Recurrent(torch.nn.Module):
                                  "of them (.to(device))")
         initial = [(t if grad else t.detach()).reshape(slots, B, H) for t in hx]
         out, finals = x, [[None] * slots for _ in range(states)]
+        # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
+        backwards = (lambda s: s.flip(0)) if lengths is None else _reversal_within(lengths, x.shape[0])
         for layer in range(self.num_layers):  # one launch per layer and direction, each on the one before
             outs = []
             for direction in range(directions):
                 slot = layer * directions + direction
-                sequence = out if direction == 0 else out.flip(0)  # the reverse direction reads time backwards
-                y, ends = self._one_layer(sequence, _suffix(layer, direction), [t[slot] for t in initial], grad)
-                outs.append(y if direction == 0 else y.flip(0))
+                sequence = out if direction == 0 else backwards(out)
+                y, ends = self._one_layer(sequence, _suffix(layer, direction), [t[slot] for t in initial], lengths,
+                                          grad)
+                outs.append(y if direction == 0 else backwards(y))
                 for k, end in enumerate(ends):
                     finals[k][slot] = end
             out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
         finals = [f[0].unsqueeze(0) if slots == 1 else torch.stack(f) for f in finals]
-        if not batched:
+        if packed is not None:
+            out = _packed_like(packed, out, sorted_steps)
+        elif not batched:
             out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
         elif self.batch_first:
             out = out.transpose(0, 1)
         return out, (tuple(finals) if states > 1 else finals[0])
 
-    def _one_layer(self, x: torch.Tensor, suffix: str, initial: list, grad: bool = False) -> tuple:
+    def _one_layer(self, x: torch.Tensor, suffix: str, initial: list, lengths: torch.Tensor | None = None,
+                   grad: bool = False) -> tuple:
         """One layer and direction (parameters ``*{suffix}``) over the time-major ``x``: ``(out, finals)``,
-        finals of shape (B, H); ``initial``: its initial states, or [] for zeros. ``grad``: differentiable
-        (the CPU build, see :class:`_CpuBackprop`)."""
+        finals of shape (B, H); ``initial``: its initial states, or [] for zeros; ``lengths``: each row's
+        steps (int32 on ``x``'s device), or None for all. ``grad``: differentiable (the CPU build, see
+        :class:`_CpuBackprop`)."""
         B, H, dtype = x.shape[1], self.hidden_size, self.dtype
         layer = self.layer_for(B, x.device, dtype, x.shape[2])
 
         def param(name: str):  # tracked by autograd when differentiable, else detached (and aligned) once
             if not self.bias and name.startswith("bias"):  # zeros as long as the weight's rows
-                return self._zero((len(getattr(self, "weight" + name[4:])),), x.device, dtype)
+                return self._constant((len(getattr(self, "weight" + name[4:])),), x.device, dtype)
             return getattr(self, name) if grad else self._aligned(name)
 
-        states = [_aligned_state(t) for t in initial] or [self._zero((B, H), x.device, dtype)] * len(self._states)
+        states = [_aligned_state(t) for t in initial] or [self._constant((B, H), x.device, dtype)] * len(self._states)
         weights = [param(_TORCH_NAMES[arg] + suffix) for arg in layer.arg_names[1:5]]  # W_ih, b_ih, W_hh, b_hh
-        args = [x if grad else x.detach(), *weights, *states]  # the layer's signature order
+        if lengths is None and x.device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
+            lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
+        args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
         if grad:
             out, *finals = _CpuBackprop.apply(layer, *args)
             return out, finals
@@ -263,19 +281,21 @@ class _CpuBackprop(torch.autograd.Function):
     NumPy): no derivative is written per cell. A compiled backward kernel is to replace it."""
 
     @staticmethod
-    def forward(ctx, layer, *args):  # args: the layer's arguments in its signature's order
+    def forward(ctx, layer, *args):  # args: the layer's arguments in its signature's order (lengths may be None)
         ctx.layer = layer
         ctx.save_for_backward(*args)
-        out, finals = layer(*[a.detach() for a in args])
+        out, finals = layer(*[None if a is None else a.detach() for a in args])
         return (torch.from_dlpack(out), *(torch.from_dlpack(f) for f in finals))
 
     @staticmethod
     def backward(ctx, d_out, *d_finals):
         layer, args = ctx.layer, ctx.saved_tensors
-        inputs = {name: a.detach().double().numpy() for name, a in zip(layer.arg_names, args)}
+        inputs = {name: a.detach().numpy() if a.dtype == torch.int32 else a.detach().double().numpy()
+                  for name, a in zip(layer.arg_names, args) if a is not None}
         ends = {s.name: d.double().numpy() for s, d in zip(layer.plan.states, d_finals)}
         grads = plan_gradients(layer.plan, inputs, d_out.double().numpy(), ends)
-        return (None, *(torch.from_numpy(grads[name]).to(a.dtype) for name, a in zip(layer.arg_names, args)))
+        return (None, *(torch.from_numpy(grads[name]).to(a.dtype) if name in grads else None
+                        for name, a in zip(layer.arg_names, args)))
 
 
 class _Launcher:
@@ -319,6 +339,40 @@ class _Launcher:
             raise LaunchError(f"launching the recurrent kernel of {layer.signature.cell} failed: {err}") from err
         out, *finals = (values[name] for name, _, _ in self.written)
         return out, finals
+
+
+def _reversal_within(lengths: torch.Tensor, steps: int):
+    """A function that reverses each row of a (T, B, F) sequence within its own length (a row of length n:
+    steps n-1..0, then its padding where it was); applied twice it is the identity."""
+    t = torch.arange(steps, device=lengths.device, dtype=lengths.dtype)[:, None]
+    index = torch.where(t < lengths, lengths - 1 - t, t).long()  # (T, B)
+
+    def reverse(sequence: torch.Tensor) -> torch.Tensor:
+        return sequence.gather(0, index[:, :, None].expand_as(sequence))
+    return reverse
+
+
+def _unpacked(packed: PackedSequence) -> tuple:
+    """``(padded, lengths, sorted_steps)``: the (T, B, F) padded batch and each row's length (int32, on its
+    device) in the caller's batch order, and the lengths in the packing's (descending) order on the CPU.
+    Nothing waits for the GPU: the rows are reordered on the device (``pad_packed_sequence`` itself would
+    read the order back to the host), the lengths, known on the host, go up by an asynchronous copy."""
+    padded, sorted_steps = pad_packed_sequence(PackedSequence(packed.data, packed.batch_sizes))
+    lengths = sorted_steps.to(torch.int32)
+    if padded.device.type == "cuda":
+        lengths = lengths.pin_memory().to(padded.device, non_blocking=True)
+    if packed.unsorted_indices is not None:
+        order = packed.unsorted_indices
+        padded, lengths = padded.index_select(1, order), lengths.index_select(0, order.to(lengths.device))
+    return padded, lengths, sorted_steps
+
+
+def _packed_like(packed: PackedSequence, padded: torch.Tensor, sorted_steps: torch.Tensor) -> PackedSequence:
+    """A padded (T, B, F) output in the caller's batch order, packed as the input ``packed`` was."""
+    if packed.sorted_indices is not None:
+        padded = padded.index_select(1, packed.sorted_indices)
+    data = pack_padded_sequence(padded, sorted_steps, enforce_sorted=True).data
+    return PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
 
 
 def _current_stream(device: torch.device) -> int:

@@ -84,10 +84,16 @@ def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
                 with T.parallel(0, B) as b, T.serial(0, H) as u:
                     load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
                     new = new_state_values(plan, load)
+                    running = None if a.lengths is None else t < a.lengths[b]  # a row past its length keeps still
                     for name in states:  # exchanged states round to storage each step, as on the GPU
                         value = new[name] if name in plan.private_states else _rounded(new[name], storage)
+                        if running is not None:
+                            value = T.if_then_else(running, value, cur[si[name], b, u])
                         T.buffer_store(nxt, value, [si[name], b, u])
-                    T.buffer_store(a.out, as_type(new[plan.output], storage), [t, b, u])
+                    out = as_type(new[plan.output], storage)
+                    if running is not None:  # and writes zeros
+                        out = T.if_then_else(running, out, tirx.const(0, storage))
+                    T.buffer_store(a.out, out, [t, b, u])
                 with T.grid(len(states), B, H) as (s, b, u):
                     T.buffer_store(cur, nxt[s, b, u], [s, b, u])
             with T.grid(B, H) as (b, u):

@@ -14,7 +14,8 @@ Per CTA (see ``persistent_config`` for the knobs):
                  per (batch row, unit) item: the phase's pointwise math, fused; values
                    needed later stay in registers, operands of the next phase are
                    published for the other blocks, then a grid barrier
-               write h(t) (workspace and output sequence) and the private states
+               write h(t) (workspace and output sequence) and the private states; a batch
+                 row past its length (the ``lengths`` argument) keeps its states and writes 0
                grid barrier (``prnn_tvm.codegen.barrier``), unless this was the last step; a
                  synchronization that timed out ends the time loop
 
@@ -144,6 +145,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.a.xp.dtype, scope="local")
                     self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
                     self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.compute_dt, scope="local")
+                    self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
                     self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                     T.buffer_store(self.aborted, 0, [0])
                     self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
@@ -166,6 +168,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 for i, leaf in enumerate(self.p_leaves):
                     T.buffer_store(self.preg, self.a.param[leaf.name][leaf.slice * self.H + unit],
                                    [it * len(self.p_leaves) + i])
+                if self.a.lengths is not None:
+                    T.buffer_store(self.lenreg, self.a.lengths[b], [it])
         self.zero_operand_padding()
 
     def step(self, t):
@@ -228,15 +232,22 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
 
     def write_states(self, t, it, b, unit, ul):
-        """End of step: the new states to the workspace or registers, the output, the final states."""
-        new = new_state_values(self.p, self.loader(t, it, b, unit, ul))
+        """End of step: the new states to the workspace or registers, the output, the final states. A row
+        past its length keeps its states and writes a zero output."""
+        load = self.loader(t, it, b, unit, ul)
+        new = new_state_values(self.p, load)
+        running = None if self.a.lengths is None else t < self.lenreg[it]
+        if running is not None:
+            new = {name: T.if_then_else(running, value, load(Leaf("state", name, 0))) for name, value in new.items()}
         stored = {name: as_type(value, self.dt) for name, value in new.items()}
         for name, value in new.items():
             if name in self.priv:  # private states stay in the compute type between steps
                 T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])
             else:
                 self.publish(name, t, b, unit, stored[name])
-        T.buffer_store(self.a.out, stored[self.p.output], [t, b, unit])
+        out = stored[self.p.output]
+        T.buffer_store(self.a.out, out if running is None else T.if_then_else(running, out, tirx.const(0, self.dt)),
+                       [t, b, unit])
         with T.If(t == self.a.seq_len - 1):
             with T.Then():
                 for name, value in stored.items():

@@ -214,7 +214,17 @@ def _(lstm, good, tmp_path):
 
 @case("too many positional arguments")
 def _(lstm, good, tmp_path):
-    lstm(*[good[n] for n in lstm.arg_names], good["h0"])
+    lstm(*[good.get(n) for n in lstm.arg_names], good["h0"])
+
+
+@case("a row length past the sequence")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, lengths=np.array([1, 4]))
+
+
+@case("row lengths that are not integers")
+def _(lstm, good, tmp_path):
+    _call_with(lstm, good, lengths=np.array([1.0, 2.0]))
 
 
 @case("an argument given twice")

@@ -101,10 +101,10 @@ def lstm_cuda():
 def test_the_signature_derives_inputs_outputs_and_intermediates(lstm_cuda):
     sig = lstm_cuda.signature
     assert [x.function for x in sig.launches] == ["projection", "recurrent"]
-    assert sig.arg_names == ("x", "W_ih", "b_ih", "W_hh", "b_hh", "h0", "c0") == tuple(lstm_cuda.arg_names)
+    assert sig.arg_names == ("x", "W_ih", "b_ih", "W_hh", "b_hh", "h0", "c0", "lengths") == tuple(lstm_cuda.arg_names)
     assert [a.name for a in sig.outputs] == ["out", "h_n", "c_n"]
     assert [a.name for a in sig.intermediates] == ["xp"]
-    assert [a.name for a in sig.starting_at("recurrent").inputs] == ["xp", "W_hh", "b_hh", "h0", "c0"]
+    assert [a.name for a in sig.starting_at("recurrent").inputs] == ["xp", "W_hh", "b_hh", "h0", "c0", "lengths"]
     x, w_ih = sig.inputs[:2]
     assert x.shape == ("T", 2, 24) and w_ih.shape == (256, 24) and x.role is ArgRole.INPUT
     rec = sig.launch("recurrent")

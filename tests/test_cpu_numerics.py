@@ -6,7 +6,7 @@ import pytest
 import prnn_tvm
 from prnn_tvm.checks import check_against_reference
 from prnn_tvm.dtypes import tolerance
-from prnn_tvm.reference import random_inputs, reference_layer
+from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 
 from .two_state_cell import TWO_STATE
 
@@ -28,6 +28,23 @@ def cpu_layer(cell, hidden, batch, input_size=None):
 def test_cpu_matches_reference(cell, hidden, batch, seq_len):
     res = check_against_reference(cpu_layer(cell, hidden, batch), seq_len, tolerance("float32", seq_len), seed=seq_len)
     assert res.ok, f"max abs error {res.max_abs_error:.2e} > {res.tolerance:.1e}"
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden, batch, seq_len", [(1, 1, 1), (7, 3, 9), (64, 8, 33)])
+def test_rows_stop_at_their_lengths(cell, hidden, batch, seq_len):
+    """Unsorted lengths (a full-length and a length-1 row): states stop at each row's length, outputs are 0 after."""
+    layer = cpu_layer(cell, hidden, batch)
+    lengths = random_lengths(batch, seq_len, seed=hidden)
+    res = check_against_reference(layer, seq_len, tolerance("float32", seq_len), seed=3, lengths=lengths)
+    assert res.ok, f"max abs error {res.max_abs_error:.2e} > {res.tolerance:.1e}"
+    inputs = random_inputs(layer.plan, seq_len, hidden, seed=3)
+    out, finals = layer(**inputs, lengths=lengths)
+    full, _ = layer(**inputs)
+    for b, n in enumerate(lengths):
+        assert np.array_equal(out[:n, b], full[:n, b]) and not out[n:, b].any()
+    _, finals0 = layer(**{**inputs, "lengths": np.zeros(batch, np.int32)})  # length 0: the initial states
+    assert all(np.array_equal(f, inputs[f"{s.name}0"]) for f, s in zip(finals0, layer.plan.states))
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -79,7 +96,7 @@ def test_cpu_half_matches_reference(dtype, cell, hidden, batch, input_size):
 def test_cpu_float64_matches_reference_to_rounding(cell, hidden, batch, input_size):
     """The double-precision CPU build (what gradient checks run) agrees with NumPy's float64 step."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype="float64", target="llvm")
-    assert {a.dtype for x in layer.signature.launches for a in x.args} == {"float64"}
+    assert {a.dtype for x in layer.signature.launches for a in x.args if a.name != "lengths"} == {"float64"}
     for seq_len in (1, 64):
         res = check_against_reference(layer, seq_len, tolerance("float64", seq_len), seed=seq_len)
         assert res.ok and res.max_abs_error < 1e-13, f"T={seq_len}: max abs error {res.max_abs_error:.2e}"

@@ -15,6 +15,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import InputError, LoadError
+from prnn_tvm.codegen import kernel as kernel_module
 from prnn_tvm.codegen.ptxas import compile_cuda
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs
@@ -48,8 +49,8 @@ def test_metadata_describes_the_layer(cpu_layer, cpu_library):
 
 def test_metadata_carries_the_signature(cpu_layer, cpu_library):
     meta = read_metadata(cpu_library)
-    assert meta["schema"] == 2 and signature_of(meta) == cpu_layer.signature
-    assert [i["name"] for i in meta["inputs"] if i.get("optional")] == ["h0", "c0"]
+    assert meta["schema"] == 3 and signature_of(meta) == cpu_layer.signature
+    assert [i["name"] for i in meta["inputs"] if i.get("optional")] == ["h0", "c0", "lengths"]
     assert meta["functions"] == {x.function: [a.name for a in x.args] for x in cpu_layer.signature.launches}
 
 
@@ -65,20 +66,44 @@ def test_schema_1_metadata_reads_as_the_same_signature():
     old = json.loads((DATA / "schema1-gru_cho-sm_90.json").read_text())
     layer = prnn_tvm.compile_cell("gru_cho", 256, 4, input_size=100, target="cuda", arch="sm_90",
                                   config=old["config"])
-    now = layer.signature.launch("recurrent")  # the same but for the host error word, which 0.1.0 had not
-    old_launch = dataclasses.replace(now, args=tuple(a for a in now.args if a.name != "error_host"))
+    now = layer.signature.launch("recurrent")  # the same but for the host error word and lengths (not in 0.1.0)
+    old_launch = dataclasses.replace(now, args=tuple(a for a in now.args if a.name not in ("error_host", "lengths")),
+                                     grid=dataclasses.replace(now.grid, registers=old["launch"]["registers"]))
     assert signature_of(old) == dataclasses.replace(layer.signature, launches=(layer.signature.launches[0],
                                                                                old_launch))
 
 
-def test_a_schema_1_library_still_loads_and_runs(cpu_layer, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def layer_without_lengths():
+    """The cpu layer as prnn-tvm built it before per-row lengths: its kernel does not take them."""
+    with pytest.MonkeyPatch.context() as mp:
+        made = kernel_module.recurrent_args
+        mp.setattr(kernel_module, "recurrent_args",
+                   lambda *a, **kw: tuple(arg for arg in made(*a, **kw) if arg.name != "lengths"))
+        layer = prnn_tvm.compile_cell("lstm", 16, 3, input_size=12, seq_len=7, target="llvm")
+    assert "lengths" not in layer.arg_names
+    return layer
+
+
+def test_a_schema_1_library_still_loads_and_runs(layer_without_lengths, cpu_layer, tmp_path, monkeypatch):
     old = json.loads((DATA / "schema1-lstm-llvm.json").read_text())
     assert old["schema"] == 1 and "signature" not in old
     monkeypatch.setattr(exporting, "layer_metadata", lambda layer: old)  # write it as 0.1.0 did
-    loaded = prnn_tvm.load(prnn_tvm.export(cpu_layer, tmp_path / "old.so"))
-    assert loaded.signature == cpu_layer.signature
+    loaded = prnn_tvm.load(prnn_tvm.export(layer_without_lengths, tmp_path / "old.so"))
+    assert loaded.signature == layer_without_lengths.signature
     inputs = random_inputs(cpu_layer.plan, 7, 12, seed=5)
     assert np.array_equal(loaded(**inputs)[0], cpu_layer(**inputs)[0])
+
+
+def test_a_schema_2_library_runs_and_says_it_has_no_lengths(layer_without_lengths, cpu_layer, tmp_path):
+    path = prnn_tvm.export(layer_without_lengths, tmp_path / "two.so")
+    meta = read_metadata(path)
+    assert meta["schema"] == 3 and "lengths" not in meta["functions"]["recurrent"]
+    loaded = prnn_tvm.load(path)  # what a file written by schema 2 holds: the same signature, no lengths
+    inputs = random_inputs(cpu_layer.plan, 7, 12, seed=5)
+    assert np.array_equal(loaded(**inputs)[0], cpu_layer(**inputs)[0])
+    with pytest.raises(InputError, match="unknown argument 'lengths'"):
+        loaded(**inputs, lengths=np.int32([7, 7, 7]))
 
 
 def test_round_trip_is_bitwise_identical(cpu_layer, cpu_library):
@@ -98,7 +123,7 @@ RUNTIME_ONLY = textwrap.dedent("""
     import prnn_tvm
     layer = prnn_tvm.load(sys.argv[1])
     data = np.load(sys.argv[2])
-    out, finals = layer(**{k: data[k] for k in layer.arg_names})
+    out, finals = layer(**{k: data[k] for k in layer.arg_names if k in data})
     assert np.array_equal(out, data["out"]) and np.array_equal(finals[1], data["c_n"]), "outputs differ"
     maps = open("/proc/self/maps").read()
     assert tvm.base._RUNTIME_ONLY and "libtvm_compiler" not in maps, "the TVM compiler was loaded"
@@ -108,7 +133,7 @@ RUNTIME_ONLY = textwrap.dedent("""
 
 
 def test_load_with_the_runtime_only(cpu_layer, cpu_library, tmp_path):
-    inputs = random_inputs(cpu_layer.plan, 7, 12, seed=3)
+    inputs = random_inputs(cpu_layer.plan, 7, 12, seed=3) | {"lengths": np.int32([7, 3, 1])}
     out, (h_n, c_n) = cpu_layer(**inputs)
     np.savez(tmp_path / "io.npz", out=out, c_n=c_n, **inputs)
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}

@@ -8,7 +8,7 @@ import pytest
 import prnn_tvm
 from prnn_tvm.checks import max_abs_error
 from prnn_tvm.dtypes import HALF_DTYPES, tolerance
-from prnn_tvm.reference import random_inputs, reference_layer
+from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 
 pytestmark = pytest.mark.gpu
 CELLS = sorted(prnn_tvm.builtin_cells())
@@ -22,9 +22,14 @@ def layer_for(cell, hidden, batch, dtype, config=None):
     return _LAYERS[key]
 
 
-def error_of(layer, seq_len, seed=0):
+def error_of(layer, seq_len, seed=0, lengths=None):
     inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
-    return max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs))
+    if lengths is not None:
+        inputs["lengths"] = lengths
+    result = layer(**inputs)
+    if lengths is not None:  # zeros past each row's length
+        assert all(not result[0][n:, b].any() for b, n in enumerate(lengths))
+    return max_abs_error(layer.plan, result, reference_layer(layer.plan, inputs))
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
@@ -48,6 +53,14 @@ def test_every_barrier_odd_sizes(dtype, barrier, cell):
     cfg = {"units_per_cta": 3, "k_groups": 2, "n_tiles": 1, "barrier": barrier}
     layer = layer_for(cell, 133, 11, dtype, cfg)
     assert error_of(layer, 9) <= tolerance(dtype, 9)
+    assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("cell", CELLS)
+def test_half_rows_stop_at_their_lengths(dtype, cell):
+    layer = layer_for(cell, 512, 33, dtype)
+    assert error_of(layer, 64, lengths=random_lengths(33, 64, seed=4)) <= tolerance(dtype, 64)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

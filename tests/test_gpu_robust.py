@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import prnn_tvm
 from prnn_tvm.dtypes import GPU_DTYPES, tolerance
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.reference import random_inputs
+from prnn_tvm.reference import random_inputs, random_lengths
 from prnn_tvm.runtime import binding
 from prnn_tvm.schedules import template_for
 from prnn_tvm.target import gpu_spec
@@ -80,13 +80,14 @@ def cases(draw):
     seq_len = min(draw(st.integers(1, 300)), max(1, int(5e8 // (batch * hidden * hidden))))
     pick = draw(st.floats(0, 1, exclude_max=True) | st.none())  # None: the default config
     dtype = draw(st.sampled_from(sorted(GPU_DTYPES)))
-    return cell, hidden, batch, input_size, seq_len, pick, dtype
+    lengths = random_lengths(batch, seq_len, seed=seq_len) if draw(st.booleans()) else None
+    return cell, hidden, batch, input_size, seq_len, pick, dtype, lengths
 
 
 @settings(max_examples=45, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(cases())
 def test_fuzz_cells_sizes_and_tuning_configs(case):
-    cell, hidden, batch, input_size, seq_len, pick, dtype = case
+    cell, hidden, batch, input_size, seq_len, pick, dtype, lengths = case
     gpu = gpu_spec()
     try:
         config = None
@@ -101,7 +102,8 @@ def test_fuzz_cells_sizes_and_tuning_configs(case):
         return
     if layer.report.spill_bytes:  # the tuner records a spilling config as an error, never runs it
         return
-    assert run_and_compare(layer, seq_len, seed=hidden) <= tolerance(dtype, seq_len), layer.report.format()
+    err = run_and_compare(layer, seq_len, seed=hidden, lengths=lengths)
+    assert err <= tolerance(dtype, seq_len), layer.report.format()
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

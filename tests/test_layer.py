@@ -21,17 +21,18 @@ def inputs(lstm):
 
 
 def test_arg_names_follow_the_cell(lstm):
-    assert lstm.arg_names == ["x", "W_ih", "b_ih", "W_hh", "b_hh", "h0", "c0"]
+    assert lstm.arg_names == ["x", "W_ih", "b_ih", "W_hh", "b_hh", "h0", "c0", "lengths"]
 
 
 def test_positional_and_keyword_calls_agree(lstm, inputs):
-    a, _ = lstm(*[inputs[n] for n in lstm.arg_names])
+    a, _ = lstm(*[inputs.get(n) for n in lstm.arg_names])  # lengths None: omitted
     b, _ = lstm(**inputs)
-    assert np.array_equal(a, b)
+    c, _ = lstm(**inputs, lengths=np.array([3, 3]))
+    assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 def test_dlpack_inputs_give_tvm_tensors(lstm, inputs):
-    args = [tvm.runtime.tensor(inputs[n]) for n in lstm.arg_names]
+    args = [tvm.runtime.tensor(inputs[n]) for n in lstm.arg_names[:-1]] + [tvm.runtime.tensor(np.int32([3, 3]))]
     out, finals = lstm(*args)
     assert isinstance(out, tvm.runtime.Tensor) and len(finals) == 2
     ref, _ = reference_layer(lstm.plan, inputs)
@@ -55,8 +56,8 @@ def test_bad_inputs_are_refused(lstm, inputs, mutate, message):
 
 
 def test_too_many_positional_arguments(lstm, inputs):
-    with pytest.raises(InputError, match="at most 7 arguments"):
-        lstm(*[inputs[n] for n in lstm.arg_names], inputs["h0"])
+    with pytest.raises(InputError, match="at most 8 arguments"):
+        lstm(*[inputs.get(n) for n in lstm.arg_names], inputs["h0"])
 
 
 def test_same_argument_twice(lstm, inputs):

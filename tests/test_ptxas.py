@@ -21,7 +21,7 @@ CELLS = sorted(prnn_tvm.builtin_cells())
 
 # Where the register estimate ranks first a config that ptxas spills, and the build takes the next
 # ranked default (the report names it): (cell, hidden, batch, arch) -> spill bytes passed over.
-KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (104,)}
+KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (136,)}  # spilled 104 B before per-row lengths
 
 
 @pytest.mark.parametrize("cell", CELLS)

@@ -11,7 +11,7 @@ import pytest
 import prnn_tvm
 from prnn_tvm import records
 from prnn_tvm.records import Record, TuneKey
-from prnn_tvm.reference import random_inputs
+from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.runtime import binding
 from prnn_tvm.runtime.loading import CHECKSUM_BYTES, CHECKSUM_MAGIC, read_metadata
 
@@ -26,7 +26,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
     inputs = random_inputs(layer.plan, 1000, 5, seed=1)
     out, finals = layer(**inputs)
     xp = (inputs["x"] @ inputs["W_ih"].T + inputs["b_ih"]).astype(np.float32)
-    whole, _ = layer.recurrent(xp, *[inputs[n] for n in layer.arg_names[3:]])
+    whole, _ = layer.recurrent(xp, *[inputs.get(n) for n in layer.arg_names[3:]])
     monkeypatch.setattr(binding, "MAX_ELEMENTS", limit)
     call = layer.bind(**inputs)
     per_step = 3 * layer.plan.input.slices * 8  # the projection's row is the largest
@@ -34,8 +34,17 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
     assert sum(name != binding.COPY for name, _ in call.launches) == 2 * call.chunks
     out2, finals2 = layer(**inputs)
     assert np.array_equal(out, out2) and all(np.array_equal(a, b) for a, b in zip(finals, finals2))
-    chunked, _ = layer.recurrent(xp, *[inputs[n] for n in layer.arg_names[3:]])
+    chunked, _ = layer.recurrent(xp, *[inputs.get(n) for n in layer.arg_names[3:]])
     assert np.array_equal(whole, chunked)
+    # per-row lengths count from each chunk's start: rows that end in an early, a middle or the last chunk
+    lengths = np.array([1, 517, 1000], np.int32)
+    out3, finals3 = layer(**inputs, lengths=lengths)
+    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2**31 - 1)
+    out4, finals4 = layer(**inputs, lengths=lengths)
+    assert np.array_equal(out3, out4) and all(np.array_equal(a, b) for a, b in zip(finals3, finals4))
+    ref, ref_finals = reference_layer(layer.plan, {**inputs, "lengths": lengths})
+    assert np.abs(out4 - ref).max() < 1e-4 and not out4[517:, 1].any() and out4[516, 1].any()
+    assert all(np.abs(f - ref_finals[s.name]).max() < 1e-4 for f, s in zip(finals4, layer.plan.states))
 
 
 def test_one_launch_up_to_the_limit(monkeypatch):

@@ -4,6 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
+
 import prnn_tvm.torch as pt  # noqa: E402 - after the skip
 from prnn_tvm import ConfigError, InputError  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
@@ -17,8 +19,16 @@ def _reference(kind, **kw):
     return ctor(**kw).eval()
 
 
+def _lengths(B, T, seed=0):
+    """Unsorted per-row lengths with a full-length row and, from two rows up, a length-1 row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[torch.randperm(B, generator=g)[:2]] = torch.tensor([T, 1])[:min(B, 2)]
+    return lengths
+
+
 def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16, hx=True, layers=1,
-             bidirectional=False):
+             bidirectional=False, packed=False):
     ref = _reference(kind, input_size=n_in, hidden_size=H, batch_first=batch_first, bias=bias, num_layers=layers,
                      bidirectional=bidirectional).to(device)
     fast = pt.from_torch(ref)
@@ -30,9 +40,17 @@ def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16
     if hx:
         h0 = 0.5 * torch.randn(slots, B, H, device=device)
         state = (h0, 0.5 * torch.randn(slots, B, H, device=device)) if kind == "lstm" else h0
+    if packed:  # PackedSequence in, PackedSequence out, packed the same way
+        x = pack_padded_sequence(x, _lengths(B, T), batch_first=batch_first, enforce_sorted=False)
     with torch.no_grad():
         want_out, want_h = ref(x, state)
         got_out, got_h = fast(x, state)
+    if packed:
+        assert torch.equal(got_out.batch_sizes, want_out.batch_sizes)
+        assert torch.equal(got_out.sorted_indices, want_out.sorted_indices)
+        assert torch.equal(got_out.unsorted_indices, want_out.unsorted_indices)
+        (got_out, got_steps), (want_out, want_steps) = pad_packed_sequence(got_out), pad_packed_sequence(want_out)
+        assert torch.equal(got_steps, want_steps)
     assert got_out.shape == want_out.shape and got_out.device == want_out.device
     err = (got_out - want_out).abs().max().item()
     for a, b in zip(*((got_h, want_h) if kind == "lstm" else ((got_h,), (want_h,)))):
@@ -60,6 +78,19 @@ def test_batch_first_no_bias_and_zero_state():
 def test_stacked_and_bidirectional_match_torch(kind, layers, bidirectional, kw):
     """One launch per layer and direction, each on the one before; outputs and h_n laid out as PyTorch's."""
     _compare(kind, "cpu", layers=layers, bidirectional=bidirectional, **kw)
+
+
+@pytest.mark.parametrize("kind, layers, bidirectional, kw", [
+    ("lstm", 1, False, {}),
+    ("lstm", 2, True, {"B": 5, "T": 9}),
+    ("gru", 1, True, {"hx": False, "batch_first": True}),
+    ("rnn_tanh", 2, False, {"B": 1}),
+    ("rnn_relu", 1, True, {"bias": False, "B": 2, "T": 1}),
+])
+def test_packed_sequences_match_torch(kind, layers, bidirectional, kw):
+    """Unsorted lengths (a full-length row, a length-1 row): each row stops at its length, the reverse
+    direction reads each row from its own end, h_n holds each row's state at its length."""
+    _compare(kind, "cpu", layers=layers, bidirectional=bidirectional, packed=True, **kw)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -119,11 +150,12 @@ def test_unsupported_modules_are_refused(module, message):
         pt.from_torch(module)
 
 
-@pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 1, False), ("gru", 1, False), ("rnn_tanh", 2, True),
-                                                     ("rnn_relu", 1, False), ("lstm", 2, True)])
-def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional):
+@pytest.mark.parametrize("kind, layers, bidirectional, packed", [
+    ("lstm", 1, False, False), ("gru", 1, False, False), ("rnn_tanh", 2, True, False), ("rnn_relu", 1, False, False),
+    ("lstm", 2, True, False), ("lstm", 2, True, True), ("gru", 1, True, True)])
+def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional, packed):
     """Gradients of input, initial states and every parameter: the derived backward against torch's
-    numerical differentiation of the compiled float64 forward."""
+    numerical differentiation of the compiled float64 forward (packed: rows of lengths 3 and 1)."""
     fast = pt.from_torch(_reference(kind, input_size=3, hidden_size=4, num_layers=layers,
                                     bidirectional=bidirectional).double())
     slots, names = layers * (2 if bidirectional else 1), [n for n, _ in fast.named_parameters()]
@@ -134,8 +166,9 @@ def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional):
 
     def run(x, *flat):
         params, hx = dict(zip(names, flat[:len(names)])), flat[len(names):]
-        out, finals = torch.func.functional_call(fast, params, (x, tuple(hx) if kind == "lstm" else hx[0]))
-        return (out, *(finals if kind == "lstm" else (finals,)))
+        sequence = pack_padded_sequence(x, [1, 3], enforce_sorted=False) if packed else x
+        out, finals = torch.func.functional_call(fast, params, (sequence, tuple(hx) if kind == "lstm" else hx[0]))
+        return (out.data if packed else out, *(finals if kind == "lstm" else (finals,)))
 
     params = [p.detach().clone().requires_grad_() for p in fast.parameters()]
     assert torch.autograd.gradcheck(run, (x, *params, *states), eps=1e-6, atol=1e-8)
@@ -198,6 +231,15 @@ def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     _compare(kind, "cuda", T=32, B=4, n_in=100, H=256, layers=layers, bidirectional=bidirectional)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, layers, bidirectional, B", [("lstm", 2, True, 5), ("gru", 1, False, 1),
+                                                            ("rnn_relu", 1, True, 33)])
+def test_cuda_packed_sequences_match_torch(kind, layers, bidirectional, B):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _compare(kind, "cuda", T=40, B=B, n_in=100, H=256, layers=layers, bidirectional=bidirectional, packed=True)
 
 
 def test_char_model_example_trains_like_torch():

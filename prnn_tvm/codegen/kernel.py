@@ -58,9 +58,9 @@ def declare_args(launch: Launch) -> SimpleNamespace:
     """Declare a launch's arguments inside a ``T.prim_func()`` frame, in its order.
 
     Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out``, ``ws``
-    (None without a workspace), ``sync`` (the barrier's :class:`~.barrier.SyncArgs`, or
-    None) and dicts ``weight``, ``param``, ``init``, ``final`` keyed by the cell's
-    declared names.
+    (None without a workspace), ``lengths`` (None in a launch without per-row lengths),
+    ``sync`` (the barrier's :class:`~.barrier.SyncArgs`, or None) and dicts ``weight``,
+    ``param``, ``init``, ``final`` keyed by the cell's declared names.
     """
     seq_len = tirx.Var(SEQ_LEN, "int32")
     declared = {}
@@ -75,7 +75,8 @@ def declare_args(launch: Launch) -> SimpleNamespace:
         return {a.name[:len(a.name) - len(strip)] if strip else a.name: declared[a.name]
                 for a in launch.args if a.role is role}
 
-    ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared["out"], ws=declared.get("workspace"))
+    ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared["out"], ws=declared.get("workspace"),
+                         lengths=declared.get("lengths"))
     ns.weight, ns.param = by_role(ArgRole.WEIGHT), by_role(ArgRole.PARAM)
     ns.init, ns.final = by_role(ArgRole.STATE, strip="0"), by_role(ArgRole.FINAL, strip="_n")
     ns.sync = (SyncArgs(declared["sync"], *(declared[name] for name in SYNC_SCALARS)) if "sync" in declared

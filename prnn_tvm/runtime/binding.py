@@ -3,7 +3,9 @@
 Positional and keyword arguments are matched to the signature's inputs like a Python
 signature would; each is checked (shape with the call's sequence length, dtype,
 contiguity, device) and placed on the layer's device: NumPy arrays are copied, anything
-with ``__dlpack__`` is wrapped without a copy. Omitted initial states are zeros; outputs
+with ``__dlpack__`` is wrapped without a copy. Omitted initial states are zeros, omitted
+per-row lengths the whole sequence (NumPy lengths are checked to lie in [0, T]; a device
+tensor's are not read, and the kernels take them as clamped to that range); outputs
 and intermediates are allocated per call; the layer's own buffers (workspace, barrier
 state) and scalars are supplied by the layer. Imports only TVM's runtime and NumPy.
 """
@@ -58,7 +60,7 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     """
     inputs = signature.inputs
     names = [a.name for a in inputs]
-    values = bind_names(names, args, kwargs, required=[a.name for a in inputs if a.role is not ArgRole.STATE])
+    values = bind_names(names, args, kwargs, required=[a.name for a in inputs if not a.role.optional])
     first = next(a for a in inputs if a.shape and a.shape[0] == SEQ)
     seq_len = sequence_length(values[first.name], first.name)
     chunk = chunk_length(signature, seq_len)
@@ -72,7 +74,9 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     tensors, from_numpy = {}, True
     for arg in inputs:
         given = values.get(arg.name)
-        if given is None:  # an omitted initial state
+        if arg.role is ArgRole.LENGTHS:
+            given = row_lengths(given, arg, seq_len)
+        elif given is None:  # an omitted initial state
             given = np.zeros(arg.concrete_shape(seq_len), arg.dtype)
         tensors[arg.name], numpy_given = place(arg, given, seq_len, device)
         from_numpy &= numpy_given
@@ -87,10 +91,14 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     # chunk c's final states are chunk c + 1's initial states: two sets written in turn (a
     # kernel must not write what other blocks may still read), the last chunk's the outputs
     spare = {a.name: tvm.runtime.empty(a.concrete_shape(1), a.dtype, device) for a in finals}
+    lengths = [a for a in inputs if a.role is ArgRole.LENGTHS]
+    full = {a.name: tensors[a.name].numpy() for a in lengths}  # read once: each chunk counts from its start
     steps, carried = [], {}
     for c in range(chunks):
         t0, t1 = c * chunk, min(seq_len, (c + 1) * chunk)
         piece = {a.name: _steps(pieces[a.name], a, 0, t1 - t0) for a in sequences}
+        piece.update({name: tvm.runtime.tensor(np.clip(n - t0, 0, t1 - t0).astype(np.int32), device)
+                      for name, n in full.items()})
         steps += [(COPY, (piece[a.name], _steps(tensors[a.name], a, t0, t1))) for a in sequences if a in inputs]
         for launch in signature.launches:
             own = {a.name: (tensors if (chunks - 1 - c) % 2 == 0 else spare)[a.name]
@@ -174,6 +182,24 @@ def sequence_length(value, name: str) -> int:
     if T < 1:
         raise InputError(f"{name} has {T} timesteps; a sequence needs at least one")
     return T
+
+
+def row_lengths(value, arg: Arg, seq_len: int):
+    """The lengths argument as placed: every row the whole sequence when omitted; a NumPy one checked (integers
+    in [0, T], as int32); a device tensor as given (reading it would wait for the GPU)."""
+    if value is None:
+        return np.full(arg.concrete_shape(seq_len), seq_len, arg.dtype)
+    if not isinstance(value, np.ndarray) and isinstance(value, (list, tuple)):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        return value
+    if value.dtype.kind not in "iu":
+        raise InputError(f"{arg.name} must hold integers (each batch row's number of steps), got {value.dtype}")
+    check(arg.name, tuple(value.shape), arg.dtype, arg.concrete_shape(seq_len), arg.dtype)
+    if value.size and (value.min() < 0 or value.max() > seq_len):
+        raise InputError(f"{arg.name} must lie in [0, {seq_len}] (the sequence's {seq_len} steps), got values from "
+                         f"{value.min()} to {value.max()}")
+    return value.astype(arg.dtype)
 
 
 def place(arg: Arg, value, seq_len: int, device) -> tuple:

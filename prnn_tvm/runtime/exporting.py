@@ -27,7 +27,6 @@ import tvm_ffi
 
 from ..codegen import ptxas
 from ..errors import ExportError
-from ..signature import ArgRole
 from .layer import Layer
 from .loading import CHECKSUM, FORMAT, METADATA_SYMBOL, SCHEMA, checksum_trailer, first_line
 from .module_format import pack_with_cubin
@@ -95,7 +94,7 @@ def layer_metadata(layer: Layer) -> dict:
 
     def described(arg):
         d = {"name": arg.name, "shape": list(arg.shape), "dtype": arg.dtype}
-        return d | ({"optional": True} if arg.role is ArgRole.STATE else {})
+        return d | ({"optional": True} if arg.role.optional else {})
 
     return {
         "format": FORMAT, "schema": SCHEMA, "checksum": CHECKSUM,

@@ -32,8 +32,10 @@ FORMAT = "prnn-tvm layer"
 CHECKSUM = "sha256 trailer"
 CHECKSUM_MAGIC = b"PRNN-TVM-SHA256\0"
 CHECKSUM_BYTES = len(CHECKSUM_MAGIC) + hashlib.sha256().digest_size
-SCHEMA = 2  # 2: a typed signature (prnn_tvm.signature); 1: a flat launch spec, still read
-READABLE_SCHEMAS = (1, 2)
+# 3: a typed signature (prnn_tvm.signature) that may hold per-row lengths; 2: the same before them;
+# 1: a flat launch spec. All three are read.
+SCHEMA = 3
+READABLE_SCHEMAS = (1, 2, 3)
 METADATA_SYMBOL = "prnn_tvm_metadata"
 
 
@@ -98,7 +100,7 @@ def read_metadata(path: str | Path) -> dict:
 
 def signature_of(metadata: dict) -> Signature:
     """The layer's signature from its metadata, whichever readable schema wrote it."""
-    if metadata["schema"] == SCHEMA:
+    if metadata["schema"] > 1:
         return Signature.from_dict(metadata["signature"])
     return _schema_1_signature(metadata["launch"], metadata.get("config") or {})
 
@@ -121,7 +123,8 @@ def _schema_1_signature(spec: dict, config: dict) -> Signature:
     workspace = tuple(spec["workspace"]) if spec.get("workspace") else None
     args = recurrent_args(B, H, spec["proj_width"], weights, params, states, dtype, workspace,
                           spec.get("workspace_dtype"), spec.get("sync_words"))
-    args = tuple(a for a in args if a.name != "error_host")  # its kernels report timeouts on the device alone
+    # its kernels report timeouts on the device alone and run every row the whole sequence
+    args = tuple(a for a in args if a.name not in ("error_host", "lengths"))
     projection = projection_launch(B, spec["input_size"], spec["proj_width"], dtype)
     return Signature(spec["cell"], B, H, spec["input_size"], dtype,
                      (projection, Launch("recurrent", args, grid, sync)))
