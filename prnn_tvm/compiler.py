@@ -9,7 +9,7 @@ import numbers
 import tvm
 
 from .choice import choose_and_build
-from .codegen.build import Built, build_module
+from .codegen.build import Built, build_backward, build_module
 from .codegen.kernel import Kernel, layer_signature
 from .dtypes import policy
 from .errors import ConfigError
@@ -18,10 +18,11 @@ from .frontend.cell import Cell
 from .frontend.plan import CellPlan
 from .frontend.registry import resolve
 from .report import CompileReport
+from .runtime.base import RuntimeLayer
 from .runtime.binding import MAX_ELEMENTS
 from .runtime.layer import Layer
-from .schedules import template_for
-from .signature import SEQ
+from .schedules import backward_for, template_for
+from .signature import SEQ, Signature
 from .target import GpuSpec, gpu_spec
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,21 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     rep = _report(plan, kernel, built, input_size, seq_len, gpu, choice)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
     return Layer(plan, kernel, built, input_size, tgt, gpu, rep)
+
+
+def compile_backward(layer: Layer) -> RuntimeLayer:
+    """The backward of ``layer``'s recurrent kernel, compiled (once per layer): a runtime layer whose one
+    launch, ``recurrent_backward``, takes the recurrent kernel's inputs (``xp``, weights, params, initial
+    states, ``lengths``) and the gradients of its outputs (``d_out``, ``d_<state>_n``), and returns
+    ``(d_xp, (d_<weight>..., d_<param>..., d_<state>0...))`` (see ``signature.backward_args``). CPU
+    builds only so far."""
+    if layer._backward is None:
+        kernel = backward_for(layer.plan, layer.target)
+        signature = Signature(layer.plan.cell.name, layer.plan.batch, layer.plan.hidden, layer.input_size,
+                              layer.plan.dtype, (kernel.launch,))
+        module = build_backward(kernel, layer.target)
+        layer._backward = RuntimeLayer(signature, module, is_cuda=False)
+    return layer._backward
 
 
 def _check_index_range(signature) -> None:

@@ -249,3 +249,18 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
         args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
         args += [Arg(name, ArgRole.SCALAR, (), dtype) for name, dtype in SYNC_SCALARS.items()]
     return tuple(args)
+
+
+def backward_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
+                  grad_dtype: str, xp_dtype: str | None = None) -> tuple:
+    """The recurrent kernel's backward: the forward's inputs (``xp``, weights, params, initial states,
+    ``lengths``), the gradients of its outputs (``d_out`` (T, B, H); each ``d_<s>_n``, zeros when
+    omitted), and, written, the gradients of its inputs (``d_xp``, ``d_<weight>``, ``d_<param>``,
+    ``d_<s>0``), in ``grad_dtype``."""
+    B, H = batch, hidden
+    forward = [a for a in recurrent_args(B, H, width, weights, params, states, dtype, xp_dtype=xp_dtype)
+               if a.role.data]
+    args = [*forward, Arg("d_out", ArgRole.INPUT, (SEQ, B, H), grad_dtype)]
+    args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), grad_dtype) for s in states]
+    args += [Arg(f"d_{a.name}", ArgRole.OUTPUT, a.shape, grad_dtype) for a in forward if a.role is not ArgRole.LENGTHS]
+    return tuple(args)

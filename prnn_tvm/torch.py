@@ -25,9 +25,10 @@ once (each stream, and each captured graph, has its own barrier state). A barrie
 fills that call's outputs with NaN and is raised, as
 :class:`~prnn_tvm.errors.BarrierTimeout`, by the module's next call or by :meth:`check`.
 Gradients: on the CPU a call that needs them is differentiable (``torch.autograd``): the forward
-is the CPU build, the backward backpropagation through time with the adjoints derived from the
-cell's plan (float64 NumPy; ``torch.autograd.gradcheck`` passes on float64 modules). On the GPU
-such a call is refused until the backward kernel exists.
+is torch's projection and the CPU build's recurrent kernel, the backward the compiled
+backpropagation through time with the adjoints derived from the cell's plan
+(``torch.autograd.gradcheck`` passes on float64 modules). On the GPU such a call is refused
+until the backward kernel exists.
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ import torch  # PyTorch itself: absolute import
 import tvm_ffi
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from prnn_tvm.compiler import compile_cell
+from prnn_tvm.compiler import compile_backward, compile_cell
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
-from prnn_tvm.reference import plan_gradients
 from prnn_tvm.runtime.binding import ALIGNMENT, MAX_ELEMENTS, chunk_length
 from prnn_tvm.signature import ArgRole
 
@@ -257,8 +257,8 @@ class _Recurrent(torch.nn.Module):
         if lengths is None and x.device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
             lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
         args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
-        if grad:
-            out, *finals = _CpuBackprop.apply(layer, *args)
+        if grad:  # torch differentiates the projection; the recurrent kernel's backward is compiled
+            out, *finals = _CpuBackprop.apply(layer, _projection(*args[:3]), *args[3:])
             return out, finals
         if x.device.type == "cuda":
             return self._run_cuda(layer, _projection(*args[:3]), args[3:])
@@ -276,26 +276,29 @@ class _Recurrent(torch.nn.Module):
 
 
 class _CpuBackprop(torch.autograd.Function):
-    """One layer and direction on the CPU build, differentiable. The backward is backpropagation through
-    time with the adjoints derived from the cell's plan (:func:`prnn_tvm.reference.plan_gradients`, float64
-    NumPy): no derivative is written per cell. A compiled backward kernel is to replace it."""
+    """One layer and direction's recurrent kernel on the CPU build, differentiable: the backward is the
+    compiled backpropagation through time (:func:`prnn_tvm.compiler.compile_backward`; adjoints derived from
+    the cell's plan, no derivative written per cell). Arguments: the layer, then the recurrent kernel's
+    inputs in its signature's order (``xp``, weights, params, initial states, lengths or None)."""
 
     @staticmethod
-    def forward(ctx, layer, *args):  # args: the layer's arguments in its signature's order (lengths may be None)
+    def forward(ctx, layer, xp, *args):
         ctx.layer = layer
-        ctx.save_for_backward(*args)
-        out, finals = layer(*[None if a is None else a.detach() for a in args])
+        ctx.save_for_backward(xp, *args)
+        out, finals = layer.recurrent(xp.detach(), *[None if a is None else a.detach() for a in args])
         return (torch.from_dlpack(out), *(torch.from_dlpack(f) for f in finals))
 
     @staticmethod
     def backward(ctx, d_out, *d_finals):
-        layer, args = ctx.layer, ctx.saved_tensors
-        inputs = {name: a.detach().numpy() if a.dtype == torch.int32 else a.detach().double().numpy()
-                  for name, a in zip(layer.arg_names, args) if a is not None}
-        ends = {s.name: d.double().numpy() for s, d in zip(layer.plan.states, d_finals)}
-        grads = plan_gradients(layer.plan, inputs, d_out.double().numpy(), ends)
-        return (None, *(torch.from_numpy(grads[name]).to(a.dtype) if name in grads else None
-                        for name, a in zip(layer.arg_names, args)))
+        layer, (xp, *args) = ctx.layer, ctx.saved_tensors
+        backward = compile_backward(layer)
+        grad_dtype = getattr(torch, backward.signature.launches[0].arg("d_out").dtype)
+        grads = [g.to(grad_dtype).contiguous() for g in (d_out, *d_finals)]
+        d_xp, d_inputs = backward(xp.detach(), *[None if a is None else a.detach() for a in args], *grads)
+        d_inputs = [torch.from_dlpack(g) for g in d_inputs]  # weights, params, initial states: as in args
+        return (None, torch.from_dlpack(d_xp).to(xp.dtype),
+                *(None if a is None or a.dtype == torch.int32 else g.to(a.dtype)
+                  for a, g in zip(args, [*d_inputs, None])))
 
 
 class _Launcher:
@@ -404,14 +407,16 @@ def _aligned_state(t: torch.Tensor) -> torch.Tensor:
 
 
 def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
-    """``x @ W_ih.T + b_ih`` for every step as one cuBLAS GEMM, in float32 (the recurrent kernel's ``xp``):
-    float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32."""
+    """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
+    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32."""
     T, B, _ = x.shape
     x2d = x.reshape(T * B, -1)
-    if x.dtype == torch.float32:
+    if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
         xp = torch.addmm(b_ih, x2d, W_ih.t())
-    else:
+    elif x.device.type == "cuda":
         xp = torch.mm(x2d, W_ih.t(), out_dtype=torch.float32).add_(b_ih)
+    else:  # a half layer on the CPU: float32 math, differentiable
+        xp = torch.addmm(b_ih.float(), x2d.float(), W_ih.t().float())
     return xp.view(T, B, -1)
 
 

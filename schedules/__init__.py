@@ -12,12 +12,13 @@ import dataclasses
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_reference, persistent_cuda, persistent_mma
+from . import cpu_backward, cpu_reference, persistent_cuda, persistent_mma
 from .template import Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
-__all__ = ["TEMPLATES", "Template", "as_config", "by_name", "knob_short_names", "knob_text", "template_for"]
+__all__ = ["TEMPLATES", "Template", "as_config", "backward_for", "by_name", "knob_short_names", "knob_text",
+           "template_for"]
 
 
 def template_for(plan, target) -> Template:
@@ -29,6 +30,14 @@ def template_for(plan, target) -> Template:
     raise ConfigError(f"no schedule template places a {plan.dtype} '{plan.cell.name}' cell on target "
                       f"{target.kind.name}, which takes {', '.join(takes) or 'no dtype'}"
                       + (" (float64 is for the CPU build: target='llvm')" if plan.dtype == "float64" else ""))
+
+
+def backward_for(plan, target):
+    """The backward of ``plan``'s recurrent kernel on ``target`` (a ``Kernel``): built for the CPU so far."""
+    if target.kind.name != "llvm":
+        raise ConfigError(f"the backward kernel is built for the CPU (target 'llvm') so far, not for "
+                          f"{target.kind.name}")
+    return cpu_backward.backward_kernel(plan)
 
 
 def by_name(name: str) -> Template:

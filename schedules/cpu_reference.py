@@ -55,51 +55,62 @@ TEMPLATE = CpuReference()
 
 
 def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("recurrent")
+            T.func_attr({"tirx.noalias": True})
+            time_loop(plan, declare_args(launch))
+    return ib.get()
+
+
+def time_loop(plan: CellPlan, a, save=None) -> None:
+    """The layer's time loop over the declared arguments ``a`` (:func:`~prnn_tvm.codegen.kernel.declare_args`),
+    inside a ``T.prim_func()`` frame. ``save(t, cur, acc, kept, live)``, when given, is called at the end
+    of every step, before the new states replace ``cur`` (the states the step started from): what a
+    backward kernel recomputes the step's leaves from. ``a.out`` None: no output sequence is written."""
     B, H = plan.batch, plan.hidden
     dt = plan.policy.compute  # the loop nest keeps every intermediate in the compute type
     storage = plan.dtype
     states = [s.name for s in plan.states]
     si = {name: i for i, name in enumerate(states)}
     live = live_index(plan)
-    with IRBuilder() as ib:
-        with T.prim_func():
-            T.func_name("recurrent")
-            T.func_attr({"tirx.noalias": True})
-            a = declare_args(launch)
-            cur = T.alloc_buffer((len(states), B, H), dt)
-            nxt = T.alloc_buffer((len(states), B, H), dt)
-            kept = T.alloc_buffer((max(1, len(live)), B, H), dt)  # live-outs of every phase
-            acc = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in plan.reductions}
-            with T.grid(B, H) as (b, u):
-                for name in states:
-                    T.buffer_store(cur, _widen(a.init[name][b, u], dt), [si[name], b, u])
-            with T.serial(0, a.seq_len) as t:
-                for phase in range(plan.phases):
-                    for r in (r for r in plan.reductions if r.phase == phase):
-                        _product(r, a, acc[r.name], cur, si, kept, live, H)
-                    with T.parallel(0, B) as b, T.serial(0, H) as u:
-                        for leaf, value in emit_phase(plan, phase, _loader(a, t, b, u, cur, si, acc, kept, live, H),
-                                                      _bind).items():
-                            T.buffer_store(kept, value, [live[leaf], b, u])
-                with T.parallel(0, B) as b, T.serial(0, H) as u:
-                    load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
-                    new = new_state_values(plan, load)
-                    running = None if a.lengths is None else t < a.lengths[b]  # a row past its length keeps still
-                    for name in states:  # exchanged states round to storage each step, as on the GPU
-                        value = new[name] if name in plan.private_states else _rounded(new[name], storage)
-                        if running is not None:
-                            value = T.if_then_else(running, value, cur[si[name], b, u])
-                        T.buffer_store(nxt, value, [si[name], b, u])
-                    out = as_type(new[plan.output], storage)
-                    if running is not None:  # and writes zeros
-                        out = T.if_then_else(running, out, tirx.const(0, storage))
-                    T.buffer_store(a.out, out, [t, b, u])
-                with T.grid(len(states), B, H) as (s, b, u):
-                    T.buffer_store(cur, nxt[s, b, u], [s, b, u])
-            with T.grid(B, H) as (b, u):
-                for name in states:
-                    T.buffer_store(a.final[name], as_type(cur[si[name], b, u], storage), [b, u])
-    return ib.get()
+    cur = T.alloc_buffer((len(states), B, H), dt)
+    nxt = T.alloc_buffer((len(states), B, H), dt)
+    kept = T.alloc_buffer((max(1, len(live)), B, H), dt)  # live-outs of every phase
+    acc = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in plan.reductions}
+    with T.grid(B, H) as (b, u):
+        for name in states:
+            T.buffer_store(cur, _widen(a.init[name][b, u], dt), [si[name], b, u])
+    with T.serial(0, a.seq_len) as t:
+        for phase in range(plan.phases):
+            for r in (r for r in plan.reductions if r.phase == phase):
+                _product(r, a, acc[r.name], cur, si, kept, live, H)
+            with T.parallel(0, B) as b, T.serial(0, H) as u:
+                for leaf, value in emit_phase(plan, phase, _loader(a, t, b, u, cur, si, acc, kept, live, H),
+                                              _bind).items():
+                    T.buffer_store(kept, value, [live[leaf], b, u])
+        with T.parallel(0, B) as b, T.serial(0, H) as u:
+            load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
+            new = new_state_values(plan, load)
+            running = None if a.lengths is None else t < a.lengths[b]  # a row past its length keeps still
+            for name in states:  # exchanged states round to storage each step, as on the GPU
+                value = new[name] if name in plan.private_states else _rounded(new[name], storage)
+                if running is not None:
+                    value = T.if_then_else(running, value, cur[si[name], b, u])
+                T.buffer_store(nxt, value, [si[name], b, u])
+            if a.out is not None:
+                out = as_type(new[plan.output], storage)
+                if running is not None:  # and writes zeros
+                    out = T.if_then_else(running, out, tirx.const(0, storage))
+                T.buffer_store(a.out, out, [t, b, u])
+        if save is not None:
+            save(t, cur, acc, kept, live)
+        with T.grid(len(states), B, H) as (s, b, u):
+            T.buffer_store(cur, nxt[s, b, u], [s, b, u])
+    if a.final:
+        with T.grid(B, H) as (b, u):
+            for name in states:
+                T.buffer_store(a.final[name], as_type(cur[si[name], b, u], storage), [b, u])
 
 
 def _product(r, a, acc, cur, si, kept, live, H):

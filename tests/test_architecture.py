@@ -73,7 +73,7 @@ def test_only_schedules_name_a_particular_template():
     (``schedules.template_for`` / ``by_name``), never by importing one."""
     particular = {"prnn_tvm.schedules.persistent_cuda", "prnn_tvm.schedules.persistent_config",
                   "prnn_tvm.schedules.persistent_exchange", "prnn_tvm.schedules.persistent_weights",
-                  "prnn_tvm.schedules.cpu_reference"}
+                  "prnn_tvm.schedules.cpu_reference", "prnn_tvm.schedules.cpu_backward"}
     for name, deps in GRAPH.items():
         if not name.startswith("prnn_tvm.schedules"):
             assert not deps & particular, f"{name} imports {deps & particular}"

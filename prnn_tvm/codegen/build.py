@@ -93,6 +93,12 @@ class Built:
         return self.recurrent.spills if self.recurrent is not None else 0
 
 
+def build_backward(kernel: Kernel, target: tvm.target.Target):
+    """A backward kernel's module (CPU builds)."""
+    mod = tvm.IRModule({"recurrent_backward": kernel.func.with_attr("global_symbol", "recurrent_backward")})
+    return tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
+
+
 def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target,
                  gpu: GpuSpec | None) -> Built:
     """Compile the layer's functions (input projection, recurrent kernel) into one module.

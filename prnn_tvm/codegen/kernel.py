@@ -14,7 +14,18 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan
-from ..signature import SEQ, SYNC_SCALARS, ArgRole, Grid, GridSync, Launch, Signature, projection_launch, recurrent_args
+from ..signature import (
+    SEQ,
+    SYNC_SCALARS,
+    ArgRole,
+    Grid,
+    GridSync,
+    Launch,
+    Signature,
+    backward_args,
+    projection_launch,
+    recurrent_args,
+)
 from .barrier import SyncArgs
 
 SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
@@ -45,6 +56,16 @@ def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_d
     return Launch("recurrent", args, grid, sync)
 
 
+def backward_launch(plan: CellPlan) -> Launch:
+    """The ``recurrent_backward`` launch of ``plan``: the recurrent kernel's gradients (every template's
+    backward takes these arguments, in this order)."""
+    H = plan.hidden
+    args = backward_args(plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
+                         {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states),
+                         plan.dtype, plan.policy.compute, plan.policy.accumulate)
+    return Launch("recurrent_backward", args)
+
+
 def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = None) -> Signature:
     """The layer a compile makes: the input projection, then the recurrent kernel (``recurrent``:
     the template's launch; by default the arguments alone, which every template shares)."""
@@ -57,10 +78,11 @@ def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = 
 def declare_args(launch: Launch) -> SimpleNamespace:
     """Declare a launch's arguments inside a ``T.prim_func()`` frame, in its order.
 
-    Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out``, ``ws``
-    (None without a workspace), ``lengths`` (None in a launch without per-row lengths),
-    ``sync`` (the barrier's :class:`~.barrier.SyncArgs`, or None) and dicts ``weight``,
-    ``param``, ``init``, ``final`` keyed by the cell's declared names.
+    Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out`` (None in a
+    launch without it), ``ws`` (None without a workspace), ``lengths`` (None in a launch
+    without per-row lengths), ``sync`` (the barrier's :class:`~.barrier.SyncArgs`, or None),
+    dicts ``weight``, ``param``, ``init``, ``final`` keyed by the cell's declared names, and
+    ``named``: every argument by its name.
     """
     seq_len = tirx.Var(SEQ_LEN, "int32")
     declared = {}
@@ -73,10 +95,10 @@ def declare_args(launch: Launch) -> SimpleNamespace:
 
     def by_role(role, strip=""):
         return {a.name[:len(a.name) - len(strip)] if strip else a.name: declared[a.name]
-                for a in launch.args if a.role is role}
+                for a in launch.args if a.role is role and a.name.endswith(strip)}
 
-    ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared["out"], ws=declared.get("workspace"),
-                         lengths=declared.get("lengths"))
+    ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared.get("out"), ws=declared.get("workspace"),
+                         lengths=declared.get("lengths"), named=declared)
     ns.weight, ns.param = by_role(ArgRole.WEIGHT), by_role(ArgRole.PARAM)
     ns.init, ns.final = by_role(ArgRole.STATE, strip="0"), by_role(ArgRole.FINAL, strip="_n")
     ns.sync = (SyncArgs(declared["sync"], *(declared[name] for name in SYNC_SCALARS)) if "sync" in declared

@@ -1,0 +1,78 @@
+"""The compiled CPU backward (``compiler.compile_backward``) against backpropagation through time from the
+plan in float64 NumPy (``reference.plan_gradients``, itself checked against finite differences and torch's
+autograd in ``test_derivative.py``)."""
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm import ConfigError
+from prnn_tvm.compiler import compile_backward
+from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
+
+from .two_state_cell import TWO_STATE
+
+CELLS = sorted(prnn_tvm.builtin_cells())
+
+
+def gradients(layer, inputs: dict, d_out: np.ndarray, d_finals: dict) -> dict:
+    """The compiled backward's gradients of every layer argument, by name (``x``, ``W_ih`` and ``b_ih`` from
+    ``d_xp`` as the GEMMs a caller makes)."""
+    backward = compile_backward(layer)
+    x, W_ih, b_ih = inputs["x"], inputs["W_ih"], inputs["b_ih"]
+    xp = (x @ W_ih.T + b_ih).astype(layer.signature.launch("recurrent").arg("xp").dtype)
+    recurrent = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
+    d_xp, rest = backward(xp, **recurrent, d_out=d_out, **{f"d_{s}_n": d for s, d in d_finals.items()})
+    names = [a.name[2:] for a in backward.signature.outputs[1:]]
+    grads = dict(zip(names, rest))
+    grads.update(x=d_xp @ W_ih, W_ih=d_xp.reshape(-1, d_xp.shape[-1]).T @ x.reshape(-1, x.shape[-1]),
+                 b_ih=d_xp.sum((0, 1)))
+    return grads
+
+
+def compare(cell, hidden, batch, seq_len, input_size, dtype, lengths=None, seed=0) -> float:
+    """Max abs difference, over every argument's gradient, of the compiled backward to the plan's in float64."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="llvm")
+    inputs = random_inputs(layer.plan, seq_len, input_size, seed=seed)
+    if lengths is not None:
+        inputs["lengths"] = lengths
+    rng = np.random.default_rng(seed + 1)
+    grad_dtype = layer.plan.policy.compute
+    d_out = rng.standard_normal((seq_len, batch, hidden)).astype(grad_dtype)
+    d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(grad_dtype) for s in layer.plan.states}
+    want = plan_gradients(layer.plan, inputs, d_out, d_finals)
+    got = gradients(layer, inputs, d_out, d_finals)
+    assert set(got) == set(want), set(got) ^ set(want)
+    return max(float(np.abs(np.asarray(got[n], np.float64) - want[n]).max()) for n in want)
+
+
+@pytest.mark.parametrize("cell", [*CELLS, TWO_STATE])
+@pytest.mark.parametrize("hidden, batch, seq_len, input_size", [(1, 1, 1, 1), (5, 3, 6, 4), (16, 2, 9, 16)])
+def test_float64_backward_equals_the_plans(cell, hidden, batch, seq_len, input_size):
+    assert compare(cell, hidden, batch, seq_len, input_size, "float64") < 1e-12
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru_cho", "stacked_rnn", "indrnn"])
+def test_rows_past_their_length_pass_their_gradients_through(cell):
+    """Unsorted lengths with a length-0, a length-1 and a full-length row."""
+    lengths = np.array([7, 0, 1, 4], np.int32)
+    assert compare(cell, 6, 4, 7, 3, "float64", lengths=lengths) < 1e-12
+    assert compare(cell, 6, 4, 7, 3, "float64", lengths=random_lengths(4, 7, seed=2), seed=3) < 1e-12
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh", "mgu"])
+def test_float32_backward_is_close_to_the_float64_plans(cell):
+    """float32 arithmetic throughout (the forward recomputed in float32 too): rounding, growing with T."""
+    assert compare(cell, 33, 5, 40, 17, "float32") < 2e-4
+
+
+def test_the_backward_is_compiled_once_per_layer():
+    layer = prnn_tvm.compile_cell("gru", 4, 2, target="llvm", dtype="float64")
+    assert compile_backward(layer) is compile_backward(layer)
+    assert compile_backward(layer).arg_names[-3:] == ["lengths", "d_out", "d_h_n"]
+
+
+def test_a_gpu_layer_has_no_backward_yet():
+    layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90")
+    with pytest.raises(ConfigError, match="built for the CPU .* so far, not for cuda"):
+        compile_backward(layer)
