@@ -191,6 +191,22 @@ def test_float32_gradients_match_torch_nn():
         assert (want - got).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_half_modules_train_on_the_cpu(dtype, bound):
+    """Half storage, float32 math and gradients: against torch.nn in float32 on the same rounded weights."""
+    torch.manual_seed(2)
+    fast = pt.from_torch(torch.nn.GRU(5, 6).to(dtype))
+    ref = torch.nn.GRU(5, 6)
+    ref.load_state_dict({k: v.float() for k, v in fast.state_dict().items()})
+    x = torch.randn(7, 3, 5).to(dtype)
+    grads = []
+    for module, inp in ((fast, x.clone().requires_grad_()), (ref, x.float().requires_grad_())):
+        out, h = module(inp)
+        (out.float().square().sum() + h.float().sum()).backward()
+        grads.append([inp.grad.float(), *(p.grad.float() for p in module.parameters())])
+    assert max((a - b).abs().max().item() for a, b in zip(*grads)) < bound
+
+
 def test_bad_states_and_input():
     fast = pt.from_torch(_reference("lstm", input_size=4, hidden_size=8))
     x = torch.randn(3, 2, 4)
