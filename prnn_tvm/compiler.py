@@ -12,12 +12,13 @@ from .choice import choose_and_build
 from .codegen.build import Built, build_backward, build_module
 from .codegen.kernel import Kernel, layer_signature
 from .dtypes import policy
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .frontend.analysis import analyze
 from .frontend.cell import Cell
 from .frontend.plan import CellPlan
 from .frontend.registry import resolve
 from .report import CompileReport
+from .runtime import binding
 from .runtime.base import RuntimeLayer
 from .runtime.binding import MAX_ELEMENTS
 from .runtime.layer import Layer
@@ -89,8 +90,28 @@ def compile_backward(layer: Layer) -> RuntimeLayer:
         signature = Signature(layer.plan.cell.name, layer.plan.batch, layer.plan.hidden, layer.input_size,
                               layer.plan.dtype, (kernel.launch,))
         module = build_backward(kernel, layer.target)
-        layer._backward = RuntimeLayer(signature, module, is_cuda=False)
+        plan = layer.plan
+        widest = max(plan.input.slices, len(plan.states), sum(r.slices for r in plan.reductions))
+        layer._backward = _BackwardLayer(signature, module, plan.batch * plan.hidden * widest)
     return layer._backward
+
+
+class _BackwardLayer(RuntimeLayer):
+    """A backward launch: one pass over the whole sequence. It walks time backwards, so unlike a forward
+    call it cannot run a sequence in consecutive chunks; one that would need them is refused."""
+
+    def __init__(self, signature: Signature, module, per_step: int):
+        super().__init__(signature, module, is_cuda=False)
+        self.per_step = per_step  # elements per step of its largest buffer (its own included)
+
+    def _bind(self, signature: Signature, args: tuple, kwargs: dict):
+        call = super()._bind(signature, args, kwargs)
+        if call.chunks > 1 or call.seq_len * self.per_step > binding.MAX_ELEMENTS:
+            raise InputError(f"backpropagation through {call.seq_len} steps needs buffers of "
+                             f"{call.seq_len * self.per_step} elements, and kernels index with 32-bit integers (at "
+                             f"most {binding.MAX_ELEMENTS}): train on shorter pieces of the sequence (truncated "
+                             "backpropagation through time)")
+        return call
 
 
 def _check_index_range(signature) -> None:

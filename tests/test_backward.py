@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm import ConfigError
+from prnn_tvm import ConfigError, InputError
 from prnn_tvm.compiler import compile_backward
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
+from prnn_tvm.runtime import binding
 
 from .two_state_cell import TWO_STATE
 
@@ -70,6 +71,17 @@ def test_the_backward_is_compiled_once_per_layer():
     layer = prnn_tvm.compile_cell("gru", 4, 2, target="llvm", dtype="float64")
     assert compile_backward(layer) is compile_backward(layer)
     assert compile_backward(layer).arg_names[-3:] == ["lengths", "d_out", "d_h_n"]
+
+
+def test_a_sequence_too_long_for_one_backward_pass_is_refused(monkeypatch):
+    """The backward walks time backwards: it cannot run in chunks as a long forward call does."""
+    layer = prnn_tvm.compile_cell("lstm", 4, 2, input_size=3, target="llvm")
+    inputs = random_inputs(layer.plan, 50, 3)
+    d_out = np.zeros((50, 2, 4), np.float32)
+    assert compare("lstm", 4, 2, 50, 3, "float32") < 1e-4  # one pass at the real limit
+    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 49)  # the per-step size (4 gates) x 49 steps
+    with pytest.raises(InputError, match="backpropagation through 50 steps needs buffers of 1600 elements"):
+        gradients(layer, inputs, d_out, {})
 
 
 def test_a_gpu_layer_has_no_backward_yet():
