@@ -1,4 +1,5 @@
-"""PyTorch modules backed by prnn-tvm's persistent kernels: ``LSTM``, ``GRU``, ``RNN``, ``from_torch``.
+"""PyTorch modules backed by prnn-tvm's persistent kernels: ``LSTM``, ``GRU``, ``RNN``, ``from_torch``, and
+``Recurrent`` for any cell (a built-in, a cell file, a :class:`~prnn_tvm.Cell`).
 
 Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` (stacked and bidirectional too; gradients on the CPU)::
 
@@ -49,10 +50,10 @@ from prnn_tvm.signature import ArgRole
 
 log = logging.getLogger(__name__)
 
-# torch.nn's parameter names, without their layer and direction suffix (``_l0``, ``_l1_reverse``) ->
-# the cell's arguments (PyTorch's layout and gate order)
-_PARAMETERS = {"weight_ih": "W_ih", "weight_hh": "W_hh", "bias_ih": "b_ih", "bias_hh": "b_hh"}
-_TORCH_NAMES = {arg: name for name, arg in _PARAMETERS.items()}
+# the cell's arguments -> torch.nn's parameter names, without their layer and direction suffix (``_l0``,
+# ``_l1_reverse``), in torch.nn's order (the cells take PyTorch's layout and gate order)
+_TORCH_NAMES = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh"}
+_BIASES = ("b_ih", "b_hh")  # what bias=False leaves out (zeros)
 ALL_STEPS = 2**31 - 1  # a row length that no sequence reaches: the kernels clamp lengths to the sequence's
 # the parameter dtypes a module runs in -> the layer dtype it compiles
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -60,9 +61,9 @@ DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "b
 
 
 class _Recurrent(torch.nn.Module):
-    def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+    def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-                 device=None, dtype=None, arch: str | None = None, config=None):
+                 device=None, dtype=None, arch: str | None = None, config=None, names: dict | None = None):
         super().__init__()
         kind = type(self).__name__
         if not isinstance(num_layers, int) or num_layers < 1:
@@ -80,6 +81,8 @@ class _Recurrent(torch.nn.Module):
         # gate and state counts come from the cell's plan (any batch: the shapes do not depend on it)
         plan = analyze(resolve(cell), 1, hidden_size)
         self._states = tuple(s.name for s in plan.states)
+        # the cell's arguments -> parameter names (without suffix), in the order the parameters are made
+        self._names = names or {a: a for a in ("W_ih", "b_ih", *(s.name for s in (*plan.weights, *plan.params)))}
         directions = 2 if self.bidirectional else 1
         kw = {"device": device, "dtype": dtype}
         for layer in range(num_layers):
@@ -88,8 +91,8 @@ class _Recurrent(torch.nn.Module):
             shapes.update({s.name: (s.slices * hidden_size, hidden_size) for s in plan.weights})
             shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
             for direction in range(directions):
-                for name, arg in _PARAMETERS.items():
-                    if bias or not name.startswith("bias"):
+                for arg, name in self._names.items():
+                    if bias or arg not in _BIASES:
                         setattr(self, name + _suffix(layer, direction),
                                 torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
         self.reset_parameters()
@@ -112,7 +115,7 @@ class _Recurrent(torch.nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The parameters' dtype, which the module computes in (``.half()``, ``.to(torch.bfloat16)`` change it)."""
-        return self.weight_hh_l0.dtype
+        return next(self.parameters()).dtype
 
     def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None,
                   input_size: int | None = None):
@@ -206,7 +209,7 @@ class _Recurrent(torch.nn.Module):
             if tuple(t.shape) != want:
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
         dtype = self.dtype
-        where = self.weight_hh_l0.device
+        where = next(self.parameters()).device
         for what, t in (("input", x), *(("initial state", t) for t in hx)):
             if t.dtype != dtype:
                 raise InputError(f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
@@ -247,13 +250,14 @@ class _Recurrent(torch.nn.Module):
         B, H, dtype = x.shape[1], self.hidden_size, self.dtype
         layer = self.layer_for(B, x.device, dtype, x.shape[2])
 
-        def param(name: str):  # tracked by autograd when differentiable, else detached (and aligned) once
-            if not self.bias and name.startswith("bias"):  # zeros as long as the weight's rows
-                return self._constant((len(getattr(self, "weight" + name[4:])),), x.device, dtype)
+        def param(arg):  # tracked by autograd when differentiable, else detached (and aligned) once
+            if not self.bias and arg.name in _BIASES:
+                return self._constant(arg.concrete_shape(1), x.device, dtype)
+            name = self._names[arg.name] + suffix
             return getattr(self, name) if grad else self._aligned(name)
 
         states = [_aligned_state(t) for t in initial] or [self._constant((B, H), x.device, dtype)] * len(self._states)
-        weights = [param(_TORCH_NAMES[arg] + suffix) for arg in layer.arg_names[1:5]]  # W_ih, b_ih, W_hh, b_hh
+        weights = [param(a) for a in layer.signature.inputs if a.role in (ArgRole.WEIGHT, ArgRole.PARAM)]
         if lengths is None and x.device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
             lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
         args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
@@ -427,7 +431,7 @@ class LSTM(_Recurrent):
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
                  device=None, dtype=None, *, arch: str | None = None, config=None):
         super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         proj_size, device, dtype, arch, config)
+                         proj_size, device, dtype, arch, config, _TORCH_NAMES)
 
 
 class GRU(_Recurrent):
@@ -437,7 +441,7 @@ class GRU(_Recurrent):
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
                  dtype=None, *, arch: str | None = None, config=None):
         super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         0, device, dtype, arch, config)
+                         0, device, dtype, arch, config, _TORCH_NAMES)
 
 
 class RNN(_Recurrent):
@@ -451,7 +455,29 @@ class RNN(_Recurrent):
             raise ConfigError(f"RNN: unknown nonlinearity '{nonlinearity}'; use 'tanh' or 'relu'")
         self.nonlinearity = nonlinearity
         super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, arch, config)
+                         bidirectional, 0, device, dtype, arch, config, _TORCH_NAMES)
+
+
+class Recurrent(_Recurrent):
+    """Any cell as a torch module: a built-in name (``"gru_cho"``), a ``path/to/cell.py`` defining ``CELL``,
+    or a :class:`~prnn_tvm.Cell`; stacked and bidirectional like the others.
+
+    Parameters are named after the cell's arguments, per layer and direction: ``W_ih_l0``, ``b_ih_l0``
+    (the input projection), then the cell's weights and params (``U_rz_l0``, ..., ``W_ih_l0_reverse``).
+    ``hx`` holds the cell's states in declaration order (a tensor for a one-state cell, else a tuple), each
+    (layers x directions, B, H), and so does the returned final state. Gradients on the CPU with no code
+    written for the cell: the backward is derived from its plan.
+    """
+
+    def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, batch_first: bool = False,
+                 bidirectional: bool = False, device=None, dtype=None, *, arch: str | None = None, config=None):
+        super().__init__(cell, input_size, hidden_size, num_layers, True, batch_first, 0.0, bidirectional, 0,
+                         device, dtype, arch, config)
+
+    def extra_repr(self) -> str:
+        name = getattr(self.cell, "name", self.cell)
+        return (f"{self.input_size}, {self.hidden_size}, cell={name}, num_layers={self.num_layers}, "
+                f"batch_first={self.batch_first}, bidirectional={self.bidirectional}")
 
 
 def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None) -> _Recurrent:

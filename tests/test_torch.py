@@ -1,14 +1,19 @@
 """``prnn_tvm.torch``: the modules against ``torch.nn`` (CPU build here; CUDA with ``-m gpu``)."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa: E402
 
+import prnn_tvm  # noqa: E402
 import prnn_tvm.torch as pt  # noqa: E402 - after the skip
 from prnn_tvm import ConfigError, InputError  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
+from prnn_tvm.reference import reference_layer  # noqa: E402
+
+from .two_state_cell import TWO_STATE  # noqa: E402
 
 
 def _reference(kind, **kw):
@@ -207,6 +212,67 @@ def test_half_modules_train_on_the_cpu(dtype, bound):
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < bound
 
 
+def _any_cell_inputs(module, x, hx, layer_suffix="_l0"):
+    """A generic module's first layer's arguments by name, as NumPy (what ``reference_layer`` takes)."""
+    args = {name[:-len(layer_suffix)]: p.detach().numpy() for name, p in module.named_parameters()
+            if name.endswith(layer_suffix)}
+    return {"x": x.numpy(), **args, **{f"{s}0": h[0].numpy() for s, h in zip(module._states, hx)}}
+
+
+@pytest.mark.parametrize("cell", [TWO_STATE, "gru_cho", "lstm_peephole"])
+def test_any_cell_runs_as_a_module(cell):
+    """A user-defined cell (two states, two products), a two-phase and a peephole built-in through the generic
+    module: parameters named after the cell's arguments, states in its order, against the cell's reference."""
+    torch.manual_seed(3)
+    module = pt.Recurrent(cell, 5, 7)
+    plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), 3, 7)
+    names = [n for n, _ in module.named_parameters()]
+    assert names[:2] == ["W_ih_l0", "b_ih_l0"] and names[2:] == [f"{s.name}_l0" for s in (*plan.weights, *plan.params)]
+    x = torch.randn(6, 3, 5)
+    hx = tuple(0.5 * torch.randn(1, 3, 7) for _ in plan.states)
+    with torch.no_grad():
+        out, finals = module(x, hx if len(hx) > 1 else hx[0])
+    finals = finals if len(hx) > 1 else (finals,)
+    ref, ref_finals = reference_layer(plan, _any_cell_inputs(module, x, hx))
+    err = max(np.abs(out.numpy() - ref).max(), *(np.abs(f[0].numpy() - ref_finals[s.name]).max()
+                                                 for f, s in zip(finals, plan.states)))
+    assert err <= tolerance("float32", 6)
+
+
+def test_a_generic_lstm_equals_torch_nn_stacked_and_bidirectional():
+    """The generic module's naming path, stacked and bidirectional, against torch.nn with the same weights."""
+    torch.manual_seed(4)
+    ref = torch.nn.LSTM(5, 6, num_layers=2, bidirectional=True)
+    module = pt.Recurrent("lstm", 5, 6, num_layers=2, bidirectional=True)
+    torch_names = {"weight_ih": "W_ih", "weight_hh": "W_hh", "bias_ih": "b_ih", "bias_hh": "b_hh"}
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            kind, suffix = name.rsplit("_l", 1)
+            getattr(module, f"{torch_names[kind]}_l{suffix}").copy_(p)
+        x = torch.randn(8, 3, 5)
+        (out, (h, c)), (want, (wh, wc)) = module(x), ref(x)
+    assert max((a - b).abs().max().item() for a, b in ((out, want), (h, wh), (c, wc))) <= tolerance("float32", 8)
+
+
+@pytest.mark.parametrize("cell, layers, bidirectional", [(TWO_STATE, 1, False), ("gru_cho", 2, True)])
+def test_a_user_defined_cell_trains_with_no_extra_code(cell, layers, bidirectional):
+    """gradcheck of input, states and every parameter through the backward derived from the cell's plan."""
+    torch.manual_seed(5)
+    module = pt.Recurrent(cell, 3, 4, num_layers=layers, bidirectional=bidirectional, dtype=torch.float64)
+    names = [n for n, _ in module.named_parameters()]
+    slots = layers * (2 if bidirectional else 1)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    states = [(0.5 * torch.randn(slots, 2, 4, dtype=torch.float64)).requires_grad_() for _ in module._states]
+
+    def run(x, *flat):
+        params, hx = dict(zip(names, flat[:len(names)])), flat[len(names):]
+        out, finals = torch.func.functional_call(module, params, (x, tuple(hx) if len(hx) > 1 else hx[0]))
+        return (out, *(finals if len(hx) > 1 else (finals,)))
+
+    params = [p.detach().clone().requires_grad_() for p in module.parameters()]
+    assert torch.autograd.gradcheck(run, (x, *params, *states), eps=1e-6, atol=1e-8)
+
+
 def test_bad_states_and_input():
     fast = pt.from_torch(_reference("lstm", input_size=4, hidden_size=8))
     x = torch.randn(3, 2, 4)
@@ -232,6 +298,24 @@ def test_cuda_matches_torch(kind, batch_first):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     _compare(kind, "cuda", batch_first=batch_first, T=32, B=4, n_in=256, H=256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", [TWO_STATE, "gru_cho", "lstm_peephole"])
+def test_cuda_any_cell_runs_as_a_module(cell):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(3)
+    module = pt.Recurrent(cell, 100, 256, device="cuda")
+    plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), 4, 256)
+    x = torch.randn(32, 4, 100, device="cuda")
+    hx = tuple(0.5 * torch.randn(1, 4, 256, device="cuda") for _ in plan.states)
+    with torch.no_grad():
+        out, finals = module(x, hx if len(hx) > 1 else hx[0])
+    finals = finals if len(hx) > 1 else (finals,)
+    ref, ref_finals = reference_layer(plan, _any_cell_inputs(module.cpu(), x.cpu(), [h.cpu() for h in hx]))
+    err = max(np.abs(out.cpu().numpy() - ref).max(), *(np.abs(f[0].cpu().numpy() - ref_finals[s.name]).max()
+                                                       for f, s in zip(finals, plan.states)))
+    assert err <= tolerance("float32", 32)
 
 
 @pytest.mark.gpu
