@@ -179,21 +179,27 @@ def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional, packed)
     assert torch.autograd.gradcheck(run, (x, *params, *states), eps=1e-6, atol=1e-8)
 
 
-def test_float32_gradients_match_torch_nn():
+@pytest.mark.parametrize("kind, layers, T, H", [("lstm", 2, 16, 6), ("lstm", 1, 256, 16), ("gru", 1, 256, 16),
+                                               ("rnn_tanh", 1, 256, 16)])
+def test_float32_gradients_match_torch_nn(kind, layers, T, H):
+    """Within 1e-4 of torch.nn's gradients for input, states and every parameter at T=256, relative to a
+    gradient's largest entry where that passes 1 (the loss sums T steps: W_hh's gradient reaches ~500, where
+    torch's own float32 result is 1.1e-4 away from float64's)."""
     torch.manual_seed(1)
-    ref = torch.nn.LSTM(5, 6, num_layers=2)
+    ref = _reference(kind, input_size=5, hidden_size=H, num_layers=layers).train()
     fast = pt.from_torch(ref)
-    x = torch.randn(16, 3, 5, requires_grad=True)
-    h0, c0 = ((0.5 * torch.randn(2, 3, 6)).requires_grad_() for _ in range(2))
+    x = torch.randn(T, 3, 5, requires_grad=True)
+    hx = [(0.5 * torch.randn(layers, 3, H)).requires_grad_() for _ in range(2 if kind == "lstm" else 1)]
     grads = []
     for module in (ref, fast):
-        for t in (x, h0, c0, *ref.parameters()):
+        for t in (x, *hx, *ref.parameters()):
             t.grad = None
-        out, (h, c) = module(x, (h0, c0))
-        (out.square().sum() + h.sum() + 2 * c.sum()).backward()
-        grads.append([t.grad.clone() for t in (x, h0, c0, *ref.parameters())])
-    for want, got in zip(*grads):
-        assert (want - got).abs().max().item() <= 1e-5
+        out, finals = module(x, tuple(hx) if kind == "lstm" else hx[0])
+        finals = finals if kind == "lstm" else (finals,)
+        (out.square().sum() + sum((k + 1) * f.sum() for k, f in enumerate(finals))).backward()
+        grads.append([t.grad.clone() for t in (x, *hx, *ref.parameters())])
+    err = max((want - got).abs().max().item() / max(1.0, want.abs().max().item()) for want, got in zip(*grads))
+    assert err <= (1e-5 if T < 100 else 1e-4), err
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
