@@ -20,7 +20,6 @@ from .frontend.registry import resolve
 from .report import CompileReport
 from .runtime import binding
 from .runtime.base import RuntimeLayer
-from .runtime.binding import MAX_ELEMENTS
 from .runtime.layer import Layer
 from .schedules import backward_for, template_for
 from .signature import SEQ, Signature
@@ -119,11 +118,11 @@ def _check_index_range(signature) -> None:
     has 2^31 elements or more (longer sequences run in chunks: ``prnn_tvm.runtime.binding``)."""
     for arg in signature.inputs + signature.outputs:
         elements = math.prod(int(d) for d in arg.shape if d != SEQ)
-        if elements > MAX_ELEMENTS:
+        if elements > binding.MAX_ELEMENTS:
             what = "one step of " if SEQ in arg.shape else ""
             raise ConfigError(f"{what}{arg.name} would have {elements} elements ({' x '.join(map(str, arg.shape))}); "
-                              f"kernels index a buffer with 32-bit integers, so at most {MAX_ELEMENTS}: lower hidden, "
-                              "batch or input_size")
+                              "kernels index a buffer with 32-bit integers, so at most "
+                              f"{binding.MAX_ELEMENTS}: lower hidden, batch or input_size")
 
 
 def _positive(name: str, value) -> int | None:

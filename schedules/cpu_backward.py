@@ -28,7 +28,7 @@ from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 from prnn_tvm.frontend.texpr import free_vars, substitute
 
-from .cpu_reference import _bind, _rounded, _widen, time_loop
+from .cpu_reference import bind_value, rounded, time_loop, widen
 
 
 def backward_kernel(plan: CellPlan) -> Kernel:
@@ -79,7 +79,7 @@ class _Backward:
                 T.buffer_store(self.carry, self.d_final[name][b, u], [i, b, u])
         self.zero(list(self.d_weight.values()) + list(self.d_param.values()))
         with T.serial(0, steps) as back:
-            t = _bind(steps - 1 - back, "t")
+            t = bind_value(steps - 1 - back, "t")
             for phase in reversed(range(p.phases)):
                 self.product_adjoints(t, phase)
                 for name in self.stage_operands:  # adjoints of this phase's operand stages, across units
@@ -102,7 +102,7 @@ class _Backward:
                 for i in range(len(p.states)):
                     T.buffer_store(self.hist, cur[i, b, u], [t, i, b, u])
                 for name in self.stage_operands:  # the value the product multiplied: rounded to storage
-                    value = _rounded(kept[live[Leaf("stage", name, 0)], b, u], p.dtype)
+                    value = rounded(kept[live[Leaf("stage", name, 0)], b, u], p.dtype)
                     T.buffer_store(self.opnds[name], value, [t, b, u])
             for r in p.reductions:
                 with T.grid(self.B, r.slices * self.H) as (b, j):
@@ -139,7 +139,7 @@ class _Backward:
             for r in reds:
                 w = self.a.weight[r.weight]
                 with T.serial(0, r.slices * self.H) as j:
-                    T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * _widen(w[j, k], dt), [b, k])
+                    T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k], dt), [b, k])
 
     def pointwise_adjoints(self, t):
         """Per (unit, row): the states' adjoints for step t-1, the projection's and the params' adjoints
@@ -189,9 +189,9 @@ class _Backward:
 
         def forward(leaf: Leaf):
             if leaf.kind == "input":
-                return _widen(a.xp[t, b, leaf.slice * H + u], dt)
+                return widen(a.xp[t, b, leaf.slice * H + u], dt)
             if leaf.kind == "param":
-                return _widen(a.param[leaf.name][leaf.slice * H + u], dt)
+                return widen(a.param[leaf.name][leaf.slice * H + u], dt)
             if leaf.kind == "state":
                 return self.hist[t, self.si[leaf.name], b, u]
             if leaf.kind == "reduction":
@@ -202,7 +202,7 @@ class _Backward:
         def incoming(name: str):
             d = self.carry[self.si[name], b, u]
             if name == p.output:
-                d = d + _widen(self.d_out[t, b, u], dt)
+                d = d + widen(self.d_out[t, b, u], dt)
             return d if running is None else T.if_then_else(running, d, tirx.const(0.0, dt))
 
         roles = {v: ("incoming", n) for n, v in self.adj.incoming.items()}
@@ -213,7 +213,7 @@ class _Backward:
                 role, name = roles.get(v, ("leaf", None))
                 expr = (incoming(name) if role == "incoming" else self.sent[name][b, u] if role == "operand"
                         else forward(self.leaf_of_var[v]))
-                bound[v] = _bind(expr, v.name)
+                bound[v] = bind_value(expr, v.name)
             return bound[v]
 
         def value(leaf: Leaf):

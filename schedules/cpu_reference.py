@@ -80,21 +80,21 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
     acc = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in plan.reductions}
     with T.grid(B, H) as (b, u):
         for name in states:
-            T.buffer_store(cur, _widen(a.init[name][b, u], dt), [si[name], b, u])
+            T.buffer_store(cur, widen(a.init[name][b, u], dt), [si[name], b, u])
     with T.serial(0, a.seq_len) as t:
         for phase in range(plan.phases):
             for r in (r for r in plan.reductions if r.phase == phase):
                 _product(r, a, acc[r.name], cur, si, kept, live, H)
             with T.parallel(0, B) as b, T.serial(0, H) as u:
                 for leaf, value in emit_phase(plan, phase, _loader(a, t, b, u, cur, si, acc, kept, live, H),
-                                              _bind).items():
+                                              bind_value).items():
                     T.buffer_store(kept, value, [live[leaf], b, u])
         with T.parallel(0, B) as b, T.serial(0, H) as u:
             load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
             new = new_state_values(plan, load)
             running = None if a.lengths is None else t < a.lengths[b]  # a row past its length keeps still
             for name in states:  # exchanged states round to storage each step, as on the GPU
-                value = new[name] if name in plan.private_states else _rounded(new[name], storage)
+                value = new[name] if name in plan.private_states else rounded(new[name], storage)
                 if running is not None:
                     value = T.if_then_else(running, value, cur[si[name], b, u])
                 T.buffer_store(nxt, value, [si[name], b, u])
@@ -119,12 +119,12 @@ def _product(r, a, acc, cur, si, kept, live, H):
     dt = acc.dtype
     storage = w.dtype  # a stage of this step is exchanged in the storage type, as states are
     operand = (lambda b, k: cur[si[r.operand], b, k]) if r.phase == 0 else \
-        (lambda b, k: _rounded(kept[live[Leaf("stage", r.operand, 0)], b, k], storage))
+        (lambda b, k: rounded(kept[live[Leaf("stage", r.operand, 0)], b, k], storage))
     with T.parallel(0, acc.shape[0] * rows) as i:
         b, j = i // rows, i % rows
         T.buffer_store(acc, tirx.const(0.0, acc.dtype), [b, j])
         with T.serial(0, H) as k:
-            T.buffer_store(acc, acc[b, j] + operand(b, k) * _widen(w[j, k], dt), [b, j])
+            T.buffer_store(acc, acc[b, j] + operand(b, k) * widen(w[j, k], dt), [b, j])
 
 
 def _loader(a, t, b, u, cur, si, acc, kept, live, H):
@@ -135,14 +135,14 @@ def _loader(a, t, b, u, cur, si, acc, kept, live, H):
         if leaf.kind == "state":
             return cur[si[leaf.name], b, u]
         if leaf.kind == "param":
-            return _widen(a.param[leaf.name][col], cur.dtype)
+            return widen(a.param[leaf.name][col], cur.dtype)
         if leaf.kind == "stage":  # computed in an earlier phase
             return kept[live[leaf], b, u]
         return acc[leaf.name][b, col]
     return load
 
 
-def _widen(expr, dt: str):
+def widen(expr, dt: str):
     """A storage value in the compute type ``dt``. bfloat16 widens through its bits: TVM 0.27's LLVM
     bfloat16 legalization turns a let-bound ``Cast(float32, bf16 value)`` into a cast of the raw bits."""
     if str(expr.ty.dtype) == "bfloat16":
@@ -150,9 +150,9 @@ def _widen(expr, dt: str):
     return as_type(expr, dt)
 
 
-def _rounded(value, storage: str):
+def rounded(value, storage: str):
     """A compute-type value rounded to ``storage`` and back: what another block reads of it on the GPU.
-    bfloat16 rounds (to nearest even) on the bits, for the reason of :func:`_widen`."""
+    bfloat16 rounds (to nearest even) on the bits, for the reason of :func:`widen`."""
     dt = str(value.ty.dtype)
     if storage != "bfloat16":
         return as_type(as_type(value, storage), dt)
@@ -161,5 +161,5 @@ def _rounded(value, storage: str):
     return T.reinterpret(dt, bits & T.uint32(0xFFFF0000))
 
 
-def _bind(expr, name: str):
+def bind_value(expr, name: str):
     return T.bind(expr, var=tirx.Var(name, expr.ty))
