@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm import ConfigError, InputError
-from prnn_tvm.compiler import compile_backward
+from prnn_tvm import ConfigError, InputError, compile_backward
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
 from prnn_tvm.runtime import binding
 
