@@ -8,8 +8,8 @@ from .runtime.loading import LoadedLayer, load
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cell", "CellBuilder", "Role", "CellPlan", "analyze", "builtin_cells", "resolve", "compile_cell", "compile_backward",
-    "Layer", "CompileReport", "export", "load", "LoadedLayer",
+    "Cell", "CellBuilder", "Role", "CellPlan", "analyze", "builtin_cells", "resolve", "compile_cell",
+    "compile_backward", "Layer", "CompileReport", "export", "load", "LoadedLayer",
     "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError", "BarrierTimeout", "ExportError",
     "LoadError",
 ]
