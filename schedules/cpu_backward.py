@@ -24,11 +24,12 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import Kernel, backward_launch, declare_args
+from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 from prnn_tvm.frontend.texpr import free_vars, substitute
 
-from .cpu_reference import bind_value, rounded, time_loop, widen
+from .cpu_reference import rounded, time_loop, widen
 
 
 def backward_kernel(plan: CellPlan) -> Kernel:

@@ -13,7 +13,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
-from prnn_tvm.codegen.pointwise import as_type, emit_phase, live_index, new_state_values
+from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 
@@ -160,6 +160,3 @@ def rounded(value, storage: str):
     bits = bits + T.uint32(0x7FFF) + (T.shift_right(bits, T.uint32(16)) & T.uint32(1))
     return T.reinterpret(dt, bits & T.uint32(0xFFFF0000))
 
-
-def bind_value(expr, name: str):
-    return T.bind(expr, var=tirx.Var(name, expr.ty))

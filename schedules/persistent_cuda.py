@@ -34,7 +34,7 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
-from prnn_tvm.codegen.pointwise import as_type, emit_phase, live_index, new_state_values
+from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 from prnn_tvm.signature import Grid, GridSync
 from prnn_tvm.target import GpuSpec
@@ -215,7 +215,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         if not any(r.phase == phase for r in self.p.reductions):
             return
         with T.serial(0, self.g.batch_chunks) as bc:
-            b0 = _bind(bc * self.c.batch_tile, "b0")
+            b0 = bind_value(bc * self.c.batch_tile, "b0")
             self.load_operands(t, b0, phase)
             self.tile_products(b0, phase)
             sync_threads()
@@ -226,7 +226,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def pointwise(self, t, phase: int, it, b, unit, ul):
         """The phase's stages for one item; keep what later phases need, publish next-phase operands."""
-        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), _bind).items():
+        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), bind_value).items():
             T.buffer_store(self.lreg, value, [self.lreg_index(it, leaf)])
             if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
@@ -330,9 +330,6 @@ class _Item:
         for f in reversed(self.frames):
             f.__exit__(*exc)
 
-
-def _bind(expr, name: str):
-    return T.bind(expr, var=tirx.Var(name, expr.ty))
 
 
 def _leaf_key(leaf: Leaf):

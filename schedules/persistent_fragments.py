@@ -20,6 +20,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
 from .persistent_exchange import vec_index
@@ -55,10 +56,10 @@ class FragmentWeights:
         self.smem = T.decl_buffer((max(1, g.smem_ops // itemsize(self.dt)),), self.dt, data=self.gsum.data,
                                   elem_offset=gs_words * per_word)
         warp, lane = self.tx // 32, self.tx % 32
-        self.mt = _bind(warp // c.k_groups, "mt")
-        self.kg = _bind(warp % c.k_groups, "kg")
-        self.grp = _bind(lane // 4, "grp")
-        self.quad = _bind(lane % 4, "quad")
+        self.mt = bind_value(warp // c.k_groups, "mt")
+        self.kg = bind_value(warp % c.k_groups, "kg")
+        self.grp = bind_value(lane // 4, "grp")
+        self.quad = bind_value(lane % 4, "quad")
 
     def load_weights(self):
         """Prologue: this warp's A fragments into registers; zero outside the matrices.
@@ -71,13 +72,13 @@ class FragmentWeights:
         H, U, kt_per = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp
         sources = []  # per fragment row: [(in this product, weight row), per product]
         for half in range(2):
-            row = _bind(self.mt * TILE_M + self.grp + 8 * half, f"frag_row{half}")
+            row = bind_value(self.mt * TILE_M + self.grp + 8 * half, f"frag_row{half}")
             per_product = []
             for i, red in enumerate(self.p.reductions):
                 lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
                 unit = self.bx * U + (row - lo) % U
-                ok = _bind(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{half}_{i}")
-                per_product.append((ok, _bind(((row - lo) // U) * H + unit, f"frag_src{half}_{i}")))
+                ok = bind_value(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{half}_{i}")
+                per_product.append((ok, bind_value(((row - lo) // U) * H + unit, f"frag_src{half}_{i}")))
             sources.append(per_product)
         lanes = 2 if H % 2 == 0 else 1  # pairs (2 * quad, 2 * quad + 1) never straddle an even H
         for kt in range(kt_per):
@@ -97,7 +98,7 @@ class FragmentWeights:
         ptx = PTX_TYPES[self.dt]
         with T.If(self.thread_phase == phase):
             with T.Then():
-                first = _bind(self.operand_base + self.grp * stride + 2 * self.quad
+                first = bind_value(self.operand_base + self.grp * stride + 2 * self.quad
                               + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
                 for kt in range(g.k_tiles_per_warp):
                     for nt in range(c.n_tiles):
@@ -133,6 +134,3 @@ class FragmentWeights:
         """The first CTA row of this warp's row tile (a tile never holds rows of two products)."""
         return self.mt * TILE_M
 
-
-def _bind(expr, name: str):
-    return T.bind(expr, var=tirx.Var(name, expr.ty))

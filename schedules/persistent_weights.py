@@ -15,6 +15,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
 from .persistent_exchange import vec_index
@@ -39,14 +40,14 @@ class RegisterWeights:
         self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.acc_dt, scope="local")
         self.hv = T.alloc_buffer((c.vec,), self.dt, scope="local")
         self.smem = T.alloc_buffer((max(1, self.gs0 + g.smem_gs // itemsize(self.dt)),), self.dt, scope="shared.dyn")
-        self.ks = _bind(self.tx % c.k_split, "ks")
-        self.rg = _bind(self.tx // c.k_split, "rg")
+        self.ks = bind_value(self.tx % c.k_split, "ks")
+        self.rg = bind_value(self.tx // c.k_split, "rg")
 
     def load_weights(self):
         """Prologue: each thread's weight rows into registers; zero outside the matrices."""
         c, H, U = self.c, self.H, self.c.units_per_cta
         for r in range(c.rows_per_thread if self.p.reductions else 0):
-            row = _bind(self.rg * c.rows_per_thread + r, f"row{r}")
+            row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
             for q in range(self.g.k_chunks):
                 for v in range(c.vec):
                     k = c.vec * (self.ks + c.k_split * q) + v
@@ -118,6 +119,3 @@ class RegisterWeights:
         """The thread's first CTA row (its rows all belong to one product, see validate)."""
         return self.rg * self.c.rows_per_thread
 
-
-def _bind(expr, name: str):
-    return T.bind(expr, var=tirx.Var(name, expr.ty))

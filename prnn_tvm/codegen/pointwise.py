@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tvm import tirx
+from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan, Leaf
 from ..frontend.texpr import free_vars, substitute
@@ -56,3 +57,9 @@ def as_type(expr, dtype: str):
     """``expr`` converted to ``dtype`` (itself when it already is): between a layer's storage type and
     the types it accumulates and computes in (``prnn_tvm.dtypes``)."""
     return expr if str(expr.ty.dtype) == dtype else tirx.Cast(dtype, expr)
+
+
+def bind_value(expr, name: str):
+    """Bind ``expr`` to a new variable called ``name`` inside the current IRBuilder frame; returns the variable
+    (how templates name the values of a step)."""
+    return T.bind(expr, var=tirx.Var(name, expr.ty))
