@@ -7,8 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .compiler import compile_backward, compile_cell
 from .reference import random_inputs, reference_layer
 from .runtime.layer import Layer
+
+# the size the gradient check runs at: what it checks is the cell's derivation, not its sizes
+GRADIENT_CHECK = {"hidden": 5, "batch": 2, "input_size": 3, "seq_len": 4}
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,53 @@ def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: 
     seconds = time.perf_counter() - start
     err = max_abs_error(layer.plan, (out, finals), reference_layer(layer.plan, inputs))
     return CheckResult(err, tolerance, seconds)
+
+
+def layer_gradients(layer: Layer, inputs: dict, d_out: np.ndarray, d_finals: dict) -> dict:
+    """Gradients of ``sum(out * d_out) + sum_s sum(final_s * d_finals[s])`` with respect to every argument of a
+    CPU ``layer`` (``inputs`` by name, NumPy), by its compiled backward; ``x``'s, ``W_ih``'s and ``b_ih``'s are
+    the GEMMs over ``d_xp`` a caller makes."""
+    backward = compile_backward(layer)
+    x, W_ih, b_ih = inputs["x"], inputs["W_ih"], inputs["b_ih"]
+    xp = (x @ W_ih.T + b_ih).astype(layer.signature.launch("recurrent").arg("xp").dtype)
+    recurrent = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
+    d_xp, rest = backward(xp, **recurrent, d_out=d_out, **{f"d_{s}_n": d for s, d in d_finals.items()})
+    grads = dict(zip((a.name[2:] for a in backward.signature.outputs[1:]), rest))
+    grads.update(x=d_xp @ W_ih, W_ih=d_xp.reshape(-1, d_xp.shape[-1]).T @ x.reshape(-1, x.shape[-1]),
+                 b_ih=d_xp.sum((0, 1)))
+    return grads
+
+
+def check_gradients(cell, directions: int = 3, step: float = 1e-6, tolerance: float = 1e-6,
+                    seed: int = 0) -> CheckResult:
+    """The backward the compiler derives for ``cell`` against central differences of its forward, both the
+    float64 CPU build at :data:`GRADIENT_CHECK`'s size: the derivative of ``L = sum(out * w) + sum_s
+    sum(final_s * w_s)`` along random directions over every argument. The error is relative to the
+    derivative's size where that passes 1."""
+    size = GRADIENT_CHECK
+    layer = compile_cell(cell, size["hidden"], size["batch"], input_size=size["input_size"], dtype="float64",
+                         target="llvm")
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    inputs = random_inputs(layer.plan, size["seq_len"], size["input_size"], seed=seed)
+    out, finals = layer(**inputs)
+    d_out = rng.standard_normal(out.shape)
+    d_finals = {s.name: rng.standard_normal(f.shape) for s, f in zip(layer.plan.states, finals)}
+
+    def loss(args: dict) -> float:
+        out, finals = layer(**args)
+        return float((out * d_out).sum() + sum((f * d_finals[s.name]).sum() for s, f in zip(layer.plan.states,
+                                                                                          finals)))
+
+    grads = layer_gradients(layer, inputs, d_out, d_finals)
+    err = 0.0
+    for _ in range(directions):
+        v = {name: rng.standard_normal(value.shape) for name, value in inputs.items()}
+        derivative = sum(float((grads[name] * v[name]).sum()) for name in inputs)
+        plus = loss({name: value + step * v[name] for name, value in inputs.items()})
+        minus = loss({name: value - step * v[name] for name, value in inputs.items()})
+        err = max(err, abs((plus - minus) / (2 * step) - derivative) / max(1.0, abs(derivative)))
+    return CheckResult(err, tolerance, time.perf_counter() - start)
 
 
 def max_abs_error(plan, result: tuple, expected: tuple) -> float:

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from . import compile_cell, records
-from .checks import check_against_reference, time_layer
+from .checks import check_against_reference, check_gradients, time_layer
 from .dtypes import GPU_DTYPES, tolerance
-from .errors import PrnnError
+from .errors import CellError, PrnnError
 from .frontend.registry import builtin_cells
 from .schedules import knob_text
 from .target import known_archs, local_gpu, parse_arch
@@ -131,6 +131,15 @@ def cmd_compile(args) -> int:
         print(f"cpu check   max abs error {res.max_abs_error:.2e} vs float64 NumPy (tolerance "
               f"{res.tolerance:.1e}): {'ok' if res.ok else 'FAILED'} [{res.seconds:.2f} s]")
         ok &= res.ok
+        try:
+            res = check_gradients(args.cell)
+        except CellError as err:  # a cell fit for inference whose math has no derivative rule: no training
+            print(f"grad check  not derivable: {err}")
+        else:
+            print(f"grad check  relative error {res.max_abs_error:.1e} of the derived backward vs central differences "
+                  f"(float64 CPU build; tolerance {res.tolerance:.0e}): {'ok' if res.ok else 'FAILED'} "
+                  f"[{res.seconds:.2f} s]")
+            ok &= res.ok
     if gpu is None:
         print("gpu         none here: CUDA source generated and inspected with ptxas, not run")
         return 0 if ok else 1

@@ -7,27 +7,13 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import ConfigError, InputError, compile_backward
+from prnn_tvm.checks import check_gradients, layer_gradients
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
 from prnn_tvm.runtime import binding
 
 from .two_state_cell import TWO_STATE
 
 CELLS = sorted(prnn_tvm.builtin_cells())
-
-
-def gradients(layer, inputs: dict, d_out: np.ndarray, d_finals: dict) -> dict:
-    """The compiled backward's gradients of every layer argument, by name (``x``, ``W_ih`` and ``b_ih`` from
-    ``d_xp`` as the GEMMs a caller makes)."""
-    backward = compile_backward(layer)
-    x, W_ih, b_ih = inputs["x"], inputs["W_ih"], inputs["b_ih"]
-    xp = (x @ W_ih.T + b_ih).astype(layer.signature.launch("recurrent").arg("xp").dtype)
-    recurrent = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
-    d_xp, rest = backward(xp, **recurrent, d_out=d_out, **{f"d_{s}_n": d for s, d in d_finals.items()})
-    names = [a.name[2:] for a in backward.signature.outputs[1:]]
-    grads = dict(zip(names, rest))
-    grads.update(x=d_xp @ W_ih, W_ih=d_xp.reshape(-1, d_xp.shape[-1]).T @ x.reshape(-1, x.shape[-1]),
-                 b_ih=d_xp.sum((0, 1)))
-    return grads
 
 
 def compare(cell, hidden, batch, seq_len, input_size, dtype, lengths=None, seed=0) -> float:
@@ -41,7 +27,7 @@ def compare(cell, hidden, batch, seq_len, input_size, dtype, lengths=None, seed=
     d_out = rng.standard_normal((seq_len, batch, hidden)).astype(grad_dtype)
     d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(grad_dtype) for s in layer.plan.states}
     want = plan_gradients(layer.plan, inputs, d_out, d_finals)
-    got = gradients(layer, inputs, d_out, d_finals)
+    got = layer_gradients(layer, inputs, d_out, d_finals)
     assert set(got) == set(want), set(got) ^ set(want)
     return max(float(np.abs(np.asarray(got[n], np.float64) - want[n]).max()) for n in want)
 
@@ -80,7 +66,23 @@ def test_a_sequence_too_long_for_one_backward_pass_is_refused(monkeypatch):
     assert compare("lstm", 4, 2, 50, 3, "float32") < 1e-4  # one pass at the real limit
     monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 49)  # the per-step size (4 gates) x 49 steps
     with pytest.raises(InputError, match="backpropagation through 50 steps needs buffers of 1600 elements"):
-        gradients(layer, inputs, d_out, {})
+        layer_gradients(layer, inputs, d_out, {})
+
+
+@pytest.mark.parametrize("cell", [*CELLS, TWO_STATE])
+def test_the_gradient_check_passes_for_every_cell(cell):
+    """What ``prnn-tvm compile`` reports: the derived backward against central differences of the forward."""
+    res = check_gradients(cell)
+    assert res.ok and res.max_abs_error < 1e-7, res.max_abs_error
+
+
+def test_the_gradient_check_fails_a_wrong_backward(monkeypatch):
+    """The check can fail: a backward whose W_hh gradient is 1% off."""
+    import prnn_tvm.checks as checks
+
+    made = checks.layer_gradients
+    monkeypatch.setattr(checks, "layer_gradients", lambda *a: {**(g := made(*a)), "W_hh": 1.01 * g["W_hh"]})
+    assert not check_gradients("lstm").ok
 
 
 def test_a_gpu_layer_has_no_backward_yet():

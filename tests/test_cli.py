@@ -14,8 +14,33 @@ def test_compile_reports_kernel_and_cpu_check():
     r = run("compile", "lstm", "--hidden", "32", "--batch", "3", "--seq", "5", "--arch", "sm_90")
     assert r.returncode == 0, r.stderr
     for text in ("cell        lstm", "schedule    persistent_cuda", "(default", "CTAs x", "registers/thread",
-                 "0 B spill stores", "cpu check   max abs error", ": ok"):
+                 "0 B spill stores", "cpu check   max abs error", ": ok", "grad check  relative error"):
         assert text in r.stdout, r.stdout
+    assert "FAILED" not in r.stdout
+
+
+FLOOR_CELL = """
+import numpy as np
+from tvm import te
+from prnn_tvm import Cell
+
+def step(c):
+    x, h = c.input(1), c.state("h")
+    hu = c.matvec(h, c.weight("U"), name="hu")
+    return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + te.floor(hu[n, j])), name="h_new")}
+
+def reference(x, state, p):
+    return {"h": np.tanh(x + np.floor(state["h"] @ p["U"].T))}
+
+CELL = Cell("floor_rnn", step, reference, output="h")
+"""
+
+
+def test_a_cell_without_derivative_rules_compiles_and_says_it_cannot_train(tmp_path):
+    (tmp_path / "floor_rnn.py").write_text(FLOOR_CELL)
+    r = run("compile", str(tmp_path / "floor_rnn.py"), "--hidden", "8", "--batch", "2", "--seq", "4", "--arch", "sm_90")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cpu check   max abs error" in r.stdout and "grad check  not derivable: cannot differentiate" in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [

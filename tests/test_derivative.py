@@ -92,6 +92,7 @@ ONE = tirx.const(1.0, "float32")
     X * Y + X, X - Y * Y, X / (Y + tirx.const(3.0, "float32")), tirx.sigmoid(X * Y), tirx.tanh(X - Y),
     tirx.exp(X) * Y, tirx.log(X * X + ONE), tirx.sqrt(Y * Y + ONE), tirx.max(X + Y, tirx.const(0.0, "float32")),
     tirx.min(X, Y), P.Select(P.GT(X, Y), X * X, Y), tirx.if_then_else(X < Y, X * Y, Y), P.Cast("float32", X * Y),
+    tirx.abs(X - Y) * Y,
 ], ids=str)
 def test_partial_matches_finite_differences(expr):
     rng = np.random.default_rng(1)

@@ -6,7 +6,7 @@ earlier stage). Backpropagation through one step of one unit is therefore revers
 differentiation of a small expression DAG:
 
 - :func:`partial` differentiates one expression by one variable symbolically (sums,
-  products, quotients, min/max, selects, casts, sigmoid, tanh, exp, log, sqrt); the
+  products, quotients, min/max, selects, casts, sigmoid, tanh, exp, log, sqrt, abs); the
   result is again an expression in the leaf variables, which a template can place like
   the forward's;
 - :func:`step_adjoints` walks the stages backwards from the adjoints of the step's new
@@ -32,7 +32,7 @@ from ..errors import CellError
 from .plan import CellPlan, Leaf
 from .texpr import free_vars
 
-_UNARY = ("tirx.sigmoid", "tirx.tanh", "tirx.exp", "tirx.log", "tirx.sqrt")
+_UNARY = ("tirx.sigmoid", "tirx.tanh", "tirx.exp", "tirx.log", "tirx.sqrt", "tirx.fabs")
 
 
 def partial(e, var):
@@ -68,7 +68,7 @@ def partial(e, var):
             (u,) = e.args
             return _mul(_outer(name, e, u), partial(u, var))
         raise CellError(f"cannot differentiate {name or e.op} (in {e}): training supports +, -, *, /, min, max, "
-                        "select, casts, sigmoid, tanh, exp, log and sqrt")
+                        "select, casts, sigmoid, tanh, exp, log, sqrt and abs")
     raise CellError(f"cannot differentiate a {type(e).__name__} expression ({e})")
 
 
@@ -83,6 +83,9 @@ def _outer(name: str, e, u):
         return e
     if name == "tirx.log":
         return one / u
+    if name == "tirx.fabs":  # sign(u): 0 at 0, as torch's
+        zero = _zero(e)
+        return P.Select(P.GT(u, zero), one, P.Select(P.LT(u, zero), tirx.const(-1.0, _dtype(e)), zero))
     return tirx.const(0.5, _dtype(e)) / e  # sqrt
 
 

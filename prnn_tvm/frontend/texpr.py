@@ -89,7 +89,7 @@ _NUMPY_BINARY = {
     P.And: "logical_and", P.Or: "logical_or",
 }
 _NUMPY_CALLS = {"tirx.sigmoid": lambda u: 1.0 / (1.0 + np.exp(-u)), "tirx.tanh": np.tanh, "tirx.exp": np.exp,
-                "tirx.log": np.log, "tirx.sqrt": np.sqrt}
+                "tirx.log": np.log, "tirx.sqrt": np.sqrt, "tirx.fabs": np.abs}
 
 
 def evaluate(e, env: dict):
