@@ -189,9 +189,6 @@ class _Recurrent(torch.nn.Module):
             raise InputError(f"{kind}: gradients are computed on the CPU build only so far (the GPU's backward kernel "
                              f"is not built yet); on {input.device} call it under torch.no_grad() or "
                              "torch.inference_mode()")
-        if self.training and self.dropout and self.num_layers > 1:
-            raise InputError(f"{kind}: dropout={self.dropout} between layers applies in training mode, which this "
-                             "module does not run; call .eval() (or make it with dropout=0)")
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
                              f"got shape {tuple(input.shape)}")
@@ -232,6 +229,8 @@ class _Recurrent(torch.nn.Module):
                 for k, end in enumerate(ends):
                     finals[k][slot] = end
             out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
+            if self.training and self.dropout and layer < self.num_layers - 1:  # between layers, as torch.nn
+                out = torch.nn.functional.dropout(out, self.dropout, training=True)
         finals = [f[0].unsqueeze(0) if slots == 1 else torch.stack(f) for f in finals]
         if packed is not None:
             out = _packed_like(packed, out, sorted_steps)

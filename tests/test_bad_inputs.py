@@ -389,15 +389,6 @@ def _torch():
     return pytest.importorskip("torch")
 
 
-@case("a stacked module with dropout called in training mode")
-def _(lstm, good, tmp_path):
-    import prnn_tvm.torch as pt
-
-    torch = _torch()
-    with torch.no_grad():
-        pt.from_torch(torch.nn.LSTM(4, 8, num_layers=2, dropout=0.5))(torch.randn(3, 2, 4))
-
-
 @case("a `prnn_tvm.torch` module of an integer dtype")
 def _(lstm, good, tmp_path):
     import prnn_tvm.torch as pt

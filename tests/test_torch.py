@@ -202,6 +202,28 @@ def test_float32_gradients_match_torch_nn(kind, layers, T, H):
     assert err <= (1e-5 if T < 100 else 1e-4), err
 
 
+@pytest.mark.parametrize("kind, bidirectional", [("lstm", False), ("gru", True)])
+def test_dropout_between_layers_trains_like_torch_nn(kind, bidirectional):
+    """Training mode, dropout=0.5 between 3 layers: from one seed the same masks as torch.nn's CPU module,
+    so the same outputs and gradients; in eval mode no dropout."""
+    torch.manual_seed(6)
+    ref = _reference(kind, input_size=4, hidden_size=6, num_layers=3, dropout=0.5, bidirectional=bidirectional)
+    fast = pt.from_torch(ref.train())
+    x = torch.randn(7, 2, 4, requires_grad=True)
+    results = []
+    for module in (ref, fast):
+        for t in (x, *ref.parameters()):
+            t.grad = None
+        torch.manual_seed(11)
+        out, _ = module(x)
+        out.square().sum().backward()
+        results.append([out.detach(), x.grad.clone(), *(p.grad.clone() for p in ref.parameters())])
+    assert max((a - b).abs().max().item() for a, b in zip(*results)) <= 1e-5
+    with torch.no_grad():
+        assert not torch.equal(results[1][0], fast.eval()(x)[0])  # the masks did something; eval has none
+        assert (fast(x)[0] - ref.eval()(x)[0]).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
 def test_half_modules_train_on_the_cpu(dtype, bound):
     """Half storage, float32 math and gradients: against torch.nn in float32 on the same rounded weights."""
