@@ -270,7 +270,7 @@ class _Recurrent(torch.nn.Module):
 
     def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list) -> tuple:
         """The recurrent kernel on torch's current stream, into tensors from torch's allocator; no waiting.
-        ``recurrent``: the recurrent weights, params and initial states in the signature's order."""
+        ``recurrent``: the recurrent weights, params, initial states and lengths in the signature's order."""
         layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
         launcher = self._launchers.get(id(layer))
         if launcher is None:
