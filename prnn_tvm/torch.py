@@ -102,6 +102,16 @@ class _Recurrent(torch.nn.Module):
         self._constants: dict = {}
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
+    _COMPILED = ("_layers", "_launchers", "_aligned_copies", "_constants", "_captured")
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles (``copy.deepcopy``, ``torch.save``) keep the parameters and options but
+        not what was compiled or cached for them (TVM modules do not serialize): the copy compiles on
+        first use, for its own device."""
+        state = self.__dict__.copy()
+        state.update({name: type(state[name])() for name in self._COMPILED})
+        return state
+
     def reset_parameters(self) -> None:
         """PyTorch's initialization: U(-1/sqrt(hidden), 1/sqrt(hidden))."""
         bound = 1.0 / math.sqrt(self.hidden_size)

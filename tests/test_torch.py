@@ -139,6 +139,23 @@ def test_unbatched_input_and_batch_cache():
     assert len(fast._layers) == 1  # one batch size, compiled once
 
 
+def test_a_compiled_module_copies_and_pickles():
+    import copy
+    import io
+
+    fast = pt.from_torch(_reference("lstm", input_size=4, hidden_size=8))
+    x = torch.randn(5, 2, 4)
+    with torch.no_grad():
+        want, _ = fast(x)  # compiles: the copies must leave the TVM modules behind and compile their own
+        buffer = io.BytesIO()
+        torch.save(fast, buffer)
+        buffer.seek(0)
+        for other in (copy.deepcopy(fast), torch.load(buffer, weights_only=False)):
+            assert not other._layers and other.weight_hh_l0.data_ptr() != fast.weight_hh_l0.data_ptr()
+            assert torch.equal(other(x)[0], want)
+    assert len(fast._layers) == 1
+
+
 def test_new_module_has_torch_layout():
     m = pt.LSTM(10, 16, batch_first=True)
     assert [n for n, _ in m.named_parameters()] == ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
