@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cell", "CellBuilder", "Role", "CellPlan", "analyze", "builtin_cells", "resolve", "compile_cell",
-    "compile_backward", "Layer", "CompileReport", "export", "load", "LoadedLayer",
+    "compile_backward", "compile_training", "Layer", "CompileReport", "export", "load", "LoadedLayer",
     "CellError", "ConfigError", "InputError", "LaunchError", "PrnnError", "BarrierTimeout", "ExportError",
     "LoadError",
 ]
@@ -17,7 +17,7 @@ __all__ = [
 # Under TVM's runtime-only import (TVM_USE_RUNTIME_LIB=1, inference machines) only `load`
 # and the errors exist: everything below needs the TVM compiler.
 if not _RUNTIME_ONLY:
-    from .compiler import compile_backward, compile_cell
+    from .compiler import compile_backward, compile_cell, compile_training
     from .frontend.analysis import analyze
     from .frontend.cell import Cell, CellBuilder, Role
     from .frontend.plan import CellPlan

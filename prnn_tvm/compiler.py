@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+from dataclasses import dataclass
 
 import tvm
 
 from .choice import choose_and_build
-from .codegen.build import Built, build_backward, build_module
+from .codegen.build import Built, build_functions, build_module
 from .codegen.kernel import Kernel, layer_signature
 from .dtypes import policy
 from .errors import ConfigError, InputError
@@ -21,7 +22,7 @@ from .report import CompileReport
 from .runtime import binding
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
-from .schedules import backward_for, template_for
+from .schedules import backward_for, gpu_backward, saving_forward, template_for
 from .signature import SEQ, Signature
 from .target import GpuSpec, gpu_spec
 
@@ -88,7 +89,7 @@ def compile_backward(layer: Layer) -> RuntimeLayer:
         kernel = backward_for(layer.plan, layer.target)
         signature = Signature(layer.plan.cell.name, layer.plan.batch, layer.plan.hidden, layer.input_size,
                               layer.plan.dtype, (kernel.launch,))
-        module = build_backward(kernel, layer.target)
+        module = build_functions({"recurrent_backward": kernel.func}, layer.target, None).module
         plan = layer.plan
         widest = max(plan.input.slices, len(plan.states), sum(r.slices for r in plan.reductions))
         layer._backward = _BackwardLayer(signature, module, plan.batch * plan.hidden * widest)
@@ -111,6 +112,60 @@ class _BackwardLayer(RuntimeLayer):
                              f"most {binding.MAX_ELEMENTS}): train on shorter pieces of the sequence (truncated "
                              "backpropagation through time)")
         return call
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a CUDA layer trains with (:func:`compile_training`), two launches of one module:
+
+    - ``forward``: the layer's recurrent kernel (same config) that also writes ``saved`` (T, B,
+      (states + gate rows) x hidden, ``signature.saved_columns``): each state at every step's
+      start and every product;
+    - ``backward``: the persistent backward (``schedules/persistent_backward.py``), arguments
+      ``signature.gpu_backward_args``; its ``d_gates`` and the saved states make the weight
+      gradients, one GEMM per product, which the caller runs (cuBLAS in ``prnn_tvm.torch``).
+
+    ``report`` is ptxas's figures of both kernels and the backward's config, one line each.
+    """
+
+    plan: CellPlan
+    forward: RuntimeLayer
+    backward: RuntimeLayer
+    report: str
+
+
+def compile_training(layer: Layer) -> Training:
+    """The training kernels of a CUDA ``layer`` (once per layer; see :class:`Training`). ConfigError
+    for a layer they do not place yet (half precision, cells of several phases), saying so; the
+    CPU build trains every cell (:func:`compile_backward`)."""
+    if layer._training is None:
+        plan, target, gpu = layer.plan, layer.target, layer.gpu
+        if target.kind.name != "cuda":
+            raise ConfigError("compile_training builds CUDA layers' training kernels; a CPU layer's backward is "
+                              "compile_backward(layer)")
+        try:
+            save = saving_forward(plan, target, gpu, layer.kernel.config)
+        except ConfigError as err:
+            raise ConfigError(f"{err}; train this layer on the CPU build (target 'llvm')") from None
+        for backward in gpu_backward(plan, gpu):
+            built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)
+            if built.ptxas is None or not built.ptxas.function("recurrent_backward").spills:
+                break  # else the next, with fewer weights per thread (the last is kept, spills said below)
+        runtimes, lines = [], []
+        for kernel in (save, backward):
+            launch = kernel.launch
+            fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
+            signature = Signature(plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype, (launch,))
+            if fn is not None:
+                signature = signature.with_grid(launch.function, registers=fn.registers,
+                                                static_smem_bytes=fn.static_smem_bytes)
+            runtimes.append(RuntimeLayer(signature, built.module, True, layer.barrier_timeout_us))
+            figures = (f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note)
+            lines.append(f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures}")
+        lines[-1] += f" ({' '.join(f'{k}={v}' for k, v in backward.config.as_dict().items())})"
+        layer._training = Training(plan, *runtimes, "\n".join(lines))
+        log.info("training kernels of %s: %s", plan.cell.name, "; ".join(lines))
+    return layer._training
 
 
 def _check_index_range(signature) -> None:

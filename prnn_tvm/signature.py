@@ -264,3 +264,45 @@ def backward_args(batch: int, hidden: int, width: int, weights: dict, params: di
     args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), grad_dtype) for s in states]
     args += [Arg(f"d_{a.name}", ArgRole.OUTPUT, a.shape, grad_dtype) for a in forward if a.role is not ArgRole.LENGTHS]
     return tuple(args)
+
+
+def saved_columns(hidden: int, states: int, gate_rows: int) -> int:
+    """Columns per (step, batch row) of what a training forward saves for the GPU backward: each state at
+    the step's start, then each product's gate rows (``gate_rows`` over all products)."""
+    return (states + gate_rows) * hidden
+
+
+def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
+    """``launch`` as a training forward, ``recurrent_save``: the same arguments and one more output after
+    the final states, ``saved`` (T, B, ``columns``) in ``dtype`` (see :func:`saved_columns`)."""
+    args = list(launch.args)
+    at = max(i for i, a in enumerate(args) if a.role.written) + 1
+    batch = next(a.shape[1] for a in args if a.name == "out")
+    args.insert(at, Arg("saved", ArgRole.OUTPUT, (SEQ, batch, columns), dtype))
+    return replace(launch, function="recurrent_save", args=tuple(args))
+
+
+def gpu_backward_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple,
+                      saved: int, gates: int, dtype: str, workspace: tuple, sync_words: int | None) -> tuple:
+    """The GPU backward kernel's arguments, in kernel order: ``xp``, the weights and params as the forward
+    takes them, ``lengths``, ``saved`` (the training forward's, ``saved`` columns), ``d_out`` and each
+    ``d_<s>_n`` in; ``d_xp``, ``d_gates`` (T, B, ``gates``: every product's gate gradients, for the weight
+    gradients' GEMMs), each ``d_<param>_rows`` (B, width of the param: the param's gradient per batch
+    row) and each ``d_<s>0`` out; then the workspace and the barrier's state and scalars. All ``dtype``."""
+    B, H = batch, hidden
+    args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
+    args += [Arg(n, ArgRole.WEIGHT, tuple(s), dtype) for n, s in weights.items()]
+    args += [Arg(n, ArgRole.PARAM, tuple(s), dtype) for n, s in params.items()]
+    args += [Arg("lengths", ArgRole.LENGTHS, (B,), "int32"), Arg("saved", ArgRole.INPUT, (SEQ, B, saved), dtype),
+             Arg("d_out", ArgRole.INPUT, (SEQ, B, H), dtype)]
+    args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), dtype) for s in states]
+    args += [Arg("d_xp", ArgRole.OUTPUT, (SEQ, B, width), dtype),
+             Arg("d_gates", ArgRole.OUTPUT, (SEQ, B, gates), dtype)]
+    args += [Arg(f"d_{n}_rows", ArgRole.OUTPUT, (B, *s), dtype) for n, s in params.items()]
+    args += [Arg(f"d_{s}0", ArgRole.OUTPUT, (B, H), dtype) for s in states]
+    args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), dtype))
+    if sync_words is not None:
+        args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
+        args += [Arg(name, ArgRole.SCALAR, (), t) for name, t in SYNC_SCALARS.items()]
+    return tuple(args)
+

@@ -1,7 +1,7 @@
 """PyTorch modules backed by prnn-tvm's persistent kernels: ``LSTM``, ``GRU``, ``RNN``, ``from_torch``, and
 ``Recurrent`` for any cell (a built-in, a cell file, a :class:`~prnn_tvm.Cell`).
 
-Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` (stacked and bidirectional too; gradients on the CPU)::
+Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` (stacked and bidirectional too; trainable)::
 
     fast = prnn_tvm.torch.from_torch(torch_lstm)     # shares its parameters, no copy
     with torch.no_grad():
@@ -25,11 +25,13 @@ in a CUDA graph (``torch.cuda.graph``) and replayed, and calls on several stream
 once (each stream, and each captured graph, has its own barrier state). A barrier timeout
 fills that call's outputs with NaN and is raised, as
 :class:`~prnn_tvm.errors.BarrierTimeout`, by the module's next call or by :meth:`check`.
-Gradients: on the CPU a call that needs them is differentiable (``torch.autograd``): the forward
-is torch's projection and the CPU build's recurrent kernel, the backward the compiled
-backpropagation through time with the adjoints derived from the cell's plan
-(``torch.autograd.gradcheck`` passes on float64 modules). On the GPU such a call is refused
-until the backward kernel exists.
+Gradients: a call that needs them is differentiable (``torch.autograd``), with the adjoints
+derived from the cell's plan. On the CPU the forward is torch's projection and the CPU build's
+recurrent kernel, the backward the compiled backpropagation through time
+(``torch.autograd.gradcheck`` passes on float64 modules). On the GPU the forward is the layer's
+kernel saving each step's states and products, the backward the persistent backward kernel,
+then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_training`); it
+places float32 cells of one phase per step and refuses the others, saying so.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch  # PyTorch itself: absolute import
 import tvm_ffi
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from prnn_tvm.compiler import compile_backward, compile_cell
+from prnn_tvm.compiler import compile_backward, compile_cell, compile_training
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
@@ -158,6 +160,9 @@ class _Recurrent(torch.nn.Module):
             if kind == "cuda":
                 torch.cuda.synchronize(index)
             layer.check(wait=False)
+            if layer._training is not None:
+                layer._training.forward.check(wait=False)
+                layer._training.backward.check(wait=False)
 
     def _aligned(self, name: str) -> torch.Tensor:
         """Parameter ``name`` detached (DLPack refuses tensors that track gradients), or an aligned copy of
@@ -195,10 +200,6 @@ class _Recurrent(torch.nn.Module):
         if packed is not None:  # padded, time-major, in the caller's batch order (as are hx and h_n)
             input, lengths, sorted_steps = _unpacked(packed)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters()))
-        if grad and input.device.type != "cpu":
-            raise InputError(f"{kind}: gradients are computed on the CPU build only so far (the GPU's backward kernel "
-                             f"is not built yet); on {input.device} call it under torch.no_grad() or "
-                             "torch.inference_mode()")
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
                              f"got shape {tuple(input.shape)}")
@@ -270,22 +271,36 @@ class _Recurrent(torch.nn.Module):
         if lengths is None and x.device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
             lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
         args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
-        if grad:  # torch differentiates the projection; the recurrent kernel's backward is compiled
+        if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
+            out, *finals = _CudaBackprop.apply(self, self._training(layer), _projection(*args[:3]), *args[3:])
+            return out, finals
+        if grad:  # the recurrent kernel's backward is compiled for the CPU
             out, *finals = _CpuBackprop.apply(layer, _projection(*args[:3]), *args[3:])
             return out, finals
         if x.device.type == "cuda":
-            return self._run_cuda(layer, _projection(*args[:3]), args[3:])
+            out, *finals = self._run_cuda(layer, _projection(*args[:3]), args[3:])
+            return out, finals
         out, finals = layer(*args)
         return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
 
-    def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list) -> tuple:
-        """The recurrent kernel on torch's current stream, into tensors from torch's allocator; no waiting.
-        ``recurrent``: the recurrent weights, params, initial states and lengths in the signature's order."""
+    def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
+        """Launch ``function`` of ``layer`` on torch's current stream, into tensors from torch's allocator; no
+        waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for ``recurrent``: the
+        recurrent weights, params, initial states and lengths). Returns what it writes, in its order."""
         layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
-        launcher = self._launchers.get(id(layer))
+        launcher = self._launchers.get((id(layer), function))
         if launcher is None:
-            launcher = self._launchers[id(layer)] = _Launcher(layer, xp.device)
+            launcher = self._launchers[id(layer), function] = _Launcher(layer, xp.device, function)
         return launcher(xp, recurrent, self._captured)
+
+    def _training(self, layer):
+        """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do
+        where there are none."""
+        try:
+            return compile_training(layer)
+        except ConfigError as err:
+            raise InputError(f"{type(self).__name__}: gradients on the GPU: {err}; or call it under torch.no_grad() "
+                             "(inference)") from None
 
 
 class _CpuBackprop(torch.autograd.Function):
@@ -314,14 +329,58 @@ class _CpuBackprop(torch.autograd.Function):
                   for a, g in zip(args, [*d_inputs, None])))
 
 
-class _Launcher:
-    """Calls one layer's recurrent kernel with torch tensors; what can be worked out once is (a call's
-    host time is part of what a user waits for at small batch)."""
+class _CudaBackprop(torch.autograd.Function):
+    """One layer and direction's recurrent kernel on the GPU, differentiable. The forward is the training
+    forward (the layer's kernel, also saving each step's states and products); the backward is the
+    persistent backward kernel (:func:`prnn_tvm.compiler.compile_training`; adjoints derived from the
+    cell's plan), then one GEMM per product for the weights' gradients and a sum over the batch for the
+    params'. Arguments: the module, the layer's :class:`~prnn_tvm.compiler.Training`, then the recurrent
+    kernel's inputs in its signature's order (``xp``, weights, params, initial states, lengths)."""
 
-    def __init__(self, layer, device: torch.device):
-        self.layer, self.device = layer, device
-        launch = layer.signature.launch("recurrent")
-        self.function = layer.function("recurrent")
+    @staticmethod
+    def forward(ctx, module, training, xp, *args):
+        ctx.module, ctx.training = module, training
+        inputs = [xp.detach(), *(_aligned_state(a.detach()) for a in args)]
+        out, *finals, saved = module._run_cuda(training.forward, inputs[0], inputs[1:], "recurrent_save")
+        ctx.save_for_backward(*inputs, saved)
+        return (out, *finals)
+
+    @staticmethod
+    def backward(ctx, d_out, *d_finals):
+        module, training = ctx.module, ctx.training
+        xp, *args, saved = ctx.saved_tensors
+        plan, H = training.plan, module.hidden_size
+        names = _data_names(training.forward)[1:]  # the forward's arguments after xp
+        given = dict(zip(names, args), saved=saved, d_out=d_out.contiguous())
+        given.update({f"d_{s.name}_n": d.contiguous() for s, d in zip(plan.states, d_finals)})
+        launched = module._run_cuda(training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]],
+                                    "recurrent_backward")
+        d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))
+        T, B, _ = d_out.shape
+        states, column = [s.name for s in plan.states], 0
+        for r in plan.reductions:  # each product's weights: sum over steps and rows of d_gates^T operand
+            gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(T * B, r.slices * H)
+            i = states.index(r.operand)
+            dW = gates.t() @ saved[:, :, i * H:(i + 1) * H].reshape(T * B, H)
+            d[f"d_{r.weight}"] = d[f"d_{r.weight}"] + dW if f"d_{r.weight}" in d else dW
+            column += r.slices * H
+        d.update({f"d_{q.name}": d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
+        return (None, None, d["d_xp"], *(d.get(f"d_{n}") for n in names))  # lengths: none
+
+
+def _data_names(layer) -> list:
+    """The data arguments of a one-launch layer, in its order."""
+    return [a.name for a in layer.signature.launches[0].args if a.role.data]
+
+
+class _Launcher:
+    """Calls one launch of a layer with torch tensors (the recurrent kernel, or a training kernel); what can
+    be worked out once is (a call's host time is part of what a user waits for at small batch)."""
+
+    def __init__(self, layer, device: torch.device, function: str = "recurrent"):
+        self.layer, self.device, self.name = layer, device, function
+        launch = layer.signature.launch(function)
+        self.function = layer.function(function)
         self.tvm_device = tvm_ffi.device("cuda", device.index)
         self.inputs = [a.name for a in launch.args if a.role.data]
         self.written = [(a.name, a.concrete_shape, getattr(torch, a.dtype)) for a in launch.args if a.role.written]
@@ -331,13 +390,17 @@ class _Launcher:
         self.max_steps = chunk_length(layer.signature, MAX_ELEMENTS)  # more: launches over pieces
         self.zeros = _torch_zeros(device)
 
-    def __call__(self, xp: torch.Tensor, recurrent: list, captured: list) -> tuple:
+    def __call__(self, xp: torch.Tensor, recurrent: list, captured: list) -> list:
         layer, T = self.layer, xp.shape[0]
         stream = _current_stream(self.device)
+        if T > self.max_steps and self.name != "recurrent":
+            raise InputError(f"training through {T} steps on the GPU needs buffers past {MAX_ELEMENTS} elements, and "
+                             "kernels index with 32-bit integers: train on shorter pieces of the sequence "
+                             "(truncated backpropagation through time)")
         if T > self.max_steps:  # past 2^31 elements: the runtime's chunked call (not capturable)
             with tvm_ffi.use_raw_stream(self.tvm_device, stream):
                 out, finals = layer.recurrent(xp, *recurrent)
-            return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+            return [torch.from_dlpack(out), *(torch.from_dlpack(f) for f in finals)]
         if torch.cuda.is_current_stream_capturing():
             state = layer.new_launch_state(self.zeros)  # the graph's own, zeroed at the start of every replay
             captured.append(state)
@@ -352,9 +415,8 @@ class _Launcher:
             with tvm_ffi.use_raw_stream(self.tvm_device, stream):
                 self.function(*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
-            raise LaunchError(f"launching the recurrent kernel of {layer.signature.cell} failed: {err}") from err
-        out, *finals = (values[name] for name, _, _ in self.written)
-        return out, finals
+            raise LaunchError(f"launching {self.name} of {layer.signature.cell} failed: {err}") from err
+        return [values[name] for name, _, _ in self.written]
 
 
 def _reversal_within(lengths: torch.Tensor, steps: int):

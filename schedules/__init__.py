@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_backward, cpu_reference, persistent_cuda, persistent_mma
+from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma
 from .template import Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
-__all__ = ["TEMPLATES", "Template", "as_config", "backward_for", "by_name", "knob_short_names", "knob_text",
-           "template_for"]
+__all__ = ["TEMPLATES", "Template", "as_config", "backward_for", "by_name", "gpu_backward", "knob_short_names",
+           "knob_text", "saving_forward", "template_for"]
 
 
 def template_for(plan, target) -> Template:
@@ -33,11 +34,30 @@ def template_for(plan, target) -> Template:
 
 
 def backward_for(plan, target):
-    """The backward of ``plan``'s recurrent kernel on ``target`` (a ``Kernel``): built for the CPU so far."""
+    """The backward of ``plan``'s recurrent kernel on the CPU (a ``Kernel``); a CUDA layer's backward is a
+    pair, :func:`saving_forward` and :func:`gpu_backward`."""
     if target.kind.name != "llvm":
-        raise ConfigError(f"the backward kernel is built for the CPU (target 'llvm') so far, not for "
-                          f"{target.kind.name}")
+        raise ConfigError(f"this is the CPU build's backward (target 'llvm'), not {target.kind.name}'s: a CUDA "
+                          "layer trains through prnn_tvm.compiler.compile_training (prnn_tvm.torch does)")
     return cpu_backward.backward_kernel(plan)
+
+
+def saving_forward(plan, target, gpu, config):
+    """The forward kernel of ``config`` that also writes what the GPU backward reads (``recurrent_save``);
+    ConfigError when no GPU backward places ``plan`` (the reason)."""
+    reason = persistent_backward.refusal(plan)
+    if reason:
+        raise ConfigError(reason)
+    template = template_for(plan, target)
+    builder = template.builder(plan, config, template.knobs.validate(config, plan, gpu), save=True)
+    return Kernel(builder.build(), template.name, builder.launch, config)
+
+
+def gpu_backward(plan, gpu):
+    """The GPU backward kernels of ``plan`` (``recurrent_backward``) for its ranked default configs, best
+    first, each made when asked for: a build takes the first that ptxas reports without spills."""
+    configs = persistent_backward.ranked_configs(plan, gpu)
+    return (persistent_backward.backward_kernel(plan, gpu, cfg) for cfg in configs)
 
 
 def by_name(name: str) -> Template:

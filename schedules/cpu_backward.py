@@ -24,10 +24,9 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import Kernel, backward_launch, declare_args
-from prnn_tvm.codegen.pointwise import bind_value
+from prnn_tvm.codegen.pointwise import adjoint_values, bind_value
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.frontend.texpr import free_vars, substitute
 
 from .cpu_reference import rounded, time_loop, widen
 
@@ -53,8 +52,6 @@ class _Backward:
         self.B, self.H, self.dt = plan.batch, plan.hidden, plan.policy.compute
         self.si = {s.name: i for i, s in enumerate(plan.states)}
         self.adj = step_adjoints(plan)
-        self.stages = {st.name: st for st in plan.stages}
-        self.leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
         self.stage_operands = sorted({r.operand for r in plan.reductions if r.phase > 0})
         n = a.named
         self.d_out, self.d_xp = n["d_out"], n["d_xp"]
@@ -180,13 +177,11 @@ class _Backward:
         return None if self.a.lengths is None else t < self.a.lengths[b]
 
     def evaluator(self, t, b, u):
-        """``value(leaf)``: the adjoint of ``leaf`` at (t, b, u) as an expression, zero where the step does
-        not depend on it. Forward leaves load what the recompute kept (stages are recomputed, each bound
-        once); incoming adjoints are the carried ones plus the output's gradient, zero for a row past
-        its length; operand adjoints are what the later phase sent back."""
+        """``value(leaf)``: the adjoint of ``leaf`` at (t, b, u) (``codegen.pointwise.adjoint_values``). Forward
+        leaves load what the recompute kept; incoming adjoints are the carried ones plus the output's
+        gradient, zero for a row past its length; operand adjoints are what the later phase sent back."""
         p, a, H, dt = self.p, self.a, self.H, self.dt
         running = self.running(t, b)
-        bound: dict = {}
 
         def forward(leaf: Leaf):
             if leaf.kind == "input":
@@ -195,10 +190,7 @@ class _Backward:
                 return widen(a.param[leaf.name][leaf.slice * H + u], dt)
             if leaf.kind == "state":
                 return self.hist[t, self.si[leaf.name], b, u]
-            if leaf.kind == "reduction":
-                return self.prods[leaf.name][t, b, leaf.slice * H + u]
-            expr = self.stages[leaf.name].exprs[leaf.slice]
-            return substitute(expr, {v: var(v) for v in free_vars(expr)})
+            return self.prods[leaf.name][t, b, leaf.slice * H + u]
 
         def incoming(name: str):
             d = self.carry[self.si[name], b, u]
@@ -206,21 +198,4 @@ class _Backward:
                 d = d + widen(self.d_out[t, b, u], dt)
             return d if running is None else T.if_then_else(running, d, tirx.const(0.0, dt))
 
-        roles = {v: ("incoming", n) for n, v in self.adj.incoming.items()}
-        roles.update({v: ("operand", n) for n, v in self.adj.operands.items()})
-
-        def var(v):
-            if v not in bound:
-                role, name = roles.get(v, ("leaf", None))
-                expr = (incoming(name) if role == "incoming" else self.sent[name][b, u] if role == "operand"
-                        else forward(self.leaf_of_var[v]))
-                bound[v] = bind_value(expr, v.name)
-            return bound[v]
-
-        def value(leaf: Leaf):
-            expr = self.adj.leaves.get(leaf)
-            if expr is None:
-                return tirx.const(0.0, dt)
-            return substitute(expr, {v: var(v) for v in free_vars(expr)})
-
-        return value
+        return adjoint_values(p, self.adj, forward, incoming, lambda name: self.sent[name][b, u], bind_value)

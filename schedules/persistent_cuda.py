@@ -36,7 +36,7 @@ from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.signature import Grid, GridSync
+from prnn_tvm.signature import Grid, GridSync, saved_columns, with_saved
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
@@ -83,8 +83,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     """Builds the kernel of one config. The products (weights, their registers, the shared gate sums)
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
-    def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
-        self.p, self.c, self.g = plan, cfg, g
+    def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry, save: bool = False):
+        self.p, self.c, self.g, self.save = plan, cfg, g, save
         self.H, self.B = plan.hidden, plan.batch
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
@@ -112,7 +112,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             sync = GridSync(bar.name, grid_barrier.SYNC_WORDS if self.barrier_state else None,
                             "steps" if bar.carries_data else "barriers", p.phases)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
-        return recurrent_launch(p, workspace, ws_dtype, grid, sync)
+        launch = recurrent_launch(p, workspace, ws_dtype, grid, sync)
+        if self.save:  # a training forward: the leaves the GPU backward reads, every step
+            return with_saved(launch, saved_columns(self.H, len(p.states), sum(r.slices for r in p.reductions)),
+                              self.acc_dt)
+        return launch
 
     def row_starts(self) -> list[int]:
         """Rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)."""
@@ -131,7 +135,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         ipt = g.items_per_thread
         with IRBuilder() as ib:
             with T.prim_func():
-                T.func_name("recurrent")
+                T.func_name(self.launch.function)
                 T.func_attr(attrs)
                 self.a = declare_args(self.launch)
                 self.sync = self.a.sync
@@ -188,6 +192,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 grid_barrier.emit(self.barrier, t * p.phases + phase, self.barrier_base, self.sync, self.stall)
         for it in range(g.items_per_thread):
             with self.item(it) as (b, unit, ul):
+                if self.save:
+                    self.save_leaves(t, it, b, unit, ul)
                 self.write_states(t, it, b, unit, ul)
         if p.needs_grid_barrier and not self.barrier.carries_data:
             with T.If(t < self.a.seq_len - 1):
@@ -253,6 +259,15 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 for name, value in stored.items():
                     T.buffer_store(self.a.final[name], value, [b, unit])
 
+    def save_leaves(self, t, it, b, unit, ul):
+        """A training forward keeps, for this step and item, every state at the step's start and every
+        product (``signature.saved_columns``); the GPU backward recomputes the stages from them."""
+        load, saved, H = self.loader(t, it, b, unit, ul), self.a.named["saved"], self.H
+        leaves = [Leaf("state", s.name, 0) for s in self.p.states]
+        leaves += [Leaf("reduction", r.name, i) for r in self.p.reductions for i in range(r.slices)]
+        for column, leaf in enumerate(leaves):
+            T.buffer_store(saved, as_type(load(leaf), saved.dtype), [t, b, column * H + unit])
+
     def loader(self, t, it, b, unit, ul):
         """Where each leaf of item ``it`` lives (registers, shared gate sums, the workspace), as a value of
         the compute type."""
@@ -309,11 +324,14 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def item(self, it: int):
         """Context for pointwise item ``it`` of this thread: yields (batch row, unit, unit in CTA)."""
-        return _Item(self, it)
+        return Item(self, it)
 
 
-class _Item:
-    def __init__(self, builder: PersistentBuilder, it: int):
+class Item:
+    """``with Item(builder, it) as (b, unit, ul)``: the guarded body of a thread's pointwise item ``it`` (a
+    (batch row, unit) pair; units_per_cta, threads, tx, bx, B and H come from the builder)."""
+
+    def __init__(self, builder, it: int):
         self.b, self.it = builder, it
 
     def __enter__(self):

@@ -8,6 +8,7 @@ import pytest
 import prnn_tvm
 from prnn_tvm import ConfigError, InputError, compile_backward
 from prnn_tvm.checks import check_gradients, layer_gradients
+from prnn_tvm.compiler import compile_training
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
 from prnn_tvm.runtime import binding
 
@@ -85,7 +86,41 @@ def test_the_gradient_check_fails_a_wrong_backward(monkeypatch):
     assert not check_gradients("lstm").ok
 
 
-def test_a_gpu_layer_has_no_backward_yet():
+def test_a_cuda_layer_trains_through_its_training_kernels():
     layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90")
-    with pytest.raises(ConfigError, match="built for the CPU .* so far, not for cuda"):
+    with pytest.raises(ConfigError, match="CPU build's backward .*compile_training"):
         compile_backward(layer)
+    with pytest.raises(ConfigError, match="compile_backward"):
+        compile_training(prnn_tvm.compile_cell("lstm", 8, 2, target="llvm"))
+
+
+# the cells the GPU backward places: one phase per step (products read the states only)
+ONE_PHASE = [c for c in CELLS if prnn_tvm.analyze(prnn_tvm.resolve(c), 1, 8).phases == 1]
+
+
+@pytest.mark.parametrize("cell, hidden, batch", [*((c, 256, 4) for c in ONE_PHASE),
+                                                 *((c, 1024, 64) for c in ("lstm", "gru", "rnn_tanh"))])
+def test_training_kernels_have_no_spills(cell, hidden, batch):
+    """ptxas's figures of the training forward and the backward for their default configs (no GPU needed:
+    the CUDA source is compiled here for sm_90); the forward keeps the layer's config."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, target="cuda", arch="sm_90", tuning_logs=[])
+    training = compile_training(layer)
+    lines = training.report.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["recurrent_save", "recurrent_backward"]
+    assert all(", 0 spill bytes" in line for line in lines), training.report
+    saving, forward = training.forward.signature.launches[0].grid, layer.signature.launch("recurrent").grid
+    assert (saving.ctas, saving.threads, saving.dynamic_smem_bytes) == (forward.ctas, forward.threads,
+                                                                        forward.dynamic_smem_bytes)
+    source = layer._training.forward.module.imports[0].inspect_source()
+    assert "recurrent_save_kernel(" in source and "recurrent_backward_kernel(" in source
+    assert compile_training(layer) is training  # built once per layer
+
+
+@pytest.mark.parametrize("cell, dtype, message", [
+    ("gru_cho", "float32", "read a stage of the same step yet .*2 phases"),
+    ("stacked_rnn", "float32", "2 phases"),
+    ("lstm", "float16", "float32 layers so far, not float16")])
+def test_training_kernels_say_what_they_do_not_place_yet(cell, dtype, message):
+    layer = prnn_tvm.compile_cell(cell, 64, 2, dtype=dtype, target="cuda", arch="sm_90")
+    with pytest.raises(ConfigError, match=f"{message}.*train this layer on the CPU build"):
+        compile_training(layer)

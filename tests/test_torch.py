@@ -363,11 +363,98 @@ def test_cuda_any_cell_runs_as_a_module(cell):
     assert err <= tolerance("float32", 32)
 
 
+def _gradients(module, x, hx, params, packed_lengths=None):
+    """Gradients of x, the initial states and ``params`` of a loss over every output and final state."""
+    for t in (x, *hx, *params):
+        t.grad = None
+    sequence = x if packed_lengths is None else pack_padded_sequence(x, packed_lengths, enforce_sorted=False)
+    out, finals = module(sequence, tuple(hx) if len(hx) > 1 else hx[0])
+    out = out if packed_lengths is None else pad_packed_sequence(out)[0]
+    finals = finals if len(hx) > 1 else (finals,)
+    (out.square().sum() + sum((k + 1) * f.sum() for k, f in enumerate(finals))).backward()
+    return [t.grad.detach().cpu().double() for t in (x, *hx, *params)]
+
+
+def _gradient_error(want, got) -> float:
+    """Largest difference over gradients, relative to a gradient's largest entry where that passes 1."""
+    return max((w - g).abs().max().item() / max(1.0, w.abs().max().item()) for w, g in zip(want, got))
+
+
 @pytest.mark.gpu
-def test_a_cuda_call_that_needs_gradients_is_refused():
-    fast = pt.from_torch(torch.nn.GRU(8, 16).cuda())
-    with pytest.raises(InputError, match="gradients are computed on the CPU build only so far"):
-        fast(torch.randn(3, 2, 8, device="cuda"))
+@pytest.mark.parametrize("kind, layers, bidirectional, packed, T, B, H, n_in", [
+    ("lstm", 1, False, False, 256, 4, 1024, 64), ("lstm", 1, False, False, 1, 1, 1, 3),
+    ("gru", 1, False, False, 33, 5, 127, 9), ("rnn_tanh", 2, True, False, 17, 3, 64, 8),
+    ("rnn_relu", 1, False, False, 256, 2, 256, 16), ("lstm", 2, True, True, 40, 6, 96, 12),
+    ("gru", 1, False, True, 256, 16, 512, 32)])
+def test_cuda_gradients_match_torch_nn(kind, layers, bidirectional, packed, T, B, H, n_in):
+    """The persistent backward through prnn_tvm.torch on the GPU (float32) against torch.nn's autograd in
+    float64 on the CPU, same weights: input, initial states and every parameter, within 1e-4 (relative to
+    a gradient's largest entry where that passes 1); stacked, bidirectional, packed with unsorted lengths."""
+    torch.manual_seed(7)
+    ref = _reference(kind, input_size=n_in, hidden_size=H, num_layers=layers, bidirectional=bidirectional).double()
+    fast = pt.from_torch(_reference(kind, input_size=n_in, hidden_size=H, num_layers=layers,
+                                    bidirectional=bidirectional).cuda().train())
+    with torch.no_grad():
+        for p, q in zip(ref.parameters(), fast.parameters()):
+            p.copy_(q)
+    slots = layers * (2 if bidirectional else 1)
+    x = torch.randn(T, B, n_in, dtype=torch.float64)
+    hx = [0.5 * torch.randn(slots, B, H, dtype=torch.float64) for _ in range(2 if kind == "lstm" else 1)]
+    lengths = _lengths(B, T) if packed else None
+    want = _gradients(ref, x.requires_grad_(), [h.requires_grad_() for h in hx], list(ref.parameters()), lengths)
+    x32 = x.detach().float().cuda().requires_grad_()
+    hx32 = [h.detach().float().cuda().requires_grad_() for h in hx]
+    got = _gradients(fast, x32, hx32, list(fast.parameters()), lengths)
+    fast.check()
+    assert _gradient_error(want, got) <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", [TWO_STATE, "lstm_peephole", "indrnn"])
+def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell):
+    """A user-defined cell (two exchanged states, two products), one with params (peepholes) and one without a
+    product: the GPU backward against the float64 CPU build's (itself checked by gradcheck)."""
+    torch.manual_seed(8)
+    fast = pt.Recurrent(cell, 6, 37).cuda()
+    ref = pt.Recurrent(cell, 6, 37, dtype=torch.float64)
+    with torch.no_grad():
+        for p, q in zip(ref.parameters(), fast.parameters()):
+            p.copy_(q)
+    x = torch.randn(50, 3, 6, dtype=torch.float64)
+    hx = [0.5 * torch.randn(1, 3, 37, dtype=torch.float64) for _ in fast._states]
+    want = _gradients(ref, x.requires_grad_(), [h.requires_grad_() for h in hx], list(ref.parameters()))
+    got = _gradients(fast, x.detach().float().cuda().requires_grad_(),
+                     [h.detach().float().cuda().requires_grad_() for h in hx], list(fast.parameters()))
+    assert _gradient_error(want, got) <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module, message", [
+    (lambda: pt.Recurrent("gru_cho", 8, 16), "stage of the same step"),
+    (lambda: pt.from_torch(torch.nn.GRU(8, 16).half()), "float32 layers so far, not float16")])
+def test_cuda_gradients_not_placed_yet_are_refused(module, message):
+    fast = module().cuda()
+    with pytest.raises(InputError, match=f"gradients on the GPU: .*{message}.*torch.no_grad"):
+        fast(torch.randn(3, 2, 8, device="cuda", dtype=fast.dtype))
+
+
+@pytest.mark.gpu
+def test_a_cuda_backward_that_times_out_fills_nan_and_raises():
+    fast = pt.from_torch(torch.nn.GRU(8, 64).cuda())
+    x = torch.randn(20, 2, 8, device="cuda", requires_grad=True)
+    out, _ = fast(x)
+    backward = fast.layer_for(2, x.device)._training.backward
+    backward.debug_stall_step, backward.barrier_timeout_us = 5, 2000
+    out.sum().backward()
+    assert torch.isnan(x.grad).all()
+    with pytest.raises(prnn_tvm.BarrierTimeout, match="after step 5"):
+        fast.check()
+    backward.debug_stall_step = -1
+    x.grad = None
+    out, _ = fast(x)
+    out.sum().backward()
+    fast.check()
+    assert torch.isfinite(x.grad).all()
 
 
 @pytest.mark.gpu

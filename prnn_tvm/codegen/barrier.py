@@ -20,6 +20,9 @@
 The two project designs share one protocol (device code pasted with ``T.cuda.func_call``,
 which pastes the source once per function called, hence the include guards):
 
+- the device functions of both (``_COMMON``) are pasted with their own source, each barrier's
+  with its own (which includes the common part behind its guard): TVM keeps one source per
+  function name, so one module can hold kernels of different barriers;
 - **state** is a ``uint32`` buffer of ``SYNC_WORDS`` words owned by the layer: word 0 the
   error word (0, or 1 + the step whose wait timed out), word 1 the arrival count, word 2
   the base;
@@ -286,21 +289,21 @@ def emit_begin(barrier: Barrier, args: SyncArgs | None):
     """At kernel start: bind and return the base (None for ``grid_sync``)."""
     if not barrier.has_state:
         return None
-    call = T.cuda.func_call("prnn_barrier_begin", args.sync.data, source_code=barrier.source, return_type="int32")
+    call = T.cuda.func_call("prnn_barrier_begin", args.sync.data, source_code=_COMMON, return_type="int32")
     return T.bind(call, var=tirx.Var("barrier_base", "int32"))
 
 
 def emit_end(barrier: Barrier, args: SyncArgs | None, base, advance) -> None:
     """At kernel end: advance the base past this launch (by its barriers, or its steps for ``tags``)."""
     if barrier.has_state:
-        T.evaluate(T.cuda.func_call("prnn_barrier_end", args.sync.data, base, advance, source_code=barrier.source,
+        T.evaluate(T.cuda.func_call("prnn_barrier_end", args.sync.data, base, advance, source_code=_COMMON,
                                     return_type="void"))
 
 
 def emit_report(barrier: Barrier, args: SyncArgs):
     """At kernel end: the error word, copied to the host word when set (an int32 expression bound to a var)."""
     call = T.cuda.func_call("prnn_report", args.sync.data, T.Cast("uint64", args.error_host),
-                            source_code=barrier.source, return_type="uint32")
+                            source_code=_COMMON, return_type="uint32")
     return T.bind(T.Cast("int32", call), var=tirx.Var("barrier_error", "int32"))
 
 

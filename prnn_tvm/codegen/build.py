@@ -93,23 +93,22 @@ class Built:
         return self.recurrent.spills if self.recurrent is not None else 0
 
 
-def build_backward(kernel: Kernel, target: tvm.target.Target):
-    """A backward kernel's module (CPU builds)."""
-    mod = tvm.IRModule({"recurrent_backward": kernel.func.with_attr("global_symbol", "recurrent_backward")})
-    return tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
-
-
 def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target,
                  gpu: GpuSpec | None) -> Built:
-    """Compile the layer's functions (input projection, recurrent kernel) into one module.
+    """Compile the layer's functions (input projection, recurrent kernel) into one module (see
+    :func:`build_functions`)."""
+    return build_functions({"recurrent": kernel.func, "projection": projection_func(plan, input_size, target)},
+                           target, gpu)
+
+
+def build_functions(funcs: dict, target: tvm.target.Target, gpu: GpuSpec | None) -> Built:
+    """Compile ``{name: PrimFunc}`` into one module, each function exported as its name.
 
     On a host whose CUDA runtime is loaded the module holds a cubin built by nvcc; otherwise
     CUDA builds hold source only and cannot run here, and the source is compiled with nvcc
     for ``gpu.arch`` anyway, to get ptxas's report.
     """
-    funcs = {"recurrent": kernel.func.with_attr("global_symbol", "recurrent"),
-             "projection": projection_func(plan, input_size, target)}
-    mod = tvm.IRModule(funcs)
+    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
     if target.kind.name != "cuda":
         return Built(tvm.tirx.build(mod, target=target, pipeline=PIPELINE))
     reports: list = []

@@ -42,6 +42,43 @@ def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
     return {leaf: value(leaf) for leaf in plan.live_outs(phase)}
 
 
+def adjoint_values(plan: CellPlan, adjoints, forward: Callable[[Leaf], object], incoming: Callable[[str], object],
+                   operand: Callable[[str], object], bind: Callable[[object, str], object]) -> Callable[[Leaf], object]:
+    """``value(leaf)``: the adjoint of a leaf of one (step, row, unit) as an expression, zero where the step
+    does not depend on it, from the derived ``adjoints`` (``frontend.derivative.step_adjoints``).
+
+    A template says where the forward's values live (``forward(leaf)`` for inputs, params,
+    states at the step's start and products; stages are recomputed from them), what each
+    state's incoming adjoint is (``incoming(state)``) and what the transposed products sent
+    back to an operand stage (``operand(stage)``). Each variable is bound once (``bind``).
+    """
+    stages = {st.name: st for st in plan.stages}
+    leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
+    roles = {v: (incoming, n) for n, v in adjoints.incoming.items()}
+    roles.update({v: (operand, n) for n, v in adjoints.operands.items()})
+    bound: dict = {}
+
+    def var(v):
+        if v not in bound:
+            source, name = roles.get(v, (None, None))
+            bound[v] = bind(source(name) if source is not None else leaf_value(leaf_of_var[v]), v.name)
+        return bound[v]
+
+    def leaf_value(leaf: Leaf):
+        if leaf.kind != "stage":
+            return forward(leaf)
+        expr = stages[leaf.name].exprs[leaf.slice]
+        return substitute(expr, {v: var(v) for v in free_vars(expr)})
+
+    def value(leaf: Leaf):
+        expr = adjoints.leaves.get(leaf)
+        if expr is None:
+            return tirx.const(0.0, plan.policy.compute)
+        return substitute(expr, {v: var(v) for v in free_vars(expr)})
+
+    return value
+
+
 def live_index(plan: CellPlan) -> dict[Leaf, int]:
     """A slot for every live-out of every phase: where templates keep them until they are read."""
     leaves = [leaf for p in range(plan.phases) for leaf in plan.live_outs(p)]

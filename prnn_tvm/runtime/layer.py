@@ -42,6 +42,7 @@ class Layer(RuntimeLayer):
         self.target, self.gpu = target, gpu
         self.report, self.cuda_source = report, built.source
         self._backward = None  # its backward, once compiled (prnn_tvm.compiler.compile_backward)
+        self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
         signature = layer_signature(plan, input_size, kernel.launch)
         if kernel.launch.grid is not None:  # the co-residency check wants ptxas's figures where there are any
             grid = kernel.launch.grid

@@ -1,0 +1,63 @@
+"""A training step through the public calls on the GPU: forward, a loss over every output, and
+``loss.backward()`` for ``prnn_tvm.torch.from_torch(m)`` (the persistent forward that saves its
+states and products, the persistent backward, torch's GEMMs for the weights' gradients) against
+``m`` itself (cuDNN), fp32 with TF32 off.
+
+    python bench/training.py [--seq 256]
+
+Each figure is the median of CUDA-event runs in one process
+(``prnn_tvm.bench.baselines.cuda_event_times``), gradients cleared inside every call of both.
+The gradients (input, initial states, every parameter) are compared with cuDNN's first: the
+largest difference relative to that gradient's largest entry.
+"""
+
+import argparse
+
+import torch
+
+import prnn_tvm.torch as pt
+from prnn_tvm.bench import baselines
+
+CASES = [("LSTM", 1024, 4), ("LSTM", 1024, 16), ("LSTM", 512, 4), ("GRU", 1024, 4), ("GRU", 512, 16)]
+
+p = argparse.ArgumentParser()
+p.add_argument("--seq", type=int, default=256)
+p.add_argument("--repeats", type=int, default=7)
+p.add_argument("--number", type=int, default=10)
+args = p.parse_args()
+T = args.seq
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+torch.manual_seed(0)
+
+
+def step(module, x, hx):
+    """One training step's GPU work: gradients cleared, forward, loss, backward. Returns the gradients."""
+    leaves = [x, *hx, *module.parameters()]
+    for t in leaves:
+        t.grad = None
+    out, finals = module(x, tuple(hx) if len(hx) > 1 else hx[0])
+    finals = finals if len(hx) > 1 else (finals,)
+    (out.square().mean() + sum(f.mean() for f in finals)).backward()
+    return [t.grad for t in leaves]
+
+
+def ms(fn, *arguments) -> float:
+    """Median milliseconds of ``fn(*arguments)``."""
+    return baselines.cuda_event_times(lambda: fn(*arguments), args.repeats, args.number)[0] * 1e3
+
+
+print("case | training step: prnn-tvm ms, cuDNN ms, speedup | forward alone: prnn-tvm ms, cuDNN ms | "
+      "gradients' relative difference")
+for kind, H, B in CASES:
+    ref = getattr(torch.nn, kind)(H, H).cuda().train()
+    fast = pt.from_torch(ref)
+    x = torch.randn(T, B, H, device="cuda", requires_grad=True)
+    hx = [(0.5 * torch.randn(1, B, H, device="cuda")).requires_grad_() for _ in range(2 if kind == "LSTM" else 1)]
+    want, got = [g.clone() for g in step(ref, x, hx)], step(fast, x, hx)
+    err = max(((w - g).abs().max() / w.abs().max()).item() for w, g in zip(want, got))
+    ours, cudnn = ms(step, fast, x, hx), ms(step, ref, x, hx)
+    with torch.no_grad():
+        ours_fwd, cudnn_fwd = ms(fast, x), ms(ref, x)
+    fast.check()
+    print(f"{kind} H={H} B={B} float32 T={T} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_fwd:.3f}, "
+          f"{cudnn_fwd:.3f} | {err:.1e}", flush=True)

@@ -1,0 +1,358 @@
+"""Persistent CUDA backward: one launch walks time backwards, the transposed weights stay in registers.
+
+The design is the README's (docs/architecture.md, "Training"). A training forward
+(``persistent_cuda`` with ``save=True``) keeps, per step, every state at the step's start
+and every product; from those the backward recomputes the stages pointwise. Per CTA, which
+owns ``units_per_cta`` hidden units:
+
+    prologue   each thread loads its rows of the *transposed* recurrent weights into registers:
+               a row is (exchanged state, unit) and runs over the gate rows of every product that
+               reads that state (``k``); the incoming state adjoints ``d_<s>_n`` into registers
+    each step  t = T-1 .. 0
+                 per (batch row, unit) item, the adjoints the compiler derived from the cell's plan
+                   (``frontend.derivative.step_adjoints``, placed by ``codegen.pointwise.adjoint_values``):
+                   the gate gradients (published for the other blocks and written to ``d_gates``),
+                   ``d_xp``, the params' (summed in registers) and each state's own share of its
+                   adjoint at step t-1
+                 grid barrier
+                 per batch tile: the gate gradients of every unit into shared memory, times the
+                   register weights, reduced across the k_split lanes: what the transposed products
+                   send back to this CTA's units
+                 per item: the states' adjoints at step t-1 (a row past its length passes them on)
+    end        ``d_<s>0`` and each param's gradient per batch row
+
+The weights' gradients are GEMMs over ``d_gates`` and the saved states that the caller makes
+(``sum_t d_gates_t^T state_{t-1}``, one per product). Cells whose products read stages of the
+same step (several phases) and half precision are not placed yet: :func:`refusal` says so.
+The thread layout of the products, the knobs and the cost model are the forward's
+(``persistent_config``), over rows of the transposed weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from prnn_tvm.codegen import barrier as grid_barrier
+from prnn_tvm.codegen.kernel import Kernel, declare_args
+from prnn_tvm.codegen.pointwise import adjoint_values, bind_value
+from prnn_tvm.errors import ConfigError
+from prnn_tvm.frontend.derivative import step_adjoints
+from prnn_tvm.frontend.plan import CellPlan, Leaf
+from prnn_tvm.signature import Grid, GridSync, Launch, gpu_backward_args, saved_columns
+from prnn_tvm.target import GpuSpec
+
+from . import persistent_config as pc
+from .persistent_config import Geometry, PersistentConfig
+from .persistent_cuda import Item
+from .persistent_exchange import ceil_div, sync_threads, vec_index
+from .persistent_weights import RegisterWeights
+from .ranking import check_resources, ranked_defaults
+
+DTYPES = ("float32",)
+BARRIERS = ("counter", "grid_sync")  # the exchange is plain stores and loads between barriers
+
+
+def refusal(plan: CellPlan) -> str | None:
+    """Why this template cannot place the backward of ``plan``, or None."""
+    if plan.dtype not in DTYPES:
+        return f"the GPU backward is built for {', '.join(DTYPES)} layers so far, not {plan.dtype}"
+    if plan.phases > 1:
+        return (f"the GPU backward does not place cells whose products read a stage of the same step yet "
+                f"('{plan.cell.name}' runs {plan.phases} phases per step)")
+    return None
+
+
+def gate_rows(plan: CellPlan) -> int:
+    """Gate rows per unit over every product (the gate gradients' width is this times hidden)."""
+    return sum(r.slices for r in plan.reductions)
+
+
+def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
+    """The forward's geometry (``persistent_config.geometry``) over the transposed weights: a CTA's rows
+    are (exchanged state, unit), each as long as every gate row of the products reading that state."""
+    H, B, U = plan.hidden, plan.batch, cfg.units_per_cta
+    k = gate_rows(plan) * H
+    rows = len(plan.exchanged) * U if plan.reductions else 0
+    row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
+    threads = pc._round_up(row_groups * cfg.k_split, 32)
+    k_chunks = math.ceil(k / (cfg.vec * cfg.k_split)) if rows else 0
+    weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
+    ipt = math.ceil(B * U / threads)
+    item_regs = 2 * len(plan.states) + sum(p.slices for p in plan.params) + 1
+    regs = weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * item_regs + pc.REG_OVERHEAD
+    smem_hs = 4 * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
+    return Geometry(math.ceil(H / U), threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
+                    math.ceil(B / cfg.batch_tile), ipt, 0, smem_hs, 4 * B * rows, regs)
+
+
+def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
+    """Check a config before building; ConfigError with the reason, else its geometry."""
+    reason = refusal(plan)
+    if reason:
+        raise ConfigError(reason)
+    if cfg.barrier not in BARRIERS:
+        raise ConfigError(f"the backward's barrier is one of {', '.join(BARRIERS)}, not '{cfg.barrier}'")
+    if cfg.k_split not in (1, 2, 4, 8, 16, 32) or cfg.vec not in (1, 2, 4):
+        raise ConfigError(f"k_split={cfg.k_split}, vec={cfg.vec}: k_split is a power of two up to 32, vec 1, 2 or 4")
+    if not 1 <= cfg.units_per_cta <= plan.hidden or cfg.rows_per_thread < 1:
+        raise ConfigError(f"units_per_cta={cfg.units_per_cta} must be in [1, hidden], rows_per_thread at least 1")
+    if not 1 <= cfg.batch_tile <= plan.batch:
+        raise ConfigError(f"batch_tile={cfg.batch_tile}: must be between 1 and the batch ({plan.batch})")
+    g = geometry(cfg, plan)
+    if g.rows and cfg.rows_per_thread > g.rows:
+        raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
+    if g.threads > 1024:
+        raise ConfigError(f"{g.threads} threads per CTA; at most 1024: raise rows_per_thread or lower units_per_cta")
+    check_resources(g, plan, gpu, f"{g.weights_per_thread} transposed weights", "raise k_split or lower "
+                    "rows_per_thread", "lower batch_tile")
+    return g
+
+
+def space(plan: CellPlan, gpu: GpuSpec) -> list[PersistentConfig]:
+    """The configs the default is ranked from."""
+    min_units = math.ceil(plan.hidden / gpu.sms)
+    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units) if u <= plan.hidden})
+    tiles = sorted({t for t in (1, 2, 4, 8, plan.batch) if t <= plan.batch})
+    return [PersistentConfig(u, ks, r, bt, vec, "counter") for u in units for ks in (4, 8, 16, 32)
+            for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
+
+
+def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
+    """The untuned choices, best first (the forward's cost model over the transposed rows), each later
+    one holding fewer weights per thread: what a build falls back to when ptxas spills."""
+    return ranked_defaults(plan, gpu, space(plan, gpu), validate, pc.estimated_cycles, limit, "persistent backward")
+
+
+def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: PersistentConfig) -> Kernel:
+    """The GPU backward of ``plan`` with ``config`` (see :func:`ranked_configs`)."""
+    builder = _Backward(plan, config, validate(config, plan, gpu))
+    return Kernel(builder.build(), "persistent_backward", builder.launch, config)
+
+
+class _Backward(RegisterWeights):
+    """Builds the kernel of one config; the products over the register weights are the forward's
+    (``RegisterWeights``), with the transposed weights loaded by :meth:`load_weights`."""
+
+    def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
+        self.p, self.c, self.g = plan, cfg, g
+        self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
+        self.dt = self.acc_dt = plan.policy.compute
+        self.gs0 = cfg.batch_tile * g.k_pad  # word offset of the sums sent back, after the operand tile
+        self.si = {s.name: i for i, s in enumerate(plan.states)}
+        self.ex = {name: i for i, name in enumerate(plan.exchanged)}
+        self.red_lo, lo = {}, 0  # each product's first column in the gate gradients
+        for r in plan.reductions:
+            self.red_lo[r.name], lo = lo, lo + r.slices * plan.hidden
+        self.K = lo
+        self.p_leaves = [Leaf("param", p.name, i) for p in plan.params for i in range(p.slices)]
+        self.adj = step_adjoints(plan)
+        self.barrier = grid_barrier.BARRIERS[cfg.barrier]
+        self.launch = self._launch()
+
+    def _launch(self) -> Launch:
+        p, g, H = self.p, self.g, self.H
+        stateful = p.needs_grid_barrier and self.barrier.has_state
+        args = gpu_backward_args(
+            self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
+            {q.name: (q.slices * H,) for q in p.params}, tuple(self.si), saved_columns(H, len(p.states), gate_rows(p)),
+            max(1, self.K), self.dt, (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
+        sync = GridSync(self.barrier.name, grid_barrier.SYNC_WORDS if stateful else None) if p.needs_grid_barrier \
+            else None
+        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
+        return Launch("recurrent_backward", args, grid, sync)
+
+    # ------------------------------------------------------------------ structure
+    def build(self) -> tirx.PrimFunc:
+        p, g, S = self.p, self.g, len(self.si)
+        attrs = {"tirx.noalias": True, "prnn.hand_placed": True}
+        if p.needs_grid_barrier:
+            attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
+        ipt = g.items_per_thread
+        with IRBuilder() as ib:
+            with T.prim_func():
+                T.func_name("recurrent_backward")
+                T.func_attr(attrs)
+                self.a = declare_args(self.launch)
+                n = self.a.named
+                self.saved, self.d_out, self.d_xp, self.d_gates = n["saved"], n["d_out"], n["d_xp"], n["d_gates"]
+                self.d_final = {s: n[f"d_{s}_n"] for s in self.si}
+                self.d_init = {s: n[f"d_{s}0"] for s in self.si}
+                self.d_rows = {q.name: n[f"d_{q.name}_rows"] for q in p.params}
+                with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
+                        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
+                    self.bx, self.tx = bx, tx
+                    self.alloc_product_buffers()
+                    self.carry = T.alloc_buffer((ipt * S,), self.dt, scope="local")   # dL/d state, end of step
+                    self.direct = T.alloc_buffer((ipt * S,), self.dt, scope="local")  # its pointwise share
+                    self.pgrad = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
+                    self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")
+                    stateful = self.a.sync is not None
+                    self.base = grid_barrier.emit_begin(self.barrier, self.a.sync) if stateful else None
+                    self.prologue()
+                    with T.serial(0, self.a.seq_len) as back:
+                        t = bind_value(self.a.seq_len - 1 - back, "t")
+                        for it in range(ipt):
+                            with self.item(it) as (b, unit, _ul):
+                                self.gate_gradients(t, it, b, unit)
+                        if p.reductions:
+                            grid_barrier.emit(self.barrier, back, self.base, self.a.sync)
+                            self.products(t)
+                        for it in range(ipt):
+                            with self.item(it) as (b, unit, ul):
+                                self.carry_back(t, it, b, unit, ul)
+                    self.epilogue()
+                    if stateful:
+                        self.report_timeout()
+                        grid_barrier.emit_end(self.barrier, self.a.sync, self.base, self.a.seq_len)
+        return ib.get()
+
+    def prologue(self):
+        self.load_weights()
+        for it in range(self.g.items_per_thread):
+            with self.item(it) as (b, unit, _ul):
+                for name, i in self.si.items():
+                    T.buffer_store(self.carry, self.d_final[name][b, unit], [it * len(self.si) + i])
+                for i in range(len(self.p_leaves)):
+                    T.buffer_store(self.pgrad, tirx.const(0.0, self.dt), [it * len(self.p_leaves) + i])
+                T.buffer_store(self.lenreg, self.a.lengths[b], [it])
+        pad = self.g.k_pad - self.K  # columns past the gate rows meet zero weights: keep them 0, not garbage
+        if self.g.rows and pad:
+            total = self.c.batch_tile * pad
+            for i in range(ceil_div(total, self.g.threads)):
+                idx = i * self.g.threads + self.tx
+                with T.If(idx < total):
+                    with T.Then():
+                        T.buffer_store(self.smem, tirx.const(0.0, self.dt),
+                                       [(idx // pad) * self.g.k_pad + self.K + idx % pad])
+
+    def load_weights(self):
+        """Row ``(e, ul)`` of the thread holds ``W[k, unit]`` for every gate row ``k`` of the products that
+        read exchanged state ``e`` (zero elsewhere), in the forward's lane layout
+        (``persistent_weights``)."""
+        c, H, U = self.c, self.H, self.U
+        for r in range(c.rows_per_thread if self.g.rows else 0):
+            row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
+            e, ul = row // U, row % U
+            unit = self.bx * U + ul
+            for q in range(self.g.k_chunks):
+                for v in range(c.vec):
+                    k = c.vec * (self.ks + c.k_split * q) + v
+                    value = tirx.const(0.0, self.dt)
+                    for red in reversed(self.p.reductions):
+                        lo = self.red_lo[red.name]
+                        ok = tirx.all(row < self.g.rows, e == self.ex[red.operand], unit < H, k >= lo,
+                                      k < lo + red.slices * H)
+                        value = T.if_then_else(ok, self.a.weight[red.weight][k - lo, unit], value)
+                    T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
+
+    def epilogue(self):
+        """``d_<s>0`` from the carried adjoints, and each param's gradient of this item's batch row."""
+        S, P = len(self.si), len(self.p_leaves)
+        for it in range(self.g.items_per_thread):
+            with self.item(it) as (b, unit, _ul):
+                for name, i in self.si.items():
+                    T.buffer_store(self.d_init[name], self.carry[it * S + i], [b, unit])
+                for i, leaf in enumerate(self.p_leaves):
+                    T.buffer_store(self.d_rows[leaf.name], self.pgrad[it * P + i], [b, leaf.slice * self.H + unit])
+
+    def report_timeout(self):
+        """A timed-out launch fills this block's gradients with NaN and copies the error word to the host's
+        (``persistent_cuda.PersistentBuilder.report_timeout`` for the forward)."""
+        error = grid_barrier.emit_report(self.barrier, self.a.sync)
+        nan = T.reinterpret("float32", tirx.const(0x7FC00000, "uint32"))
+        with T.If(error != 0):
+            with T.Then():
+                for it in range(self.g.items_per_thread):
+                    with self.item(it) as (b, unit, _ul):
+                        for d in self.d_init.values():
+                            T.buffer_store(d, nan, [b, unit])
+                        with T.serial(0, self.a.seq_len) as t:
+                            for s in range(self.p.input.slices):
+                                T.buffer_store(self.d_xp, nan, [t, b, s * self.H + unit])
+
+    # ------------------------------------------------------------------ one step backwards
+    def gate_gradients(self, t, it, b, unit):
+        """This item's adjoints at step t: gate gradients out (exchange and ``d_gates``), ``d_xp``, the params'
+        summed, the states' own shares kept for :meth:`carry_back`."""
+        p, H, S = self.p, self.H, len(self.si)
+        value = self.adjoints(t, it, b, unit)
+        for r in p.reductions:
+            for s in range(r.slices):
+                column = self.red_lo[r.name] + s * H + unit
+                g = bind_value(value(Leaf("reduction", r.name, s)), f"d_{r.name}_{s}")
+                T.buffer_store(self.a.ws, g, [t % 2, b, column])
+                T.buffer_store(self.d_gates, g, [t, b, column])
+        for s in range(p.input.slices):
+            T.buffer_store(self.d_xp, value(Leaf("input", p.input.name, s)), [t, b, s * H + unit])
+        P = len(self.p_leaves)
+        for i, leaf in enumerate(self.p_leaves):
+            T.buffer_store(self.pgrad, self.pgrad[it * P + i] + value(leaf), [it * P + i])
+        for name, i in self.si.items():
+            T.buffer_store(self.direct, value(Leaf("state", name, 0)), [it * S + i])
+
+    def carry_back(self, t, it, b, unit, ul):
+        """Each state's adjoint at step t-1: its pointwise share plus what the transposed products sent back;
+        a row past its length at step t passes its adjoints through unchanged."""
+        S = len(self.si)
+        running = t < self.lenreg[it]
+        for name, i in self.si.items():
+            d = self.direct[it * S + i]
+            if name in self.ex and self.p.reductions:
+                d = d + self.smem[self.gs0 + b * self.g.rows + self.ex[name] * self.U + ul]
+            T.buffer_store(self.carry, T.if_then_else(running, d, self.carry[it * S + i]), [it * S + i])
+
+    def adjoints(self, t, it, b, unit):
+        """``value(leaf)`` at (t, b, unit): forward leaves from ``saved``, ``xp`` and the params; each state's
+        incoming adjoint is the carried one (plus ``d_out`` for the output), zero past the row's length."""
+        p, a, H, S = self.p, self.a, self.H, len(self.si)
+        running = t < self.lenreg[it]
+        column = {Leaf("state", s, 0): i for s, i in self.si.items()}
+        for r in p.reductions:
+            for s in range(r.slices):
+                column[Leaf("reduction", r.name, s)] = S + (self.red_lo[r.name] // H) + s
+
+        def forward(leaf: Leaf):
+            if leaf.kind == "input":
+                return a.xp[t, b, leaf.slice * H + unit]
+            if leaf.kind == "param":
+                return a.param[leaf.name][leaf.slice * H + unit]
+            return self.saved[t, b, column[leaf] * H + unit]
+
+        def incoming(name: str):
+            d = self.carry[it * S + self.si[name]]
+            if name == p.output:
+                d = d + self.d_out[t, b, unit]
+            return T.if_then_else(running, d, tirx.const(0.0, self.dt))
+
+        return adjoint_values(p, self.adj, forward, incoming, None, bind_value)
+
+    def products(self, t):
+        """What the transposed products send back to this CTA's units, for every batch tile, into the
+        shared sums (``gs0 + b * rows + row``: ``RegisterWeights.tile_products``)."""
+        c, g, K = self.c, self.g, self.K
+        lv = next(n for n in (4, 2, 1) if K % n == 0)  # 16-byte loads where the gate rows allow
+        with T.serial(0, g.batch_chunks) as bc:
+            b0 = bind_value(bc * c.batch_tile, "b0")
+            n = c.batch_tile * K // lv
+            for i in range(ceil_div(n, g.threads)):
+                idx = i * g.threads + self.tx
+                bb, k = (idx * lv) // K, (idx * lv) % K
+                with T.If(tirx.all(idx < n, b0 + bb < self.B)):
+                    with T.Then():
+                        T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, vec_index(k, lv)],
+                                       [vec_index(bb * g.k_pad + k, lv)])
+            sync_threads()
+            self.tile_products(b0, 0)
+            sync_threads()
+
+    # what RegisterWeights asks of its builder: every thread's rows belong to the one product, in phase 0
+    thread_phase = tirx.const(0, "int32")
+    operand_base = 0
+
+    def item(self, it: int):
+        """Context for item ``it`` of this thread: yields (batch row, unit, unit in CTA)."""
+        return Item(self, it)
