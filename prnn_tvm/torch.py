@@ -272,7 +272,7 @@ class _Recurrent(torch.nn.Module):
             lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
         args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
         if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
-            out, *finals = _CudaBackprop.apply(self, self._training(layer), _projection(*args[:3]), *args[3:])
+            out, *finals = _CudaBackprop.apply(self, self._training_kernels(layer), _projection(*args[:3]), *args[3:])
             return out, finals
         if grad:  # the recurrent kernel's backward is compiled for the CPU
             out, *finals = _CpuBackprop.apply(layer, _projection(*args[:3]), *args[3:])
@@ -293,7 +293,7 @@ class _Recurrent(torch.nn.Module):
             launcher = self._launchers[id(layer), function] = _Launcher(layer, xp.device, function)
         return launcher(xp, recurrent, self._captured)
 
-    def _training(self, layer):
+    def _training_kernels(self, layer):
         """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do
         where there are none."""
         try:

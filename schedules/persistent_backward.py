@@ -37,7 +37,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import Kernel, declare_args
+from prnn_tvm.codegen.kernel import Kernel, persistent_frame
 from prnn_tvm.codegen.pointwise import adjoint_values, bind_value
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
@@ -168,46 +168,37 @@ class _Backward(RegisterWeights):
     # ------------------------------------------------------------------ structure
     def build(self) -> tirx.PrimFunc:
         p, g, S = self.p, self.g, len(self.si)
-        attrs = {"tirx.noalias": True, "prnn.hand_placed": True}
-        if p.needs_grid_barrier:
-            attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
         ipt = g.items_per_thread
         with IRBuilder() as ib:
-            with T.prim_func():
-                T.func_name("recurrent_backward")
-                T.func_attr(attrs)
-                self.a = declare_args(self.launch)
+            with persistent_frame(self.launch) as (self.a, self.bx, self.tx):
                 n = self.a.named
                 self.saved, self.d_out, self.d_xp, self.d_gates = n["saved"], n["d_out"], n["d_xp"], n["d_gates"]
                 self.d_final = {s: n[f"d_{s}_n"] for s in self.si}
                 self.d_init = {s: n[f"d_{s}0"] for s in self.si}
                 self.d_rows = {q.name: n[f"d_{q.name}_rows"] for q in p.params}
-                with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
-                        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
-                    self.bx, self.tx = bx, tx
-                    self.alloc_product_buffers()
-                    self.carry = T.alloc_buffer((ipt * S,), self.dt, scope="local")   # dL/d state, end of step
-                    self.direct = T.alloc_buffer((ipt * S,), self.dt, scope="local")  # its pointwise share
-                    self.pgrad = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
-                    self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")
-                    stateful = self.a.sync is not None
-                    self.base = grid_barrier.emit_begin(self.barrier, self.a.sync) if stateful else None
-                    self.prologue()
-                    with T.serial(0, self.a.seq_len) as back:
-                        t = bind_value(self.a.seq_len - 1 - back, "t")
-                        for it in range(ipt):
-                            with self.item(it) as (b, unit, _ul):
-                                self.gate_gradients(t, it, b, unit)
-                        if p.reductions:
-                            grid_barrier.emit(self.barrier, back, self.base, self.a.sync)
-                            self.products(t)
-                        for it in range(ipt):
-                            with self.item(it) as (b, unit, ul):
-                                self.carry_back(t, it, b, unit, ul)
-                    self.epilogue()
-                    if stateful:
-                        self.report_timeout()
-                        grid_barrier.emit_end(self.barrier, self.a.sync, self.base, self.a.seq_len)
+                self.alloc_product_buffers()
+                self.carry = T.alloc_buffer((ipt * S,), self.dt, scope="local")   # dL/d state, end of step
+                self.direct = T.alloc_buffer((ipt * S,), self.dt, scope="local")  # its pointwise share
+                self.pgrad = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
+                self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")
+                stateful = self.a.sync is not None
+                self.base = grid_barrier.emit_begin(self.barrier, self.a.sync) if stateful else None
+                self.prologue()
+                with T.serial(0, self.a.seq_len) as back:
+                    t = bind_value(self.a.seq_len - 1 - back, "t")
+                    for it in range(ipt):
+                        with self.item(it) as (b, unit, _ul):
+                            self.gate_gradients(t, it, b, unit)
+                    if p.reductions:
+                        grid_barrier.emit(self.barrier, back, self.base, self.a.sync)
+                        self.products(t)
+                    for it in range(ipt):
+                        with self.item(it) as (b, unit, ul):
+                            self.carry_back(t, it, b, unit, ul)
+                self.epilogue()
+                if stateful:
+                    self.report_timeout()
+                    grid_barrier.emit_end(self.barrier, self.a.sync, self.base, self.a.seq_len)
         return ib.get()
 
     def prologue(self):

@@ -33,7 +33,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
+from prnn_tvm.codegen.kernel import Kernel, persistent_frame, recurrent_launch
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 from prnn_tvm.signature import Grid, GridSync, saved_columns, with_saved
@@ -129,37 +129,26 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     # ------------------------------------------------------------------ structure
     def build(self) -> tirx.PrimFunc:
         p, g = self.p, self.g
-        attrs = {"tirx.noalias": True, "prnn.hand_placed": True}
-        if p.needs_grid_barrier:
-            attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
         ipt = g.items_per_thread
         with IRBuilder() as ib:
-            with T.prim_func():
-                T.func_name(self.launch.function)
-                T.func_attr(attrs)
-                self.a = declare_args(self.launch)
+            with persistent_frame(self.launch) as (self.a, self.bx, self.tx):
                 self.sync = self.a.sync
-                # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
-                # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
-                with T.launch_thread("blockIdx.x", g.ctas) as bx, T.launch_thread("threadIdx.x", g.threads) as tx, \
-                        T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
-                    self.bx, self.tx = bx, tx
-                    self.alloc_product_buffers()
-                    self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.compute_dt, scope="local")
-                    self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.a.xp.dtype, scope="local")
-                    self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
-                    self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.compute_dt, scope="local")
-                    self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
-                    self.aborted = T.alloc_buffer((1,), "int32", scope="local")
-                    T.buffer_store(self.aborted, 0, [0])
-                    self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
-                    self.prologue()
-                    with T.serial(0, self.a.seq_len) as t:
-                        self.step(t)
-                    if self.barrier_state:  # the base counts steps (tags) or barriers
-                        self.report_timeout()
-                        advance = self.a.seq_len if self.barrier.carries_data else self.a.seq_len * p.phases - 1
-                        grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
+                self.alloc_product_buffers()
+                self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.compute_dt, scope="local")
+                self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.a.xp.dtype, scope="local")
+                self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
+                self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.compute_dt, scope="local")
+                self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
+                self.aborted = T.alloc_buffer((1,), "int32", scope="local")
+                T.buffer_store(self.aborted, 0, [0])
+                self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
+                self.prologue()
+                with T.serial(0, self.a.seq_len) as t:
+                    self.step(t)
+                if self.barrier_state:  # the base counts steps (tags) or barriers
+                    self.report_timeout()
+                    advance = self.a.seq_len if self.barrier.carries_data else self.a.seq_len * p.phases - 1
+                    grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
         return ib.get()
 
     def prologue(self):

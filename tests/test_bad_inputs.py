@@ -247,6 +247,11 @@ def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")(**good)
 
 
+@case("GPU training of a cell of several phases")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_training(prnn_tvm.compile_cell("gru_cho", 8, 2, target="cuda", arch="sm_90"))
+
+
 # ---------------------------------------------------------------- tuning logs
 def _log_with(tmp_path, **change):
     plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8)

@@ -23,7 +23,7 @@ from tvm.script.ir_builder import tirx as T
 
 from ..codegen import barrier as grid_barrier
 from ..codegen.build import PIPELINE, nvcc_compile
-from ..codegen.kernel import SEQ_LEN
+from ..codegen.kernel import HAND_PLACED, SEQ_LEN
 from ..errors import BarrierTimeout
 from ..runtime.base import DEFAULT_TIMEOUT_US, take_timeout
 from ..target import gpu_spec
@@ -46,7 +46,7 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("barrier_probe")
-            T.func_attr({"tirx.noalias": True, "prnn.hand_placed": True,
+            T.func_attr({"tirx.noalias": True, HAND_PLACED: True,
                          "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"]})
             buf = T.arg("buf", T.buffer((2, ctas), "uint64" if bar.carries_data else "int32", buffer_name="buf"))
             errors = T.arg("errors", T.buffer((1,), "uint32", buffer_name="errors"))

@@ -23,12 +23,11 @@ from tvm.tirx.compilation_pipeline import get_tir_pipeline, register_tir_pipelin
 from ..frontend.plan import CellPlan
 from ..target import GpuSpec
 from . import ptxas
-from .kernel import Kernel
+from .kernel import HAND_PLACED, Kernel
 from .projection import projection_func
 
 log = logging.getLogger(__name__)
 
-HAND_PLACED = "prnn.hand_placed"
 PIPELINE = "prnn"
 
 

@@ -7,6 +7,7 @@ The arguments come from one place, :func:`recurrent_launch` (in turn
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -29,6 +30,7 @@ from ..signature import (
 from .barrier import SyncArgs
 
 SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
+HAND_PLACED = "prnn.hand_placed"  # a kernel the tirx pipeline lowers as written (``codegen.build``)
 
 
 @dataclass(frozen=True)
@@ -104,3 +106,24 @@ def declare_args(launch: Launch) -> SimpleNamespace:
     ns.sync = (SyncArgs(declared["sync"], *(declared[name] for name in SYNC_SCALARS)) if "sync" in declared
                else None)
     return ns
+
+
+@contextlib.contextmanager
+def persistent_frame(launch: Launch):
+    """The frame of a hand-placed persistent kernel, inside an IRBuilder: the function named after
+    ``launch``, cooperative when its grid is, its arguments declared (:func:`declare_args`), one block per
+    CTA of the grid and one thread per thread. Yields ``(arguments, blockIdx.x, threadIdx.x)``."""
+    grid = launch.grid
+    attrs = {"tirx.noalias": True, HAND_PLACED: True}
+    if grid.cooperative:
+        attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
+    with T.prim_func():
+        T.func_name(launch.function)
+        T.func_attr(attrs)
+        args = declare_args(launch)
+        # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
+        # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
+        with T.launch_thread("blockIdx.x", grid.ctas) as bx, T.launch_thread("threadIdx.x", grid.threads) as tx, \
+                T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
+            yield args, bx, tx
+
