@@ -136,7 +136,7 @@ class Training:
 
 def compile_training(layer: Layer) -> Training:
     """The training kernels of a CUDA ``layer`` (once per layer; see :class:`Training`). ConfigError
-    for a layer they do not place yet (half precision, cells of several phases), saying so; the
+    for a layer they do not place yet (half precision), saying so; the
     CPU build trains every cell (:func:`compile_backward`)."""
     if layer._training is None:
         plan, target, gpu = layer.plan, layer.target, layer.gpu

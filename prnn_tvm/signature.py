@@ -266,10 +266,11 @@ def backward_args(batch: int, hidden: int, width: int, weights: dict, params: di
     return tuple(args)
 
 
-def saved_columns(hidden: int, states: int, gate_rows: int) -> int:
+def saved_columns(hidden: int, states: int, gate_rows: int, stages: int = 0) -> int:
     """Columns per (step, batch row) of what a training forward saves for the GPU backward: each state at
-    the step's start, then each product's gate rows (``gate_rows`` over all products)."""
-    return (states + gate_rows) * hidden
+    the step's start, then each product's gate rows (``gate_rows`` over all products), then each stage a
+    later phase's product multiplies (``stages``), as it multiplied it; ``hidden`` columns each."""
+    return (states + gate_rows + stages) * hidden
 
 
 def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:

@@ -31,7 +31,7 @@ recurrent kernel, the backward the compiled backpropagation through time
 (``torch.autograd.gradcheck`` passes on float64 modules). On the GPU the forward is the layer's
 kernel saving each step's states and products, the backward the persistent backward kernel,
 then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_training`); it
-places float32 cells of one phase per step and refuses the others, saying so.
+places every float32 cell and refuses half precision, saying so.
 """
 
 from __future__ import annotations
@@ -357,10 +357,15 @@ class _CudaBackprop(torch.autograd.Function):
                                     "recurrent_backward")
         d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))
         T, B, _ = d_out.shape
-        states, column = [s.name for s in plan.states], 0
+        # the saved operands' columns (signature.saved_columns): each state, then after the products' gate
+        # rows each stage a later phase multiplies
+        rows = sum(r.slices for r in plan.reductions)
+        where = {s.name: i for i, s in enumerate(plan.states)}
+        where.update({name: len(plan.states) + rows + i for i, name in enumerate(plan.exchanged_stages)})
+        column = 0
         for r in plan.reductions:  # each product's weights: sum over steps and rows of d_gates^T operand
             gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(T * B, r.slices * H)
-            i = states.index(r.operand)
+            i = where[r.operand]
             dW = gates.t() @ saved[:, :, i * H:(i + 1) * H].reshape(T * B, H)
             d[f"d_{r.weight}"] = d[f"d_{r.weight}"] + dW if f"d_{r.weight}" in d else dW
             column += r.slices * H

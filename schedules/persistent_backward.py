@@ -1,29 +1,33 @@
 """Persistent CUDA backward: one launch walks time backwards, the transposed weights stay in registers.
 
 The design is the README's (docs/architecture.md, "Training"). A training forward
-(``persistent_cuda`` with ``save=True``) keeps, per step, every state at the step's start
-and every product; from those the backward recomputes the stages pointwise. Per CTA, which
-owns ``units_per_cta`` hidden units:
+(``persistent_cuda`` with ``save=True``) keeps, per step, every state at the step's start,
+every product and every stage a later phase multiplies; from those the backward recomputes
+the stages pointwise. Per CTA, which owns ``units_per_cta`` hidden units:
 
     prologue   each thread loads its rows of the *transposed* recurrent weights into registers:
-               a row is (exchanged state, unit) and runs over the gate rows of every product that
-               reads that state (``k``); the incoming state adjoints ``d_<s>_n`` into registers
-    each step  t = T-1 .. 0
+               a row is (operand, unit), an operand being what a product multiplies (an exchanged
+               state, or a stage of the step that a later phase multiplies), and runs over the
+               gate rows of every product (``k``; zero for the products of other operands); the
+               incoming state adjoints ``d_<s>_n`` into registers
+    each step  t = T-1 .. 0, and within it each phase, the last first:
                  per (batch row, unit) item, the adjoints the compiler derived from the cell's plan
                    (``frontend.derivative.step_adjoints``, placed by ``codegen.pointwise.adjoint_values``):
-                   the gate gradients (published for the other blocks and written to ``d_gates``),
-                   ``d_xp``, the params' (summed in registers) and each state's own share of its
-                   adjoint at step t-1
+                   the gate gradients of the phase's products (published for the other blocks and
+                   written to ``d_gates``); in phase 0 also ``d_xp``, the params' (summed in
+                   registers) and each state's own share of its adjoint at step t-1
                  grid barrier
-                 per batch tile: the gate gradients of every unit into shared memory, times the
-                   register weights, reduced across the k_split lanes: what the transposed products
-                   send back to this CTA's units
-                 per item: the states' adjoints at step t-1 (a row past its length passes them on)
+                 per batch tile: the gate gradients into shared memory, times the register weights
+                   of the rows that send back in this phase, reduced across the k_split lanes
+                 per item: what was sent back: an operand stage's adjoint (read by the earlier
+                   phases' adjoints), or in phase 0 the states' adjoints at step t-1 (a row past its
+                   length passes them on)
     end        ``d_<s>0`` and each param's gradient per batch row
 
-The weights' gradients are GEMMs over ``d_gates`` and the saved states that the caller makes
-(``sum_t d_gates_t^T state_{t-1}``, one per product). Cells whose products read stages of the
-same step (several phases) and half precision are not placed yet: :func:`refusal` says so.
+One barrier per phase, so a step of a cell of P phases waits P times, as its forward does. The
+weights' gradients are GEMMs over ``d_gates`` and the saved operands that the caller makes
+(``sum_t d_gates_t^T operand_t``, one per product). Half precision is not placed yet:
+:func:`refusal` says so.
 The thread layout of the products, the knobs and the cost model are the forward's
 (``persistent_config``), over rows of the transposed weights.
 """
@@ -60,9 +64,6 @@ def refusal(plan: CellPlan) -> str | None:
     """Why this template cannot place the backward of ``plan``, or None."""
     if plan.dtype not in DTYPES:
         return f"the GPU backward is built for {', '.join(DTYPES)} layers so far, not {plan.dtype}"
-    if plan.phases > 1:
-        return (f"the GPU backward does not place cells whose products read a stage of the same step yet "
-                f"('{plan.cell.name}' runs {plan.phases} phases per step)")
     return None
 
 
@@ -73,16 +74,17 @@ def gate_rows(plan: CellPlan) -> int:
 
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     """The forward's geometry (``persistent_config.geometry``) over the transposed weights: a CTA's rows
-    are (exchanged state, unit), each as long as every gate row of the products reading that state."""
+    are (operand, unit) for every operand a product multiplies (an exchanged state, or a stage of a later
+    phase), each as long as every gate row (the rows of other operands' products hold zeros)."""
     H, B, U = plan.hidden, plan.batch, cfg.units_per_cta
     k = gate_rows(plan) * H
-    rows = len(plan.exchanged) * U if plan.reductions else 0
+    rows = len(plan.operands) * U if plan.reductions else 0
     row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
     threads = pc._round_up(row_groups * cfg.k_split, 32)
     k_chunks = math.ceil(k / (cfg.vec * cfg.k_split)) if rows else 0
     weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
     ipt = math.ceil(B * U / threads)
-    item_regs = 2 * len(plan.states) + sum(p.slices for p in plan.params) + 1
+    item_regs = 2 * len(plan.states) + len(plan.exchanged_stages) + sum(p.slices for p in plan.params) + 1
     regs = weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * item_regs + pc.REG_OVERHEAD
     smem_hs = 4 * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
     return Geometry(math.ceil(H / U), threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
@@ -105,6 +107,9 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     g = geometry(cfg, plan)
     if g.rows and cfg.rows_per_thread > g.rows:
         raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
+    if plan.phases > 1 and cfg.units_per_cta % cfg.rows_per_thread:
+        raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} must divide units_per_cta={cfg.units_per_cta} "
+                          "when products run in several phases: a thread's rows must all send back in one phase")
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA; at most 1024: raise rows_per_thread or lower units_per_cta")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} transposed weights", "raise k_split or lower "
@@ -143,7 +148,9 @@ class _Backward(RegisterWeights):
         self.dt = self.acc_dt = plan.policy.compute
         self.gs0 = cfg.batch_tile * g.k_pad  # word offset of the sums sent back, after the operand tile
         self.si = {s.name: i for i, s in enumerate(plan.states)}
-        self.ex = {name: i for i, name in enumerate(plan.exchanged)}
+        self.ops = {name: i for i, name in enumerate(plan.operands)}  # a CTA's rows: (operand, unit)
+        self.op_phase = {r.operand: r.phase for r in plan.reductions}  # the phase whose products read it
+        self.stage_ops = {name: i for i, name in enumerate(plan.exchanged_stages)}
         self.red_lo, lo = {}, 0  # each product's first column in the gate gradients
         for r in plan.reductions:
             self.red_lo[r.name], lo = lo, lo + r.slices * plan.hidden
@@ -158,10 +165,11 @@ class _Backward(RegisterWeights):
         stateful = p.needs_grid_barrier and self.barrier.has_state
         args = gpu_backward_args(
             self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
-            {q.name: (q.slices * H,) for q in p.params}, tuple(self.si), saved_columns(H, len(p.states), gate_rows(p)),
-            max(1, self.K), self.dt, (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
-        sync = GridSync(self.barrier.name, grid_barrier.SYNC_WORDS if stateful else None) if p.needs_grid_barrier \
-            else None
+            {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
+            saved_columns(H, len(p.states), gate_rows(p), len(p.exchanged_stages)), max(1, self.K), self.dt,
+            (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
+        sync = (GridSync(self.barrier.name, grid_barrier.SYNC_WORDS if stateful else None, "barriers", p.phases)
+                if p.needs_grid_barrier else None)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
 
@@ -181,24 +189,28 @@ class _Backward(RegisterWeights):
                 self.direct = T.alloc_buffer((ipt * S,), self.dt, scope="local")  # its pointwise share
                 self.pgrad = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")
+                self.dstage = T.alloc_buffer((max(1, ipt * len(self.stage_ops)),), self.dt, scope="local")
                 stateful = self.a.sync is not None
                 self.base = grid_barrier.emit_begin(self.barrier, self.a.sync) if stateful else None
                 self.prologue()
                 with T.serial(0, self.a.seq_len) as back:
                     t = bind_value(self.a.seq_len - 1 - back, "t")
-                    for it in range(ipt):
-                        with self.item(it) as (b, unit, _ul):
-                            self.gate_gradients(t, it, b, unit)
-                    if p.reductions:
-                        grid_barrier.emit(self.barrier, back, self.base, self.a.sync)
-                        self.products(t)
-                    for it in range(ipt):
-                        with self.item(it) as (b, unit, ul):
-                            self.carry_back(t, it, b, unit, ul)
+                    for phase in reversed(range(p.phases)):  # the last phase's products first
+                        for it in range(ipt):
+                            with self.item(it) as (b, unit, _ul):
+                                self.gate_gradients(t, phase, it, b, unit)
+                        if p.reductions:
+                            ordinal = back * p.phases + (p.phases - 1 - phase)
+                            stall = None if self.a.sync is None else self.a.sync.stall_step * p.phases
+                            grid_barrier.emit(self.barrier, ordinal, self.base, self.a.sync, stall)
+                            self.products(t, phase)
+                        for it in range(ipt):
+                            with self.item(it) as (b, unit, ul):
+                                self.received(t, phase, it, b, ul)
                 self.epilogue()
                 if stateful:
                     self.report_timeout()
-                    grid_barrier.emit_end(self.barrier, self.a.sync, self.base, self.a.seq_len)
+                    grid_barrier.emit_end(self.barrier, self.a.sync, self.base, self.a.seq_len * p.phases)
         return ib.get()
 
     def prologue(self):
@@ -222,8 +234,7 @@ class _Backward(RegisterWeights):
 
     def load_weights(self):
         """Row ``(e, ul)`` of the thread holds ``W[k, unit]`` for every gate row ``k`` of the products that
-        read exchanged state ``e`` (zero elsewhere), in the forward's lane layout
-        (``persistent_weights``)."""
+        read operand ``e`` (zero elsewhere), in the forward's lane layout (``persistent_weights``)."""
         c, H, U = self.c, self.H, self.U
         for r in range(c.rows_per_thread if self.g.rows else 0):
             row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
@@ -235,7 +246,7 @@ class _Backward(RegisterWeights):
                     value = tirx.const(0.0, self.dt)
                     for red in reversed(self.p.reductions):
                         lo = self.red_lo[red.name]
-                        ok = tirx.all(row < self.g.rows, e == self.ex[red.operand], unit < H, k >= lo,
+                        ok = tirx.all(row < self.g.rows, e == self.ops[red.operand], unit < H, k >= lo,
                                       k < lo + red.slices * H)
                         value = T.if_then_else(ok, self.a.weight[red.weight][k - lo, unit], value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
@@ -266,17 +277,20 @@ class _Backward(RegisterWeights):
                                 T.buffer_store(self.d_xp, nan, [t, b, s * self.H + unit])
 
     # ------------------------------------------------------------------ one step backwards
-    def gate_gradients(self, t, it, b, unit):
-        """This item's adjoints at step t: gate gradients out (exchange and ``d_gates``), ``d_xp``, the params'
-        summed, the states' own shares kept for :meth:`carry_back`."""
+    def gate_gradients(self, t, phase: int, it, b, unit):
+        """This item's adjoints at step t before ``phase``'s products go back: the gate gradients of that
+        phase's products out (exchange and ``d_gates``); in phase 0 also ``d_xp``, the params' (summed)
+        and the states' own shares, kept for :meth:`received`."""
         p, H, S = self.p, self.H, len(self.si)
         value = self.adjoints(t, it, b, unit)
-        for r in p.reductions:
+        for r in (r for r in p.reductions if r.phase == phase):
             for s in range(r.slices):
                 column = self.red_lo[r.name] + s * H + unit
                 g = bind_value(value(Leaf("reduction", r.name, s)), f"d_{r.name}_{s}")
                 T.buffer_store(self.a.ws, g, [t % 2, b, column])
                 T.buffer_store(self.d_gates, g, [t, b, column])
+        if phase:
+            return
         for s in range(p.input.slices):
             T.buffer_store(self.d_xp, value(Leaf("input", p.input.name, s)), [t, b, s * H + unit])
         P = len(self.p_leaves)
@@ -285,16 +299,20 @@ class _Backward(RegisterWeights):
         for name, i in self.si.items():
             T.buffer_store(self.direct, value(Leaf("state", name, 0)), [it * S + i])
 
-    def carry_back(self, t, it, b, unit, ul):
-        """Each state's adjoint at step t-1: its pointwise share plus what the transposed products sent back;
-        a row past its length at step t passes its adjoints through unchanged."""
+    def received(self, t, phase: int, it, b, ul):
+        """What ``phase``'s transposed products sent back to this item: the adjoint of an operand stage (kept
+        for the earlier phases), or, in phase 0, the states' adjoints at step t-1: their own share plus
+        what was sent (a row past its length at step t passes its adjoints through unchanged)."""
+        sent = {name: self.smem[self.gs0 + b * self.g.rows + e * self.U + ul] for name, e in self.ops.items()
+                if self.op_phase[name] == phase}
+        if phase:
+            for name, value in sent.items():
+                T.buffer_store(self.dstage, value, [it * len(self.stage_ops) + self.stage_ops[name]])
+            return
         S = len(self.si)
-        running = t < self.lenreg[it]
         for name, i in self.si.items():
-            d = self.direct[it * S + i]
-            if name in self.ex and self.p.reductions:
-                d = d + self.smem[self.gs0 + b * self.g.rows + self.ex[name] * self.U + ul]
-            T.buffer_store(self.carry, T.if_then_else(running, d, self.carry[it * S + i]), [it * S + i])
+            d = self.direct[it * S + i] + sent[name] if name in sent else self.direct[it * S + i]
+            T.buffer_store(self.carry, T.if_then_else(t < self.lenreg[it], d, self.carry[it * S + i]), [it * S + i])
 
     def adjoints(self, t, it, b, unit):
         """``value(leaf)`` at (t, b, unit): forward leaves from ``saved``, ``xp`` and the params; each state's
@@ -319,11 +337,15 @@ class _Backward(RegisterWeights):
                 d = d + self.d_out[t, b, unit]
             return T.if_then_else(running, d, tirx.const(0.0, self.dt))
 
-        return adjoint_values(p, self.adj, forward, incoming, None, bind_value)
+        def operand(name: str):  # an operand stage's adjoint, received from a later phase's products
+            return self.dstage[it * len(self.stage_ops) + self.stage_ops[name]]
 
-    def products(self, t):
-        """What the transposed products send back to this CTA's units, for every batch tile, into the
-        shared sums (``gs0 + b * rows + row``: ``RegisterWeights.tile_products``)."""
+        return adjoint_values(p, self.adj, forward, incoming, operand, bind_value)
+
+    def products(self, t, phase: int):
+        """What ``phase``'s transposed products send back to this CTA's units, for every batch tile, into the
+        shared sums (``gs0 + b * rows + row``: ``RegisterWeights.tile_products``). The tile holds every
+        product's gate gradients; a row's weights are zero outside its own products."""
         c, g, K = self.c, self.g, self.K
         lv = next(n for n in (4, 2, 1) if K % n == 0)  # 16-byte loads where the gate rows allow
         with T.serial(0, g.batch_chunks) as bc:
@@ -337,12 +359,21 @@ class _Backward(RegisterWeights):
                         T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, vec_index(k, lv)],
                                        [vec_index(bb * g.k_pad + k, lv)])
             sync_threads()
-            self.tile_products(b0, 0)
+            self.tile_products(b0, phase)
             sync_threads()
 
-    # what RegisterWeights asks of its builder: every thread's rows belong to the one product, in phase 0
-    thread_phase = tirx.const(0, "int32")
+    # what RegisterWeights asks of its builder: the phase in which the thread's rows send back (they all
+    # belong to one operand's, see validate), and where their shared tile starts (one tile for all rows)
     operand_base = 0
+
+    @property
+    def thread_phase(self):
+        e = (self.rg * self.c.rows_per_thread) // self.U
+        value = tirx.const(0, "int32")
+        for name, i in self.ops.items():
+            if self.op_phase[name]:
+                value = T.if_then_else(e == i, self.op_phase[name], value)
+        return value
 
     def item(self, it: int):
         """Context for item ``it`` of this thread: yields (batch row, unit, unit in CTA)."""

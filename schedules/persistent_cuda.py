@@ -114,8 +114,9 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
         launch = recurrent_launch(p, workspace, ws_dtype, grid, sync)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
-            return with_saved(launch, saved_columns(self.H, len(p.states), sum(r.slices for r in p.reductions)),
-                              self.acc_dt)
+            columns = saved_columns(self.H, len(p.states), sum(r.slices for r in p.reductions),
+                                    len(p.exchanged_stages))
+            return with_saved(launch, columns, self.acc_dt)
         return launch
 
     def row_starts(self) -> list[int]:
@@ -249,13 +250,17 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     T.buffer_store(self.a.final[name], value, [b, unit])
 
     def save_leaves(self, t, it, b, unit, ul):
-        """A training forward keeps, for this step and item, every state at the step's start and every
-        product (``signature.saved_columns``); the GPU backward recomputes the stages from them."""
+        """A training forward keeps, for this step and item, every state at the step's start, every product
+        and every stage a later phase multiplies, rounded to storage as it was multiplied
+        (``signature.saved_columns``); the GPU backward recomputes the other stages from them."""
         load, saved, H = self.loader(t, it, b, unit, ul), self.a.named["saved"], self.H
         leaves = [Leaf("state", s.name, 0) for s in self.p.states]
         leaves += [Leaf("reduction", r.name, i) for r in self.p.reductions for i in range(r.slices)]
         for column, leaf in enumerate(leaves):
             T.buffer_store(saved, as_type(load(leaf), saved.dtype), [t, b, column * H + unit])
+        for column, name in enumerate(self.p.exchanged_stages, start=len(leaves)):
+            multiplied = as_type(load(Leaf("stage", name, 0)), self.dt)
+            T.buffer_store(saved, as_type(multiplied, saved.dtype), [t, b, column * H + unit])
 
     def loader(self, t, it, b, unit, ul):
         """Where each leaf of item ``it`` lives (registers, shared gate sums, the workspace), as a value of

@@ -247,9 +247,9 @@ def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")(**good)
 
 
-@case("GPU training of a cell of several phases")
+@case("GPU training of a float16 layer")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_training(prnn_tvm.compile_cell("gru_cho", 8, 2, target="cuda", arch="sm_90"))
+    prnn_tvm.compile_training(prnn_tvm.compile_cell("lstm", 8, 2, dtype="float16", target="cuda", arch="sm_90"))
 
 
 # ---------------------------------------------------------------- tuning logs

@@ -410,10 +410,12 @@ def test_cuda_gradients_match_torch_nn(kind, layers, bidirectional, packed, T, B
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell", [TWO_STATE, "lstm_peephole", "indrnn"])
+@pytest.mark.parametrize("cell", [TWO_STATE, "lstm_peephole", "indrnn", "gru_cho", "mgu", "stacked_rnn"])
 def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell):
-    """A user-defined cell (two exchanged states, two products), one with params (peepholes) and one without a
-    product: the GPU backward against the float64 CPU build's (itself checked by gradcheck)."""
+    """A user-defined cell (two exchanged states, two products), one with params (peepholes), one without a
+    product, and the cells of two phases per step (a product over a stage of the same step; the stacked RNN
+    with two exchanged states too): the GPU backward against the float64 CPU build's (itself checked by
+    gradcheck)."""
     torch.manual_seed(8)
     fast = pt.Recurrent(cell, 6, 37).cuda()
     ref = pt.Recurrent(cell, 6, 37, dtype=torch.float64)
@@ -429,25 +431,25 @@ def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("module, message", [
-    (lambda: pt.Recurrent("gru_cho", 8, 16), "stage of the same step"),
-    (lambda: pt.from_torch(torch.nn.GRU(8, 16).half()), "float32 layers so far, not float16")])
-def test_cuda_gradients_not_placed_yet_are_refused(module, message):
-    fast = module().cuda()
-    with pytest.raises(InputError, match=f"gradients on the GPU: .*{message}.*torch.no_grad"):
+def test_cuda_gradients_not_placed_yet_are_refused():
+    fast = pt.from_torch(torch.nn.GRU(8, 16).half().cuda())
+    with pytest.raises(InputError, match="gradients on the GPU: .*float32 layers so far, not float16.*torch.no_grad"):
         fast(torch.randn(3, 2, 8, device="cuda", dtype=fast.dtype))
 
 
 @pytest.mark.gpu
-def test_a_cuda_backward_that_times_out_fills_nan_and_raises():
-    fast = pt.from_torch(torch.nn.GRU(8, 64).cuda())
+@pytest.mark.parametrize("module, where", [(lambda: pt.from_torch(torch.nn.GRU(8, 64)), "after step 5"),
+                                           (lambda: pt.Recurrent("gru_cho", 8, 64), "after phase 0 of step 5")])
+def test_a_cuda_backward_that_times_out_fills_nan_and_raises(module, where):
+    """A stalled barrier (backward step 5, counted from the end; of a two-phase cell its first barrier)."""
+    fast = module().cuda()
     x = torch.randn(20, 2, 8, device="cuda", requires_grad=True)
     out, _ = fast(x)
     backward = fast.layer_for(2, x.device)._training.backward
     backward.debug_stall_step, backward.barrier_timeout_us = 5, 2000
     out.sum().backward()
     assert torch.isnan(x.grad).all()
-    with pytest.raises(prnn_tvm.BarrierTimeout, match="after step 5"):
+    with pytest.raises(prnn_tvm.BarrierTimeout, match=where):
         fast.check()
     backward.debug_stall_step = -1
     x.grad = None
