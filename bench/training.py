@@ -1,7 +1,7 @@
 """A training step through the public calls on the GPU: forward, a loss over every output, and
 ``loss.backward()`` for ``prnn_tvm.torch.from_torch(m)`` (the persistent forward that saves its
 states and products, the persistent backward, torch's GEMMs for the weights' gradients) against
-``m`` itself (cuDNN), fp32 with TF32 off.
+``m`` itself (cuDNN) in the same dtype: fp32 with TF32 off, and fp16.
 
     python bench/training.py [--seq 256]
 
@@ -18,7 +18,9 @@ import torch
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
 
-CASES = [("LSTM", 1024, 4), ("LSTM", 1024, 16), ("LSTM", 512, 4), ("GRU", 1024, 4), ("GRU", 512, 16)]
+CASES = [("LSTM", 1024, 4, torch.float32), ("LSTM", 1024, 16, torch.float32), ("LSTM", 512, 4, torch.float32),
+         ("GRU", 1024, 4, torch.float32), ("GRU", 512, 16, torch.float32), ("LSTM", 1024, 4, torch.float16),
+         ("LSTM", 1024, 16, torch.float16), ("GRU", 1024, 16, torch.float16)]
 
 p = argparse.ArgumentParser()
 p.add_argument("--seq", type=int, default=256)
@@ -37,7 +39,8 @@ def step(module, x, hx):
         t.grad = None
     out, finals = module(x, tuple(hx) if len(hx) > 1 else hx[0])
     finals = finals if len(hx) > 1 else (finals,)
-    (out.square().mean() + sum(f.mean() for f in finals)).backward()
+    # summed (per batch row) in float32: a mean over every element would push half gradients below fp16's range
+    ((out.float().square().sum() + sum(f.float().sum() for f in finals)) / x.shape[1]).backward()
     return [t.grad for t in leaves]
 
 
@@ -48,16 +51,17 @@ def ms(fn, *arguments) -> float:
 
 print("case | training step: prnn-tvm ms, cuDNN ms, speedup | forward alone: prnn-tvm ms, cuDNN ms | "
       "gradients' relative difference")
-for kind, H, B in CASES:
-    ref = getattr(torch.nn, kind)(H, H).cuda().train()
+for kind, H, B, dtype in CASES:
+    ref = getattr(torch.nn, kind)(H, H).cuda().to(dtype).train()
     fast = pt.from_torch(ref)
-    x = torch.randn(T, B, H, device="cuda", requires_grad=True)
-    hx = [(0.5 * torch.randn(1, B, H, device="cuda")).requires_grad_() for _ in range(2 if kind == "LSTM" else 1)]
+    x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)
+    hx = [(0.5 * torch.randn(1, B, H, device="cuda", dtype=dtype)).requires_grad_()
+          for _ in range(2 if kind == "LSTM" else 1)]
     want, got = [g.clone() for g in step(ref, x, hx)], step(fast, x, hx)
-    err = max(((w - g).abs().max() / w.abs().max()).item() for w, g in zip(want, got))
+    err = max(((w - g).abs().max() / w.abs().max()).float().item() for w, g in zip(want, got))
     ours, cudnn = ms(step, fast, x, hx), ms(step, ref, x, hx)
     with torch.no_grad():
         ours_fwd, cudnn_fwd = ms(fast, x), ms(ref, x)
     fast.check()
-    print(f"{kind} H={H} B={B} float32 T={T} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_fwd:.3f}, "
+    print(f"{kind} H={H} B={B} {str(dtype)[6:]} T={T} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_fwd:.3f}, "
           f"{cudnn_fwd:.3f} | {err:.1e}", flush=True)

@@ -136,8 +136,9 @@ class Training:
 
 def compile_training(layer: Layer) -> Training:
     """The training kernels of a CUDA ``layer`` (once per layer; see :class:`Training`). ConfigError
-    for a layer they do not place yet (half precision), saying so; the
-    CPU build trains every cell (:func:`compile_backward`)."""
+    when the backward's transposed weights do not fit in registers (it keeps them in float32, so a
+    half layer needs a float32 layer's registers), saying so; the CPU build trains every layer
+    (:func:`compile_backward`)."""
     if layer._training is None:
         plan, target, gpu = layer.plan, layer.target, layer.gpu
         if target.kind.name != "cuda":
@@ -145,9 +146,11 @@ def compile_training(layer: Layer) -> Training:
                               "compile_backward(layer)")
         try:
             save = saving_forward(plan, target, gpu, layer.kernel.config)
+            backwards = gpu_backward(plan, gpu)
         except ConfigError as err:
-            raise ConfigError(f"{err}; train this layer on the CPU build (target 'llvm')") from None
-        for backward in gpu_backward(plan, gpu):
+            widened = " (the backward holds the transposed weights in float32)" if plan.dtype != "float32" else ""
+            raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
+        for backward in backwards:
             built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)
             if built.ptxas is None or not built.ptxas.function("recurrent_backward").spills:
                 break  # else the next, with fewer weights per thread (the last is kept, spills said below)

@@ -284,16 +284,18 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
 
 
 def gpu_backward_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple,
-                      saved: int, gates: int, dtype: str, workspace: tuple, sync_words: int | None) -> tuple:
+                      saved: int, gates: int, dtype: str, storage: str, workspace: tuple,
+                      sync_words: int | None) -> tuple:
     """The GPU backward kernel's arguments, in kernel order: ``xp``, the weights and params as the forward
     takes them, ``lengths``, ``saved`` (the training forward's, ``saved`` columns), ``d_out`` and each
     ``d_<s>_n`` in; ``d_xp``, ``d_gates`` (T, B, ``gates``: every product's gate gradients, for the weight
     gradients' GEMMs), each ``d_<param>_rows`` (B, width of the param: the param's gradient per batch
-    row) and each ``d_<s>0`` out; then the workspace and the barrier's state and scalars. All ``dtype``."""
+    row) and each ``d_<s>0`` out; then the workspace and the barrier's state and scalars. The weights and
+    params are the layer's ``storage`` type, everything else ``dtype`` (float32)."""
     B, H = batch, hidden
     args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
-    args += [Arg(n, ArgRole.WEIGHT, tuple(s), dtype) for n, s in weights.items()]
-    args += [Arg(n, ArgRole.PARAM, tuple(s), dtype) for n, s in params.items()]
+    args += [Arg(n, ArgRole.WEIGHT, tuple(s), storage) for n, s in weights.items()]
+    args += [Arg(n, ArgRole.PARAM, tuple(s), storage) for n, s in params.items()]
     args += [Arg("lengths", ArgRole.LENGTHS, (B,), "int32"), Arg("saved", ArgRole.INPUT, (SEQ, B, saved), dtype),
              Arg("d_out", ArgRole.INPUT, (SEQ, B, H), dtype)]
     args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), dtype) for s in states]

@@ -30,8 +30,8 @@ derived from the cell's plan. On the CPU the forward is torch's projection and t
 recurrent kernel, the backward the compiled backpropagation through time
 (``torch.autograd.gradcheck`` passes on float64 modules). On the GPU the forward is the layer's
 kernel saving each step's states and products, the backward the persistent backward kernel,
-then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_training`); it
-places every float32 cell and refuses half precision, saying so.
+then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_training`), in
+float32 for half layers too.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ class _Recurrent(torch.nn.Module):
             lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
         args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
         if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
-            out, *finals = _CudaBackprop.apply(self, self._training_kernels(layer), _projection(*args[:3]), *args[3:])
+            xp = _projection(*args[:3], differentiable=True)
+            out, *finals = _CudaBackprop.apply(self, self._training_kernels(layer), xp, *args[3:])
             return out, finals
         if grad:  # the recurrent kernel's backward is compiled for the CPU
             out, *finals = _CpuBackprop.apply(layer, _projection(*args[:3]), *args[3:])
@@ -351,8 +352,9 @@ class _CudaBackprop(torch.autograd.Function):
         xp, *args, saved = ctx.saved_tensors
         plan, H = training.plan, module.hidden_size
         names = _data_names(training.forward)[1:]  # the forward's arguments after xp
-        given = dict(zip(names, args), saved=saved, d_out=d_out.contiguous())
-        given.update({f"d_{s.name}_n": d.contiguous() for s, d in zip(plan.states, d_finals)})
+        # the backward computes in float32 (a half layer's outputs come back as float32 gradients)
+        given = dict(zip(names, args), saved=saved, d_out=d_out.float().contiguous())
+        given.update({f"d_{s.name}_n": d.float().contiguous() for s, d in zip(plan.states, d_finals)})
         launched = module._run_cuda(training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]],
                                     "recurrent_backward")
         d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))
@@ -370,7 +372,8 @@ class _CudaBackprop(torch.autograd.Function):
             d[f"d_{r.weight}"] = d[f"d_{r.weight}"] + dW if f"d_{r.weight}" in d else dW
             column += r.slices * H
         d.update({f"d_{q.name}": d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
-        return (None, None, d["d_xp"], *(d.get(f"d_{n}") for n in names))  # lengths: none
+        grads = [None if d.get(f"d_{n}") is None else d[f"d_{n}"].to(given[n].dtype) for n in names]
+        return (None, None, d["d_xp"].to(xp.dtype), *grads)  # lengths: none
 
 
 def _data_names(layer) -> list:
@@ -486,16 +489,17 @@ def _aligned_state(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
 
 
-def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
+def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor, differentiable: bool = False) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
-    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32."""
+    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
+    (widened first where autograd must differentiate it)."""
     T, B, _ = x.shape
     x2d = x.reshape(T * B, -1)
     if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
         xp = torch.addmm(b_ih, x2d, W_ih.t())
-    elif x.device.type == "cuda":
+    elif x.device.type == "cuda" and not differentiable:
         xp = torch.mm(x2d, W_ih.t(), out_dtype=torch.float32).add_(b_ih)
-    else:  # a half layer on the CPU: float32 math, differentiable
+    else:  # a half layer that trains (or on the CPU): float32 math, differentiable
         xp = torch.addmm(b_ih.float(), x2d.float(), W_ih.t().float())
     return xp.view(T, B, -1)
 

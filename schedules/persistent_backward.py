@@ -26,8 +26,9 @@ the stages pointwise. Per CTA, which owns ``units_per_cta`` hidden units:
 
 One barrier per phase, so a step of a cell of P phases waits P times, as its forward does. The
 weights' gradients are GEMMs over ``d_gates`` and the saved operands that the caller makes
-(``sum_t d_gates_t^T operand_t``, one per product). Half precision is not placed yet:
-:func:`refusal` says so.
+(``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer's backward reads
+its weights and params in their storage type and keeps and computes everything in float32
+(the weights widened in registers: the register budget of a float32 layer).
 The thread layout of the products, the knobs and the cost model are the forward's
 (``persistent_config``), over rows of the transposed weights.
 """
@@ -42,7 +43,7 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame
-from prnn_tvm.codegen.pointwise import adjoint_values, bind_value
+from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
@@ -56,14 +57,14 @@ from .persistent_exchange import ceil_div, sync_threads, vec_index
 from .persistent_weights import RegisterWeights
 from .ranking import check_resources, ranked_defaults
 
-DTYPES = ("float32",)
+DTYPES = ("float32", "float16", "bfloat16")  # storage; the backward computes in float32 (its registers too)
 BARRIERS = ("counter", "grid_sync")  # the exchange is plain stores and loads between barriers
 
 
 def refusal(plan: CellPlan) -> str | None:
     """Why this template cannot place the backward of ``plan``, or None."""
     if plan.dtype not in DTYPES:
-        return f"the GPU backward is built for {', '.join(DTYPES)} layers so far, not {plan.dtype}"
+        return f"the GPU backward places {', '.join(DTYPES)} layers, not {plan.dtype}"
     return None
 
 
@@ -145,7 +146,8 @@ class _Backward(RegisterWeights):
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
         self.p, self.c, self.g = plan, cfg, g
         self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
-        self.dt = self.acc_dt = plan.policy.compute
+        self.dt = self.acc_dt = plan.policy.compute  # weights widen to it in registers
+        self.storage = plan.dtype
         self.gs0 = cfg.batch_tile * g.k_pad  # word offset of the sums sent back, after the operand tile
         self.si = {s.name: i for i, s in enumerate(plan.states)}
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # a CTA's rows: (operand, unit)
@@ -167,7 +169,7 @@ class _Backward(RegisterWeights):
             self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             saved_columns(H, len(p.states), gate_rows(p), len(p.exchanged_stages)), max(1, self.K), self.dt,
-            (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
+            self.storage, (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
         sync = (GridSync(self.barrier.name, grid_barrier.SYNC_WORDS if stateful else None, "barriers", p.phases)
                 if p.needs_grid_barrier else None)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
@@ -248,7 +250,7 @@ class _Backward(RegisterWeights):
                         lo = self.red_lo[red.name]
                         ok = tirx.all(row < self.g.rows, e == self.ops[red.operand], unit < H, k >= lo,
                                       k < lo + red.slices * H)
-                        value = T.if_then_else(ok, self.a.weight[red.weight][k - lo, unit], value)
+                        value = T.if_then_else(ok, as_type(self.a.weight[red.weight][k - lo, unit], self.dt), value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
 
     def epilogue(self):
@@ -328,7 +330,7 @@ class _Backward(RegisterWeights):
             if leaf.kind == "input":
                 return a.xp[t, b, leaf.slice * H + unit]
             if leaf.kind == "param":
-                return a.param[leaf.name][leaf.slice * H + unit]
+                return as_type(a.param[leaf.name][leaf.slice * H + unit], self.dt)
             return self.saved[t, b, column[leaf] * H + unit]
 
         def incoming(name: str):

@@ -431,10 +431,26 @@ def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell):
 
 
 @pytest.mark.gpu
-def test_cuda_gradients_not_placed_yet_are_refused():
-    fast = pt.from_torch(torch.nn.GRU(8, 16).half().cuda())
-    with pytest.raises(InputError, match="gradients on the GPU: .*float32 layers so far, not float16.*torch.no_grad"):
-        fast(torch.randn(3, 2, 8, device="cuda", dtype=fast.dtype))
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)])
+def test_cuda_half_modules_train(kind, dtype, bound):
+    """Half storage on the GPU (the forward on tensor cores, saving in float32; the backward in float32):
+    gradients against torch.nn's float64 autograd on the same half-rounded weights, inputs and states,
+    relative to a gradient's largest entry where that passes 1; the gradients come back in the half type."""
+    torch.manual_seed(9)
+    fast = pt.from_torch(_reference(kind, input_size=24, hidden_size=128).to(dtype).cuda().train())
+    ref = _reference(kind, input_size=24, hidden_size=128).double()
+    with torch.no_grad():
+        for p, q in zip(ref.parameters(), fast.parameters()):
+            p.copy_(q)
+    x = torch.randn(64, 5, 24).to(dtype)
+    hx = [(0.5 * torch.randn(1, 5, 128)).to(dtype) for _ in range(2 if kind == "lstm" else 1)]
+    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
+                      list(ref.parameters()))
+    params = list(fast.parameters())
+    got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx], params)
+    assert all(p.grad.dtype == dtype for p in params)
+    assert _gradient_error(want, got) <= bound
 
 
 @pytest.mark.gpu
