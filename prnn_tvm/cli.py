@@ -15,10 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from . import compile_cell, records
+from . import compile_cell, compile_training, records
 from .checks import check_against_reference, check_gradients, time_layer
 from .dtypes import GPU_DTYPES, tolerance
-from .errors import CellError, PrnnError
+from .errors import CellError, ConfigError, PrnnError
 from .frontend.registry import builtin_cells
 from .schedules import knob_text
 from .target import known_archs, local_gpu, parse_arch
@@ -140,6 +140,7 @@ def cmd_compile(args) -> int:
                   f"(float64 CPU build; tolerance {res.tolerance:.0e}): {'ok' if res.ok else 'FAILED'} "
                   f"[{res.seconds:.2f} s]")
             ok &= res.ok
+            _print_training(layer)
     if gpu is None:
         print("gpu         none here: CUDA source generated and inspected with ptxas, not run")
         return 0 if ok else 1
@@ -151,6 +152,18 @@ def cmd_compile(args) -> int:
     print(f"gpu time    {t.total_s * 1e3:.3f} ms per sequence of {args.seq} ({parts}; recurrent "
           f"{t.per_step_s * 1e6:.2f} us per step) on {gpu.device_name}")
     return 0 if ok and res.ok else 1
+
+
+def _print_training(layer) -> None:
+    """The GPU training kernels of ``layer`` (saving forward, persistent backward): ptxas's figures, or why
+    there are none."""
+    try:
+        training = compile_training(layer)
+    except ConfigError as err:
+        print(f"training    not on the GPU: {err}")
+        return
+    for line in training.report.splitlines():
+        print(f"training    {line}")
 
 
 def cmd_tune(args) -> int:

@@ -14,7 +14,8 @@ def test_compile_reports_kernel_and_cpu_check():
     r = run("compile", "lstm", "--hidden", "32", "--batch", "3", "--seq", "5", "--arch", "sm_90")
     assert r.returncode == 0, r.stderr
     for text in ("cell        lstm", "schedule    persistent_cuda", "(default", "CTAs x", "registers/thread",
-                 "0 B spill stores", "cpu check   max abs error", ": ok", "grad check  relative error"):
+                 "0 B spill stores", "cpu check   max abs error", ": ok", "grad check  relative error",
+                 "training    recurrent_save: ", "training    recurrent_backward: "):
         assert text in r.stdout, r.stdout
     assert "FAILED" not in r.stdout
 
@@ -41,6 +42,7 @@ def test_a_cell_without_derivative_rules_compiles_and_says_it_cannot_train(tmp_p
     r = run("compile", str(tmp_path / "floor_rnn.py"), "--hidden", "8", "--batch", "2", "--seq", "4", "--arch", "sm_90")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "cpu check   max abs error" in r.stdout and "grad check  not derivable: cannot differentiate" in r.stdout
+    assert "training    " not in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
