@@ -9,8 +9,6 @@ Each figure is the median of CUDA-event runs in one process
 checked against cuDNN's first.
 """
 
-import argparse
-
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -21,14 +19,8 @@ from prnn_tvm.bench import baselines
 CASES = [(1, False, 1024, 4, torch.float32), (2, False, 1024, 4, torch.float32), (1, True, 512, 4, torch.float32),
          (2, True, 512, 8, torch.float32), (1, True, 512, 8, torch.float16)]
 
-p = argparse.ArgumentParser()
-p.add_argument("--seq", type=int, default=256)
-p.add_argument("--repeats", type=int, default=7)
-p.add_argument("--number", type=int, default=20)
-args = p.parse_args()
+args = baselines.script_arguments(number=20)
 T = args.seq
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-torch.manual_seed(0)
 
 
 def ms(module, sequence) -> float:

@@ -11,8 +11,6 @@ The gradients (input, initial states, every parameter) are compared with cuDNN's
 largest difference relative to that gradient's largest entry.
 """
 
-import argparse
-
 import torch
 
 import prnn_tvm.torch as pt
@@ -22,14 +20,8 @@ CASES = [("LSTM", 1024, 4, torch.float32), ("LSTM", 1024, 16, torch.float32), ("
          ("GRU", 1024, 4, torch.float32), ("GRU", 512, 16, torch.float32), ("LSTM", 1024, 4, torch.float16),
          ("LSTM", 1024, 16, torch.float16), ("GRU", 1024, 16, torch.float16)]
 
-p = argparse.ArgumentParser()
-p.add_argument("--seq", type=int, default=256)
-p.add_argument("--repeats", type=int, default=7)
-p.add_argument("--number", type=int, default=10)
-args = p.parse_args()
+args = baselines.script_arguments(number=10)
 T = args.seq
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-torch.manual_seed(0)
 
 
 def step(module, x, hx):

@@ -8,29 +8,21 @@ with no host work between them; the eager call adds what the host costs. Every f
 median of CUDA-event runs in one process (``prnn_tvm.bench.baselines.cuda_event_times``).
 """
 
-import argparse
 
 import torch
 
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
 
-p = argparse.ArgumentParser()
-p.add_argument("--hidden", type=int, default=1024)
-p.add_argument("--batch", type=int, default=4)
-p.add_argument("--seq", type=int, default=256)
-p.add_argument("--repeats", type=int, default=7)
-args = p.parse_args()
+args = baselines.script_arguments(number=5, hidden=1024, batch=4)
 H, B, T = args.hidden, args.batch, args.seq
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-torch.manual_seed(0)
 lstm, gru = torch.nn.LSTM(H, H).cuda().eval(), torch.nn.GRU(H, H).cuda().eval()
 fast_lstm, fast_gru = pt.from_torch(lstm), pt.from_torch(gru)
 x = torch.randn(T, B, H, device="cuda")
 
 
 def ms(fn) -> float:
-    return baselines.cuda_event_times(fn, args.repeats, 5)[0] * 1e3
+    return baselines.cuda_event_times(fn, args.repeats, args.number)[0] * 1e3
 
 
 def model(x):

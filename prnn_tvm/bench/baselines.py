@@ -12,6 +12,7 @@ captured once and replayed as a CUDA graph, so no launch overhead is left in it.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -188,3 +189,16 @@ def captured(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
     with torch.cuda.graph(graph):
         result = fn()
     return graph, result
+
+
+def script_arguments(number: int, **sizes: int) -> argparse.Namespace:
+    """The command line of a benchmark script under ``bench/``: ``--seq`` (256), ``--repeats`` (7), ``--number``
+    (``number``) and an int option per entry of ``sizes`` (its default). Also sets what every figure is
+    measured under: TF32 off for cuBLAS and cuDNN, torch's seed 0."""
+    p = argparse.ArgumentParser()
+    for name, default in {"seq": 256, **sizes, "repeats": 7, "number": number}.items():
+        p.add_argument(f"--{name}", type=int, default=default)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    return p.parse_args()
+
