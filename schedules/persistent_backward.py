@@ -264,19 +264,25 @@ class _Backward(RegisterWeights):
                     T.buffer_store(self.d_rows[leaf.name], self.pgrad[it * P + i], [b, leaf.slice * self.H + unit])
 
     def report_timeout(self):
-        """A timed-out launch fills this block's gradients with NaN and copies the error word to the host's
-        (``persistent_cuda.PersistentBuilder.report_timeout`` for the forward)."""
+        """A timed-out launch fills this block's part of every output with NaN (the gate gradients too, so
+        that the weights' gradients made from them do not look valid either) and copies the error word to
+        the host's (``persistent_cuda.PersistentBuilder.report_timeout`` for the forward)."""
         error = grid_barrier.emit_report(self.barrier, self.a.sync)
         nan = T.reinterpret("float32", tirx.const(0x7FC00000, "uint32"))
+        H = self.H
         with T.If(error != 0):
             with T.Then():
                 for it in range(self.g.items_per_thread):
                     with self.item(it) as (b, unit, _ul):
                         for d in self.d_init.values():
                             T.buffer_store(d, nan, [b, unit])
+                        for leaf in self.p_leaves:
+                            T.buffer_store(self.d_rows[leaf.name], nan, [b, leaf.slice * H + unit])
                         with T.serial(0, self.a.seq_len) as t:
                             for s in range(self.p.input.slices):
-                                T.buffer_store(self.d_xp, nan, [t, b, s * self.H + unit])
+                                T.buffer_store(self.d_xp, nan, [t, b, s * H + unit])
+                            for column in range(self.K // H):
+                                T.buffer_store(self.d_gates, nan, [t, b, column * H + unit])
 
     # ------------------------------------------------------------------ one step backwards
     def gate_gradients(self, t, phase: int, it, b, unit):
