@@ -87,6 +87,39 @@ def test_graph_replays_of_two_modules_equal_eager_calls():
         assert torch.equal(replayed, fast(x))
 
 
+def test_a_training_step_graphed_by_torch_equals_eager():
+    """``torch.cuda.make_graphed_callables``: the forward (saving) and the backward captured as graphs and
+    replayed give the eager step's output and gradients, replay after replay."""
+    lstm, _ = _modules()
+    fast = pt.from_torch(lstm.train())
+
+    class Output(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)[0]
+
+    x = torch.randn(16, 4, 64, device="cuda", requires_grad=True)
+    model = Output(fast)
+
+    def step(run):
+        for t in (x, *fast.parameters()):
+            t.grad = None
+        out = run(x)
+        out.square().sum().backward()
+        return [out.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in fast.parameters())]
+
+    eager = step(model)
+    graphed = torch.cuda.make_graphed_callables(model, (x,))
+    for _ in range(3):
+        got = step(graphed)
+        torch.cuda.synchronize()
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(eager, got))
+    fast.check()
+
+
 def test_one_layer_from_two_streams_and_two_threads():
     lstm, _ = _modules()
     fast = pt.from_torch(lstm)
