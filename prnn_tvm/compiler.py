@@ -119,11 +119,13 @@ class Training:
     """What a CUDA layer trains with (:func:`compile_training`), two launches of one module:
 
     - ``forward``: the layer's recurrent kernel (same config) that also writes ``saved`` (T, B,
-      (states + gate rows) x hidden, ``signature.saved_columns``): each state at every step's
-      start and every product;
+      (states + gate rows + operand stages) x hidden, float32, ``signature.saved_columns``): each
+      state at every step's start, every product, every stage a later phase multiplies;
     - ``backward``: the persistent backward (``schedules/persistent_backward.py``), arguments
-      ``signature.gpu_backward_args``; its ``d_gates`` and the saved states make the weight
+      ``signature.gpu_backward_args``; its ``d_gates`` and the saved operands make the weight
       gradients, one GEMM per product, which the caller runs (cuBLAS in ``prnn_tvm.torch``).
+
+    Both take the layer's ``barrier_timeout_us`` as it was when they were built.
 
     ``report`` is ptxas's figures of both kernels and the backward's config, one line each.
     """
