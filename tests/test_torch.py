@@ -410,12 +410,14 @@ def test_cuda_gradients_match_torch_nn(kind, layers, bidirectional, packed, T, B
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell", [TWO_STATE, "lstm_peephole", "indrnn", "gru_cho", "mgu", "stacked_rnn"])
-def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell):
+@pytest.mark.parametrize("cell, packed", [(TWO_STATE, False), ("lstm_peephole", False), ("indrnn", False),
+                                          ("gru_cho", False), ("mgu", False), ("stacked_rnn", False),
+                                          ("gru_cho", True)])
+def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell, packed):
     """A user-defined cell (two exchanged states, two products), one with params (peepholes), one without a
     product, and the cells of two phases per step (a product over a stage of the same step; the stacked RNN
-    with two exchanged states too): the GPU backward against the float64 CPU build's (itself checked by
-    gradcheck)."""
+    with two exchanged states too), one of them packed (rows of their own lengths): the GPU backward against
+    the float64 CPU build's (itself checked by gradcheck)."""
     torch.manual_seed(8)
     fast = pt.Recurrent(cell, 6, 37).cuda()
     ref = pt.Recurrent(cell, 6, 37, dtype=torch.float64)
@@ -424,9 +426,10 @@ def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell):
             p.copy_(q)
     x = torch.randn(50, 3, 6, dtype=torch.float64)
     hx = [0.5 * torch.randn(1, 3, 37, dtype=torch.float64) for _ in fast._states]
-    want = _gradients(ref, x.requires_grad_(), [h.requires_grad_() for h in hx], list(ref.parameters()))
+    lengths = _lengths(3, 50) if packed else None
+    want = _gradients(ref, x.requires_grad_(), [h.requires_grad_() for h in hx], list(ref.parameters()), lengths)
     got = _gradients(fast, x.detach().float().cuda().requires_grad_(),
-                     [h.detach().float().cuda().requires_grad_() for h in hx], list(fast.parameters()))
+                     [h.detach().float().cuda().requires_grad_() for h in hx], list(fast.parameters()), lengths)
     assert _gradient_error(want, got) <= 1e-4
 
 
