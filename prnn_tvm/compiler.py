@@ -119,7 +119,7 @@ class Training:
     """What a CUDA layer trains with (:func:`compile_training`), two launches of one module:
 
     - ``forward``: the layer's recurrent kernel (same config) that also writes ``saved`` (T, B,
-      (states + gate rows + operand stages) x hidden, float32, ``signature.saved_columns``): each
+      (states + gate rows + operand stages) x hidden, float32, ``CellPlan.saved_leaves``): each
       state at every step's start, every product, every stage a later phase multiplies;
     - ``backward``: the persistent backward (``schedules/persistent_backward.py``), arguments
       ``signature.gpu_backward_args``; its ``d_gates`` and the saved operands make the weight

@@ -266,16 +266,10 @@ def backward_args(batch: int, hidden: int, width: int, weights: dict, params: di
     return tuple(args)
 
 
-def saved_columns(hidden: int, states: int, gate_rows: int, stages: int = 0) -> int:
-    """Columns per (step, batch row) of what a training forward saves for the GPU backward: each state at
-    the step's start, then each product's gate rows (``gate_rows`` over all products), then each stage a
-    later phase's product multiplies (``stages``), as it multiplied it; ``hidden`` columns each."""
-    return (states + gate_rows + stages) * hidden
-
-
 def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
     """``launch`` as a training forward, ``recurrent_save``: the same arguments and one more output after
-    the final states, ``saved`` (T, B, ``columns``) in ``dtype`` (see :func:`saved_columns`)."""
+    the final states, ``saved`` (T, B, ``columns``) in ``dtype`` (``CellPlan.saved_leaves`` says what
+    they hold)."""
     args = list(launch.args)
     at = max(i for i, a in enumerate(args) if a.role.written) + 1
     batch = next(a.shape[1] for a in args if a.name == "out")

@@ -359,11 +359,8 @@ class _CudaBackprop(torch.autograd.Function):
                                     "recurrent_backward")
         d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))
         T, B, _ = d_out.shape
-        # the saved operands' columns (signature.saved_columns): each state, then after the products' gate
-        # rows each stage a later phase multiplies
-        rows = sum(r.slices for r in plan.reductions)
-        where = {s.name: i for i, s in enumerate(plan.states)}
-        where.update({name: len(plan.states) + rows + i for i, name in enumerate(plan.exchanged_stages)})
+        # each operand's column in ``saved`` (CellPlan.saved_leaves: states and stages are one slice wide)
+        where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
         column = 0
         for r in plan.reductions:  # each product's weights: sum over steps and rows of d_gates^T operand
             gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(T * B, r.slices * H)

@@ -47,7 +47,7 @@ from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.signature import Grid, GridSync, Launch, gpu_backward_args, saved_columns
+from prnn_tvm.signature import Grid, GridSync, Launch, gpu_backward_args
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
@@ -158,6 +158,7 @@ class _Backward(RegisterWeights):
             self.red_lo[r.name], lo = lo, lo + r.slices * plan.hidden
         self.K = lo
         self.p_leaves = [Leaf("param", p.name, i) for p in plan.params for i in range(p.slices)]
+        self.saved_column = {leaf: i for i, leaf in enumerate(plan.saved_leaves())}
         self.adj = step_adjoints(plan)
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.launch = self._launch()
@@ -168,7 +169,7 @@ class _Backward(RegisterWeights):
         args = gpu_backward_args(
             self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
-            saved_columns(H, len(p.states), gate_rows(p), len(p.exchanged_stages)), max(1, self.K), self.dt,
+            len(p.saved_leaves()) * H, max(1, self.K), self.dt,
             self.storage, (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
         sync = (GridSync(self.barrier.name, grid_barrier.SYNC_WORDS if stateful else None, "barriers", p.phases)
                 if p.needs_grid_barrier else None)
@@ -327,17 +328,13 @@ class _Backward(RegisterWeights):
         incoming adjoint is the carried one (plus ``d_out`` for the output), zero past the row's length."""
         p, a, H, S = self.p, self.a, self.H, len(self.si)
         running = t < self.lenreg[it]
-        column = {Leaf("state", s, 0): i for s, i in self.si.items()}
-        for r in p.reductions:
-            for s in range(r.slices):
-                column[Leaf("reduction", r.name, s)] = S + (self.red_lo[r.name] // H) + s
 
         def forward(leaf: Leaf):
             if leaf.kind == "input":
                 return a.xp[t, b, leaf.slice * H + unit]
             if leaf.kind == "param":
                 return as_type(a.param[leaf.name][leaf.slice * H + unit], self.dt)
-            return self.saved[t, b, column[leaf] * H + unit]
+            return self.saved[t, b, self.saved_column[leaf] * H + unit]
 
         def incoming(name: str):
             d = self.carry[it * S + self.si[name]]

@@ -36,7 +36,7 @@ from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, recurrent_launch
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.signature import Grid, GridSync, saved_columns, with_saved
+from prnn_tvm.signature import Grid, GridSync, with_saved
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
@@ -114,9 +114,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
         launch = recurrent_launch(p, workspace, ws_dtype, grid, sync)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
-            columns = saved_columns(self.H, len(p.states), sum(r.slices for r in p.reductions),
-                                    len(p.exchanged_stages))
-            return with_saved(launch, columns, self.acc_dt)
+            return with_saved(launch, len(p.saved_leaves()) * self.H, self.acc_dt)
         return launch
 
     def row_starts(self) -> list[int]:
@@ -250,17 +248,12 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     T.buffer_store(self.a.final[name], value, [b, unit])
 
     def save_leaves(self, t, it, b, unit, ul):
-        """A training forward keeps, for this step and item, every state at the step's start, every product
-        and every stage a later phase multiplies, rounded to storage as it was multiplied
-        (``signature.saved_columns``); the GPU backward recomputes the other stages from them."""
+        """A training forward keeps, for this step and item, what ``CellPlan.saved_leaves`` lists; a stage as
+        it was multiplied (rounded to storage)."""
         load, saved, H = self.loader(t, it, b, unit, ul), self.a.named["saved"], self.H
-        leaves = [Leaf("state", s.name, 0) for s in self.p.states]
-        leaves += [Leaf("reduction", r.name, i) for r in self.p.reductions for i in range(r.slices)]
-        for column, leaf in enumerate(leaves):
-            T.buffer_store(saved, as_type(load(leaf), saved.dtype), [t, b, column * H + unit])
-        for column, name in enumerate(self.p.exchanged_stages, start=len(leaves)):
-            multiplied = as_type(load(Leaf("stage", name, 0)), self.dt)
-            T.buffer_store(saved, as_type(multiplied, saved.dtype), [t, b, column * H + unit])
+        for column, leaf in enumerate(self.p.saved_leaves()):
+            value = as_type(load(leaf), self.dt) if leaf.kind == "stage" else load(leaf)
+            T.buffer_store(saved, as_type(value, saved.dtype), [t, b, column * H + unit])
 
     def loader(self, t, it, b, unit, ul):
         """Where each leaf of item ``it`` lives (registers, shared gate sums, the workspace), as a value of

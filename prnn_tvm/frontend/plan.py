@@ -143,6 +143,14 @@ class CellPlan:
         return tuple(sorted((lf for lf in needed if lf.kind == "stage" and self.phase_of(lf) == phase),
                             key=lambda lf: (lf.name, lf.slice)))
 
+    def saved_leaves(self) -> tuple:
+        """What a training forward saves per step, in column order (``hidden`` columns each): every state at
+        the step's start, every product's gate slices, then every stage a later phase multiplies (as it
+        multiplied it). The GPU backward recomputes the other stages from these."""
+        return (*(Leaf("state", s.name, 0) for s in self.states),
+                *(Leaf("reduction", r.name, i) for r in self.reductions for i in range(r.slices)),
+                *(Leaf("stage", name, 0) for name in self.exchanged_stages))
+
     def slot(self, name: str) -> Slot:
         for s in (self.input, *self.states, *self.weights, *self.params):
             if s.name == name:
