@@ -1,5 +1,6 @@
 """What the training examples share: a character model on this repository's README, trained by two
-recurrent layers from one initialization and compared loss for loss (CPU, float32).
+recurrent layers from one initialization and compared loss for loss (float32, on the CPU or with
+``--device cuda`` on the GPU).
 
     charmodel.compare(description, {name: CharModel(rnn, hidden), ...}, args)  # exits 1 if they differ
 """
@@ -23,6 +24,7 @@ def arguments(doc: str, steps: int) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--tolerance", type=float, default=1e-3, help="largest allowed loss difference")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the GPU's training kernels (TF32 off)")
     return p.parse_args()
 
 
@@ -47,11 +49,14 @@ def compare(description: str, models: dict, args) -> None:
     batches = torch.Generator().manual_seed(1)
     starts = [torch.randint(0, len(DATA) - args.seq - 1, (args.batch,), generator=batches) for _ in range(args.steps)]
     curves, seconds = {}, {}
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 on both sides
     for name, model in models.items():
+        model.to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         losses, start = [], time.perf_counter()
         for step in range(args.steps):
-            window = torch.stack([DATA[s:s + args.seq + 1] for s in starts[step]], dim=1)  # (T + 1, B)
+            window = torch.stack([DATA[s:s + args.seq + 1] for s in starts[step]], dim=1).to(device)  # (T + 1, B)
             loss = torch.nn.functional.cross_entropy(model(window[:-1]).reshape(-1, len(VOCAB)),
                                                      window[1:].reshape(-1))
             optimizer.zero_grad()
@@ -62,7 +67,7 @@ def compare(description: str, models: dict, args) -> None:
     names = list(curves)
     diff = max(abs(a - b) for curve in curves.values() for a, b in zip(curve, curves[names[0]]))
     print(f"# {description} on README.md: vocab {len(VOCAB)}, hidden {args.hidden}, batch {args.batch}, "
-          f"T {args.seq}, {args.steps} Adam steps, CPU float32\n")
+          f"T {args.seq}, {args.steps} Adam steps, {device.type} float32\n")
     print("| step | " + " | ".join(f"{n} loss" for n in names) + " |\n|---|" + "---|" * len(names))
     every = max(1, args.steps // 10)
     for step in sorted({0, *range(every - 1, args.steps, every)}):

@@ -100,11 +100,12 @@ class _Recurrent(torch.nn.Module):
         self.reset_parameters()
         self._layers: dict = {}
         self._launchers: dict = {}
+        self._arguments: dict = {}
         self._aligned_copies: dict = {}
         self._constants: dict = {}
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
-    _COMPILED = ("_layers", "_launchers", "_aligned_copies", "_constants", "_captured")
+    _COMPILED = ("_layers", "_launchers", "_arguments", "_aligned_copies", "_constants", "_captured")
 
     def __getstate__(self) -> dict:
         """Copies and pickles (``copy.deepcopy``, ``torch.save``) keep the parameters and options but
@@ -127,7 +128,11 @@ class _Recurrent(torch.nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The parameters' dtype, which the module computes in (``.half()``, ``.to(torch.bfloat16)`` change it)."""
-        return next(self.parameters()).dtype
+        return self._first_parameter().dtype
+
+    def _first_parameter(self) -> torch.Tensor:
+        """The first parameter (``self.parameters()`` walks the module tree: microseconds a call)."""
+        return next(iter(self._parameters.values()))
 
     def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None,
                   input_size: int | None = None):
@@ -167,27 +172,27 @@ class _Recurrent(torch.nn.Module):
     def _aligned(self, name: str) -> torch.Tensor:
         """Parameter ``name`` detached (DLPack refuses tensors that track gradients), or an aligned copy of
         it when it does not start on a 64-byte boundary (cuDNN's flattened weights put biases anywhere).
-        Kept while the parameter's storage stays the same (a copy: and its version counter), so the
+        Kept while the parameter and its storage stay the same (a copy: and its version counter), so the
         copy is made once per weight update."""
-        p = getattr(self, name)
-        aligned = p.data_ptr() % ALIGNMENT == 0
-        key = (id(p), p.data_ptr(), p.device, None if aligned else p._version)
-        cached = self._aligned_copies.get(name)
-        if cached is None or cached[0] != key:
-            cached = (key, p.detach() if aligned else p.detach().clone())  # torch's allocators align blocks
-            self._aligned_copies[name] = cached
-        return cached[1]
+        p, cached = self._parameters[name], self._aligned_copies.get(name)
+        if cached is not None and cached[0] is p and cached[1] == p.data_ptr() and cached[2] in (None, p._version):
+            return cached[3]
+        aligned = p.data_ptr() % ALIGNMENT == 0  # torch's allocators align blocks
+        self._aligned_copies[name] = (p, p.data_ptr(), None if aligned else p._version,
+                                      p.detach() if aligned else p.detach().clone())
+        return self._aligned_copies[name][3]
 
     def _constant(self, shape: tuple, device: torch.device, dtype: torch.dtype, value=0) -> torch.Tensor:
         """A constant the kernels only read (zeros for omitted initial states and absent biases, the
-        lengths of rows that run every step): made once per shape, except while a CUDA graph is being
-        captured (memory made then belongs to the graph)."""
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return torch.full(shape, value, device=device, dtype=dtype)
+        lengths of rows that run every step): made once per shape and kept, except when first needed
+        while a CUDA graph is being captured (memory made then belongs to the graph)."""
         key = (shape, device, dtype, value)
-        if key not in self._constants:
-            self._constants[key] = torch.full(shape, value, device=device, dtype=dtype)
-        return self._constants[key]
+        constant = self._constants.get(key)
+        if constant is None:
+            constant = torch.full(shape, value, device=device, dtype=dtype)
+            if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                self._constants[key] = constant
+        return constant
 
     def forward(self, input, hx=None):
         kind, H = type(self).__name__, self.hidden_size
@@ -199,7 +204,7 @@ class _Recurrent(torch.nn.Module):
         lengths = None
         if packed is not None:  # padded, time-major, in the caller's batch order (as are hx and h_n)
             input, lengths, sorted_steps = _unpacked(packed)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self.parameters()))
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self._parameters.values()))
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
                              f"got shape {tuple(input.shape)}")
@@ -216,8 +221,8 @@ class _Recurrent(torch.nn.Module):
         for t in hx:
             if tuple(t.shape) != want:
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
-        dtype = self.dtype
-        where = next(self.parameters()).device
+        first = self._first_parameter()
+        dtype, where = first.dtype, first.device
         for what, t in (("input", x), *(("initial state", t) for t in hx)):
             if t.dtype != dtype:
                 raise InputError(f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
@@ -228,7 +233,8 @@ class _Recurrent(torch.nn.Module):
         initial = [(t if grad else t.detach()).reshape(slots, B, H) for t in hx]
         out, finals = x, [[None] * slots for _ in range(states)]
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
-        backwards = (lambda s: s.flip(0)) if lengths is None else _reversal_within(lengths, x.shape[0])
+        backwards = (None if directions == 1 else (lambda s: s.flip(0)) if lengths is None
+                     else _reversal_within(lengths, x.shape[0]))
         for layer in range(self.num_layers):  # one launch per layer and direction, each on the one before
             outs = []
             for direction in range(directions):
@@ -257,19 +263,18 @@ class _Recurrent(torch.nn.Module):
         finals of shape (B, H); ``initial``: its initial states, or [] for zeros; ``lengths``: each row's
         steps (int32 on ``x``'s device), or None for all. ``grad``: differentiable (the CPU build, see
         :class:`_CpuBackprop`)."""
-        B, H, dtype = x.shape[1], self.hidden_size, self.dtype
-        layer = self.layer_for(B, x.device, dtype, x.shape[2])
+        B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
+        layer = self.layer_for(B, device, dtype, x.shape[2])
 
-        def param(arg):  # tracked by autograd when differentiable, else detached (and aligned) once
-            if not self.bias and arg.name in _BIASES:
-                return self._constant(arg.concrete_shape(1), x.device, dtype)
-            name = self._names[arg.name] + suffix
-            return getattr(self, name) if grad else self._aligned(name)
+        def param(name, shape):  # tracked by autograd when differentiable, else detached (and aligned) once
+            if name is None:  # an absent bias
+                return self._constant(shape, device, dtype)
+            return self._parameters[name] if grad else self._aligned(name)
 
-        states = [_aligned_state(t) for t in initial] or [self._constant((B, H), x.device, dtype)] * len(self._states)
-        weights = [param(a) for a in layer.signature.inputs if a.role in (ArgRole.WEIGHT, ArgRole.PARAM)]
-        if lengths is None and x.device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
-            lengths = self._constant((B,), x.device, torch.int32, ALL_STEPS)
+        weights = [param(*a) for a in self._parameter_arguments(layer, suffix)]
+        states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * len(self._states)
+        if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
+            lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
         args = [x if grad else x.detach(), *weights, *states, lengths]  # the layer's signature order
         if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
             xp = _projection(*args[:3], differentiable=True)
@@ -283,6 +288,17 @@ class _Recurrent(torch.nn.Module):
             return out, finals
         out, finals = layer(*args)
         return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+
+    def _parameter_arguments(self, layer, suffix: str) -> list:
+        """``layer``'s weight and param inputs (``W_ih``, ``b_ih``, then the cell's), in its signature's order,
+        for the layer and direction ``suffix``: ``(parameter name, shape)``, the name None for an absent
+        bias (worked out once: a signature's inputs are derived on each use)."""
+        key = (id(layer), suffix)
+        if key not in self._arguments:
+            self._arguments[key] = [
+                (None if not self.bias and a.name in _BIASES else self._names[a.name] + suffix, a.concrete_shape(1))
+                for a in layer.signature.inputs if a.role in (ArgRole.WEIGHT, ArgRole.PARAM)]
+        return self._arguments[key]
 
     def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
         """Launch ``function`` of ``layer`` on torch's current stream, into tensors from torch's allocator; no
@@ -388,7 +404,9 @@ class _Launcher:
         self.function = layer.function(function)
         self.tvm_device = tvm_ffi.device("cuda", device.index)
         self.inputs = [a.name for a in launch.args if a.role.data]
-        self.written = [(a.name, a.concrete_shape, getattr(torch, a.dtype)) for a in launch.args if a.role.written]
+        self.written = [a for a in launch.args if a.role.written]
+        self.written_dtypes = [getattr(torch, a.dtype) for a in self.written]
+        self.written_shapes: dict = {}  # sequence length -> their shapes
         # where each argument comes from: the launch state, the layer's scalars, or the call's tensors
         self.slots = [("state" if a.role.owned else "scalar" if a.role is ArgRole.SCALAR else "value", a.name)
                       for a in launch.args]
@@ -411,9 +429,13 @@ class _Launcher:
             captured.append(state)
         else:
             state = layer.launch_state(stream, self.zeros)
+        shapes = self.written_shapes.get(T)
+        if shapes is None:
+            shapes = self.written_shapes[T] = [a.concrete_shape(T) for a in self.written]
+        outputs = [torch.empty(shape, dtype=dtype, device=self.device)
+                   for shape, dtype in zip(shapes, self.written_dtypes)]
         values = dict(zip(self.inputs, (xp, *recurrent)))
-        for name, shape, dtype in self.written:
-            values[name] = torch.empty(shape(T), dtype=dtype, device=self.device)
+        values.update(zip((a.name for a in self.written), outputs))
         sources = {"state": state, "scalar": layer.scalars(), "value": values}
         args = [sources[kind][name] for kind, name in self.slots]
         try:
@@ -421,7 +443,7 @@ class _Launcher:
                 self.function(*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
             raise LaunchError(f"launching {self.name} of {layer.signature.cell} failed: {err}") from err
-        return [values[name] for name, _, _ in self.written]
+        return outputs
 
 
 def _reversal_within(lengths: torch.Tensor, steps: int):
@@ -458,11 +480,12 @@ def _packed_like(packed: PackedSequence, padded: torch.Tensor, sorted_steps: tor
     return PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's raw getter, where it has one
+
+
 def _current_stream(device: torch.device) -> int:
-    """The handle of torch's current stream on ``device`` (torch's raw getter where it has one: a stream
-    object costs microseconds per call)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    """The handle of torch's current stream on ``device`` (a stream object costs microseconds per call)."""
+    return _RAW_STREAM(device.index) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _suffix(layer: int, direction: int) -> str:
@@ -490,15 +513,13 @@ def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor, differe
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
     type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
     (widened first where autograd must differentiate it)."""
-    T, B, _ = x.shape
-    x2d = x.reshape(T * B, -1)
     if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
-        xp = torch.addmm(b_ih, x2d, W_ih.t())
-    elif x.device.type == "cuda" and not differentiable:
-        xp = torch.mm(x2d, W_ih.t(), out_dtype=torch.float32).add_(b_ih)
-    else:  # a half layer that trains (or on the CPU): float32 math, differentiable
-        xp = torch.addmm(b_ih.float(), x2d.float(), W_ih.t().float())
-    return xp.view(T, B, -1)
+        return torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
+    if x.device.type == "cuda" and not differentiable:
+        T, B, _ = x.shape
+        return torch.mm(x.view(T * B, -1), W_ih.t(), out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
+    # a half layer that trains (or on the CPU): float32 math, differentiable
+    return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
 
 
 class LSTM(_Recurrent):

@@ -509,14 +509,16 @@ def test_custom_cell_example_trains_like_the_same_cell_in_torch_ops():
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
 
 
-def test_char_model_example_trains_like_torch():
-    """examples/char_lstm.py, shortened: the two loss curves agree (it exits 1 otherwise)."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_char_model_example_trains_like_torch(device):
+    """examples/char_lstm.py, shortened: the two loss curves agree (it exits 1 otherwise); on the GPU
+    against cuDNN, through the training kernels."""
     import pathlib
     import subprocess
     import sys
 
     script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "char_lstm.py"
     run = subprocess.run([sys.executable, str(script), "--steps", "10", "--hidden", "16", "--seq", "8",
-                          "--tolerance", "1e-4"], capture_output=True, text=True, timeout=600)
+                          "--tolerance", "1e-4", "--device", device], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
