@@ -39,7 +39,8 @@ def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) 
     func = te.create_prim_func([x, w, b, xp]).with_attr("global_symbol", "projection")
     mod = tvm.IRModule({"projection": func})
     if target.kind.name == "cuda":
-        matmul = _ProjectionMatmul() if dt == "float32" and B * N >= LARGE_TILE_MIN_ROW_WORK else dl.gpu.Matmul()
+        matmul = (_ProjectionMatmul(B) if dt == "float32" and B * N >= LARGE_TILE_MIN_ROW_WORK
+                  else dl.gpu.Matmul())
         with _schedule_target(target, dt):
             mod = dl.ApplyDefaultSchedule(matmul, dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
     else:
@@ -53,20 +54,43 @@ LARGE_TILE_MIN_ROW_WORK = 4096
 
 
 class _ProjectionMatmul(dl.gpu.Matmul):
-    """dlight's SIMT matmul rule with larger tiles, for float32 projections of batch x width
-    >= :data:`LARGE_TILE_MIN_ROW_WORK`.
+    """dlight's SIMT matmul rule with larger tiles held k-major in shared memory, for float32
+    projections of batch x width >= :data:`LARGE_TILE_MIN_ROW_WORK`.
 
-    A 16x16-thread block with 2x2 virtual threads of 2x4 elements (a 64x128 tile, k steps of
-    16, 4-wide loads) against dlight's CUDA tiles (8x16 threads of 4x4). On the H100, T=256,
-    ms, LSTM (width 4H): H=1024 B=4 0.40 vs 0.60 (cuBLAS 0.18), H=1024 B=64 5.06 vs 8.60,
-    H=512 B=16 0.36 vs 0.56, H=1024 B=1 0.12 vs 0.145; at H=256/512 B=1 dlight's tiles stay
-    faster (0.021 vs 0.034, 0.043 vs 0.056), and half-precision projections gain nothing.
+    dlight stores each shared tile as its global rows (row-major, k innermost), so in the inner
+    product the threads of a warp read 16 floats apart: bank conflicts on every load. Here the
+    tiles are transposed (``[k][row]``, rows padded by 4 floats), so a warp reads consecutive
+    rows. A 16x16-thread block with 2x2 virtual threads of 4x4 elements (a 128x128 tile, 8 x 8
+    outputs per thread, k steps of 8); at batch 1 (T x 1 rows: too few 128-row tiles to fill the
+    GPU) 2x4 elements (64x128, k steps of 16). On the H100, T=256, against cuBLAS (``torch.addmm``,
+    TF32 off) in one run (``bench/projection.py``): LSTM H=1024 B=1/4/16/64 1.31/1.23/1.22/1.26x,
+    H=512 B=16 1.18x, GRU H=1024 B=4 1.29x (the row-major 64x128 tiles used before: 1.95x at
+    H=1024 B=4, dlight's own 2.57x). Below the threshold (H=256/512 at B=1, H=256 at B=4)
+    dlight's own tiles stay faster than these, and half-precision projections gain nothing from
+    larger tiles.
     """
 
+    ROW_PAD = 4  # floats added to each k row of a shared tile (spreads the transposing stores over banks)
+
+    def __init__(self, batch: int):
+        super().__init__()
+        self.batch = batch
+
     def get_configs(self, target: tvm.target.Target) -> dl.gpu.Matmul.Config:
-        return dl.gpu.Matmul.Config(block_size_x=16, block_size_y=16, vthread_x=2, vthread_y=2, micro_size_x=2,
-                                    micro_size_y=4, micro_size_k=16, vector_size=4, unroll=256, use_shared=True,
-                                    storage_align=True, inner_x=False)
+        micro_x, micro_k = (2, 16) if self.batch == 1 else (4, 8)
+        return dl.gpu.Matmul.Config(block_size_x=16, block_size_y=16, vthread_x=2, vthread_y=2,
+                                    micro_size_x=micro_x, micro_size_y=4, micro_size_k=micro_k, vector_size=4,
+                                    unroll=256, use_shared=True, storage_align=False, inner_x=False)
+
+    def apply(self, func, target, tunable):
+        sch = super().apply(func, target, tunable)
+        if sch is None:
+            return None
+        for block in sch.get_producers(sch.get_sblock("xw_update")):  # the two shared tiles (and the init)
+            if sch.get(block).writes[0].source.scope() == "shared":
+                sch.transform_layout(block, ("write", 0), lambda b, row, k: (b, k, row))
+                sch.storage_align(block, 0, axis=1, factor=32, offset=self.ROW_PAD)
+        return sch
 
 
 # dlight's float16 tensor-core matmul rule fails on a symbolic sequence length in TVM 0.27 (a
