@@ -139,6 +139,34 @@ def test_unbatched_input_and_batch_cache():
     assert len(fast._layers) == 1  # one batch size, compiled once
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_calls_follow_parameter_updates(device):
+    """Inference calls keep each parameter's detached view (or, where it is not 64-byte aligned, a
+    copy) between calls: they must see in-place updates, replaced parameters and replaced storage."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # float32 on both sides
+    ref = _reference("gru", input_size=6, hidden_size=8).to(device)
+    flat = torch.zeros(3 * 8 + 1, device=device)  # a bias one float into a buffer, as cuDNN's flat weights give
+    flat[1:] = ref.bias_hh_l0.detach()
+    ref.bias_hh_l0 = torch.nn.Parameter(flat[1:])
+    fast = pt.from_torch(ref)
+    x = torch.randn(5, 2, 6, device=device)
+
+    def check(what):
+        with torch.no_grad():
+            got, want = fast(x)[0], ref(x)[0]
+        assert torch.allclose(got, want, atol=1e-5), f"{what}: {(got - want).abs().max().item()}"
+
+    check("first call")
+    with torch.no_grad():
+        ref.weight_hh_l0.mul_(0.5)  # aligned: the kept view sees it
+        ref.bias_hh_l0.add_(0.25)  # unaligned: the kept copy is stale, its version counter says so
+    check("in-place updates")
+    fast.weight_hh_l0 = ref.weight_hh_l0 = torch.nn.Parameter(torch.randn_like(ref.weight_hh_l0))
+    check("a replaced parameter")
+    ref.weight_ih_l0.data = torch.randn_like(ref.weight_ih_l0)  # the same Parameter, new storage
+    check("replaced storage")
+
+
 def test_a_compiled_module_copies_and_pickles():
     import copy
     import io
