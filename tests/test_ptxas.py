@@ -42,6 +42,21 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     assert ("spilled:" in rep.config_detail) == bool(passed_over)
 
 
+@pytest.mark.parametrize("cell, hidden, batch, dtype, arch", [
+    ("lstm", 1024, 4, "float32", "sm_90"), ("lstm", 1024, 4, "float32", "sm_80"),  # 128x128 k-major tiles
+    ("lstm", 1024, 1, "float32", "sm_90"),  # 64x128 k-major tiles
+    ("gru", 512, 64, "float32", "sm_90"), ("lstm", 256, 1, "float32", "sm_90"),  # dlight's own tiles
+    ("lstm", 1024, 16, "float16", "sm_90")])
+def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch):
+    """The input projection's kernel, for each tiling ``codegen/projection.py`` picks."""
+    from prnn_tvm.codegen.ptxas import compile_cuda
+
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch=arch, tuning_logs=[])
+    rep = compile_cuda(layer.cuda_source, arch)[1].function("projection")
+    assert rep.spills == 0 and rep.stack_bytes == 0, rep
+    assert rep.registers <= max_regs_per_thread(256, gpu_spec(arch))
+
+
 def default_configs(layer):
     return by_name(layer.report.template).default_configs(layer.plan, layer.target, layer.gpu)
 
