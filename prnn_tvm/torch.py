@@ -230,6 +230,13 @@ class _Recurrent(torch.nn.Module):
             if t.device != where:
                 raise InputError(f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
                                  "of them (.to(device))")
+        if x.shape[0] == 0:
+            raise InputError(f"{kind}: the input has no timesteps (shape {tuple(input.shape)}); a sequence needs "
+                             "at least one")
+        if B == 0:  # nothing to run: empty results, shaped as torch.nn's
+            out = x.new_empty(x.shape[0], 0, H * directions)
+            ends = [x.new_empty(slots, 0, H) for _ in range(states)]
+            return (out.transpose(0, 1) if self.batch_first else out), (tuple(ends) if states > 1 else ends[0])
         initial = [(t if grad else t.detach()).reshape(slots, B, H) for t in hx]
         out, finals = x, [[None] * slots for _ in range(states)]
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length

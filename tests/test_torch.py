@@ -356,6 +356,19 @@ def test_bad_states_and_input():
     stacked = pt.from_torch(_reference("gru", input_size=4, hidden_size=8, num_layers=2, bidirectional=True))
     with torch.no_grad(), pytest.raises(InputError, match=r"initial state has shape \(1, 2, 8\), expected \(4, 2, 8\)"):
         stacked(x, torch.zeros(1, 2, 8))
+    with torch.no_grad(), pytest.raises(InputError, match=r"GRU: the input has no timesteps \(shape \(0, 2, 4\)\)"):
+        stacked(torch.randn(0, 2, 4))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_an_empty_batch_gives_empty_results_like_torch_nn(batch_first):
+    ref = _reference("lstm", input_size=4, hidden_size=8, num_layers=2, bidirectional=True, batch_first=batch_first)
+    fast = pt.from_torch(ref)
+    x = torch.randn(0, 3, 4) if batch_first else torch.randn(3, 0, 4)
+    with torch.no_grad():
+        (out, (h, c)), (want, (wh, wc)) = fast(x), ref(x)
+    assert out.shape == want.shape and h.shape == wh.shape and c.shape == wc.shape
+    assert fast._layers == {}  # nothing compiled
 
 
 def test_readme_pytorch_example_runs():
