@@ -87,6 +87,34 @@ def test_graph_replays_of_two_modules_equal_eager_calls():
         assert torch.equal(replayed, fast(x))
 
 
+def test_a_bidirectional_call_runs_its_directions_side_by_side():
+    """An inference call runs each layer's reverse direction on a stream of its own (one per caller stream,
+    joined before the next layer): results equal torch.nn's, from another caller stream, and replayed from a
+    CUDA graph."""
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True).cuda().eval()
+    fast = pt.from_torch(ref)
+    x = torch.randn(32, 4, 64, device="cuda")
+    here = torch.cuda.current_stream()
+    with torch.no_grad():
+        (out, (h, c)), (want, (wh, wc)) = fast(x), ref(x)
+        assert max((a - b).abs().max().item() for a, b in ((out, want), (h, wh), (c, wc))) <= tolerance("float32", 32)
+        assert len(fast._side_streams) == 1
+        other = torch.cuda.Stream()
+        other.wait_stream(here)
+        with torch.cuda.stream(other):
+            again = fast(x)[0]
+        here.wait_stream(other)
+        assert len(fast._side_streams) == 2 and torch.equal(again, out)
+        graph, replayed = captured(lambda: fast(x)[0])
+        for _ in range(100):
+            replayed.zero_()
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, out)
+    fast.check()
+
+
 def test_a_training_step_graphed_by_torch_equals_eager():
     """``torch.cuda.make_graphed_callables``: the forward (saving) and the backward captured as graphs and
     replayed give the eager step's output and gradients, replay after replay."""

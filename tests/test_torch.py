@@ -109,6 +109,16 @@ def test_a_float64_module_runs_the_float64_cpu_build(kind):
     assert (got[0] - want[0]).abs().max().item() <= tolerance("float64", 9)
 
 
+@pytest.mark.parametrize("hidden, batch, fit", [(1024, 4, 1), (512, 8, 1), (256, 1, 16), (512, 4, 4)])
+def test_two_grids_fit_together_only_where_the_gpu_holds_both(hidden, batch, fit):
+    """A bidirectional inference call runs its directions side by side where two recurrent grids are resident
+    at once (on the H100: 132 SMs; 128 CTAs of 239 registers x 256 threads take one SM each, so only one)."""
+    from prnn_tvm.target import gpu_spec
+
+    layer = prnn_tvm.compile_cell("lstm", hidden, batch, target="cuda", arch="sm_90")
+    assert layer.grids_that_fit(gpu=gpu_spec("sm_90")) == fit, layer.signature.launch("recurrent").grid
+
+
 def test_a_stack_compiles_one_layer_per_input_width():
     fast = pt.from_torch(_reference("gru", input_size=10, hidden_size=8, num_layers=3, bidirectional=True))
     with torch.no_grad():

@@ -97,6 +97,7 @@ class RuntimeLayer:
         self._states: dict[int, dict] = {}  # per stream: workspace and barrier state, by argument name
         self._error: HostWord | None = None
         self._coresident = False  # checked once: the GPU does not change under a process
+        self._grids_that_fit: dict[str, int] = {}
         owned = [a for x in signature.launches for a in x.args if a.role.owned]
         self._owned_args = {a.name: a for a in owned}
         scalars = {a.name for x in signature.launches for a in x.args if a.role is ArgRole.SCALAR}
@@ -264,6 +265,18 @@ class RuntimeLayer:
             f"({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs of that call "
             f"{outputs}; the barrier state was reset and the next call starts clean.")
 
+    def grids_that_fit(self, function: str = "recurrent", gpu=None) -> int:
+        """How many grids of launch ``function`` the GPU (default: this one) holds resident at once, each
+        CTA with its registers and shared memory: two launches on two streams run side by side only where
+        this is at least 2 (else the second waits for SMs)."""
+        if gpu is None and function in self._grids_that_fit:
+            return self._grids_that_fit[function]
+        grid = self.signature.launch(function).grid
+        fit = _resident_ctas(grid, gpu or gpu_spec()) // grid.ctas
+        if gpu is None:  # this GPU's: worked out once
+            self._grids_that_fit[function] = fit
+        return fit
+
     def _check_coresidency(self) -> None:
         """Refuse a grid that cannot be co-resident on this GPU (a cooperative launch would fail or hang)."""
         if not self.is_cuda or self._coresident:
@@ -274,10 +287,16 @@ class RuntimeLayer:
                 continue
             gpu = gpu_spec()
             smem = grid.dynamic_smem_bytes + grid.static_smem_bytes
-            fit = ctas_per_sm(grid.threads, grid.registers, smem, gpu) * gpu.sms
+            fit = _resident_ctas(grid, gpu)
             if grid.ctas > fit:
                 raise LaunchError(f"the grid of {grid.ctas} CTAs cannot be co-resident on this "
                                   f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {grid.threads} "
                                   f"threads, {grid.registers} registers, {smem} bytes of shared memory each); "
                                   "recompile for this GPU")
         self._coresident = True
+
+
+def _resident_ctas(grid, gpu) -> int:
+    """How many CTAs of ``grid``'s shape the whole GPU holds at once."""
+    smem = grid.dynamic_smem_bytes + grid.static_smem_bytes
+    return ctas_per_sm(grid.threads, grid.registers, smem, gpu) * gpu.sms
