@@ -21,12 +21,11 @@ joined back to the caller's) where the GPU holds both grids at once, else one af
 ``PackedSequence`` runs as its padded batch with per-row lengths (rows stop at their length, the
 reverse direction starts at each row's last step) and comes back packed the same way.
 
-A CUDA call is asynchronous like any torch op: its kernels run on torch's current stream (or are
-joined back to it),
-outputs come from torch's allocator, and nothing waits for the GPU. So calls can be captured
-in a CUDA graph (``torch.cuda.graph``) and replayed, and calls on several streams may run at
-once (each stream, and each captured graph, has its own barrier state). A barrier timeout
-fills that call's outputs with NaN and is raised, as
+A CUDA call is asynchronous like any torch op: its kernels run on torch's current stream (or on a
+side stream joined back to it), outputs come from torch's allocator, and nothing waits for the
+GPU. So calls can be captured in a CUDA graph (``torch.cuda.graph``) and replayed, and calls on
+several streams may run at once (each stream, and each captured graph, has its own barrier state).
+A barrier timeout fills that call's outputs with NaN and is raised, as
 :class:`~prnn_tvm.errors.BarrierTimeout`, by the module's next call or by :meth:`check`.
 Gradients: a call that needs them is differentiable (``torch.autograd``), with the adjoints
 derived from the cell's plan. On the CPU the forward is torch's projection and the CPU build's
