@@ -220,5 +220,14 @@ def _report(plan: CellPlan, kernel: Kernel, built: Built, input_size: int, seq_l
         ctas=grid and grid.ctas, threads=grid and grid.threads, dynamic_smem_bytes=grid and grid.dynamic_smem_bytes,
         registers=fn and fn.registers, stack_bytes=fn and fn.stack_bytes, spill_store_bytes=fn and fn.spill_store_bytes,
         spill_load_bytes=fn and fn.spill_load_bytes, static_smem_bytes=fn and fn.static_smem_bytes,
-        ptxas_note=built.note,
+        ptxas_note=built.note, projection_ptxas=_projection_figures(built),
     )
+
+
+def _projection_figures(built: Built) -> str:
+    """ptxas's figures for the input projection's kernel, in words ("" without a ptxas report)."""
+    if built.ptxas is None or not any(name.startswith("projection") for name in built.ptxas.functions):
+        return ""
+    fn = built.ptxas.function("projection")
+    return (f"{fn.registers} registers/thread, {fn.spills} B spills, {fn.stack_bytes} B stack, "
+            f"{fn.static_smem_bytes} B static shared memory")

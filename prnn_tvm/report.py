@@ -22,7 +22,8 @@ class CompileReport:
     ``config_origin`` says where the config came from and ``config_detail`` says it in
     words, with the reason (``"tuned: 2.81 us/step measured on ..."``, ``"default: no
     tuning record ..."``). ``registers`` and the spill/stack figures come from ptxas for CUDA builds (None on the
-    CPU, or when nvcc is unavailable: ``ptxas_note`` says why).
+    CPU, or when nvcc is unavailable: ``ptxas_note`` says why); they are the recurrent kernel's, and
+    ``projection_ptxas`` sums up the input projection's kernel in words.
     """
 
     cell: str
@@ -47,6 +48,7 @@ class CompileReport:
     spill_load_bytes: int | None = None
     static_smem_bytes: int | None = None
     ptxas_note: str = ""
+    projection_ptxas: str = ""
 
     @property
     def spill_bytes(self) -> int | None:
@@ -77,4 +79,6 @@ class CompileReport:
                          f"{self.static_smem_bytes} B static shared memory")
         elif self.ptxas_note:
             lines.append(f"ptxas       {self.ptxas_note}")
+        if self.projection_ptxas:
+            lines.append(f"projection  {self.projection_ptxas}")
         return "\n".join(lines)

@@ -48,13 +48,13 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     ("gru", 512, 64, "float32", "sm_90"), ("lstm", 256, 1, "float32", "sm_90"),  # dlight's own tiles
     ("lstm", 1024, 16, "float16", "sm_90")])
 def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch):
-    """The input projection's kernel, for each tiling ``codegen/projection.py`` picks."""
-    from prnn_tvm.codegen.ptxas import compile_cuda
-
+    """The input projection's kernel, for each tiling ``codegen/projection.py`` picks (its ptxas figures, as
+    the report gives them)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch=arch, tuning_logs=[])
-    rep = compile_cuda(layer.cuda_source, arch)[1].function("projection")
-    assert rep.spills == 0 and rep.stack_bytes == 0, rep
-    assert rep.registers <= max_regs_per_thread(256, gpu_spec(arch))
+    figures = layer.report.projection_ptxas
+    assert re.fullmatch(r"(\d+) registers/thread, 0 B spills, 0 B stack, \d+ B static shared memory", figures), figures
+    assert int(figures.split()[0]) <= max_regs_per_thread(256, gpu_spec(arch))
+    assert f"projection  {figures}" in layer.report.format()
 
 
 def default_configs(layer):
