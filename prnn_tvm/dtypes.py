@@ -32,6 +32,7 @@ class DtypePolicy:
     compute: str
     error_per_step: float  # the tolerance at T=1; it grows like sqrt(T)
     error_floor: float = 0.0  # at any T: rounding an output of magnitude up to 4 to storage
+    fast_math: bool = False  # GPU kernels: exp, sigmoid, tanh through the hardware's approximate exp2 and reciprocal
 
     @property
     def itemsize(self) -> int:
@@ -51,14 +52,17 @@ class DtypePolicy:
 # half type (2^-11 relative for float16, 2^-8 for bfloat16) and carrying it on: the bounds allow
 # 1e-2 (float16) and 4e-2 (bfloat16) at T=256, and never less than half a unit in the last place
 # of an output of magnitude 4 (2^-9, 2^-6: ReLU cells' outputs exceed 1).
+# The GPU kernels of half layers compute exp, sigmoid and tanh with the hardware's approximate exp2 and
+# reciprocal (``codegen.pointwise.fast_transcendentals``: relative error about 2^-21, absolute 1e-6 for tanh near
+# 0), far below the 2^-11 rounding of each stored value, and a third of the instructions of the exact forms.
 # float64: the CPU build only (gradient checks want it); it matches the float64 NumPy reference to
 # rounding, measured at 2e-16..5e-16 at T=64 on every built-in cell.
 POLICIES = {
     "float32": DtypePolicy(storage="float32", accumulate="float32", compute="float32", error_per_step=1e-5),
     "float16": DtypePolicy(storage="float16", accumulate="float32", compute="float32", error_per_step=1e-2 / 16,
-                            error_floor=2.0**-9),
+                            error_floor=2.0**-9, fast_math=True),
     "bfloat16": DtypePolicy(storage="bfloat16", accumulate="float32", compute="float32", error_per_step=4e-2 / 16,
-                             error_floor=2.0**-6),
+                             error_floor=2.0**-6, fast_math=True),
     "float64": DtypePolicy(storage="float64", accumulate="float64", compute="float64", error_per_step=1e-12),
 }
 HALF_DTYPES = ("float16", "bfloat16")

@@ -34,7 +34,14 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, recurrent_launch
-from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
+from prnn_tvm.codegen.pointwise import (
+    as_type,
+    bind_value,
+    emit_phase,
+    fast_transcendentals,
+    live_index,
+    new_state_values,
+)
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 from prnn_tvm.signature import Grid, GridSync, with_saved
 from prnn_tvm.target import GpuSpec
@@ -220,10 +227,14 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def pointwise(self, t, phase: int, it, b, unit, ul):
         """The phase's stages for one item; keep what later phases need, publish next-phase operands."""
-        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), bind_value).items():
+        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), self.bind_stage).items():
             T.buffer_store(self.lreg, value, [self.lreg_index(it, leaf)])
             if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
+
+    def bind_stage(self, expr, name: str):
+        """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows."""
+        return bind_value(fast_transcendentals(expr) if self.p.policy.fast_math else expr, name)
 
     def write_states(self, t, it, b, unit, ul):
         """End of step: the new states to the workspace or registers, the output, the final states. A row

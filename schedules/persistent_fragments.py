@@ -112,7 +112,8 @@ class FragmentWeights:
                 self.store_partials(b0)
 
     def store_partials(self, b0):
-        """The accumulators to the shared partial sums of this warp's k group: ``[kg][b][row]``."""
+        """The accumulators to the shared partial sums of this warp's k group: ``[kg][b][row]``, batch rows
+        ``sum_stride`` words apart."""
         g = self.g
         for nt in range(self.c.n_tiles):
             for i in range(C_REGS):
@@ -120,13 +121,14 @@ class FragmentWeights:
                 b = b0 + nt * TILE_N + 2 * self.quad + i % 2
                 with T.If(b < self.B):
                     with T.Then():
-                        T.buffer_store(self.gsum, self.acc[nt * C_REGS + i], [(self.kg * self.B + b) * g.rows + row])
+                        T.buffer_store(self.gsum, self.acc[nt * C_REGS + i],
+                                       [(self.kg * self.B + b) * g.sum_stride + row])
 
     def gate_sum(self, b, row):
         """The product of CTA row ``row`` for batch row ``b``: the sum of the k groups' partials."""
-        total = self.gsum[b * self.g.rows + row]
+        total = self.gsum[b * self.g.sum_stride + row]
         for kg in range(1, self.c.k_groups):
-            total = total + self.gsum[(kg * self.B + b) * self.g.rows + row]
+            total = total + self.gsum[(kg * self.B + b) * self.g.sum_stride + row]
         return total
 
     @property

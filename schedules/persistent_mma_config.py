@@ -64,6 +64,7 @@ class MmaGeometry:
     threads: int
     m_tiles: int               # row tiles per CTA over all products
     rows: int                  # m_tiles * 16: gate rows per CTA, padding included
+    sum_stride: int            # words between batch rows of the shared partial sums (see gate_sum_stride)
     k_tiles_per_warp: int
     k_pad: int                 # hidden rounded up to whole k tiles of every k group
     weights_per_thread: int    # 32-bit registers of A fragments
@@ -102,15 +103,31 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     n_ops = len(plan.operands)
     stride = k_pad + ROW_SKEW
     smem_ops = itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
-    smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * m_tiles * TILE_M, 16)
+    sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
+    smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16)
     tag_vec = 2 if H % 2 == 0 else 1
     tagged = (math.ceil(min(cfg.batch_tile, B) * H / (threads * tag_vec))
               if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
     live = sum(len(plan.live_outs(p)) for p in range(plan.phases))
     regs = (weights + 6 * cfg.n_tiles + ipt * (len(plan.private_states) + live) + (2 * tag_vec + 2) * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
-    return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, kt, k_pad, weights, math.ceil(B / cfg.batch_tile),
-                       ipt, tagged, smem_ops, smem_gs, regs)
+    return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
+                       math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
+
+
+def gate_sum_stride(rows: int, units: int) -> int:
+    """Words between batch rows of the shared partial sums: the least stride from the CTA's ``rows`` up at
+    which every warp's pointwise reads hit 32 distinct banks. A warp's items are 32 consecutive (batch
+    row, unit) pairs, read at ``b * stride + unit``; unpadded, batch rows ``rows`` words apart share
+    banks (4-way at 8 units and 32 rows). A stride of ``units`` mod 32 always works; a smaller one
+    often does (24 for 8 units and 16 rows)."""
+    def conflict_free(stride: int) -> bool:
+        return all(len({(item // units * stride + item % units) % 32 for item in range(first, first + 32)}) == 32
+                   for first in range(0, 32 * units, 32))  # the pattern repeats every 32 * units items
+
+    if rows == 0:  # no products: no partial sums
+        return 0
+    return next(s for s in range(rows, rows + 32) if conflict_free(s))
 
 
 def arch_number(arch: str) -> int:

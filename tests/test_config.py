@@ -28,6 +28,18 @@ def test_geometry_of_the_lstm_default():
     assert g.smem_hs == 4 * 4 * 1024 and g.smem_gs == 4 * 4 * 32
 
 
+@pytest.mark.parametrize("rows, units", [(32, 8), (16, 8), (16, 4), (48, 9), (64, 16), (16, 1), (16, 3), (128, 32)])
+def test_partial_sums_are_read_without_bank_conflicts(rows, units):
+    # The pointwise items of a warp are 32 consecutive (batch row, unit) pairs; item i reads word
+    # b * sum_stride + unit of a gate's partial sums (plus a per-gate offset, the same for the warp).
+    stride = mc.gate_sum_stride(rows, units)
+    assert rows <= stride < rows + 32
+    for warp in range(units):
+        items = range(32 * warp, 32 * warp + 32)
+        assert len({(i // units * stride + i % units) % 32 for i in items}) == 32
+    assert mc.gate_sum_stride(32, 8) == 40 and mc.gate_sum_stride(16, 8) == 24  # not more padding than needed
+
+
 @pytest.mark.parametrize("change, reason", [
     (dict(rows_per_thread=16, k_split=4), "registers per thread"),
     (dict(units_per_cta=64, k_split=32, rows_per_thread=1), "threads per CTA"),
@@ -102,7 +114,7 @@ def test_mma_geometry_pads_products_to_row_tiles():
     g = mc.validate(mc.MmaConfig(units_per_cta=8, k_groups=8, n_tiles=2), half_plan(), SM90)
     assert (g.ctas, g.m_tiles, g.rows, g.threads) == (128, 2, 32, 512)  # 4 gates x 8 units: two 16-row tiles
     assert g.k_tiles_per_warp == 8 and g.k_pad == 1024 and g.weights_per_thread == 32
-    assert g.stride == 1024 + mc.ROW_SKEW and g.smem_gs == 4 * 8 * 16 * 32
+    assert g.stride == 1024 + mc.ROW_SKEW and g.sum_stride == 40 and g.smem_gs == 4 * 8 * 16 * 40
     gru = mc.geometry(mc.MmaConfig(units_per_cta=10, k_groups=4), half_plan("gru_cho"))
     assert gru.m_tiles == 3  # 20 rows of r, z in two tiles; 10 rows of n in a third, never mixed
 

@@ -6,17 +6,22 @@ Runs without a GPU: TVM emits CUDA source, which is compiled here with nvcc for 
 import dataclasses
 import re
 
+import numpy as np
 import pytest
+from tvm import tirx
 
 import prnn_tvm
 from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.pointwise import fast_transcendentals
 from prnn_tvm.codegen.ptxas import parse_report
+from prnn_tvm.frontend.texpr import evaluate
 from prnn_tvm.report import ConfigOrigin
 from prnn_tvm.schedules import by_name
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 
 CELLS = sorted(prnn_tvm.builtin_cells())
+EXP_FREE_CELLS = ("indrnn", "rnn_relu")  # no exp, sigmoid or tanh in their math
 
 
 # Where the register estimate ranks first a config that ptxas spills, and the build takes the next
@@ -181,6 +186,27 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     start, loop = body.index("{"), body.index("< seq_len;")
     for w in layer.plan.weights:  # fragments loaded once (half2 loads where hidden is even), before the time loop
         assert f"{w.name}_ptr" in body[start:loop] and f"{w.name}_ptr" not in body[loop:]
+    # exp, sigmoid and tanh on the approximate units: none of the exact forms is left
+    assert "tanhf(" not in body and "expf(" not in body.replace("__expf(", "")
+    assert ("__expf(" in body) == (cell not in EXP_FREE_CELLS)
+
+
+def test_float32_kernels_keep_the_exact_transcendentals():
+    body = kernel_source(prnn_tvm.compile_cell("lstm", 256, 4, target="cuda", arch="sm_90", tuning_logs=[]))
+    assert "tanhf(" in body and "expf(" in body and "__expf(" not in body and "__fdividef(" not in body
+
+
+@pytest.mark.parametrize("function", ["sigmoid", "tanh", "exp"])
+def test_fast_transcendentals_are_the_same_functions(function):
+    # The rewrite is algebra (sigmoid = 1 / (1 + e^-x), tanh = 1 - 2 / (1 + e^2x)) over CUDA's __expf and
+    # __fdividef; evaluated with exact exp and division it must give the function itself.
+    x = tirx.Var("x", "float32")
+    expr = getattr(tirx, function)(x)
+    fast = fast_transcendentals(expr)
+    assert "call_pure_extern" in str(fast) and function not in str(fast).replace("__expf", "")
+    values = np.concatenate([np.linspace(-30, 30, 601), [-1e-4, 0.0, 1e-4]])
+    got, want = evaluate(fast, {x: values}), evaluate(expr, {x: values})
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("batch", [1, 33, 64])

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tvm import tirx
+from tvm.ir.expr import TensorLoad
 from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan, Leaf
-from ..frontend.texpr import free_vars, substitute
+from ..frontend.texpr import free_vars, rebuild, substitute
 
 
 def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
@@ -100,3 +101,36 @@ def bind_value(expr, name: str):
     """Bind ``expr`` to a new variable called ``name`` inside the current IRBuilder frame; returns the variable
     (how templates name the values of a step)."""
     return T.bind(expr, var=tirx.Var(name, expr.ty))
+
+
+def _expf(x):
+    return T.call_pure_extern("float32", "__expf", x)  # ex2.approx of x * log2(e)
+
+
+def _fdividef(a, b):
+    return T.call_pure_extern("float32", "__fdividef", tirx.const(a, "float32"), b)  # rcp.approx, then a multiply
+
+
+# float32 exp, sigmoid and tanh on the approximate exp2 and reciprocal units: a few instructions each against
+# ~20 for expf / an IEEE division / tanhf, on the critical path of every step. Limits hold: __expf overflows
+# to inf and __fdividef(a, inf) is 0, so sigmoid goes to 0 and 1 and tanh to -1 and 1.
+_FAST = {
+    "tirx.exp": _expf,
+    "tirx.sigmoid": lambda x: _fdividef(1.0, 1.0 + _expf(-x)),
+    "tirx.tanh": lambda x: 1.0 - _fdividef(2.0, 1.0 + _expf(x + x)),
+}
+
+
+def fast_transcendentals(expr):
+    """``expr`` with its float32 exp, sigmoid and tanh on the GPU's approximate units (relative error
+    about 2^-21; tanh near 0: 1e-6 absolute): the pointwise math of layers whose dtype policy says
+    ``fast_math`` (half precision, where every stored value is rounded to 2^-11 or coarser)."""
+    def replace(node):
+        if isinstance(node, TensorLoad):  # a register or shared-memory value: nothing below it
+            return node
+        fast = _FAST.get(getattr(getattr(node, "op", None), "name", None))
+        if fast is None or str(node.ty.dtype) != "float32":
+            return None
+        return fast(rebuild(node.args[0], replace))
+
+    return rebuild(expr, replace)

@@ -90,6 +90,9 @@ _NUMPY_BINARY = {
 }
 _NUMPY_CALLS = {"tirx.sigmoid": lambda u: 1.0 / (1.0 + np.exp(-u)), "tirx.tanh": np.tanh, "tirx.exp": np.exp,
                 "tirx.log": np.log, "tirx.sqrt": np.sqrt, "tirx.fabs": np.abs}
+# CUDA's approximate intrinsics that half-precision kernels compute with (``codegen.pointwise.fast_transcendentals``),
+# as the exact functions they approximate
+_NUMPY_EXTERNS = {"__expf": np.exp, "__fdividef": np.divide}
 
 
 def evaluate(e, env: dict):
@@ -113,6 +116,8 @@ def evaluate(e, env: dict):
         return np.where(*(evaluate(a, env) for a in e.args))
     if name in _NUMPY_CALLS:
         return _NUMPY_CALLS[name](evaluate(e.args[0], env))
+    if name == "tirx.call_pure_extern" and e.args[0].value in _NUMPY_EXTERNS:
+        return _NUMPY_EXTERNS[e.args[0].value](*(evaluate(a, env) for a in e.args[1:]))
     raise UnsupportedExpr(f"cannot evaluate {name or type(e).__name__} in NumPy ({e})")
 
 
