@@ -3,6 +3,7 @@
 GPU measurements of the tuner are in tests/test_gpu_tune.py.
 """
 
+import dataclasses
 import json
 import logging
 import math
@@ -274,6 +275,28 @@ def test_shipped_records_cover_the_benchmark_matrix():
     assert {(c, h, b) for c in ("rnn_tanh", "lstm", "gru") for h in (256, 512, 1024) for b in (1, 4, 16)} <= shapes
     half = {(r.cell, r.key.hidden, r.key.batch) for r in SHIPPED if r.ok and r.key.dtype == "float16"}
     assert {(c, h, b) for c in ("lstm", "gru") for h in (256, 512, 1024) for b in (1, 4, 16, 64)} <= half
+
+
+def test_a_half_dtype_without_records_takes_the_other_half_dtypes():
+    # bfloat16 has no shipped records; the float16 record of the same cell and shapes is used, and said so
+    f16 = records.key_for(analyze(resolve("gru"), 4, 256, "float16"), gpu_spec("sm_90"), "persistent_mma")
+    assert records.best(SHIPPED, f16) is not None
+    assert records.best(SHIPPED, dataclasses.replace(f16, dtype="bfloat16")) is None
+    rep = prnn_tvm.compile_cell("gru", 256, 4, dtype="bfloat16", target="cuda", arch="sm_90").report
+    assert rep.config == records.best(SHIPPED, f16).config and rep.config_origin is ConfigOrigin.TUNED
+    assert "measured for float16 on" in rep.format()
+
+
+def test_a_half_dtypes_own_record_comes_first(tmp_path):
+    plan = analyze(resolve("gru"), 4, 256, "bfloat16")
+    own = {"units_per_cta": 2, "k_groups": 8, "n_tiles": 1, "barrier": "counter"}
+    log_path = tmp_path / "bf16.jsonl"
+    key = records.key_for(plan, gpu_spec("sm_90"), "persistent_mma")
+    records.append(log_path, [Record(key=key, config=own, costs=(1e-4,) * 3, seq_len=64, cell="gru")])
+    shipped = records.default_log("sm_90")
+    rep = prnn_tvm.compile_cell("gru", 256, 4, dtype="bfloat16", target="cuda", arch="sm_90",
+                                tuning_logs=[shipped, log_path]).report
+    assert rep.config == own and "measured for" not in rep.format()
 
 
 @pytest.mark.parametrize("key", list(dict.fromkeys(r.key for r in SHIPPED)),
