@@ -1,4 +1,4 @@
-"""Shared fixtures: GPU detection (numerics tests take their bounds from ``prnn_tvm.dtypes.tolerance``)."""
+"""Shared fixtures: GPU detection (numerics tests take their bounds from ``prnn_tvm.dtypes.tolerance``), TF32 off."""
 
 import pytest
 
@@ -16,3 +16,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 on both sides of a comparison with torch.nn: TF32 off in cuDNN and in torch's GEMMs
+    (cuDNN's RNNs default to TF32), restored afterwards."""
+    torch = pytest.importorskip("torch")
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags

@@ -136,7 +136,7 @@ def test_fuzz_torch_modules_against_torch_nn(kind, hidden, input_size, batch, se
     assert err <= tolerance("float32", seq_len) + 1e-5, err  # + cuDNN's own rounding
 
 
-def test_misaligned_parameters_are_copied_not_refused():
+def test_misaligned_parameters_are_copied_not_refused(no_tf32):
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
 
