@@ -33,14 +33,12 @@ def test_hidden_1_and_input_1(cell, batch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, hidden, batch, seq_len", [("lstm", 1024, 4, 140_000), ("gru", 768, 8, 120_000)])
-def test_sequences_past_2_31_elements_run_in_chunks(kind, hidden, batch, seq_len):
+def test_sequences_past_2_31_elements_run_in_chunks(kind, hidden, batch, seq_len, no_tf32):
     """T * batch * gates * hidden of the projection passes 2^31: the layer runs in chunks, carrying its
     states; cuDNN, run by hand in chunks of 10,000 steps carrying its states, is the reference."""
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     ref = getattr(torch.nn, kind.upper())(hidden, hidden).cuda().eval()
     fast = pt.from_torch(ref)
@@ -110,13 +108,12 @@ def test_fuzz_cells_sizes_and_tuning_configs(case):
 @given(kind=st.sampled_from(["lstm", "gru", "rnn_tanh", "rnn_relu"]), hidden=st.integers(1, 600),
        input_size=st.integers(1, 600), batch=st.integers(1, 40), seq_len=st.integers(1, 100),
        batch_first=st.booleans(), with_state=st.booleans())
-def test_fuzz_torch_modules_against_torch_nn(kind, hidden, input_size, batch, seq_len, batch_first, with_state):
+def test_fuzz_torch_modules_against_torch_nn(no_tf32, kind, hidden, input_size, batch, seq_len, batch_first,
+                                             with_state):
     """Modules on the GPU (cuDNN flattens their parameters: views, biases not 64-byte aligned)."""
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(hidden)
     ctor = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(kind, torch.nn.RNN)
     kw = {"nonlinearity": kind[4:]} if kind.startswith("rnn") else {}

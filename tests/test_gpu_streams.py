@@ -20,7 +20,7 @@ from prnn_tvm.target import gpu_spec  # noqa: E402
 
 from .test_gpu_numerics import run_and_compare  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_tf32")]
 STATEFUL = ["tags", "counter"]
 
 
@@ -37,12 +37,6 @@ def _model(lstm, gru):
         out, _ = lstm(x)
         return gru(out)[0]
     return run
-
-
-@pytest.fixture(autouse=True)
-def _fp32():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
 
 
 def test_a_call_runs_on_the_callers_stream_without_waiting():

@@ -150,10 +150,9 @@ def test_unbatched_input_and_batch_cache():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_calls_follow_parameter_updates(device):
+def test_calls_follow_parameter_updates(device, no_tf32):
     """Inference calls keep each parameter's detached view (or, where it is not 64-byte aligned, a
     copy) between calls: they must see in-place updates, replaced parameters and replaced storage."""
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # float32 on both sides
     ref = _reference("gru", input_size=6, hidden_size=8).to(device)
     flat = torch.zeros(3 * 8 + 1, device=device)  # a bias one float into a buffer, as cuDNN's flat weights give
     flat[1:] = ref.bias_hh_l0.detach()
@@ -390,16 +389,13 @@ def test_readme_pytorch_example_runs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_cuda_matches_torch(kind, batch_first):
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_cuda_matches_torch(kind, batch_first, no_tf32):
     _compare(kind, "cuda", batch_first=batch_first, T=32, B=4, n_in=256, H=256)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cell", [TWO_STATE, "gru_cho", "lstm_peephole"])
-def test_cuda_any_cell_runs_as_a_module(cell):
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_cuda_any_cell_runs_as_a_module(cell, no_tf32):
     torch.manual_seed(3)
     module = pt.Recurrent(cell, 100, 256, device="cuda")
     plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), 4, 256)
@@ -531,18 +527,14 @@ def test_a_cuda_backward_that_times_out_fills_nan_and_raises(module, where):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 3, False), ("gru", 2, True), ("rnn_tanh", 1, True)])
-def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional):
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional, no_tf32):
     _compare(kind, "cuda", T=32, B=4, n_in=100, H=256, layers=layers, bidirectional=bidirectional)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind, layers, bidirectional, B", [("lstm", 2, True, 5), ("gru", 1, False, 1),
                                                             ("rnn_relu", 1, True, 33)])
-def test_cuda_packed_sequences_match_torch(kind, layers, bidirectional, B):
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_cuda_packed_sequences_match_torch(kind, layers, bidirectional, B, no_tf32):
     _compare(kind, "cuda", T=40, B=B, n_in=100, H=256, layers=layers, bidirectional=bidirectional, packed=True)
 
 
