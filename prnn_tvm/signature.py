@@ -87,6 +87,11 @@ class Grid:
     registers: int | None = None   # per thread: ptxas's figure once built, the template's estimate before
     static_smem_bytes: int = 0
 
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory per CTA: dynamic and static."""
+        return self.dynamic_smem_bytes + self.static_smem_bytes
+
 
 @dataclass(frozen=True)
 class GridSync:

@@ -115,6 +115,31 @@ def gpu_spec(arch: str | None = None) -> GpuSpec:
     return spec
 
 
+# TVM's CUDA launcher raises a kernel's shared-memory limit above the default 48 KB (cuFuncSetAttribute)
+# only where the *dynamic* part alone reaches 48 KB, yet the static part (the barrier's words) counts against
+# the limit too: a kernel with dynamic shared memory just under 48 KB fails at launch (CUDA_ERROR_INVALID_VALUE).
+DEFAULT_SMEM_PER_BLOCK = 48 * 1024
+STATIC_SMEM_RESERVE = 1024  # bytes: more than any template's static shared memory (ptxas: 64 B or less)
+
+
+def launchable_smem(dynamic: int) -> int:
+    """A kernel's ``dynamic`` bytes of shared memory as it allocates them: exactly 48 KB where the static
+    shared memory could take the total past 48 KB while the dynamic part stays under it (see above)."""
+    if DEFAULT_SMEM_PER_BLOCK - STATIC_SMEM_RESERVE < dynamic < DEFAULT_SMEM_PER_BLOCK:
+        return DEFAULT_SMEM_PER_BLOCK
+    return dynamic
+
+
+def smem_launch_problem(dynamic: int, static: int) -> str | None:
+    """Why a kernel with ``dynamic`` and ``static`` bytes of shared memory per CTA would fail at launch
+    through TVM's CUDA launcher (see above), or None."""
+    if dynamic < DEFAULT_SMEM_PER_BLOCK < dynamic + static:
+        return (f"its {dynamic} B of dynamic and {static} B of static shared memory pass the default limit of "
+                f"{DEFAULT_SMEM_PER_BLOCK} B, which TVM's launcher raises only from {DEFAULT_SMEM_PER_BLOCK} B of "
+                "dynamic memory up")
+    return None
+
+
 def ctas_per_sm(threads: int, regs: int, smem: int, gpu: GpuSpec) -> int:
     """How many CTAs of this shape one SM holds.
 

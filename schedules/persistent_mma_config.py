@@ -22,7 +22,7 @@ from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.dtypes import HALF_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm
+from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD
 from .ranking import check_resources, ranked_defaults, with_barrier
@@ -77,7 +77,8 @@ class MmaGeometry:
 
     @property
     def smem_bytes(self) -> int:
-        return self.smem_ops + self.smem_gs
+        """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
+        return launchable_smem(self.smem_ops + self.smem_gs)
 
     @property
     def stride(self) -> int:

@@ -14,11 +14,14 @@ import prnn_tvm
 from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.codegen.pointwise import fast_transcendentals
 from prnn_tvm.codegen.ptxas import parse_report
+from prnn_tvm.dtypes import itemsize
+from prnn_tvm.errors import LaunchError
 from prnn_tvm.frontend.texpr import evaluate
 from prnn_tvm.report import ConfigOrigin
+from prnn_tvm.runtime.base import RuntimeLayer
 from prnn_tvm.schedules import by_name
 from prnn_tvm.schedules.persistent_config import default_config
-from prnn_tvm.target import gpu_spec, max_regs_per_thread
+from prnn_tvm.target import DEFAULT_SMEM_PER_BLOCK, gpu_spec, launchable_smem, max_regs_per_thread, smem_launch_problem
 
 CELLS = sorted(prnn_tvm.builtin_cells())
 EXP_FREE_CELLS = ("indrnn", "rnn_relu")  # no exp, sigmoid or tanh in their math
@@ -38,6 +41,7 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     assert rep.registers is not None, rep.ptxas_note
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
     assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
+    assert_launchable(layer)
     assert rep.config_origin is ConfigOrigin.DEFAULT
     # the first ranked default, unless this is a known fallback (then the report says what spilled)
     passed_over = KNOWN_FALLBACKS.get((cell, hidden, batch, arch), ())
@@ -61,6 +65,45 @@ def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch
     assert re.fullmatch(r"(\d+) registers/thread, 0 B spills, 0 B stack, \d+ B static shared memory", figures), figures
     assert int(figures.split()[0]) <= max_regs_per_thread(256, gpu_spec(arch))
     assert f"projection  {figures}" in layer.report.format()
+
+
+def assert_launchable(layer):
+    """The kernel allocates the dynamic shared memory its grid declares, and the launch can have it: TVM lifts
+    the 48 KB default limit only where the dynamic part reaches 48 KB, and the static part counts too."""
+    rep = layer.report
+    allocated = sum(int(n) * itemsize(dtype or "float32") for n, dtype in re.findall(
+        r'T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?, scope="shared\.dyn"\)', layer.kernel.func.script()))
+    assert allocated == rep.dynamic_smem_bytes, (allocated, rep.format())
+    assert smem_launch_problem(rep.dynamic_smem_bytes, rep.static_smem_bytes) is None, rep.format()
+
+
+@pytest.mark.parametrize("dynamic, allocated", [(0, 0), (47 * 1024, 47 * 1024), (48 * 1024 - 56, 48 * 1024),
+                                                (48 * 1024, 48 * 1024), (60_000, 60_000)])
+def test_dynamic_shared_memory_just_under_48_kb_is_rounded_up(dynamic, allocated):
+    assert launchable_smem(dynamic) == allocated
+
+
+def test_a_layer_that_could_not_launch_is_refused_with_the_reason():
+    # what a template that declared more static shared memory than the reserve would build: refused before the
+    # launch (which would fail with CUDA_ERROR_INVALID_VALUE and the whole source dumped)
+    assert smem_launch_problem(48 * 1024 - 56, 64) is not None and smem_launch_problem(48 * 1024, 64) is None
+    layer = prnn_tvm.compile_cell("lstm", 64, 4, target="cuda", arch="sm_90", tuning_logs=[])
+    launch = layer.signature.launch("recurrent")
+    bad = layer.signature.with_grid("recurrent", dynamic_smem_bytes=48 * 1024 - 56, static_smem_bytes=64)
+    with pytest.raises(LaunchError, match=r"recurrent of lstm cannot launch: its 49096 B of dynamic and 64 B of "
+                                          r"static shared memory pass the default limit of 49152 B"):
+        RuntimeLayer(bad, None, True)._check_coresidency()
+    assert launch.grid.dynamic_smem_bytes < 48 * 1024 - 1024  # the layer itself is fine
+
+
+def test_a_grid_just_under_48_kb_of_shared_memory_can_launch():
+    # Found by the GPU fuzz test: 49,096 B of dynamic shared memory plus the barrier's 64 B static failed at
+    # launch (TVM sets the kernel's limit only from 48 KB of dynamic memory up); now it allocates 48 KB.
+    layer = prnn_tvm.compile_cell("rnn_tanh", 289, 38, input_size=1, target="cuda", arch="sm_90", tuning_logs=[],
+                                  config={"units_per_cta": 3, "k_split": 32, "rows_per_thread": 1, "batch_tile": 38,
+                                          "vec": 2, "barrier": "counter"})
+    assert layer.report.dynamic_smem_bytes == DEFAULT_SMEM_PER_BLOCK and layer.report.static_smem_bytes > 0
+    assert_launchable(layer)
 
 
 def default_configs(layer):
@@ -178,6 +221,7 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     assert rep.template == "persistent_mma" and rep.registers is not None, rep.ptxas_note
     assert rep.registers <= max_regs_per_thread(rep.threads, gpu_spec(arch))
     assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
+    assert_launchable(layer)
     assert bool(rep.config_passed_over) == ((cell, hidden, arch) in KNOWN_HALF_FALLBACKS), rep.format()
     body = kernel_source(layer)
     ptx_type = {"float16": "f16", "bfloat16": "bf16"}[dtype]

@@ -29,7 +29,7 @@ import tvm_ffi
 
 from ..errors import BarrierTimeout, LaunchError
 from ..signature import ArgRole, Signature
-from ..target import ctas_per_sm, gpu_spec
+from ..target import ctas_per_sm, gpu_spec, smem_launch_problem
 from .binding import COPY, BoundCall, bind
 
 DEFAULT_TIMEOUT_US = 50_000  # per barrier wait: generous against preemption, short against a hang
@@ -283,20 +283,21 @@ class RuntimeLayer:
             return
         for launch in self.signature.launches:
             grid = launch.grid
+            problem = grid and smem_launch_problem(grid.dynamic_smem_bytes, grid.static_smem_bytes)
+            if problem:  # templates size their memory to avoid this (target.launchable_smem): a template bug
+                raise LaunchError(f"{launch.function} of {self.signature.cell} cannot launch: {problem}")
             if grid is None or not grid.cooperative:
                 continue
             gpu = gpu_spec()
-            smem = grid.dynamic_smem_bytes + grid.static_smem_bytes
             fit = _resident_ctas(grid, gpu)
             if grid.ctas > fit:
                 raise LaunchError(f"the grid of {grid.ctas} CTAs cannot be co-resident on this "
                                   f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {grid.threads} "
-                                  f"threads, {grid.registers} registers, {smem} bytes of shared memory each); "
-                                  "recompile for this GPU")
+                                  f"threads, {grid.registers} registers, {grid.smem_bytes} bytes of shared memory "
+                                  "each); recompile for this GPU")
         self._coresident = True
 
 
 def _resident_ctas(grid, gpu) -> int:
     """How many CTAs of ``grid``'s shape the whole GPU holds at once."""
-    smem = grid.dynamic_smem_bytes + grid.static_smem_bytes
-    return ctas_per_sm(grid.threads, grid.registers, smem, gpu) * gpu.sms
+    return ctas_per_sm(grid.threads, grid.registers, grid.smem_bytes, gpu) * gpu.sms
