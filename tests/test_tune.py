@@ -275,6 +275,7 @@ def test_shipped_records_cover_the_benchmark_matrix():
     assert {(c, h, b) for c in ("rnn_tanh", "lstm", "gru") for h in (256, 512, 1024) for b in (1, 4, 16)} <= shapes
     half = {(r.cell, r.key.hidden, r.key.batch) for r in SHIPPED if r.ok and r.key.dtype == "float16"}
     assert {(c, h, b) for c in ("rnn_tanh", "lstm", "gru") for h in (256, 512, 1024) for b in (1, 4, 16, 64)} <= half
+    assert {("lstm", h, b) for h in (256, 512, 1024) for b in (8, 32)} <= half  # where cuDNN's persistent LSTM runs
 
 
 def test_a_half_dtype_without_records_takes_the_other_half_dtypes():
