@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tvm import tirx
 
 import prnn_tvm
@@ -15,13 +17,14 @@ from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.codegen.pointwise import fast_transcendentals
 from prnn_tvm.codegen.ptxas import parse_report
 from prnn_tvm.dtypes import itemsize
-from prnn_tvm.errors import LaunchError
+from prnn_tvm.errors import ConfigError, LaunchError
 from prnn_tvm.frontend.texpr import evaluate
 from prnn_tvm.report import ConfigOrigin
 from prnn_tvm.runtime.base import RuntimeLayer
-from prnn_tvm.schedules import by_name
+from prnn_tvm.schedules import by_name, template_for
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import DEFAULT_SMEM_PER_BLOCK, gpu_spec, launchable_smem, max_regs_per_thread, smem_launch_problem
+from prnn_tvm.tune.space import ConfigSpace
 
 CELLS = sorted(prnn_tvm.builtin_cells())
 EXP_FREE_CELLS = ("indrnn", "rnn_relu")  # no exp, sigmoid or tanh in their math
@@ -103,6 +106,27 @@ def test_a_grid_just_under_48_kb_of_shared_memory_can_launch():
                                   config={"units_per_cta": 3, "k_split": 32, "rows_per_thread": 1, "batch_tile": 38,
                                           "vec": 2, "barrier": "counter"})
     assert layer.report.dynamic_smem_bytes == DEFAULT_SMEM_PER_BLOCK and layer.report.static_smem_bytes > 0
+    assert_launchable(layer)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(cell=st.sampled_from(CELLS), hidden=st.integers(1, 1100), batch=st.integers(1, 70),
+       dtype=st.sampled_from(["float32", "float16", "bfloat16"]), pick=st.floats(0, 1, exclude_max=True) | st.none())
+def test_fuzz_any_size_and_tuning_config_builds_a_launchable_kernel(cell, hidden, batch, dtype, pick):
+    """Any config the tuner may pick (None: the default), at any size: the kernel allocates the shared memory its
+    grid declares and can launch with it (the GPU fuzz found one that could not; this needs no GPU)."""
+    gpu = gpu_spec("sm_90")
+    try:
+        config = None
+        if pick is not None:
+            plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
+            space = ConfigSpace(plan, gpu, template_for(plan, gpu.target()))
+            config = space.configs[int(pick * len(space))]
+        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", config=config,
+                                      tuning_logs=[])
+    except ConfigError as err:  # a refusal with its reason is allowed where nothing fits
+        assert "fit" in str(err) or "registers" in str(err), err
+        return
     assert_launchable(layer)
 
 
