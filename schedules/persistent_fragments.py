@@ -50,6 +50,7 @@ class FragmentWeights:
         self.acc = T.alloc_buffer((C_REGS * c.n_tiles,), self.acc_dt, scope="local")
         self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles,), self.dt, scope="local")
         gs_words = g.smem_gs // itemsize(self.acc_dt)
+        # the sums and the tiles, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
         words = max(gs_words + -(-g.smem_ops // itemsize(self.acc_dt)), -(-g.smem_bytes // itemsize(self.acc_dt)))
         self.gsum = T.alloc_buffer((max(1, words),), self.acc_dt, scope="shared.dyn")
         per_word = itemsize(self.acc_dt) // itemsize(self.dt)

@@ -39,7 +39,8 @@ class RegisterWeights:
         self.wreg = T.alloc_buffer((max(1, g.weights_per_thread),), self.dt, scope="local")
         self.acc = T.alloc_buffer((c.rows_per_thread * c.batch_tile,), self.acc_dt, scope="local")
         self.hv = T.alloc_buffer((c.vec,), self.dt, scope="local")
-        words = max(1, self.gs0 + g.smem_gs // itemsize(self.dt), -(-g.smem_bytes // itemsize(self.dt)))  # as sized
+        # the tiles and the sums, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
+        words = max(1, self.gs0 + g.smem_gs // itemsize(self.dt), -(-g.smem_bytes // itemsize(self.dt)))
         self.smem = T.alloc_buffer((words,), self.dt, scope="shared.dyn")
         self.ks = bind_value(self.tx % c.k_split, "ks")
         self.rg = bind_value(self.tx // c.k_split, "rg")
