@@ -1,6 +1,7 @@
 """NumPy float64 references of a whole layer, and random inputs to check kernels with.
 
-- :func:`reference_layer` runs the cell's own NumPy reference (what its author wrote);
+- :func:`reference_layer` runs the cell's own NumPy reference (what its author wrote), and
+  :func:`reference_stack` a stack of such layers, each one or both directions;
 - :func:`plan_layer` runs the same step from the cell's *plan* (the stages the compiler
   derived from its TE), saving every leaf of every step, and :func:`plan_gradients`
   backpropagates through it with the adjoints derived from the plan
@@ -65,6 +66,36 @@ def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.n
         state = {name: np.where(running, value, state[name]) for name, value in new.items()}
         out[t] = np.where(running, state[plan.output], 0.0)
     return out, state
+
+
+def reference_stack(plan: CellPlan, x: np.ndarray, layers: list, lengths: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A stack of layers of one cell in float64, as ``torch.nn``'s ``num_layers`` and ``bidirectional``:
+    ``layers[l][d]`` holds the arguments of layer ``l``'s direction ``d`` (weights, params and initial
+    states by name, as :func:`reference_layer` takes them, without ``x``); direction 1 reads each row's steps
+    backwards within its length (``lengths``, or the whole sequence), and a layer's directions' outputs,
+    concatenated, are the next layer's input. Returns (output (T, B, hidden x directions), final states
+    {state: (layers x directions, B, hidden)}, slots in torch's order: layer-major, forward first)."""
+    seq_len, batch = x.shape[:2]
+    steps = np.full(batch, seq_len) if lengths is None else np.asarray(lengths).reshape(batch)
+    t = np.arange(seq_len)[:, None]
+    backwards = np.where(t < steps, steps - 1 - t, t)[:, :, None]  # (T, B, 1): padding stays where it is
+
+    def reverse(sequence):
+        return np.take_along_axis(sequence, backwards, axis=0)
+
+    given = {} if lengths is None else {"lengths": steps}
+    finals: dict[str, list] = {s.name: [] for s in plan.states}
+    sequence = np.asarray(x, dtype=np.float64)
+    for directions in layers:
+        outs = []
+        for d, args in enumerate(directions):
+            out, ends = reference_layer(plan, {**args, **given, "x": sequence if d == 0 else reverse(sequence)})
+            outs.append(out if d == 0 else reverse(out))
+            for name, value in ends.items():
+                finals[name].append(value)
+        sequence = np.concatenate(outs, axis=2)
+    return sequence, {name: np.stack(values) for name, values in finals.items()}
 
 
 def _running(inputs: dict, seq_len: int, batch: int) -> list[np.ndarray]:
