@@ -302,27 +302,28 @@ def _any_cell_inputs(module, x, hx, layer_suffix="_l0"):
 
 def _parameters_of(module, layer_suffix: str) -> dict:
     """One layer and direction's parameters (``_l1``, ``_l1_reverse``), named as the cell's arguments, as NumPy."""
-    return {name[:-len(layer_suffix)]: p.detach().numpy() for name, p in module.named_parameters()
+    return {name[:-len(layer_suffix)]: p.detach().cpu().numpy() for name, p in module.named_parameters()
             if name.endswith(layer_suffix)}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("cell", sorted(prnn_tvm.builtin_cells()))
-def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_reference(cell):
+def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_reference(cell, device, no_tf32):
     """Stacking, both directions and variable lengths are options of any cell, not of three: two layers, both
     directions, a packed batch in no order (a full-length row, a length-1 row), initial states given, against
     the cell's own NumPy reference stacked the way torch.nn stacks (``prnn_tvm.reference.reference_stack``)."""
     torch.manual_seed(5)
     T, B, n_in, H, layers = 7, 4, 5, 6, 2
-    module = pt.Recurrent(cell, n_in, H, num_layers=layers, bidirectional=True)
+    module = pt.Recurrent(cell, n_in, H, num_layers=layers, bidirectional=True).to(device)
     plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), B, H)
     x = torch.randn(T, B, n_in)
     hx = tuple(0.5 * torch.randn(2 * layers, B, H) for _ in plan.states)
     lengths = random_lengths(B, T, seed=1)
+    packed = pack_padded_sequence(x.to(device), torch.from_numpy(lengths).long(), enforce_sorted=False)
     with torch.no_grad():
-        out, finals = module(pack_padded_sequence(x, torch.from_numpy(lengths).long(), enforce_sorted=False),
-                             hx if len(hx) > 1 else hx[0])
-    out = pad_packed_sequence(out)[0]  # zeros past each row's length, in the caller's batch order
-    finals = finals if len(hx) > 1 else (finals,)
+        out, finals = module(packed, tuple(h.to(device) for h in hx) if len(hx) > 1 else hx[0].to(device))
+    out = pad_packed_sequence(out)[0].cpu()  # zeros past each row's length, in the caller's batch order
+    finals = [f.cpu() for f in (finals if len(hx) > 1 else (finals,))]
     arguments = [[{**_parameters_of(module, f"_l{layer}" + ("_reverse" if d else "")),
                    **{f"{s.name}0": h[2 * layer + d].numpy() for s, h in zip(plan.states, hx)}} for d in range(2)]
                  for layer in range(layers)]
