@@ -11,11 +11,10 @@ from prnn_tvm.dtypes import GPU_DTYPES, tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.reference import random_inputs, random_lengths
 from prnn_tvm.runtime import binding
-from prnn_tvm.schedules import template_for
 from prnn_tvm.target import gpu_spec
-from prnn_tvm.tune.space import ConfigSpace
 
 from .test_gpu_numerics import run_and_compare
+from .test_ptxas import config_at
 
 pytestmark = pytest.mark.gpu
 CELLS = sorted(prnn_tvm.builtin_cells())
@@ -98,15 +97,9 @@ def cases(draw):
 @given(cases())
 def test_fuzz_cells_sizes_and_tuning_configs(case):
     cell, hidden, batch, input_size, seq_len, pick, dtype, lengths = case
-    gpu = gpu_spec()
     try:
-        config = None
-        if pick is not None:
-            plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
-            space = ConfigSpace(plan, gpu, template_for(plan, gpu.target()))
-            config = space.configs[int(pick * len(space))]
         layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="cuda",
-                                      config=config)
+                                      config=config_at(pick, cell, hidden, batch, dtype, gpu_spec()))
     except ConfigError as err:  # a refusal with its reason is allowed where nothing fits; a wrong answer never
         assert "fit" in str(err) or "registers" in str(err), err
         return

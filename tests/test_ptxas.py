@@ -115,19 +115,23 @@ def test_a_grid_just_under_48_kb_of_shared_memory_can_launch():
 def test_fuzz_any_size_and_tuning_config_builds_a_launchable_kernel(cell, hidden, batch, dtype, pick):
     """Any config the tuner may pick (None: the default), at any size: the kernel allocates the shared memory its
     grid declares and can launch with it (the GPU fuzz found one that could not; this needs no GPU)."""
-    gpu = gpu_spec("sm_90")
     try:
-        config = None
-        if pick is not None:
-            plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
-            space = ConfigSpace(plan, gpu, template_for(plan, gpu.target()))
-            config = space.configs[int(pick * len(space))]
-        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", config=config,
-                                      tuning_logs=[])
+        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[],
+                                      config=config_at(pick, cell, hidden, batch, dtype, gpu_spec("sm_90")))
     except ConfigError as err:  # a refusal with its reason is allowed where nothing fits
         assert "fit" in str(err) or "registers" in str(err), err
         return
     assert_launchable(layer)
+
+
+def config_at(pick, cell, hidden, batch, dtype, gpu):
+    """Any config the tuner may pick: the one at fraction ``pick`` of the tuning space's list (None: None, the
+    default). ConfigError where no config fits."""
+    if pick is None:
+        return None
+    plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
+    space = ConfigSpace(plan, gpu, template_for(plan, gpu.target()))
+    return space.configs[int(pick * len(space))]
 
 
 def default_configs(layer):
