@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile a cell, report the kernel, check it against NumPy")
     c.add_argument("cell", help="built-in cell name or path/to/cell.py")
+    _add_layers(c)
     c.add_argument("--hidden", type=_positive, required=True)
     c.add_argument("--batch", type=_positive, required=True)
     c.add_argument("--seq", type=_positive, default=64, help="sequence length to check and time (default 64)")
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="auto-tune a cell's persistent kernel on this GPU, appending records")
     t.add_argument("cell", help="built-in cell name or path/to/cell.py")
+    _add_layers(t)
     t.add_argument("--hidden", type=_positive, required=True)
     t.add_argument("--batch", type=_positive, required=True)
     t.add_argument("--seq", type=_positive, default=256, help="sequence length to time (default 256)")
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="compile a cell and write it as one shared library for inference")
     e.add_argument("cell", help="built-in cell name or path/to/cell.py")
+    _add_layers(e)
     e.add_argument("--hidden", type=_positive, required=True)
     e.add_argument("--batch", type=_positive, required=True)
     e.add_argument("--seq", type=_positive, default=None, help="the sequence length it is meant for (recorded)")
@@ -116,7 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_layers(parser) -> None:
+    parser.add_argument("--layers", type=_positive, default=1,
+                        help="stacked layers of the cell in one launch, run as a wavefront (default 1); the same as "
+                        "naming the cell <cell>_x<layers>")
+
+
+def _spec(args) -> str:
+    """The cell as ``resolve`` takes it: ``--layers N`` makes ``<cell>_xN``."""
+    return args.cell if args.layers == 1 else f"{args.cell}_x{args.layers}"
+
+
 def cmd_compile(args) -> int:
+    args.cell = _spec(args)
     gpu = local_gpu()
     arch = args.arch or (None if gpu is not None else "sm_90")
     logs = [] if args.default_config else ([args.log] if args.log else None)
@@ -132,6 +147,9 @@ def cmd_compile(args) -> int:
               f"{res.tolerance:.1e}): {'ok' if res.ok else 'FAILED'} [{res.seconds:.2f} s]")
         ok &= res.ok
         try:
+            if cpu.plan.lag:
+                raise CellError("a wavefront stack trains its layers one by one (compile the cell alone to check "
+                                "them)")
             res = check_gradients(args.cell)
         except CellError as err:  # a cell fit for inference whose math has no derivative rule: no training
             print(f"grad check  not derivable: {err}")
@@ -167,6 +185,7 @@ def _print_training(layer) -> None:
 
 
 def cmd_tune(args) -> int:
+    args.cell = _spec(args)
     res = tune(args.cell, args.hidden, args.batch, seq_len=args.seq, dtype=args.dtype, trials=args.trials,
                batch_size=args.batch_size, strategy=args.search, log_path=args.log, workers=args.workers,
                seed=args.seed)
@@ -263,6 +282,7 @@ def cmd_bench(args) -> int:
 def cmd_export(args) -> int:
     from .runtime.exporting import export
 
+    args.cell = _spec(args)
     target = "llvm" if args.cpu else "cuda"
     if target == "cuda" and args.arch is None and local_gpu() is None:
         raise PrnnError("no GPU here: name the inference GPU's architecture with --arch (e.g. --arch sm_90)")

@@ -18,6 +18,7 @@ from .frontend.analysis import analyze
 from .frontend.cell import Cell
 from .frontend.plan import CellPlan
 from .frontend.registry import resolve
+from .frontend.stack import stacked
 from .report import CompileReport
 from .runtime import binding
 from .runtime.base import RuntimeLayer
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int | None = None,
                  seq_len: int | None = None, dtype: str = "float32", target: str = "cuda",
-                 arch: str | None = None, config=None, tuning_logs=None) -> Layer:
+                 arch: str | None = None, config=None, tuning_logs=None, layers: int = 1) -> Layer:
     """Compile a recurrent cell into a layer: input projection + recurrent kernel.
 
     Parameters
@@ -60,10 +61,15 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     tuning_logs : path or list of paths, optional
         Tuning logs to look in (default: the package's ``tuning_logs/<arch>.jsonl``);
         ``[]`` ignores tuning records.
+    layers : int
+        Stacked layers of the cell in one launch, run as a wavefront (``prnn_tvm.frontend.stack``):
+        layer ``l`` computes step ``t`` while layer ``l + 1`` computes step ``t - 1``, one barrier per
+        wavefront step. The layer's output is the last layer's; ``x`` and ``W_ih`` are layer 0's, and
+        every later layer's input weights and biases are arguments ``l<l>_W_ih``, ``l<l>_b_ih``.
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
-    cell = resolve(cell)
+    cell = stacked(resolve(cell), layers)
     hidden, batch, input_size, seq_len = (_positive(name, value) for name, value in (
         ("hidden", hidden), ("batch", batch), ("input_size", input_size), ("seq_len", seq_len)))
     input_size = input_size or hidden

@@ -61,10 +61,11 @@ def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.n
     params = {s.name: f64[s.name] for s in (*plan.weights, *plan.params)}
     state = {s.name: f64[f"{s.name}0"] for s in plan.states}
     out = np.empty((xp.shape[0], plan.batch, plan.hidden))
-    for t, running in enumerate(_running(inputs, xp.shape[0], plan.batch)):
-        new = _checked(plan, plan.cell.reference(xp[t], state, params))
-        state = {name: np.where(running, value, state[name]) for name, value in new.items()}
-        out[t] = np.where(running, state[plan.output], 0.0)
+    for t, running, written in _steps(plan, inputs, xp.shape[0]):
+        new = _checked(plan, plan.cell.reference(xp[min(t, len(xp) - 1)], state, params))
+        state = {name: np.where(running[name], value, state[name]) for name, value in new.items()}
+        if written is not None:
+            out[written] = np.where(running[plan.output], state[plan.output], 0.0)
     return out, state
 
 
@@ -105,6 +106,21 @@ def _running(inputs: dict, seq_len: int, batch: int) -> list[np.ndarray]:
     return [(t < lengths)[:, None] for t in range(seq_len)]
 
 
+def _steps(plan: CellPlan, inputs: dict, seq_len: int):
+    """The steps a layer runs, ``seq_len`` plus the plan's lag (a stack's wavefront,
+    :mod:`prnn_tvm.frontend.stack`): per step ``(t, {state: (batch, 1) booleans, which rows change it},
+    the output sequence's step it writes, or None)``. A state of delay ``d`` changes from step ``d`` until
+    ``d`` steps after its row's length (``inputs["lengths"]``, or the sequence); the output is the output
+    state's, ``d`` steps late."""
+    lengths = inputs.get("lengths")
+    lengths = (np.full(plan.batch, seq_len) if lengths is None else np.asarray(lengths).reshape(plan.batch))[:, None]
+    delays = plan.delays
+    out_delay = delays[plan.output]
+    for t in range(seq_len + plan.lag):
+        running = {name: (t >= d) & (t < lengths + d) for name, d in delays.items()}
+        yield t, running, (t - out_delay if out_delay <= t < seq_len + out_delay else None)
+
+
 def _checked(plan: CellPlan, new) -> dict:
     """The reference's new states as float64 arrays; CellError naming what it got wrong otherwise."""
     name, want = plan.cell.name, (plan.batch, plan.hidden)
@@ -124,6 +140,9 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
     """The layer in float64 from the plan's stages: (output sequence, final states, each step's leaf
     values as {Leaf: (batch, hidden) array}; products' leaves included). Per-row lengths as in
     :func:`reference_layer`."""
+    if plan.lag:
+        raise CellError(f"cell '{plan.cell.name}' is a wavefront stack: its gradients are the layers', one by one "
+                        "(prnn_tvm.frontend.stack)")
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     H = plan.hidden
     xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]

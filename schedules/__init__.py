@@ -39,6 +39,8 @@ def backward_for(plan, target):
     if target.kind.name != "llvm":
         raise ConfigError(f"this is the CPU build's backward (target 'llvm'), not {target.kind.name}'s: a CUDA "
                           "layer trains through prnn_tvm.compiler.compile_training (prnn_tvm.torch does)")
+    if plan.lag:
+        raise ConfigError(persistent_backward.stack_refusal(plan))
     return cpu_backward.backward_kernel(plan)
 
 

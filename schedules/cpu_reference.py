@@ -12,7 +12,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.kernel import Kernel, declare_args, recurrent_launch
+from prnn_tvm.codegen.kernel import Kernel, StepTiming, declare_args, input_step, recurrent_launch
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
@@ -68,6 +68,8 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
     inside a ``T.prim_func()`` frame. ``save(t, cur, acc, kept, live)``, when given, is called at the end
     of every step, before the new states replace ``cur`` (the states the step started from): what a
     backward kernel recomputes the step's leaves from. ``a.out`` None: no output sequence is written."""
+    if save is not None and plan.lag:
+        raise ConfigError(f"cell '{plan.cell.name}' is a wavefront stack; train its layers one by one")
     B, H = plan.batch, plan.hidden
     dt = plan.policy.compute  # the loop nest keeps every intermediate in the compute type
     storage = plan.dtype
@@ -81,28 +83,27 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
     with T.grid(B, H) as (b, u):
         for name in states:
             T.buffer_store(cur, widen(a.init[name][b, u], dt), [si[name], b, u])
-    with T.serial(0, a.seq_len) as t:
+    with T.serial(0, a.seq_len + plan.lag) as t:
+        x_step = input_step(plan, a, t)
         for phase in range(plan.phases):
             for r in (r for r in plan.reductions if r.phase == phase):
                 _product(r, a, acc[r.name], cur, si, kept, live, H)
             with T.parallel(0, B) as b, T.serial(0, H) as u:
-                for leaf, value in emit_phase(plan, phase, _loader(a, t, b, u, cur, si, acc, kept, live, H),
+                for leaf, value in emit_phase(plan, phase, _loader(a, x_step, b, u, cur, si, acc, kept, live, H),
                                               bind_value).items():
                     T.buffer_store(kept, value, [live[leaf], b, u])
         with T.parallel(0, B) as b, T.serial(0, H) as u:
-            load = _loader(a, t, b, u, cur, si, acc, kept, live, H)
+            load = _loader(a, x_step, b, u, cur, si, acc, kept, live, H)
             new = new_state_values(plan, load)
-            running = None if a.lengths is None else t < a.lengths[b]  # a row past its length keeps still
+            timing = StepTiming(plan, a, t, a.lengths[b] if a.lengths is not None else None)
             for name in states:  # exchanged states round to storage each step, as on the GPU
                 value = new[name] if name in plan.private_states else rounded(new[name], storage)
+                running = timing.running(name)  # a row past its length (or a stack's layer not yet started) keeps still
                 if running is not None:
                     value = T.if_then_else(running, value, cur[si[name], b, u])
                 T.buffer_store(nxt, value, [si[name], b, u])
             if a.out is not None:
-                out = as_type(new[plan.output], storage)
-                if running is not None:  # and writes zeros
-                    out = T.if_then_else(running, out, tirx.const(0, storage))
-                T.buffer_store(a.out, out, [t, b, u])
+                timing.write_output(a.out, as_type(new[plan.output], storage), b, u)
         if save is not None:
             save(t, cur, acc, kept, live)
         with T.grid(len(states), B, H) as (s, b, u):
@@ -128,6 +129,7 @@ def _product(r, a, acc, cur, si, kept, live, H):
 
 
 def _loader(a, t, b, u, cur, si, acc, kept, live, H):
+    """Where each leaf of unit ``u`` of row ``b`` lives; ``t`` is the step of the input projection it reads."""
     def load(leaf: Leaf):
         col = leaf.slice * H + u
         if leaf.kind == "input":

@@ -65,7 +65,15 @@ def refusal(plan: CellPlan) -> str | None:
     """Why this template cannot place the backward of ``plan``, or None."""
     if plan.dtype not in DTYPES:
         return f"the GPU backward places {', '.join(DTYPES)} layers, not {plan.dtype}"
+    if plan.lag:
+        return stack_refusal(plan)
     return None
+
+
+def stack_refusal(plan: CellPlan) -> str:
+    """Why no backward places a wavefront stack (``prnn_tvm.frontend.stack``)."""
+    return (f"'{plan.cell.name}' is a wavefront stack, which has no backward: train its layers one by one "
+            "(prnn_tvm.torch does)")
 
 
 def gate_rows(plan: CellPlan) -> int:

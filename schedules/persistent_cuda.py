@@ -33,7 +33,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import Kernel, persistent_frame, recurrent_launch
+from prnn_tvm.codegen.kernel import Kernel, StepTiming, input_step, persistent_frame, recurrent_launch
 from prnn_tvm.codegen.pointwise import (
     as_type,
     bind_value,
@@ -124,6 +124,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             return with_saved(launch, len(p.saved_leaves()) * self.H, self.acc_dt)
         return launch
 
+    @property
+    def steps(self):
+        """Steps the kernel runs: the sequence's, and a stack's lag (``CellPlan.lag``)."""
+        return self.a.seq_len + self.p.lag if self.p.lag else self.a.seq_len
+
     def row_starts(self) -> list[int]:
         """Rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)."""
         row_lo, lo = [], 0
@@ -149,11 +154,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 T.buffer_store(self.aborted, 0, [0])
                 self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
                 self.prologue()
-                with T.serial(0, self.a.seq_len) as t:
+                with T.serial(0, self.steps) as t:
                     self.step(t)
                 if self.barrier_state:  # the base counts steps (tags) or barriers
                     self.report_timeout()
-                    advance = self.a.seq_len if self.barrier.carries_data else self.a.seq_len * p.phases - 1
+                    advance = self.steps if self.barrier.carries_data else self.steps * p.phases - 1
                     grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
         return ib.get()
 
@@ -176,7 +181,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         for it in range(g.items_per_thread):  # issued now, consumed after the products
             with self.item(it) as (b, unit, _ul):
                 for i, leaf in enumerate(self.x_leaves):
-                    T.buffer_store(self.xreg, self.a.xp[t, b, leaf.slice * self.H + unit],
+                    T.buffer_store(self.xreg, self.a.xp[input_step(p, self.a, t), b, leaf.slice * self.H + unit],
                                    [it * len(self.x_leaves) + i])
         for phase in range(p.phases):
             self.products(t, phase)
@@ -191,7 +196,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     self.save_leaves(t, it, b, unit, ul)
                 self.write_states(t, it, b, unit, ul)
         if p.needs_grid_barrier and not self.barrier.carries_data:
-            with T.If(t < self.a.seq_len - 1):
+            with T.If(t < self.steps - 1):
                 with T.Then():
                     grid_barrier.emit(self.barrier, t * p.phases + p.phases - 1, self.barrier_base, self.sync,
                                       self.stall)
@@ -240,20 +245,19 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """End of step: the new states to the workspace or registers, the output, the final states. A row
         past its length keeps its states and writes a zero output."""
         load = self.loader(t, it, b, unit, ul)
-        new = new_state_values(self.p, load)
-        running = None if self.a.lengths is None else t < self.lenreg[it]
-        if running is not None:
-            new = {name: T.if_then_else(running, value, load(Leaf("state", name, 0))) for name, value in new.items()}
+        timing = StepTiming(self.p, self.a, t, None if self.a.lengths is None else self.lenreg[it])
+        new = {}
+        for name, value in new_state_values(self.p, load).items():
+            running = timing.running(name)
+            new[name] = value if running is None else T.if_then_else(running, value, load(Leaf("state", name, 0)))
         stored = {name: as_type(value, self.dt) for name, value in new.items()}
         for name, value in new.items():
             if name in self.priv:  # private states stay in the compute type between steps
                 T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])
             else:
                 self.publish(name, t, b, unit, stored[name])
-        out = stored[self.p.output]
-        T.buffer_store(self.a.out, out if running is None else T.if_then_else(running, out, tirx.const(0, self.dt)),
-                       [t, b, unit])
-        with T.If(t == self.a.seq_len - 1):
+        timing.write_output(self.a.out, stored[self.p.output], b, unit)
+        with T.If(t == self.steps - 1):
             with T.Then():
                 for name, value in stored.items():
                     T.buffer_store(self.a.final[name], value, [b, unit])

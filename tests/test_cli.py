@@ -45,8 +45,17 @@ def test_a_cell_without_derivative_rules_compiles_and_says_it_cannot_train(tmp_p
     assert "training    " not in r.stdout
 
 
+def test_compile_a_stack_in_one_launch():
+    r = run("compile", "gru", "--layers", "3", "--hidden", "8", "--batch", "2", "--seq", "5", "--arch", "sm_90")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cell        gru_x3 " in r.stdout and "0 B spill stores" in r.stdout
+    assert "cpu check   max abs error" in r.stdout and ": ok" in r.stdout
+    assert "grad check  not derivable: a wavefront stack trains its layers one by one" in r.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["compile", "lstmx", "--hidden", "8", "--batch", "1"], "unknown cell 'lstmx'"),
+    (["compile", "lstm", "--layers", "0", "--hidden", "8", "--batch", "1"], "--layers: expected a positive integer"),
     (["compile", "lstm", "--hidden", "0", "--batch", "1"], "--hidden: expected a positive integer, got 0"),
     (["compile", "lstm", "--hidden", "8", "--batch", "-3"], "--batch: expected a positive integer, got -3"),
     (["compile", "lstm", "--hidden", "8", "--batch", "1", "--arch", "sm_99"], "unknown GPU architecture 'sm_99'"),

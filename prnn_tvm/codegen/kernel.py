@@ -108,6 +108,49 @@ def declare_args(launch: Launch) -> SimpleNamespace:
     return ns
 
 
+def input_step(plan: CellPlan, a, t):
+    """The step of the input projection that kernel step ``t`` reads: ``t``, or for a stack (whose layer runs
+    its lag beyond the sequence, when only later layers still change) the last one."""
+    return T.min(t, a.seq_len - 1) if plan.lag else t
+
+
+class StepTiming:
+    """Which rows a kernel step changes each state of, and where it writes the output sequence: the rule
+    the templates share (``prnn_tvm.reference`` has it in NumPy).
+
+    A row stops changing after its length (``length``: the row's ``lengths`` entry, None when the launch
+    has none) and writes zeros there. A state of delay ``d`` (a stack's layer, :mod:`prnn_tvm.frontend.stack`)
+    keeps its initial value for the first ``d`` steps and changes until ``d`` steps after the row's length;
+    the output is the output state's, written ``d`` steps late.
+    """
+
+    def __init__(self, plan: CellPlan, a, t, length=None):
+        self.plan, self.a, self.t, self.length = plan, a, t, length
+
+    def running(self, state: str):
+        """Whether this step changes ``state`` of the row, or None where it always does."""
+        t, d = self.t, self.plan.delays[state]
+        if not self.plan.lag:
+            return None if self.length is None else t < self.length
+        # lengths past the sequence mean all of it (a caller may pass 2^31 - 1): clamped before the delay is added
+        end = (self.a.seq_len if self.length is None else T.min(self.length, self.a.seq_len)) + d
+        return tirx.all(t >= d, t < end) if d else t < end
+
+    def write_output(self, out, value, b, unit):
+        """``out[step, b, unit] = value`` for the output step this kernel step makes (zeros past the row's
+        length); nothing in a stack's first steps."""
+        running = self.running(self.plan.output)
+        if running is not None:
+            value = T.if_then_else(running, value, tirx.const(0, out.dtype))
+        d = self.plan.delays[self.plan.output]
+        if not d:
+            T.buffer_store(out, value, [self.t, b, unit])
+            return
+        with T.If(self.t >= d):
+            with T.Then():
+                T.buffer_store(out, value, [self.t - d, b, unit])
+
+
 @contextlib.contextmanager
 def persistent_frame(launch: Launch):
     """The frame of a hand-placed persistent kernel, inside an IRBuilder: the function named after

@@ -160,6 +160,11 @@ class Cell:
         The state whose value at every step is the layer's output sequence.
     doc : str
         Equations and source, shown by ``prnn-tvm cells``.
+    delays : tuple of (state name, steps)
+        States that start late (:mod:`prnn_tvm.frontend.stack` makes these; a cell written by hand has
+        none): a state of delay ``d`` keeps its initial value for the first ``d`` steps and stops
+        changing ``d`` steps after a row's length; a layer of such a cell runs ``T + max delay``
+        steps, and its output sequence is the output state's, read its delay late.
     """
 
     name: str
@@ -167,6 +172,7 @@ class Cell:
     reference: ReferenceFn
     output: str = "h"
     doc: str = ""
+    delays: tuple = ()
 
     def trace(self, batch: int, hidden: int, dtype: str = "float32") -> TracedCell:
         """Run the step function at concrete sizes and return its TE graph."""

@@ -97,6 +97,17 @@ class CellPlan:
         return self.cell.output
 
     @property
+    def delays(self) -> dict:
+        """State -> the steps it starts late (:attr:`Cell.delays`); every state is listed, most with 0."""
+        given = dict(self.cell.delays)
+        return {s.name: given.get(s.name, 0) for s in self.states}
+
+    @property
+    def lag(self) -> int:
+        """Steps a layer runs beyond its sequence: the largest delay (0 but for stacks)."""
+        return max(self.delays.values(), default=0)
+
+    @property
     def policy(self) -> DtypePolicy:
         """Storage, accumulation and compute types (the stages and leaf variables are in the compute type)."""
         return policy(self.dtype)
@@ -165,4 +176,5 @@ class CellPlan:
         parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
         parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
         parts.append(f"output:{self.output}")
+        parts += [f"delay:{name}={d}" for name, d in self.delays.items() if d]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

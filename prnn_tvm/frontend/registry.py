@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import CellError
 from .cell import Cell
+from .stack import stacked
 
 
 def builtin_cells() -> dict[str, Cell]:
@@ -29,7 +30,9 @@ def builtin_cells() -> dict[str, Cell]:
 
 
 def resolve(spec: str | Cell) -> Cell:
-    """A Cell from a Cell, a built-in name (``"lstm"``) or ``path/to/file.py[:ATTR]``.
+    """A Cell from a Cell, a built-in name (``"lstm"``) or ``path/to/file.py[:ATTR]``, or a stack of one,
+    ``<spec>_x<layers>`` (``lstm_x4``: :func:`prnn_tvm.frontend.stack.stacked`, the name a stack's layer,
+    its tuning records and its exports carry).
 
     A file must define ``CELL`` (or the attribute named after the colon) as a Cell.
     """
@@ -41,10 +44,13 @@ def resolve(spec: str | Cell) -> Cell:
     if path.endswith(".py"):
         return _from_file(Path(path), attr)
     cells = builtin_cells()
-    if spec not in cells:
-        raise CellError(f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
-                        "(or give a path/to/cell.py defining CELL)")
-    return cells[spec]
+    if spec in cells:
+        return cells[spec]
+    base, _, layers = spec.rpartition("_x")
+    if base and layers.isdigit() and int(layers) > 0:  # a stack's name, as compile_cell(..., layers=) names it
+        return stacked(resolve(base), int(layers))
+    raise CellError(f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
+                    "(or give a path/to/cell.py defining CELL; <cell>_x<layers> for a stack of it)")
 
 
 def _from_file(path: Path, attr: str) -> Cell:

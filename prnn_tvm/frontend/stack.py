@@ -1,0 +1,140 @@
+"""Stacking: ``layers`` layers of one cell as one cell, run as a wavefront in one persistent launch.
+
+Layer ``l + 1`` reads layer ``l``'s output; in a wavefront it reads it one step late:
+
+    wavefront step s:   layer l computes its time step t = s - l, from
+                        - its own states (from wavefront step s - 1: its time t - 1), and
+                        - its input: layer 0 the input projection x_t W_ih^T + b_ih, layer l > 0
+                          W_ih_l h_{l-1} + b_ih_l over layer l - 1's output *as the step found it*
+                          (computed at wavefront step s - 1: layer l - 1's time t).
+
+Every product of a wavefront step multiplies a value the step starts with, so the stack is one
+cell with one phase per phase of the base cell: no barrier between layers, one per wavefront
+step, ``T + layers - 1`` of them. Layer ``l``'s input product is a recurrent product like any
+other (its ``W_ih`` stays on chip with the recurrent weights).
+
+The stacked cell's states, weights, params and stages are the base cell's, renamed per layer
+(``l0_h``, ``l1_W_hh``, ...), plus ``l<l>_W_ih`` and ``l<l>_b_ih`` for layers 1 and up; its
+output is the last layer's output. What makes it a *wavefront* rather than a deeper cell is
+each state's *delay* (:attr:`~prnn_tvm.frontend.cell.Cell.delays`): layer ``l``'s states keep
+their initial values for the first ``l`` steps and stop changing ``l`` steps after a row's
+length, the layer runs ``T + layers - 1`` steps and its output sequence is the last layer's, read
+``layers - 1`` steps late. The templates and the references apply delays; nothing else in the
+compiler knows about stacks.
+"""
+
+from __future__ import annotations
+
+from ..errors import CellError
+from .cell import Cell, CellBuilder
+
+
+def layer_name(layer: int, name: str) -> str:
+    """A base cell's declared name in layer ``layer`` of a stack: ``l1_W_hh``."""
+    return f"l{layer}_{name}"
+
+
+INPUT_WEIGHT, INPUT_BIAS = "W_ih", "b_ih"  # layer l > 0's input product, as torch.nn names it
+
+
+def stacked(cell: Cell, layers: int) -> Cell:
+    """``layers`` layers of ``cell`` as one wavefront cell (see the module's doc); ``cell`` itself for one
+    layer. Every layer's input is ``hidden`` wide, so layer ``l > 0`` multiplies ``(slices * hidden, hidden)``
+    ``l<l>_W_ih`` by the layer below's output (``slices``: the base cell's input slices)."""
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise CellError(f"layers must be a positive integer, got {layers!r}")
+    if layers == 1:
+        return cell
+    if cell.delays:
+        raise CellError(f"cell '{cell.name}' is already a stack; stack its base cell with layers= instead")
+
+    def step(c: CellBuilder):
+        updates, below = {}, None
+        for layer in range(layers):
+            proxy = _LayerBuilder(c, layer, below)
+            new = cell.step(proxy)
+            if not isinstance(new, dict) or cell.output not in proxy.states:
+                return new  # the analysis says what is wrong with the base cell, with its own names
+            updates.update({layer_name(layer, name): value for name, value in new.items()})
+            below = proxy.states[cell.output]
+        return updates
+
+    def reference(x, state, p):
+        new, below = {}, None
+        for layer in range(layers):
+            mine = {name[len(layer_name(layer, "")):]: value for name, value in state.items()
+                    if name.startswith(layer_name(layer, ""))}
+            params = {name[len(layer_name(layer, "")):]: value for name, value in p.items()
+                      if name.startswith(layer_name(layer, ""))}
+            xin = x if layer == 0 else (below @ params.pop(INPUT_WEIGHT).T + params.pop(INPUT_BIAS))
+            new.update({layer_name(layer, name): value for name, value in cell.reference(xin, mine, params).items()})
+            below = mine[cell.output]  # the value this step started with: the wavefront's one-step lag
+        return new
+
+    delays = tuple((layer_name(layer, name), layer) for layer in range(layers) for name in _state_names(cell))
+    doc = (f"{layers} stacked layers of '{cell.name}', run as a wavefront (prnn_tvm.frontend.stack).\n\n"
+           + cell.doc)
+    return Cell(f"{cell.name}_x{layers}", step, reference, output=layer_name(layers - 1, cell.output), doc=doc,
+                delays=delays)
+
+
+def _state_names(cell: Cell) -> list[str]:
+    """The base cell's state names, from a trace at a small size (the step declares them)."""
+    builder = CellBuilder(1, 1)
+    cell.step(builder)
+    return [s.name for s in builder.slots if s.role.value == "state"]
+
+
+class _LayerBuilder:
+    """What the base cell's step function sees in layer ``layer``: the stack's builder with every name
+    prefixed, and for ``layer > 0`` an input that is the product of ``l<layer>_W_ih`` with the layer
+    below's output (``below``, a state placeholder: the value the step starts with) plus ``l<layer>_b_ih``."""
+
+    def __init__(self, builder: CellBuilder, layer: int, below):
+        self._c, self._layer, self._below = builder, layer, below
+        self.batch, self.hidden, self.dtype = builder.batch, builder.hidden, builder.dtype
+        self.states: dict = {}
+
+    def _name(self, name: str) -> str:
+        return layer_name(self._layer, name)
+
+    def input(self, slices: int = 1, name: str = "x"):
+        if self._layer == 0:
+            return self._c.input(slices, name)
+        if any(s.name == self._name(INPUT_WEIGHT) for s in self._c.slots):
+            raise CellError("a cell has one input projection; c.input() was called twice")
+        W = self._c.weight(self._name(INPUT_WEIGHT), slices)
+        b = self._c.param(self._name(INPUT_BIAS), slices)
+        product = self._c.matvec(self._below, W, name=self._name("input_product"))
+        return self._c.pointwise(lambda n, j: product[n, j] + b[j], name=self._name(name), slices=slices)
+
+    def state(self, name: str):
+        tensor = self._c.state(self._name(name))
+        self.states[name] = tensor
+        return tensor
+
+    def weight(self, name: str, slices: int = 1):
+        if self._layer > 0 and name == INPUT_WEIGHT:
+            raise CellError(f"a stacked cell names layer l's input weight l<l>_{INPUT_WEIGHT}; the base cell may "
+                            f"not declare a weight '{INPUT_WEIGHT}'")
+        return self._c.weight(self._name(name), slices)
+
+    def param(self, name: str, slices: int = 1):
+        if self._layer > 0 and name == INPUT_BIAS:
+            raise CellError(f"a stacked cell names layer l's input bias l<l>_{INPUT_BIAS}; the base cell may not "
+                            f"declare a param '{INPUT_BIAS}'")
+        return self._c.param(self._name(name), slices)
+
+    def matvec(self, state, weight, name: str):
+        return self._c.matvec(state, weight, self._name(name))
+
+    def pointwise(self, fn, name: str, slices: int = 1):
+        return self._c.pointwise(fn, self._name(name), slices)
+
+
+def split_layer_name(name: str) -> tuple[int, str]:
+    """``l1_W_hh`` -> ``(1, "W_hh")``: a stack's argument name as its layer and the base cell's name."""
+    prefix, _, base = name.partition("_")
+    if not (prefix[:1] == "l" and prefix[1:].isdigit() and base):
+        raise ValueError(f"'{name}' is not a stacked layer's name (l<layer>_<name>)")
+    return int(prefix[1:]), base

@@ -1,0 +1,200 @@
+"""Stacked layers in one launch (``compile_cell(..., layers=)``, ``prnn_tvm.frontend.stack``): the wavefront
+against the same layers run one after another, in float64; the CUDA kernels on the GPU (``-m gpu``)."""
+
+import numpy as np
+import pytest
+import tvm
+
+import prnn_tvm
+from prnn_tvm import CellError, ConfigError
+from prnn_tvm.checks import max_abs_error
+from prnn_tvm.compiler import compile_backward
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.cell import Cell
+from prnn_tvm.frontend.registry import builtin_cells, resolve
+from prnn_tvm.frontend.stack import split_layer_name, stacked
+from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
+from prnn_tvm.runtime import binding
+
+from .test_ptxas import assert_launchable
+
+CELLS = list(builtin_cells())
+
+
+def one_by_one(base_cell, inputs: dict, layers: int, lengths=None):
+    """The stack's arguments (``inputs``, by the stacked layer's names) run as ``layers`` separate layers of
+    ``base_cell``, one after the other, in float64: (output, {state: (layers, B, H) final states})."""
+    x = inputs["x"]
+    base = analyze(base_cell, x.shape[1], inputs["l0_" + next(iter(_states(base_cell))) + "0"].shape[1])
+    per_layer = []
+    for layer in range(layers):
+        args = {"W_ih": inputs["W_ih"], "b_ih": inputs["b_ih"]} if layer == 0 else \
+            {"W_ih": inputs[f"l{layer}_W_ih"], "b_ih": inputs[f"l{layer}_b_ih"]}
+        args.update({s.name: inputs[f"l{layer}_{s.name}"] for s in (*base.weights, *base.params)})
+        args.update({f"{s.name}0": inputs[f"l{layer}_{s.name}0"] for s in base.states})
+        per_layer.append([args])
+    return reference_stack(base, x, per_layer, lengths)
+
+
+def _states(cell):
+    return [s.name for s in analyze(cell, 1, 1).states]
+
+
+def finals_of(layer, finals) -> dict:
+    """A layer call's final states by name (``<state>_n`` in signature order)."""
+    names = [a.name[:-2] for a in layer.signature.outputs[1:]]
+    return dict(zip(names, finals))
+
+
+def compare_with_one_by_one(layer, cell, layers, seq_len, lengths=None, seed=0):
+    inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
+    if lengths is not None:
+        inputs["lengths"] = lengths
+    out, finals = layer(*[inputs.get(n) for n in layer.arg_names])
+    want_out, want_finals = one_by_one(resolve(cell), inputs, layers, lengths)
+    got = finals_of(layer, finals)
+    errors = [np.abs(np.asarray(out, np.float64) - want_out).max()]
+    for name, value in got.items():
+        index, base = split_layer_name(name)
+        errors.append(np.abs(np.asarray(value, np.float64) - want_finals[base][index]).max())
+    if lengths is not None:  # zeros past each row's length, as torch.nn's padded output
+        assert all(not np.asarray(out)[n:, b].any() for b, n in enumerate(lengths))
+    return max(errors)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_every_cell_stacked_in_one_launch_equals_its_layers_one_by_one(cell):
+    """Three layers, ragged lengths in no order (a full-length and a length-1 row), input size != hidden."""
+    layers, hidden, batch, seq_len = 3, 5, 4, 7
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=3, target="llvm", layers=layers)
+    lengths = random_lengths(batch, seq_len, seed=2)
+    assert compare_with_one_by_one(layer, cell, layers, seq_len, lengths) < 1e-5
+    assert compare_with_one_by_one(layer, cell, layers, seq_len) < 1e-5
+
+
+@pytest.mark.parametrize("layers, hidden, batch, seq_len, input_size", [
+    (2, 1, 1, 1, 1),    # the smallest everything; T=1: the stack runs one step more than the sequence
+    (4, 3, 2, 2, 5),    # more layers than steps: the last layer starts after the input has ended
+    (2, 7, 3, 11, 2),   # odd and prime sizes
+])
+def test_awkward_stacks_equal_their_layers_one_by_one(layers, hidden, batch, seq_len, input_size):
+    layer = prnn_tvm.compile_cell("lstm", hidden, batch, input_size=input_size, target="llvm", layers=layers)
+    assert compare_with_one_by_one(layer, "lstm", layers, seq_len) < 1e-5
+    lengths = random_lengths(batch, seq_len, seed=3)
+    assert compare_with_one_by_one(layer, "lstm", layers, seq_len, lengths) < 1e-5
+
+
+def test_the_wavefront_reference_is_the_layers_one_by_one():
+    """``reference_layer`` of the stacked plan (the wavefront step by step, delays applied) against the layers
+    run one after another: two NumPy computations of the same thing; dropping the delays breaks it."""
+    plan = analyze(stacked(resolve("gru"), 3), 3, 6)
+    inputs = random_inputs(plan, 9, 4, seed=5)
+    inputs["lengths"] = random_lengths(3, 9, seed=5)
+    out, finals = reference_layer(plan, inputs)
+    want_out, want_finals = one_by_one(resolve("gru"), inputs, 3, inputs["lengths"])
+    assert np.abs(out - want_out).max() < 1e-12
+    assert all(np.abs(finals[f"l{i}_h"] - want_finals["h"][i]).max() < 1e-12 for i in range(3))
+    undelayed = analyze(Cell("gru_x3", plan.cell.step, plan.cell.reference, plan.cell.output), 3, 6)
+    assert np.abs(reference_layer(undelayed, inputs)[0] - want_out).max() > 1e-3
+
+
+def test_lengths_past_the_sequence_mean_all_of_it():
+    """A device tensor's lengths are not read on the host; the kernels clamp them to the sequence before adding
+    a layer's delay (prnn_tvm.torch passes 2^31 - 1 for rows that run every step: unclamped, it overflows)."""
+    layer = prnn_tvm.compile_cell("lstm", 4, 2, target="llvm", layers=3)
+    inputs = random_inputs(layer.plan, 6, 4, seed=4)
+    whole = layer(**inputs)
+    huge = tvm.runtime.tensor(np.full(2, 2**31 - 1, np.int32))  # not NumPy: placed as given, not checked
+    out, finals = layer(**inputs, lengths=huge)
+    assert np.array_equal(out.numpy(), whole[0])
+    assert all(np.array_equal(a.numpy(), b) for a, b in zip(finals, whole[1]))
+
+
+def test_a_stack_in_chunks_equals_it_in_one_launch(monkeypatch):
+    """A sequence too long for one launch runs in consecutive chunks, each from the states the one before ended
+    with: each layer's final states are its own, so the wavefront restarts cleanly."""
+    layer = prnn_tvm.compile_cell("lstm", 4, 2, target="llvm", layers=3)
+    inputs = random_inputs(layer.plan, 10, 4, seed=1)
+    inputs["lengths"] = np.array([10, 6], np.int32)
+    whole = layer(**inputs)
+    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 3)  # the widest step (4 gates) x 3 steps
+    assert layer.bind(**inputs).chunks == 4
+    chunked = layer(**inputs)
+    assert max_abs_error(layer.plan, chunked, (np.asarray(whole[0]), finals_of(layer, whole[1]))) < 1e-6
+
+
+def test_a_stack_is_a_cell_with_each_layer_named():
+    cell = stacked(resolve("lstm"), 3)
+    assert cell.name == "lstm_x3" and cell.output == "l2_h"
+    assert dict(cell.delays) == {"l0_h": 0, "l0_c": 0, "l1_h": 1, "l1_c": 1, "l2_h": 2, "l2_c": 2}
+    plan = analyze(cell, 2, 8)
+    assert [w.name for w in plan.weights] == ["l0_W_hh", "l1_W_ih", "l1_W_hh", "l2_W_ih", "l2_W_hh"]
+    assert [p.name for p in plan.params] == ["l0_b_hh", "l1_b_ih", "l1_b_hh", "l2_b_ih", "l2_b_hh"]
+    assert plan.phases == 1 and plan.lag == 2  # every product multiplies a value the step starts with
+    assert plan.fingerprint() != analyze(Cell("lstm_x3", cell.step, cell.reference, cell.output), 2, 8).fingerprint()
+    assert resolve("lstm_x3").delays == cell.delays  # the name a record or an export carries resolves back
+    assert stacked(cell := resolve("gru"), 1) is cell
+    assert split_layer_name("l12_W_hh") == (12, "W_hh")
+
+
+def test_bad_stacks_are_refused():
+    with pytest.raises(CellError, match="layers must be a positive integer"):
+        stacked(resolve("lstm"), 0)
+    with pytest.raises(CellError, match="already a stack"):
+        stacked(resolve("lstm_x2"), 2)
+    with pytest.raises(CellError, match="unknown cell 'nope'"):
+        resolve("nope_x2")
+
+    def step(c):  # a cell whose own weight takes the name a stack gives layer l's input weight
+        x, h = c.input(), c.state("h")
+        return {"h": c.pointwise(lambda n, j: x[n, j] + c.matvec(h, c.weight("W_ih"), "hw")[n, j], "h_new")}
+
+    with pytest.raises(CellError, match="may not declare a weight 'W_ih'"):
+        analyze(stacked(Cell("own_w_ih", step, None), 2), 1, 4)
+
+
+def test_a_stack_trains_layer_by_layer_only():
+    layer = prnn_tvm.compile_cell("gru", 4, 2, target="llvm", layers=2)
+    with pytest.raises(ConfigError, match="wavefront stack, which has no backward"):
+        compile_backward(layer)
+    cuda = prnn_tvm.compile_cell("gru", 64, 2, arch="sm_90", layers=2)
+    with pytest.raises(ConfigError, match="wavefront stack"):
+        prnn_tvm.compiler.compile_training(cuda)
+
+
+@pytest.mark.parametrize("cell, hidden, batch, layers, dtype", [
+    ("lstm", 256, 4, 2, "float32"),
+    ("gru", 512, 4, 2, "float16"),
+    ("lstm", 512, 8, 3, "float16"),
+    ("rnn_tanh", 100, 3, 3, "float32"),
+])
+def test_stacked_cuda_kernels_build_without_spills(cell, hidden, batch, layers, dtype):
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, arch="sm_90", layers=layers, tuning_logs=[])
+    assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
+    assert_launchable(layer)
+
+
+def test_a_stack_that_does_not_fit_on_chip_says_so():
+    """Two float32 LSTM layers at hidden 1024 hold 50 MB of weights: more than the H100's registers."""
+    with pytest.raises(ConfigError, match="no persistent config fits cell 'lstm_x2'"):
+        prnn_tvm.compile_cell("lstm", 1024, 4, arch="sm_90", layers=2, tuning_logs=[])
+
+
+# ------------------------------------------------------------------ on the GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell, hidden, batch, layers, dtype, seq_len", [
+    ("lstm", 512, 8, 4, "float16", 256),
+    ("lstm", 256, 4, 2, "float32", 256),
+    ("gru", 512, 16, 2, "bfloat16", 64),
+    ("rnn_tanh", 129, 1, 3, "float32", 7),
+    ("lstm", 64, 33, 5, "float16", 1),
+    ("gru_cho", 96, 4, 2, "float32", 30),  # a two-phase cell: two barriers per wavefront step
+])
+def test_stacked_cuda_kernels_match_the_float64_reference(cell, hidden, batch, layers, dtype, seq_len):
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", layers=layers)
+    bound = tolerance(dtype, seq_len)
+    assert compare_with_one_by_one(layer, cell, layers, seq_len) < bound
+    lengths = random_lengths(batch, seq_len, seed=1)
+    assert compare_with_one_by_one(layer, cell, layers, seq_len, lengths, seed=1) < bound
