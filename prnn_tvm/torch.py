@@ -13,11 +13,15 @@ copies (``batch_first`` input is made time-major: one copy). Batch and hidden si
 compile-time constants of a kernel: a module compiles its layer the first time it sees a
 batch size, device and dtype (the parameters': float32, float16 or bfloat16), logs it, and
 keeps it for later calls. On CUDA the input projection is torch's own GEMM (cuBLAS), then the
-persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build. A stack
-(``num_layers``) runs one layer after another, the reverse direction (``bidirectional``) on the
-time-reversed sequence, outputs concatenated as PyTorch does; an inference call on the GPU runs a
-layer's two directions side by side (the reverse one on a stream of the module's, forked from and
-joined back to the caller's) where the GPU holds both grids at once, else one after the other. A
+persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build. A
+one-directional stack (``num_layers``) runs, in an inference call, as one persistent launch where
+its layers' weights fit on chip together (the CPU build: always): a wavefront in which layer ``l`` computes
+step ``t`` while layer ``l + 1`` computes step ``t - 1`` (:mod:`prnn_tvm.frontend.stack`;
+:attr:`stack_notes` says, per compiled shape, whether it does and why not). Otherwise a stack runs
+one layer after another, the reverse direction (``bidirectional``) on the time-reversed sequence,
+outputs concatenated as PyTorch does; an inference call on the GPU runs a layer's two directions
+side by side (the reverse one on a stream of the module's, forked from and joined back to the
+caller's) where the GPU holds both grids at once, else one after the other. A
 ``PackedSequence`` runs as its padded batch with per-row lengths (rows stop at their length, the
 reverse direction starts at each row's last step) and comes back packed the same way.
 
@@ -50,6 +54,7 @@ from prnn_tvm.compiler import compile_backward, compile_cell, compile_training
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
+from prnn_tvm.frontend.stack import split_layer_name
 from prnn_tvm.runtime.binding import ALIGNMENT, MAX_ELEMENTS, chunk_length
 from prnn_tvm.signature import ArgRole
 
@@ -86,6 +91,10 @@ class _Recurrent(torch.nn.Module):
         # a bidirectional inference call on the GPU runs the reverse direction on a stream of its own, beside
         # the forward one, where both grids fit on the GPU together (False: always one after the other)
         self.concurrent_directions = True
+        # a one-directional stack's inference call runs as one wavefront launch where it fits (False:
+        # always layer by layer); stack_notes says per (batch, device, dtype) which runs and why
+        self.wavefront = True
+        self.stack_notes: dict = {}
         # gate and state counts come from the cell's plan (any batch: the shapes do not depend on it)
         plan = analyze(resolve(cell), 1, hidden_size)
         self._states = tuple(s.name for s in plan.states)
@@ -113,7 +122,7 @@ class _Recurrent(torch.nn.Module):
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     _COMPILED = ("_layers", "_launchers", "_arguments", "_side_streams", "_aligned_copies", "_constants",
-                 "_captured")
+                 "_captured", "stack_notes")
 
     def __getstate__(self) -> dict:
         """Copies and pickles (``copy.deepcopy``, ``torch.save``) keep the parameters and options but
@@ -164,6 +173,37 @@ class _Recurrent(torch.nn.Module):
                                              arch=self.arch if target == "cuda" else None,
                                              config=self.config if target == "cuda" else None)
         return self._layers[key]
+
+    def stack_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None):
+        """The module's layers compiled as one wavefront launch (``compile_cell(..., layers=num_layers)``) for
+        ``batch`` on ``device``, or None where a call runs them layer by layer: one layer, both directions,
+        :attr:`wavefront` off, or (CUDA) weights that do not fit on chip together (compiled on first use, then
+        kept; ``stack_notes[(batch, device, dtype)]`` says which, and why)."""
+        if not (self.wavefront and self.num_layers > 1 and not self.bidirectional):
+            return None
+        dtype = self.dtype if dtype is None else dtype
+        key = (batch, device.type, device.index, dtype, "stack")
+        if key in self._layers:
+            return self._layers[key]
+        notes_key = (batch, str(device), dtype)
+        if notes_key in self.stack_notes:  # tried: it does not fit
+            return None
+        cuda = device.type == "cuda"
+        try:
+            stack = compile_cell(self.cell, self.hidden_size, batch, input_size=self.input_size, dtype=DTYPES[dtype],
+                                 target="cuda" if cuda else "llvm", arch=self.arch if cuda else None,
+                                 layers=self.num_layers)
+        except ConfigError as err:
+            self.stack_notes[notes_key] = f"layer by layer: {err}"
+            log.info("%s: %d layers of hidden %d at batch %d run layer by layer: %s", type(self).__name__,
+                     self.num_layers, self.hidden_size, batch, err)
+            return None
+        rep = stack.report
+        self.stack_notes[notes_key] = "one wavefront launch" + (
+            f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, {rep.spill_store_bytes} B spills"
+            if cuda else " (the CPU build)")
+        self._layers[key] = stack
+        return stack
 
     def check(self) -> None:
         """Wait for this module's kernels and raise :class:`~prnn_tvm.errors.BarrierTimeout` if one timed
@@ -253,7 +293,13 @@ class _Recurrent(torch.nn.Module):
         # an inference call on the GPU runs the reverse direction on a stream of its own, beside the forward one,
         # where the two grids fit on the GPU together (measured: else the second waits, and it costs 5-9%)
         concurrent = directions == 2 and self.concurrent_directions and x.device.type == "cuda" and not grad
-        for layer in range(self.num_layers):  # one launch per layer and direction, each on the one before
+        # a one-directional stack in inference: one wavefront launch, where it fits
+        stack = None if grad or (self.training and self.dropout) else self.stack_for(B, x.device, x.dtype)
+        if stack is not None:
+            out, ends = self._run(stack, self._stack_inputs(stack, x, initial, lengths))
+            for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
+                finals[i % states][i // states] = end
+        for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
             # every direction's inputs are made ready on the caller's stream (aligned copies, constants), then
             # the directions run: one after the other, or side by side (joined before the next layer)
             ready = [self._inputs(out if direction == 0 else backwards(out), _suffix(layer, direction),
@@ -313,6 +359,20 @@ class _Recurrent(torch.nn.Module):
             lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
         return layer, [_detached(x, grad), *weights, *states, lengths]
 
+    def _stack_inputs(self, stack, x: torch.Tensor, initial: list, lengths: torch.Tensor | None) -> list:
+        """A wavefront stack's arguments (:meth:`stack_for`; inference): ``x``, layer 0's projection, every
+        layer's weights and params, every layer's initial states (``initial``: per state, (layers, B, H), or
+        [] for zeros), ``lengths``."""
+        B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
+        weights = [self._constant(shape, device, dtype) if name is None else self._aligned(name)
+                   for name, shape in self._parameter_arguments(stack, None)]
+        zeros = self._constant((B, H), device, dtype)
+        states = [_aligned_state(t[layer]) if initial else zeros for layer in range(self.num_layers) for t in
+                  (initial or self._states)]
+        if lengths is None and device.type == "cuda":
+            lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
+        return [x, *weights, *states, lengths]
+
     def _run(self, layer, args: list, grad: bool = False) -> tuple:
         """Run one layer and direction on its arguments (:meth:`_inputs`) on the current stream: ``(out,
         finals)``, finals of shape (B, H)."""
@@ -330,15 +390,27 @@ class _Recurrent(torch.nn.Module):
         out, finals = layer(*args)
         return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
 
-    def _parameter_arguments(self, layer, suffix: str) -> list:
+    def _parameter_arguments(self, layer, suffix: str | None) -> list:
         """``layer``'s weight and param inputs (``W_ih``, ``b_ih``, then the cell's), in its signature's order,
-        for the layer and direction ``suffix``: ``(parameter name, shape)``, the name None for an absent
-        bias (worked out once: a signature's inputs are derived on each use)."""
+        for the layer and direction ``suffix`` (None: ``layer`` is a wavefront stack, whose arguments name
+        their layers, ``l1_W_hh``): ``(parameter name, shape)``, the name None for an absent bias (worked out
+        once: a signature's inputs are derived on each use)."""
         key = (id(layer), suffix)
         if key not in self._arguments:
-            self._arguments[key] = [
-                (None if not self.bias and a.name in _BIASES else self._names[a.name] + suffix, a.concrete_shape(1))
-                for a in layer.signature.inputs if a.role in (ArgRole.WEIGHT, ArgRole.PARAM)]
+            found = []
+            for a in layer.signature.inputs:
+                if a.role not in (ArgRole.WEIGHT, ArgRole.PARAM):
+                    continue
+                if suffix is not None:
+                    base, own = a.name, suffix
+                elif a.name in ("W_ih", "b_ih"):  # a stack's layer 0 projection
+                    base, own = a.name, _suffix(0, 0)
+                else:
+                    index, base = split_layer_name(a.name)
+                    own = _suffix(index, 0)
+                found.append((None if not self.bias and base in _BIASES else self._names[base] + own,
+                              a.concrete_shape(1)))
+            self._arguments[key] = found
         return self._arguments[key]
 
     def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:

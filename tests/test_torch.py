@@ -62,6 +62,7 @@ def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16
         assert a.shape == b.shape == (slots, B, H)
         err = max(err, (a - b).abs().max().item())
     assert err <= tolerance("float32", T), f"{kind}: max abs error {err:.2e}"  # TF32 off on the GPU
+    return fast
 
 
 @pytest.mark.slow
@@ -562,6 +563,24 @@ def test_a_cuda_backward_that_times_out_fills_nan_and_raises(module, where):
 @pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 3, False), ("gru", 2, True), ("rnn_tanh", 1, True)])
 def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional, no_tf32):
     _compare(kind, "cuda", T=32, B=4, n_in=100, H=256, layers=layers, bidirectional=bidirectional)
+
+
+@pytest.mark.parametrize("device, kind, layers, hidden, batch, packed, fits", [
+    ("cpu", "lstm", 3, 16, 4, False, True), ("cpu", "gru", 4, 8, 5, True, True),
+    pytest.param("cuda", "lstm", 3, 256, 4, False, True, marks=pytest.mark.gpu),
+    pytest.param("cuda", "gru", 4, 128, 5, True, True, marks=pytest.mark.gpu),
+    pytest.param("cuda", "rnn_relu", 2, 64, 1, True, True, marks=pytest.mark.gpu),
+    # 50 MB of float32 weights: more than the registers hold
+    pytest.param("cuda", "lstm", 2, 1024, 4, False, False, marks=pytest.mark.gpu),
+])
+def test_stacks_run_as_one_wavefront_launch_where_they_fit(device, kind, layers, hidden, batch, packed, fits,
+                                                           no_tf32):
+    """A one-directional stack in inference: one launch (initial states given, lengths in no order), equal to
+    torch.nn; where it does not fit, layer by layer, and the module says why."""
+    fast = _compare(kind, device, T=40, B=batch, n_in=100, H=hidden, layers=layers, packed=packed)
+    (note,) = fast.stack_notes.values()
+    assert note.startswith("one wavefront launch" if fits else "layer by layer"), note
+    assert any(key[-1] == "stack" for key in fast._layers) == fits
 
 
 @pytest.mark.gpu
