@@ -142,6 +142,21 @@ def test_load_with_the_runtime_only(cpu_layer, cpu_library, tmp_path):
     assert r.returncode == 0 and "runtime-only ok" in r.stdout, r.stderr[-2000:]
 
 
+def test_a_stack_exports_and_loads_with_the_runtime_only(tmp_path):
+    """A wavefront stack (``layers=``) is a layer like any other: its library runs in a runtime-only process
+    (the delays live in the kernel), and its metadata names it as ``resolve`` takes it back."""
+    layer = prnn_tvm.compile_cell("lstm", 6, 3, input_size=4, target="llvm", layers=3)
+    library = prnn_tvm.export(layer, tmp_path / "stack.so")
+    assert read_metadata(library)["cell"] == "lstm_x3" and prnn_tvm.resolve("lstm_x3").delays == layer.plan.cell.delays
+    inputs = random_inputs(layer.plan, 9, 4, seed=2) | {"lengths": np.int32([9, 4, 1])}
+    out, finals = layer(**inputs)
+    np.savez(tmp_path / "io.npz", out=out, c_n=finals[1], **inputs)  # finals[1]: layer 0's c
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    r = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(library), str(tmp_path / "io.npz")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "runtime-only ok" in r.stdout, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda a: a.update(x=a["x"][:, :2]), r"x has shape \(5, 2, 12\), expected \(5, 3, 12\)"),
     (lambda a: a.update(W_ih=a["W_ih"][:, :8]), r"W_ih has shape \(64, 8\), expected \(64, 12\)"),
