@@ -56,7 +56,7 @@ class Geometry:
     k_pad: int             # hidden rounded up to vec * k_split * k_chunks
     weights_per_thread: int
     batch_chunks: int
-    items_per_thread: int  # (batch row, unit) pairs of pointwise math per thread
+    items_per_thread: int  # (pointwise group, batch row, unit) items per thread (CellPlan.pointwise_groups)
     tagged_per_thread: int  # ``tags`` barrier: loads of tagged state words each thread polls per batch tile
     smem_hs: int           # bytes: the operand tiles (states, stages) of one batch tile
     smem_gs: int           # bytes: reduced gate sums of the whole batch
@@ -73,6 +73,13 @@ class Geometry:
         return self.k_pad
 
 
+def group_span(items: int, groups: int) -> int:
+    """Item numbers each pointwise group takes: its ``items`` (batch rows x units per CTA), rounded up to whole
+    warps where there are several groups, so that each runs on warps of its own (not serialized within a
+    warp by divergence)."""
+    return items if groups == 1 else -(-items // 32) * 32
+
+
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     H, B = plan.hidden, plan.batch
     slices = sum(r.slices for r in plan.reductions)
@@ -82,8 +89,8 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     threads = _round_up(row_groups * cfg.k_split, 32)
     k_chunks = math.ceil(H / (cfg.vec * cfg.k_split)) if rows else 0
     weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
-    items = B * cfg.units_per_cta
-    ipt = math.ceil(items / threads)
+    groups = len(plan.pointwise_groups)  # (group, batch row, unit) items, each group on warps of its own
+    ipt = math.ceil(groups * group_span(B * cfg.units_per_cta, groups) / threads)
     n_ops = len(plan.operands)
     policy = plan.policy
     smem_hs = policy.itemsize * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
@@ -91,8 +98,7 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     tag_vec = 2 if H % 2 == 0 else 1  # tagged words per load (prnn_tvm.codegen.barrier.tag_copy)
     tagged = math.ceil(cfg.batch_tile * H / (threads * tag_vec)) if BARRIERS[cfg.barrier].carries_data and n_ops else 0
     # a tagged load holds tag_vec 64-bit words and its own 64-bit address while it polls
-    live = sum(len(plan.live_outs(p)) for p in range(plan.phases))
-    regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * (len(plan.private_states) + live)
+    regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
             + (2 * tag_vec + 2) * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
                     math.ceil(B / cfg.batch_tile), ipt, tagged, smem_hs, smem_gs, regs)

@@ -28,6 +28,8 @@ keeps the placement as written (no automatic syncs or buffer compaction).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
@@ -39,15 +41,14 @@ from prnn_tvm.codegen.pointwise import (
     bind_value,
     emit_phase,
     fast_transcendentals,
-    live_index,
     new_state_values,
 )
-from prnn_tvm.frontend.plan import CellPlan, Leaf
+from prnn_tvm.frontend.plan import CellPlan, Leaf, PointwiseGroup
 from prnn_tvm.signature import Grid, GridSync, with_saved
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
-from .persistent_config import Geometry, PersistentConfig
+from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange, sync_threads
 from .persistent_weights import RegisterWeights
 from .template import config_from_dict
@@ -96,14 +97,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}
-        self.priv = {name: i for i, name in enumerate(plan.private_states)}
-        self.live = live_index(plan)
         self.row_lo = self.row_starts()
         self.stride = g.stride  # elements between batch rows of a shared operand tile
-        # leaves read once per step (inputs) or once per launch (params): kept in registers
-        self.x_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "input"}, key=_leaf_key)
-        self.p_leaves = sorted({lf for lf in plan.leaf_vars if lf.kind == "param"}, key=_leaf_key)
         self.gs0 = len(plan.operands) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
+        # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
+        # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
+        self.groups = plan.pointwise_groups if not save else (PointwiseGroup.whole(plan),)
+        self.ipt = -(-len(self.groups) * group_span(self.B * cfg.units_per_cta, len(self.groups)) // g.threads)
+        # an item's registers, numbered within its group (a thread holds one group's per item slot)
+        self.slots = {group: ItemSlots(plan, group) for group in self.groups}
+        self.width = ItemSlots.widest(self.slots.values())
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
         self.launch = self._launch()
@@ -139,16 +142,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     # ------------------------------------------------------------------ structure
     def build(self) -> tirx.PrimFunc:
-        p, g = self.p, self.g
-        ipt = g.items_per_thread
+        p, ipt = self.p, self.ipt
         with IRBuilder() as ib:
             with persistent_frame(self.launch) as (self.a, self.bx, self.tx):
                 self.sync = self.a.sync
                 self.alloc_product_buffers()
-                self.sreg = T.alloc_buffer((max(1, ipt * len(self.priv)),), self.compute_dt, scope="local")
-                self.xreg = T.alloc_buffer((max(1, ipt * len(self.x_leaves)),), self.a.xp.dtype, scope="local")
-                self.preg = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
-                self.lreg = T.alloc_buffer((max(1, ipt * len(self.live)),), self.compute_dt, scope="local")
+                w = self.width
+                self.sreg = T.alloc_buffer((max(1, ipt * w.priv),), self.compute_dt, scope="local")
+                self.xreg = T.alloc_buffer((max(1, ipt * w.x),), self.a.xp.dtype, scope="local")
+                self.preg = T.alloc_buffer((max(1, ipt * w.p),), self.dt, scope="local")
+                self.lreg = T.alloc_buffer((max(1, ipt * w.live),), self.compute_dt, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
                 self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                 T.buffer_store(self.aborted, 0, [0])
@@ -164,37 +167,38 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def prologue(self):
         self.load_weights()
-        for it in range(self.g.items_per_thread):
-            with self.item(it) as (b, unit, _ul):
-                for name, i in self.priv.items():
+        for it, group, item in self.items():
+            with item as (b, unit, _ul):
+                slots = self.slots[group]
+                for name, i in slots.priv.items():
                     T.buffer_store(self.sreg, as_type(self.a.init[name][b, unit], self.compute_dt),
-                                   [self.sreg_index(it, i)])
-                for i, leaf in enumerate(self.p_leaves):
+                                   [it * self.width.priv + i])
+                for i, leaf in enumerate(slots.p):
                     T.buffer_store(self.preg, self.a.param[leaf.name][leaf.slice * self.H + unit],
-                                   [it * len(self.p_leaves) + i])
+                                   [it * self.width.p + i])
                 if self.a.lengths is not None:
                     T.buffer_store(self.lenreg, self.a.lengths[b], [it])
         self.zero_operand_padding()
 
     def step(self, t):
-        p, g = self.p, self.g
-        for it in range(g.items_per_thread):  # issued now, consumed after the products
-            with self.item(it) as (b, unit, _ul):
-                for i, leaf in enumerate(self.x_leaves):
+        p = self.p
+        for it, group, item in self.items():  # issued now, consumed after the products
+            with item as (b, unit, _ul):
+                for i, leaf in enumerate(self.slots[group].x):
                     T.buffer_store(self.xreg, self.a.xp[input_step(p, self.a, t), b, leaf.slice * self.H + unit],
-                                   [it * len(self.x_leaves) + i])
+                                   [it * self.width.x + i])
         for phase in range(p.phases):
             self.products(t, phase)
-            for it in range(g.items_per_thread):
-                with self.item(it) as (b, unit, ul):
-                    self.pointwise(t, phase, it, b, unit, ul)
+            for it, group, item in self.items():
+                with item as (b, unit, ul):
+                    self.pointwise(t, phase, it, group, b, unit, ul)
             if phase < p.phases - 1:
                 grid_barrier.emit(self.barrier, t * p.phases + phase, self.barrier_base, self.sync, self.stall)
-        for it in range(g.items_per_thread):
-            with self.item(it) as (b, unit, ul):
+        for it, group, item in self.items():
+            with item as (b, unit, ul):
                 if self.save:
-                    self.save_leaves(t, it, b, unit, ul)
-                self.write_states(t, it, b, unit, ul)
+                    self.save_leaves(t, it, group, b, unit, ul)
+                self.write_states(t, it, group, b, unit, ul)
         if p.needs_grid_barrier and not self.barrier.carries_data:
             with T.If(t < self.steps - 1):
                 with T.Then():
@@ -209,12 +213,14 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         nan = as_type(T.reinterpret("float32", tirx.const(0x7FC00000, "uint32")), self.dt)
         with T.If(error != 0):
             with T.Then():
-                for it in range(self.g.items_per_thread):
-                    with self.item(it) as (b, unit, _ul):
-                        with T.serial(0, self.a.seq_len) as t:
-                            T.buffer_store(self.a.out, nan, [t, b, unit])
-                        for final in self.a.final.values():
-                            T.buffer_store(final, nan, [b, unit])
+                for _it, group, item in self.items():
+                    with item as (b, unit, _ul):
+                        if self.p.output in group.states:
+                            with T.serial(0, self.a.seq_len) as t:
+                                T.buffer_store(self.a.out, nan, [t, b, unit])
+                        for name, final in self.a.final.items():
+                            if name in group.states:
+                                T.buffer_store(final, nan, [b, unit])
 
     def products(self, t, phase: int):
         """This phase's recurrent products, for every batch tile, into the shared gate sums."""
@@ -230,10 +236,13 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 with T.Then():
                     T.Break()
 
-    def pointwise(self, t, phase: int, it, b, unit, ul):
-        """The phase's stages for one item; keep what later phases need, publish next-phase operands."""
-        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, b, unit, ul), self.bind_stage).items():
-            T.buffer_store(self.lreg, value, [self.lreg_index(it, leaf)])
+    def pointwise(self, t, phase: int, it, group, b, unit, ul):
+        """The phase's stages of ``group`` for one item; keep what later phases need, publish next-phase
+        operands."""
+        slots = self.slots[group]
+        for leaf, value in emit_phase(self.p, phase, self.loader(t, it, group, b, unit, ul), self.bind_stage,
+                                      group.live_outs(self.p, phase)).items():
+            T.buffer_store(self.lreg, value, [it * self.width.live + slots.live[leaf]])
             if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
 
@@ -241,52 +250,54 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows."""
         return bind_value(fast_transcendentals(expr) if self.p.policy.fast_math else expr, name)
 
-    def write_states(self, t, it, b, unit, ul):
-        """End of step: the new states to the workspace or registers, the output, the final states. A row
-        past its length keeps its states and writes a zero output."""
-        load = self.loader(t, it, b, unit, ul)
+    def write_states(self, t, it, group, b, unit, ul):
+        """End of step: ``group``'s new states to the workspace or registers, the output (where the group
+        makes it), the final states. A row past its length keeps its states and writes a zero output."""
+        load = self.loader(t, it, group, b, unit, ul)
+        priv = self.slots[group].priv
         timing = StepTiming(self.p, self.a, t, None if self.a.lengths is None else self.lenreg[it])
         new = {}
-        for name, value in new_state_values(self.p, load).items():
+        for name, value in new_state_values(self.p, load, group.states).items():
             running = timing.running(name)
             new[name] = value if running is None else T.if_then_else(running, value, load(Leaf("state", name, 0)))
         stored = {name: as_type(value, self.dt) for name, value in new.items()}
         for name, value in new.items():
-            if name in self.priv:  # private states stay in the compute type between steps
-                T.buffer_store(self.sreg, value, [self.sreg_index(it, self.priv[name])])
+            if name in priv:  # private states stay in the compute type between steps
+                T.buffer_store(self.sreg, value, [it * self.width.priv + priv[name]])
             else:
                 self.publish(name, t, b, unit, stored[name])
-        timing.write_output(self.a.out, stored[self.p.output], b, unit)
+        if self.p.output in stored:
+            timing.write_output(self.a.out, stored[self.p.output], b, unit)
         with T.If(t == self.steps - 1):
             with T.Then():
                 for name, value in stored.items():
                     T.buffer_store(self.a.final[name], value, [b, unit])
 
-    def save_leaves(self, t, it, b, unit, ul):
+    def save_leaves(self, t, it, group, b, unit, ul):
         """A training forward keeps, for this step and item, what ``CellPlan.saved_leaves`` lists; a stage as
         it was multiplied (rounded to storage)."""
-        load, saved, H = self.loader(t, it, b, unit, ul), self.a.named["saved"], self.H
+        load, saved, H = self.loader(t, it, group, b, unit, ul), self.a.named["saved"], self.H
         for column, leaf in enumerate(self.p.saved_leaves()):
             value = as_type(load(leaf), self.dt) if leaf.kind == "stage" else load(leaf)
             T.buffer_store(saved, as_type(value, saved.dtype), [t, b, column * H + unit])
 
-    def loader(self, t, it, b, unit, ul):
-        """Where each leaf of item ``it`` lives (registers, shared gate sums, the workspace), as a value of
-        the compute type."""
-        nx, npar = len(self.x_leaves), len(self.p_leaves)
+    def loader(self, t, it, group, b, unit, ul):
+        """Where each leaf of item ``it`` (of pointwise ``group``) lives (registers, shared gate sums, the
+        workspace), as a value of the compute type."""
+        slots, w = self.slots[group], self.width
         red_lo = {r.name: self.row_lo[i] for i, r in enumerate(self.p.reductions)}
 
         def load(leaf: Leaf):
             if leaf.kind == "input":
-                return as_type(self.xreg[it * nx + self.x_leaves.index(leaf)], self.compute_dt)
+                return as_type(self.xreg[it * w.x + slots.x.index(leaf)], self.compute_dt)
             if leaf.kind == "param":
-                return as_type(self.preg[it * npar + self.p_leaves.index(leaf)], self.compute_dt)
+                return as_type(self.preg[it * w.p + slots.p.index(leaf)], self.compute_dt)
             if leaf.kind == "stage":  # a live-out of an earlier phase
-                return self.lreg[self.lreg_index(it, leaf)]
+                return self.lreg[it * w.live + slots.live[leaf]]
             if leaf.kind == "reduction":
                 return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
-            if leaf.name in self.priv:
-                return self.sreg[self.sreg_index(it, self.priv[leaf.name])]
+            if leaf.name in slots.priv:
+                return self.sreg[it * w.priv + slots.priv[leaf.name]]
             return as_type(self.previous_state(leaf.name, t, b, unit), self.compute_dt)
 
         return load
@@ -318,30 +329,62 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """The barrier ordinal the test knob stalls: the end-of-step barrier of ``stall_step``."""
         return self.sync.stall_step * self.p.phases + (self.p.phases - 1) if self.sync is not None else None
 
-    def sreg_index(self, it: int, i: int) -> int:
-        return it * len(self.priv) + i
 
-    def lreg_index(self, it: int, leaf: Leaf) -> int:
-        return it * len(self.live) + self.live[leaf]
+    def item(self, it: int, group: int | None = None):
+        """Context for pointwise item ``it`` of this thread: yields (batch row, unit, unit in CTA). With
+        ``group``, the items are (group, batch row, unit) triples and the body runs where item ``it`` is one
+        of that pointwise group's (the group is block-uniform over runs of B x units_per_cta items)."""
+        return Item(self, it, group)
 
-    def item(self, it: int):
-        """Context for pointwise item ``it`` of this thread: yields (batch row, unit, unit in CTA)."""
-        return Item(self, it)
+    def items(self):
+        """``(it, pointwise group, item context)`` for each of this thread's item slots and each group (one
+        group: the plain items, as :meth:`item` gives them)."""
+        for it in range(self.ipt):
+            for index, group in enumerate(self.groups):
+                yield it, group, self.item(it, index if len(self.groups) > 1 else None)
+
+
+class ItemSlots:
+    """The registers of one pointwise item of ``group``, numbered within it: ``priv`` (private states by name),
+    ``x`` and ``p`` (the input and param leaves the group reads once per step and once per launch), ``live``
+    (live-outs by leaf). With one group the numbering is the plan's own."""
+
+    def __init__(self, plan: CellPlan, group: PointwiseGroup):
+        def read(kind: str) -> list:
+            return sorted((lf for lf in group.leaves if lf.kind == kind and lf in plan.leaf_vars), key=_leaf_key)
+
+        self.priv = {name: i for i, name in enumerate(n for n in plan.private_states if n in group.states)}
+        self.x, self.p = read("input"), read("param")
+        live = [leaf for phase in range(plan.phases) for leaf in group.live_outs(plan, phase)]
+        self.live = {leaf: i for i, leaf in enumerate(live)}
+
+    @staticmethod
+    def widest(slots) -> SimpleNamespace:
+        """Registers per item slot: the most any group needs of each kind."""
+        slots = list(slots)
+        return SimpleNamespace(**{kind: max(len(getattr(s, kind)) for s in slots)
+                                  for kind in ("priv", "x", "p", "live")})
 
 
 class Item:
     """``with Item(builder, it) as (b, unit, ul)``: the guarded body of a thread's pointwise item ``it`` (a
     (batch row, unit) pair; units_per_cta, threads, tx, bx, B and H come from the builder)."""
 
-    def __init__(self, builder, it: int):
-        self.b, self.it = builder, it
+    def __init__(self, builder, it: int, group: int | None = None):
+        self.b, self.it, self.group = builder, it, group
 
     def __enter__(self):
         bld, U = self.b, self.b.c.units_per_cta
         item = self.it * bld.g.threads + bld.tx
-        b, ul = item // U, item % U
+        if self.group is None:
+            b, ul = item // U, item % U
+            inside = item < bld.B * U
+        else:  # group g's items start at g * span (span: B * U up to whole warps, so groups share no warp)
+            first = self.group * group_span(bld.B * U, len(bld.groups))
+            b, ul = (item - first) // U, (item - first) % U
+            inside = tirx.all(first <= item, item < first + bld.B * U)
         unit = bld.bx * U + ul
-        self.frames = [T.If(tirx.all(item < bld.B * U, unit < bld.H)), T.Then()]
+        self.frames = [T.If(tirx.all(inside, unit < bld.H)), T.Then()]
         for f in self.frames:
             f.__enter__()
         return b, unit, ul

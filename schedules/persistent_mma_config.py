@@ -24,7 +24,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
-from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD
+from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
 from .ranking import check_resources, ranked_defaults, with_barrier
 
 DTYPES = HALF_DTYPES
@@ -69,7 +69,7 @@ class MmaGeometry:
     k_pad: int                 # hidden rounded up to whole k tiles of every k group
     weights_per_thread: int    # 32-bit registers of A fragments
     batch_chunks: int          # passes over the batch
-    items_per_thread: int      # (batch row, unit) pairs of pointwise math per thread
+    items_per_thread: int      # (pointwise group, batch row, unit) items per thread
     tagged_per_thread: int
     smem_ops: int              # bytes: the operand tiles of one pass
     smem_gs: int               # bytes: the k groups' partial sums for the whole batch
@@ -100,7 +100,8 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     kt = math.ceil(math.ceil(H / TILE_K) / cfg.k_groups) if m_tiles else 0
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
     weights = 4 * kt
-    ipt = math.ceil(B * cfg.units_per_cta / threads)
+    groups = len(plan.pointwise_groups)  # (group, batch row, unit) items, each group on warps of its own
+    ipt = math.ceil(groups * group_span(B * cfg.units_per_cta, groups) / threads)
     n_ops = len(plan.operands)
     stride = k_pad + ROW_SKEW
     smem_ops = itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
@@ -109,8 +110,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     tag_vec = 2 if H % 2 == 0 else 1
     tagged = (math.ceil(min(cfg.batch_tile, B) * H / (threads * tag_vec))
               if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
-    live = sum(len(plan.live_outs(p)) for p in range(plan.phases))
-    regs = (weights + 6 * cfg.n_tiles + ipt * (len(plan.private_states) + live) + (2 * tag_vec + 2) * tagged
+    regs = (weights + 6 * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)

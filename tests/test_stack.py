@@ -138,6 +138,20 @@ def test_a_stack_is_a_cell_with_each_layer_named():
     assert split_layer_name("l12_W_hh") == (12, "W_hh")
 
 
+def test_a_stacks_pointwise_work_splits_by_layer():
+    """Each layer's (batch row, unit) items are independent pointwise work (``CellPlan.pointwise_groups``):
+    the CUDA templates give each layer's items warps of their own; a cell's own math stays one group unless
+    it splits too (Cho's GRU: the reset-gated operand of its second phase, and the new state)."""
+    plan = analyze(stacked(resolve("lstm"), 3), 2, 8)
+    assert [g.states for g in plan.pointwise_groups] == [("l0_h", "l0_c"), ("l1_h", "l1_c"), ("l2_h", "l2_c")]
+    assert all(all(leaf.name.startswith(f"l{i}_") for leaf in g.leaves if leaf.kind != "input")
+               for i, g in enumerate(plan.pointwise_groups))
+    assert plan.item_values == analyze(resolve("lstm"), 2, 8).item_values  # an item holds one layer's values
+    assert len(analyze(resolve("lstm"), 2, 8).pointwise_groups) == 1
+    cho = analyze(resolve("gru_cho"), 2, 8).pointwise_groups
+    assert [(g.states, g.exchanged_stages) for g in cho] == [(("h",), ()), ((), ("r_times_h",))]
+
+
 def test_bad_stacks_are_refused():
     with pytest.raises(CellError, match="layers must be a positive integer"):
         stacked(resolve("lstm"), 0)

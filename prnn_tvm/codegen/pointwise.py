@@ -19,12 +19,14 @@ from ..frontend.texpr import free_vars, rebuild, substitute
 
 
 def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
-               bind: Callable[[object, str], object]) -> dict[Leaf, object]:
+               bind: Callable[[object, str], object], live_outs: tuple | None = None) -> dict[Leaf, object]:
     """Bind the stages of ``phase`` that the step needs; return ``{leaf: variable}`` for its live-outs.
 
     ``load(leaf)`` gives the value of an input, state, param or product leaf, and of a
     stage leaf of an earlier phase; ``bind(expr, name)`` emits a binding and returns the
     variable that holds it. Each leaf is loaded and each stage computed at most once.
+    ``live_outs``: only these of the phase's live-outs, and what they need (one
+    ``PointwiseGroup``'s); default all.
     """
     stages = {st.name: st for st in plan.stages}
     leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
@@ -40,7 +42,7 @@ def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
             values[leaf] = bind(expr, f"{leaf.name}_{leaf.slice}")
         return values[leaf]
 
-    return {leaf: value(leaf) for leaf in plan.live_outs(phase)}
+    return {leaf: value(leaf) for leaf in (plan.live_outs(phase) if live_outs is None else live_outs)}
 
 
 def adjoint_values(plan: CellPlan, adjoints, forward: Callable[[Leaf], object], incoming: Callable[[str], object],
@@ -86,9 +88,10 @@ def live_index(plan: CellPlan) -> dict[Leaf, int]:
     return {leaf: i for i, leaf in enumerate(leaves)}
 
 
-def new_state_values(plan: CellPlan, value_of: Callable[[Leaf], object]) -> dict[str, object]:
-    """``{state: new value}`` at the end of a step; ``value_of`` resolves the update leaves."""
-    return {s.name: value_of(plan.updates[s.name]) for s in plan.states}
+def new_state_values(plan: CellPlan, value_of: Callable[[Leaf], object], states=None) -> dict[str, object]:
+    """``{state: new value}`` at the end of a step (of ``states`` only, when given; in the plan's order);
+    ``value_of`` resolves the update leaves."""
+    return {s.name: value_of(plan.updates[s.name]) for s in plan.states if states is None or s.name in states}
 
 
 def as_type(expr, dtype: str):

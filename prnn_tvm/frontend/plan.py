@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..dtypes import DtypePolicy, policy
 from .cell import Cell, Slot
@@ -51,6 +52,30 @@ class Stage:
     name: str
     exprs: tuple  # PrimExpr per slice
     phase: int = 0
+
+
+@dataclass(frozen=True)
+class PointwiseGroup:
+    """States whose new values one piece of pointwise work computes: no stage (and no private state)
+    of a group is read by another, so a template may give each group's (batch row, unit) items to
+    threads of their own (a stack's layers: :mod:`prnn_tvm.frontend.stack`). ``exchanged_stages``:
+    the operand stages of later phases it publishes; ``leaves``: every leaf its math reads or makes."""
+
+    states: tuple
+    exchanged_stages: tuple
+    leaves: frozenset
+
+    def live_outs(self, plan: "CellPlan", phase: int) -> tuple:
+        """The plan's live-outs of ``phase`` that this group computes."""
+        return tuple(leaf for leaf in plan.live_outs(phase) if leaf in self.leaves)
+
+    @classmethod
+    def whole(cls, plan: "CellPlan") -> "PointwiseGroup":
+        """All of a step's pointwise work as one group."""
+        stages = {Leaf("stage", st.name, i) for st in plan.stages for i in range(len(st.exprs))}
+        states = {Leaf("state", s.name, 0) for s in plan.states}
+        return cls(tuple(s.name for s in plan.states), plan.exchanged_stages,
+                   frozenset(plan.leaf_vars) | stages | states)
 
 
 @dataclass(frozen=True)
@@ -161,6 +186,52 @@ class CellPlan:
         return (*(Leaf("state", s.name, 0) for s in self.states),
                 *(Leaf("reduction", r.name, i) for r in self.reductions for i in range(r.slices)),
                 *(Leaf("stage", name, 0) for name in self.exchanged_stages))
+
+    @cached_property  # a frozen instance: derived once (cached_property writes its __dict__ directly)
+    def pointwise_groups(self) -> tuple:
+        """The step's pointwise work as independent :class:`PointwiseGroup` s, in state order: one for most
+        cells, one per layer for a stack. Two states (or operand stages of later phases) share a group when
+        their math shares a stage or one reads the other's private state."""
+        inverse = {var: leaf for leaf, var in self.leaf_vars.items()}
+        reads = {st.name: [{inverse[v] for v in free_vars(e)} for e in st.exprs] for st in self.stages}
+
+        def closure(leaf: Leaf, seen: set) -> set:
+            if leaf not in seen:
+                seen.add(leaf)
+                if leaf.kind == "stage":
+                    for read in reads[leaf.name][leaf.slice]:
+                        closure(read, seen)
+            return seen
+
+        roots = [("state", s.name, closure(self.updates[s.name], set())) for s in self.states]
+        roots += [("stage", name, closure(Leaf("stage", name, 0), set())) for name in self.exchanged_stages]
+        private = set(self.private_states)
+
+        def owned(leaves: set) -> set:  # what only one item may hold: stages and private states
+            return {lf for lf in leaves if lf.kind == "stage" or (lf.kind == "state" and lf.name in private)}
+
+        groups: list[list] = []
+        for root in roots:
+            mine = owned(root[2]) | ({Leaf("state", root[1], 0)} if root[0] == "state" and root[1] in private
+                                     else set())
+            joined = [g for g in groups if any(owned(r[2]) & mine or (r[0] == "state" and r[1] in private and
+                                                                      Leaf("state", r[1], 0) in root[2])
+                                               for r in g)]
+            merged = [root] + [r for g in joined for r in g]
+            groups = [g for g in groups if g not in joined] + [merged]
+        order = {name: i for i, (_, name, _) in enumerate(roots)}
+        groups.sort(key=lambda g: min(order[r[1]] for r in g))
+        return tuple(PointwiseGroup(tuple(n for kind, n, _ in sorted(g, key=lambda r: order[r[1]]) if kind == "state"),
+                                    tuple(n for kind, n, _ in g if kind == "stage"),
+                                    frozenset().union(*(r[2] for r in g))) for g in groups)
+
+    @cached_property
+    def item_values(self) -> int:
+        """Values a pointwise item keeps in registers through a step: its group's private states and
+        live-outs (the most any group keeps)."""
+        private = set(self.private_states)
+        return max(len(private & set(g.states)) + sum(len(g.live_outs(self, p)) for p in range(self.phases))
+                   for g in self.pointwise_groups)
 
     def slot(self, name: str) -> Slot:
         for s in (self.input, *self.states, *self.weights, *self.params):
