@@ -366,9 +366,10 @@ class _Recurrent(torch.nn.Module):
         B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
         weights = [self._constant(shape, device, dtype) if name is None else self._aligned(name)
                    for name, shape in self._parameter_arguments(stack, None)]
-        zeros = self._constant((B, H), device, dtype)
-        states = [_aligned_state(t[layer]) if initial else zeros for layer in range(self.num_layers) for t in
-                  (initial or self._states)]
+        if initial:  # layer-major: each layer's states in the cell's order
+            states = [_aligned_state(t[layer]) for layer in range(self.num_layers) for t in initial]
+        else:
+            states = [self._constant((B, H), device, dtype)] * (self.num_layers * len(self._states))
         if lengths is None and device.type == "cuda":
             lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
         return [x, *weights, *states, lengths]

@@ -25,6 +25,8 @@ compiler knows about stacks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import CellError
 from .cell import Cell, CellBuilder
 
@@ -53,7 +55,7 @@ def stacked(cell: Cell, layers: int) -> Cell:
         for layer in range(layers):
             proxy = _LayerBuilder(c, layer, below)
             new = cell.step(proxy)
-            if not isinstance(new, dict) or cell.output not in proxy.states:
+            if not isinstance(new, Mapping) or cell.output not in proxy.states:
                 return new  # the analysis says what is wrong with the base cell, with its own names
             updates.update({layer_name(layer, name): value for name, value in new.items()})
             below = proxy.states[cell.output]
