@@ -18,6 +18,7 @@ from .codegen.kernel import layer_signature
 from .errors import CellError
 from .frontend.derivative import step_adjoints
 from .frontend.plan import CellPlan, Leaf
+from .frontend.stack import no_backward
 from .frontend.texpr import evaluate
 from .signature import ArgRole
 
@@ -99,11 +100,16 @@ def reference_stack(plan: CellPlan, x: np.ndarray, layers: list, lengths: np.nda
     return sequence, {name: np.stack(values) for name, values in finals.items()}
 
 
-def _running(inputs: dict, seq_len: int, batch: int) -> list[np.ndarray]:
-    """Per step, which rows still run: (batch, 1) booleans from ``inputs["lengths"]`` (all when absent)."""
+def _row_lengths(inputs: dict, seq_len: int, batch: int) -> np.ndarray:
+    """Each row's steps, (batch, 1): ``inputs["lengths"]``, or the whole sequence when absent."""
     lengths = inputs.get("lengths")
-    lengths = np.full(batch, seq_len) if lengths is None else np.asarray(lengths).reshape(batch)
-    return [(t < lengths)[:, None] for t in range(seq_len)]
+    return (np.full(batch, seq_len) if lengths is None else np.asarray(lengths).reshape(batch))[:, None]
+
+
+def _running(inputs: dict, seq_len: int, batch: int) -> list[np.ndarray]:
+    """Per step, which rows still run: (batch, 1) booleans."""
+    lengths = _row_lengths(inputs, seq_len, batch)
+    return [t < lengths for t in range(seq_len)]
 
 
 def _steps(plan: CellPlan, inputs: dict, seq_len: int):
@@ -112,8 +118,7 @@ def _steps(plan: CellPlan, inputs: dict, seq_len: int):
     the output sequence's step it writes, or None)``. A state of delay ``d`` changes from step ``d`` until
     ``d`` steps after its row's length (``inputs["lengths"]``, or the sequence); the output is the output
     state's, ``d`` steps late."""
-    lengths = inputs.get("lengths")
-    lengths = (np.full(plan.batch, seq_len) if lengths is None else np.asarray(lengths).reshape(plan.batch))[:, None]
+    lengths = _row_lengths(inputs, seq_len, plan.batch)
     delays = plan.delays
     out_delay = delays[plan.output]
     for t in range(seq_len + plan.lag):
@@ -141,8 +146,7 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
     values as {Leaf: (batch, hidden) array}; products' leaves included). Per-row lengths as in
     :func:`reference_layer`."""
     if plan.lag:
-        raise CellError(f"cell '{plan.cell.name}' is a wavefront stack: its gradients are the layers', one by one "
-                        "(prnn_tvm.frontend.stack)")
+        raise CellError(no_backward(plan.cell.name))
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     H = plan.hidden
     xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]

@@ -296,7 +296,8 @@ class _Recurrent(torch.nn.Module):
         # a one-directional stack in inference: one wavefront launch, where it fits
         stack = None if grad or (self.training and self.dropout) else self.stack_for(B, x.device, x.dtype)
         if stack is not None:
-            out, ends = self._run(stack, self._stack_inputs(stack, x, initial, lengths))
+            layer_major = [t[layer] for layer in range(self.num_layers) for t in initial]
+            out, ends = self._run(stack, self._launch_arguments(stack, x, None, layer_major, lengths))
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
@@ -340,13 +341,19 @@ class _Recurrent(torch.nn.Module):
 
     def _inputs(self, x: torch.Tensor, suffix: str, initial: list, lengths: torch.Tensor | None = None,
                 grad: bool = False) -> tuple:
-        """One layer and direction's compiled layer and arguments: ``(layer, args)``, args in its signature's
-        order (``x``, weights, params, initial states, lengths), made ready on the current stream (aligned
-        copies, constants). ``x``: time-major; parameters ``*{suffix}``; ``initial``: its initial states, or []
-        for zeros; ``lengths``: each row's steps (int32 on ``x``'s device), or None for all; ``grad``:
-        differentiable."""
+        """One layer and direction's compiled layer and arguments: ``(layer, args)`` (:meth:`_launch_arguments`).
+        ``x``: time-major; parameters ``*{suffix}``; ``initial``: its initial states, or [] for zeros."""
+        layer = self.layer_for(x.shape[1], x.device, x.dtype, x.shape[2])
+        return layer, self._launch_arguments(layer, x, suffix, initial, lengths, grad)
+
+    def _launch_arguments(self, layer, x: torch.Tensor, suffix: str | None, initial: list,
+                          lengths: torch.Tensor | None = None, grad: bool = False) -> list:
+        """``layer``'s arguments in its signature's order (``x``, weights, params, initial states, lengths), made
+        ready on the current stream (aligned copies, constants). ``suffix``: the layer and direction of the
+        parameters (None: ``layer`` is a wavefront stack of every layer, :meth:`stack_for`); ``initial``: the
+        initial states in the launch's order (a stack's layer-major), or [] for zeros; ``lengths``: each row's
+        steps (int32 on ``x``'s device), or None for all; ``grad``: differentiable."""
         B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
-        layer = self.layer_for(B, device, dtype, x.shape[2])
 
         def param(name, shape):  # tracked by autograd when differentiable, else detached (and aligned) once
             if name is None:  # an absent bias
@@ -354,28 +361,14 @@ class _Recurrent(torch.nn.Module):
             return self._parameters[name] if grad else self._aligned(name)
 
         weights = [param(*a) for a in self._parameter_arguments(layer, suffix)]
-        states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * len(self._states)
+        zeros = len(self._states) * (self.num_layers if suffix is None else 1)
+        states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * zeros
         if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
             lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
-        return layer, [_detached(x, grad), *weights, *states, lengths]
-
-    def _stack_inputs(self, stack, x: torch.Tensor, initial: list, lengths: torch.Tensor | None) -> list:
-        """A wavefront stack's arguments (:meth:`stack_for`; inference): ``x``, layer 0's projection, every
-        layer's weights and params, every layer's initial states (``initial``: per state, (layers, B, H), or
-        [] for zeros), ``lengths``."""
-        B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
-        weights = [self._constant(shape, device, dtype) if name is None else self._aligned(name)
-                   for name, shape in self._parameter_arguments(stack, None)]
-        if initial:  # layer-major: each layer's states in the cell's order
-            states = [_aligned_state(t[layer]) for layer in range(self.num_layers) for t in initial]
-        else:
-            states = [self._constant((B, H), device, dtype)] * (self.num_layers * len(self._states))
-        if lengths is None and device.type == "cuda":
-            lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
-        return [x, *weights, *states, lengths]
+        return [_detached(x, grad), *weights, *states, lengths]
 
     def _run(self, layer, args: list, grad: bool = False) -> tuple:
-        """Run one layer and direction on its arguments (:meth:`_inputs`) on the current stream: ``(out,
+        """Run one layer and direction on its arguments (:meth:`_launch_arguments`) on the current stream: ``(out,
         finals)``, finals of shape (B, H)."""
         x = args[0]
         if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)

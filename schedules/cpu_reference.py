@@ -16,6 +16,7 @@ from prnn_tvm.codegen.kernel import Kernel, StepTiming, declare_args, input_step
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
+from prnn_tvm.frontend.stack import no_backward
 
 NO_KNOBS = "the CPU reference template has no config; pass config only for target 'cuda'"
 
@@ -69,7 +70,7 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
     of every step, before the new states replace ``cur`` (the states the step started from): what a
     backward kernel recomputes the step's leaves from. ``a.out`` None: no output sequence is written."""
     if save is not None and plan.lag:
-        raise ConfigError(f"cell '{plan.cell.name}' is a wavefront stack; train its layers one by one")
+        raise ConfigError(no_backward(plan.cell.name))
     B, H = plan.batch, plan.hidden
     dt = plan.policy.compute  # the loop nest keeps every intermediate in the compute type
     storage = plan.dtype

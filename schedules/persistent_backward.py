@@ -47,6 +47,7 @@ from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
+from prnn_tvm.frontend.stack import no_backward
 from prnn_tvm.signature import Grid, GridSync, Launch, gpu_backward_args
 from prnn_tvm.target import GpuSpec
 
@@ -66,14 +67,8 @@ def refusal(plan: CellPlan) -> str | None:
     if plan.dtype not in DTYPES:
         return f"the GPU backward places {', '.join(DTYPES)} layers, not {plan.dtype}"
     if plan.lag:
-        return stack_refusal(plan)
+        return no_backward(plan.cell.name)
     return None
-
-
-def stack_refusal(plan: CellPlan) -> str:
-    """Why no backward places a wavefront stack (``prnn_tvm.frontend.stack``)."""
-    return (f"'{plan.cell.name}' is a wavefront stack, which has no backward: train its layers one by one "
-            "(prnn_tvm.torch does)")
 
 
 def gate_rows(plan: CellPlan) -> int:

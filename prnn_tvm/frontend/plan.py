@@ -203,27 +203,22 @@ class CellPlan:
                         closure(read, seen)
             return seen
 
+        private = set(self.private_states)
+        # roots: each state (its update) and each operand stage of a later phase, with what its math reads
         roots = [("state", s.name, closure(self.updates[s.name], set())) for s in self.states]
         roots += [("stage", name, closure(Leaf("stage", name, 0), set())) for name in self.exchanged_stages]
-        private = set(self.private_states)
-
-        def owned(leaves: set) -> set:  # what only one item may hold: stages and private states
-            return {lf for lf in leaves if lf.kind == "stage" or (lf.kind == "state" and lf.name in private)}
-
-        groups: list[list] = []
-        for root in roots:
-            mine = owned(root[2]) | ({Leaf("state", root[1], 0)} if root[0] == "state" and root[1] in private
-                                     else set())
-            joined = [g for g in groups if any(owned(r[2]) & mine or (r[0] == "state" and r[1] in private and
-                                                                      Leaf("state", r[1], 0) in root[2])
-                                               for r in g)]
-            merged = [root] + [r for g in joined for r in g]
-            groups = [g for g in groups if g not in joined] + [merged]
-        order = {name: i for i, (_, name, _) in enumerate(roots)}
-        groups.sort(key=lambda g: min(order[r[1]] for r in g))
-        return tuple(PointwiseGroup(tuple(n for kind, n, _ in sorted(g, key=lambda r: order[r[1]]) if kind == "state"),
-                                    tuple(n for kind, n, _ in g if kind == "stage"),
-                                    frozenset().union(*(r[2] for r in g))) for g in groups)
+        # what only one item may hold: stages and private states (a private state's own root holds it too)
+        owned = [{lf for lf in leaves if lf.kind == "stage" or (lf.kind == "state" and lf.name in private)}
+                 | ({Leaf("state", name, 0)} if kind == "state" and name in private else set())
+                 for kind, name, leaves in roots]
+        groups: list[list[int]] = []  # root indices; a root joins every group it shares an owned leaf with
+        for i in range(len(roots)):
+            joined = [g for g in groups if any(owned[i] & owned[j] for j in g)]
+            groups = [g for g in groups if g not in joined] + [sorted([i, *(j for g in joined for j in g)])]
+        groups.sort()
+        return tuple(PointwiseGroup(tuple(roots[i][1] for i in g if roots[i][0] == "state"),
+                                    tuple(roots[i][1] for i in g if roots[i][0] == "stage"),
+                                    frozenset().union(*(roots[i][2] for i in g))) for g in groups)
 
     @cached_property
     def item_values(self) -> int:

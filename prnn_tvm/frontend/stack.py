@@ -134,6 +134,11 @@ class _LayerBuilder:
         return self._c.pointwise(fn, self._name(name), slices)
 
 
+def no_backward(name: str) -> str:
+    """Why nothing differentiates the stack ``name`` (the backward kernels and references refuse it so)."""
+    return f"'{name}' is a wavefront stack, which has no backward: train its layers one by one (prnn_tvm.torch does)"
+
+
 def split_layer_name(name: str) -> tuple[int, str]:
     """``l1_W_hh`` -> ``(1, "W_hh")``: a stack's argument name as its layer and the base cell's name."""
     prefix, _, base = name.partition("_")
