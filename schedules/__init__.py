@@ -52,6 +52,7 @@ def saving_forward(plan, target, gpu, config):
     if reason:
         raise ConfigError(reason)
     template = template_for(plan, target)
+    config = template.knobs.saving_config(config, plan, gpu)
     builder = template.builder(plan, config, template.knobs.validate(config, plan, gpu), save=True)
     return Kernel(builder.build(), template.name, builder.launch, config)
 

@@ -166,6 +166,12 @@ class _Backward(RegisterWeights):
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.launch = self._launch()
 
+    @property
+    def cta(self):
+        """This CTA's index in its run of the grid (:class:`~.persistent_cuda.Item` reads it): the backward's
+        grid is one run."""
+        return self.bx
+
     def _launch(self) -> Launch:
         p, g, H = self.p, self.g, self.H
         stateful = p.needs_grid_barrier and self.barrier.has_state

@@ -212,6 +212,11 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     return [with_barrier(cfg, "tags", plan, gpu, validate) for cfg in ladder]
 
 
+def saving_config(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
+    """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``: the same."""
+    return cfg
+
+
 def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
     """The untuned choice (the first of :func:`ranked_configs`)."""
     return ranked_configs(plan, gpu, limit=1)[0]

@@ -22,12 +22,18 @@ Per CTA (see ``persistent_config`` for the knobs):
 With several products, each thread's rows belong to one of them, so in each phase only
 the threads of that phase's products multiply.
 
+The grid is one run of CTAs or, where a template's layout splits the step into parts
+(``CellPlan.cta_parts``, a stack's layers), one run per part: each part's code is emitted
+inside a branch on the block index (block-uniform), and the grid barriers stay outside
+the branches, so every CTA meets them.
+
 The kernel is built with TVM's IRBuilder and compiled with the ``tirx`` pipeline, which
 keeps the placement as written (no automatic syncs or buffer compaction).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from tvm import tirx
@@ -57,8 +63,9 @@ from .template import config_from_dict
 class PersistentTemplate:
     """The template contract (``schedules.template.Template``) of a persistent CUDA template: its knobs
     and their validation live in a module ``knobs`` (``DTYPES``, ``ranked_configs``, ``space``,
-    ``validate``, ``features``), its kernel is ``builder(plan, config, geometry).build()``. This module's
-    ``TEMPLATE`` (float32) and ``persistent_mma``'s (half precision) are two of them."""
+    ``validate``, ``features``, ``saving_config``), its kernel is
+    ``builder(plan, config, geometry).build()``. This module's ``TEMPLATE`` (float32) and
+    ``persistent_mma``'s (half precision) are two of them."""
 
     def __init__(self, name: str, config_type: type, knobs, builder: type):
         self.name, self.config_type, self.knobs, self.builder = name, config_type, knobs, builder
@@ -96,16 +103,19 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.H, self.B = plan.hidden, plan.batch
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
-        self.ops = {name: i for i, name in enumerate(plan.operands)}
-        self.row_lo = self.row_starts()
+        self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
         self.stride = g.stride  # elements between batch rows of a shared operand tile
         self.gs0 = len(plan.operands) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
         # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
         # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
-        self.groups = plan.pointwise_groups if not save else (PointwiseGroup.whole(plan),)
-        self.ipt = -(-len(self.groups) * group_span(self.B * cfg.units_per_cta, len(self.groups)) // g.threads)
+        self.parts = self.grid_parts() if not save else (
+            GridPart(0, plan.reductions, plan.operands, (PointwiseGroup.whole(plan),)),)
+        self.groups = tuple(group for part in self.parts for group in part.groups)
+        self.ipt = max(-(-len(part.groups) * group_span(self.B * cfg.units_per_cta, len(part.groups)) // g.threads)
+                       for part in self.parts)
         # an item's registers, numbered within its group (a thread holds one group's per item slot)
         self.slots = {group: ItemSlots(plan, group) for group in self.groups}
+        self.enter(self.parts[0])
         self.width = ItemSlots.widest(self.slots.values())
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
@@ -132,10 +142,39 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """Steps the kernel runs: the sequence's, and a stack's lag (``CellPlan.lag``)."""
         return self.a.seq_len + self.p.lag if self.p.lag else self.a.seq_len
 
+    def grid_parts(self) -> tuple:
+        """The runs of the grid and what each runs: here one, the whole step (a template with a split layout
+        overrides this)."""
+        return (GridPart(0, self.p.reductions, self.p.operands, self.p.pointwise_groups),)
+
+    def enter(self, part: "GridPart"):
+        """Make ``part`` the one whose code is emitted next: its products, their rows, its operand tiles."""
+        self.part, self.reductions = part, part.reductions
+        self.row_lo = self.row_starts()
+        self.slot = {name: i for i, name in enumerate(part.operands)}  # each operand's shared tile
+
+    def each_part(self):
+        """Enter each part in turn; what the loop body emits runs on that part's CTAs only (no branch where
+        the grid is one run)."""
+        if len(self.parts) == 1:
+            self.enter(self.parts[0])
+            yield
+            return
+        for part in self.parts:
+            with T.If(tirx.all(part.first_cta <= self.bx, self.bx < part.first_cta + self.g.ctas_per_part)):
+                with T.Then():
+                    self.enter(part)
+                    yield
+
+    @property
+    def cta(self):
+        """This CTA's index within its part's run (its units start at ``cta * units_per_cta``)."""
+        return self.bx - self.part.first_cta if self.part.first_cta else self.bx
+
     def row_starts(self) -> list[int]:
         """Rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)."""
         row_lo, lo = [], 0
-        for r in self.p.reductions:
+        for r in self.reductions:
             row_lo.append(lo)
             lo += r.slices * self.c.units_per_cta
         return row_lo
@@ -156,11 +195,13 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                 T.buffer_store(self.aborted, 0, [0])
                 self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
-                self.prologue()
+                for _ in self.each_part():
+                    self.prologue()
                 with T.serial(0, self.steps) as t:
                     self.step(t)
                 if self.barrier_state:  # the base counts steps (tags) or barriers
-                    self.report_timeout()
+                    for _ in self.each_part():
+                        self.report_timeout()
                     advance = self.steps if self.barrier.carries_data else self.steps * p.phases - 1
                     grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
         return ib.get()
@@ -182,23 +223,26 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def step(self, t):
         p = self.p
-        for it, group, item in self.items():  # issued now, consumed after the products
-            with item as (b, unit, _ul):
-                for i, leaf in enumerate(self.slots[group].x):
-                    T.buffer_store(self.xreg, self.a.xp[input_step(p, self.a, t), b, leaf.slice * self.H + unit],
-                                   [it * self.width.x + i])
+        for _ in self.each_part():
+            for it, group, item in self.items():  # issued now, consumed after the products
+                with item as (b, unit, _ul):
+                    for i, leaf in enumerate(self.slots[group].x):
+                        T.buffer_store(self.xreg, self.a.xp[input_step(p, self.a, t), b,
+                                                            leaf.slice * self.H + unit], [it * self.width.x + i])
         for phase in range(p.phases):
-            self.products(t, phase)
-            for it, group, item in self.items():
-                with item as (b, unit, ul):
-                    self.pointwise(t, phase, it, group, b, unit, ul)
+            for _ in self.each_part():
+                self.products(t, phase)
+                for it, group, item in self.items():
+                    with item as (b, unit, ul):
+                        self.pointwise(t, phase, it, group, b, unit, ul)
             if phase < p.phases - 1:
                 grid_barrier.emit(self.barrier, t * p.phases + phase, self.barrier_base, self.sync, self.stall)
-        for it, group, item in self.items():
-            with item as (b, unit, ul):
-                if self.save:
-                    self.save_leaves(t, it, group, b, unit, ul)
-                self.write_states(t, it, group, b, unit, ul)
+        for _ in self.each_part():
+            for it, group, item in self.items():
+                with item as (b, unit, ul):
+                    if self.save:
+                        self.save_leaves(t, it, group, b, unit, ul)
+                    self.write_states(t, it, group, b, unit, ul)
         if p.needs_grid_barrier and not self.barrier.carries_data:
             with T.If(t < self.steps - 1):
                 with T.Then():
@@ -224,7 +268,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def products(self, t, phase: int):
         """This phase's recurrent products, for every batch tile, into the shared gate sums."""
-        if not any(r.phase == phase for r in self.p.reductions):
+        if not any(r.phase == phase for r in self.reductions):
             return
         with T.serial(0, self.g.batch_chunks) as bc:
             b0 = bind_value(bc * self.c.batch_tile, "b0")
@@ -285,7 +329,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """Where each leaf of item ``it`` (of pointwise ``group``) lives (registers, shared gate sums, the
         workspace), as a value of the compute type."""
         slots, w = self.slots[group], self.width
-        red_lo = {r.name: self.row_lo[i] for i, r in enumerate(self.p.reductions)}
+        red_lo = {r.name: self.row_lo[i] for i, r in enumerate(self.reductions)}
 
         def load(leaf: Leaf):
             if leaf.kind == "input":
@@ -306,7 +350,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     def per_product(self, value_of):
         """A per-thread value that depends on the product the thread's rows belong to (the products
         mixin says where they start: ``first_row``)."""
-        reds = self.p.reductions
+        reds = self.reductions
         value = tirx.const(value_of(reds[0]), "int32")
         first_row = self.first_row
         for i, red in enumerate(reds[1:], start=1):
@@ -317,7 +361,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     @property
     def operand_base(self):
         """Offset of the shared tile this thread's rows multiply."""
-        return self.per_product(lambda r: self.ops[r.operand]) * (self.c.batch_tile * self.stride)
+        return self.per_product(lambda r: self.slot[r.operand]) * (self.c.batch_tile * self.stride)
 
     @property
     def thread_phase(self):
@@ -337,11 +381,23 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         return Item(self, it, group)
 
     def items(self):
-        """``(it, pointwise group, item context)`` for each of this thread's item slots and each group (one
-        group: the plain items, as :meth:`item` gives them)."""
+        """``(it, pointwise group, item context)`` for each of this thread's item slots and each group of the
+        current part (one group: the plain items, as :meth:`item` gives them)."""
+        groups = self.part.groups
         for it in range(self.ipt):
-            for index, group in enumerate(self.groups):
-                yield it, group, self.item(it, index if len(self.groups) > 1 else None)
+            for index, group in enumerate(groups):
+                yield it, group, self.item(it, index if len(groups) > 1 else None)
+
+
+@dataclass(frozen=True)
+class GridPart:
+    """A run of the grid, CTAs ``first_cta ..``, and what it runs: its products, the operands they multiply
+    (each in a shared tile of its own, in this order) and its pointwise groups."""
+
+    first_cta: int
+    reductions: tuple
+    operands: tuple
+    groups: tuple
 
 
 class ItemSlots:
@@ -380,10 +436,10 @@ class Item:
             b, ul = item // U, item % U
             inside = item < bld.B * U
         else:  # group g's items start at g * span (span: B * U up to whole warps, so groups share no warp)
-            first = self.group * group_span(bld.B * U, len(bld.groups))
+            first = self.group * group_span(bld.B * U, len(bld.part.groups))
             b, ul = (item - first) // U, (item - first) % U
             inside = tirx.all(first <= item, item < first + bld.B * U)
-        unit = bld.bx * U + ul
+        unit = bld.cta * U + ul
         self.frames = [T.If(tirx.all(inside, unit < bld.H)), T.Then()]
         for f in self.frames:
             f.__enter__()

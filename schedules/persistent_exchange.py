@@ -25,7 +25,7 @@ class OperandExchange:
     """Mixin of the template's builder: loading operand tiles, publishing and re-reading values."""
 
     def operands_of_phase(self, phase: int) -> list[str]:
-        return list(dict.fromkeys(r.operand for r in self.p.reductions if r.phase == phase))
+        return list(dict.fromkeys(r.operand for r in self.reductions if r.phase == phase))
 
     def load_operands(self, t, b0, phase: int):
         """Bring rows b0..b0+batch_tile of this phase's operands into shared memory.
@@ -52,14 +52,14 @@ class OperandExchange:
 
     def copy_tile(self, name: str, t, b0, phase: int):
         """Plain vector loads: the initial state at step 0, else the workspace slot written before."""
-        H, BT, threads, e = self.H, self.c.batch_tile, self.g.threads, self.ops[name]
+        H, BT, threads, e, s = self.H, self.c.batch_tile, self.g.threads, self.ops[name], self.slot[name]
         lv = next(n for n in (16 // itemsize(self.dt), 4, 2, 1) if H % n == 0)  # 16-byte loads where H allows
         n = BT * H // lv
         for i in range(ceil_div(n, threads)):
             idx = i * threads + self.tx
             bb, k = (idx * lv) // H, (idx * lv) % H
             b = b0 + bb
-            dst = [vec_index((e * BT + bb) * self.stride + k, lv)]
+            dst = [vec_index((s * BT + bb) * self.stride + k, lv)]
             with T.If(tirx.all(idx < n, b < self.B)):
                 with T.Then():
                     if phase > 0:  # a stage of this step
@@ -77,10 +77,9 @@ class OperandExchange:
         rows = T.min(BT, self.B - b0)
         most = min(BT, self.B) * H  # the tensor-core template's tile may be taller than the batch
         for name in names:
-            e = self.ops[name]
             abort = grid_barrier.tag_copy(
-                self.barrier, self.g.threads, T.address_of(self.a.ws[e, parity, b0, 0]),
-                T.address_of(self.smem[e * BT * self.stride]), self.dt, rows * H, most, H, self.stride,
+                self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]),
+                T.address_of(self.smem[self.slot[name] * BT * self.stride]), self.dt, rows * H, most, H, self.stride,
                 self.barrier_base, step, self.sync)
             with T.If(abort != 0):
                 with T.Then():
@@ -108,7 +107,7 @@ class OperandExchange:
     def zero_operand_padding(self):
         """Columns hidden..k_pad of the shared operand tiles meet zero weights; keep them 0, not garbage."""
         pad = self.g.k_pad - self.H
-        total = len(self.p.operands) * self.c.batch_tile * pad
+        total = len(self.part.operands) * self.c.batch_tile * pad
         for i in range(ceil_div(total, self.g.threads)):
             idx = i * self.g.threads + self.tx
             with T.If(idx < total):

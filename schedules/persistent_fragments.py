@@ -23,6 +23,8 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
+from . import persistent_mma_config as mc
+from .persistent_cuda import GridPart
 from .persistent_exchange import vec_index
 from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
 
@@ -35,10 +37,15 @@ class FragmentWeights:
     tensor-core template: row tiles per product, fragment registers, mma products, k-group sums.
     The builder's ``operand_base`` / ``thread_phase`` follow from ``first_row`` here."""
 
+    def grid_parts(self) -> tuple:
+        """One run of CTAs per part of the config's layout (``persistent_mma_config.parts``)."""
+        return tuple(GridPart(i * self.g.ctas_per_part, reductions, operands, groups)
+                     for i, (reductions, operands, groups) in enumerate(mc.parts(self.c, self.p)))
+
     def row_starts(self) -> list[int]:
         """Product i starts at row tile boundaries: a tile never holds rows of two products."""
         starts, lo = [], 0
-        for tiles in product_tiles(self.p, self.c.units_per_cta):
+        for tiles in product_tiles(self.reductions, self.c.units_per_cta):
             starts.append(lo)
             lo += TILE_M * tiles
         return starts
@@ -68,16 +75,16 @@ class FragmentWeights:
         A lane's fragments cover two rows of its row tile (``grp`` and ``grp + 8``): where each
         row's weights live (which product, which weight row) is bound once per row, so the
         unrolled loads differ only in their column."""
-        if not self.p.reductions:
+        if not self.reductions:
             return
         H, U, kt_per = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp
         sources = []  # per fragment row: [(in this product, weight row), per product]
         for half in range(2):
             row = bind_value(self.mt * TILE_M + self.grp + 8 * half, f"frag_row{half}")
             per_product = []
-            for i, red in enumerate(self.p.reductions):
+            for i, red in enumerate(self.reductions):
                 lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
-                unit = self.bx * U + (row - lo) % U
+                unit = self.cta * U + (row - lo) % U
                 ok = bind_value(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{half}_{i}")
                 per_product.append((ok, bind_value(((row - lo) // U) * H + unit, f"frag_src{half}_{i}")))
             sources.append(per_product)
@@ -86,7 +93,7 @@ class FragmentWeights:
             for j in range(0, A_REGS, lanes):
                 k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
                 value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
-                for red, (ok, src) in reversed(list(zip(self.p.reductions, sources[(j // 2) % 2]))):
+                for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
                     value = T.if_then_else(tirx.all(ok, k < H), self.a.weight[red.weight][src, vec_index(k, lanes)],
                                            value)
                 T.buffer_store(self.wreg, value, [vec_index(kt * A_REGS + j, lanes)])
@@ -97,7 +104,11 @@ class FragmentWeights:
         for i in range(C_REGS * c.n_tiles):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
         ptx = PTX_TYPES[self.dt]
-        with T.If(self.thread_phase == phase):
+        tiles = sum(product_tiles(self.reductions, c.units_per_cta))
+        multiplies = self.thread_phase == phase
+        if tiles < g.m_tiles:  # a part with fewer row tiles than the widest: its last warps have none
+            multiplies = tirx.all(multiplies, self.mt < tiles)
+        with T.If(multiplies):
             with T.Then():
                 first = bind_value(self.operand_base + self.grp * stride + 2 * self.quad
                               + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")

@@ -11,12 +11,18 @@ Each row tile is split along k over ``k_groups`` warps: warp ``(m, kg)`` holds t
 fragments of row tile ``m`` for k tiles ``kg * k_tiles_per_warp ..`` in registers for the
 whole launch, and the ``k_groups`` partial sums meet in shared memory. The batch runs in
 passes of ``n_tiles`` x 8 rows.
+
+``layout`` says what a CTA's units cover. ``shared``: every product's rows and every pointwise
+group of its units. ``split`` (plans with :attr:`~prnn_tvm.frontend.plan.CellPlan.cta_parts`, a
+stack's layers): each part runs on CTAs of its own, ``ceil(hidden / units_per_cta)`` per part,
+which hold only that part's weights and read only its operands (a stack's layer reads its own
+state and the layer below's, not every layer's); the grid is as wide as the parts together.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.dtypes import HALF_DTYPES, itemsize
@@ -36,6 +42,7 @@ TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states an
 MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
+LAYOUTS = ("shared", "split")
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class MmaConfig:
     k_groups: int = field(metadata={"short": "kg"})
     n_tiles: int = field(default=1, metadata={"short": "nt"})
     barrier: str = field(default="counter", metadata={"short": ""})
+    layout: str = field(default="shared", metadata={"short": ""})
 
     @property
     def batch_tile(self) -> int:
@@ -53,7 +61,9 @@ class MmaConfig:
         return TILE_N * self.n_tiles
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The knobs; ``layout`` only where it is ``split`` (the records and tables of configs from before the
+        knob stay as they were)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "layout" or self.layout != "shared"}
 
 
 @dataclass(frozen=True)
@@ -61,8 +71,9 @@ class MmaGeometry:
     """What a config implies for one cell plan: grid, tiles, registers, shared memory."""
 
     ctas: int
+    ctas_per_part: int         # the grid is ``parts`` runs of this many CTAs (one run for the shared layout)
     threads: int
-    m_tiles: int               # row tiles per CTA over all products
+    m_tiles: int               # row tiles per CTA over all its products (the most any part has)
     rows: int                  # m_tiles * 16: gate rows per CTA, padding included
     sum_stride: int            # words between batch rows of the shared partial sums (see gate_sum_stride)
     k_tiles_per_warp: int
@@ -86,23 +97,34 @@ class MmaGeometry:
         return self.k_pad + ROW_SKEW
 
 
-def product_tiles(plan: CellPlan, units: int) -> list[int]:
-    """Row tiles of each recurrent product in a CTA of ``units`` hidden units."""
-    return [math.ceil(r.slices * units / TILE_M) for r in plan.reductions]
+def product_tiles(reductions, units: int) -> list[int]:
+    """Row tiles of each of the recurrent products ``reductions`` in a CTA of ``units`` hidden units."""
+    return [math.ceil(r.slices * units / TILE_M) for r in reductions]
+
+
+def parts(cfg: MmaConfig, plan: CellPlan) -> tuple:
+    """What the CTAs of each run of the grid do: ``(reductions, operands, pointwise groups)`` per part, one
+    part (the whole step) for the shared layout."""
+    if cfg.layout == "split" and plan.cta_parts:
+        return tuple((part.reductions, part.operands, part.groups) for part in plan.cta_parts)
+    return ((plan.reductions, plan.operands, plan.pointwise_groups),)
 
 
 def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     H, B = plan.hidden, plan.batch
-    m_tiles = sum(product_tiles(plan, cfg.units_per_cta))
-    ctas = math.ceil(H / cfg.units_per_cta)
+    runs = parts(cfg, plan)
+    m_tiles = max(sum(product_tiles(reductions, cfg.units_per_cta)) for reductions, _, _ in runs)
+    per_part = math.ceil(H / cfg.units_per_cta)
+    ctas = len(runs) * per_part
     warps = max(1, m_tiles * cfg.k_groups)
     threads = 32 * warps
     kt = math.ceil(math.ceil(H / TILE_K) / cfg.k_groups) if m_tiles else 0
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
     weights = 4 * kt
-    groups = len(plan.pointwise_groups)  # (group, batch row, unit) items, each group on warps of its own
-    ipt = math.ceil(groups * group_span(B * cfg.units_per_cta, groups) / threads)
-    n_ops = len(plan.operands)
+    # (group, batch row, unit) items, each group on warps of its own
+    ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
+              for _, _, groups in runs)
+    n_ops = max(len(operands) for _, operands, _ in runs)
     stride = k_pad + ROW_SKEW
     smem_ops = itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
@@ -112,7 +134,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
               if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
     regs = (weights + 6 * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
-    return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
+    return MmaGeometry(ctas, per_part, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
 
 
@@ -155,6 +177,15 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if not 1 <= cfg.k_groups <= MAX_K_GROUPS:
         raise ConfigError(f"k_groups={cfg.k_groups}: must be between 1 and {MAX_K_GROUPS} (warps sharing a row "
                           "tile's k)")
+    if cfg.layout not in LAYOUTS:
+        raise ConfigError(f"layout '{cfg.layout}' unknown; available: {', '.join(LAYOUTS)}")
+    if cfg.layout == "split" and not plan.cta_parts:
+        raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
+                          f"own; cell '{plan.cell.name}' has one part: use 'shared'")
+    if cfg.layout == "split" and BARRIERS[cfg.barrier].carries_data:
+        raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and split "
+                          "parts do not all do (a stack's lower layers never read the upper ones, would run ahead and "
+                          "overwrite values not yet read): use counter or grid_sync with layout 'split'")
     if cfg.n_tiles not in (1, 2, 4, 8):
         raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
     if cfg.batch_tile > _round_up(plan.batch, TILE_N):
@@ -182,15 +213,21 @@ def row_aligned(plan: CellPlan, units: int) -> bool:
 
 
 def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[MmaConfig]:
-    """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
+    """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space. The split layout
+    (where the plan has parts) spreads every part's units over the SMs together."""
     H = plan.hidden
-    min_units = math.ceil(H / gpu.sms)
-    aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
-    units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
-                    if u <= H})
     n_max = _round_up(plan.batch, TILE_N) // TILE_N
-    return [MmaConfig(u, kg, nt, b) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8) if nt <= n_max
-            for b in barriers]
+    configs = []
+    for layout, runs in (("shared", 1), ("split", len(plan.cta_parts))):
+        if not runs:
+            continue
+        min_units = math.ceil(runs * H / gpu.sms)
+        aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
+        units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
+                        if u <= H})
+        configs += [MmaConfig(u, kg, nt, b, layout) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
+                    if nt <= n_max for b in barriers if layout == "shared" or not BARRIERS[b].carries_data]
+    return configs
 
 
 GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_per_thread", "batch_chunks",
@@ -202,6 +239,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
+    row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
     row.update(regs_estimate=g.regs_estimate, ctas_per_sm=ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu),
                log2_estimated_cycles=math.log2(estimated_cycles(cfg, g)), registers=g.regs_estimate)
@@ -226,20 +264,50 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
     return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
 
 
+def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
+    """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``. It writes every
+    saved column of a (batch row, unit) from one item of the whole step, so it runs the shared layout: ``cfg``
+    with it where that fits, else the untuned default."""
+    if cfg.layout == "shared":
+        return cfg
+    shared = replace(cfg, layout="shared")
+    try:
+        validate(shared, plan, gpu)
+    except ConfigError:
+        return ranked_configs(plan, gpu, limit=1)[0]
+    return shared
+
+
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
     """The untuned choices, best first: units spread over every SM, then least estimated cost.
-    Later entries hold fewer weight registers per thread (what a build falls back to if ptxas spills)."""
+    Later entries hold fewer weight registers per thread (what a build falls back to if ptxas spills).
+
+    A plan with parts (a stack's layers) takes the split layout first where it fits, then the shared one: a
+    CTA of a split stack reads only its layer's operands (H100, four fp16 LSTM layers at hidden 512, batch 8,
+    tuned: 2.46 us per step split against 3.49 shared)."""
     check_target(plan, gpu)
     candidates = space(plan, gpu, barriers=("counter",))
-    ladder = ranked_defaults(plan, gpu, candidates, validate, estimated_cycles, limit, "tensor-core")
-    if not any(row_aligned(plan, cfg.units_per_cta) for cfg in ladder):
-        # The last resort: padded row tiles cost registers the estimate does not see (A100, Cho's GRU at
-        # hidden 1024: 10 units per CTA spill at 384 threads, 16 units compile in 128 registers).
-        aligned = [cfg for cfg in candidates if row_aligned(plan, cfg.units_per_cta)]
+    ladder: list[MmaConfig] = []
+    for layout in ("split", "shared") if plan.cta_parts else ("shared",):
+        pool = [cfg for cfg in candidates if cfg.layout == layout]
+        runs = len(plan.cta_parts) if layout == "split" else 1
         try:
-            ladder += ranked_defaults(plan, gpu, aligned, validate, estimated_cycles, 1, "tensor-core")
+            found = ranked_defaults(plan, gpu, pool, validate, estimated_cycles, limit, "tensor-core", runs)
         except ConfigError:
-            pass
+            if layout == "split":  # nothing split fits: the shared layout alone
+                continue
+            if ladder:
+                break
+            raise
+        if not any(row_aligned(plan, cfg.units_per_cta) for cfg in found):
+            # The last resort: padded row tiles cost registers the estimate does not see (A100, Cho's GRU at
+            # hidden 1024: 10 units per CTA spill at 384 threads, 16 units compile in 128 registers).
+            aligned = [cfg for cfg in pool if row_aligned(plan, cfg.units_per_cta)]
+            try:
+                found += ranked_defaults(plan, gpu, aligned, validate, estimated_cycles, 1, "tensor-core", runs)
+            except ConfigError:
+                pass
+        ladder += found
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
     return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
             else cfg for cfg in ladder]

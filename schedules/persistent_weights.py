@@ -48,16 +48,16 @@ class RegisterWeights:
     def load_weights(self):
         """Prologue: each thread's weight rows into registers; zero outside the matrices."""
         c, H, U = self.c, self.H, self.c.units_per_cta
-        for r in range(c.rows_per_thread if self.p.reductions else 0):
+        for r in range(c.rows_per_thread if self.reductions else 0):
             row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
             for q in range(self.g.k_chunks):
                 for v in range(c.vec):
                     k = c.vec * (self.ks + c.k_split * q) + v
                     value = tirx.const(0.0, self.wreg.dtype)
-                    for i, red in reversed(list(enumerate(self.p.reductions))):
+                    for i, red in reversed(list(enumerate(self.reductions))):
                         lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
                         s, ul = (row - lo) // U, (row - lo) % U
-                        unit = self.bx * U + ul
+                        unit = self.cta * U + ul
                         ok = tirx.all(row >= lo, row < hi, unit < H, k < H)
                         value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])

@@ -35,14 +35,15 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
 
 
 def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,
-                    limit: int, kind: str) -> list:
-    """Valid ``candidates`` best first: units spread over every SM, then least ``cost(cfg, geometry)``.
+                    limit: int, kind: str, runs: int = 1) -> list:
+    """Valid ``candidates`` best first: units spread over every SM (``runs`` runs of CTAs, each over the hidden
+    units, side by side), then least ``cost(cfg, geometry)``.
 
     Fallbacks step down in register pressure: a config that spilled is followed by one
     holding fewer weights per thread, not by a near-twin that spills the same way (the
     register estimate is a model; ptxas decides). At most ``limit`` entries.
     """
-    min_units = max(1, math.ceil(plan.hidden / gpu.sms))
+    min_units = max(1, math.ceil(runs * plan.hidden / gpu.sms))
     ranked = []
     for cfg in candidates:
         try:

@@ -149,10 +149,16 @@ def test_mma_default_is_valid_and_spreads_over_the_gpu(dtype, cell):
     p = half_plan(cell, batch=33, hidden=512, dtype=dtype)
     ranked = mc.ranked_configs(p, SM90)
     g = mc.validate(ranked[0], p, SM90)
-    assert ranked[0].units_per_cta == -(-512 // SM90.sms) and g.ctas <= SM90.sms
-    # fallbacks hold fewer weights per thread; the last resort, if any, fills whole row tiles
-    aligned = [mc.row_aligned(p, c.units_per_cta) for c in ranked]
-    ladder = ranked if any(aligned[:-1]) or not aligned[-1] else ranked[:-1]
-    weights = [mc.geometry(c, p).weights_per_thread for c in ladder]
-    assert weights == sorted(set(weights), reverse=True)
-    assert any(aligned) or not p.reductions
+    # a cell whose step splits into parts (stacked_rnn's two layers) runs each on CTAs of its own first
+    assert ranked[0].layout == ("split" if p.cta_parts else "shared")
+    runs = len(p.cta_parts) if p.cta_parts else 1
+    assert ranked[0].units_per_cta == -(-runs * 512 // SM90.sms) and g.ctas <= SM90.sms
+    for layout in ("split", "shared"):  # then the shared layout's ladder
+        ladder = [c for c in ranked if c.layout == layout]
+        # fallbacks hold fewer weights per thread; the last resort, if any, fills whole row tiles
+        aligned = [mc.row_aligned(p, c.units_per_cta) for c in ladder]
+        if ladder and not any(aligned[:-1]) and aligned[-1]:
+            ladder = ladder[:-1]
+        weights = [mc.geometry(c, p).weights_per_thread for c in ladder]
+        assert weights == sorted(set(weights), reverse=True)
+    assert any(mc.row_aligned(p, c.units_per_cta) for c in ranked) or not p.reductions

@@ -49,9 +49,12 @@ def test_a_template_without_knobs_refuses_a_config():
 
 def test_knob_short_names_come_from_the_config_fields():
     assert knob_short_names() == {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r",
-                                  "batch_tile": "bt", "vec": "v", "barrier": "", "k_groups": "kg", "n_tiles": "nt"}
+                                  "batch_tile": "bt", "vec": "v", "barrier": "", "k_groups": "kg", "n_tiles": "nt",
+                                  "layout": ""}
     knobs = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
     assert knob_text(knobs, knob_short_names()) == "U=8 ks=16 r=2 bt=4 v=4 tags"
+    split = {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "counter", "layout": "split"}
+    assert knob_text(split, knob_short_names()) == "U=16 kg=1 nt=1 counter split"
     assert knob_text({"vec": 4}) == "vec=4"
 
 

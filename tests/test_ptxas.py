@@ -235,8 +235,9 @@ ptxas info    : Used 64 registers, used 1 barriers, 6912 bytes smem, 400 bytes c
 
 # ---------------------------------------------------------------- half precision: the tensor-core template
 # Where the first ranked default spills and the build takes a later one (the report names what it passed over):
-# two-phase cells at hidden 1024 on the A100, whose 10 units per CTA pad their 16-row tiles; 16 units do not.
-KNOWN_HALF_FALLBACKS = {("gru_cho", 1024, "sm_80"), ("stacked_rnn", 1024, "sm_80")}
+# Cho's GRU at hidden 1024 on the A100, whose 10 units per CTA pad their 16-row tiles; 16 units do not. (The
+# two-phase stacked_rnn spilled there too until its two layers ran on CTAs of their own: the split layout.)
+KNOWN_HALF_FALLBACKS = {("gru_cho", 1024, "sm_80")}
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

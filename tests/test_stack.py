@@ -1,13 +1,15 @@
 """Stacked layers in one launch (``compile_cell(..., layers=)``, ``prnn_tvm.frontend.stack``): the wavefront
 against the same layers run one after another, in float64; the CUDA kernels on the GPU (``-m gpu``)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
 
 import prnn_tvm
 from prnn_tvm import CellError, ConfigError
-from prnn_tvm.checks import max_abs_error
+from prnn_tvm.checks import check_against_reference, max_abs_error
 from prnn_tvm.compiler import compile_backward
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.frontend.analysis import analyze
@@ -16,10 +18,13 @@ from prnn_tvm.frontend.registry import builtin_cells, resolve
 from prnn_tvm.frontend.stack import split_layer_name, stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
 from prnn_tvm.runtime import binding
+from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.target import gpu_spec
 
 from .test_ptxas import assert_launchable
 
 CELLS = list(builtin_cells())
+SM90 = gpu_spec("sm_90")
 
 
 def one_by_one(base_cell, inputs: dict, layers: int, lengths=None):
@@ -152,6 +157,25 @@ def test_a_stacks_pointwise_work_splits_by_layer():
     assert [(g.states, g.exchanged_stages) for g in cho] == [(("h",), ()), ((), ("r_times_h",))]
 
 
+def test_a_stack_splits_into_parts_that_ctas_of_their_own_can_run():
+    """``CellPlan.cta_parts``: a layer's products read only its own state and the layer below's output, so each
+    layer is a part (the tensor-core template's ``split`` layout gives each its CTAs); groups that read the same
+    product share a part (Cho's GRU: one part per layer, not two); one part is no split."""
+    plan = analyze(stacked(resolve("lstm"), 3), 2, 8)
+    parts = plan.cta_parts
+    assert [[r.name for r in part.reductions] for part in parts] == [
+        ["l0_hw"], ["l1_input_product", "l1_hw"], ["l2_input_product", "l2_hw"]]
+    assert [part.operands for part in parts] == [("l0_h",), ("l0_h", "l1_h"), ("l1_h", "l2_h")]
+    assert [part.groups for part in parts] == [(g,) for g in plan.pointwise_groups]
+    cho = analyze(stacked(resolve("gru_cho"), 2), 2, 8)
+    assert [len(part.groups) for part in cho.cta_parts] == [2, 2]
+    assert [part.operands for part in cho.cta_parts] == [("l0_h", "l0_r_times_h"), ("l0_h", "l1_h", "l1_r_times_h")]
+    assert analyze(resolve("gru_cho"), 2, 8).cta_parts == ()  # its two groups read one product
+    assert analyze(resolve("lstm"), 2, 8).cta_parts == ()
+    two_phase = analyze(resolve("stacked_rnn"), 2, 8).cta_parts  # a cell's own layers split too
+    assert [part.operands for part in two_phase] == [("h1",), ("h2", "h1_new")]
+
+
 def test_bad_stacks_are_refused():
     with pytest.raises(CellError, match="layers must be a positive integer"):
         stacked(resolve("lstm"), 0)
@@ -189,6 +213,72 @@ def test_stacked_cuda_kernels_build_without_spills(cell, hidden, batch, layers, 
     assert_launchable(layer)
 
 
+def split_configs(cell: str, hidden: int, batch: int, layers: int, dtype: str) -> list:
+    """The valid configs of the tensor-core template's ``split`` layout (each layer on CTAs of its own) in the
+    tuning space of a stack."""
+    plan = analyze(stacked(resolve(cell), layers), batch, hidden, dtype)
+    found = []
+    for cfg in mc.space(plan, SM90):
+        try:
+            mc.validate(cfg, plan, SM90)
+        except ConfigError:
+            continue
+        if cfg.layout == "split":
+            found.append(cfg)
+    return found
+
+
+SPLIT_CASES = [("lstm", 512, 8, 4, "float16"), ("gru", 256, 16, 2, "bfloat16"), ("gru_cho", 96, 4, 2, "float16"),
+               ("rnn_tanh", 129, 1, 3, "float16"), ("lstm", 64, 33, 5, "float16")]
+
+
+@pytest.mark.parametrize("cell, hidden, batch, layers, dtype", SPLIT_CASES)
+def test_split_layout_kernels_build(cell, hidden, batch, layers, dtype):
+    """The first split config of the space with the counter barrier (without spills) and a random one (seeded;
+    it may spill, which the tuner records as such): each layer's CTAs hold only its own products' rows, the grid
+    is the layers' runs side by side."""
+    configs = split_configs(cell, hidden, batch, layers, dtype)
+    first = next(cfg for cfg in configs if cfg.barrier == "counter")
+    for cfg in (first, configs[np.random.default_rng(layers).integers(len(configs))]):
+        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, arch="sm_90", layers=layers,
+                                      tuning_logs=[], config=cfg)
+        if cfg == first:
+            assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
+        assert layer.kernel.launch.grid.ctas == layers * -(-hidden // cfg.units_per_cta)
+        assert_launchable(layer)
+
+
+def test_split_layout_is_for_plans_with_parts_and_trains_on_the_shared_one():
+    single = analyze(resolve("lstm"), 8, 256, "float16")
+    with pytest.raises(ConfigError, match="cell 'lstm' has one part: use 'shared'"):
+        mc.validate(mc.MmaConfig(8, 4, 1, "counter", "split"), single, SM90)
+    with pytest.raises(ConfigError, match="layout 'diagonal' unknown"):
+        mc.validate(mc.MmaConfig(8, 4, 1, "counter", "diagonal"), single, SM90)
+    stack = analyze(stacked(resolve("lstm"), 4), 8, 512, "float16")
+    split = mc.MmaConfig(16, 2, 1, "counter", "split")
+    # data-carried synchronization is a barrier only where every block waits for every other (on the H100 the
+    # lower layers ran ahead and the kernel timed out)
+    with pytest.raises(ConfigError, match="barrier 'tags' synchronizes only blocks that read each other's values"):
+        mc.validate(dataclasses.replace(split, barrier="tags"), stack, SM90)
+    assert not any(cfg.layout == "split" and cfg.barrier == "tags" for cfg in mc.space(stack, SM90))
+    g = mc.validate(split, stack, SM90)
+    # 32 CTAs per layer; a CTA of layers 1.. holds W_ih and W_hh rows of its 16 units (8 tiles), reads 2 states
+    assert (g.ctas, g.ctas_per_part, g.m_tiles, g.threads) == (128, 32, 8, 512)
+    assert g.smem_ops == 2 * 2 * 8 * g.stride
+    shared = mc.geometry(dataclasses.replace(split, layout="shared"), stack)
+    assert (shared.ctas, shared.m_tiles, shared.smem_ops) == (32, 28, 4 * 2 * 8 * shared.stride)
+    assert split.as_dict()["layout"] == "split" and "layout" not in shared_config().as_dict()
+    assert prnn_tvm.schedules.by_name("persistent_mma").config_from_dict(split.as_dict()) == split
+    # the training forward writes a (row, unit)'s saved columns from one item: the shared layout
+    two_phase = analyze(resolve("stacked_rnn"), 4, 96, "float16")
+    cfg = split_configs("stacked_rnn", 96, 4, 1, "float16")[0]
+    assert mc.saving_config(cfg, two_phase, SM90) == dataclasses.replace(cfg, layout="shared")
+
+
+def shared_config():
+    return mc.MmaConfig(8, 4, 1)
+
+
 def test_a_stack_that_does_not_fit_on_chip_says_so():
     """Two float32 LSTM layers at hidden 1024 hold 50 MB of weights: more than the H100's registers."""
     with pytest.raises(ConfigError, match="no persistent config fits cell 'lstm_x2'"):
@@ -212,3 +302,32 @@ def test_stacked_cuda_kernels_match_the_float64_reference(cell, hidden, batch, l
     assert compare_with_one_by_one(layer, cell, layers, seq_len) < bound
     lengths = random_lengths(batch, seq_len, seed=1)
     assert compare_with_one_by_one(layer, cell, layers, seq_len, lengths, seed=1) < bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell, hidden, batch, layers, dtype, seq_len", [
+    (*case, seq_len) for case, seq_len in zip(SPLIT_CASES, (256, 64, 30, 7, 1))])
+def test_split_layout_kernels_match_the_float64_reference(cell, hidden, batch, layers, dtype, seq_len):
+    """Each layer on CTAs of its own: the first split config with the counter barrier, one with grid_sync, and a
+    random one (seeded), against the layers one by one in float64, with and without ragged lengths."""
+    configs = split_configs(cell, hidden, batch, layers, dtype)
+    picks = {next(cfg for cfg in configs if cfg.barrier == "counter"),
+             next(cfg for cfg in configs if cfg.barrier == "grid_sync"),
+             configs[np.random.default_rng(hidden).integers(len(configs))]}
+    bound = tolerance(dtype, seq_len)
+    for cfg in sorted(picks, key=repr):
+        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", layers=layers, config=cfg)
+        assert compare_with_one_by_one(layer, cell, layers, seq_len) < bound, cfg
+        lengths = random_lengths(batch, seq_len, seed=1)
+        assert compare_with_one_by_one(layer, cell, layers, seq_len, lengths, seed=1) < bound, cfg
+
+
+@pytest.mark.gpu
+def test_a_two_phase_cells_own_layers_split_too():
+    """Cho-style stacked RNN (one cell, two phases): its second layer's product reads the first's new state in
+    the same step, across the parts' CTAs, after the phase barrier."""
+    for cfg in split_configs("stacked_rnn", 96, 4, 1, "float16")[:3]:
+        layer = prnn_tvm.compile_cell("stacked_rnn", 96, 4, dtype="float16", target="cuda", config=cfg)
+        for lengths in (None, random_lengths(4, 30, seed=2)):
+            result = check_against_reference(layer, 30, tolerance("float16", 30), lengths=lengths)
+            assert result.ok, (cfg, result)

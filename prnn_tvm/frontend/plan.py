@@ -79,6 +79,16 @@ class PointwiseGroup:
 
 
 @dataclass(frozen=True)
+class CtaPart:
+    """Work that CTAs of their own can do (:attr:`CellPlan.cta_parts`): pointwise groups, the products
+    only their math reads and the operands those multiply (in workspace order)."""
+
+    groups: tuple
+    reductions: tuple
+    operands: tuple
+
+
+@dataclass(frozen=True)
 class CellPlan:
     """Everything a schedule template needs to know about a cell, and nothing about its name.
 
@@ -219,6 +229,29 @@ class CellPlan:
         return tuple(PointwiseGroup(tuple(roots[i][1] for i in g if roots[i][0] == "state"),
                                     tuple(roots[i][1] for i in g if roots[i][0] == "stage"),
                                     frozenset().union(*(roots[i][2] for i in g))) for g in groups)
+
+    @cached_property
+    def cta_parts(self) -> tuple:
+        """The step split into :class:`CtaPart` s that CTAs of their own can run (a stack: one per layer): the
+        pointwise groups, joined where their math reads the same product; () when that leaves one part. The
+        parts meet only through the exchanged operands, so a template may give each its own CTAs."""
+        groups = self.pointwise_groups
+        readers = {r.name: {i for i, g in enumerate(groups) if any(Leaf("reduction", r.name, s) in g.leaves
+                                                                   for s in range(r.slices))}
+                   for r in self.reductions}
+        parts: list[set] = []  # group indices; a product's readers all join one part
+        for members in [{i} for i in range(len(groups))] + list(readers.values()):
+            joined = [part for part in parts if part & members]
+            parts = [part for part in parts if part not in joined] + [set(members).union(*joined)]
+        if len(parts) < 2:
+            return ()
+        found = []
+        for part in sorted(parts, key=min):
+            reductions = tuple(r for r in self.reductions if readers[r.name] & part)
+            read = {r.operand for r in reductions}
+            found.append(CtaPart(tuple(groups[i] for i in sorted(part)), reductions,
+                                 tuple(name for name in self.operands if name in read)))
+        return tuple(found)
 
     @cached_property
     def item_values(self) -> int:
