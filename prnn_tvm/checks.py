@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compiler import compile_backward, compile_cell
+from .dtypes import BOUND_MAGNITUDE
 from .reference import random_inputs, reference_layer
 from .runtime.layer import Layer
 
@@ -59,7 +60,7 @@ def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: 
     start = time.perf_counter()
     out, finals = layer(**inputs)
     seconds = time.perf_counter() - start
-    err = max_abs_error(layer.plan, (out, finals), reference_layer(layer.plan, inputs))
+    err = max_abs_error(layer.plan, (out, finals), reference_layer(layer.plan, inputs), BOUND_MAGNITUDE)
     return CheckResult(err, tolerance, seconds)
 
 
@@ -109,12 +110,22 @@ def check_gradients(cell, directions: int = 3, step: float = 1e-6, tolerance: fl
     return CheckResult(err, tolerance, time.perf_counter() - start)
 
 
-def max_abs_error(plan, result: tuple, expected: tuple) -> float:
-    """Largest abs difference of a layer's ``(out, finals)`` to the reference's ``(out, {state: final})``."""
+def max_abs_error(plan, result: tuple, expected: tuple, relative_beyond: float | None = None) -> float:
+    """Largest abs difference of a layer's ``(out, finals)`` to the reference's ``(out, {state: final})``.
+    With ``relative_beyond`` (``dtypes.BOUND_MAGNITUDE`` for the dtype bounds), the difference at a reference
+    value of larger magnitude counts scaled down by ``|value| / relative_beyond``: rounding to the storage
+    type is relative, and a ReLU cell's outputs grow past the magnitude the bounds are absolute for."""
     (out, finals), (ref, ref_finals) = result, expected
-    err = float(np.abs(np.asarray(out, dtype=np.float64) - ref).max())
+
+    def worst(got, want) -> float:
+        diff = np.abs(np.asarray(got, dtype=np.float64) - want)
+        if relative_beyond is not None:
+            diff = diff / np.maximum(1.0, np.abs(want) / relative_beyond)
+        return float(diff.max()) if diff.size else 0.0
+
+    err = worst(out, ref)
     for state, got in zip(plan.states, finals):
-        err = max(err, float(np.abs(np.asarray(got, dtype=np.float64) - ref_finals[state.name]).max()))
+        err = max(err, worst(got, ref_finals[state.name]))
     return err
 
 

@@ -51,7 +51,9 @@ class DtypePolicy:
 # states (LSTM's c) stay float32 between steps. What remains is rounding each step's new state to the
 # half type (2^-11 relative for float16, 2^-8 for bfloat16) and carrying it on: the bounds allow
 # 1e-2 (float16) and 4e-2 (bfloat16) at T=256, and never less than half a unit in the last place
-# of an output of magnitude 4 (2^-9, 2^-6: ReLU cells' outputs exceed 1).
+# of an output of magnitude 4 (2^-9, 2^-6: ReLU cells' outputs exceed 1); beyond magnitude 4
+# (``BOUND_MAGNITUDE``: a ReLU cell's output, an IndRNN of input size 62 reached 8-16) a value's
+# error counts relative to its magnitude, as its rounding does (``checks.max_abs_error``).
 # The GPU kernels of half layers compute exp, sigmoid and tanh with the hardware's approximate exp2 and
 # reciprocal (``codegen.pointwise.fast_transcendentals``: relative error about 2^-21, absolute 1e-6 for tanh near
 # 0), far below the 2^-11 rounding of each stored value, and a third of the instructions of the exact forms.
@@ -75,6 +77,9 @@ def policy(dtype: str) -> DtypePolicy:
         return POLICIES[dtype]
     except (KeyError, TypeError):
         raise ConfigError(f"dtype {dtype} is not supported yet; supported: {', '.join(POLICIES)}") from None
+
+
+BOUND_MAGNITUDE = 4.0  # the bounds are absolute up to this magnitude of a value, relative beyond it
 
 
 def tolerance(dtype: str, seq_len: int) -> float:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.checks import check_against_reference
-from prnn_tvm.dtypes import tolerance
+from prnn_tvm.checks import check_against_reference, max_abs_error
+from prnn_tvm.dtypes import BOUND_MAGNITUDE, tolerance
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 
 from .two_state_cell import TWO_STATE
@@ -100,3 +100,15 @@ def test_cpu_float64_matches_reference_to_rounding(cell, hidden, batch, input_si
     for seq_len in (1, 64):
         res = check_against_reference(layer, seq_len, tolerance("float64", seq_len), seed=seq_len)
         assert res.ok and res.max_abs_error < 1e-13, f"T={seq_len}: max abs error {res.max_abs_error:.2e}"
+
+
+def test_errors_of_large_values_count_relative_to_them():
+    """The dtype bounds are absolute up to magnitude 4 (their floor: half a unit in the last place there) and
+    relative beyond: a ReLU cell's fp16 output of 12 stored to the nearest half is 2^-8 off, within bounds."""
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("rnn_relu"), 1, 1)
+    ref = (np.array([[[12.0]]]), {"h": np.array([[12.0]])})
+    got = (np.array([[[12.0 + 2.0**-8]]]), [np.array([[12.0]])])
+    assert max_abs_error(plan, got, ref) == 2.0**-8
+    assert max_abs_error(plan, got, ref, BOUND_MAGNITUDE) == 2.0**-8 / 3 < tolerance("float16", 4)
+    small = (np.array([[[0.5]]]), {"h": np.array([[0.5]])})
+    assert max_abs_error(plan, ((small[0] + 1e-3), [small[1]["h"]]), small, BOUND_MAGNITUDE) == pytest.approx(1e-3)

@@ -7,7 +7,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm.checks import max_abs_error
-from prnn_tvm.dtypes import tolerance
+from prnn_tvm.dtypes import BOUND_MAGNITUDE, tolerance
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.target import gpu_spec
@@ -33,7 +33,7 @@ def run_and_compare(layer, seq_len, seed=0, lengths=None):
     result = layer(*[inputs.get(n) for n in layer.arg_names])
     if lengths is not None:  # zeros past each row's length
         assert all(not result[0][n:, b].any() for b, n in enumerate(lengths))
-    return max_abs_error(layer.plan, result, reference_layer(layer.plan, inputs))
+    return max_abs_error(layer.plan, result, reference_layer(layer.plan, inputs), BOUND_MAGNITUDE)
 
 
 @pytest.mark.parametrize("cell", CELLS)

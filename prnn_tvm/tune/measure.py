@@ -26,7 +26,7 @@ import tvm
 from prnn_tvm.checks import max_abs_error
 from prnn_tvm.codegen.ptxas import NvccError
 from prnn_tvm.compiler import compile_cell
-from prnn_tvm.dtypes import tolerance
+from prnn_tvm.dtypes import BOUND_MAGNITUDE, tolerance
 from prnn_tvm.errors import BarrierTimeout, LaunchError, PrnnError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.plan import CellPlan
@@ -138,7 +138,7 @@ class GpuRunner:
             layer = load(built.library)
             out, finals = layer(**self._inputs)
             layer.check()  # device tensors: the call did not wait; a timed-out launch is a timeout, not wrong
-            err = max_abs_error(plan, (out.numpy(), [f.numpy() for f in finals]), self._expected)
+            err = max_abs_error(plan, (out.numpy(), [f.numpy() for f in finals]), self._expected, BOUND_MAGNITUDE)
             if not err <= self.tolerance:  # also catches NaN
                 return Measured((), err, ErrorKind.WRONG, f"max abs error {err:.3g} > {self.tolerance:.1e}")
             costs = tuple(layer.time(number=self.number, repeat=1, **self._inputs)["recurrent"]
