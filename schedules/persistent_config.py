@@ -6,7 +6,9 @@ product, each holding ``rows_per_thread`` rows x ceil(hidden / k_split) weights 
 registers; lane ``ks`` takes k in chunks of ``vec`` contiguous elements,
 k = vec * (ks + k_split * q) + v, so its state reads are ``vec``-wide shared-memory loads
 that neighbouring lanes issue on neighbouring addresses. The batch is processed in
-tiles of ``batch_tile`` rows, each a pass over the register-resident weights.
+tiles of ``batch_tile`` rows, each a pass over the register-resident weights. ``layout``
+(``shared``, or ``split``: each part of the step on CTAs of its own) is explained in
+``ranking``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
-from .ranking import check_resources, ranked_defaults, with_barrier
+from .ranking import (
+    check_layout,
+    check_resources,
+    knobs_of,
+    layered_defaults,
+    layouts,
+    parts,
+    shared_layout,
+    with_barrier,
+)
 
 DTYPES = ("float32",)  # storage dtypes this template places (one register word per weight)
 
@@ -39,9 +50,10 @@ class PersistentConfig:
     batch_tile: int = field(metadata={"short": "bt"})
     vec: int = field(default=4, metadata={"short": "v"})
     barrier: str = field(default="counter", metadata={"short": ""})
+    layout: str = field(default="shared", metadata={"short": ""})
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return knobs_of(self)
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,7 @@ class Geometry:
 
     ctas: int
     threads: int
-    rows: int              # gate rows per CTA over all recurrent products
+    rows: int              # gate rows per CTA over all its recurrent products (the most any part has)
     row_groups: int        # threads along rows (each with k_split lanes)
     k_chunks: int          # vec-wide chunks of k per lane
     k_pad: int             # hidden rounded up to vec * k_split * k_chunks
@@ -82,16 +94,18 @@ def group_span(items: int, groups: int) -> int:
 
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     H, B = plan.hidden, plan.batch
-    slices = sum(r.slices for r in plan.reductions)
-    ctas = math.ceil(H / cfg.units_per_cta)
+    runs = parts(cfg.layout, plan)
+    slices = max(sum(r.slices for r in reductions) for reductions, _, _ in runs)
+    ctas = len(runs) * math.ceil(H / cfg.units_per_cta)
     rows = slices * cfg.units_per_cta
     row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
     threads = _round_up(row_groups * cfg.k_split, 32)
     k_chunks = math.ceil(H / (cfg.vec * cfg.k_split)) if rows else 0
     weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
-    groups = len(plan.pointwise_groups)  # (group, batch row, unit) items, each group on warps of its own
-    ipt = math.ceil(groups * group_span(B * cfg.units_per_cta, groups) / threads)
-    n_ops = len(plan.operands)
+    # (group, batch row, unit) items, each group on warps of its own
+    ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
+              for _, _, groups in runs)
+    n_ops = max(len(operands) for _, operands, _ in runs)
     policy = plan.policy
     smem_hs = policy.itemsize * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
     smem_gs = itemsize(policy.accumulate) * B * rows
@@ -110,6 +124,7 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"the persistent template places {', '.join(DTYPES)} cells, not {plan.dtype}")
     if cfg.barrier not in BARRIERS:
         raise ConfigError(f"barrier '{cfg.barrier}' unknown; available: {', '.join(BARRIERS)}")
+    check_layout(cfg, plan)
     if cfg.k_split not in (1, 2, 4, 8, 16, 32):
         raise ConfigError(f"k_split={cfg.k_split}: must be a power of two from 1 to 32 (lanes of one warp)")
     if cfg.vec not in (1, 2, 4):
@@ -125,12 +140,13 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"the 'tags' exchange polls {g.tagged_per_thread} state loads per thread (batch_tile "
                           f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
                           "batch_tile")
-    products = [r.slices * cfg.units_per_cta for r in plan.reductions]
-    mixed = len({(r.operand, r.phase) for r in plan.reductions}) > 1
-    if mixed and any(rows % cfg.rows_per_thread for rows in products):
-        raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} must divide the rows of each recurrent product "
-                          f"({', '.join(map(str, products))}) when products read different operands or run in "
-                          "different phases: a thread's rows must all belong to one product")
+    for reductions, _, _ in parts(cfg.layout, plan):  # the products of one CTA
+        products = [r.slices * cfg.units_per_cta for r in reductions]
+        mixed = len({(r.operand, r.phase) for r in reductions}) > 1
+        if mixed and any(rows % cfg.rows_per_thread for rows in products):
+            raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} must divide the rows of each recurrent product "
+                              f"({', '.join(map(str, products))}) when products read different operands or run in "
+                              "different phases: a thread's rows must all belong to one product")
     if g.rows and cfg.rows_per_thread > g.rows:
         raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
     if g.threads > 1024:
@@ -144,20 +160,21 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
 def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[PersistentConfig]:
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
     H, B = plan.hidden, plan.batch
-    min_units = math.ceil(H / gpu.sms)
-    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units) if u <= H})
     tiles = sorted({t for t in (1, 2, 4, 8, 16, B) if t <= B})
-    slices = sum(r.slices for r in plan.reductions)
     out = []
-    for u in units:
-        rows = max(1, slices * u)
-        # powers of two, and divisors of the CTA's rows so that no row group idles
-        per_thread = sorted({r for r in range(1, 17) if r & (r - 1) == 0 or rows % r == 0})
-        for ks in (1, 2, 4, 8, 16, 32):
-            for r in per_thread:
-                for bt in tiles:
-                    for vec in (1, 2, 4):
-                        out.extend(PersistentConfig(u, ks, r, bt, vec, b) for b in barriers)
+    for layout, runs, layout_barriers in layouts(plan, barriers):
+        min_units = math.ceil(runs * H / gpu.sms)
+        units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units) if u <= H})
+        slices = max(sum(r.slices for r in reductions) for reductions, _, _ in parts(layout, plan))
+        for u in units:
+            rows = max(1, slices * u)
+            # powers of two, and divisors of the CTA's rows so that no row group idles
+            per_thread = sorted({r for r in range(1, 17) if r & (r - 1) == 0 or rows % r == 0})
+            for ks in (1, 2, 4, 8, 16, 32):
+                for r in per_thread:
+                    for bt in tiles:
+                        for vec in (1, 2, 4):
+                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout) for b in layout_barriers)
     return out
 
 
@@ -170,6 +187,7 @@ def features(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_split", "rows_per_thread", "batch_tile", "vec")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
+    row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
     row.update(regs_estimate=g.regs_estimate, ctas_per_sm=ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu),
                log2_estimated_cycles=math.log2(estimated_cycles(cfg, g)), registers=g.regs_estimate)
@@ -207,14 +225,15 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     thread, are what a build falls back to when ptxas spills (the register estimate is a
     model; ptxas decides).
     """
-    ladder = ranked_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
-                             "persistent")
+    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
+                              "persistent")
     return [with_barrier(cfg, "tags", plan, gpu, validate) for cfg in ladder]
 
 
 def saving_config(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
-    """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``: the same."""
-    return cfg
+    """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``
+    (``ranking.shared_layout``)."""
+    return shared_layout(cfg, plan, gpu, validate, ranked_configs)
 
 
 def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:

@@ -49,6 +49,7 @@ from prnn_tvm.codegen.pointwise import (
     fast_transcendentals,
     new_state_values,
 )
+from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf, PointwiseGroup
 from prnn_tvm.signature import Grid, GridSync, with_saved
 from prnn_tvm.target import GpuSpec
@@ -57,6 +58,7 @@ from . import persistent_config as pc
 from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange, sync_threads
 from .persistent_weights import RegisterWeights
+from .ranking import parts
 from .template import config_from_dict
 
 
@@ -99,18 +101,22 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry, save: bool = False):
+        if save and cfg.layout != "shared":
+            raise ConfigError("a training forward runs the shared layout (ranking.shared_layout), not "
+                              f"'{cfg.layout}'")
         self.p, self.c, self.g, self.save = plan, cfg, g, save
         self.H, self.B = plan.hidden, plan.batch
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
         self.stride = g.stride  # elements between batch rows of a shared operand tile
-        self.gs0 = len(plan.operands) * cfg.batch_tile * g.k_pad  # word offset of the gate sums
         # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
         # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
         self.parts = self.grid_parts() if not save else (
-            GridPart(0, plan.reductions, plan.operands, (PointwiseGroup.whole(plan),)),)
+            GridPart(0, g.ctas, plan.reductions, plan.operands, (PointwiseGroup.whole(plan),)),)
         self.groups = tuple(group for part in self.parts for group in part.groups)
+        # word offset of the float32 template's gate sums: after the operand tiles of the part with the most
+        self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.k_pad
         self.ipt = max(-(-len(part.groups) * group_span(self.B * cfg.units_per_cta, len(part.groups)) // g.threads)
                        for part in self.parts)
         # an item's registers, numbered within its group (a thread holds one group's per item slot)
@@ -143,9 +149,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         return self.a.seq_len + self.p.lag if self.p.lag else self.a.seq_len
 
     def grid_parts(self) -> tuple:
-        """The runs of the grid and what each runs: here one, the whole step (a template with a split layout
-        overrides this)."""
-        return (GridPart(0, self.p.reductions, self.p.operands, self.p.pointwise_groups),)
+        """The runs of the grid and what each runs (``ranking.parts``): the whole step, or one part each in the
+        split layout."""
+        per_part = -(-self.H // self.c.units_per_cta)
+        return tuple(GridPart(i * per_part, per_part, reductions, operands, groups)
+                     for i, (reductions, operands, groups) in enumerate(parts(self.c.layout, self.p)))
 
     def enter(self, part: "GridPart"):
         """Make ``part`` the one whose code is emitted next: its products, their rows, its operand tiles."""
@@ -161,7 +169,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             yield
             return
         for part in self.parts:
-            with T.If(tirx.all(part.first_cta <= self.bx, self.bx < part.first_cta + self.g.ctas_per_part)):
+            with T.If(tirx.all(part.first_cta <= self.bx, self.bx < part.first_cta + part.ctas)):
                 with T.Then():
                     self.enter(part)
                     yield
@@ -391,10 +399,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
 @dataclass(frozen=True)
 class GridPart:
-    """A run of the grid, CTAs ``first_cta ..``, and what it runs: its products, the operands they multiply
-    (each in a shared tile of its own, in this order) and its pointwise groups."""
+    """A run of the grid, ``ctas`` CTAs from ``first_cta``, and what it runs: its products, the operands they
+    multiply (each in a shared tile of its own, in this order) and its pointwise groups."""
 
     first_cta: int
+    ctas: int
     reductions: tuple
     operands: tuple
     groups: tuple

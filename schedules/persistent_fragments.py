@@ -23,8 +23,6 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
-from . import persistent_mma_config as mc
-from .persistent_cuda import GridPart
 from .persistent_exchange import vec_index
 from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
 
@@ -36,11 +34,6 @@ class FragmentWeights:
     """Mixin of the template's builder (see ``persistent_cuda.PersistentBuilder``) for the
     tensor-core template: row tiles per product, fragment registers, mma products, k-group sums.
     The builder's ``operand_base`` / ``thread_phase`` follow from ``first_row`` here."""
-
-    def grid_parts(self) -> tuple:
-        """One run of CTAs per part of the config's layout (``persistent_mma_config.parts``)."""
-        return tuple(GridPart(i * self.g.ctas_per_part, reductions, operands, groups)
-                     for i, (reductions, operands, groups) in enumerate(mc.parts(self.c, self.p)))
 
     def row_starts(self) -> list[int]:
         """Product i starts at row tile boundaries: a tile never holds rows of two products."""

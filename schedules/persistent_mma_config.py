@@ -12,17 +12,14 @@ fragments of row tile ``m`` for k tiles ``kg * k_tiles_per_warp ..`` in register
 whole launch, and the ``k_groups`` partial sums meet in shared memory. The batch runs in
 passes of ``n_tiles`` x 8 rows.
 
-``layout`` says what a CTA's units cover. ``shared``: every product's rows and every pointwise
-group of its units. ``split`` (plans with :attr:`~prnn_tvm.frontend.plan.CellPlan.cta_parts`, a
-stack's layers): each part runs on CTAs of its own, ``ceil(hidden / units_per_cta)`` per part,
-which hold only that part's weights and read only its operands (a stack's layer reads its own
-state and the layer below's, not every layer's); the grid is as wide as the parts together.
+``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
+``ranking``, which both persistent templates share.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.dtypes import HALF_DTYPES, itemsize
@@ -31,7 +28,17 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
-from .ranking import check_resources, ranked_defaults, with_barrier
+from .ranking import (
+    check_layout,
+    check_resources,
+    knobs_of,
+    layered_defaults,
+    layouts,
+    parts,
+    ranked_defaults,
+    shared_layout,
+    with_barrier,
+)
 
 DTYPES = HALF_DTYPES
 MIN_ARCH = 80  # mma.sync.m16n8k16 with fp16 / bf16 operands
@@ -42,7 +49,6 @@ TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states an
 MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
-LAYOUTS = ("shared", "split")
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,7 @@ class MmaConfig:
         return TILE_N * self.n_tiles
 
     def as_dict(self) -> dict:
-        """The knobs; ``layout`` only where it is ``split`` (the records and tables of configs from before the
-        knob stay as they were)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "layout" or self.layout != "shared"}
+        return knobs_of(self)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,6 @@ class MmaGeometry:
     """What a config implies for one cell plan: grid, tiles, registers, shared memory."""
 
     ctas: int
-    ctas_per_part: int         # the grid is ``parts`` runs of this many CTAs (one run for the shared layout)
     threads: int
     m_tiles: int               # row tiles per CTA over all its products (the most any part has)
     rows: int                  # m_tiles * 16: gate rows per CTA, padding included
@@ -102,20 +105,11 @@ def product_tiles(reductions, units: int) -> list[int]:
     return [math.ceil(r.slices * units / TILE_M) for r in reductions]
 
 
-def parts(cfg: MmaConfig, plan: CellPlan) -> tuple:
-    """What the CTAs of each run of the grid do: ``(reductions, operands, pointwise groups)`` per part, one
-    part (the whole step) for the shared layout."""
-    if cfg.layout == "split" and plan.cta_parts:
-        return tuple((part.reductions, part.operands, part.groups) for part in plan.cta_parts)
-    return ((plan.reductions, plan.operands, plan.pointwise_groups),)
-
-
 def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     H, B = plan.hidden, plan.batch
-    runs = parts(cfg, plan)
+    runs = parts(cfg.layout, plan)
     m_tiles = max(sum(product_tiles(reductions, cfg.units_per_cta)) for reductions, _, _ in runs)
-    per_part = math.ceil(H / cfg.units_per_cta)
-    ctas = len(runs) * per_part
+    ctas = len(runs) * math.ceil(H / cfg.units_per_cta)
     warps = max(1, m_tiles * cfg.k_groups)
     threads = 32 * warps
     kt = math.ceil(math.ceil(H / TILE_K) / cfg.k_groups) if m_tiles else 0
@@ -134,7 +128,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
               if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
     regs = (weights + 6 * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
-    return MmaGeometry(ctas, per_part, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
+    return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
 
 
@@ -177,15 +171,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if not 1 <= cfg.k_groups <= MAX_K_GROUPS:
         raise ConfigError(f"k_groups={cfg.k_groups}: must be between 1 and {MAX_K_GROUPS} (warps sharing a row "
                           "tile's k)")
-    if cfg.layout not in LAYOUTS:
-        raise ConfigError(f"layout '{cfg.layout}' unknown; available: {', '.join(LAYOUTS)}")
-    if cfg.layout == "split" and not plan.cta_parts:
-        raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
-                          f"own; cell '{plan.cell.name}' has one part: use 'shared'")
-    if cfg.layout == "split" and BARRIERS[cfg.barrier].carries_data:
-        raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and split "
-                          "parts do not all do (a stack's lower layers never read the upper ones, would run ahead and "
-                          "overwrite values not yet read): use counter or grid_sync with layout 'split'")
+    check_layout(cfg, plan)
     if cfg.n_tiles not in (1, 2, 4, 8):
         raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
     if cfg.batch_tile > _round_up(plan.batch, TILE_N):
@@ -218,15 +204,13 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     H = plan.hidden
     n_max = _round_up(plan.batch, TILE_N) // TILE_N
     configs = []
-    for layout, runs in (("shared", 1), ("split", len(plan.cta_parts))):
-        if not runs:
-            continue
+    for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
                         if u <= H})
         configs += [MmaConfig(u, kg, nt, b, layout) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
-                    if nt <= n_max for b in barriers if layout == "shared" or not BARRIERS[b].carries_data]
+                    if nt <= n_max for b in layout_barriers]
     return configs
 
 
@@ -265,17 +249,9 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
 
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
-    """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``. It writes every
-    saved column of a (batch row, unit) from one item of the whole step, so it runs the shared layout: ``cfg``
-    with it where that fits, else the untuned default."""
-    if cfg.layout == "shared":
-        return cfg
-    shared = replace(cfg, layout="shared")
-    try:
-        validate(shared, plan, gpu)
-    except ConfigError:
-        return ranked_configs(plan, gpu, limit=1)[0]
-    return shared
+    """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``
+    (``ranking.shared_layout``)."""
+    return shared_layout(cfg, plan, gpu, validate, ranked_configs)
 
 
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
@@ -286,28 +262,20 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
     CTA of a split stack reads only its layer's operands (H100, four fp16 LSTM layers at hidden 512, batch 8,
     tuned: 2.46 us per step split against 3.49 shared)."""
     check_target(plan, gpu)
-    candidates = space(plan, gpu, barriers=("counter",))
-    ladder: list[MmaConfig] = []
-    for layout in ("split", "shared") if plan.cta_parts else ("shared",):
-        pool = [cfg for cfg in candidates if cfg.layout == layout]
-        runs = len(plan.cta_parts) if layout == "split" else 1
+
+    def widen(pool: list, found: list, runs: int) -> list:
+        if any(row_aligned(plan, cfg.units_per_cta) for cfg in found):
+            return found
+        # The last resort: padded row tiles cost registers the estimate does not see (A100, Cho's GRU at
+        # hidden 1024: 10 units per CTA spill at 384 threads, 16 units compile in 128 registers).
+        aligned = [cfg for cfg in pool if row_aligned(plan, cfg.units_per_cta)]
         try:
-            found = ranked_defaults(plan, gpu, pool, validate, estimated_cycles, limit, "tensor-core", runs)
+            return found + ranked_defaults(plan, gpu, aligned, validate, estimated_cycles, 1, "tensor-core", runs)
         except ConfigError:
-            if layout == "split":  # nothing split fits: the shared layout alone
-                continue
-            if ladder:
-                break
-            raise
-        if not any(row_aligned(plan, cfg.units_per_cta) for cfg in found):
-            # The last resort: padded row tiles cost registers the estimate does not see (A100, Cho's GRU at
-            # hidden 1024: 10 units per CTA spill at 384 threads, 16 units compile in 128 registers).
-            aligned = [cfg for cfg in pool if row_aligned(plan, cfg.units_per_cta)]
-            try:
-                found += ranked_defaults(plan, gpu, aligned, validate, estimated_cycles, 1, "tensor-core", runs)
-            except ConfigError:
-                pass
-        ladder += found
+            return found
+
+    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
+                              "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
     return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
             else cfg for cfg in ladder]

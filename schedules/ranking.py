@@ -1,8 +1,16 @@
 """What the persistent templates share about their configs: the resource checks every valid
-config passes, and the untuned defaults (valid configs ranked, with a fallback ladder).
+config passes, the untuned defaults (valid configs ranked, with a fallback ladder) and the
+``layout`` knob.
 
-For configs with ``units_per_cta`` and a ``barrier`` whose geometry has ``ctas``,
+For configs with ``units_per_cta``, a ``barrier`` and a ``layout`` whose geometry has ``ctas``,
 ``threads``, ``regs_estimate``, ``smem_bytes`` and ``weights_per_thread``.
+
+``layout`` says what a CTA's units cover. ``shared``: every product's rows and every pointwise
+group of its units. ``split`` (plans with :attr:`~prnn_tvm.frontend.plan.CellPlan.cta_parts`,
+a stack's layers): each part runs on CTAs of its own, ``ceil(hidden / units_per_cta)`` per
+part, which hold only that part's weights and read only its operands (a stack's layer reads
+its own state and the layer below's, not every layer's); the grid is the parts' runs side by
+side.
 """
 
 from __future__ import annotations
@@ -11,9 +19,71 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 
+from prnn_tvm.codegen.barrier import BARRIERS
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+
+LAYOUTS = ("shared", "split")
+
+
+def knobs_of(cfg) -> dict:
+    """A config's knobs as a dict; ``layout`` only where it is not ``shared`` (the records and tables of
+    configs from before the knob stay as they were)."""
+    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "layout" or cfg.layout != "shared"}
+
+
+def parts(layout: str, plan: CellPlan) -> tuple:
+    """What the CTAs of each run of the grid do: ``(reductions, operands, pointwise groups)`` per part of the
+    split layout, one part (the whole step) for the shared one."""
+    if layout == "split" and plan.cta_parts:
+        return tuple((part.reductions, part.operands, part.groups) for part in plan.cta_parts)
+    return ((plan.reductions, plan.operands, plan.pointwise_groups),)
+
+
+def check_layout(cfg, plan: CellPlan) -> None:
+    """ConfigError for a layout the plan or the barrier cannot take, with the reason."""
+    if cfg.layout not in LAYOUTS:
+        raise ConfigError(f"layout '{cfg.layout}' unknown; available: {', '.join(LAYOUTS)}")
+    if cfg.layout != "split":
+        return
+    if not plan.cta_parts:
+        raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
+                          f"own; cell '{plan.cell.name}' has one part: use 'shared'")
+    if BARRIERS[cfg.barrier].carries_data:
+        raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and split "
+                          "parts do not all do (a stack's lower layers never read the upper ones, would run ahead and "
+                          "overwrite values not yet read): use counter or grid_sync with layout 'split'")
+
+
+def layouts(plan: CellPlan, barriers: Iterable) -> list:
+    """``(layout, runs of CTAs, barriers)`` for a tuning space: the shared layout, and the split one where
+    the plan has parts (without the data-carried barriers it refuses)."""
+    found = [("shared", 1, tuple(barriers))]
+    if plan.cta_parts:
+        found.append(("split", len(plan.cta_parts), tuple(b for b in barriers if not BARRIERS[b].carries_data)))
+    return found
+
+
+def layered_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,
+                     limit: int, kind: str, widen: Callable | None = None) -> list:
+    """:func:`ranked_defaults` of the split layout's candidates first, where the plan has parts and any fits
+    (each part's CTAs read only its operands), then of the shared layout's: a split config that spills
+    falls back to a shared one. ``widen(pool, found, runs)`` may extend each layout's ladder."""
+    candidates = list(candidates)
+    pools = [("split", len(plan.cta_parts))] if plan.cta_parts else []
+    pools.append(("shared", 1))
+    ladder: list = []
+    for layout, runs in pools:
+        pool = [cfg for cfg in candidates if cfg.layout == layout]
+        try:
+            found = ranked_defaults(plan, gpu, pool, validate, cost, limit, kind, runs)
+        except ConfigError:
+            if ladder or layout == "split":
+                continue
+            raise
+        ladder += widen(pool, found, runs) if widen is not None else found
+    return ladder
 
 
 def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str) -> None:
@@ -62,6 +132,24 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
         if weights < ladder[-1][1]:
             ladder.append((cfg, weights))
     return [cfg for cfg, _ in ladder]
+
+
+def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_configs: Callable):
+    """``cfg`` in the shared layout: what the training forward (``recurrent_save``) of a layer built with ``cfg``
+    runs, since it writes every saved column of a (batch row, unit) from one item of the whole step. ``cfg``
+    itself where it is shared, else with the shared layout where that fits, else the best untuned shared one."""
+    if cfg.layout == "shared":
+        return cfg
+    shared = dataclasses.replace(cfg, layout="shared")
+    try:
+        validate(shared, plan, gpu)
+    except ConfigError:
+        ranked = [c for c in ranked_configs(plan, gpu) if c.layout == "shared"]
+        if not ranked:
+            raise ConfigError(f"the training forward of '{plan.cell.name}' runs the shared layout, and no config of it "
+                              f"fits at hidden={plan.hidden}, batch={plan.batch} on {gpu.arch}") from None
+        return ranked[0]
+    return shared
 
 
 def with_barrier(cfg, barrier: str, plan: CellPlan, gpu: GpuSpec, validate: Callable):

@@ -8,6 +8,7 @@ import prnn_tvm
 from prnn_tvm import ConfigError
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.schedules import ranking
 from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
 
 from .two_state_cell import TWO_STATE
@@ -80,7 +81,9 @@ def test_default_config_is_valid_and_spreads_over_the_gpu(cell, hidden, batch, a
     cfg = pc.default_config(p, gpu)
     g = pc.validate(cfg, p, gpu)
     assert g.ctas <= gpu.sms
-    assert g.ctas == -(-hidden // cfg.units_per_cta)
+    # a stack's layers run on CTAs of their own where they fit (layout 'split'): one run of CTAs per layer
+    assert cfg.layout == "shared" or p.cta_parts
+    assert g.ctas == len(ranking.parts(cfg.layout, p)) * -(-hidden // cfg.units_per_cta)
 
 
 def test_space_is_pruned_by_validate():

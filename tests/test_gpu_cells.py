@@ -43,10 +43,12 @@ def test_two_phase_cell_under_every_barrier(barrier):
     assert run_and_compare(layer, 33) <= tolerance("float32", 33)
 
 
-@pytest.mark.parametrize("barrier", ["tags", "counter"])
-def test_timeout_inside_a_two_phase_step(barrier):
+@pytest.mark.parametrize("barrier, layout", [("tags", "shared"), ("counter", "shared"), ("counter", "split")])
+def test_timeout_inside_a_two_phase_step(barrier, layout):
+    """A block stalls in the phase barrier of step 5 (the split layout: the stacked RNN's two layers on CTAs of
+    their own, which its default takes; tags only shares)."""
     plan = prnn_tvm.analyze(prnn_tvm.resolve("stacked_rnn"), 4, 256)
-    cfg = dataclasses.replace(default_config(plan, gpu_spec()), barrier=barrier)
+    cfg = dataclasses.replace(default_config(plan, gpu_spec()), barrier=barrier, layout=layout)
     layer = prnn_tvm.compile_cell("stacked_rnn", 256, 4, target="cuda", config=cfg)
     layer.barrier_timeout_us, layer.debug_stall_step = 20_000, 5
     with pytest.raises(BarrierTimeout, match="step 5"):

@@ -79,9 +79,11 @@ def test_a_sequence_that_does_not_fit_is_refused_before_launch():
 
 
 # ---------------------------------------------------------------- fuzz: any config the tuner may pick
+STACKS = ["lstm_x2", "gru_x3", "gru_cho_x2"]  # wavefront stacks: their space holds the split layout too
+
 @st.composite
 def cases(draw):
-    cell = draw(st.sampled_from(CELLS))
+    cell = draw(st.sampled_from(CELLS + STACKS))
     hidden = draw(st.one_of(st.integers(1, 64), st.integers(65, 1400)))
     batch = draw(st.one_of(st.integers(1, 8), st.integers(9, 70)))
     input_size = draw(st.integers(1, 300).filter(lambda i: i != hidden))

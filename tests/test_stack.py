@@ -18,6 +18,7 @@ from prnn_tvm.frontend.registry import builtin_cells, resolve
 from prnn_tvm.frontend.stack import split_layer_name, stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
 from prnn_tvm.runtime import binding
+from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec
 
@@ -214,13 +215,14 @@ def test_stacked_cuda_kernels_build_without_spills(cell, hidden, batch, layers, 
 
 
 def split_configs(cell: str, hidden: int, batch: int, layers: int, dtype: str) -> list:
-    """The valid configs of the tensor-core template's ``split`` layout (each layer on CTAs of its own) in the
-    tuning space of a stack."""
+    """The valid configs of the ``split`` layout (each layer on CTAs of its own) in the tuning space of a stack,
+    of the template its dtype takes (tensor cores for half precision)."""
     plan = analyze(stacked(resolve(cell), layers), batch, hidden, dtype)
+    knobs = pc if dtype == "float32" else mc
     found = []
-    for cfg in mc.space(plan, SM90):
+    for cfg in knobs.space(plan, SM90):
         try:
-            mc.validate(cfg, plan, SM90)
+            knobs.validate(cfg, plan, SM90)
         except ConfigError:
             continue
         if cfg.layout == "split":
@@ -229,7 +231,8 @@ def split_configs(cell: str, hidden: int, batch: int, layers: int, dtype: str) -
 
 
 SPLIT_CASES = [("lstm", 512, 8, 4, "float16"), ("gru", 256, 16, 2, "bfloat16"), ("gru_cho", 96, 4, 2, "float16"),
-               ("rnn_tanh", 129, 1, 3, "float16"), ("lstm", 64, 33, 5, "float16")]
+               ("rnn_tanh", 129, 1, 3, "float16"), ("lstm", 64, 33, 5, "float16"), ("lstm", 512, 4, 2, "float32"),
+               ("gru_cho", 96, 3, 2, "float32"), ("rnn_tanh", 129, 1, 3, "float32")]
 
 
 @pytest.mark.parametrize("cell, hidden, batch, layers, dtype", SPLIT_CASES)
@@ -263,16 +266,35 @@ def test_split_layout_is_for_plans_with_parts_and_trains_on_the_shared_one():
     assert not any(cfg.layout == "split" and cfg.barrier == "tags" for cfg in mc.space(stack, SM90))
     g = mc.validate(split, stack, SM90)
     # 32 CTAs per layer; a CTA of layers 1.. holds W_ih and W_hh rows of its 16 units (8 tiles), reads 2 states
-    assert (g.ctas, g.ctas_per_part, g.m_tiles, g.threads) == (128, 32, 8, 512)
+    assert (g.ctas, g.m_tiles, g.threads) == (128, 8, 512)
     assert g.smem_ops == 2 * 2 * 8 * g.stride
     shared = mc.geometry(dataclasses.replace(split, layout="shared"), stack)
     assert (shared.ctas, shared.m_tiles, shared.smem_ops) == (32, 28, 4 * 2 * 8 * shared.stride)
     assert split.as_dict()["layout"] == "split" and "layout" not in shared_config().as_dict()
     assert prnn_tvm.schedules.by_name("persistent_mma").config_from_dict(split.as_dict()) == split
-    # the training forward writes a (row, unit)'s saved columns from one item: the shared layout
-    two_phase = analyze(resolve("stacked_rnn"), 4, 96, "float16")
-    cfg = split_configs("stacked_rnn", 96, 4, 1, "float16")[0]
-    assert mc.saving_config(cfg, two_phase, SM90) == dataclasses.replace(cfg, layout="shared")
+    # the float32 template splits the same way
+    pair = analyze(stacked(resolve("lstm"), 2), 4, 512)
+    f32 = pc.PersistentConfig(8, 16, 4, 4, 4, "counter", "split")
+    g32 = pc.validate(f32, pair, SM90)
+    assert (g32.ctas, g32.rows) == (128, 64)  # 64 CTAs per layer; layer 1's: W_ih and W_hh rows of 8 units
+    assert g32.smem_hs == 4 * 2 * 4 * 512  # two operand tiles of batch_tile rows: its state, the layer below's
+    with pytest.raises(ConfigError, match="barrier 'tags' synchronizes only"):
+        pc.validate(dataclasses.replace(f32, barrier="tags"), pair, SM90)
+    with pytest.raises(ConfigError, match="has one part"):
+        pc.validate(f32, analyze(resolve("lstm"), 4, 512), SM90)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_split_layer_trains_with_the_shared_layout(dtype):
+    """The training forward writes a (batch row, unit)'s saved columns from one item of the whole step: a layer
+    built split (the stacked RNN cell's two layers) trains with the same config in the shared layout."""
+    cfg = split_configs("stacked_rnn", 96, 4, 1, dtype)[0]
+    layer = prnn_tvm.compile_cell("stacked_rnn", 96, 4, dtype=dtype, target="cuda", arch="sm_90", config=cfg)
+    assert layer.kernel.config.layout == "split" and layer.kernel.launch.grid.ctas == 2 * -(-96 // cfg.units_per_cta)
+    saving = prnn_tvm.compiler.compile_training(layer).forward.signature.launches[0].grid
+    assert saving.ctas == -(-96 // cfg.units_per_cta)  # one run of the grid
+    knobs = pc if dtype == "float32" else mc
+    assert knobs.saving_config(cfg, layer.plan, SM90) == dataclasses.replace(cfg, layout="shared")
 
 
 def shared_config():
@@ -306,7 +328,7 @@ def test_stacked_cuda_kernels_match_the_float64_reference(cell, hidden, batch, l
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cell, hidden, batch, layers, dtype, seq_len", [
-    (*case, seq_len) for case, seq_len in zip(SPLIT_CASES, (256, 64, 30, 7, 1))])
+    (*case, seq_len) for case, seq_len in zip(SPLIT_CASES, (256, 64, 30, 7, 1, 256, 30, 7))])
 def test_split_layout_kernels_match_the_float64_reference(cell, hidden, batch, layers, dtype, seq_len):
     """Each layer on CTAs of its own: the first split config with the counter barrier, one with grid_sync, and a
     random one (seeded), against the layers one by one in float64, with and without ragged lengths."""
