@@ -150,31 +150,41 @@ def test_unbatched_input_and_batch_cache():
     assert len(fast._layers) == 1  # one batch size, compiled once
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_calls_follow_parameter_updates(device, no_tf32):
+@pytest.mark.parametrize("device, dtype, bound, bias_in_gemm", [
+    ("cpu", torch.float32, 1e-5, None), pytest.param("cuda", torch.float32, 1e-5, None, marks=pytest.mark.gpu),
+    *(pytest.param("cuda", torch.float16, 4e-3, at, marks=pytest.mark.gpu) for at in (0, pt.BIAS_IN_GEMM))])
+def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, no_tf32, monkeypatch):
     """Inference calls keep each parameter's detached view (or, where it is not 64-byte aligned, a
-    copy) between calls: they must see in-place updates, replaced parameters and replaced storage."""
-    ref = _reference("gru", input_size=6, hidden_size=8).to(device)
-    flat = torch.zeros(3 * 8 + 1, device=device)  # a bias one float into a buffer, as cuDNN's flat weights give
-    flat[1:] = ref.bias_hh_l0.detach()
+    copy) between calls, and a half module on the GPU its ``[W_ih | b_ih]`` GEMM operand (made from the
+    smallest projection when ``bias_in_gemm`` is 0): they must see in-place updates, replaced parameters
+    and replaced storage."""
+    if bias_in_gemm is not None:
+        monkeypatch.setattr(pt, "BIAS_IN_GEMM", bias_in_gemm)
+    ref = _reference("gru", input_size=6, hidden_size=8).to(device, dtype)
+    flat = torch.zeros(3 * 8 + 1, device=device, dtype=dtype)  # a bias one element into a buffer, as cuDNN's
+    flat[1:] = ref.bias_hh_l0.detach()                         # flat weights give
     ref.bias_hh_l0 = torch.nn.Parameter(flat[1:])
     fast = pt.from_torch(ref)
-    x = torch.randn(5, 2, 6, device=device)
+    x = torch.randn(5, 2, 6, device=device, dtype=dtype)
 
     def check(what):
         with torch.no_grad():
             got, want = fast(x)[0], ref(x)[0]
-        assert torch.allclose(got, want, atol=1e-5), f"{what}: {(got - want).abs().max().item()}"
+        assert (got - want).abs().max().item() <= bound, f"{what}: {(got - want).abs().max().item()}"
 
     check("first call")
     with torch.no_grad():
         ref.weight_hh_l0.mul_(0.5)  # aligned: the kept view sees it
         ref.bias_hh_l0.add_(0.25)  # unaligned: the kept copy is stale, its version counter says so
+        ref.weight_ih_l0.mul_(-1.5)  # the projection's operands
+        ref.bias_ih_l0.add_(0.5)
     check("in-place updates")
     fast.weight_hh_l0 = ref.weight_hh_l0 = torch.nn.Parameter(torch.randn_like(ref.weight_hh_l0))
     check("a replaced parameter")
     ref.weight_ih_l0.data = torch.randn_like(ref.weight_ih_l0)  # the same Parameter, new storage
     check("replaced storage")
+    fast.bias_ih_l0 = ref.bias_ih_l0 = torch.nn.Parameter(torch.randn_like(ref.bias_ih_l0))
+    check("a replaced bias")
 
 
 def test_a_compiled_module_copies_and_pickles():
