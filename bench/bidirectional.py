@@ -1,12 +1,12 @@
-"""Bidirectional layers on the GPU: the two directions of each layer side by side (two streams, the
-default) against one after the other, and against cuDNN, through the public calls (fp32, TF32 off).
+"""Bidirectional layers on the GPU through the public calls (TF32 off): a layer's two directions in one
+launch (what a module runs where both fit on chip together), against a launch per direction (side by side on
+two streams where the GPU holds both grids, else one after the other), and against cuDNN.
 
     python bench/bidirectional.py [--seq 256 --repeats 7 --number 5]
 
-Each direction is its own persistent kernel; side by side they overlap where the GPU holds both grids
-at once (*grids that fit* at least 2), and only there does a module run them so (else the second would
-wait for SMs: both columns then time one after the other). Every figure is the median of CUDA-event
-runs in one process (``prnn_tvm.bench.baselines.cuda_event_times``).
+One launch: ``compile_cell(..., bidirectional=True)``, each direction on CTAs of its own in one grid, one
+projection GEMM for both. A launch per direction: ``module.one_launch_directions = False``. Every figure is
+the median of CUDA-event runs in one process (``prnn_tvm.bench.baselines.cuda_event_times``).
 """
 
 import torch
@@ -14,37 +14,43 @@ import torch
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
 
-SHAPES = [("LSTM", 256, 1, 1), ("LSTM", 512, 4, 1), ("GRU", 512, 4, 1), ("LSTM", 512, 8, 2), ("LSTM", 1024, 4, 1)]
+SHAPES = [("LSTM", 256, 1, 1, torch.float32), ("LSTM", 512, 4, 1, torch.float32), ("GRU", 512, 4, 1, torch.float32),
+          ("LSTM", 512, 8, 2, torch.float32), ("LSTM", 1024, 4, 1, torch.float32),
+          ("LSTM", 512, 8, 1, torch.float16), ("LSTM", 1024, 16, 1, torch.float16),
+          ("GRU", 1024, 4, 1, torch.float16), ("LSTM", 512, 8, 2, torch.float16)]
 
 args = baselines.script_arguments(number=5)
 T = args.seq
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-print(f"# bidirectional layers, T={T}, fp32, {torch.cuda.get_device_name()} ({sms} SMs), ms per call, median\n")
-print("| module | CTAs per direction | grids that fit | side by side | one after the other | gain | cuDNN | "
-      "cuDNN / ours |")
-print("|---|---|---|---|---|---|---|---|")
+print(f"# bidirectional layers, T={T}, {torch.cuda.get_device_name()} ({sms} SMs), ms per call, median\n")
+print("| module | one launch (CTAs) | a launch per direction (CTAs each, grids that fit) | one launch's gain | "
+      "cuDNN | cuDNN / ours |")
+print("|---|---|---|---|---|---|")
 
 
 def ms(fn) -> float:
     return baselines.cuda_event_times(fn, args.repeats, args.number)[0] * 1e3
 
 
-def row(kind: str, H: int, B: int, layers: int) -> str:
-    ref = getattr(torch.nn, kind)(H, H, num_layers=layers, bidirectional=True).cuda().eval()
+def row(kind: str, H: int, B: int, layers: int, dtype: torch.dtype) -> str:
+    ref = getattr(torch.nn, kind)(H, H, num_layers=layers, bidirectional=True).cuda().to(dtype).eval()
     fast = pt.from_torch(ref)
-    x = torch.randn(T, B, H, device="cuda")
-    times = {}
+    x = torch.randn(T, B, H, device="cuda", dtype=dtype)
     with torch.no_grad():
-        for concurrent in (True, False):
-            fast.concurrent_directions = concurrent
-            times[concurrent] = ms(lambda: fast(x))
+        times = {}
+        for one in (False, True):  # the module's default last: the error below is of what it runs
+            fast.one_launch_directions = one
+            times[one] = ms(lambda: fast(x))
         cudnn = ms(lambda: ref(x))
         error = (fast(x)[0] - ref(x)[0]).abs().max().item()
     fast.check()
-    layer = fast.layer_for(B, x.device)
-    return (f"| {kind} {layers}x H={H} B={B} | {layer.report.ctas} | {layer.grids_that_fit()} | {times[True]:.3f} | "
-            f"{times[False]:.3f} | "
-            f"{times[False] / times[True]:.2f}x | {cudnn:.3f} | {cudnn / times[True]:.2f}x (max diff {error:.1e}) |")
+    both = fast.directions_for(B, x.device, dtype, H)
+    apart = fast.layer_for(B, x.device, dtype, H)
+    one = f"{times[True]:.3f} ({both.report.ctas})" if both is not None else "does not fit"
+    gain = f"{times[False] / times[True]:.2f}x" if both is not None else "-"
+    name = f"{kind} {layers}x H={H} B={B} {str(dtype).split('.')[-1]}"
+    return (f"| {name} | {one} | {times[False]:.3f} ({apart.report.ctas}, {apart.grids_that_fit()}) | {gain} | "
+            f"{cudnn:.3f} | {cudnn / times[True]:.2f}x (max diff {error:.1e}) |")
 
 
 for shape in SHAPES:

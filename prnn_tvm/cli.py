@@ -123,11 +123,18 @@ def _add_layers(parser) -> None:
     parser.add_argument("--layers", type=_positive, default=1,
                         help="stacked layers of the cell in one launch, run as a wavefront (default 1); the same as "
                         "naming the cell <cell>_x<layers>")
+    parser.add_argument("--bidirectional", action="store_true",
+                        help="both directions of the cell in one launch, as torch.nn's bidirectional=True; the "
+                        "same as naming the cell <cell>_bi")
 
 
 def _spec(args) -> str:
-    """The cell as ``resolve`` takes it: ``--layers N`` makes ``<cell>_xN``."""
-    return args.cell if args.layers == 1 else f"{args.cell}_x{args.layers}"
+    """The cell as ``resolve`` takes it: ``--layers N`` makes ``<cell>_xN``, ``--bidirectional`` ``<cell>_bi``."""
+    if args.bidirectional and args.layers > 1:
+        raise ConfigError("--bidirectional takes one layer: a layer above reads the whole of both directions, so "
+                          "a bidirectional stack is no wavefront")
+    spec = args.cell if args.layers == 1 else f"{args.cell}_x{args.layers}"
+    return f"{spec}_bi" if args.bidirectional else spec
 
 
 def cmd_compile(args) -> int:
@@ -147,9 +154,8 @@ def cmd_compile(args) -> int:
               f"{res.tolerance:.1e}): {'ok' if res.ok else 'FAILED'} [{res.seconds:.2f} s]")
         ok &= res.ok
         try:
-            if cpu.plan.lag:
-                raise CellError("a wavefront stack trains its layers one by one (compile the cell alone to check "
-                                "them)")
+            if cpu.plan.untrainable:
+                raise CellError(cpu.plan.untrainable)
             res = check_gradients(args.cell)
         except CellError as err:  # a cell fit for inference whose math has no derivative rule: no training
             print(f"grad check  not derivable: {err}")

@@ -16,6 +16,7 @@ from .dtypes import policy
 from .errors import ConfigError, InputError
 from .frontend.analysis import analyze
 from .frontend.cell import Cell
+from .frontend.directions import bidirectional as both_directions
 from .frontend.plan import CellPlan
 from .frontend.registry import resolve
 from .frontend.stack import stacked
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 
 def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int | None = None,
                  seq_len: int | None = None, dtype: str = "float32", target: str = "cuda",
-                 arch: str | None = None, config=None, tuning_logs=None, layers: int = 1) -> Layer:
+                 arch: str | None = None, config=None, tuning_logs=None, layers: int = 1,
+                 bidirectional: bool = False) -> Layer:
     """Compile a recurrent cell into a layer: input projection + recurrent kernel.
 
     Parameters
@@ -66,10 +68,21 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         layer ``l`` computes step ``t`` while layer ``l + 1`` computes step ``t - 1``, one barrier per
         wavefront step. The layer's output is the last layer's; ``x`` and ``W_ih`` are layer 0's, and
         every later layer's input weights and biases are arguments ``l<l>_W_ih``, ``l<l>_b_ih``.
+    bidirectional : bool
+        Both directions of the cell in one launch (``prnn_tvm.frontend.directions``), as ``torch.nn``'s
+        ``bidirectional=True``: the reverse direction reads each row from its last step back, the output
+        is ``2 * hidden`` wide (forward, reverse). ``W_ih`` and ``b_ih`` are both directions' stacked
+        (forward rows first); the cell's own arguments are named per direction, ``fwd_W_hh``,
+        ``rev_h0``. Not with ``layers > 1`` (a layer above reads the whole of both directions).
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
     cell = stacked(resolve(cell), layers)
+    if bidirectional:
+        if layers > 1:
+            raise ConfigError("a bidirectional stack cannot run as one wavefront (layer l + 1 reads the whole of "
+                              "both directions of layer l): compile each layer with bidirectional=True")
+        cell = both_directions(cell)
     hidden, batch, input_size, seq_len = (_positive(name, value) for name, value in (
         ("hidden", hidden), ("batch", batch), ("input_size", input_size), ("seq_len", seq_len)))
     input_size = input_size or hidden

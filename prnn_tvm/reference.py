@@ -18,7 +18,6 @@ from .codegen.kernel import layer_signature
 from .errors import CellError
 from .frontend.derivative import step_adjoints
 from .frontend.plan import CellPlan, Leaf
-from .frontend.stack import no_backward
 from .frontend.texpr import evaluate
 from .signature import ArgRole
 
@@ -61,12 +60,21 @@ def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.n
     xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]
     params = {s.name: f64[s.name] for s in (*plan.weights, *plan.params)}
     state = {s.name: f64[f"{s.name}0"] for s in plan.states}
-    out = np.empty((xp.shape[0], plan.batch, plan.hidden))
+    H, rows = plan.hidden, np.arange(plan.batch)
+    out = np.empty((xp.shape[0], plan.batch, len(plan.outputs) * H))
+    backwards = _backwards(inputs, xp.shape[0], plan.batch)
     for t, running, written in _steps(plan, inputs, xp.shape[0]):
-        new = _checked(plan, plan.cell.reference(xp[min(t, len(xp) - 1)], state, params))
+        x = xp[min(t, len(xp) - 1)].copy()
+        for s in plan.reversed_slices:  # a reversed slice reads each row's step n - 1 - t
+            x[:, s * H:(s + 1) * H] = xp[backwards[t], rows, s * H:(s + 1) * H]
+        new = _checked(plan, plan.cell.reference(x, state, params))
         state = {name: np.where(running[name], value, state[name]) for name, value in new.items()}
-        if written is not None:
-            out[written] = np.where(running[plan.output], state[plan.output], 0.0)
+        for k, name in enumerate(plan.outputs):
+            value = np.where(running[name], state[name], 0.0)
+            if name in plan.reversed_states:
+                out[backwards[t], rows, k * H:(k + 1) * H] = value
+            elif written is not None:
+                out[written, :, k * H:(k + 1) * H] = value
     return out, state
 
 
@@ -106,6 +114,14 @@ def _row_lengths(inputs: dict, seq_len: int, batch: int) -> np.ndarray:
     return (np.full(batch, seq_len) if lengths is None else np.asarray(lengths).reshape(batch))[:, None]
 
 
+def _backwards(inputs: dict, seq_len: int, batch: int) -> np.ndarray:
+    """(T, batch): the step a reversed state's step t takes in each row, n - 1 - t while the row runs (n its
+    length), then t."""
+    lengths = np.minimum(_row_lengths(inputs, seq_len, batch)[:, 0], seq_len)
+    t = np.arange(seq_len)[:, None]
+    return np.where(t < lengths, lengths - 1 - t, t)
+
+
 def _running(inputs: dict, seq_len: int, batch: int) -> list[np.ndarray]:
     """Per step, which rows still run: (batch, 1) booleans."""
     lengths = _row_lengths(inputs, seq_len, batch)
@@ -120,7 +136,7 @@ def _steps(plan: CellPlan, inputs: dict, seq_len: int):
     state's, ``d`` steps late."""
     lengths = _row_lengths(inputs, seq_len, plan.batch)
     delays = plan.delays
-    out_delay = delays[plan.output]
+    out_delay = max(delays[name] for name in plan.outputs)  # one output state but in a bidirectional layer's
     for t in range(seq_len + plan.lag):
         running = {name: (t >= d) & (t < lengths + d) for name, d in delays.items()}
         yield t, running, (t - out_delay if out_delay <= t < seq_len + out_delay else None)
@@ -145,8 +161,8 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
     """The layer in float64 from the plan's stages: (output sequence, final states, each step's leaf
     values as {Leaf: (batch, hidden) array}; products' leaves included). Per-row lengths as in
     :func:`reference_layer`."""
-    if plan.lag:
-        raise CellError(no_backward(plan.cell.name))
+    if plan.untrainable:
+        raise CellError(plan.untrainable)
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     H = plan.hidden
     xp = f64["x"] @ f64["W_ih"].T + f64["b_ih"]

@@ -144,7 +144,9 @@ class Launch:
 
 @dataclass(frozen=True)
 class Signature:
-    """A layer: its launches in order, and the inputs and outputs derived from them."""
+    """A layer: its launches in order, and the inputs and outputs derived from them. ``whole_sequence``:
+    its kernel reads the sequence from both ends (a bidirectional layer), so a sequence past
+    ``MAX_ELEMENTS`` cannot run in consecutive chunks."""
 
     cell: str
     batch: int
@@ -152,6 +154,7 @@ class Signature:
     input_size: int
     dtype: str
     launches: tuple
+    whole_sequence: bool = False
 
     @cached_property  # a frozen instance: derived once (cached_property writes its __dict__ directly)
     def inputs(self) -> tuple:
@@ -199,13 +202,14 @@ class Signature:
         return replace(self, launches=launches)
 
     def as_dict(self) -> dict:
-        return {"cell": self.cell, "batch": self.batch, "hidden": self.hidden, "input_size": self.input_size,
-                "dtype": self.dtype, "launches": [x.as_dict() for x in self.launches]}
+        found = {"cell": self.cell, "batch": self.batch, "hidden": self.hidden, "input_size": self.input_size,
+                 "dtype": self.dtype, "launches": [x.as_dict() for x in self.launches]}
+        return {**found, "whole_sequence": True} if self.whole_sequence else found
 
     @classmethod
     def from_dict(cls, d: dict) -> Signature:
         return cls(d["cell"], d["batch"], d["hidden"], d["input_size"], d["dtype"],
-                   tuple(Launch.from_dict(x) for x in d["launches"]))
+                   tuple(Launch.from_dict(x) for x in d["launches"]), bool(d.get("whole_sequence")))
 
 
 # ------------------------------------------------------------------ the launches of a layer
@@ -229,14 +233,14 @@ SYNC_SCALARS = {"timeout_us": "int32", "stall_step": "int32", "error_host": "int
 
 def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
                    workspace: tuple | None = None, workspace_dtype: str | None = None,
-                   sync_words: int | None = None, xp_dtype: str | None = None) -> tuple:
+                   sync_words: int | None = None, xp_dtype: str | None = None, outputs: int = 1) -> tuple:
     """The recurrent kernel's arguments, in kernel order.
 
     ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
     declaration order); each initial state ``<s>0`` (B, H); ``lengths`` (B,) int32, the steps
     of each batch row (a row's states stop changing after its length and its outputs are zero
-    there); ``out`` (T, B, H); each final state ``<s>_n``; then ``workspace`` and the barrier's
-    ``sync`` and scalars
+    there); ``out`` (T, B, outputs x H: the output states side by side); each final state
+    ``<s>_n``; then ``workspace`` and the barrier's ``sync`` and scalars
     (:data:`SYNC_SCALARS`) when the kernel takes them. Everything is ``dtype`` but ``xp``
     (``xp_dtype``, by default ``dtype``) and the workspace (``workspace_dtype``).
     """
@@ -246,7 +250,7 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
     args += [Arg(n, ArgRole.PARAM, tuple(s), dtype) for n, s in params.items()]
     args += [Arg(f"{s}0", ArgRole.STATE, (B, H), dtype) for s in states]
     args += [Arg("lengths", ArgRole.LENGTHS, (B,), "int32")]
-    args += [Arg("out", ArgRole.OUTPUT, (SEQ, B, H), dtype)]
+    args += [Arg("out", ArgRole.OUTPUT, (SEQ, B, outputs * H), dtype)]
     args += [Arg(f"{s}_n", ArgRole.FINAL, (B, H), dtype) for s in states]
     if workspace is not None:
         args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), workspace_dtype or dtype))

@@ -18,8 +18,10 @@ one-directional stack (``num_layers``) runs, in an inference call, as one persis
 its layers' weights fit on chip together (the CPU build: always): a wavefront in which layer ``l`` computes
 step ``t`` while layer ``l + 1`` computes step ``t - 1`` (:mod:`prnn_tvm.frontend.stack`;
 :attr:`stack_notes` says, per compiled shape, whether it does and why not). Otherwise a stack runs
-one layer after another, the reverse direction (``bidirectional``) on the time-reversed sequence,
-outputs concatenated as PyTorch does; an inference call on the GPU runs a layer's two directions
+one layer after another, outputs concatenated as PyTorch does. An inference call runs a
+bidirectional layer's two directions as one launch where their weights fit on chip together
+(:mod:`prnn_tvm.frontend.directions`; :attr:`direction_notes` says which, and why); otherwise,
+and in training, a launch per direction, the reverse one on the time-reversed sequence, on the GPU
 side by side (the reverse one on a stream of the module's, forked from and joined back to the
 caller's) where the GPU holds both grids at once, else one after the other. A
 ``PackedSequence`` runs as its padded batch with per-row lengths (rows stop at their length, the
@@ -45,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import weakref
 
 import torch  # PyTorch itself: absolute import
 import tvm_ffi
@@ -53,6 +56,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from prnn_tvm.compiler import compile_backward, compile_cell, compile_training
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
 from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.directions import split_direction_name
 from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.frontend.stack import split_layer_name
 from prnn_tvm.runtime.binding import ALIGNMENT, MAX_ELEMENTS, chunk_length
@@ -91,6 +95,10 @@ class _Recurrent(torch.nn.Module):
         # a bidirectional inference call on the GPU runs the reverse direction on a stream of its own, beside
         # the forward one, where both grids fit on the GPU together (False: always one after the other)
         self.concurrent_directions = True
+        # a bidirectional inference call runs a layer's two directions as one launch where both fit on chip
+        # together (False: a launch per direction); direction_notes says per compiled shape which and why
+        self.one_launch_directions = True
+        self.direction_notes: dict = {}
         # a one-directional stack's inference call runs as one wavefront launch where it fits (False:
         # always layer by layer); stack_notes says per (batch, device, dtype) which runs and why
         self.wavefront = True
@@ -120,10 +128,11 @@ class _Recurrent(torch.nn.Module):
         self._aligned_copies: dict = {}
         self._constants: dict = {}
         self._biased_weights: dict = {}
+        self._joined: dict = {}
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     _COMPILED = ("_layers", "_launchers", "_arguments", "_side_streams", "_aligned_copies", "_constants",
-                 "_biased_weights", "_captured", "stack_notes")
+                 "_biased_weights", "_joined", "_captured", "stack_notes", "direction_notes")
 
     def __getstate__(self) -> dict:
         """Copies and pickles (``copy.deepcopy``, ``torch.save``) keep the parameters and options but
@@ -183,28 +192,46 @@ class _Recurrent(torch.nn.Module):
         if not (self.wavefront and self.num_layers > 1 and not self.bidirectional):
             return None
         dtype = self.dtype if dtype is None else dtype
-        key = (batch, device.type, device.index, dtype, "stack")
+        return self._one_launch((batch, device.type, device.index, dtype, "stack"), self.stack_notes,
+                                (batch, str(device), dtype), batch, device, dtype, self.input_size,
+                                "one wavefront launch", "layer by layer", layers=self.num_layers)
+
+    def directions_for(self, batch: int, device: torch.device, dtype: torch.dtype, input_size: int):
+        """A bidirectional layer's two directions compiled as one launch (``compile_cell(...,
+        bidirectional=True)``: each direction on CTAs of its own) for ``batch`` on ``device`` taking
+        ``input_size`` features, or None where a call runs a launch per direction: a one-directional
+        module, :attr:`one_launch_directions` off, or (CUDA) weights that do not fit on chip together.
+        Compiled on first use, then kept; ``direction_notes[(batch, device, dtype, input_size)]`` says
+        which, and why."""
+        if not (self.bidirectional and self.one_launch_directions):
+            return None
+        return self._one_launch((batch, device.type, device.index, dtype, input_size, "bidirectional"),
+                                self.direction_notes, (batch, str(device), dtype, input_size), batch, device, dtype,
+                                input_size, "one launch", "a launch per direction", bidirectional=True)
+
+    def _one_launch(self, key: tuple, notes: dict, notes_key: tuple, batch: int, device: torch.device,
+                    dtype: torch.dtype, input_size: int, done: str, otherwise: str, **options):
+        """The module's cell compiled with ``options`` (``layers``, ``bidirectional``) for ``batch`` on ``device``
+        once, then kept as ``_layers[key]``; None where it does not fit. ``notes[notes_key]`` says which:
+        ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal (not tried again)."""
         if key in self._layers:
             return self._layers[key]
-        notes_key = (batch, str(device), dtype)
-        if notes_key in self.stack_notes:  # tried: it does not fit
+        if notes_key in notes:  # tried: it does not fit
             return None
         cuda = device.type == "cuda"
         try:
-            stack = compile_cell(self.cell, self.hidden_size, batch, input_size=self.input_size, dtype=DTYPES[dtype],
-                                 target="cuda" if cuda else "llvm", arch=self.arch if cuda else None,
-                                 layers=self.num_layers)
+            layer = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size, dtype=DTYPES[dtype],
+                                 target="cuda" if cuda else "llvm", arch=self.arch if cuda else None, **options)
         except ConfigError as err:
-            self.stack_notes[notes_key] = f"layer by layer: {err}"
-            log.info("%s: %d layers of hidden %d at batch %d run layer by layer: %s", type(self).__name__,
-                     self.num_layers, self.hidden_size, batch, err)
+            notes[notes_key] = f"{otherwise}: {err}"
+            log.info("%s of hidden %d at batch %d: %s", type(self).__name__, self.hidden_size, batch, notes[notes_key])
             return None
-        rep = stack.report
-        self.stack_notes[notes_key] = "one wavefront launch" + (
+        rep = layer.report
+        notes[notes_key] = done + (
             f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, {rep.spill_store_bytes} B spills"
             if cuda else " (the CPU build)")
-        self._layers[key] = stack
-        return stack
+        self._layers[key] = layer
+        return layer
 
     def check(self) -> None:
         """Wait for this module's kernels and raise :class:`~prnn_tvm.errors.BarrierTimeout` if one timed
@@ -243,17 +270,38 @@ class _Recurrent(torch.nn.Module):
                 self._constants[key] = constant
         return constant
 
+    def _joined_parameters(self, names: tuple) -> torch.Tensor:
+        """Parameters ``names`` stacked along their first dimension (both directions' ``W_ih``, for one GEMM):
+        made once per weight update (kept while the parameters and their version counters stay the same;
+        as :meth:`_constant`, not kept when first made while a CUDA graph is being captured)."""
+        parts = [self._aligned(name) for name in names]
+        versions = tuple((p.data_ptr(), p._version) for p in parts)
+        cached = self._joined.get(names)
+        if cached is not None and cached[0] == versions and all(a is b for a, b in zip(cached[1], parts)):
+            return cached[2]
+        joined = torch.cat(parts)
+        if joined.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            self._joined[names] = (versions, parts, joined)
+        return joined
+
     def _biased_weight(self, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
         """``[W_ih | b_ih | 0]`` for a half projection on the GPU (``_projection``): made once per weight update
-        (kept while the same two tensors, :meth:`_aligned` ones, keep their version counters; as
-        :meth:`_constant`, not kept when first made while a CUDA graph is being captured)."""
+        (kept while the same two tensors, :meth:`_aligned` or :meth:`_joined_parameters` ones, keep their
+        version counters, and dropped when either tensor is: a replaced parameter or a remade joined one
+        leaves nothing behind; as :meth:`_constant`, not kept when first made while a CUDA graph is being
+        captured)."""
         key, versions = (id(W_ih), id(b_ih)), (W_ih._version, b_ih._version)
-        cached = self._biased_weights.get(key)  # holds the tensors: their ids stay theirs while it is kept
-        if cached is not None and cached[0] is W_ih and cached[1] is b_ih and cached[2] == versions:
+        cached = self._biased_weights.get(key)
+        if cached is not None and cached[0]() is W_ih and cached[1]() is b_ih and cached[2] == versions:
             return cached[3]
         W = _biased(W_ih, b_ih)
         if not torch.cuda.is_current_stream_capturing():
-            self._biased_weights[key] = (W_ih, b_ih, versions, W)
+            cache = self._biased_weights  # not self: the callbacks keep no module alive
+
+            def forget(_, key=key, cache=cache):  # the ids die with the tensors: so does their entry
+                cache.pop(key, None)
+
+            self._biased_weights[key] = (weakref.ref(W_ih, forget), weakref.ref(b_ih, forget), versions, W)
         return W
 
     def forward(self, input, hx=None):
@@ -315,6 +363,15 @@ class _Recurrent(torch.nn.Module):
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
+            both = None if grad else self.directions_for(B, x.device, x.dtype, out.shape[2])
+            if both is not None:  # the layer's directions in one launch: its output in torch's order
+                pairs = [t[layer * directions + direction] for direction in range(directions) for t in initial]
+                out, ends = self._run(both, self._launch_arguments(both, out, _suffix(layer, 0), pairs, lengths))
+                for i, end in enumerate(ends):  # direction-major, the cell's states in order within one
+                    finals[i % states][layer * directions + i // states] = end
+                if self.training and self.dropout and layer < self.num_layers - 1:
+                    out = torch.nn.functional.dropout(out, self.dropout, training=True)
+                continue
             # every direction's inputs are made ready on the caller's stream (aligned copies, constants), then
             # the directions run: one after the other, or side by side (joined before the next layer)
             ready = [self._inputs(out if direction == 0 else backwards(out), _suffix(layer, direction),
@@ -364,18 +421,21 @@ class _Recurrent(torch.nn.Module):
                           lengths: torch.Tensor | None = None, grad: bool = False) -> list:
         """``layer``'s arguments in its signature's order (``x``, weights, params, initial states, lengths), made
         ready on the current stream (aligned copies, constants). ``suffix``: the layer and direction of the
-        parameters (None: ``layer`` is a wavefront stack of every layer, :meth:`stack_for`); ``initial``: the
-        initial states in the launch's order (a stack's layer-major), or [] for zeros; ``lengths``: each row's
-        steps (int32 on ``x``'s device), or None for all; ``grad``: differentiable."""
+        parameters (None: ``layer`` is a wavefront stack of every layer, :meth:`stack_for`; for both directions
+        in one launch, :meth:`directions_for`, the forward one's); ``initial``: the initial states in the
+        launch's order (a stack's layer-major, both directions' direction-major), or [] for zeros;
+        ``lengths``: each row's steps (int32 on ``x``'s device), or None for all; ``grad``: differentiable."""
         B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
 
         def param(name, shape):  # tracked by autograd when differentiable, else detached (and aligned) once
             if name is None:  # an absent bias
                 return self._constant(shape, device, dtype)
+            if isinstance(name, tuple):  # both directions' input projections, stacked
+                return self._joined_parameters(name)
             return self._parameters[name] if grad else self._aligned(name)
 
         weights = [param(*a) for a in self._parameter_arguments(layer, suffix)]
-        zeros = len(self._states) * (self.num_layers if suffix is None else 1)
+        zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
         states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * zeros
         if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
             lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
@@ -406,10 +466,19 @@ class _Recurrent(torch.nn.Module):
         key = (id(layer), suffix)
         if key not in self._arguments:
             found = []
+            both = bool(layer.plan.reversed_states)  # both directions in one launch: names fwd_W_hh, rev_W_hh
             for a in layer.signature.inputs:
                 if a.role not in (ArgRole.WEIGHT, ArgRole.PARAM):
                     continue
-                if suffix is not None:
+                if both and a.name in ("W_ih", "b_ih"):  # stacked: the forward direction's rows first
+                    found.append((None if not self.bias and a.name in _BIASES else
+                                  tuple(self._names[a.name] + suffix + own for own in ("", "_reverse")),
+                                  a.concrete_shape(1)))
+                    continue
+                if both:
+                    direction, base = split_direction_name(a.name)
+                    own = suffix + ("_reverse" if direction else "")
+                elif suffix is not None:
                     base, own = a.name, suffix
                 elif a.name in ("W_ih", "b_ih"):  # a stack's layer 0 projection
                     base, own = a.name, _suffix(0, 0)

@@ -12,7 +12,6 @@ import dataclasses
 from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.frontend.stack import no_backward
 
 from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma
 from .template import Template, as_config, knob_text, short_names
@@ -40,8 +39,8 @@ def backward_for(plan, target):
     if target.kind.name != "llvm":
         raise ConfigError(f"this is the CPU build's backward (target 'llvm'), not {target.kind.name}'s: a CUDA "
                           "layer trains through prnn_tvm.compiler.compile_training (prnn_tvm.torch does)")
-    if plan.lag:
-        raise ConfigError(no_backward(plan.cell.name))
+    if plan.untrainable:
+        raise ConfigError(plan.untrainable)
     return cpu_backward.backward_kernel(plan)
 
 

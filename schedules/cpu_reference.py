@@ -12,11 +12,10 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.kernel import Kernel, StepTiming, declare_args, input_step, recurrent_launch
+from prnn_tvm.codegen.kernel import Kernel, StepTiming, declare_args, recurrent_launch
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.frontend.stack import no_backward
 
 NO_KNOBS = "the CPU reference template has no config; pass config only for target 'cuda'"
 
@@ -69,8 +68,8 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
     inside a ``T.prim_func()`` frame. ``save(t, cur, acc, kept, live)``, when given, is called at the end
     of every step, before the new states replace ``cur`` (the states the step started from): what a
     backward kernel recomputes the step's leaves from. ``a.out`` None: no output sequence is written."""
-    if save is not None and plan.lag:
-        raise ConfigError(no_backward(plan.cell.name))
+    if save is not None and plan.untrainable:
+        raise ConfigError(plan.untrainable)
     B, H = plan.batch, plan.hidden
     dt = plan.policy.compute  # the loop nest keeps every intermediate in the compute type
     storage = plan.dtype
@@ -85,26 +84,27 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
         for name in states:
             T.buffer_store(cur, widen(a.init[name][b, u], dt), [si[name], b, u])
     with T.serial(0, a.seq_len + plan.lag) as t:
-        x_step = input_step(plan, a, t)
+        def timing(b):
+            return StepTiming(plan, a, t, a.lengths[b] if a.lengths is not None else None)
         for phase in range(plan.phases):
             for r in (r for r in plan.reductions if r.phase == phase):
                 _product(r, a, acc[r.name], cur, si, kept, live, H)
             with T.parallel(0, B) as b, T.serial(0, H) as u:
-                for leaf, value in emit_phase(plan, phase, _loader(a, x_step, b, u, cur, si, acc, kept, live, H),
+                for leaf, value in emit_phase(plan, phase, _loader(a, timing(b), b, u, cur, si, acc, kept, live, H),
                                               bind_value).items():
                     T.buffer_store(kept, value, [live[leaf], b, u])
         with T.parallel(0, B) as b, T.serial(0, H) as u:
-            load = _loader(a, x_step, b, u, cur, si, acc, kept, live, H)
+            row = timing(b)
+            load = _loader(a, row, b, u, cur, si, acc, kept, live, H)
             new = new_state_values(plan, load)
-            timing = StepTiming(plan, a, t, a.lengths[b] if a.lengths is not None else None)
             for name in states:  # exchanged states round to storage each step, as on the GPU
                 value = new[name] if name in plan.private_states else rounded(new[name], storage)
-                running = timing.running(name)  # a row past its length (or a stack's layer not yet started) keeps still
+                running = row.running(name)  # a row past its length (or a stack's layer not yet started) keeps still
                 if running is not None:
                     value = T.if_then_else(running, value, cur[si[name], b, u])
                 T.buffer_store(nxt, value, [si[name], b, u])
             if a.out is not None:
-                timing.write_output(a.out, as_type(new[plan.output], storage), b, u)
+                row.write_outputs(a.out, {name: as_type(new[name], storage) for name in plan.outputs}, b, u)
         if save is not None:
             save(t, cur, acc, kept, live)
         with T.grid(len(states), B, H) as (s, b, u):
@@ -129,12 +129,13 @@ def _product(r, a, acc, cur, si, kept, live, H):
             T.buffer_store(acc, acc[b, j] + operand(b, k) * widen(w[j, k], dt), [b, j])
 
 
-def _loader(a, t, b, u, cur, si, acc, kept, live, H):
-    """Where each leaf of unit ``u`` of row ``b`` lives; ``t`` is the step of the input projection it reads."""
+def _loader(a, timing, b, u, cur, si, acc, kept, live, H):
+    """Where each leaf of unit ``u`` of row ``b`` lives; ``timing`` (the row's :class:`StepTiming`) says
+    which step of the input projection it reads."""
     def load(leaf: Leaf):
         col = leaf.slice * H + u
         if leaf.kind == "input":
-            return as_type(a.xp[t, b, col], cur.dtype)
+            return as_type(a.xp[timing.input_step(leaf.slice), b, col], cur.dtype)
         if leaf.kind == "state":
             return cur[si[leaf.name], b, u]
         if leaf.kind == "param":

@@ -47,7 +47,6 @@ from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.frontend.stack import no_backward
 from prnn_tvm.signature import Grid, GridSync, Launch, gpu_backward_args
 from prnn_tvm.target import GpuSpec
 
@@ -66,8 +65,8 @@ def refusal(plan: CellPlan) -> str | None:
     """Why this template cannot place the backward of ``plan``, or None."""
     if plan.dtype not in DTYPES:
         return f"the GPU backward places {', '.join(DTYPES)} layers, not {plan.dtype}"
-    if plan.lag:
-        return no_backward(plan.cell.name)
+    if plan.untrainable:
+        return plan.untrainable
     return None
 
 

@@ -41,7 +41,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import Kernel, StepTiming, input_step, persistent_frame, recurrent_launch
+from prnn_tvm.codegen.kernel import Kernel, StepTiming, persistent_frame, recurrent_launch
 from prnn_tvm.codegen.pointwise import (
     as_type,
     bind_value,
@@ -234,8 +234,9 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         for _ in self.each_part():
             for it, group, item in self.items():  # issued now, consumed after the products
                 with item as (b, unit, _ul):
+                    timing = self.timing(t, it)
                     for i, leaf in enumerate(self.slots[group].x):
-                        T.buffer_store(self.xreg, self.a.xp[input_step(p, self.a, t), b,
+                        T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b,
                                                             leaf.slice * self.H + unit], [it * self.width.x + i])
         for phase in range(p.phases):
             for _ in self.each_part():
@@ -267,9 +268,10 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             with T.Then():
                 for _it, group, item in self.items():
                     with item as (b, unit, _ul):
-                        if self.p.output in group.states:
-                            with T.serial(0, self.a.seq_len) as t:
-                                T.buffer_store(self.a.out, nan, [t, b, unit])
+                        for k, name in enumerate(self.p.outputs):
+                            if name in group.states:
+                                with T.serial(0, self.a.seq_len) as t:
+                                    T.buffer_store(self.a.out, nan, [t, b, k * self.H + unit])
                         for name, final in self.a.final.items():
                             if name in group.states:
                                 T.buffer_store(final, nan, [b, unit])
@@ -302,12 +304,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows."""
         return bind_value(fast_transcendentals(expr) if self.p.policy.fast_math else expr, name)
 
+    def timing(self, t, it) -> StepTiming:
+        """Step ``t``'s timing of item ``it``'s row (its length in a register, where the launch has lengths)."""
+        return StepTiming(self.p, self.a, t, None if self.a.lengths is None else self.lenreg[it])
+
     def write_states(self, t, it, group, b, unit, ul):
         """End of step: ``group``'s new states to the workspace or registers, the output (where the group
         makes it), the final states. A row past its length keeps its states and writes a zero output."""
         load = self.loader(t, it, group, b, unit, ul)
         priv = self.slots[group].priv
-        timing = StepTiming(self.p, self.a, t, None if self.a.lengths is None else self.lenreg[it])
+        timing = self.timing(t, it)
         new = {}
         for name, value in new_state_values(self.p, load, group.states).items():
             running = timing.running(name)
@@ -318,8 +324,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 T.buffer_store(self.sreg, value, [it * self.width.priv + priv[name]])
             else:
                 self.publish(name, t, b, unit, stored[name])
-        if self.p.output in stored:
-            timing.write_output(self.a.out, stored[self.p.output], b, unit)
+        timing.write_outputs(self.a.out, stored, b, unit)
         with T.If(t == self.steps - 1):
             with T.Then():
                 for name, value in stored.items():

@@ -50,7 +50,15 @@ def test_compile_a_stack_in_one_launch():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "cell        gru_x3 " in r.stdout and "0 B spill stores" in r.stdout
     assert "cpu check   max abs error" in r.stdout and ": ok" in r.stdout
-    assert "grad check  not derivable: a wavefront stack trains its layers one by one" in r.stdout
+    assert "grad check  not derivable: 'gru_x3' is a wavefront stack, which has no backward" in r.stdout
+
+
+def test_compile_both_directions_in_one_launch():
+    r = run("compile", "lstm", "--bidirectional", "--hidden", "8", "--batch", "2", "--seq", "5", "--arch", "sm_90")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cell        lstm_bi " in r.stdout and "0 B spill stores" in r.stdout
+    assert "cpu check   max abs error" in r.stdout and ": ok" in r.stdout
+    assert "grad check  not derivable: 'lstm_bi' runs both directions of a layer in one launch" in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -60,6 +68,8 @@ def test_compile_a_stack_in_one_launch():
     (["compile", "lstm", "--hidden", "8", "--batch", "-3"], "--batch: expected a positive integer, got -3"),
     (["compile", "lstm", "--hidden", "8", "--batch", "1", "--arch", "sm_99"], "unknown GPU architecture 'sm_99'"),
     (["compile", "lstm", "--batch", "1"], "required: --hidden"),
+    (["compile", "lstm", "--bidirectional", "--layers", "2", "--hidden", "8", "--batch", "1"],
+     "--bidirectional takes one layer"),
 ])
 def test_bad_arguments_exit_with_one_line(args, message):
     r = run(*args)

@@ -81,25 +81,28 @@ def test_graph_replays_of_two_modules_equal_eager_calls():
         assert torch.equal(replayed, fast(x))
 
 
-def test_a_bidirectional_call_runs_its_directions_side_by_side():
-    """An inference call runs each layer's reverse direction on a stream of its own (one per caller stream,
-    joined before the next layer): results equal torch.nn's, from another caller stream, and replayed from a
-    CUDA graph."""
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_a_bidirectional_call_from_another_stream_and_a_graph(one_launch):
+    """An inference call runs each layer's directions in one launch, or (``one_launch_directions`` off) the
+    reverse direction on a stream of its own (one per caller stream, joined before the next layer): results
+    equal torch.nn's, from another caller stream, and replayed from a CUDA graph."""
     torch.manual_seed(0)
     ref = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True).cuda().eval()
     fast = pt.from_torch(ref)
+    fast.one_launch_directions = one_launch
+    sides = 0 if one_launch else 1  # side streams per caller stream
     x = torch.randn(32, 4, 64, device="cuda")
     here = torch.cuda.current_stream()
     with torch.no_grad():
         (out, (h, c)), (want, (wh, wc)) = fast(x), ref(x)
         assert max((a - b).abs().max().item() for a, b in ((out, want), (h, wh), (c, wc))) <= tolerance("float32", 32)
-        assert len(fast._side_streams) == 1
+        assert len(fast._side_streams) == sides
         other = torch.cuda.Stream()
         other.wait_stream(here)
         with torch.cuda.stream(other):
             again = fast(x)[0]
         here.wait_stream(other)
-        assert len(fast._side_streams) == 2 and torch.equal(again, out)
+        assert len(fast._side_streams) == 2 * sides and torch.equal(again, out)
         graph, replayed = captured(lambda: fast(x)[0])
         for _ in range(100):
             replayed.zero_()

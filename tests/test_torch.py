@@ -120,11 +120,31 @@ def test_two_grids_fit_together_only_where_the_gpu_holds_both(hidden, batch, fit
     assert layer.grids_that_fit(gpu=gpu_spec("sm_90")) == fit, layer.signature.launch("recurrent").grid
 
 
-def test_a_stack_compiles_one_layer_per_input_width():
+@pytest.mark.parametrize("hidden, batch, dtype, fits", [(512, 4, torch.float32, True), (1024, 4, torch.float32, False),
+                                                        (1024, 16, torch.float16, True)])
+def test_both_directions_run_in_one_launch_where_they_fit_on_chip(hidden, batch, dtype, fits):
+    """Measured on the H100 (bench/results/bidirectional-h100.md): one launch of both directions is 0.94-1.73x
+    the two side by side or one after the other. Hidden 1024 float32: 32 MB of recurrent weights do not fit
+    in the registers together, and the note says so. No GPU needed (ptxas's figures)."""
+    module = pt.Recurrent("lstm", hidden, hidden, bidirectional=True, arch="sm_90", dtype=dtype)
+    cuda, key = torch.device("cuda"), (batch, "cuda", dtype, hidden)
+    both = module.directions_for(batch, cuda, dtype, hidden)
+    assert (both is not None) == fits, module.direction_notes[key]
+    note = module.direction_notes[key]
+    assert note.startswith("one launch: 128 CTAs") if fits else "no persistent config fits cell 'lstm_bi'" in note
+    assert module.directions_for(batch, cuda, dtype, hidden) is both  # compiled (or refused) once
+    module.one_launch_directions = False
+    assert module.directions_for(batch, cuda, dtype, hidden) is None
+
+
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_a_stack_compiles_one_layer_per_input_width(one_launch):
     fast = pt.from_torch(_reference("gru", input_size=10, hidden_size=8, num_layers=3, bidirectional=True))
+    fast.one_launch_directions = one_launch
     with torch.no_grad():
         fast(torch.randn(4, 2, 10))
-    assert sorted(key[-1] for key in fast._layers) == [10, 16]  # layer 0 reads x, the others both directions
+    assert sorted(key[4] for key in fast._layers) == [10, 16]  # layer 0 reads x, the others both directions
+    assert all((key[-1] == "bidirectional") == one_launch for key in fast._layers)
 
 
 def test_stacked_unbatched_input():
@@ -153,14 +173,15 @@ def test_unbatched_input_and_batch_cache():
 @pytest.mark.parametrize("device, dtype, bound, bias_in_gemm", [
     ("cpu", torch.float32, 1e-5, None), pytest.param("cuda", torch.float32, 1e-5, None, marks=pytest.mark.gpu),
     *(pytest.param("cuda", torch.float16, 4e-3, at, marks=pytest.mark.gpu) for at in (0, pt.BIAS_IN_GEMM))])
-def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, no_tf32, monkeypatch):
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, bidirectional, no_tf32, monkeypatch):
     """Inference calls keep each parameter's detached view (or, where it is not 64-byte aligned, a
-    copy) between calls, and a half module on the GPU its ``[W_ih | b_ih]`` GEMM operand (made from the
-    smallest projection when ``bias_in_gemm`` is 0): they must see in-place updates, replaced parameters
-    and replaced storage."""
+    copy) between calls, both directions' ``W_ih`` and ``b_ih`` joined (one launch), and a half module on
+    the GPU its ``[W_ih | b_ih]`` GEMM operand (made from the smallest projection when ``bias_in_gemm`` is
+    0): they must see in-place updates, replaced parameters and replaced storage."""
     if bias_in_gemm is not None:
         monkeypatch.setattr(pt, "BIAS_IN_GEMM", bias_in_gemm)
-    ref = _reference("gru", input_size=6, hidden_size=8).to(device, dtype)
+    ref = _reference("gru", input_size=6, hidden_size=8, bidirectional=bidirectional).to(device, dtype)
     flat = torch.zeros(3 * 8 + 1, device=device, dtype=dtype)  # a bias one element into a buffer, as cuDNN's
     flat[1:] = ref.bias_hh_l0.detach()                         # flat weights give
     ref.bias_hh_l0 = torch.nn.Parameter(flat[1:])
@@ -185,6 +206,27 @@ def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, no_t
     check("replaced storage")
     fast.bias_ih_l0 = ref.bias_ih_l0 = torch.nn.Parameter(torch.randn_like(ref.bias_ih_l0))
     check("a replaced bias")
+
+
+def test_the_biased_gemm_operand_is_kept_while_its_tensors_live(monkeypatch):
+    """``[W_ih | b_ih]`` (a half projection's GEMM operand) is made once per weight update and dropped with the
+    tensors it was made from: a bidirectional layer's joined ``W_ih`` is remade after every in-place update, so
+    keeping every operand would hold one more matrix per optimizer step. No GPU needed: the cache is host-side."""
+    import gc
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    module = pt.GRU(3, 4, bidirectional=True)
+    W = module._joined_parameters(("weight_ih_l0", "weight_ih_l0_reverse"))
+    b = module._joined_parameters(("bias_ih_l0", "bias_ih_l0_reverse"))
+    first = module._biased_weight(W, b)
+    assert module._biased_weight(W, b) is first and torch.equal(first[:, :3], W) and torch.equal(first[:, 3], b)
+    with torch.no_grad():
+        module.weight_ih_l0.mul_(2)
+    again = module._joined_parameters(("weight_ih_l0", "weight_ih_l0_reverse"))
+    assert again is not W and torch.equal(module._biased_weight(again, b)[:, :3], again)
+    del W, first
+    gc.collect()
+    assert len(module._biased_weights) == 1  # the operand of the joined W_ih remade above
 
 
 def test_a_compiled_module_copies_and_pickles():
@@ -318,14 +360,17 @@ def _parameters_of(module, layer_suffix: str) -> dict:
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("one_launch", [True, False])
 @pytest.mark.parametrize("cell", sorted(prnn_tvm.builtin_cells()))
-def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_reference(cell, device, no_tf32):
+def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_reference(cell, one_launch, device, no_tf32):
     """Stacking, both directions and variable lengths are options of any cell, not of three: two layers, both
-    directions, a packed batch in no order (a full-length row, a length-1 row), initial states given, against
-    the cell's own NumPy reference stacked the way torch.nn stacks (``prnn_tvm.reference.reference_stack``)."""
+    directions (each layer's in one launch, or a launch per direction), a packed batch in no order (a
+    full-length row, a length-1 row), initial states given, against the cell's own NumPy reference stacked
+    the way torch.nn stacks (``prnn_tvm.reference.reference_stack``)."""
     torch.manual_seed(5)
     T, B, n_in, H, layers = 7, 4, 5, 6, 2
     module = pt.Recurrent(cell, n_in, H, num_layers=layers, bidirectional=True).to(device)
+    module.one_launch_directions = one_launch
     plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), B, H)
     x = torch.randn(T, B, n_in)
     hx = tuple(0.5 * torch.randn(2 * layers, B, H) for _ in plan.states)
@@ -339,6 +384,8 @@ def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_referen
                    **{f"{s.name}0": h[2 * layer + d].numpy() for s, h in zip(plan.states, hx)}} for d in range(2)]
                  for layer in range(layers)]
     want, want_finals = reference_stack(plan, x.numpy(), arguments, lengths)
+    notes = module.direction_notes.values()  # one per input width (layer 0's, the later layers')
+    assert len(notes) == 2 * one_launch and all(note.startswith("one launch") for note in notes), notes
     assert out.shape == want.shape
     err = max(np.abs(out.numpy() - want).max(),
               *(np.abs(f.numpy() - want_finals[s.name]).max() for f, s in zip(finals, plan.states)))

@@ -54,7 +54,8 @@ def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_d
     args = recurrent_args(
         plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
         {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states), plan.dtype,
-        workspace, workspace_dtype, sync.state_words if sync is not None else None, plan.policy.accumulate)
+        workspace, workspace_dtype, sync.state_words if sync is not None else None, plan.policy.accumulate,
+        len(plan.outputs))
     return Launch("recurrent", args, grid, sync)
 
 
@@ -74,7 +75,7 @@ def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = 
     projection = projection_launch(plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype,
                                    plan.policy.accumulate)
     return Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype,
-                     (projection, recurrent or recurrent_launch(plan)))
+                     (projection, recurrent or recurrent_launch(plan)), bool(plan.reversed_states))
 
 
 def declare_args(launch: Launch) -> SimpleNamespace:
@@ -115,13 +116,16 @@ def input_step(plan: CellPlan, a, t):
 
 
 class StepTiming:
-    """Which rows a kernel step changes each state of, and where it writes the output sequence: the rule
-    the templates share (``prnn_tvm.reference`` has it in NumPy).
+    """Which rows a kernel step changes each state of, which step of the input projection it reads and
+    where it writes the output sequence: the rule the templates share (``prnn_tvm.reference`` has it in
+    NumPy).
 
     A row stops changing after its length (``length``: the row's ``lengths`` entry, None when the launch
     has none) and writes zeros there. A state of delay ``d`` (a stack's layer, :mod:`prnn_tvm.frontend.stack`)
     keeps its initial value for the first ``d`` steps and changes until ``d`` steps after the row's length;
-    the output is the output state's, written ``d`` steps late.
+    the output is the output state's, written ``d`` steps late. A reversed state and input slice (a
+    bidirectional layer's reverse direction, :mod:`prnn_tvm.frontend.directions`) take step ``t`` of a row
+    of length ``n`` at step ``n - 1 - t``.
     """
 
     def __init__(self, plan: CellPlan, a, t, length=None):
@@ -136,19 +140,38 @@ class StepTiming:
         end = (self.a.seq_len if self.length is None else T.min(self.length, self.a.seq_len)) + d
         return tirx.all(t >= d, t < end) if d else t < end
 
-    def write_output(self, out, value, b, unit):
-        """``out[step, b, unit] = value`` for the output step this kernel step makes (zeros past the row's
-        length); nothing in a stack's first steps."""
-        running = self.running(self.plan.output)
-        if running is not None:
-            value = T.if_then_else(running, value, tirx.const(0, out.dtype))
-        d = self.plan.delays[self.plan.output]
-        if not d:
-            T.buffer_store(out, value, [self.t, b, unit])
-            return
-        with T.If(self.t >= d):
-            with T.Then():
-                T.buffer_store(out, value, [self.t - d, b, unit])
+    def backwards(self):
+        """The step a reversed state's step ``t`` reads and writes: ``n - 1 - t`` while the row runs (``n`` its
+        length, at most the sequence's), then ``t`` (the padding, where zeros go)."""
+        n = self.a.seq_len if self.length is None else T.min(self.length, self.a.seq_len)
+        return T.if_then_else(self.t < n, n - 1 - self.t, self.t)
+
+    def input_step(self, input_slice: int):
+        """The step of the input projection that this step reads at ``input_slice``."""
+        if input_slice in self.plan.reversed_slices:
+            return self.backwards()
+        return input_step(self.plan, self.a, self.t)
+
+    def write_outputs(self, out, values: dict, b, unit):
+        """``out[step, b, k * hidden + unit] = value`` for each output state ``k`` in ``values`` (state name ->
+        value), at the output step this kernel step makes (zeros past the row's length); nothing in a
+        stack's first steps."""
+        for k, name in enumerate(self.plan.outputs):
+            if name not in values:
+                continue
+            value, column = values[name], k * self.plan.hidden + unit
+            running = self.running(name)
+            if running is not None:
+                value = T.if_then_else(running, value, tirx.const(0, out.dtype))
+            d = self.plan.delays[name]
+            if name in self.plan.reversed_states:
+                T.buffer_store(out, value, [self.backwards(), b, column])
+            elif not d:
+                T.buffer_store(out, value, [self.t, b, column])
+            else:
+                with T.If(self.t >= d):
+                    with T.Then():
+                        T.buffer_store(out, value, [self.t - d, b, column])
 
 
 @contextlib.contextmanager

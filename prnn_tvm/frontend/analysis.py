@@ -66,9 +66,18 @@ class _Analysis:
         if not by_role[Role.STATE]:
             raise CellError(f"cell '{t.cell.name}' declares no state: a recurrent cell needs c.state(name)")
         state_names = [s.name for s in by_role[Role.STATE]]
-        if t.cell.output not in state_names:
-            raise CellError(f"cell '{t.cell.name}': output '{t.cell.output}' is not a declared state "
-                            f"(states: {', '.join(state_names)})")
+        for name in (*t.cell.outputs, *t.cell.reversed_states):
+            if name not in state_names:
+                what = "output" if name in t.cell.outputs else "reversed state"
+                raise CellError(f"cell '{t.cell.name}': {what} '{name}' is not a declared state "
+                                f"(states: {', '.join(state_names)})")
+        slices = by_role[Role.INPUT][0].slices
+        if any(not 0 <= s < slices for s in t.cell.reversed_slices):
+            raise CellError(f"cell '{t.cell.name}': reversed input slices {list(t.cell.reversed_slices)} must lie "
+                            f"in 0..{slices - 1}")
+        if t.cell.delays and t.cell.reversed_states:
+            raise CellError(f"cell '{t.cell.name}' has delayed and reversed states: a wavefront stack's layers "
+                            "run one time order")
         missing = [n for n in state_names if n not in t.updates]
         extra = [n for n in t.updates if n not in state_names]
         if missing:

@@ -156,8 +156,10 @@ class Cell:
         ``reference(x, state, params) -> {state_name: ndarray}``: the same step in NumPy,
         called in float64 with ``x`` the input projection (batch, slices*hidden), ``state``
         the states by name and ``params`` the weights and per-unit parameters by name.
-    output : str
-        The state whose value at every step is the layer's output sequence.
+    output : str or tuple of str
+        The state whose value at every step is the layer's output sequence; several states' values side
+        by side (``hidden`` columns each, in this order) for a tuple (:mod:`prnn_tvm.frontend.directions`
+        makes these).
     doc : str
         Equations and source, shown by ``prnn-tvm cells``.
     delays : tuple of (state name, steps)
@@ -165,14 +167,26 @@ class Cell:
         none): a state of delay ``d`` keeps its initial value for the first ``d`` steps and stops
         changing ``d`` steps after a row's length; a layer of such a cell runs ``T + max delay``
         steps, and its output sequence is the output state's, read its delay late.
+    reversed_states, reversed_slices : tuple of str, tuple of int
+        States whose time runs backwards, and the input slices they read
+        (:mod:`prnn_tvm.frontend.directions` makes these: a bidirectional layer's reverse direction):
+        at step ``t`` a row of length ``n`` reads those slices of the input projection at step
+        ``n - 1 - t``, and a reversed output state's value of step ``t`` is the output at ``n - 1 - t``.
     """
 
     name: str
     step: StepFn
     reference: ReferenceFn
-    output: str = "h"
+    output: str | tuple = "h"
     doc: str = ""
     delays: tuple = ()
+    reversed_states: tuple = ()
+    reversed_slices: tuple = ()
+
+    @property
+    def outputs(self) -> tuple:
+        """The output states, in the order their columns come."""
+        return (self.output,) if isinstance(self.output, str) else tuple(self.output)
 
     def trace(self, batch: int, hidden: int, dtype: str = "float32") -> TracedCell:
         """Run the step function at concrete sizes and return its TE graph."""

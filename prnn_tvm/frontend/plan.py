@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..dtypes import DtypePolicy, policy
+from ..errors import CellError
 from .cell import Cell, Slot
 from .texpr import free_vars
 
@@ -129,7 +130,26 @@ class CellPlan:
 
     @property
     def output(self) -> str:
-        return self.cell.output
+        """The output state of a cell with one (the backward templates and references take no other)."""
+        if len(self.outputs) > 1:
+            raise CellError(f"cell '{self.cell.name}' has outputs {', '.join(self.outputs)}, not one")
+        return self.outputs[0]
+
+    @property
+    def outputs(self) -> tuple:
+        """The output states, ``hidden`` columns each in the output sequence, in order."""
+        return self.cell.outputs
+
+    @property
+    def reversed_states(self) -> frozenset:
+        """States whose time runs backwards (:attr:`Cell.reversed_states`: a bidirectional layer's reverse
+        direction)."""
+        return frozenset(self.cell.reversed_states)
+
+    @property
+    def reversed_slices(self) -> frozenset:
+        """Input slices read backwards in time (:attr:`Cell.reversed_slices`)."""
+        return frozenset(self.cell.reversed_slices)
 
     @property
     def delays(self) -> dict:
@@ -141,6 +161,18 @@ class CellPlan:
     def lag(self) -> int:
         """Steps a layer runs beyond its sequence: the largest delay (0 but for stacks)."""
         return max(self.delays.values(), default=0)
+
+    @property
+    def untrainable(self) -> str | None:
+        """Why no backward differentiates this cell, or None: a wavefront stack and both directions of a
+        layer in one launch train their layers and directions one by one (``prnn_tvm.torch`` does)."""
+        if self.lag:
+            return (f"'{self.cell.name}' is a wavefront stack, which has no backward: train its layers one by one "
+                    "(prnn_tvm.torch does)")
+        if self.reversed_states:
+            return (f"'{self.cell.name}' runs both directions of a layer in one launch, which has no backward: train "
+                    "each direction as a layer of its own (prnn_tvm.torch does)")
+        return None
 
     @property
     def policy(self) -> DtypePolicy:
@@ -254,6 +286,16 @@ class CellPlan:
         return tuple(found)
 
     @cached_property
+    def independent_parts(self) -> bool:
+        """Whether every one of :attr:`cta_parts` multiplies only operands its own groups write (a
+        bidirectional layer's directions; not a stack's layers, which read the layer below's output): no
+        part ever waits for another's values, so a synchronization that only orders blocks reading each
+        other's values (the ``tags`` exchange) is a barrier within each part."""
+        return bool(self.cta_parts) and all(
+            set(part.operands) <= {name for g in part.groups for name in (*g.states, *g.exchanged_stages)}
+            for part in self.cta_parts)
+
+    @cached_property
     def item_values(self) -> int:
         """Values a pointwise item keeps in registers through a step: its group's private states and
         live-outs (the most any group keeps)."""
@@ -274,6 +316,8 @@ class CellPlan:
         parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" for r in self.reductions]
         parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
         parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
-        parts.append(f"output:{self.output}")
+        parts.append(f"output:{','.join(self.outputs)}")
         parts += [f"delay:{name}={d}" for name, d in self.delays.items() if d]
+        parts += [f"reversed:{name}" for name in sorted(self.reversed_states)]
+        parts += [f"reversed:x{s}" for s in sorted(self.reversed_slices)]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

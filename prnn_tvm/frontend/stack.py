@@ -87,18 +87,44 @@ def _state_names(cell: Cell) -> list[str]:
     return [s.name for s in builder.slots if s.role.value == "state"]
 
 
-class _LayerBuilder:
-    """What the base cell's step function sees in layer ``layer``: the stack's builder with every name
-    prefixed, and for ``layer > 0`` an input that is the product of ``l<layer>_W_ih`` with the layer
-    below's output (``below``, a state placeholder: the value the step starts with) plus ``l<layer>_b_ih``."""
+class Renamed:
+    """What a base cell's step function sees inside a cell made of several copies of it: the outer builder
+    with every declared name prefixed (``prefix``); :meth:`input` is the subclass's."""
 
-    def __init__(self, builder: CellBuilder, layer: int, below):
-        self._c, self._layer, self._below = builder, layer, below
+    def __init__(self, builder: CellBuilder, prefix: str):
+        self._c, self._prefix = builder, prefix
         self.batch, self.hidden, self.dtype = builder.batch, builder.hidden, builder.dtype
         self.states: dict = {}
 
     def _name(self, name: str) -> str:
-        return layer_name(self._layer, name)
+        return self._prefix + name
+
+    def state(self, name: str):
+        tensor = self._c.state(self._name(name))
+        self.states[name] = tensor
+        return tensor
+
+    def weight(self, name: str, slices: int = 1):
+        return self._c.weight(self._name(name), slices)
+
+    def param(self, name: str, slices: int = 1):
+        return self._c.param(self._name(name), slices)
+
+    def matvec(self, state, weight, name: str):
+        return self._c.matvec(state, weight, self._name(name))
+
+    def pointwise(self, fn, name: str, slices: int = 1):
+        return self._c.pointwise(fn, self._name(name), slices)
+
+
+class _LayerBuilder(Renamed):
+    """Layer ``layer`` of a stack: names prefixed ``l<layer>_``, and for ``layer > 0`` an input that is the
+    product of ``l<layer>_W_ih`` with the layer below's output (``below``, a state placeholder: the value the
+    step starts with) plus ``l<layer>_b_ih``."""
+
+    def __init__(self, builder: CellBuilder, layer: int, below):
+        super().__init__(builder, layer_name(layer, ""))
+        self._layer, self._below = layer, below
 
     def input(self, slices: int = 1, name: str = "x"):
         if self._layer == 0:
@@ -110,33 +136,17 @@ class _LayerBuilder:
         product = self._c.matvec(self._below, W, name=self._name("input_product"))
         return self._c.pointwise(lambda n, j: product[n, j] + b[j], name=self._name(name), slices=slices)
 
-    def state(self, name: str):
-        tensor = self._c.state(self._name(name))
-        self.states[name] = tensor
-        return tensor
-
     def weight(self, name: str, slices: int = 1):
         if self._layer > 0 and name == INPUT_WEIGHT:
             raise CellError(f"a stacked cell names layer l's input weight l<l>_{INPUT_WEIGHT}; the base cell may "
                             f"not declare a weight '{INPUT_WEIGHT}'")
-        return self._c.weight(self._name(name), slices)
+        return super().weight(name, slices)
 
     def param(self, name: str, slices: int = 1):
         if self._layer > 0 and name == INPUT_BIAS:
             raise CellError(f"a stacked cell names layer l's input bias l<l>_{INPUT_BIAS}; the base cell may not "
                             f"declare a param '{INPUT_BIAS}'")
-        return self._c.param(self._name(name), slices)
-
-    def matvec(self, state, weight, name: str):
-        return self._c.matvec(state, weight, self._name(name))
-
-    def pointwise(self, fn, name: str, slices: int = 1):
-        return self._c.pointwise(fn, self._name(name), slices)
-
-
-def no_backward(name: str) -> str:
-    """Why nothing differentiates the stack ``name`` (the backward kernels and references refuse it so)."""
-    return f"'{name}' is a wavefront stack, which has no backward: train its layers one by one (prnn_tvm.torch does)"
+        return super().param(name, slices)
 
 
 def split_layer_name(name: str) -> tuple[int, str]:

@@ -65,6 +65,11 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     seq_len = sequence_length(values[first.name], first.name)
     chunk = chunk_length(signature, seq_len)
     chunks = -(-seq_len // chunk)
+    if chunks > 1 and signature.whole_sequence:
+        raise InputError(f"{seq_len} steps of '{signature.cell}' need buffers past {MAX_ELEMENTS} elements, which "
+                         f"runs in consecutive launches of {chunk} steps; its reverse direction reads each row "
+                         "from its last step, so it cannot: run the directions as layers of their own, or shorter "
+                         "sequences")
     sequences = [a for a in (*inputs, *signature.intermediates, *signature.outputs) if SEQ in a.shape]
     finals = [a for a in signature.outputs if a.role is ArgRole.FINAL]
     copied = [a for a in inputs if isinstance(values.get(a.name), np.ndarray)]  # NumPy goes to the device
