@@ -10,6 +10,10 @@ The order, for a template with knobs:
    whose build ptxas reports without spills (the register estimate that ranks them is a
    model; ptxas decides). The last one is kept even if it spills, and the report says so.
 
+A kernel whose grid, with ptxas's registers and shared memory, cannot be co-resident
+(:func:`unlaunchable`) is never kept: a caller's config is refused, a tuned one falls back
+to the defaults, a default is passed over (and none left is refused).
+
 Each step is recorded in the :class:`ConfigChoice` the report carries: its
 :class:`ConfigOrigin`, why (the record's time, or why no record was used) and the spill
 bytes of every candidate passed over.
@@ -25,6 +29,7 @@ from . import records
 from .errors import ConfigError
 from .report import ConfigOrigin
 from .schedules import as_config
+from .target import ctas_per_sm
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +72,11 @@ def choose_and_build(plan, template, target, gpu, build, config=None, tuning_log
     if config is not None:
         cfg = as_config(template, config)
         kernel = template.apply(plan, target, gpu, cfg)
-        return kernel, build(kernel), ConfigChoice(cfg, ConfigOrigin.USER)
+        built = build(kernel)
+        problem = unlaunchable(kernel, built, gpu)
+        if problem:
+            raise ConfigError(f"config {cfg} of cell '{plan.cell.name}': {problem}")
+        return kernel, built, ConfigChoice(cfg, ConfigOrigin.USER)
     defaults = template.default_configs(plan, target, gpu)
     if not defaults:
         kernel = template.apply(plan, target, gpu)
@@ -82,22 +91,50 @@ def choose_and_build(plan, template, target, gpu, build, config=None, tuning_log
             candidates = [replace(c, reason="the tuned config does not fit this GPU") for c in candidates]
         else:
             built = build(kernel)
-            if not built.spill_bytes:
+            problem = unlaunchable(kernel, built, gpu)
+            if not built.spill_bytes and not problem:
                 return kernel, built, tuned
-            log.info("%s: the tuned config %s spills %d B; using the defaults", plan.cell.name, tuned.config,
-                     built.spill_bytes)
-            reason = f"the tuned config spills {built.spill_bytes} B here"
-            candidates = [replace(c, reason=reason) for c in candidates]
-    passed_over = []
+            reason = problem or f"spills {built.spill_bytes} B"
+            log.info("%s: the tuned config %s %s; using the defaults", plan.cell.name, tuned.config, reason)
+            candidates = [replace(c, reason=f"the tuned config {reason} here") for c in candidates]
+    passed_over, unfit = [], 0
     for i, choice in enumerate(candidates):
         kernel = template.apply(plan, target, gpu, choice.config)
         built = build(kernel)
+        problem = unlaunchable(kernel, built, gpu)
+        if problem:  # it could not run at all: the next, or a refusal
+            log.info("%s: default config %s: %s; trying the next one", plan.cell.name, choice.config, problem)
+            if i == len(candidates) - 1:
+                raise ConfigError(f"no default config of cell '{plan.cell.name}' can launch; the last, "
+                                  f"{choice.config}: {problem}")
+            unfit += 1
+            continue
         if not built.spill_bytes or i == len(candidates) - 1:
+            if unfit:
+                choice = replace(choice, reason=f"{choice.reason}; {unfit} ranked before it cannot be co-resident "
+                                 "with ptxas's registers")
             return kernel, built, replace(choice, passed_over=tuple(passed_over))
         log.info("%s: default config %s spills %d B; trying the next one", plan.cell.name, choice.config,
                  built.spill_bytes)
         passed_over.append(built.spill_bytes)
-    raise AssertionError("unreachable: the last candidate is always returned")
+    raise AssertionError("unreachable: the last candidate is returned or refused")
+
+
+def unlaunchable(kernel, built, gpu) -> str:
+    """Why ``kernel``'s cooperative grid cannot be co-resident on ``gpu`` with ptxas's registers and shared
+    memory (the template validated its config with an estimate of them), or "" where it can, or where
+    nothing says (no grid barrier, no ptxas report)."""
+    fn = built.recurrent
+    grid = fn and kernel.launch.grid
+    if fn is None or grid is None or not grid.cooperative or gpu is None:
+        return ""
+    smem = grid.dynamic_smem_bytes + fn.static_smem_bytes
+    fit = ctas_per_sm(grid.threads, fn.registers, smem, gpu) * gpu.sms
+    if grid.ctas <= fit:
+        return ""
+    return (f"its grid of {grid.ctas} CTAs cannot be co-resident on {gpu.arch}: ptxas gives {fn.registers} "
+            f"registers per thread and {smem} bytes of shared memory per CTA of {grid.threads} threads, so {fit} "
+            f"fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
 
 
 def tuned_config(plan, template, gpu, logs) -> tuple[ConfigChoice | None, str]:

@@ -124,6 +124,13 @@ def _(lstm, good, tmp_path):
                           config={"units_per_cta": 8, "k_split": 4, "rows_per_thread": 16, "batch_tile": 4})
 
 
+@case("a config whose grid does not fit once compiled")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 1024, 16, dtype="float16", arch="sm_90", bidirectional=True,
+                          config={"units_per_cta": 8, "k_groups": 4, "n_tiles": 2, "barrier": "counter",
+                                  "layout": "split"})
+
+
 @case("a config for the CPU build")
 def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", config={"vec": 4})

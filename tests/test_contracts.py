@@ -166,7 +166,7 @@ class _FakeTemplate:
 
 def _choose(monkeypatch, template, tuned=None):
     monkeypatch.setattr(prnn_tvm.choice, "tuned_config", lambda *a: (tuned, "" if tuned else "no tuning record"))
-    build = lambda kernel: SimpleNamespace(spill_bytes=template.spills.get(kernel, 0))  # noqa: E731
+    build = lambda kernel: SimpleNamespace(spill_bytes=template.spills.get(kernel, 0), recurrent=None)  # noqa: E731
     return choose_and_build(SimpleNamespace(cell=SimpleNamespace(name="fake")), template, None, GPU, build)
 
 
@@ -187,6 +187,11 @@ def test_a_tuned_config_that_spills_or_does_not_fit_falls_back(monkeypatch):
     assert kernel == "a" and choice.describe() == "default: the tuned config spills 40 B here"
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}, fits=lambda c: c != "t"), tuned)
     assert kernel == "a" and choice.describe() == "default: the tuned config does not fit this GPU"
+    # ptxas's registers make its grid too large to be co-resident: never kept, whatever its origin
+    monkeypatch.setattr(prnn_tvm.choice, "unlaunchable", lambda kernel, built, gpu: "too large" * (kernel in "ta"))
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}), tuned)
+    assert kernel == "b" and choice.describe() == ("default: the tuned config too large here; 1 ranked before it "
+                                                   "cannot be co-resident with ptxas's registers")
 
 
 # ---------------------------------------------------------------- dtypes

@@ -70,6 +70,35 @@ def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch
     assert f"projection  {figures}" in layer.report.format()
 
 
+def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(monkeypatch):
+    """The templates validate a config with an estimate of its registers; ptxas decides. A caller's config whose
+    grid does not fit with ptxas's figures is refused when compiled, with them (this one: estimated at 2 CTAs
+    per SM, ptxas gives 184 registers, so 1); a default that does not fit is passed over, and the report says
+    so (here: every default made to look too large, so none is left)."""
+    from prnn_tvm import choice
+    from prnn_tvm.schedules import persistent_mma_config as mc
+
+    cfg = mc.MmaConfig(8, 4, 2, "counter", "split")
+    assert mc.validate(cfg, prnn_tvm.analyze(prnn_tvm.resolve("lstm_bi"), 16, 1024, "float16"), gpu_spec("sm_90"))
+    with pytest.raises(ConfigError, match=r"grid of 256 CTAs cannot be co-resident on sm_90: ptxas gives \d+ "
+                                          r"registers .* so 132 fit"):
+        prnn_tvm.compile_cell("lstm", 1024, 16, dtype="float16", arch="sm_90", bidirectional=True, config=cfg)
+    first = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[]).report.config
+    seen = []
+
+    def fits_after_the_first(kernel, built, gpu):  # the first default "cannot be co-resident"
+        seen.append(kernel.config.as_dict())
+        return "its grid cannot be co-resident" if len(seen) == 1 else ""
+
+    monkeypatch.setattr(choice, "unlaunchable", fits_after_the_first)
+    rep = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[]).report
+    assert seen[0] == first and rep.config == seen[1] != first
+    assert "1 ranked before it cannot be co-resident with ptxas's registers" in rep.config_detail
+    monkeypatch.setattr(choice, "unlaunchable", lambda kernel, built, gpu: "its grid cannot be co-resident")
+    with pytest.raises(ConfigError, match="no default config of cell 'lstm' can launch"):
+        prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[])
+
+
 def assert_launchable(layer):
     """The kernel allocates the dynamic shared memory its grid declares, and the launch can have it: TVM lifts
     the 48 KB default limit only where the dynamic part reaches 48 KB, and the static part counts too."""
