@@ -18,12 +18,12 @@ one-directional stack (``num_layers``) runs, in an inference call, as one persis
 its layers' weights fit on chip together (the CPU build: always): a wavefront in which layer ``l`` computes
 step ``t`` while layer ``l + 1`` computes step ``t - 1`` (:mod:`prnn_tvm.frontend.stack`;
 :attr:`stack_notes` says, per compiled shape, whether it does and why not). Otherwise a stack runs
-one layer after another, outputs concatenated as PyTorch does. An inference call runs a
-bidirectional layer's two directions as one launch where their weights fit on chip together
-(:mod:`prnn_tvm.frontend.directions`; :attr:`direction_notes` says which, and why); otherwise,
-and in training, a launch per direction, the reverse one on the time-reversed sequence, on the GPU
-side by side (the reverse one on a stream of the module's, forked from and joined back to the
-caller's) where the GPU holds both grids at once, else one after the other. A
+one layer after another, outputs concatenated as PyTorch does. A bidirectional layer runs a launch
+per direction, the reverse one on the time-reversed sequence, on the GPU side by side (the reverse
+one on a stream of the module's, forked from and joined back to the caller's) where the GPU holds
+both grids at once; where it cannot, an inference call runs both directions as one launch where
+their weights fit on chip together (:mod:`prnn_tvm.frontend.directions`; :attr:`direction_notes`
+says which, and why), else one after the other. A
 ``PackedSequence`` runs as its padded batch with per-row lengths (rows stop at their length, the
 reverse direction starts at each row's last step) and comes back packed the same way.
 
@@ -96,7 +96,8 @@ class _Recurrent(torch.nn.Module):
         # the forward one, where both grids fit on the GPU together (False: always one after the other)
         self.concurrent_directions = True
         # a bidirectional inference call runs a layer's two directions as one launch where both fit on chip
-        # together (False: a launch per direction); direction_notes says per compiled shape which and why
+        # together and one direction's grid cannot run beside the other's (False: a launch per direction);
+        # direction_notes says per compiled shape which and why
         self.one_launch_directions = True
         self.direction_notes: dict = {}
         # a one-directional stack's inference call runs as one wavefront launch where it fits (False:
@@ -129,10 +130,12 @@ class _Recurrent(torch.nn.Module):
         self._constants: dict = {}
         self._biased_weights: dict = {}
         self._joined: dict = {}
+        self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what was made, or why not
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     _COMPILED = ("_layers", "_launchers", "_arguments", "_side_streams", "_aligned_copies", "_constants",
-                 "_biased_weights", "_joined", "_captured", "stack_notes", "direction_notes")
+                 "_biased_weights", "_joined", "_launch_notes", "_captured", "stack_notes",
+                 "direction_notes")
 
     def __getstate__(self) -> dict:
         """Copies and pickles (``copy.deepcopy``, ``torch.save``) keep the parameters and options but
@@ -200,38 +203,46 @@ class _Recurrent(torch.nn.Module):
         """A bidirectional layer's two directions compiled as one launch (``compile_cell(...,
         bidirectional=True)``: each direction on CTAs of its own) for ``batch`` on ``device`` taking
         ``input_size`` features, or None where a call runs a launch per direction: a one-directional
-        module, :attr:`one_launch_directions` off, or (CUDA) weights that do not fit on chip together.
-        Compiled on first use, then kept; ``direction_notes[(batch, device, dtype, input_size)]`` says
-        which, and why."""
+        module, :attr:`one_launch_directions` off, (CUDA) a direction's grid that the GPU holds twice over
+        while :attr:`concurrent_directions` is on (the two launches side by side measured faster there), or
+        weights that do not fit on chip together. Compiled on first use, then kept;
+        ``direction_notes[(batch, device, dtype, input_size)]`` says which, and why."""
         if not (self.bidirectional and self.one_launch_directions):
             return None
+        notes_key = (batch, str(device), dtype, input_size)
+        if device.type == "cuda" and self.concurrent_directions:
+            apart = self.layer_for(batch, device, dtype, input_size)
+            fit = apart.grids_that_fit()
+            if fit >= 2:
+                self.direction_notes[notes_key] = (f"a launch per direction, side by side: the GPU holds {fit} "
+                                                   f"grids of {apart.report.ctas} CTAs")
+                return None
         return self._one_launch((batch, device.type, device.index, dtype, input_size, "bidirectional"),
-                                self.direction_notes, (batch, str(device), dtype, input_size), batch, device, dtype,
-                                input_size, "one launch", "a launch per direction", bidirectional=True)
+                                self.direction_notes, notes_key, batch, device, dtype, input_size, "one launch",
+                                "a launch per direction", bidirectional=True)
 
     def _one_launch(self, key: tuple, notes: dict, notes_key: tuple, batch: int, device: torch.device,
                     dtype: torch.dtype, input_size: int, done: str, otherwise: str, **options):
         """The module's cell compiled with ``options`` (``layers``, ``bidirectional``) for ``batch`` on ``device``
-        once, then kept as ``_layers[key]``; None where it does not fit. ``notes[notes_key]`` says which:
-        ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal (not tried again)."""
-        if key in self._layers:
-            return self._layers[key]
-        if notes_key in notes:  # tried: it does not fit
-            return None
-        cuda = device.type == "cuda"
-        try:
-            layer = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size, dtype=DTYPES[dtype],
-                                 target="cuda" if cuda else "llvm", arch=self.arch if cuda else None, **options)
-        except ConfigError as err:
-            notes[notes_key] = f"{otherwise}: {err}"
-            log.info("%s of hidden %d at batch %d: %s", type(self).__name__, self.hidden_size, batch, notes[notes_key])
-            return None
-        rep = layer.report
-        notes[notes_key] = done + (
-            f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, {rep.spill_store_bytes} B spills"
-            if cuda else " (the CPU build)")
-        self._layers[key] = layer
-        return layer
+        once, then kept as ``_layers[key]``; None where it does not fit (not tried again). ``notes[notes_key]``
+        says which: ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal."""
+        if key not in self._launch_notes:
+            cuda = device.type == "cuda"
+            try:
+                layer = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size, dtype=DTYPES[dtype],
+                                     target="cuda" if cuda else "llvm", arch=self.arch if cuda else None, **options)
+            except ConfigError as err:
+                self._launch_notes[key] = f"{otherwise}: {err}"
+                log.info("%s of hidden %d at batch %d: %s", type(self).__name__, self.hidden_size, batch,
+                         self._launch_notes[key])
+            else:
+                rep = layer.report
+                self._launch_notes[key] = done + (
+                    f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, "
+                    f"{rep.spill_store_bytes} B spills" if cuda else " (the CPU build)")
+                self._layers[key] = layer
+        notes[notes_key] = self._launch_notes[key]
+        return self._layers.get(key)
 
     def check(self) -> None:
         """Wait for this module's kernels and raise :class:`~prnn_tvm.errors.BarrierTimeout` if one timed

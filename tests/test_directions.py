@@ -176,17 +176,17 @@ def test_default_bidirectional_kernels_split_the_grid_without_spills(cell, hidde
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_the_directions_may_synchronize_by_their_values(dtype):
-    """Data-carried synchronization (``tags``) orders only blocks that read each other's values: a barrier
-    within each direction, which reads only its own state, but not between a stack's layers (the lower ones
-    would run ahead; ``test_stack``)."""
+def test_the_directions_synchronize_by_a_barrier(dtype):
+    """Split configs with the ``tags`` exchange are refused and out of the space, a bidirectional layer's too:
+    on the H100 some timed out at the third step every time (``schedules/ranking.check_layout``)."""
     knobs = pc if dtype == "float32" else mc
     both = analyze(bidirectional(resolve("lstm")), 4, 256, dtype)
-    assert both.independent_parts and not analyze(stacked(resolve("lstm"), 2), 4, 256, dtype).independent_parts
-    tagged = [cfg for cfg in split_configs("lstm_bi", 256, 4, 1, dtype) if cfg.barrier == "tags"]
-    assert tagged and knobs.validate(tagged[0], both, SM90).ctas == 2 * -(-256 // tagged[0].units_per_cta)
+    configs = split_configs("lstm_bi", 256, 4, 1, dtype)
+    assert configs and not any(cfg.barrier == "tags" for cfg in configs)
+    with pytest.raises(ConfigError, match="barrier 'tags' synchronizes only blocks that read each other's values"):
+        knobs.validate(dataclasses.replace(configs[0], barrier="tags"), both, SM90)
     layer = prnn_tvm.compile_cell("lstm", 256, 4, dtype=dtype, arch="sm_90", bidirectional=True, tuning_logs=[])
-    assert layer.kernel.config.barrier == "tags"  # the default where it fits, as for one direction
+    assert layer.kernel.config.layout == "split" and layer.kernel.config.barrier != "tags"
 
 
 def test_a_layer_whose_directions_do_not_fit_together_says_so():
@@ -203,8 +203,8 @@ def test_a_layer_whose_directions_do_not_fit_together_says_so():
     ("lstm", 1024, 16, "float16", 256), ("gru", 256, 8, "bfloat16", 64), ("rnn_tanh", 64, 3, "float16", 1),
 ])
 def test_bidirectional_cuda_kernels_match_the_float64_reference(cell, hidden, batch, dtype, seq_len):
-    """The default config, the first split config of each barrier (``tags`` included where it fits: the
-    directions never read each other's values) and a random one (seeded), with and without ragged lengths."""
+    """The default config, the first split config of each barrier and a random one (seeded), with and without
+    ragged lengths."""
     configs = split_configs(f"{cell}_bi", hidden, batch, 1, dtype)
     first = {}
     for cfg in configs:
