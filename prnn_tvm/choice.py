@@ -29,7 +29,7 @@ from . import records
 from .errors import ConfigError
 from .report import ConfigOrigin
 from .schedules import as_config
-from .target import ctas_per_sm
+from .target import resident_ctas
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +128,13 @@ def unlaunchable(kernel, built, gpu) -> str:
     grid = fn and kernel.launch.grid
     if fn is None or grid is None or not grid.cooperative or gpu is None:
         return ""
-    smem = grid.dynamic_smem_bytes + fn.static_smem_bytes
-    fit = ctas_per_sm(grid.threads, fn.registers, smem, gpu) * gpu.sms
+    grid = replace(grid, registers=fn.registers, static_smem_bytes=fn.static_smem_bytes)  # as the runtime checks
+    fit = resident_ctas(grid, gpu)
     if grid.ctas <= fit:
         return ""
     return (f"its grid of {grid.ctas} CTAs cannot be co-resident on {gpu.arch}: ptxas gives {fn.registers} "
-            f"registers per thread and {smem} bytes of shared memory per CTA of {grid.threads} threads, so {fit} "
-            f"fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
+            f"registers per thread and {grid.smem_bytes} bytes of shared memory per CTA of {grid.threads} threads, "
+            f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
 
 
 def tuned_config(plan, template, gpu, logs) -> tuple[ConfigChoice | None, str]:

@@ -156,6 +156,12 @@ def ctas_per_sm(threads: int, regs: int, smem: int, gpu: GpuSpec) -> int:
     return max(0, min(by_regs, by_smem, by_threads, gpu.max_ctas_per_sm))
 
 
+def resident_ctas(grid, gpu: GpuSpec) -> int:
+    """How many CTAs of ``grid``'s shape (a :class:`~prnn_tvm.signature.Grid`: threads, registers and shared
+    memory per CTA) the whole GPU holds at once."""
+    return ctas_per_sm(grid.threads, grid.registers, grid.smem_bytes, gpu) * gpu.sms
+
+
 def max_regs_per_thread(threads: int, gpu: GpuSpec) -> int:
     """The most registers a thread of a ``threads``-wide CTA can have with one CTA per SM."""
     per_warp = (gpu.regs_per_sm // 4) // math.ceil(math.ceil(threads / 32) / 4)

@@ -130,7 +130,7 @@ class _Recurrent(torch.nn.Module):
         self._constants: dict = {}
         self._biased_weights: dict = {}
         self._joined: dict = {}
-        self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what was made, or why not
+        self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what runs, and why
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     _COMPILED = ("_layers", "_launchers", "_arguments", "_side_streams", "_aligned_copies", "_constants",
@@ -209,17 +209,18 @@ class _Recurrent(torch.nn.Module):
         ``direction_notes[(batch, device, dtype, input_size)]`` says which, and why."""
         if not (self.bidirectional and self.one_launch_directions):
             return None
-        notes_key = (batch, str(device), dtype, input_size)
+        key, notes_key = (batch, device.type, device.index, dtype, input_size), (batch, str(device), dtype, input_size)
         if device.type == "cuda" and self.concurrent_directions:
             apart = self.layer_for(batch, device, dtype, input_size)
-            fit = apart.grids_that_fit()
-            if fit >= 2:
-                self.direction_notes[notes_key] = (f"a launch per direction, side by side: the GPU holds {fit} "
-                                                   f"grids of {apart.report.ctas} CTAs")
+            if apart.grids_that_fit() >= 2:
+                side_by_side = (*key, "side by side")
+                if side_by_side not in self._launch_notes:  # worded once: a call only looks it up
+                    self._launch_notes[side_by_side] = (f"a launch per direction, side by side: the GPU holds "
+                                                        f"{apart.grids_that_fit()} grids of {apart.report.ctas} CTAs")
+                self.direction_notes[notes_key] = self._launch_notes[side_by_side]
                 return None
-        return self._one_launch((batch, device.type, device.index, dtype, input_size, "bidirectional"),
-                                self.direction_notes, notes_key, batch, device, dtype, input_size, "one launch",
-                                "a launch per direction", bidirectional=True)
+        return self._one_launch((*key, "bidirectional"), self.direction_notes, notes_key, batch, device, dtype,
+                                input_size, "one launch", "a launch per direction", bidirectional=True)
 
     def _one_launch(self, key: tuple, notes: dict, notes_key: tuple, batch: int, device: torch.device,
                     dtype: torch.dtype, input_size: int, done: str, otherwise: str, **options):
@@ -380,27 +381,25 @@ class _Recurrent(torch.nn.Module):
                 out, ends = self._run(both, self._launch_arguments(both, out, _suffix(layer, 0), pairs, lengths))
                 for i, end in enumerate(ends):  # direction-major, the cell's states in order within one
                     finals[i % states][layer * directions + i // states] = end
-                if self.training and self.dropout and layer < self.num_layers - 1:
-                    out = torch.nn.functional.dropout(out, self.dropout, training=True)
-                continue
-            # every direction's inputs are made ready on the caller's stream (aligned copies, constants), then
-            # the directions run: one after the other, or side by side (joined before the next layer)
-            ready = [self._inputs(out if direction == 0 else backwards(out), _suffix(layer, direction),
-                                  [t[layer * directions + direction] for t in initial], lengths, grad)
-                     for direction in range(directions)]
-            side = self._side_stream(x.device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream(x.device))
-            outs = []
-            for direction, (compiled, args) in enumerate(ready):
-                with torch.cuda.stream(side) if side is not None and direction == 1 else _NOTHING:
-                    y, ends = self._run(compiled, args, grad)
-                    outs.append(y if direction == 0 else backwards(y))
-                for k, end in enumerate(ends):
-                    finals[k][layer * directions + direction] = end
-            if side is not None:
-                torch.cuda.current_stream(x.device).wait_stream(side)
-            out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
+            else:
+                # every direction's inputs are made ready on the caller's stream (aligned copies, constants),
+                # then the directions run: one after the other, or side by side (joined before the next layer)
+                ready = [self._inputs(out if direction == 0 else backwards(out), _suffix(layer, direction),
+                                      [t[layer * directions + direction] for t in initial], lengths, grad)
+                         for direction in range(directions)]
+                side = self._side_stream(x.device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
+                if side is not None:
+                    side.wait_stream(torch.cuda.current_stream(x.device))
+                outs = []
+                for direction, (compiled, args) in enumerate(ready):
+                    with torch.cuda.stream(side) if side is not None and direction == 1 else _NOTHING:
+                        y, ends = self._run(compiled, args, grad)
+                        outs.append(y if direction == 0 else backwards(y))
+                    for k, end in enumerate(ends):
+                        finals[k][layer * directions + direction] = end
+                if side is not None:
+                    torch.cuda.current_stream(x.device).wait_stream(side)
+                out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
             if self.training and self.dropout and layer < self.num_layers - 1:  # between layers, as torch.nn
                 out = torch.nn.functional.dropout(out, self.dropout, training=True)
         finals = [f[0].unsqueeze(0) if slots == 1 else torch.stack(f) for f in finals]
@@ -483,12 +482,12 @@ class _Recurrent(torch.nn.Module):
                     continue
                 if both and a.name in ("W_ih", "b_ih"):  # stacked: the forward direction's rows first
                     found.append((None if not self.bias and a.name in _BIASES else
-                                  tuple(self._names[a.name] + suffix + own for own in ("", "_reverse")),
+                                  tuple(self._names[a.name] + suffix + own for own in ("", _REVERSE)),
                                   a.concrete_shape(1)))
                     continue
                 if both:
                     direction, base = split_direction_name(a.name)
-                    own = suffix + ("_reverse" if direction else "")
+                    own = suffix + (_REVERSE if direction else "")
                 elif suffix is not None:
                     base, own = a.name, suffix
                 elif a.name in ("W_ih", "b_ih"):  # a stack's layer 0 projection
@@ -711,9 +710,12 @@ def _current_stream(device: torch.device) -> int:
     return _RAW_STREAM(device.index) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
 
 
+_REVERSE = "_reverse"  # torch.nn's suffix of the reverse direction's parameters, after the layer's
+
+
 def _suffix(layer: int, direction: int) -> str:
     """torch.nn's parameter suffix of a layer and direction: ``_l0``, ``_l1_reverse``."""
-    return f"_l{layer}" + ("_reverse" if direction else "")
+    return f"_l{layer}" + (_REVERSE if direction else "")
 
 
 def _torch_zeros(device: torch.device):

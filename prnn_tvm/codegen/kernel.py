@@ -136,14 +136,18 @@ class StepTiming:
         t, d = self.t, self.plan.delays[state]
         if not self.plan.lag:
             return None if self.length is None else t < self.length
-        # lengths past the sequence mean all of it (a caller may pass 2^31 - 1): clamped before the delay is added
-        end = (self.a.seq_len if self.length is None else T.min(self.length, self.a.seq_len)) + d
+        end = self.row_steps() + d  # clamped before the delay is added
         return tirx.all(t >= d, t < end) if d else t < end
 
+    def row_steps(self):
+        """The steps the row runs: its length, at most the sequence's (lengths past the sequence mean all of it:
+        a caller may pass 2^31 - 1)."""
+        return self.a.seq_len if self.length is None else T.min(self.length, self.a.seq_len)
+
     def backwards(self):
-        """The step a reversed state's step ``t`` reads and writes: ``n - 1 - t`` while the row runs (``n`` its
-        length, at most the sequence's), then ``t`` (the padding, where zeros go)."""
-        n = self.a.seq_len if self.length is None else T.min(self.length, self.a.seq_len)
+        """The step a reversed state's step ``t`` reads and writes: ``n - 1 - t`` while the row runs (``n``,
+        :meth:`row_steps`), then ``t`` (the padding, where zeros go)."""
+        n = self.row_steps()
         return T.if_then_else(self.t < n, n - 1 - self.t, self.t)
 
     def input_step(self, input_slice: int):

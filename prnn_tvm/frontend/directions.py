@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from ..errors import CellError
 from .cell import Cell, CellBuilder
-from .stack import Renamed
+from .stack import Renamed, declared_slots
 
 DIRECTIONS = ("fwd", "rev")
 
@@ -50,10 +50,9 @@ def bidirectional(cell: Cell) -> Cell:
     if cell.delays or cell.reversed_states or len(cell.outputs) > 1:
         raise CellError(f"cell '{cell.name}' is already a stack or has two directions; make a bidirectional "
                         "layer of its base cell")
-    builder = CellBuilder(1, 1)
-    cell.step(builder)  # the declared states and input slices, from a trace at a small size
-    states = [s.name for s in builder.slots if s.role.value == "state"]
-    slices = next((s.slices for s in builder.slots if s.role.value == "input"), 1)
+    slots = declared_slots(cell)
+    states = [s.name for s in slots if s.role.value == "state"]
+    slices = next((s.slices for s in slots if s.role.value == "input"), 1)
 
     def step(c: CellBuilder):
         shared, updates = {}, {}

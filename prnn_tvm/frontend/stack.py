@@ -80,11 +80,16 @@ def stacked(cell: Cell, layers: int) -> Cell:
                 delays=delays)
 
 
-def _state_names(cell: Cell) -> list[str]:
-    """The base cell's state names, from a trace at a small size (the step declares them)."""
+def declared_slots(cell: Cell) -> list:
+    """The slots (states, input, weights, params) ``cell``'s step declares, from a trace at a small size."""
     builder = CellBuilder(1, 1)
     cell.step(builder)
-    return [s.name for s in builder.slots if s.role.value == "state"]
+    return builder.slots
+
+
+def _state_names(cell: Cell) -> list[str]:
+    """The base cell's state names, in declaration order."""
+    return [s.name for s in declared_slots(cell) if s.role.value == "state"]
 
 
 class Renamed:

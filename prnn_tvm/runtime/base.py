@@ -29,7 +29,7 @@ import tvm_ffi
 
 from ..errors import BarrierTimeout, LaunchError
 from ..signature import ArgRole, Signature
-from ..target import ctas_per_sm, gpu_spec, smem_launch_problem
+from ..target import gpu_spec, resident_ctas, smem_launch_problem
 from .binding import COPY, BoundCall, bind
 
 DEFAULT_TIMEOUT_US = 50_000  # per barrier wait: generous against preemption, short against a hang
@@ -272,7 +272,7 @@ class RuntimeLayer:
         if gpu is None and function in self._grids_that_fit:
             return self._grids_that_fit[function]
         grid = self.signature.launch(function).grid
-        fit = _resident_ctas(grid, gpu or gpu_spec()) // grid.ctas
+        fit = resident_ctas(grid, gpu or gpu_spec()) // grid.ctas
         if gpu is None:  # this GPU's: worked out once
             self._grids_that_fit[function] = fit
         return fit
@@ -289,7 +289,7 @@ class RuntimeLayer:
             if grid is None or not grid.cooperative:
                 continue
             gpu = gpu_spec()
-            fit = _resident_ctas(grid, gpu)
+            fit = resident_ctas(grid, gpu)
             if grid.ctas > fit:
                 raise LaunchError(f"the grid of {grid.ctas} CTAs cannot be co-resident on this "
                                   f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {grid.threads} "
@@ -297,7 +297,3 @@ class RuntimeLayer:
                                   "each); recompile for this GPU")
         self._coresident = True
 
-
-def _resident_ctas(grid, gpu) -> int:
-    """How many CTAs of ``grid``'s shape the whole GPU holds at once."""
-    return ctas_per_sm(grid.threads, grid.registers, grid.smem_bytes, gpu) * gpu.sms
