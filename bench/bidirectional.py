@@ -1,14 +1,13 @@
 """Bidirectional layers on the GPU through the public calls (TF32 off): a layer's two directions in one
-launch, against a launch per direction (side by side on two streams where the GPU holds both grids, else one
-after the other), against what a module does by default (one launch only where a direction's grid cannot
-run beside the other's: ``Recurrent.directions_for``), and against cuDNN.
+launch (what a module runs wherever both fit on chip: ``Recurrent.directions_for``), against a launch per
+direction (side by side on two streams where the GPU holds both grids, else one after the other), and
+against cuDNN.
 
     python bench/bidirectional.py [--seq 256 --repeats 7 --number 5]
 
 One launch: ``compile_cell(..., bidirectional=True)``, each direction on CTAs of its own in one grid, one
-projection GEMM for both (``module.concurrent_directions = False`` makes a module use it wherever it fits
-on chip). A launch per direction: ``module.one_launch_directions = False``. Every figure is the median of
-CUDA-event runs in one process (``prnn_tvm.bench.baselines.cuda_event_times``).
+projection GEMM for both. A launch per direction: ``module.one_launch_directions = False``. Every figure is
+the median of CUDA-event runs in one process (``prnn_tvm.bench.baselines.cuda_event_times``).
 """
 
 import torch
@@ -29,9 +28,7 @@ print("| module | one launch (CTAs) | a launch per direction (CTAs each, grids t
       "default: picks | default | cuDNN | cuDNN / default |")
 print("|---|---|---|---|---|---|---|---|")
 
-PATHS = {"one launch": dict(one_launch_directions=True, concurrent_directions=False),
-         "per direction": dict(one_launch_directions=False, concurrent_directions=True),
-         "default": dict(one_launch_directions=True, concurrent_directions=True)}
+PATHS = {"per direction": False, "one launch": True}  # one_launch_directions; the default last
 
 
 def ms(fn) -> float:
@@ -44,23 +41,22 @@ def row(kind: str, H: int, B: int, layers: int, dtype: torch.dtype) -> str:
     x = torch.randn(T, B, H, device="cuda", dtype=dtype)
     times = {}
     with torch.no_grad():
-        for path, options in PATHS.items():  # the default last: the error below is of what it runs
-            for name, value in options.items():
-                setattr(fast, name, value)
+        for path, one_launch in PATHS.items():  # the default last: the error below is of what it runs
+            fast.one_launch_directions = one_launch
             times[path] = ms(lambda: fast(x))
         cudnn = ms(lambda: ref(x))
         error = (fast(x)[0] - ref(x)[0]).abs().max().item()
     fast.check()
     picks = fast.direction_notes[(B, str(x.device), dtype, H)].split(":")[0]
-    fast.concurrent_directions = False
     both = fast.directions_for(B, x.device, dtype, H)
     apart = fast.layer_for(B, x.device, dtype, H)
     one = f"{times['one launch']:.3f} ({both.report.ctas})" if both is not None else "does not fit"
     gain = f"{times['per direction'] / times['one launch']:.2f}x" if both is not None else "-"
+    default = times["one launch"] if both is not None else times["per direction"]
     name = f"{kind} {layers}x H={H} B={B} {str(dtype).split('.')[-1]}"
     return (f"| {name} | {one} | {times['per direction']:.3f} ({apart.report.ctas}, {apart.grids_that_fit()}) | "
-            f"{gain} | {picks} | {times['default']:.3f} | {cudnn:.3f} | "
-            f"{cudnn / times['default']:.2f}x (max diff {error:.1e}) |")
+            f"{gain} | {picks} | {default:.3f} | {cudnn:.3f} | "
+            f"{cudnn / default:.2f}x (max diff {error:.1e}) |")
 
 
 for shape in SHAPES:

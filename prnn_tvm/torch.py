@@ -18,12 +18,12 @@ one-directional stack (``num_layers``) runs, in an inference call, as one persis
 its layers' weights fit on chip together (the CPU build: always): a wavefront in which layer ``l`` computes
 step ``t`` while layer ``l + 1`` computes step ``t - 1`` (:mod:`prnn_tvm.frontend.stack`;
 :attr:`stack_notes` says, per compiled shape, whether it does and why not). Otherwise a stack runs
-one layer after another, outputs concatenated as PyTorch does. A bidirectional layer runs a launch
+one layer after another, outputs concatenated as PyTorch does. An inference call runs a bidirectional
+layer's two directions as one launch where their weights fit on chip together
+(:mod:`prnn_tvm.frontend.directions`; :attr:`direction_notes` says which, and why); otherwise a launch
 per direction, the reverse one on the time-reversed sequence, on the GPU side by side (the reverse
 one on a stream of the module's, forked from and joined back to the caller's) where the GPU holds
-both grids at once; where it cannot, an inference call runs both directions as one launch where
-their weights fit on chip together (:mod:`prnn_tvm.frontend.directions`; :attr:`direction_notes`
-says which, and why), else one after the other. A
+both grids at once, else one after the other. A
 ``PackedSequence`` runs as its padded batch with per-row lengths (rows stop at their length, the
 reverse direction starts at each row's last step) and comes back packed the same way.
 
@@ -92,12 +92,11 @@ class _Recurrent(torch.nn.Module):
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
         self.num_layers, self.bidirectional, self.dropout = num_layers, bool(bidirectional), float(dropout)
         self.bias, self.batch_first, self.arch, self.config = bias, batch_first, arch, config
-        # a bidirectional inference call on the GPU runs the reverse direction on a stream of its own, beside
-        # the forward one, where both grids fit on the GPU together (False: always one after the other)
-        self.concurrent_directions = True
         # a bidirectional inference call runs a layer's two directions as one launch where both fit on chip
-        # together and one direction's grid cannot run beside the other's (False: a launch per direction);
-        # direction_notes says per compiled shape which and why
+        # together (False: a launch per direction); direction_notes says per compiled shape which and why
+        # a launch per direction on the GPU runs the reverse one on a stream of its own, beside the forward
+        # one, where both grids fit on the GPU together (False: always one after the other)
+        self.concurrent_directions = True
         self.one_launch_directions = True
         self.direction_notes: dict = {}
         # a one-directional stack's inference call runs as one wavefront launch where it fits (False:
@@ -203,22 +202,11 @@ class _Recurrent(torch.nn.Module):
         """A bidirectional layer's two directions compiled as one launch (``compile_cell(...,
         bidirectional=True)``: each direction on CTAs of its own) for ``batch`` on ``device`` taking
         ``input_size`` features, or None where a call runs a launch per direction: a one-directional
-        module, :attr:`one_launch_directions` off, (CUDA) a direction's grid that the GPU holds twice over
-        while :attr:`concurrent_directions` is on (the two launches side by side measured faster there), or
-        weights that do not fit on chip together. Compiled on first use, then kept;
-        ``direction_notes[(batch, device, dtype, input_size)]`` says which, and why."""
+        module, :attr:`one_launch_directions` off, or weights that do not fit on chip together. Compiled on
+        first use, then kept; ``direction_notes[(batch, device, dtype, input_size)]`` says which, and why."""
         if not (self.bidirectional and self.one_launch_directions):
             return None
         key, notes_key = (batch, device.type, device.index, dtype, input_size), (batch, str(device), dtype, input_size)
-        if device.type == "cuda" and self.concurrent_directions:
-            apart = self.layer_for(batch, device, dtype, input_size)
-            if apart.grids_that_fit() >= 2:
-                side_by_side = (*key, "side by side")
-                if side_by_side not in self._launch_notes:  # worded once: a call only looks it up
-                    self._launch_notes[side_by_side] = (f"a launch per direction, side by side: the GPU holds "
-                                                        f"{apart.grids_that_fit()} grids of {apart.report.ctas} CTAs")
-                self.direction_notes[notes_key] = self._launch_notes[side_by_side]
-                return None
         return self._one_launch((*key, "bidirectional"), self.direction_notes, notes_key, batch, device, dtype,
                                 input_size, "one launch", "a launch per direction", bidirectional=True)
 
@@ -364,8 +352,9 @@ class _Recurrent(torch.nn.Module):
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
         backwards = (None if directions == 1 else (lambda s: s.flip(0)) if lengths is None
                      else _reversal_within(lengths, x.shape[0]))
-        # an inference call on the GPU runs the reverse direction on a stream of its own, beside the forward one,
-        # where the two grids fit on the GPU together (measured: else the second waits, and it costs 5-9%)
+        # where a layer runs a launch per direction, an inference call on the GPU runs the reverse one on a stream
+        # of its own, beside the forward one, where the two grids fit on the GPU together (measured: else the
+        # second waits, and it costs 5-9%)
         concurrent = directions == 2 and self.concurrent_directions and x.device.type == "cuda" and not grad
         # a one-directional stack in inference: one wavefront launch, where it fits
         stack = None if grad or (self.training and self.dropout) else self.stack_for(B, x.device, x.dtype)

@@ -23,9 +23,14 @@ With several products, each thread's rows belong to one of them, so in each phas
 the threads of that phase's products multiply.
 
 The grid is one run of CTAs or, where a template's layout splits the step into parts
-(``CellPlan.cta_parts``, a stack's layers), one run per part: each part's code is emitted
-inside a branch on the block index (block-uniform), and the grid barriers stay outside
-the branches, so every CTA meets them.
+(``CellPlan.cta_parts``, a stack's layers or a layer's two directions), one run per part.
+A stack's parts: each step branches on the block index (block-uniform) to its part's
+code, and the grid barriers stay outside the branches, so every CTA meets them. Parts
+that never read each other's values (the two directions) instead pick their part once
+and run a time loop of their own (``part_loops``). With the branch inside each step,
+ptxas -O1 and above miscompiled a bidirectional kernel with ``tags`` on the H100: the
+reverse direction's stores of some steps never happened, a deterministic timeout;
+``-O0`` of the same source ran.
 
 The kernel is built with TVM's IRBuilder and compiled with the ``tirx`` pipeline, which
 keeps the placement as written (no automatic syncs or buffer compaction).
@@ -106,6 +111,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                               f"'{cfg.layout}'")
         self.p, self.c, self.g, self.save = plan, cfg, g, save
         self.H, self.B = plan.hidden, plan.batch
+        self.chosen = False  # inside one part's own time loop (``part_loops``)
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
@@ -163,9 +169,10 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def each_part(self):
         """Enter each part in turn; what the loop body emits runs on that part's CTAs only (no branch where
-        the grid is one run)."""
-        if len(self.parts) == 1:
-            self.enter(self.parts[0])
+        the grid is one run, or inside :meth:`part_loops`, where the part is already chosen)."""
+        if len(self.parts) == 1 or self.chosen:
+            if not self.chosen:
+                self.enter(self.parts[0])
             yield
             return
         for part in self.parts:
@@ -173,6 +180,21 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 with T.Then():
                     self.enter(part)
                     yield
+
+    def part_loops(self):
+        """Where the parts never read each other's values (``CellPlan.independent_parts``: a bidirectional
+        layer's directions), each part's CTAs choose their part once and run a time loop of their own, which
+        passes the same grid barriers in the same order as the others'. Elsewhere one time loop, whose steps
+        branch to each part (one loop per layer measured 160 bytes of spills in a split stack's default)."""
+        if not self.p.independent_parts or len(self.parts) == 1:
+            yield
+            return
+        for _ in self.each_part():
+            self.chosen = True
+            try:
+                yield
+            finally:
+                self.chosen = False
 
     @property
     def cta(self):
@@ -203,10 +225,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                 T.buffer_store(self.aborted, 0, [0])
                 self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
-                for _ in self.each_part():
-                    self.prologue()
-                with T.serial(0, self.steps) as t:
-                    self.step(t)
+                for _ in self.part_loops():
+                    for _ in self.each_part():
+                        self.prologue()
+                    with T.serial(0, self.steps) as t:
+                        self.step(t)
                 if self.barrier_state:  # the base counts steps (tags) or barriers
                     for _ in self.each_part():
                         self.report_timeout()

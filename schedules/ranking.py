@@ -50,23 +50,20 @@ def check_layout(cfg, plan: CellPlan) -> None:
     if not plan.cta_parts:
         raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
                           f"own; cell '{plan.cell.name}' has one part: use 'shared'")
-    if BARRIERS[cfg.barrier].carries_data:
-        # a stack's lower layers never read the upper ones: they would run ahead and overwrite values not yet
-        # read. A bidirectional layer's directions read nothing of each other's, yet on the H100 some of its
-        # split configs with tags timed out at the third step every time (lstm_bi H=512 B=4, 9 units per CTA,
-        # batch_tile 4, 288 threads; counter and the one-direction shared layout with the same knobs ran):
-        # refused for every split plan until that is understood
-        raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and split "
-                          "parts do not all do (a stack's lower layers never read the upper ones, would run ahead and "
-                          "overwrite values not yet read): use counter or grid_sync with layout 'split'")
+    if BARRIERS[cfg.barrier].carries_data and not plan.independent_parts:
+        raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and the "
+                          f"split parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read "
+                          "the upper ones, would run ahead and overwrite values not yet read): use counter or "
+                          "grid_sync with layout 'split'")
 
 
 def layouts(plan: CellPlan, barriers: Iterable) -> list:
     """``(layout, runs of CTAs, barriers)`` for a tuning space: the shared layout, and the split one where
-    the plan has parts (without the data-carried barriers it refuses)."""
+    the plan has parts (without the data-carried barriers where parts read each other's values)."""
     found = [("shared", 1, tuple(barriers))]
     if plan.cta_parts:
-        found.append(("split", len(plan.cta_parts), tuple(b for b in barriers if not BARRIERS[b].carries_data)))
+        found.append(("split", len(plan.cta_parts), tuple(
+            b for b in barriers if plan.independent_parts or not BARRIERS[b].carries_data)))
     return found
 
 

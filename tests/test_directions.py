@@ -176,17 +176,35 @@ def test_default_bidirectional_kernels_split_the_grid_without_spills(cell, hidde
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_the_directions_synchronize_by_a_barrier(dtype):
-    """Split configs with the ``tags`` exchange are refused and out of the space, a bidirectional layer's too:
-    on the H100 some timed out at the third step every time (``schedules/ranking.check_layout``)."""
+def test_the_directions_may_synchronize_by_their_values(dtype):
+    """Data-carried synchronization (``tags``) orders only blocks that read each other's values: a barrier
+    within each direction, which reads only its own state, but not between a stack's layers (the lower ones
+    would run ahead)."""
     knobs = pc if dtype == "float32" else mc
     both = analyze(bidirectional(resolve("lstm")), 4, 256, dtype)
-    configs = split_configs("lstm_bi", 256, 4, 1, dtype)
-    assert configs and not any(cfg.barrier == "tags" for cfg in configs)
+    assert both.independent_parts and not analyze(stacked(resolve("lstm"), 2), 4, 256, dtype).independent_parts
+    tagged = [cfg for cfg in split_configs("lstm_bi", 256, 4, 1, dtype) if cfg.barrier == "tags"]
+    assert tagged and knobs.validate(tagged[0], both, SM90).ctas == 2 * -(-256 // tagged[0].units_per_cta)
+    assert not any(cfg.barrier == "tags" for cfg in split_configs("lstm", 256, 4, 2, dtype))
+    two = analyze(stacked(resolve("lstm"), 2), 4, 256, dtype)
     with pytest.raises(ConfigError, match="barrier 'tags' synchronizes only blocks that read each other's values"):
-        knobs.validate(dataclasses.replace(configs[0], barrier="tags"), both, SM90)
+        knobs.validate(tagged[0], two, SM90)
     layer = prnn_tvm.compile_cell("lstm", 256, 4, dtype=dtype, arch="sm_90", bidirectional=True, tuning_logs=[])
-    assert layer.kernel.config.layout == "split" and layer.kernel.config.barrier != "tags"
+    assert layer.kernel.config.barrier == "tags"  # the default where it fits, as for one direction
+
+
+def test_each_part_of_a_split_grid_runs_a_time_loop_of_its_own():
+    """The part is chosen once per CTA, outside the time loop (``PersistentBuilder.part_loops``): with the
+    branch inside every step ptxas miscompiled a bidirectional kernel (see ``test_the_config_ptxas_miscompiled``).
+    The CUDA source: one time loop per direction, each inside its direction's branch (block 57 on: reverse)."""
+    cfg = pc.PersistentConfig(units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags",
+                              layout="split")
+    layer = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", bidirectional=True, config=cfg)
+    body = layer.cuda_source[layer.cuda_source.index("__global__ void __launch_bounds__(288, 1) recurrent_kernel("):]
+    body = body[:body.index("prnn_report(")]  # the time loops, not the NaN fills after them
+    branches = [body.index("if (((int)blockIdx.x) < 57) {"), body.index("if (57 <= ((int)blockIdx.x)) {")]
+    loops = [i for i in range(len(body)) if body.startswith("; ++v", i)]
+    assert len(loops) == 2 and branches[0] < loops[0] < branches[1] < loops[1], (branches, loops)
 
 
 def test_a_layer_whose_directions_do_not_fit_together_says_so():
@@ -203,8 +221,8 @@ def test_a_layer_whose_directions_do_not_fit_together_says_so():
     ("lstm", 1024, 16, "float16", 256), ("gru", 256, 8, "bfloat16", 64), ("rnn_tanh", 64, 3, "float16", 1),
 ])
 def test_bidirectional_cuda_kernels_match_the_float64_reference(cell, hidden, batch, dtype, seq_len):
-    """The default config, the first split config of each barrier and a random one (seeded), with and without
-    ragged lengths."""
+    """The default config, the first split config of each barrier (``tags`` included where it fits: the
+    directions never read each other's values) and a random one (seeded), with and without ragged lengths."""
     configs = split_configs(f"{cell}_bi", hidden, batch, 1, dtype)
     first = {}
     for cfg in configs:
@@ -217,6 +235,17 @@ def test_bidirectional_cuda_kernels_match_the_float64_reference(cell, hidden, ba
         assert compare_with_two_layers(layer, cell, seq_len) < bound, cfg
         lengths = random_lengths(batch, seq_len, seed=1)
         assert compare_with_two_layers(layer, cell, seq_len, lengths, seed=1) < bound, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq_len", [2, 3, 64])
+def test_the_config_ptxas_miscompiled(seq_len):
+    """With the part chosen inside every step, ptxas -O1 and above built this kernel so that the reverse
+    direction's stores of step 1 never happened: every run timed out at the third step (H100)."""
+    cfg = pc.PersistentConfig(units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags",
+                              layout="split")
+    layer = prnn_tvm.compile_cell("lstm", 512, 4, target="cuda", bidirectional=True, config=cfg)
+    assert compare_with_two_layers(layer, "lstm", seq_len) < tolerance("float32", seq_len)
 
 
 @pytest.mark.gpu

@@ -90,7 +90,6 @@ def test_a_bidirectional_call_from_another_stream_and_a_graph(one_launch):
     ref = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True).cuda().eval()
     fast = pt.from_torch(ref)
     fast.one_launch_directions = one_launch
-    fast.concurrent_directions = not one_launch  # else the two small grids would run side by side
     sides = 0 if one_launch else 1  # side streams per caller stream
     x = torch.randn(32, 4, 64, device="cuda")
     here = torch.cuda.current_stream()

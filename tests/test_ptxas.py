@@ -173,21 +173,49 @@ def kernel_source(layer):
     return src[start:src.index("\n}\n", start)]
 
 
+def time_loops(body: str) -> list:
+    """``(start, end)`` of each time loop in a kernel's body: one, or one per part of a split grid (the NaN fills
+    after ``prnn_report`` are not time loops)."""
+    head = body[:body.index("prnn_report(")] if "prnn_report(" in body else body
+    spans = []
+    for m in re.finditer(r"for \(int (v\w*) = 0; \1 < seq_len; \+\+\1\) \{", head):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(body[i], 0)
+            i += 1
+        spans.append((m.start(), i))
+    return spans
+
+
+def outside_time_loops(body: str) -> str:
+    """The kernel's code outside its time loops (the prologue of each part, the end)."""
+    kept, at = [], 0
+    for start, end in time_loops(body):
+        kept.append(body[at:start])
+        at = end
+    return "".join(kept) + body[at:]
+
+
 @pytest.mark.parametrize("cell", CELLS)
 def test_weights_are_loaded_once_before_the_time_loop(cell):
     layer = prnn_tvm.compile_cell(cell, 256, 4, target="cuda", arch="sm_90")
     plan, body = layer.plan, kernel_source(layer)
-    loop = body.index("< seq_len;")
+    loops, outside = time_loops(body), outside_time_loops(body)
+    parts = plan.cta_parts if layer.report.config.get("layout") == "split" else ()
+    assert len(loops) == (len(parts) if plan.independent_parts and parts else 1)  # a loop per direction
+    loop = loops[0][0]
     for w in plan.weights:
-        assert f"{w.name}_ptr[" in body[:loop] and f"{w.name}_ptr[" not in body[loop:]
+        assert f"{w.name}_ptr[" in body[:loop] and f"{w.name}_ptr[" in outside
+        assert all(f"{w.name}_ptr[" not in body[start:end] for start, end in loops)
     barrier = BARRIERS[layer.report.config["barrier"]]
     if not plan.needs_grid_barrier:
         assert "prnn_tag_copy<" not in body and "prnn_barrier" not in body and "grid_sync" not in body
     elif barrier.carries_data:  # every operand polled once per step
-        assert body.count("prnn_tag_copy<") == len(plan.operands) and body.index("prnn_tag_copy<") > loop
-    else:  # one barrier after each phase (the last one skipped on the last step)
+        polled = sum(len(part.operands) for part in parts) or len(plan.operands)
+        assert body.count("prnn_tag_copy<") == polled and body.index("prnn_tag_copy<") > loop
+    else:  # one barrier after each phase (the last one skipped on the last step), in each part's loop
         call = f"{barrier.function or 'tvm_builtin_cuda_grid_sync'}("
-        assert body.count(call) == plan.phases and body.index(call) > loop
+        assert body.count(call) == plan.phases * len(loops) and body.index(call) > loop
     if plan.reductions and layer.report.config["k_split"] > 1:
         assert "__shfl_xor_sync" in body[loop:]
 
@@ -285,9 +313,10 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     ptx_type = {"float16": "f16", "bfloat16": "bf16"}[dtype]
     products = len(layer.plan.reductions) > 0
     assert (f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in body) == products
-    start, loop = body.index("{"), body.index("< seq_len;")
-    for w in layer.plan.weights:  # fragments loaded once (half2 loads where hidden is even), before the time loop
-        assert f"{w.name}_ptr" in body[start:loop] and f"{w.name}_ptr" not in body[loop:]
+    start, loops = body.index("{"), time_loops(body)
+    for w in layer.plan.weights:  # fragments loaded once (half2 loads where hidden is even), before the time loops
+        assert f"{w.name}_ptr" in body[start:loops[0][0]]
+        assert all(f"{w.name}_ptr" not in body[begin:end] for begin, end in loops)
     # exp, sigmoid and tanh on the approximate units: none of the exact forms is left
     assert "tanhf(" not in body and "expf(" not in body.replace("__expf(", "")
     assert ("__expf(" in body) == (cell not in EXP_FREE_CELLS)

@@ -286,6 +286,16 @@ class CellPlan:
         return tuple(found)
 
     @cached_property
+    def independent_parts(self) -> bool:
+        """Whether every one of :attr:`cta_parts` multiplies only operands its own groups write (a
+        bidirectional layer's directions; not a stack's layers, which read the layer below's output): no
+        part ever waits for another's values, so a synchronization that only orders blocks reading each
+        other's values (the ``tags`` exchange) is a barrier within each part."""
+        return bool(self.cta_parts) and all(
+            set(part.operands) <= {name for g in part.groups for name in (*g.states, *g.exchanged_stages)}
+            for part in self.cta_parts)
+
+    @cached_property
     def item_values(self) -> int:
         """Values a pointwise item keeps in registers through a step: its group's private states and
         live-outs (the most any group keeps)."""
