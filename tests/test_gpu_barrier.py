@@ -75,3 +75,22 @@ def test_many_launches_need_no_reset(barrier):
     layer = lstm_with(barrier, hidden=256)
     for seq_len in (33, 1, 2, 33, 7) * 4:
         assert run_and_compare(layer, seq_len, seed=seq_len) <= tolerance("float32", seq_len)
+
+
+@pytest.mark.parametrize("barrier", STATEFUL)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_last_block_out_advances_the_base(barrier, bidirectional):
+    """After each launch the state reads: no error, the base advanced by the launch's barriers (``counter``) or
+    steps (``tags``), no block counted out (the last one reset the count). A bidirectional layer's directions
+    with ``tags`` never wait for each other's blocks, so block 0 may leave first: the base must still move once."""
+    layer = lstm_with(barrier, hidden=256)
+    if bidirectional:
+        cfg = dataclasses.replace(layer.kernel.config, layout="split", units_per_cta=4)
+        layer = prnn_tvm.compile_cell("lstm", 256, 4, target="cuda", bidirectional=True, config=cfg)
+    base = 0
+    for seq_len in (5, 1, 2, 17):
+        inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seq_len)
+        layer(*[inputs.get(n) for n in layer.arg_names])
+        sync = next(iter(layer._states.values()))["sync"].numpy()
+        base += seq_len if barrier == "tags" else seq_len - 1
+        assert sync[0] == 0 and sync[2] == base and sync[3] == 0, (seq_len, sync)

@@ -32,7 +32,9 @@ EXP_FREE_CELLS = ("indrnn", "rnn_relu")  # no exp, sigmoid or tanh in their math
 
 # Where the register estimate ranks first a config that ptxas spills, and the build takes the next
 # ranked default (the report names it): (cell, hidden, batch, arch) -> spill bytes passed over.
-KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (128,)}  # 136 B before its two pointwise groups, 104 before lengths
+# Cho's GRU at 1024x4 on sm_90: 144 B (128 before the last block out advanced the barrier base, 136 before its
+# two pointwise groups, 104 before lengths).
+KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (144,)}
 
 
 @pytest.mark.parametrize("cell", CELLS)

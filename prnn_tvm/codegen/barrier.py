@@ -25,14 +25,18 @@ which pastes the source once per function called, hence the include guards):
   function name, so one module can hold kernels of different barriers;
 - **state** is a ``uint32`` buffer of ``SYNC_WORDS`` words owned by the layer: word 0 the
   error word (0, or 1 + the step whose wait timed out), word 1 the arrival count, word 2
-  the base;
+  the base, word 3 the blocks that left the running launch;
 - **no reset between launches**: the base is the number of barriers (``counter``) or steps
-  (``tags``) all earlier launches passed, mod 2^32. Every block reads it when the kernel
-  starts; step ``s`` waits for count ``(base + s + 1) * ctas`` or for values tagged
-  ``base + s`` written at step ``s - 1``, compared wrap-safe; block 0 advances the base when
-  it leaves (every block read it before its first wait, and the next launch starts after
-  this one ends). Only a timeout leaves the state inconsistent: the host then zeroes it
-  (and the workspace, whose tags are stale);
+  (``tags``) all earlier launches passed, mod 2^32. Every thread reads it once when the
+  kernel starts (a volatile load, which the compiler cannot repeat later); step ``s`` waits
+  for count ``(base + s + 1) * ctas`` or for values tagged ``base + s`` written at step
+  ``s - 1``, compared wrap-safe. The last block to leave advances the base: thread 0 of each
+  block counts it out with an acquire-release atomic, after a block barrier of the time
+  loop that every thread of the block passed after reading the base (a launch of no steps
+  leaves the base as it was), and the next launch starts after this one ends. Not block 0:
+  with ``tags`` and independent parts (a bidirectional layer's directions) block 0 never
+  waits for the other part's blocks. Only a timeout leaves the state inconsistent: the host
+  then zeroes it (and the workspace, whose tags are stale);
 - **never hangs**: every poll loop looks at the error word and ``%globaltimer`` every
   ``PRNN_CHECK_EVERY`` polls, gives up after ``timeout_us``, records the step in the error
   word (first one wins) and makes the whole block leave its time loop; a waiter that sees
@@ -57,7 +61,7 @@ from tvm.script.ir_builder import tirx as T
 from ..errors import ConfigError
 from ..signature import SYNC_SCALARS
 
-SYNC_WORDS = 4  # error word, counter, base, and one spare keeping the buffer 16-byte sized
+SYNC_WORDS = 4  # error word, counter, base, blocks that left the running launch
 
 _COMMON = r"""
 #ifndef PRNN_BARRIER_COMMON
@@ -77,11 +81,19 @@ __device__ __forceinline__ unsigned long long prnn_globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// Barriers all earlier launches passed; read by every block before its first barrier.
-__device__ __forceinline__ int prnn_barrier_begin(const unsigned* sync) { return (int)sync[2]; }
-// Block 0 records this launch's barriers when it leaves (after every block read the base).
+// Barriers (or steps) all earlier launches passed, read once by every thread at the start (volatile:
+// a plain load may be repeated later, when the last block out may have moved the base on).
+__device__ __forceinline__ int prnn_barrier_begin(const unsigned* sync) { return (int)prnn_ld_relaxed(sync + 2); }
+// The last block to leave records this launch's barriers in the base: each block counts itself out in
+// word 3 (release: after its threads read the base; acquire: the last one sees every count before it).
 __device__ __forceinline__ void prnn_barrier_end(unsigned* sync, int base, int barriers) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) sync[2] = (unsigned)base + (unsigned)barriers;
+  if (threadIdx.x != 0) return;
+  unsigned left;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(left) : "l"(sync + 3) : "memory");
+  if (left == gridDim.x - 1) {
+    sync[3] = 0u;
+    sync[2] = (unsigned)base + (unsigned)barriers;
+  }
 }
 // Every PRNN_CHECK_EVERY polls a waiter looks at the error word and the clock: checking on
 // every poll would put a second round trip into each one.
