@@ -111,7 +111,6 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                               f"'{cfg.layout}'")
         self.p, self.c, self.g, self.save = plan, cfg, g, save
         self.H, self.B = plan.hidden, plan.batch
-        self.chosen = False  # inside one part's own time loop (``part_loops``)
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
@@ -121,6 +120,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.parts = self.grid_parts() if not save else (
             GridPart(0, g.ctas, plan.reductions, plan.operands, (PointwiseGroup.whole(plan),)),)
         self.groups = tuple(group for part in self.parts for group in part.groups)
+        self.looping = self.parts  # the parts the time loop being emitted runs: one inside ``part_loops``
         # word offset of the float32 template's gate sums: after the operand tiles of the part with the most
         self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.k_pad
         self.ipt = max(-(-len(part.groups) * group_span(self.B * cfg.units_per_cta, len(part.groups)) // g.threads)
@@ -168,14 +168,13 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.slot = {name: i for i, name in enumerate(part.operands)}  # each operand's shared tile
 
     def each_part(self):
-        """Enter each part in turn; what the loop body emits runs on that part's CTAs only (no branch where
-        the grid is one run, or inside :meth:`part_loops`, where the part is already chosen)."""
-        if len(self.parts) == 1 or self.chosen:
-            if not self.chosen:
-                self.enter(self.parts[0])
+        """Enter each part the time loop runs in turn; what the loop body emits runs on that part's CTAs only
+        (no branch where the grid is one run, or inside :meth:`part_loops`, where the part is already chosen)."""
+        if len(self.looping) == 1:
+            self.enter(self.looping[0])
             yield
             return
-        for part in self.parts:
+        for part in self.looping:
             with T.If(tirx.all(part.first_cta <= self.bx, self.bx < part.first_cta + part.ctas)):
                 with T.Then():
                     self.enter(part)
@@ -190,11 +189,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             yield
             return
         for _ in self.each_part():
-            self.chosen = True
+            self.looping = (self.part,)
             try:
                 yield
             finally:
-                self.chosen = False
+                self.looping = self.parts
 
     @property
     def cta(self):

@@ -28,7 +28,7 @@ from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.signature import SEQ, Signature
 
 from .test_export import RUNTIME_ONLY
-from .test_ptxas import assert_launchable
+from .test_ptxas import assert_launchable, kernel_source, time_loops
 from .test_stack import SM90, split_configs
 
 CELLS = list(builtin_cells())
@@ -199,11 +199,9 @@ def test_each_part_of_a_split_grid_runs_a_time_loop_of_its_own():
     The CUDA source: one time loop per direction, each inside its direction's branch (block 57 on: reverse)."""
     cfg = pc.PersistentConfig(units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags",
                               layout="split")
-    layer = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", bidirectional=True, config=cfg)
-    body = layer.cuda_source[layer.cuda_source.index("__global__ void __launch_bounds__(288, 1) recurrent_kernel("):]
-    body = body[:body.index("prnn_report(")]  # the time loops, not the NaN fills after them
+    body = kernel_source(prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", bidirectional=True, config=cfg))
     branches = [body.index("if (((int)blockIdx.x) < 57) {"), body.index("if (57 <= ((int)blockIdx.x)) {")]
-    loops = [i for i in range(len(body)) if body.startswith("; ++v", i)]
+    loops = [start for start, _ in time_loops(body)]
     assert len(loops) == 2 and branches[0] < loops[0] < branches[1] < loops[1], (branches, loops)
 
 

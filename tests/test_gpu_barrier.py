@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+import tvm_ffi
 
 import prnn_tvm
 from prnn_tvm.bench.barrier_probe import Probe
@@ -91,6 +92,6 @@ def test_the_last_block_out_advances_the_base(barrier, bidirectional):
     for seq_len in (5, 1, 2, 17):
         inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seq_len)
         layer(*[inputs.get(n) for n in layer.arg_names])
-        sync = next(iter(layer._states.values()))["sync"].numpy()
+        sync = layer.launch_state(tvm_ffi.get_raw_stream(layer.device))["sync"].numpy()
         base += seq_len if barrier == "tags" else seq_len - 1
         assert sync[0] == 0 and sync[2] == base and sync[3] == 0, (seq_len, sync)
