@@ -50,7 +50,7 @@ class PersistentConfig:
     batch_tile: int = field(metadata={"short": "bt"})
     vec: int = field(default=4, metadata={"short": "v"})
     barrier: str = field(default="counter", metadata={"short": ""})
-    layout: str = field(default="shared", metadata={"short": ""})
+    layout: str = field(default="shared", metadata={"short": "", "quiet": True})
 
     def as_dict(self) -> dict:
         return knobs_of(self)

@@ -1,7 +1,8 @@
 """Recurrent weights as tensor-core fragments in registers, and the products over them.
 
 Warp ``w`` of a CTA is ``(m, kg) = (w // k_groups, w % k_groups)``: it holds, for the whole
-launch, the A fragments of row tile ``m`` for its k tiles ``kg * kt_per + kt``. Lane
+launch, the A fragments of row tiles ``m * mw .. m * mw + mw - 1`` (``mw``: ``m_tiles_per_warp``)
+for its k tiles ``kg * kt_per + kt``; each B fragment it loads feeds all of them. Lane
 ``(grp, quad) = (lane // 4, lane % 4)`` holds, per k tile, the eight half values that
 ``mma.sync.m16n8k16.row.col`` takes from it (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
 
@@ -46,8 +47,9 @@ class FragmentWeights:
     def alloc_product_buffers(self):
         """Fragment registers; one dynamic shared buffer: the float32 partial sums, then the operand tiles."""
         g, c = self.g, self.c
-        self.wreg = T.alloc_buffer((max(1, A_REGS * g.k_tiles_per_warp),), self.dt, scope="local")
-        self.acc = T.alloc_buffer((C_REGS * c.n_tiles,), self.acc_dt, scope="local")
+        mw = c.m_tiles_per_warp
+        self.wreg = T.alloc_buffer((max(1, A_REGS * g.k_tiles_per_warp * mw),), self.dt, scope="local")
+        self.acc = T.alloc_buffer((C_REGS * c.n_tiles * mw,), self.acc_dt, scope="local")
         self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles,), self.dt, scope="local")
         gs_words = g.smem_gs // itemsize(self.acc_dt)
         # the sums and the tiles, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
@@ -57,7 +59,7 @@ class FragmentWeights:
         self.smem = T.decl_buffer((max(1, g.smem_ops // itemsize(self.dt)),), self.dt, data=self.gsum.data,
                                   elem_offset=gs_words * per_word)
         warp, lane = self.tx // 32, self.tx % 32
-        self.mt = bind_value(warp // c.k_groups, "mt")
+        self.mt = bind_value(warp // c.k_groups * mw, "mt")  # the warp's first row tile
         self.kg = bind_value(warp % c.k_groups, "kg")
         self.grp = bind_value(lane // 4, "grp")
         self.quad = bind_value(lane % 4, "quad")
@@ -71,30 +73,31 @@ class FragmentWeights:
         if not self.reductions:
             return
         H, U, kt_per = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp
-        sources = []  # per fragment row: [(in this product, weight row), per product]
-        for half in range(2):
-            row = bind_value(self.mt * TILE_M + self.grp + 8 * half, f"frag_row{half}")
-            per_product = []
-            for i, red in enumerate(self.reductions):
-                lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
-                unit = self.cta * U + (row - lo) % U
-                ok = bind_value(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{half}_{i}")
-                per_product.append((ok, bind_value(((row - lo) // U) * H + unit, f"frag_src{half}_{i}")))
-            sources.append(per_product)
         lanes = 2 if H % 2 == 0 else 1  # pairs (2 * quad, 2 * quad + 1) never straddle an even H
-        for kt in range(kt_per):
-            for j in range(0, A_REGS, lanes):
-                k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
-                value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
-                for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
-                    value = T.if_then_else(tirx.all(ok, k < H), self.a.weight[red.weight][src, vec_index(k, lanes)],
-                                           value)
-                T.buffer_store(self.wreg, value, [vec_index(kt * A_REGS + j, lanes)])
+        for m in range(self.c.m_tiles_per_warp):
+            sources = []  # per fragment row: [(in this product, weight row), per product]
+            for half in range(2):
+                row = bind_value((self.mt + m) * TILE_M + self.grp + 8 * half, f"frag_row{m}_{half}")
+                per_product = []
+                for i, red in enumerate(self.reductions):
+                    lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
+                    unit = self.cta * U + (row - lo) % U
+                    ok = bind_value(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{m}_{half}_{i}")
+                    per_product.append((ok, bind_value(((row - lo) // U) * H + unit, f"frag_src{m}_{half}_{i}")))
+                sources.append(per_product)
+            for kt in range(kt_per):
+                for j in range(0, A_REGS, lanes):
+                    k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
+                    value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
+                    for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
+                        value = T.if_then_else(tirx.all(ok, k < H),
+                                               self.a.weight[red.weight][src, vec_index(k, lanes)], value)
+                    T.buffer_store(self.wreg, value, [vec_index((m * kt_per + kt) * A_REGS + j, lanes)])
 
     def tile_products(self, b0, phase: int):
         """This phase's products for batch rows b0.. (in shared memory) into the k group's partial sums."""
-        c, g, stride = self.c, self.g, self.stride
-        for i in range(C_REGS * c.n_tiles):
+        c, g, stride, mw = self.c, self.g, self.stride, self.c.m_tiles_per_warp
+        for i in range(C_REGS * c.n_tiles * mw):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
         ptx = PTX_TYPES[self.dt]
         tiles = sum(product_tiles(self.reductions, c.units_per_cta))
@@ -111,23 +114,26 @@ class FragmentWeights:
                         for half in range(2):  # k 2*quad.. and 8 + 2*quad..
                             T.buffer_store(self.bfrag, self.smem[vec_index(at + 8 * half, 2)],
                                            [vec_index(nt * B_REGS + 2 * half, 2)])
-                        T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
-                                                    kt * A_REGS, self.bfrag.data, nt * B_REGS, self.acc.data,
-                                                    nt * C_REGS, False))
+                        for m in range(mw):  # the warp's row tiles share the B fragment
+                            T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
+                                                        (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
+                                                        nt * B_REGS, self.acc.data, (m * c.n_tiles + nt) * C_REGS,
+                                                        False))
                 self.store_partials(b0)
 
     def store_partials(self, b0):
         """The accumulators to the shared partial sums of this warp's k group: ``[kg][b][row]``, batch rows
         ``sum_stride`` words apart."""
-        g = self.g
-        for nt in range(self.c.n_tiles):
-            for i in range(C_REGS):
-                row = self.mt * TILE_M + self.grp + 8 * (i // 2)
-                b = b0 + nt * TILE_N + 2 * self.quad + i % 2
-                with T.If(b < self.B):
-                    with T.Then():
-                        T.buffer_store(self.gsum, self.acc[nt * C_REGS + i],
-                                       [(self.kg * self.B + b) * g.sum_stride + row])
+        g, c = self.g, self.c
+        for m in range(c.m_tiles_per_warp):
+            for nt in range(c.n_tiles):
+                for i in range(C_REGS):
+                    row = (self.mt + m) * TILE_M + self.grp + 8 * (i // 2)
+                    b = b0 + nt * TILE_N + 2 * self.quad + i % 2
+                    with T.If(b < self.B):
+                        with T.Then():
+                            T.buffer_store(self.gsum, self.acc[(m * c.n_tiles + nt) * C_REGS + i],
+                                           [(self.kg * self.B + b) * g.sum_stride + row])
 
     def gate_sum(self, b, row):
         """The product of CTA row ``row`` for batch row ``b``: the sum of the k groups' partials."""

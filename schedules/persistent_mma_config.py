@@ -8,9 +8,11 @@ one tile and any batch is padded to a multiple of 8 inside the kernel.
 A CTA owns ``units_per_cta`` hidden units; product ``i`` gets ``ceil(slices_i * units / 16)``
 row tiles of its own (rows past its end are zero weights), so a tile never mixes products.
 Each row tile is split along k over ``k_groups`` warps: warp ``(m, kg)`` holds the A
-fragments of row tile ``m`` for k tiles ``kg * k_tiles_per_warp ..`` in registers for the
-whole launch, and the ``k_groups`` partial sums meet in shared memory. The batch runs in
-passes of ``n_tiles`` x 8 rows.
+fragments of ``m_tiles_per_warp`` row tiles from ``m * m_tiles_per_warp`` for k tiles
+``kg * k_tiles_per_warp ..`` in registers for the whole launch, and the ``k_groups`` partial
+sums meet in shared memory. The batch runs in passes of ``n_tiles`` x 8 rows. A warp with two
+row tiles loads each B fragment from shared memory once for both (half the shared reads of
+the state per step, fewer warps).
 
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
@@ -49,6 +51,7 @@ TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states an
 MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
+M_TILES_PER_WARP = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class MmaConfig:
     k_groups: int = field(metadata={"short": "kg"})
     n_tiles: int = field(default=1, metadata={"short": "nt"})
     barrier: str = field(default="counter", metadata={"short": ""})
-    layout: str = field(default="shared", metadata={"short": ""})
+    layout: str = field(default="shared", metadata={"short": "", "quiet": True})
+    m_tiles_per_warp: int = field(default=1, metadata={"short": "mw", "quiet": True})
 
     @property
     def batch_tile(self) -> int:
@@ -77,11 +81,12 @@ class MmaGeometry:
     ctas: int
     threads: int
     m_tiles: int               # row tiles per CTA over all its products (the most any part has)
+    warp_rows: int             # row-tile rows of warps: ceil(m_tiles / m_tiles_per_warp)
     rows: int                  # m_tiles * 16: gate rows per CTA, padding included
     sum_stride: int            # words between batch rows of the shared partial sums (see gate_sum_stride)
     k_tiles_per_warp: int
     k_pad: int                 # hidden rounded up to whole k tiles of every k group
-    weights_per_thread: int    # 32-bit registers of A fragments
+    weights_per_thread: int    # 32-bit registers of A fragments (every row tile of the warp)
     batch_chunks: int          # passes over the batch
     items_per_thread: int      # (pointwise group, batch row, unit) items per thread
     tagged_per_thread: int
@@ -110,11 +115,13 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     runs = parts(cfg.layout, plan)
     m_tiles = max(sum(product_tiles(reductions, cfg.units_per_cta)) for reductions, _, _ in runs)
     ctas = len(runs) * math.ceil(H / cfg.units_per_cta)
-    warps = max(1, m_tiles * cfg.k_groups)
+    mw = cfg.m_tiles_per_warp
+    warp_rows = math.ceil(m_tiles / mw)
+    warps = max(1, warp_rows * cfg.k_groups)
     threads = 32 * warps
     kt = math.ceil(math.ceil(H / TILE_K) / cfg.k_groups) if m_tiles else 0
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
-    weights = 4 * kt
+    weights = 4 * kt * mw
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
@@ -126,9 +133,9 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     tag_vec = 2 if H % 2 == 0 else 1
     tagged = (math.ceil(min(cfg.batch_tile, B) * H / (threads * tag_vec))
               if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
-    regs = (weights + 6 * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
+    regs = (weights + (4 * mw + 2) * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
-    return MmaGeometry(ctas, threads, m_tiles, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
+    return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
 
 
@@ -172,6 +179,16 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"k_groups={cfg.k_groups}: must be between 1 and {MAX_K_GROUPS} (warps sharing a row "
                           "tile's k)")
     check_layout(cfg, plan)
+    if cfg.m_tiles_per_warp not in M_TILES_PER_WARP:
+        raise ConfigError(f"m_tiles_per_warp={cfg.m_tiles_per_warp}: must be one of "
+                          f"{', '.join(map(str, M_TILES_PER_WARP))} (row tiles of weights per warp)")
+    if cfg.m_tiles_per_warp > 1:
+        for reductions, _, _ in parts(cfg.layout, plan):
+            tiles = product_tiles(reductions, cfg.units_per_cta)
+            if any(n % cfg.m_tiles_per_warp for n in tiles):
+                raise ConfigError(f"m_tiles_per_warp={cfg.m_tiles_per_warp}: a warp's row tiles multiply one operand, "
+                                  f"so each product's row tiles must come in groups of {cfg.m_tiles_per_warp}; at "
+                                  f"units_per_cta={cfg.units_per_cta} they are {tiles}")
     if cfg.n_tiles not in (1, 2, 4, 8):
         raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
     if cfg.batch_tile > _round_up(plan.batch, TILE_N):
@@ -186,10 +203,13 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
                           f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
                           "n_tiles or raise k_groups")
     if g.threads > 1024:
-        raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles x k_groups {cfg.k_groups}); at most "
-                          "1024: lower k_groups or units_per_cta")
-    check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {4 * cfg.n_tiles} accumulators",
-                    "raise k_groups or units_per_cta, or lower n_tiles", "lower n_tiles or k_groups")
+        per_warp = f", {cfg.m_tiles_per_warp} per warp" if cfg.m_tiles_per_warp > 1 else ""
+        raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles{per_warp} x k_groups {cfg.k_groups}); "
+                          "at most 1024: lower k_groups or units_per_cta")
+    accumulators = 4 * cfg.n_tiles * cfg.m_tiles_per_warp
+    fewer = "lower n_tiles" + (" or m_tiles_per_warp" if cfg.m_tiles_per_warp > 1 else "")
+    check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {accumulators} accumulators",
+                    f"raise k_groups or units_per_cta, or {fewer}", "lower n_tiles or k_groups")
     return g
 
 
@@ -198,7 +218,8 @@ def row_aligned(plan: CellPlan, units: int) -> bool:
     return all(r.slices * units % TILE_M == 0 for r in plan.reductions)
 
 
-def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[MmaConfig]:
+def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
+          tiles_per_warp: tuple = M_TILES_PER_WARP) -> list[MmaConfig]:
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space. The split layout
     (where the plan has parts) spreads every part's units over the SMs together."""
     H = plan.hidden
@@ -209,8 +230,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
                         if u <= H})
-        configs += [MmaConfig(u, kg, nt, b, layout) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
-                    if nt <= n_max for b in layout_barriers]
+        configs += [MmaConfig(u, kg, nt, b, layout, mw) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
+                    if nt <= n_max for b in layout_barriers for mw in tiles_per_warp]
     return configs
 
 
@@ -221,7 +242,7 @@ GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_
 def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
-    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles")}
+    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
@@ -242,7 +263,7 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
     at batch 16 k_groups 4/8/12 with n_tiles 2 ran 2.74/2.96/3.52 us/step and n_tiles 1
     (two passes) 3.41 at k_groups 4; at batch 1 k_groups 4 and 8 both 2.08.
     """
-    chain = g.k_tiles_per_warp * max(MMA_CYCLES, 2 * cfg.n_tiles)
+    chain = g.k_tiles_per_warp * max(MMA_CYCLES, 2 * cfg.n_tiles * cfg.m_tiles_per_warp)
     loads = g.threads / 32 * g.k_tiles_per_warp * cfg.n_tiles / 4
     per_pass = (chain + loads + TILE_OVERHEAD) * max(1.0, 8 / (g.threads / 32))
     return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
@@ -274,8 +295,9 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
         except ConfigError:
             return found
 
-    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
-                              "tensor-core", widen)
+    # one row tile per warp: what the estimate was fitted on (two are a tuning choice)
+    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",), tiles_per_warp=(1,)), validate,
+                              estimated_cycles, limit, "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
     return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
             else cfg for cfg in ladder]

@@ -28,9 +28,12 @@ LAYOUTS = ("shared", "split")
 
 
 def knobs_of(cfg) -> dict:
-    """A config's knobs as a dict; ``layout`` only where it is not ``shared`` (the records and tables of
-    configs from before the knob stay as they were)."""
-    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "layout" or cfg.layout != "shared"}
+    """A config's knobs as a dict; a knob added after records existed (metadata ``quiet``: ``layout``,
+    ``m_tiles_per_warp``) only where it is not its default, so the records and tables of configs from before
+    it stay as they were."""
+    fields = cfg.__dataclass_fields__
+    return {k: getattr(cfg, k) for k, f in fields.items()
+            if not f.metadata.get("quiet") or getattr(cfg, k) != f.default}
 
 
 def parts(layout: str, plan: CellPlan) -> tuple:

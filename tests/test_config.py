@@ -122,8 +122,33 @@ def test_mma_geometry_pads_products_to_row_tiles():
     assert gru.m_tiles == 3  # 20 rows of r, z in two tiles; 10 rows of n in a third, never mixed
 
 
+def test_two_row_tiles_per_warp_halve_the_warps_and_double_their_fragments():
+    one = mc.validate(mc.MmaConfig(units_per_cta=8, k_groups=8, n_tiles=2), half_plan(), SM90)
+    two = mc.validate(mc.MmaConfig(8, 8, 2, m_tiles_per_warp=2), half_plan(), SM90)
+    assert (two.m_tiles, two.warp_rows, two.threads) == (2, 1, 256) and (one.warp_rows, one.threads) == (2, 512)
+    assert two.weights_per_thread == 2 * one.weights_per_thread == 64
+    assert two.regs_estimate - one.regs_estimate == 32 + 4 * 2  # the fragments and a second set of accumulators
+    # a new knob stays out of the records at its default, so older records read the same
+    assert "m_tiles_per_warp" not in mc.MmaConfig(8, 8, 2).as_dict()
+    assert mc.MmaConfig(8, 8, 2, m_tiles_per_warp=2).as_dict()["m_tiles_per_warp"] == 2
+    space = mc.space(half_plan(), SM90)
+    assert {c.m_tiles_per_warp for c in space} == {1, 2}
+    assert {c.m_tiles_per_warp for c in mc.ranked_configs(half_plan(), SM90)} == {1}  # a tuning choice only
+
+
+def test_a_warps_row_tiles_multiply_one_operand():
+    """GRU at 16 units per CTA: 48 rows, three tiles; a pair would straddle two products of a stack's layer."""
+    with pytest.raises(ConfigError, match=r"row tiles must come in groups of 2; at units_per_cta=16 they are \[3\]"):
+        mc.validate(mc.MmaConfig(16, 4, 1, m_tiles_per_warp=2), half_plan("gru", batch=4), SM90)
+    stack = prnn_tvm.analyze(prnn_tvm.resolve("lstm_x2"), 4, 512, "float16")
+    with pytest.raises(ConfigError, match=r"they are \[3\]"):  # layer 0's W_hh: 12 units x 4 gates
+        mc.validate(mc.MmaConfig(12, 2, 1, "counter", "split", 2), stack, SM90)
+    assert mc.validate(mc.MmaConfig(8, 2, 1, "counter", "split", 2), stack, SM90).warp_rows == 2
+
+
 @pytest.mark.parametrize("change, reason", [
     (dict(k_groups=1), "registers per thread"),
+    (dict(m_tiles_per_warp=3), "m_tiles_per_warp=3: must be one of 1, 2"),
     (dict(k_groups=32), "k_groups=32"),
     (dict(n_tiles=3), "n_tiles=3"),
     (dict(units_per_cta=16, k_groups=16), "threads per CTA"),

@@ -57,6 +57,19 @@ def test_every_barrier_odd_sizes(dtype, barrier, cell):
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_two_row_tiles_per_warp_odd_sizes(dtype, barrier, cell):
+    """``m_tiles_per_warp=2``: each warp multiplies two row tiles (the second partly padding for GRU's 24 rows)
+    by one B fragment; partial CTAs, a partial last k tile, a partial batch tile, two passes."""
+    cfg = {"units_per_cta": 8, "k_groups": 2, "n_tiles": 1, "barrier": barrier, "m_tiles_per_warp": 2}
+    layer = layer_for(cell, 133, 11, dtype, cfg)
+    assert layer.report.config["m_tiles_per_warp"] == 2
+    assert error_of(layer, 9) <= tolerance(dtype, 9)
+    assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
 def test_half_rows_stop_at_their_lengths(dtype, cell):
     layer = layer_for(cell, 512, 33, dtype)

@@ -579,12 +579,15 @@ def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell, packed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)])
-def test_cuda_half_modules_train(kind, dtype, bound):
+@pytest.mark.parametrize("config", [None, {"units_per_cta": 8, "k_groups": 2, "n_tiles": 1, "barrier": "counter",
+                                           "m_tiles_per_warp": 2}], ids=["default", "two_row_tiles_per_warp"])
+def test_cuda_half_modules_train(kind, dtype, bound, config):
     """Half storage on the GPU (the forward on tensor cores, saving in float32; the backward in float32):
     gradients against torch.nn's float64 autograd on the same half-rounded weights, inputs and states,
-    relative to a gradient's largest entry where that passes 1; the gradients come back in the half type."""
+    relative to a gradient's largest entry where that passes 1; the gradients come back in the half type.
+    The saving forward takes the layer's config: a tuned one may hold two row tiles per warp."""
     torch.manual_seed(9)
-    fast = pt.from_torch(_reference(kind, input_size=24, hidden_size=128).to(dtype).cuda().train())
+    fast = pt.from_torch(_reference(kind, input_size=24, hidden_size=128).to(dtype).cuda().train(), config=config)
     ref = _reference(kind, input_size=24, hidden_size=128).double()
     with torch.no_grad():
         for p, q in zip(ref.parameters(), fast.parameters()):
