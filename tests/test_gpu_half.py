@@ -4,6 +4,7 @@ Random tuning configs of every dtype: ``test_gpu_robust``'s fuzz."""
 
 import numpy as np
 import pytest
+import tvm
 
 import prnn_tvm
 from prnn_tvm.checks import max_abs_error
@@ -107,3 +108,25 @@ def test_half_back_to_back_launches_are_bitwise_identical():
     for out, finals in runs[1:]:
         assert np.array_equal(out, runs[0][0])
         assert all(np.array_equal(a, b) for a, b in zip(finals, runs[0][1]))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("cell, hidden, batch, input_size, seq_len", [
+    ("lstm", 1024, 16, 1024, 256),  # whole tiles
+    ("gru", 33, 3, 5, 7),  # every dimension short of a tile; K of 5: one-element loads
+    ("rnn_tanh", 1, 1, 1, 1),
+    ("lstm", 64, 4, 6, 33),  # two-element loads
+    ("gru", 512, 33, 300, 50),  # four-element loads, 1650 rows: a part tile of rows
+    ("lstm", 129, 7, 200, 301)])  # a width of 516: a part tile of columns
+def test_tensor_core_projection_matches_float64(dtype, cell, hidden, batch, input_size, seq_len):
+    """The input projection of a compiled half layer (``codegen.projection.tensor_core_projection``) against
+    float64 on the same half inputs: it accumulates in float32, so only float32 rounding of the sums remains."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="cuda")
+    inputs = random_inputs(layer.plan, seq_len, input_size, seed=1)
+    dev = tvm.cuda(0)
+    xp = tvm.runtime.tensor(np.full((seq_len, batch, inputs["W_ih"].shape[0]), np.nan, np.float32), dev)
+    layer.module["projection"](*(tvm.runtime.tensor(inputs[k], dev) for k in ("x", "W_ih", "b_ih")), xp)
+    x, w, b = (inputs[k].astype(np.float64) for k in ("x", "W_ih", "b_ih"))
+    ref = x @ w.T + b
+    err = np.abs(xp.numpy() - ref).max()  # NaN (an element never written) fails too
+    assert err <= 1e-6 * np.sqrt(input_size) * max(1.0, np.abs(ref).max()), err

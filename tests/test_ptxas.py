@@ -61,7 +61,7 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     ("lstm", 1024, 1, "float32", "sm_90"),  # 64x128 k-major tiles
     ("gru", 512, 64, "float32", "sm_90"),  # 128x128 k-major tiles, a width of 3 x 512
     ("lstm", 256, 1, "float32", "sm_90"),  # dlight's own tiles (batch x width 1024 < 4096)
-    ("lstm", 1024, 16, "float16", "sm_90")])
+    ("lstm", 1024, 16, "float16", "sm_90"), ("gru", 33, 3, "bfloat16", "sm_80")])  # tensor cores
 def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch):
     """The input projection's kernel, for each tiling ``codegen/projection.py`` picks (its ptxas figures, as
     the report gives them)."""
@@ -70,6 +70,22 @@ def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch
     assert re.fullmatch(r"(\d+) registers/thread, 0 B spills, 0 B stack, \d+ B static shared memory", figures), figures
     assert int(figures.split()[0]) <= max_regs_per_thread(256, gpu_spec(arch))
     assert f"projection  {figures}" in layer.report.format()
+
+
+@pytest.mark.parametrize("dtype, ptx", [("float16", "f16"), ("bfloat16", "bf16")])
+@pytest.mark.parametrize("input_size", [1024, 37])
+def test_a_half_projection_multiplies_on_tensor_cores(dtype, ptx, input_size):
+    """Half layers' input projection is the hand-placed mma.sync GEMM (float32 accumulators), with 16-byte
+    global loads where the input size allows them and element loads where it does not."""
+    layer = prnn_tvm.compile_cell("lstm", 256, 4, input_size=input_size, dtype=dtype, target="cuda", arch="sm_90",
+                                  tuning_logs=[])
+    src = layer.cuda_source
+    start = src.rindex("projection_kernel(")  # the definition (the declaration comes first)
+    end = src.find('extern "C"', start)  # the next kernel, if the projection is not the last
+    body = src[start:] if end < 0 else src[start:end]
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32" in body
+    assert ("uint4 condval" in body) == (input_size % 8 == 0)  # a predicated 16-byte load
+    assert " 0 B spills" in layer.report.projection_ptxas
 
 
 def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(monkeypatch):

@@ -3,9 +3,12 @@
 Inputs are the layer's storage dtype; the products accumulate, and ``xp`` is kept, in the
 accumulation type (float32 for every dtype), so a half-precision layer rounds its inputs once.
 
-It has no recurrence, so it is one large matrix product over all timesteps, built from
-TE and scheduled by TVM (dlight's GPU rules on CUDA, its matmul rule with tiles measured
-for these shapes; a parallel loop nest on the CPU) before the persistent kernel runs.
+It has no recurrence, so it is one large matrix product over all timesteps (rows: every
+step's batch rows), run before the persistent kernel. float32 on CUDA: built from TE and
+scheduled by dlight's SIMT matmul rule with tiles measured for these shapes. float16 and
+bfloat16 on CUDA: a hand-placed tensor-core GEMM (:func:`tensor_core_projection`; dlight's own
+tensor-core rule does not schedule a symbolic sequence length in TVM 0.27). On the CPU: a
+parallel loop nest.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ from __future__ import annotations
 import tvm
 from tvm import te, tirx
 from tvm.s_tir import dlight as dl
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan
-from .kernel import SEQ_LEN
+from .kernel import HAND_PLACED, SEQ_LEN
 
 
 def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) -> tirx.PrimFunc:
     """The projection as a PrimFunc named ``projection``, scheduled for ``target``."""
     B, N, dt, acc = plan.batch, plan.input.slices * plan.hidden, plan.dtype, plan.policy.accumulate
+    if target.kind.name == "cuda" and dt in MMA_TYPES:
+        return tensor_core_projection(B, input_size, N, dt, acc)
     seq_len = tirx.Var(SEQ_LEN, "int32")
     x = te.placeholder((seq_len, B, input_size), dt, name="x")
     w = te.placeholder((N, input_size), dt, name="W_ih")
@@ -39,9 +46,8 @@ def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) 
     func = te.create_prim_func([x, w, b, xp]).with_attr("global_symbol", "projection")
     mod = tvm.IRModule({"projection": func})
     if target.kind.name == "cuda":
-        matmul = (_ProjectionMatmul(B) if dt == "float32" and B * N >= LARGE_TILE_MIN_ROW_WORK
-                  else dl.gpu.Matmul())
-        with _schedule_target(target, dt):
+        matmul = _ProjectionMatmul(B) if B * N >= LARGE_TILE_MIN_ROW_WORK else dl.gpu.Matmul()
+        with target:
             mod = dl.ApplyDefaultSchedule(matmul, dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
     else:
         mod = _cpu_schedule(mod, "xp" if input_size == 1 else "xw")
@@ -66,8 +72,7 @@ class _ProjectionMatmul(dl.gpu.Matmul):
     TF32 off) in one run (``bench/projection.py``): LSTM H=1024 B=1/4/16/64 1.31/1.23/1.22/1.26x,
     H=512 B=16 1.18x, GRU H=1024 B=4 1.29x (the row-major 64x128 tiles used before: 1.95x at
     H=1024 B=4, dlight's own 2.57x). Below the threshold (H=256/512 at B=1, H=256 at B=4)
-    dlight's own tiles stay faster than these, and half-precision projections gain nothing from
-    larger tiles.
+    dlight's own tiles stay faster than these.
     """
 
     ROW_PAD = 4  # floats added to each k row of a shared tile (spreads the transposing stores over banks)
@@ -93,19 +98,6 @@ class _ProjectionMatmul(dl.gpu.Matmul):
         return sch
 
 
-# dlight's float16 tensor-core matmul rule fails on a symbolic sequence length in TVM 0.27 (a
-# compute-at "not a stage pipeline" error, with or without the bias epilogue); below sm_70 it
-# takes its SIMT rule, which schedules any length. Half-precision projections are scheduled so.
-SIMT_SCHEDULE_ARCH = "sm_61"
-
-
-def _schedule_target(target: tvm.target.Target, dtype: str) -> tvm.target.Target:
-    """The target dlight schedules the projection for (the build still targets ``target``)."""
-    if dtype == "float32":
-        return target
-    return tvm.target.Target({"kind": "cuda", "arch": SIMT_SCHEDULE_ARCH})
-
-
 def _cpu_schedule(mod: tvm.IRModule, main_block: str) -> tvm.IRModule:
     from tvm import s_tir
 
@@ -114,3 +106,135 @@ def _cpu_schedule(mod: tvm.IRModule, main_block: str) -> tvm.IRModule:
     t, n = sch.get_loops(block)[:2]
     sch.parallel(sch.fuse(t, n))
     return sch.mod
+
+
+# The tensor-core projection: mma.sync m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), half inputs,
+# float32 accumulators. A CTA computes a TILE_ROWS x TILE_COLS tile of xp, each of its warps a
+# (16 M_TILES) x (TILE_COLS / WARPS_N) piece of it (M_TILES x N_TILES instruction tiles); the k loop stages
+# TILE_K columns of x's rows and of W_ih's rows in shared memory, each row SKEW elements longer than
+# TILE_K (so the eight rows a fragment load touches fall on distinct banks). 64-row tiles on 4 warps beat
+# 128-row tiles on 8 at 5 of the benchmark's 6 shapes on the H100 (bench/results/projection-h100.md).
+MMA_TYPES = {"float16": "fp16", "bfloat16": "bf16"}
+TILE_ROWS, TILE_COLS, TILE_K, SKEW = 64, 128, 32, 8
+WARPS_N, M_TILES = 2, 2
+WARPS_M = TILE_ROWS // (16 * M_TILES)
+N_TILES = TILE_COLS // WARPS_N // 8
+VECTOR = 8  # elements of one 16-byte global load
+
+
+def tensor_core_projection(batch: int, input_size: int, width: int, dtype: str, acc: str) -> tirx.PrimFunc:
+    """``xp[t, n, j] = sum_k x[t, n, k] W_ih[j, k] + b_ih[j]`` on tensor cores, for any sequence length, batch,
+    input size and width (the tiles past the matrices are zero-filled, the stores past them skipped).
+
+    Fragments come from shared memory through ``ldmatrix`` (four 8 x 8 matrices per instruction, lane ``l``
+    giving the address of row ``l % 8`` of matrix ``l // 8``): lane ``(grp, quad) = (lane // 4, lane % 4)`` then
+    holds A element ``j`` of row ``grp + 8 * ((j // 2) % 2)``, column ``2 * quad + j % 2 + 8 * (j // 4)`` of its
+    16 x 16 tile of x, B element ``j`` of row (of W_ih) ``grp``, column ``2 * quad + j % 2 + 8 * (j // 2)``, and
+    accumulator ``i`` of row ``grp + 8 * (i // 2)``, column ``2 * quad + i % 2``."""
+    ptx, K, stride = MMA_TYPES[dtype], input_size, TILE_K + SKEW
+    lanes = next(v for v in (VECTOR, 4, 2, 1) if K % v == 0)  # a vector never straddles a row's end
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("projection")
+            T.func_attr({"tirx.noalias": True, HAND_PLACED: True})
+            seq_len = tirx.Var(SEQ_LEN, "int32")
+            x = T.arg("x", T.buffer((seq_len, batch, K), dtype, buffer_name="x"))
+            w = T.arg("W_ih", T.buffer((width, K), dtype, buffer_name="W_ih"))
+            b = T.arg("b_ih", T.buffer((width,), dtype, buffer_name="b_ih"))
+            xp = T.arg("xp", T.buffer((seq_len, batch, width), acc, buffer_name="xp"))
+            rows = seq_len * batch
+            xf = T.decl_buffer((rows * K,), dtype, data=x.data)
+            wf = T.decl_buffer((width * K,), dtype, data=w.data)
+            xpf = T.decl_buffer((rows * width,), acc, data=xp.data)
+            threads = 32 * WARPS_M * WARPS_N
+            with T.launch_thread("blockIdx.x", tirx.floordiv(rows + TILE_ROWS - 1, TILE_ROWS)) as bx, \
+                    T.launch_thread("blockIdx.y", -(-width // TILE_COLS)) as by, \
+                    T.launch_thread("threadIdx.x", threads) as tx:
+                # two k blocks of each tile: block kb + 1 is fetched into registers while kb multiplies
+                a_tile = T.alloc_buffer((2 * TILE_ROWS * stride,), dtype, scope="shared")
+                b_tile = T.alloc_buffer((2 * TILE_COLS * stride,), dtype, scope="shared")
+                a_next = T.alloc_buffer((TILE_ROWS * TILE_K // threads,), dtype, scope="local")
+                b_next = T.alloc_buffer((TILE_COLS * TILE_K // threads,), dtype, scope="local")
+                c = T.alloc_buffer((M_TILES * N_TILES * 4,), acc, scope="local")
+                afrag = T.alloc_buffer((M_TILES * 8,), dtype, scope="local")
+                bfrag = T.alloc_buffer((N_TILES * 4,), dtype, scope="local")
+                warp, lane = tx // 32, tx % 32
+                wm, wn, grp, quad = warp // WARPS_N, warp % WARPS_N, lane // 4, lane % 4
+                for i in range(M_TILES * N_TILES * 4):
+                    T.buffer_store(c, tirx.const(0.0, acc), [i])
+                blocks = -(-K // TILE_K)
+                staged = ((a_tile, a_next, xf, bx * TILE_ROWS, rows), (b_tile, b_next, wf, by * TILE_COLS, width))
+
+                def fetch(kb):
+                    for _, regs, src, first, count in staged:
+                        _fetch(regs, src, first, count, kb * TILE_K, K, lanes, tx, threads)
+
+                def put(buf):
+                    for tile, regs, *_ in staged:
+                        _put(tile, regs, buf * (int(tile.shape[0]) // 2), tx, threads, stride)
+
+                fetch(0)
+                put(0)
+                T.evaluate(T.tvm_storage_sync("shared"))
+                with T.serial(0, blocks) as kb:
+                    with T.If(kb + 1 < blocks):
+                        with T.Then():
+                            fetch(kb + 1)
+                    a0, b0 = (kb % 2) * TILE_ROWS * stride, (kb % 2) * TILE_COLS * stride
+                    for ks in range(TILE_K // 16):
+                        for m in range(M_TILES):  # one 16 x 16 A tile: four 8 x 8 matrices, lane // 8 picks one
+                            row = (wm * M_TILES + m) * 16 + lane % 8 + 8 * (lane // 8 % 2)
+                            _ldmatrix_x4(afrag, m * 8, a_tile, a0 + row * stride + ks * 16 + 8 * (lane // 16))
+                        for n in range(0, N_TILES, 2):  # two B tiles (n, n + 1), two 8 x 8 matrices each
+                            col = (wn * N_TILES + n + lane // 16) * 8 + lane % 8
+                            _ldmatrix_x4(bfrag, n * 4, b_tile, b0 + col * stride + ks * 16 + 8 * (lane // 8 % 2))
+                        for m in range(M_TILES):
+                            for n in range(N_TILES):
+                                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", afrag.data,
+                                                            m * 8, bfrag.data, n * 4, c.data,
+                                                            (m * N_TILES + n) * 4, False))
+                    with T.If(kb + 1 < blocks):  # the other buffer: last read before the previous sync
+                        with T.Then():
+                            put((kb + 1) % 2)
+                    T.evaluate(T.tvm_storage_sync("shared"))
+                for m in range(M_TILES):
+                    for n in range(N_TILES):
+                        for i in range(4):
+                            row = bx * TILE_ROWS + (wm * M_TILES + m) * 16 + grp + 8 * (i // 2)
+                            col = by * TILE_COLS + (wn * N_TILES + n) * 8 + 2 * quad + i % 2
+                            with T.If(tirx.all(row < rows, col < width)):
+                                with T.Then():
+                                    T.buffer_store(xpf, c[(m * N_TILES + n) * 4 + i] + b[col].astype(acc),
+                                                   [row * width + col])
+    return ib.get()
+
+
+def _ldmatrix_x4(frag, first, tile, at):
+    """Four 8 x 8 matrices of ``tile`` into ``frag[first:first + 8]`` (this lane's row address: ``at``)."""
+    T.evaluate(T.ptx_legacy.ldmatrix(False, 4, ".b16", frag.data, first, tile.access_ptr("r"), at, dtype=tile.dtype))
+
+
+def _fetch(regs, src, first_row, rows, k0, K: int, lanes: int, tx, threads: int):
+    """This thread's share of rows ``first_row..`` of ``src`` (``K`` columns each), columns ``k0 .. k0 + TILE_K``,
+    into ``regs``: VECTOR elements per row piece, as ``lanes``-wide loads; zeros past the last row and column."""
+    per_row = TILE_K // VECTOR
+    for i in range(int(regs.shape[0]) // VECTOR):
+        v = tx + threads * i
+        r, k = v // per_row, (v % per_row) * VECTOR
+        for j in range(0, VECTOR, lanes):
+            ok = tirx.all(first_row + r < rows, k0 + k + j < K)
+            at = (first_row + r) * K + k0 + k + j
+            if lanes > 1:
+                value = T.if_then_else(ok, src[T.ramp(at, 1, lanes)], T.broadcast(tirx.const(0.0, src.dtype), lanes))
+                T.buffer_store(regs, value, [T.ramp(i * VECTOR + j, 1, lanes)])
+            else:
+                T.buffer_store(regs, T.if_then_else(ok, src[at], tirx.const(0.0, src.dtype)), [i * VECTOR + j])
+
+
+def _put(tile, regs, base, tx, threads: int, stride: int):
+    """What :func:`_fetch` loaded into the shared tile starting at ``base`` (16-byte stores)."""
+    per_row = TILE_K // VECTOR
+    for i in range(int(regs.shape[0]) // VECTOR):
+        v = tx + threads * i
+        r, k = v // per_row, (v % per_row) * VECTOR
+        T.buffer_store(tile, regs[T.ramp(i * VECTOR, 1, VECTOR)], [T.ramp(base + r * stride + k, 1, VECTOR)])
