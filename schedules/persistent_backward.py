@@ -42,7 +42,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import Kernel, persistent_frame
+from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
 from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
@@ -53,7 +53,7 @@ from prnn_tvm.target import GpuSpec
 from . import persistent_config as pc
 from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
-from .persistent_exchange import ceil_div, sync_threads, vec_index
+from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
 from .ranking import check_resources, ranked_defaults
 

@@ -18,6 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
+from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.dtypes import itemsize
 
 
@@ -119,11 +120,6 @@ class OperandExchange:
 def sync_threads():
     """``__syncthreads()``."""
     T.evaluate(T.tvm_storage_sync("shared"))
-
-
-def vec_index(base, lanes: int):
-    """``lanes`` consecutive elements from ``base`` (a vector access when lanes > 1)."""
-    return T.ramp(base, 1, lanes) if lanes > 1 else base
 
 
 def ceil_div(a: int, b: int) -> int:

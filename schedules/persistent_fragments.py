@@ -21,13 +21,12 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.codegen.kernel import MMA_TYPES, vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
-from .persistent_exchange import vec_index
 from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
 
-PTX_TYPES = {"float16": "fp16", "bfloat16": "bf16"}
 A_REGS, B_REGS, C_REGS = 8, 4, 4  # half elements of A and B, float32 elements of C, per lane and tile
 
 
@@ -99,7 +98,7 @@ class FragmentWeights:
         c, g, stride, mw = self.c, self.g, self.stride, self.c.m_tiles_per_warp
         for i in range(C_REGS * c.n_tiles * mw):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
-        ptx = PTX_TYPES[self.dt]
+        ptx = MMA_TYPES[self.dt]
         tiles = sum(product_tiles(self.reductions, c.units_per_cta))
         multiplies = self.thread_phase == phase
         if tiles < g.m_tiles:  # a part with fewer row tiles than the widest: its last warps have none

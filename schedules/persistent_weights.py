@@ -15,10 +15,9 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
-
-from .persistent_exchange import vec_index
 
 FULL_MASK = 0xFFFFFFFF
 

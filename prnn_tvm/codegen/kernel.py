@@ -31,6 +31,12 @@ from .barrier import SyncArgs
 
 SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
 HAND_PLACED = "prnn.hand_placed"  # a kernel the tirx pipeline lowers as written (``codegen.build``)
+MMA_TYPES = {"float16": "fp16", "bfloat16": "bf16"}  # storage dtypes as ``mma.sync`` operands (tensor cores)
+
+
+def vec_index(base, lanes: int):
+    """``lanes`` consecutive elements from ``base`` (a vector access when lanes > 1)."""
+    return T.ramp(base, 1, lanes) if lanes > 1 else base
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan
-from .kernel import HAND_PLACED, SEQ_LEN
+from .kernel import HAND_PLACED, MMA_TYPES, SEQ_LEN, vec_index
 
 
 def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) -> tirx.PrimFunc:
@@ -114,7 +114,6 @@ def _cpu_schedule(mod: tvm.IRModule, main_block: str) -> tvm.IRModule:
 # TILE_K columns of x's rows and of W_ih's rows in shared memory, each row SKEW elements longer than
 # TILE_K (so the eight rows a fragment load touches fall on distinct banks). 64-row tiles on 4 warps beat
 # 128-row tiles on 8 at 5 of the benchmark's 6 shapes on the H100 (bench/results/projection-h100.md).
-MMA_TYPES = {"float16": "fp16", "bfloat16": "bf16"}
 TILE_ROWS, TILE_COLS, TILE_K, SKEW = 64, 128, 32, 8
 WARPS_N, M_TILES = 2, 2
 WARPS_M = TILE_ROWS // (16 * M_TILES)
@@ -218,17 +217,15 @@ def _fetch(regs, src, first_row, rows, k0, K: int, lanes: int, tx, threads: int)
     """This thread's share of rows ``first_row..`` of ``src`` (``K`` columns each), columns ``k0 .. k0 + TILE_K``,
     into ``regs``: VECTOR elements per row piece, as ``lanes``-wide loads; zeros past the last row and column."""
     per_row = TILE_K // VECTOR
+    zero = tirx.const(0.0, src.dtype) if lanes == 1 else T.broadcast(tirx.const(0.0, src.dtype), lanes)
     for i in range(int(regs.shape[0]) // VECTOR):
         v = tx + threads * i
         r, k = v // per_row, (v % per_row) * VECTOR
         for j in range(0, VECTOR, lanes):
             ok = tirx.all(first_row + r < rows, k0 + k + j < K)
             at = (first_row + r) * K + k0 + k + j
-            if lanes > 1:
-                value = T.if_then_else(ok, src[T.ramp(at, 1, lanes)], T.broadcast(tirx.const(0.0, src.dtype), lanes))
-                T.buffer_store(regs, value, [T.ramp(i * VECTOR + j, 1, lanes)])
-            else:
-                T.buffer_store(regs, T.if_then_else(ok, src[at], tirx.const(0.0, src.dtype)), [i * VECTOR + j])
+            value = T.if_then_else(ok, src[vec_index(at, lanes)], zero)
+            T.buffer_store(regs, value, [vec_index(i * VECTOR + j, lanes)])
 
 
 def _put(tile, regs, base, tx, threads: int, stride: int):
