@@ -1,8 +1,17 @@
 """Shared fixtures: GPU detection (numerics tests take their bounds from ``prnn_tvm.dtypes.tolerance``), TF32 off."""
 
-import pytest
+import os
 
-from prnn_tvm.target import local_gpu
+# One BLAS thread per test process, set before NumPy loads (pytest-xdist's workers inherit it): every worker
+# computes float64 references at once, and a pool of a thread per core in each oversubscribes the machine
+# (H100 host, 16 cores, `-n 15`: the half-precision GPU grid did not finish in two 10-minute runs; 92 s with
+# one thread each).
+for _pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_pool, "1")
+
+import pytest  # noqa: E402
+
+from prnn_tvm.target import local_gpu  # noqa: E402
 
 HAS_GPU = local_gpu() is not None
 

@@ -86,12 +86,13 @@ def test_back_to_back_launches_are_bitwise_identical():
 
 
 def test_grid_too_large_is_refused_before_launch():
-    """A layer compiled for a GPU twice as wide: 512 CTAs of 65 KB shared memory each.
+    """A layer compiled for a GPU of 512 SMs: 512 CTAs of 65 KB shared memory each (and ~180 registers per
+    thread: one per SM), which that GPU holds.
 
-    At most 3 such CTAs fit on one SM (228 KB), so the real GPU holds 3 x SMs < 512 of them.
+    At most 3 such CTAs fit on one SM of the real GPU (228 KB), so it holds at most 3 x SMs < 512 of them.
     """
     gpu = gpu_spec()
-    pretend = dataclasses.replace(gpu, sms=2 * gpu.sms)
+    pretend = dataclasses.replace(gpu, sms=512)
     cfg = PersistentConfig(units_per_cta=2, k_split=32, rows_per_thread=1, batch_tile=16, vec=4)
     layer = prnn_tvm.compile_cell("lstm", 1024, 16, target="cuda", arch=pretend, config=cfg)
     assert layer.report.ctas == 512 > 3 * gpu.sms
