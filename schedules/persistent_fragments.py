@@ -10,8 +10,10 @@ for its k tiles ``kg * kt_per + kt``; each B fragment it loads feeds all of them
     B element j (0..3): column (batch row) grp, row (hidden) 2 * quad + j % 2 + 8 * (j // 2)
     C element i (0..3): row grp + 8 * (i // 2), column (batch row) 2 * quad + i % 2
 
-The B fragment of a batch tile is two 32-bit loads from the shared operand tile (rows of
-``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks). Each warp
+The B fragments of two batch tiles are one ``ldmatrix.x4`` from the shared operand tile (rows of
+``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks); with one batch tile per pass,
+two 32-bit loads (H100, tuned configs, one process, us per step, 32-bit loads -> ldmatrix: LSTM fp16 1024x64
+5.19 -> 4.88, 1024x32 3.25 -> 3.15, 512x16 1.93 -> 1.91; at one batch tile ``.x2`` was 0-2.5% slower). Each warp
 adds its k range into float32 accumulators and writes them to its k group's slice of the
 shared partial sums; the pointwise math adds the ``k_groups`` partials of the gate it reads.
 """
@@ -28,6 +30,21 @@ from prnn_tvm.dtypes import itemsize
 from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
 
 A_REGS, B_REGS, C_REGS = 8, 4, 4  # half elements of A and B, float32 elements of C, per lane and tile
+
+# TVM's ldmatrix op addresses shared memory through the allocation's element type; the operand tiles are a
+# half-typed view of the float32 partial sums' allocation, so the kernel carries its own
+_LDMATRIX = r"""
+#ifndef PRNN_LDMATRIX
+#define PRNN_LDMATRIX
+// four 8 x 8 matrices of 16-bit values, lane l giving the address of row l % 8 of matrix l // 8
+__device__ __forceinline__ void prnn_ldmatrix_x4(void* frag, const void* row) {
+  unsigned* r = (unsigned*)frag;
+  unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+#endif
+"""
 
 
 class FragmentWeights:
@@ -105,14 +122,25 @@ class FragmentWeights:
             multiplies = tirx.all(multiplies, self.mt < tiles)
         with T.If(multiplies):
             with T.Then():
-                first = bind_value(self.operand_base + self.grp * stride + 2 * self.quad
-                              + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
+                pairs = c.n_tiles > 1  # B fragments of two batch tiles per ldmatrix, else two 32-bit loads
+                lane = self.tx % 32
+                # ldmatrix: lane l gives the row address of 8 x 8 matrix l // 8 (k 0-7 or 8-15 of batch tile nt or
+                # nt + 1), row l % 8; lane (grp, quad) receives batch row grp, k 2 * quad.. of each
+                lane_at = ((lane % 8 + TILE_N * (lane // 16)) * stride + 8 * (lane // 8 % 2) if pairs
+                           else self.grp * stride + 2 * self.quad)
+                first = bind_value(self.operand_base + lane_at + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
                 for kt in range(g.k_tiles_per_warp):
-                    for nt in range(c.n_tiles):
-                        at = first + nt * TILE_N * stride + TILE_K * kt
+                    at = first + TILE_K * kt
+                    if pairs:
+                        for nt in range(0, c.n_tiles, 2):
+                            T.evaluate(T.cuda.func_call("prnn_ldmatrix_x4", T.address_of(self.bfrag[nt * B_REGS]),
+                                                        T.address_of(self.smem[at + nt * TILE_N * stride]),
+                                                        source_code=_LDMATRIX, return_type="void"))
+                    else:
                         for half in range(2):  # k 2*quad.. and 8 + 2*quad..
                             T.buffer_store(self.bfrag, self.smem[vec_index(at + 8 * half, 2)],
-                                           [vec_index(nt * B_REGS + 2 * half, 2)])
+                                           [vec_index(2 * half, 2)])
+                    for nt in range(c.n_tiles):
                         for m in range(mw):  # the warp's row tiles share the B fragment
                             T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
                                                         (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,

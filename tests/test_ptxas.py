@@ -334,7 +334,7 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
 
 def test_two_row_tiles_per_warp_share_each_b_fragment():
     """``m_tiles_per_warp=2`` (LSTM fp16 1024x16; H100: 2.43 -> 2.33 us per step): twice the mma per warp over
-    the same shared loads of the state, no spills."""
+    the same shared loads of the state (``ldmatrix``: two batch tiles per load), no spills."""
     from prnn_tvm.schedules.persistent_mma_config import MmaConfig
 
     counts = {}
@@ -345,9 +345,29 @@ def test_two_row_tiles_per_warp_share_each_b_fragment():
         assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
         assert rep.threads == 512 // mw
         body = kernel_source(layer)
-        shared_loads = re.findall(r"= \*\(half2\*\)\(\(\(half\*\)_ptr_\d+\) \+", body)  # B fragments
+        shared_loads = re.findall(r"prnn_ldmatrix_x4\(\(&", body)  # B fragments
         counts[mw] = (body.count("mma.sync.aligned"), len(shared_loads))
     assert counts[2][0] == 2 * counts[1][0] and counts[2][1] == counts[1][1] > 0, counts
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 4])
+def test_b_fragments_of_two_batch_tiles_per_ldmatrix(n_tiles):
+    """Each k tile of a warp loads its B fragments with one ``ldmatrix.x4`` per two batch tiles; a pass of one
+    batch tile keeps two 32-bit shared loads (H100: ``.x2`` was no faster there)."""
+    from prnn_tvm.schedules.persistent_mma_config import MmaConfig
+
+    layer = prnn_tvm.compile_cell("lstm", 256, 32, dtype="float16", target="cuda", arch="sm_90",
+                                  config=MmaConfig(4, 2, n_tiles, "counter"))
+    rep = layer.report
+    assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
+    body = kernel_source(layer)
+    k_tiles_per_warp = 256 // 16 // 2
+    pairs = len(re.findall(r"prnn_ldmatrix_x4\(\(&", body))
+    words = len(re.findall(r"= \*\(half2\*\)\(\(\(half\*\)_ptr_\d+\) \+", body))
+    if n_tiles == 1:
+        assert pairs == 0 and words == 2 * k_tiles_per_warp, (pairs, words)
+    else:
+        assert pairs == k_tiles_per_warp * n_tiles // 2 and words == 0, (pairs, words)
 
 
 def test_float32_kernels_keep_the_exact_transcendentals():
