@@ -65,7 +65,7 @@ class FragmentWeights:
         g, c = self.g, self.c
         mw = c.m_tiles_per_warp
         self.wreg = T.alloc_buffer((max(1, A_REGS * g.k_tiles_per_warp * mw),), self.dt, scope="local")
-        self.acc = T.alloc_buffer((C_REGS * c.n_tiles * mw,), self.acc_dt, scope="local")
+        self.acc = T.alloc_buffer((C_REGS * c.n_tiles * mw * c.k_chains,), self.acc_dt, scope="local")
         self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles,), self.dt, scope="local")
         gs_words = g.smem_gs // itemsize(self.acc_dt)
         # the sums and the tiles, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
@@ -113,7 +113,8 @@ class FragmentWeights:
     def tile_products(self, b0, phase: int):
         """This phase's products for batch rows b0.. (in shared memory) into the k group's partial sums."""
         c, g, stride, mw = self.c, self.g, self.stride, self.c.m_tiles_per_warp
-        for i in range(C_REGS * c.n_tiles * mw):
+        per_chain = C_REGS * c.n_tiles * mw  # accumulators of one chain; k tile kt adds into chain kt % k_chains
+        for i in range(per_chain * c.k_chains):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
         ptx = MMA_TYPES[self.dt]
         tiles = sum(product_tiles(self.reductions, c.units_per_cta))
@@ -144,8 +145,12 @@ class FragmentWeights:
                         for m in range(mw):  # the warp's row tiles share the B fragment
                             T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
                                                         (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
-                                                        nt * B_REGS, self.acc.data, (m * c.n_tiles + nt) * C_REGS,
+                                                        nt * B_REGS, self.acc.data,
+                                                        kt % c.k_chains * per_chain + (m * c.n_tiles + nt) * C_REGS,
                                                         False))
+                for chain in range(1, c.k_chains):
+                    for i in range(per_chain):
+                        T.buffer_store(self.acc, self.acc[i] + self.acc[chain * per_chain + i], [i])
                 self.store_partials(b0)
 
     def store_partials(self, b0):

@@ -12,7 +12,9 @@ fragments of ``m_tiles_per_warp`` row tiles from ``m * m_tiles_per_warp`` for k 
 ``kg * k_tiles_per_warp ..`` in registers for the whole launch, and the ``k_groups`` partial
 sums meet in shared memory. The batch runs in passes of ``n_tiles`` x 8 rows. A warp with two
 row tiles loads each B fragment from shared memory once for both (half the shared reads of
-the state per step, fewer warps).
+the state per step, fewer warps). ``k_chains`` sets of accumulators take the warp's k tiles in turn
+(summed before the partial sums are stored): ``k_chains`` independent chains of mma steps where one
+would wait on each step before the next.
 
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
@@ -52,6 +54,8 @@ MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
 M_TILES_PER_WARP = (1, 2)
+K_CHAINS = (1, 2, 4)
+CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with one accumulator set and at least this many k tiles
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class MmaConfig:
     barrier: str = field(default="counter", metadata={"short": ""})
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
     m_tiles_per_warp: int = field(default=1, metadata={"short": "mw", "quiet": True})
+    k_chains: int = field(default=1, metadata={"short": "kc", "quiet": True})
 
     @property
     def batch_tile(self) -> int:
@@ -133,7 +138,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     tag_vec = 2 if H % 2 == 0 else 1
     tagged = (math.ceil(min(cfg.batch_tile, B) * H / (threads * tag_vec))
               if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
-    regs = (weights + (4 * mw + 2) * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
+    regs = (weights + (4 * mw * cfg.k_chains + 2) * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
@@ -189,6 +194,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
                 raise ConfigError(f"m_tiles_per_warp={cfg.m_tiles_per_warp}: a warp's row tiles multiply one operand, "
                                   f"so each product's row tiles must come in groups of {cfg.m_tiles_per_warp}; at "
                                   f"units_per_cta={cfg.units_per_cta} they are {tiles}")
+    if cfg.k_chains not in K_CHAINS:
+        raise ConfigError(f"k_chains={cfg.k_chains}: must be one of {', '.join(map(str, K_CHAINS))} (accumulator "
+                          "sets per warp)")
     if cfg.n_tiles not in (1, 2, 4, 8):
         raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
     if cfg.batch_tile > _round_up(plan.batch, TILE_N):
@@ -198,6 +206,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     k_tiles = math.ceil(plan.hidden / TILE_K)
     if g.m_tiles and cfg.k_groups > k_tiles:
         raise ConfigError(f"k_groups={cfg.k_groups} exceeds the {k_tiles} k tiles of hidden={plan.hidden}")
+    if cfg.k_chains > max(1, g.k_tiles_per_warp):
+        raise ConfigError(f"k_chains={cfg.k_chains}: a warp has {g.k_tiles_per_warp} k tiles to share among its "
+                          "accumulator sets; lower k_chains or k_groups")
     if g.tagged_per_thread > 32:
         raise ConfigError(f"the 'tags' exchange polls {g.tagged_per_thread} state loads per thread (batch tile "
                           f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
@@ -206,8 +217,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         per_warp = f", {cfg.m_tiles_per_warp} per warp" if cfg.m_tiles_per_warp > 1 else ""
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles{per_warp} x k_groups {cfg.k_groups}); "
                           "at most 1024: lower k_groups or units_per_cta")
-    accumulators = 4 * cfg.n_tiles * cfg.m_tiles_per_warp
-    fewer = "lower n_tiles" + (" or m_tiles_per_warp" if cfg.m_tiles_per_warp > 1 else "")
+    accumulators = 4 * cfg.n_tiles * cfg.m_tiles_per_warp * cfg.k_chains
+    fewer = ("lower n_tiles" + (" or m_tiles_per_warp" if cfg.m_tiles_per_warp > 1 else "")
+             + (" or k_chains" if cfg.k_chains > 1 else ""))
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {accumulators} accumulators",
                     f"raise k_groups or units_per_cta, or {fewer}", "lower n_tiles or k_groups")
     return g
@@ -219,9 +231,17 @@ def row_aligned(plan: CellPlan, units: int) -> bool:
 
 
 def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
-          tiles_per_warp: tuple = M_TILES_PER_WARP) -> list[MmaConfig]:
+          tiles_per_warp: tuple = M_TILES_PER_WARP, chains: tuple = K_CHAINS) -> list[MmaConfig]:
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space. The split layout
-    (where the plan has parts) spreads every part's units over the SMs together."""
+    (where the plan has parts) spreads every part's units over the SMs together. More than one accumulator
+    chain only where a warp has a single accumulator set (one row tile, one batch tile per pass) and at least
+    CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already."""
+    k_tiles = math.ceil(plan.hidden / TILE_K)
+
+    def chain_counts(kg: int, nt: int, mw: int) -> tuple:
+        long = nt * mw == 1 and math.ceil(k_tiles / kg) >= CHAIN_MIN_K_TILES
+        return tuple(kc for kc in chains if kc == 1 or long)
+
     H = plan.hidden
     n_max = _round_up(plan.batch, TILE_N) // TILE_N
     configs = []
@@ -230,8 +250,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
                         if u <= H})
-        configs += [MmaConfig(u, kg, nt, b, layout, mw) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
-                    if nt <= n_max for b in layout_barriers for mw in tiles_per_warp]
+        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
+                    if nt <= n_max for b in layout_barriers for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw)]
     return configs
 
 
@@ -242,7 +262,7 @@ GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_
 def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
-    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp")}
+    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
@@ -296,8 +316,8 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
             return found
 
     # one row tile per warp: what the estimate was fitted on (two are a tuning choice)
-    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",), tiles_per_warp=(1,)), validate,
-                              estimated_cycles, limit, "tensor-core", widen)
+    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",), tiles_per_warp=(1,), chains=(1,)),
+                              validate, estimated_cycles, limit, "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
     return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
             else cfg for cfg in ladder]

@@ -190,3 +190,24 @@ def test_mma_default_is_valid_and_spreads_over_the_gpu(dtype, cell):
         weights = [mc.geometry(c, p).weights_per_thread for c in ladder]
         assert weights == sorted(set(weights), reverse=True)
     assert any(mc.row_aligned(p, c.units_per_cta) for c in ranked) or not p.reductions
+
+
+def test_accumulator_chains_take_the_k_tiles_in_turn():
+    """``k_chains``: a warp with one accumulator set and a long k range keeps several, each a chain of its own
+    (H100, the 4-layer LSTM fp16 512x8 stack: 2.43 -> 2.26 us per step with four)."""
+    one = mc.validate(mc.MmaConfig(8, 4, 1), half_plan(batch=4), SM90)
+    four = mc.validate(mc.MmaConfig(8, 4, 1, k_chains=4), half_plan(batch=4), SM90)
+    assert four.regs_estimate - one.regs_estimate == 3 * 4  # three more sets of four accumulators
+    assert (four.threads, four.weights_per_thread) == (one.threads, one.weights_per_thread)
+    assert "k_chains" not in mc.MmaConfig(8, 4, 1).as_dict()  # older records read the same
+    assert mc.MmaConfig(8, 4, 1, k_chains=2).as_dict()["k_chains"] == 2
+    with pytest.raises(ConfigError, match="k_chains=3: must be one of 1, 2, 4"):
+        mc.validate(mc.MmaConfig(8, 4, 1, k_chains=3), half_plan(batch=4), SM90)
+    with pytest.raises(ConfigError, match="k_chains=4: a warp has 2 k tiles"):  # hidden 256 over 8 k groups
+        mc.validate(mc.MmaConfig(2, 8, 1, k_chains=4), half_plan(hidden=256, batch=4), SM90)
+    space = mc.space(half_plan(), SM90)
+    assert {c.k_chains for c in space} == {1, 2, 4}
+    # only where a warp has one accumulator set (one row tile, one batch tile) and at least 8 k tiles
+    assert all(c.n_tiles * c.m_tiles_per_warp == 1 and -(-64 // c.k_groups) >= mc.CHAIN_MIN_K_TILES
+               for c in space if c.k_chains > 1)
+    assert {c.k_chains for c in mc.ranked_configs(half_plan(), SM90)} == {1}  # a tuning choice only

@@ -70,6 +70,21 @@ def test_two_row_tiles_per_warp_odd_sizes(dtype, barrier, cell):
     assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
 
 
+@pytest.mark.parametrize("chains", [2, 4])
+@pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
+@pytest.mark.parametrize("cell, units", [("lstm", 8), ("gru_cho", 3)])
+def test_accumulator_chains_odd_sizes(chains, barrier, cell, units):
+    """``k_chains``: a warp's 9 k tiles taken in turn by 2 or 4 accumulator sets (unevenly), then added up;
+    partial CTAs, a partial last k tile, a partial batch tile, two passes, both half types. (Three LSTM units
+    per CTA would leave `tags` 34 polls per thread, past its 32.)"""
+    for dtype in HALF_DTYPES:
+        cfg = {"units_per_cta": units, "k_groups": 1, "n_tiles": 1, "barrier": barrier, "k_chains": chains}
+        layer = layer_for(cell, 133, 11, dtype, cfg)
+        assert layer.report.config["k_chains"] == chains
+        assert error_of(layer, 9) <= tolerance(dtype, 9)
+        assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
 def test_half_rows_stop_at_their_lengths(dtype, cell):

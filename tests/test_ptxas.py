@@ -350,6 +350,23 @@ def test_two_row_tiles_per_warp_share_each_b_fragment():
     assert counts[2][0] == 2 * counts[1][0] and counts[2][1] == counts[1][1] > 0, counts
 
 
+@pytest.mark.parametrize("cell, layers, knobs", [
+    ("lstm", 4, {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "counter", "layout": "split"}),
+    ("gru_cho", 1, {"units_per_cta": 8, "k_groups": 4, "n_tiles": 1, "barrier": "tags"})])
+def test_accumulator_chains_keep_the_mma_steps_without_spills(cell, layers, knobs):
+    """``k_chains``: the same mma steps over more accumulator sets (the four-layer LSTM fp16 512x8 stack's tuned
+    shape holds 128 KB of weights per CTA: 250 registers before), no spills, the sets added up once per pass."""
+    counts = {}
+    for chains in (1, 4):
+        layer = prnn_tvm.compile_cell(cell, 512, 8, dtype="float16", target="cuda", arch="sm_90", layers=layers,
+                                      config={**knobs, "k_chains": chains})
+        rep = layer.report
+        assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
+        assert layer.report.config.get("k_chains", 1) == chains
+        counts[chains] = kernel_source(layer).count("mma.sync.aligned")
+    assert counts[4] == counts[1] > 0
+
+
 @pytest.mark.parametrize("n_tiles", [1, 2, 4])
 def test_b_fragments_of_two_batch_tiles_per_ldmatrix(n_tiles):
     """Each k tile of a warp loads its B fragments with one ``ldmatrix.x4`` per two batch tiles; a pass of one
