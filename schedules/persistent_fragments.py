@@ -13,7 +13,7 @@ for its k tiles ``kg * kt_per + kt``; each B fragment it loads feeds all of them
 The B fragments of two batch tiles are one ``ldmatrix.x4`` from the shared operand tile (rows of
 ``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks); with one batch tile per pass,
 two 32-bit loads (H100, tuned configs, one process, us per step, 32-bit loads -> ldmatrix: LSTM fp16 1024x64
-5.19 -> 4.88, 1024x32 3.25 -> 3.15, 512x16 1.93 -> 1.91; at one batch tile ``.x2`` was 0-2.5% slower). Each warp
+5.18 -> 4.88, 1024x32 3.25 -> 3.15, 512x16 1.92 -> 1.91; at one batch tile ``.x2`` was 0-2.5% slower). Each warp
 adds its k range into float32 accumulators and writes them to its k group's slice of the
 shared partial sums; the pointwise math adds the ``k_groups`` partials of the gate it reads.
 """
@@ -146,7 +146,7 @@ class FragmentWeights:
                             T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
                                                         (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
                                                         nt * B_REGS, self.acc.data,
-                                                        kt % c.k_chains * per_chain + (m * c.n_tiles + nt) * C_REGS,
+                                                        (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS,
                                                         False))
                 for chain in range(1, c.k_chains):
                     for i in range(per_chain):
