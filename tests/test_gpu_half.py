@@ -70,6 +70,18 @@ def test_two_row_tiles_per_warp_odd_sizes(dtype, barrier, cell):
     assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
 
 
+@pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
+def test_two_items_per_thread_in_a_two_phase_cell(barrier):
+    """Cho's GRU (two phases, two pointwise groups) with 8 units per CTA on 64 threads: 88 (batch row, unit)
+    items per group, three item slots per thread, the stage r * h exchanged between the phases; a partial last
+    CTA, a partial k tile, two passes of the batch."""
+    for dtype in HALF_DTYPES:
+        layer = layer_for("gru_cho", 133, 11, dtype, {"units_per_cta": 8, "k_groups": 1, "n_tiles": 1,
+                                                       "barrier": barrier})
+        assert error_of(layer, 9) <= tolerance(dtype, 9)
+        assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+
+
 @pytest.mark.parametrize("chains", [2, 4])
 @pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
 @pytest.mark.parametrize("cell, units", [("lstm", 8), ("gru_cho", 3)])
