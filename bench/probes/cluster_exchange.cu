@@ -14,17 +14,7 @@
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
-
-__device__ __forceinline__ unsigned ld_acq(const unsigned* p) { unsigned v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
-__device__ __forceinline__ void grid_barrier(unsigned* cnt, unsigned target) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(cnt) : "memory");
-    while ((int)(ld_acq(cnt) - target) < 0) {}
-  }
-  __syncthreads();
-}
+#include "probe_common.cuh"
 
 template <int C, int MODE, int B, int H, int THREADS>
 __global__ void __launch_bounds__(THREADS) step_kernel(const uint4* __restrict__ init, uint4* ws, unsigned* cnt, int steps, float* sink) {

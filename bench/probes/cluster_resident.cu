@@ -15,19 +15,9 @@
 #include <cuda_runtime.h>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+#include "probe_common.cuh"
 
 constexpr int THREADS = 256;
-
-__device__ __forceinline__ unsigned ld_acq(const unsigned* p) { unsigned v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
-__device__ __forceinline__ void grid_barrier(unsigned* cnt, unsigned target) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(cnt) : "memory");
-    while ((int)(ld_acq(cnt) - target) < 0) {}
-  }
-  __syncthreads();
-}
 
 // a 16-byte piece of the state: step, row (batch), column (in 16-byte pieces), and a filler word
 __device__ __forceinline__ uint4 piece(int t, int b, int j) { return make_uint4(t, b, j, t ^ (b << 8) ^ (j << 16)); }
