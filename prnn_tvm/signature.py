@@ -41,6 +41,14 @@ class ArgRole(str, enum.Enum):
         return self in (ArgRole.OUTPUT, ArgRole.FINAL)
 
     @property
+    def restrict(self) -> bool:
+        """Declared ``__restrict__`` in a kernel (``codegen.build.coherent_exchange``): the launch's other
+        blocks do not write it while it runs (they write the owned exchange and barrier words), and the
+        kernel does not read it where it reads such an argument (it reads initial states at step 0 where
+        later steps read the exchange)."""
+        return self not in (ArgRole.WORKSPACE, ArgRole.SYNC, ArgRole.STATE)
+
+    @property
     def data(self) -> bool:
         """Passed by the caller (or computed by an earlier launch), not by the layer."""
         return self in (ArgRole.INPUT, ArgRole.WEIGHT, ArgRole.PARAM, ArgRole.STATE, ArgRole.LENGTHS)

@@ -332,6 +332,35 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     assert ("__expf(" in body) == (cell not in EXP_FREE_CELLS)
 
 
+@pytest.mark.parametrize("cell, dtype, training", [("lstm", "float16", False), ("gru_cho", "float32", False),
+                                                    ("lstm_x2", "bfloat16", False), ("gru", "float32", True)])
+def test_only_read_only_arguments_are_restrict(monkeypatch, cell, dtype, training):
+    """What nvcc compiles: no ``__restrict__`` on the exchange, the barrier's words and the initial states, which
+    the launch's blocks write, or which a kernel reads through one load with the exchange, while it runs (nvcc
+    read them through ``ld.global.nc``); weights, the projection and the lengths keep it. Every kernel of the
+    module, the training ones too."""
+    from prnn_tvm.codegen import ptxas
+
+    compiled, compile_cuda = [], ptxas.compile_cuda
+    monkeypatch.setattr(ptxas, "_CACHE", {})
+    monkeypatch.setattr(ptxas, "compile_cuda",
+                        lambda source, arch: compiled.append(source) or compile_cuda(source, arch))
+    layer = prnn_tvm.compile_cell(cell, 133, 11, dtype=dtype, target="cuda", arch="sm_90")
+    if training:
+        prnn_tvm.compile_training(layer)
+    kernels = [params for src in compiled
+               for params in re.findall(r'extern "C" __global__ void[^{;]*recurrent\w*\(([^)]*)\) \{', src)]
+    assert len(kernels) >= (3 if training else 1)
+    for params in kernels:
+        declared = {m[2]: m[1] for m in re.finditer(r"([\w*]+\*(?: __restrict__)?) (\w+)_ptr\b", params)}
+        states = [s.name for s in layer.plan.states]
+        plain = ("workspace", "sync", *(f"{s}0" for s in states), *(f"d_{s}_n" for s in states))
+        kept = (*(w.name for w in layer.plan.weights), "xp", "lengths")
+        assert all("__restrict__" not in declared[n] for n in plain if n in declared), params
+        assert all("__restrict__" in declared[n] for n in kept if n in declared), params
+        assert "workspace" in declared
+
+
 def test_two_row_tiles_per_warp_share_each_b_fragment():
     """``m_tiles_per_warp=2`` (LSTM fp16 1024x16; H100: 2.43 -> 2.33 us per step): twice the mma per warp over
     the same shared loads of the state (``ldmatrix``: two batch tiles per load), no spills."""

@@ -22,8 +22,8 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..codegen import barrier as grid_barrier
-from ..codegen.build import PIPELINE, nvcc_compile
-from ..codegen.kernel import HAND_PLACED, SEQ_LEN
+from ..codegen.build import PIPELINE, nvcc_compile, plain_args
+from ..codegen.kernel import HAND_PLACED, PLAIN_ARGS, SEQ_LEN
 from ..errors import BarrierTimeout
 from ..runtime.base import DEFAULT_TIMEOUT_US, take_timeout
 from ..target import gpu_spec
@@ -46,7 +46,7 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("barrier_probe")
-            T.func_attr({"tirx.noalias": True, HAND_PLACED: True,
+            T.func_attr({"tirx.noalias": True, HAND_PLACED: True, PLAIN_ARGS: ["buf", "errors", "sync"],
                          "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"]})
             buf = T.arg("buf", T.buffer((2, ctas), "uint64" if bar.carries_data else "int32", buffer_name="buf"))
             errors = T.arg("errors", T.buffer((1,), "uint32", buffer_name="errors"))
@@ -115,8 +115,9 @@ def _count_if(errors, wrong):
 def build_probe(barrier: str, ctas: int, threads: int, all_to_all: bool, arch: str):
     """Compile the probe for ``arch`` (through the project's nvcc callback); returns the runtime module."""
     target = tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
-    mod = tvm.IRModule({"barrier_probe": probe_func(barrier, ctas, threads, all_to_all)})
-    with target, nvcc_compile(arch, []):
+    func = probe_func(barrier, ctas, threads, all_to_all)
+    mod = tvm.IRModule({"barrier_probe": func})
+    with target, nvcc_compile(arch, [], plain_args([func])):
         return tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
 
 

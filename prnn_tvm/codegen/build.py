@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import dataclass
 
 import tvm
@@ -23,7 +24,7 @@ from tvm.tirx.compilation_pipeline import get_tir_pipeline, register_tir_pipelin
 from ..frontend.plan import CellPlan
 from ..target import GpuSpec
 from . import ptxas
-from .kernel import HAND_PLACED, Kernel
+from .kernel import HAND_PLACED, PLAIN_ARGS, Kernel
 from .projection import projection_func
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,40 @@ def _prnn_pipeline():
 register_tir_pipeline(PIPELINE, _prnn_pipeline)
 
 
+_RESTRICT = re.compile(r"\b(\w+\*) __restrict__ (\w+)_ptr\b")
+
+
+def coherent_exchange(source: str, plain: set[str]) -> str:
+    """``source`` with no ``__restrict__`` on the kernel arguments named in ``plain`` (those whose role is
+    not :attr:`~prnn_tvm.signature.ArgRole.restrict`, listed in each kernel's ``PLAIN_ARGS``).
+
+    TVM declares every pointer argument of a kernel ``__restrict__``, and nvcc reads such a pointer
+    that the thread never writes through the non-coherent read-only path (``ld.global.nc``), which
+    the PTX ISA allows only for data that stays read-only while the kernel runs, and which nvcc may
+    treat as invariant when it schedules loads around a barrier. The exchange changes every step,
+    and so, through one load, do the initial states: nvcc merges step 0's load of a state and a later
+    step's load of the exchange into one load through a selected pointer (seen in the half template's
+    PTX: 25 such ``ld.global.nc`` per step of Cho's GRU at 133x11). Plain loads after the barrier's
+    acquire and block barrier are what the memory model orders; the recurrent kernels measured the
+    same with them (within 1% on the H100). Weights, params, the projection and the lengths keep
+    ``__restrict__`` and their read-only loads."""
+    return _RESTRICT.sub(lambda m: f"{m[1]} {m[2]}_ptr" if m[2] in plain else m[0], source)
+
+
+def plain_args(funcs) -> set[str]:
+    """The arguments the PrimFuncs ``funcs`` list in their ``PLAIN_ARGS`` attribute (see :func:`coherent_exchange`)."""
+    return {str(name) for f in funcs for name in ((f.attrs.get(PLAIN_ARGS, None) if f.attrs else None) or ())}
+
+
 @contextlib.contextmanager
-def nvcc_compile(arch: str, reports: list):
-    """Route TVM's CUDA compilation through nvcc for ``arch`` while building; restore after."""
+def nvcc_compile(arch: str, reports: list, plain: set[str]):
+    """Route TVM's CUDA compilation through nvcc for ``arch`` while building, with ``__restrict__``
+    off the ``plain`` arguments (:func:`coherent_exchange`); restore after."""
     name = "tvm_callback_cuda_compile"
     previous = tvm.get_global_func(name, allow_missing=True)
 
     def compile_with_nvcc(code, *_):
-        cubin, report = ptxas.compile_cuda(code, arch)
+        cubin, report = ptxas.compile_cuda(coherent_exchange(code, plain), arch)
         reports.append(report)
         return bytearray(cubin)
 
@@ -111,9 +138,10 @@ def build_functions(funcs: dict, target: tvm.target.Target, gpu: GpuSpec | None)
     if target.kind.name != "cuda":
         return Built(tvm.tirx.build(mod, target=target, pipeline=PIPELINE))
     reports: list = []
-    with target, nvcc_compile(gpu.arch, reports):
+    plain = plain_args(funcs.values())
+    with target, nvcc_compile(gpu.arch, reports, plain):
         lib = tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
-    source = lib.imports[0].inspect_source()
+    source = coherent_exchange(lib.imports[0].inspect_source(), plain)
     if reports:
         return Built(lib, source, reports[-1])
     try:

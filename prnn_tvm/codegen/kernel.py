@@ -31,6 +31,7 @@ from .barrier import SyncArgs
 
 SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
 HAND_PLACED = "prnn.hand_placed"  # a kernel the tirx pipeline lowers as written (``codegen.build``)
+PLAIN_ARGS = "prnn.plain_args"  # the kernel's arguments not to declare __restrict__ (``codegen.build``)
 MMA_TYPES = {"float16": "fp16", "bfloat16": "bf16"}  # storage dtypes as ``mma.sync`` operands (tensor cores)
 
 
@@ -190,7 +191,8 @@ def persistent_frame(launch: Launch):
     ``launch``, cooperative when its grid is, its arguments declared (:func:`declare_args`), one block per
     CTA of the grid and one thread per thread. Yields ``(arguments, blockIdx.x, threadIdx.x)``."""
     grid = launch.grid
-    attrs = {"tirx.noalias": True, HAND_PLACED: True}
+    attrs = {"tirx.noalias": True, HAND_PLACED: True,
+             PLAIN_ARGS: [a.name for a in launch.args if not a.role.restrict]}
     if grid.cooperative:
         attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
     with T.prim_func():
