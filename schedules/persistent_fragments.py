@@ -59,7 +59,7 @@ def _weight_or(keep, weight: tirx.Buffer, row, col, lanes: int, otherwise):
     abs error where 4e-4 is right). Built this way it takes 184 registers instead of 242 and is right."""
     rows, cols = weight.shape
     inside = weight[tirx.max(tirx.min(row, rows - 1), 0), vec_index(tirx.max(tirx.min(col, cols - lanes), 0), lanes)]
-    return T.if_then_else(keep, T.bind(inside, var=tirx.Var("w", inside.ty)), otherwise)
+    return T.if_then_else(keep, bind_value(inside, "w"), otherwise)
 
 
 class FragmentWeights:

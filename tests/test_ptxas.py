@@ -351,11 +351,11 @@ def test_only_read_only_arguments_are_restrict(monkeypatch, cell, dtype, trainin
     kernels = [params for src in compiled
                for params in re.findall(r'extern "C" __global__ void[^{;]*recurrent\w*\(([^)]*)\) \{', src)]
     assert len(kernels) >= (3 if training else 1)
+    states = [s.name for s in layer.plan.states]
+    plain = ("workspace", "sync", *(f"{s}0" for s in states), *(f"d_{s}_n" for s in states))
+    kept = (*(w.name for w in layer.plan.weights), "xp", "lengths")
     for params in kernels:
         declared = {m[2]: m[1] for m in re.finditer(r"([\w*]+\*(?: __restrict__)?) (\w+)_ptr\b", params)}
-        states = [s.name for s in layer.plan.states]
-        plain = ("workspace", "sync", *(f"{s}0" for s in states), *(f"d_{s}_n" for s in states))
-        kept = (*(w.name for w in layer.plan.weights), "xp", "lengths")
         assert all("__restrict__" not in declared[n] for n in plain if n in declared), params
         assert all("__restrict__" in declared[n] for n in kept if n in declared), params
         assert "workspace" in declared
