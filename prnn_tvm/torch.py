@@ -72,9 +72,17 @@ ALL_STEPS = 2**31 - 1  # a row length that no sequence reaches: the kernels clam
 # the parameter dtypes a module runs in -> the layer dtype it compiles
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
           torch.float64: "float64"}  # float64: the CPU build only
+HALF_TYPES = (torch.float16, torch.bfloat16)
 
 
 class _Recurrent(torch.nn.Module):
+    # Whether the cell only ever adds the input projection's bias and the recurrent one (torch.nn's LSTM and
+    # RNN: gates = W_ih x + b_ih + W_hh h + b_hh; not GRU, whose n gate multiplies b_hn by r). Then a half
+    # inference call on the GPU passes ``b_hh + b_ih`` as the recurrent bias and its projection is one GEMM,
+    # without the bias pass a half GEMM into float32 needs in torch (``_projection``): 10-30 us a call at
+    # H 256-1024, B 8-16, T=256 (H100). The sum is rounded once to the half type (half an ulp of the bias).
+    _FOLDS_INPUT_BIAS = False
+
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
                  device=None, dtype=None, arch: str | None = None, config=None, names: dict | None = None):
@@ -127,13 +135,13 @@ class _Recurrent(torch.nn.Module):
         self._side_streams: dict = {}
         self._aligned_copies: dict = {}
         self._constants: dict = {}
-        self._biased_weights: dict = {}
+        self._derived: dict = {}
         self._joined: dict = {}
         self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what runs, and why
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
     _COMPILED = ("_layers", "_launchers", "_arguments", "_side_streams", "_aligned_copies", "_constants",
-                 "_biased_weights", "_joined", "_launch_notes", "_captured", "stack_notes",
+                 "_derived", "_joined", "_launch_notes", "_captured", "stack_notes",
                  "direction_notes")
 
     def __getstate__(self) -> dict:
@@ -285,24 +293,51 @@ class _Recurrent(torch.nn.Module):
         return joined
 
     def _biased_weight(self, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
-        """``[W_ih | b_ih | 0]`` for a half projection on the GPU (``_projection``): made once per weight update
-        (kept while the same two tensors, :meth:`_aligned` or :meth:`_joined_parameters` ones, keep their
-        version counters, and dropped when either tensor is: a replaced parameter or a remade joined one
-        leaves nothing behind; as :meth:`_constant`, not kept when first made while a CUDA graph is being
-        captured)."""
-        key, versions = (id(W_ih), id(b_ih)), (W_ih._version, b_ih._version)
-        cached = self._biased_weights.get(key)
-        if cached is not None and cached[0]() is W_ih and cached[1]() is b_ih and cached[2] == versions:
-            return cached[3]
-        W = _biased(W_ih, b_ih)
+        """``[W_ih | b_ih | 0]`` for a half projection on the GPU (``_projection``), made once per weight
+        update (:meth:`_derived_from`)."""
+        return self._derived_from("biased", _biased, W_ih, b_ih)
+
+    def _derived_from(self, what: str, make, *tensors: torch.Tensor) -> torch.Tensor:
+        """``make(*tensors)``, made once per weight update: kept while the same tensors (:meth:`_aligned` or
+        :meth:`_joined_parameters` ones) keep their version counters, and dropped when any of them is (a
+        replaced parameter or a remade joined one leaves nothing behind); as :meth:`_constant`, not kept when
+        first made while a CUDA graph is being captured."""
+        key, versions = (what, *map(id, tensors)), tuple(t._version for t in tensors)
+        cached = self._derived.get(key)
+        if cached is not None and cached[1] == versions and all(r() is t for r, t in zip(cached[0], tensors)):
+            return cached[2]
+        made = make(*tensors)
         if not torch.cuda.is_current_stream_capturing():
-            cache = self._biased_weights  # not self: the callbacks keep no module alive
+            cache = self._derived  # not self: the callbacks keep no module alive
 
             def forget(_, key=key, cache=cache):  # the ids die with the tensors: so does their entry
                 cache.pop(key, None)
 
-            self._biased_weights[key] = (weakref.ref(W_ih, forget), weakref.ref(b_ih, forget), versions, W)
-        return W
+            self._derived[key] = (tuple(weakref.ref(t, forget) for t in tensors), versions, made)
+        return made
+
+    def _folded_input_bias(self, layer, suffix: str | None, weights: list) -> list:
+        """A launch's ``weights`` (:meth:`_parameter_arguments` order, ``layer`` and ``suffix`` as there) with the
+        projection's bias moved into the recurrent one (:attr:`_FOLDS_INPUT_BIAS`): ``b_ih`` becomes None and
+        each ``b_hh`` whose direction's projection this launch's GEMM makes becomes ``b_hh + b_ih``, summed in
+        float32 and rounded once to the parameters' type (made once per weight update). A stack's upper layers
+        keep theirs: the kernel projects them itself. Which arguments change is worked out once per launch."""
+        key = (id(layer), suffix, "folded")
+        plan = self._arguments.get(key)
+        if plan is None:
+            entries = self._parameter_arguments(layer, suffix)
+            at = next(i for i, (arg, _, _) in enumerate(entries) if arg == "b_ih")
+            projected = entries[at][1] if isinstance(entries[at][1], tuple) else (entries[at][1],)
+            own_ih, own_hh = self._names["b_ih"], self._names["b_hh"]
+            partners = [(i, own_ih + name[len(own_hh):]) for i, (_, name, _) in enumerate(entries)
+                        if isinstance(name, str) and name.startswith(own_hh)]
+            plan = self._arguments[key] = (at, [(i, partner) for i, partner in partners if partner in projected])
+        at, pairs = plan
+        folded = list(weights)
+        folded[at] = None
+        for i, partner in pairs:
+            folded[i] = self._derived_from("folded", _summed, weights[i], self._aligned(partner))
+        return folded
 
     def forward(self, input, hx=None):
         kind, H = type(self).__name__, self.hidden_size
@@ -433,7 +468,9 @@ class _Recurrent(torch.nn.Module):
                 return self._joined_parameters(name)
             return self._parameters[name] if grad else self._aligned(name)
 
-        weights = [param(*a) for a in self._parameter_arguments(layer, suffix)]
+        weights = [param(name, shape) for _, name, shape in self._parameter_arguments(layer, suffix)]
+        if self._FOLDS_INPUT_BIAS and self.bias and not grad and device.type == "cuda" and dtype in HALF_TYPES:
+            weights = self._folded_input_bias(layer, suffix, weights)
         zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
         states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * zeros
         if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
@@ -460,8 +497,8 @@ class _Recurrent(torch.nn.Module):
     def _parameter_arguments(self, layer, suffix: str | None) -> list:
         """``layer``'s weight and param inputs (``W_ih``, ``b_ih``, then the cell's), in its signature's order,
         for the layer and direction ``suffix`` (None: ``layer`` is a wavefront stack, whose arguments name
-        their layers, ``l1_W_hh``): ``(parameter name, shape)``, the name None for an absent bias (worked out
-        once: a signature's inputs are derived on each use)."""
+        their layers, ``l1_W_hh``): ``(argument, parameter name, shape)``, the name None for an absent bias
+        (worked out once: a signature's inputs are derived on each use)."""
         key = (id(layer), suffix)
         if key not in self._arguments:
             found = []
@@ -470,7 +507,7 @@ class _Recurrent(torch.nn.Module):
                 if a.role not in (ArgRole.WEIGHT, ArgRole.PARAM):
                     continue
                 if both and a.name in ("W_ih", "b_ih"):  # stacked: the forward direction's rows first
-                    found.append((None if not self.bias and a.name in _BIASES else
+                    found.append((a.name, None if not self.bias and a.name in _BIASES else
                                   tuple(self._names[a.name] + suffix + own for own in ("", _REVERSE)),
                                   a.concrete_shape(1)))
                     continue
@@ -484,7 +521,7 @@ class _Recurrent(torch.nn.Module):
                 else:
                     index, base = split_layer_name(a.name)
                     own = _suffix(index, 0)
-                found.append((None if not self.bias and base in _BIASES else self._names[base] + own,
+                found.append((a.name, None if not self.bias and base in _BIASES else self._names[base] + own,
                               a.concrete_shape(1)))
             self._arguments[key] = found
         return self._arguments[key]
@@ -737,7 +774,7 @@ def _aligned_state(t: torch.Tensor) -> torch.Tensor:
 BIAS_IN_GEMM = 1 << 24
 
 
-def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor, differentiable: bool = False,
+def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, differentiable: bool = False,
                 biased_weight=None) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
     type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
@@ -748,12 +785,15 @@ def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor, differe
     :data:`BIAS_IN_GEMM` elements and more (LSTM H=1024 B=16 T=256) it costs as much as the GEMM, so there
     the bias rides in the GEMM: ``x`` padded with columns of ones times ``[W_ih | b_ih | 0]`` (the bias
     multiplied by one and summed in float32: the same value), ``biased_weight(W_ih, b_ih)`` making that
-    matrix. Below, the padded GEMM measured slower than the two kernels."""
+    matrix. Below, the padded GEMM measured slower than the two kernels. Where the cell lets the recurrent bias
+    carry ``b_ih`` (``_Recurrent._FOLDS_INPUT_BIAS``), ``b_ih`` is None: the GEMM alone."""
     if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
         return torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
     if x.device.type == "cuda" and not differentiable:
         T, B, _ = x.shape
         rows = x.view(T * B, -1)
+        if b_ih is None:  # folded into the recurrent bias (``_Recurrent._FOLDS_INPUT_BIAS``)
+            return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(T, B, -1)
         if T * B * W_ih.shape[0] < BIAS_IN_GEMM:
             return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
         W = biased_weight(W_ih, b_ih)
@@ -761,6 +801,11 @@ def _projection(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor, differe
         return torch.mm(ones, W.t(), out_dtype=torch.float32).view(T, B, -1)
     # a half layer that trains (or on the CPU): float32 math, differentiable
     return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
+
+
+def _summed(b_hh: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
+    """``b_hh + b_ih`` in float32, rounded once to their type."""
+    return (b_hh.float() + b_ih.float()).to(b_hh.dtype)
 
 
 def _biased(W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
@@ -774,6 +819,8 @@ def _biased(W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
 
 class LSTM(_Recurrent):
     """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
+
+    _FOLDS_INPUT_BIAS = True
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
@@ -795,6 +842,8 @@ class GRU(_Recurrent):
 class RNN(_Recurrent):
     """``torch.nn.RNN`` (tanh or relu) on persistent kernels (one launch per layer and direction); gradients
     on the CPU."""
+
+    _FOLDS_INPUT_BIAS = True
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,

@@ -231,7 +231,43 @@ def test_the_biased_gemm_operand_is_kept_while_its_tensors_live(monkeypatch):
     assert again is not W and torch.equal(module._biased_weight(again, b)[:, :3], again)
     del W, first
     gc.collect()
-    assert len(module._biased_weights) == 1  # the operand of the joined W_ih remade above
+    assert len(module._derived) == 1  # the operand of the joined W_ih remade above
+
+
+@pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 1, False), ("lstm", 2, False), ("rnn_tanh", 1, True),
+                                                         ("gru", 1, False)])
+def test_a_half_call_folds_the_input_bias_into_the_recurrent_one(kind, layers, bidirectional, monkeypatch):
+    """LSTM and RNN only ever add ``b_ih`` and ``b_hh``: a half inference call on the GPU passes their sum as the
+    recurrent bias, for every direction whose projection torch makes (a stack's upper layers project in the
+    kernel: theirs stay), and runs the projection without one. GRU keeps both (its n gate multiplies
+    ``b_hn`` by r). No GPU needed: the layers are the CPU build's, whose launches have the same arguments."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    module = pt.from_torch(_reference(kind, input_size=3, hidden_size=4, num_layers=layers,
+                                      bidirectional=bidirectional))
+    cpu = torch.device("cpu")
+    launch = (module.stack_for(2, cpu, torch.float32) if layers > 1 else
+              module.directions_for(2, cpu, torch.float32, 3) if bidirectional else module.layer_for(2, cpu))
+    suffix = None if layers > 1 else "_l0"
+    entries = module._parameter_arguments(launch, suffix)
+    weights = [module._aligned(name) if isinstance(name, str) else module._joined_parameters(name)
+               for _, name, _ in entries]
+    if kind == "gru":
+        assert not module._FOLDS_INPUT_BIAS
+        return
+    folded = module._folded_input_bias(launch, suffix, weights)
+    summed = {"b_hh": "_l0", "l0_b_hh": "_l0", "fwd_b_hh": "_l0", "rev_b_hh": "_l0_reverse"}
+    for (arg, _, _), weight, got in zip(entries, weights, folded):
+        if arg == "b_ih":
+            assert got is None
+        elif arg in summed:
+            p = summed[arg]
+            assert torch.equal(got, getattr(module, "bias_hh" + p) + getattr(module, "bias_ih" + p)), arg
+        else:  # the weights, and a stack's upper layers' biases
+            assert got is weight, arg
+    args = [arg for arg, _, _ in entries]
+    assert sum(arg in summed for arg in args) == (2 if bidirectional else 1)
+    assert layers == 1 or {"l1_b_ih", "l1_b_hh"} <= set(args)
+    assert all(a is b for a, b in zip(module._folded_input_bias(launch, suffix, weights), folded))  # once per update
 
 
 def test_a_compiled_module_copies_and_pickles():
@@ -622,6 +658,29 @@ def test_a_cuda_backward_that_times_out_fills_nan_and_raises(module, where):
     out.sum().backward()
     fast.check()
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 1, False), ("lstm", 2, False), ("lstm", 1, True),
+                                                         ("rnn_tanh", 2, True), ("gru", 1, True)])
+def test_cuda_half_modules_match_float64(kind, layers, bidirectional, dtype):
+    """Half inference calls, stacked and bidirectional, against torch.nn in float64 on the same half-rounded
+    parameters and inputs; LSTM and RNN run with the input bias folded into the recurrent one."""
+    import copy
+
+    T, B, H, n_in = 64, 8, 256, 96
+    half = _reference(kind, input_size=n_in, hidden_size=H, num_layers=layers,
+                      bidirectional=bidirectional).cuda().to(dtype)
+    exact = copy.deepcopy(half).double()
+    fast = pt.from_torch(half)
+    x = torch.randn(T, B, n_in, device="cuda").to(dtype)
+    with torch.no_grad():
+        (want, want_h), (got, got_h) = exact(x.double()), fast(x)
+    want_h, got_h = (want_h, got_h) if kind == "lstm" else ((want_h,), (got_h,))
+    err = max((a.double() - b).abs().max().item() for a, b in zip((got, *got_h), (want, *want_h)))
+    assert err <= tolerance(pt.DTYPES[dtype], T), f"max abs error {err:.2e}"
+    assert any(key[0] == "folded" for key in fast._derived) == (kind != "gru")
 
 
 @pytest.mark.gpu
