@@ -79,8 +79,9 @@ class _Recurrent(torch.nn.Module):
     # Whether the cell only ever adds the input projection's bias and the recurrent one (torch.nn's LSTM and
     # RNN: gates = W_ih x + b_ih + W_hh h + b_hh; not GRU, whose n gate multiplies b_hn by r). Then a half
     # inference call on the GPU passes ``b_hh + b_ih`` as the recurrent bias and its projection is one GEMM,
-    # without the bias pass a half GEMM into float32 needs in torch (``_projection``): 10-30 us a call at
-    # H 256-1024, B 8-16, T=256 (H100). The sum is rounded once to the half type (half an ulp of the bias).
+    # without the bias pass a half GEMM into float32 needs in torch (``_projection``): 9.5-32 us of GPU time a
+    # call at LSTM H 256-1024, B 8-16, T=256 (H100, torch.profiler). The sum is rounded once to the half type
+    # (half an ulp of the bias).
     _FOLDS_INPUT_BIAS = False
 
     def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -253,12 +254,15 @@ class _Recurrent(torch.nn.Module):
                 layer._training.forward.check(wait=False)
                 layer._training.backward.check(wait=False)
 
-    def _aligned(self, name: str) -> torch.Tensor:
+    def _aligned(self, name: str, fresh: bool = False) -> torch.Tensor:
         """Parameter ``name`` detached (DLPack refuses tensors that track gradients), or an aligned copy of
         it when it does not start on a 64-byte boundary (cuDNN's flattened weights put biases anywhere).
         Kept while the parameter and its storage stay the same (a copy: and its version counter), so the
-        copy is made once per weight update."""
+        copy is made once per weight update. ``fresh`` (a CUDA graph being captured): made anew and not
+        kept, so that the graph makes it in every replay from the parameter as it is then."""
         p, cached = self._parameters[name], self._aligned_copies.get(name)
+        if fresh:
+            return p.detach() if p.data_ptr() % ALIGNMENT == 0 else p.detach().clone()
         if cached is not None and cached[0] is p and cached[1] == p.data_ptr() and cached[2] in (None, p._version):
             return cached[3]
         aligned = p.data_ptr() % ALIGNMENT == 0  # torch's allocators align blocks
@@ -278,50 +282,53 @@ class _Recurrent(torch.nn.Module):
                 self._constants[key] = constant
         return constant
 
-    def _joined_parameters(self, names: tuple) -> torch.Tensor:
+    def _joined_parameters(self, names: tuple, fresh: bool = False) -> torch.Tensor:
         """Parameters ``names`` stacked along their first dimension (both directions' ``W_ih``, for one GEMM):
         made once per weight update (kept while the parameters and their version counters stay the same;
-        as :meth:`_constant`, not kept when first made while a CUDA graph is being captured)."""
-        parts = [self._aligned(name) for name in names]
+        ``fresh``, as in :meth:`_aligned`: made anew, not kept)."""
+        parts = [self._aligned(name, fresh) for name in names]
+        if fresh:
+            return torch.cat(parts)
         versions = tuple((p.data_ptr(), p._version) for p in parts)
         cached = self._joined.get(names)
         if cached is not None and cached[0] == versions and all(a is b for a, b in zip(cached[1], parts)):
             return cached[2]
         joined = torch.cat(parts)
-        if joined.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            self._joined[names] = (versions, parts, joined)
+        self._joined[names] = (versions, parts, joined)
         return joined
 
     def _biased_weight(self, W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
         """``[W_ih | b_ih | 0]`` for a half projection on the GPU (``_projection``), made once per weight
         update (:meth:`_derived_from`)."""
-        return self._derived_from("biased", _biased, W_ih, b_ih)
+        return self._derived_from("biased", _biased, W_ih, b_ih, fresh=torch.cuda.is_current_stream_capturing())
 
-    def _derived_from(self, what: str, make, *tensors: torch.Tensor) -> torch.Tensor:
+    def _derived_from(self, what: str, make, *tensors: torch.Tensor, fresh: bool = False) -> torch.Tensor:
         """``make(*tensors)``, made once per weight update: kept while the same tensors (:meth:`_aligned` or
         :meth:`_joined_parameters` ones) keep their version counters, and dropped when any of them is (a
-        replaced parameter or a remade joined one leaves nothing behind); as :meth:`_constant`, not kept when
-        first made while a CUDA graph is being captured."""
+        replaced parameter or a remade joined one leaves nothing behind). ``fresh`` (a CUDA graph being
+        captured): made anew and not kept, so that every replay makes it from the parameters as they are."""
+        if fresh:
+            return make(*tensors)
         key, versions = (what, *map(id, tensors)), tuple(t._version for t in tensors)
         cached = self._derived.get(key)
         if cached is not None and cached[1] == versions and all(r() is t for r, t in zip(cached[0], tensors)):
             return cached[2]
         made = make(*tensors)
-        if not torch.cuda.is_current_stream_capturing():
-            cache = self._derived  # not self: the callbacks keep no module alive
+        cache = self._derived  # not self: the callbacks keep no module alive
 
-            def forget(_, key=key, cache=cache):  # the ids die with the tensors: so does their entry
-                cache.pop(key, None)
+        def forget(_, key=key, cache=cache):  # the ids die with the tensors: so does their entry
+            cache.pop(key, None)
 
-            self._derived[key] = (tuple(weakref.ref(t, forget) for t in tensors), versions, made)
+        self._derived[key] = (tuple(weakref.ref(t, forget) for t in tensors), versions, made)
         return made
 
-    def _folded_input_bias(self, layer, suffix: str | None, weights: list) -> list:
+    def _folded_input_bias(self, layer, suffix: str | None, weights: list, fresh: bool = False) -> list:
         """A launch's ``weights`` (:meth:`_parameter_arguments` order, ``layer`` and ``suffix`` as there) with the
         projection's bias moved into the recurrent one (:attr:`_FOLDS_INPUT_BIAS`): ``b_ih`` becomes None and
         each ``b_hh`` whose direction's projection this launch's GEMM makes becomes ``b_hh + b_ih``, summed in
         float32 and rounded once to the parameters' type (made once per weight update). A stack's upper layers
-        keep theirs: the kernel projects them itself. Which arguments change is worked out once per launch."""
+        keep theirs: the kernel projects them itself. Which arguments change is worked out once per launch;
+        ``fresh`` as in :meth:`_derived_from`."""
         key = (id(layer), suffix, "folded")
         plan = self._arguments.get(key)
         if plan is None:
@@ -336,7 +343,7 @@ class _Recurrent(torch.nn.Module):
         folded = list(weights)
         folded[at] = None
         for i, partner in pairs:
-            folded[i] = self._derived_from("folded", _summed, weights[i], self._aligned(partner))
+            folded[i] = self._derived_from("folded", _summed, weights[i], self._aligned(partner, fresh), fresh=fresh)
         return folded
 
     def forward(self, input, hx=None):
@@ -460,17 +467,20 @@ class _Recurrent(torch.nn.Module):
         launch's order (a stack's layer-major, both directions' direction-major), or [] for zeros;
         ``lengths``: each row's steps (int32 on ``x``'s device), or None for all; ``grad``: differentiable."""
         B, H, dtype, device = x.shape[1], self.hidden_size, x.dtype, x.device
+        # what is derived from the parameters (aligned copies, joined and folded ones) is kept between calls,
+        # but made inside a CUDA graph being captured: a replay then follows in-place parameter updates
+        fresh = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
         def param(name, shape):  # tracked by autograd when differentiable, else detached (and aligned) once
             if name is None:  # an absent bias
                 return self._constant(shape, device, dtype)
             if isinstance(name, tuple):  # both directions' input projections, stacked
-                return self._joined_parameters(name)
-            return self._parameters[name] if grad else self._aligned(name)
+                return self._joined_parameters(name, fresh)
+            return self._parameters[name] if grad else self._aligned(name, fresh)
 
         weights = [param(name, shape) for _, name, shape in self._parameter_arguments(layer, suffix)]
         if self._FOLDS_INPUT_BIAS and self.bias and not grad and device.type == "cuda" and dtype in HALF_TYPES:
-            weights = self._folded_input_bias(layer, suffix, weights)
+            weights = self._folded_input_bias(layer, suffix, weights, fresh)
         zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
         states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * zeros
         if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)

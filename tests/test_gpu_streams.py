@@ -1,6 +1,7 @@
 """Calls that do not wait for the GPU (``pytest -m gpu``): the caller's stream, CUDA graphs,
 concurrent launches of one layer, and barrier timeouts reported after the call."""
 
+import copy
 import dataclasses
 import threading
 
@@ -109,6 +110,39 @@ def test_a_bidirectional_call_from_another_stream_and_a_graph(one_launch):
             graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(replayed, out)
+    fast.check()
+
+
+@pytest.mark.parametrize("kind, dtype, bidirectional, bias_in_gemm", [
+    ("lstm", torch.float16, False, None),  # b_ih folded into b_hh
+    ("rnn_tanh", torch.bfloat16, True, None),  # folded, both directions' W_ih joined
+    ("gru", torch.float16, True, 0),  # [W_ih | b_ih] the GEMM operand
+    ("lstm", torch.float32, False, None)])
+def test_graph_replays_follow_in_place_parameter_updates(kind, dtype, bidirectional, bias_in_gemm, monkeypatch):
+    """What a call derives from the parameters and keeps between eager calls (the folded bias, joined and
+    aligned copies, the biased GEMM operand) is made inside a graph being captured: after in-place updates
+    (an unaligned bias among them, as cuDNN's flat weights give) a replay equals an eager call again."""
+    if bias_in_gemm is not None:
+        monkeypatch.setattr(pt, "BIAS_IN_GEMM", bias_in_gemm)
+    torch.manual_seed(4)
+    ctor = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[kind]
+    ref = ctor(24, 64, bidirectional=bidirectional).cuda().to(dtype).eval()
+    flat = torch.zeros(ref.bias_hh_l0.numel() + 1, device="cuda", dtype=dtype)  # a bias one element into a buffer
+    flat[1:] = ref.bias_hh_l0.detach()
+    ref.bias_hh_l0 = torch.nn.Parameter(flat[1:])
+    fast = pt.from_torch(ref)
+    x = torch.randn(12, 3, 24, device="cuda").to(dtype)
+    with torch.no_grad():
+        fast(x)  # the eager call that fills the caches before the capture
+        graph, (replayed, _) = captured(lambda: fast(x))
+        for p in ref.parameters():
+            p.mul_(-0.75).add_(0.125)
+        graph.replay()
+        eager = fast(x)[0]
+        torch.cuda.synchronize()
+        want = copy.deepcopy(ref).double()(x.double())[0]
+    assert torch.equal(replayed, eager)
+    assert (eager.double() - want).abs().max().item() <= tolerance(pt.DTYPES[dtype], 12)
     fast.check()
 
 
