@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
@@ -109,11 +109,11 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     policy = plan.policy
     smem_hs = policy.itemsize * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
     smem_gs = itemsize(policy.accumulate) * B * rows
-    tag_vec = 2 if H % 2 == 0 else 1  # tagged words per load (prnn_tvm.codegen.barrier.tag_copy)
-    tagged = math.ceil(cfg.batch_tile * H / (threads * tag_vec)) if BARRIERS[cfg.barrier].carries_data and n_ops else 0
-    # a tagged load holds tag_vec 64-bit words and its own 64-bit address while it polls
+    # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
+    tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], cfg.batch_tile * H if n_ops else 0, threads, H,
+                                     policy.itemsize)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
-            + (2 * tag_vec + 2) * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
+            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
                     math.ceil(B / cfg.batch_tile), ipt, tagged, smem_hs, smem_gs, regs)
 
@@ -137,9 +137,9 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} exceeds hidden={plan.hidden}")
     g = geometry(cfg, plan)
     if g.tagged_per_thread > 32:
-        raise ConfigError(f"the 'tags' exchange polls {g.tagged_per_thread} state loads per thread (batch_tile "
-                          f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
-                          "batch_tile")
+        raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
+                          f"(batch_tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: "
+                          "lower batch_tile")
     for reductions, _, _ in parts(cfg.layout, plan):  # the products of one CTA
         products = [r.slices * cfg.units_per_cta for r in reductions]
         mixed = len({(r.operand, r.phase) for r in reductions}) > 1

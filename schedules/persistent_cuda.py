@@ -131,14 +131,17 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.width = ItemSlots.widest(self.slots.values())
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
+        # states a thread keeps in registers as it published them (``sentinel``: the exchange is the output)
+        self.own = {name: i for i, name in enumerate(plan.operands)} if self.barrier.sentinel else {}
         self.launch = self._launch()
 
     def _launch(self):
         """The kernel's arguments, grid and grid synchronization (what the runtime calls it with)."""
         p, g, bar = self.p, self.g, self.barrier
-        # the exchange: one double-buffered slot per operand, tagged 64-bit words for ``tags``
+        # the exchange: one double-buffered slot per operand, tagged 64-bit words for ``tags`` (``sentinel``
+        # exchanges through the output sequence and leaves it unused)
         workspace = (max(1, len(p.operands)), 2, self.B, self.H)
-        ws_dtype = "uint64" if bar.carries_data else self.dt
+        ws_dtype = "uint64" if bar.carries_data and not bar.sentinel else self.dt
         sync = None
         if p.needs_grid_barrier:  # the error word counts steps (tags) or barriers
             sync = GridSync(bar.name, grid_barrier.SYNC_WORDS if self.barrier_state else None,
@@ -212,7 +215,9 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     def build(self) -> tirx.PrimFunc:
         p, ipt = self.p, self.ipt
         with IRBuilder() as ib:
-            with persistent_frame(self.launch) as (self.a, self.bx, self.tx):
+            # the sentinel exchange reads the output sequence that other blocks write: no __restrict__ there
+            with persistent_frame(self.launch, plain=("out",) if self.barrier.sentinel else ()) as \
+                    (self.a, self.bx, self.tx):
                 self.sync = self.a.sync
                 self.alloc_product_buffers()
                 w = self.width
@@ -221,9 +226,13 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.preg = T.alloc_buffer((max(1, ipt * w.p),), self.dt, scope="local")
                 self.lreg = T.alloc_buffer((max(1, ipt * w.live),), self.compute_dt, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
+                # sentinel: each item's exchanged states as last published (its output may be a row's padding)
+                self.oreg = T.alloc_buffer((ipt * len(self.own),), self.dt, scope="local") if self.own else None
                 self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                 T.buffer_store(self.aborted, 0, [0])
                 self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
+                if self.barrier.sentinel and self.barrier_state:
+                    self.fill_slots()
                 for _ in self.part_loops():
                     for _ in self.each_part():
                         self.prologue()
@@ -232,7 +241,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 if self.barrier_state:  # the base counts steps (tags) or barriers
                     for _ in self.each_part():
                         self.report_timeout()
-                    advance = self.steps if self.barrier.carries_data else self.steps * p.phases - 1
+                    advance = (1 if self.barrier.sentinel else self.steps if self.barrier.carries_data
+                               else self.steps * p.phases - 1)
                     grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
         return ib.get()
 
@@ -244,6 +254,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 for name, i in slots.priv.items():
                     T.buffer_store(self.sreg, as_type(self.a.init[name][b, unit], self.compute_dt),
                                    [it * self.width.priv + i])
+                for name, i in self.own.items():
+                    T.buffer_store(self.oreg, self.a.init[name][b, unit], [it * len(self.own) + i])
                 for i, leaf in enumerate(slots.p):
                     T.buffer_store(self.preg, self.a.param[leaf.name][leaf.slice * self.H + unit],
                                    [it * self.width.p + i])
@@ -279,6 +291,21 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 with T.Then():
                     grid_barrier.emit(self.barrier, t * p.phases + p.phases - 1, self.barrier_base, self.sync,
                                       self.stall)
+
+    def fill_slots(self):
+        """``sentinel``, before the first step: mark every slot of the output sequence this thread will write as
+        not written yet, then the launch's one grid barrier, after which no block can read what an earlier
+        launch left there. A timed-out barrier makes the time loop give up at its first poll."""
+        for _ in self.each_part():
+            for _it, _group, item in self.items():
+                with item as (b, unit, _ul):
+                    with T.serial(0, self.steps) as t:
+                        T.evaluate(grid_barrier.sentinel_fill(self.barrier, T.address_of(self.a.out[t, b, unit]),
+                                                              self.dt))
+        abort = grid_barrier.sentinel_start(self.barrier, self.barrier_base, self.sync)
+        with T.If(abort != 0):
+            with T.Then():
+                T.buffer_store(self.aborted, 1, [0])
 
     def report_timeout(self):
         """After the time loop: when a wait of this launch (or of an earlier one on the same state) timed
@@ -344,9 +371,14 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         for name, value in new.items():
             if name in priv:  # private states stay in the compute type between steps
                 T.buffer_store(self.sreg, value, [it * self.width.priv + priv[name]])
+            elif name in self.own:  # published through the output sequence, below
+                T.buffer_store(self.oreg, stored[name], [it * len(self.own) + self.own[name]])
             else:
                 self.publish(name, t, b, unit, stored[name])
-        timing.write_outputs(self.a.out, stored, b, unit)
+        if self.own:
+            self.publish_outputs(t, timing, stored, b, unit)
+        else:
+            timing.write_outputs(self.a.out, stored, b, unit)
         with T.If(t == self.steps - 1):
             with T.Then():
                 for name, value in stored.items():
@@ -377,6 +409,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
             if leaf.name in slots.priv:
                 return self.sreg[it * w.priv + slots.priv[leaf.name]]
+            if leaf.name in self.own:
+                return as_type(self.oreg[it * len(self.own) + self.own[leaf.name]], self.compute_dt)
             return as_type(self.previous_state(leaf.name, t, b, unit), self.compute_dt)
 
         return load

@@ -73,15 +73,20 @@ class OperandExchange:
                                 T.buffer_store(self.smem, self.a.ws[e, (t + 1) % 2, b, vec_index(k, lv)], dst)
 
     def poll_tiles(self, names, t, b0, parity, step):
-        """``tags``: poll each operand's tagged values (written at ``step - 1``) into shared memory."""
+        """``tags`` and ``sentinel``: poll each operand's values (written at ``step - 1``) into shared memory."""
         BT, H = self.c.batch_tile, self.H
         rows = T.min(BT, self.B - b0)
         most = min(BT, self.B) * H  # the tensor-core template's tile may be taller than the batch
         for name in names:
-            abort = grid_barrier.tag_copy(
-                self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]),
-                T.address_of(self.smem[self.slot[name] * BT * self.stride]), self.dt, rows * H, most, H, self.stride,
-                self.barrier_base, step, self.sync)
+            dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
+            if self.barrier.sentinel:  # the output sequence, step - 1's rows (the operand is the only output)
+                abort = grid_barrier.sentinel_copy(
+                    self.barrier, self.g.threads, T.address_of(self.a.out[step - 1, b0, 0]), dst, self.dt,
+                    rows * H, most, H, self.stride, step, self.sync)
+            else:
+                abort = grid_barrier.tag_copy(
+                    self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]), dst,
+                    self.dt, rows * H, most, H, self.stride, self.barrier_base, step, self.sync)
             with T.If(abort != 0):
                 with T.Then():
                     T.buffer_store(self.aborted, 1, [0])
@@ -97,6 +102,19 @@ class OperandExchange:
             with T.Then():
                 slot = T.address_of(self.a.ws[e, t % 2, b, unit])
                 T.evaluate(grid_barrier.tag_store(self.barrier, slot, value, self.barrier_base, t))
+
+    def publish_outputs(self, t, timing, stored: dict, b, unit):
+        """``sentinel``: the output sequence is the exchange. Store each output (zero past the row's length, as
+        ever: rows are independent, so no other row reads it, and the row keeps its state in a register) with
+        the sentinel's store; block 0 skips its stores at ``stall_step`` (the test knob)."""
+        with T.If(tirx.Not(tirx.all(self.bx == 0, t == self.sync.stall_step))):
+            with T.Then():
+                for k, name in enumerate(self.p.outputs):
+                    value, running = stored[name], timing.running(name)
+                    if running is not None:
+                        value = T.if_then_else(running, value, tirx.const(0, self.dt))
+                    slot = T.address_of(self.a.out[t, b, k * self.H + unit])
+                    T.evaluate(grid_barrier.sentinel_store(self.barrier, slot, value, self.dt))
 
     def previous_state(self, name: str, t, b, unit):
         """This unit's value of exchanged state ``name`` from the step before (this thread wrote it)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
 from prnn_tvm.dtypes import HALF_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
@@ -135,10 +135,10 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     smem_ops = itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
     smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16)
-    tag_vec = 2 if H % 2 == 0 else 1
-    tagged = (math.ceil(min(cfg.batch_tile, B) * H / (threads * tag_vec))
-              if BARRIERS[cfg.barrier].carries_data and n_ops else 0)
-    regs = (weights + (4 * mw * cfg.k_chains + 2) * cfg.n_tiles + ipt * plan.item_values + (2 * tag_vec + 2) * tagged
+    # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
+    tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], min(cfg.batch_tile, B) * H if n_ops else 0, threads, H,
+                                     itemsize(plan.dtype))
+    regs = (weights + (4 * mw * cfg.k_chains + 2) * cfg.n_tiles + ipt * plan.item_values + poll_regs * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
@@ -210,9 +210,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"k_chains={cfg.k_chains}: a warp has {g.k_tiles_per_warp} k tiles to share among its "
                           "accumulator sets; lower k_chains or k_groups")
     if g.tagged_per_thread > 32:
-        raise ConfigError(f"the 'tags' exchange polls {g.tagged_per_thread} state loads per thread (batch tile "
-                          f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: lower "
-                          "n_tiles or raise k_groups")
+        raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
+                          f"(batch tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: "
+                          "lower n_tiles or raise k_groups")
     if g.threads > 1024:
         per_warp = f", {cfg.m_tiles_per_warp} per warp" if cfg.m_tiles_per_warp > 1 else ""
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles{per_warp} x k_groups {cfg.k_groups}); "

@@ -48,6 +48,11 @@ def check_layout(cfg, plan: CellPlan) -> None:
     """ConfigError for a layout the plan or the barrier cannot take, with the reason."""
     if cfg.layout not in LAYOUTS:
         raise ConfigError(f"layout '{cfg.layout}' unknown; available: {', '.join(LAYOUTS)}")
+    if BARRIERS[cfg.barrier].sentinel:
+        problem = sentinel_problem(plan)
+        if problem:
+            raise ConfigError(f"barrier 'sentinel' exchanges each step's state through the output sequence, and "
+                              f"cell '{plan.cell.name}' {problem}: use tags, counter or grid_sync")
     if cfg.layout != "split":
         return
     if not plan.cta_parts:
@@ -60,13 +65,29 @@ def check_layout(cfg, plan: CellPlan) -> None:
                           "grid_sync with layout 'split'")
 
 
+def sentinel_problem(plan: CellPlan) -> str | None:
+    """Why the ``sentinel`` exchange cannot carry ``plan``'s step (None where it can): it needs one part (no
+    stack, one direction), one phase, and the exchanged states to be the output sequence itself."""
+    if plan.cta_parts:
+        return "runs parts (a stack's layers or both directions) whose states are not one output sequence"
+    if plan.phases != 1:
+        return f"exchanges a stage within each step ({plan.phases} phases)"
+    if len(plan.outputs) != 1:
+        return f"outputs {len(plan.outputs)} states side by side"
+    if tuple(plan.operands) != tuple(plan.outputs):
+        return (f"multiplies {', '.join(plan.operands) or 'no state'} and outputs {', '.join(plan.outputs)}: its "
+                "exchanged states are not its output")
+    return None
+
+
 def layouts(plan: CellPlan, barriers: Iterable) -> list:
     """``(layout, runs of CTAs, barriers)`` for a tuning space: the shared layout, and the split one where
     the plan has parts (without the data-carried barriers where parts read each other's values)."""
     found = [("shared", 1, tuple(barriers))]
     if plan.cta_parts:
-        found.append(("split", len(plan.cta_parts), tuple(
-            b for b in barriers if plan.independent_parts or not BARRIERS[b].carries_data)))
+        takes = [b for b in barriers if not BARRIERS[b].sentinel
+                 and (plan.independent_parts or not BARRIERS[b].carries_data)]
+        found.append(("split", len(plan.cta_parts), tuple(takes)))
     return found
 
 
@@ -143,6 +164,8 @@ def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_
     """``cfg`` in the shared layout: what the training forward (``recurrent_save``) of a layer built with ``cfg``
     runs, since it writes every saved column of a (batch row, unit) from one item of the whole step. ``cfg``
     itself where it is shared, else with the shared layout where that fits, else the best untuned shared one."""
+    if BARRIERS[cfg.barrier].sentinel:  # the training forward exchanges through its barrier-separated workspace
+        cfg = dataclasses.replace(cfg, barrier="counter")
     if cfg.layout == "shared":
         return cfg
     shared = dataclasses.replace(cfg, layout="shared")

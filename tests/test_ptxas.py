@@ -262,7 +262,10 @@ def test_every_barrier_variant_compiles_without_spills(barrier, arch):
     rep = layer.report
     assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()
     body = kernel_source(layer)
-    if BARRIERS[barrier].carries_data:
+    if BARRIERS[barrier].sentinel:
+        assert "prnn_sentinel_copy<" in body and "prnn_sentinel_store<" in body
+        assert "prnn_barrier_end(sync_ptr, barrier_base, 1)" in body  # the launch's one barrier
+    elif BARRIERS[barrier].carries_data:
         assert "prnn_tag_copy<" in body and "prnn_tag_store(" in body
         assert "prnn_barrier_end(sync_ptr, barrier_base, seq_len)" in body  # the base advances by T steps
     elif BARRIERS[barrier].has_state:

@@ -40,6 +40,9 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
     uint32.
     """
     bar = grid_barrier.BARRIERS[barrier]
+    if bar.sentinel:
+        raise ValueError("'sentinel' exchanges through a layer's output sequence, which the probe does not have: "
+                         "bench/probes/sentinel_exchange.cu measures it")
     if bar.carries_data and not all_to_all:
         raise ValueError("'tags' synchronizes through data every block reads: a probe reading one neighbour "
                          "lets blocks run two steps apart and overwrite a slot before it is read")

@@ -1,4 +1,4 @@
-"""Synchronization between timesteps: the project's two designs and cooperative groups' ``grid.sync()``.
+"""Synchronization between timesteps: the project's three designs and cooperative groups' ``grid.sync()``.
 
 - ``tags`` (default where it fits): data-carried synchronization. Every exchanged value
   travels with the step that wrote it, ``(tag << 32) | bits`` in one single-copy-atomic
@@ -10,6 +10,13 @@
   needs twice the state traffic, so large batch tiles fall back to ``counter``. With a
   double-buffered exchange it is only a barrier when every block reads every other
   block's values, which a recurrent product guarantees.
+- ``sentinel``: the exchange cuDNN's persistent LSTM uses. Each step's state goes into a slot of
+  its own, the output sequence, which the kernel fills with a sentinel (every bit set: a NaN in
+  float32, float16 and bfloat16, which no store writes) before one ``counter`` barrier at its
+  start; a block then polls the values of step ``t - 1`` with 16-byte relaxed loads until none
+  is the sentinel. Each value is its own flag (2 bytes a half value, where ``tags`` moves 8),
+  and no slot is written twice in a launch, so no tag, no reset and no fence between steps.
+  One-part, one-phase cells whose exchanged state is their output; fastest on small grids.
 - ``counter``: one monotonic arrival counter; thread 0 of each block adds with a gpu-scope
   *release* reduction after a block barrier (cumulative over the block's writes), polls
   with *acquire* loads, and a block barrier publishes the result. As fast as ``grid.sync()``,
@@ -17,7 +24,7 @@
 - ``grid_sync``: cooperative groups; no state, no timeout (CUDA guarantees it under
   cooperative launch); the baseline.
 
-The two project designs share one protocol (device code pasted with ``T.cuda.func_call``,
+The project's designs share one protocol (device code pasted with ``T.cuda.func_call``,
 which pastes the source once per function called, hence the include guards):
 
 - the device functions of both (``_COMMON``) are pasted with their own source, each barrier's
@@ -58,6 +65,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from ..dtypes import itemsize
 from ..errors import ConfigError
 from ..signature import SYNC_SCALARS
 
@@ -243,6 +251,117 @@ __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n,
 """
 
 
+_SENTINEL = _COUNTER + r"""
+#ifndef PRNN_SENTINEL
+#define PRNN_SENTINEL
+// The sentinel exchange: every bit set marks a slot not written yet (a NaN in each exchanged type);
+// a store of that very NaN writes the canonical one instead.
+template <typename V> struct prnn_sentinel_bits;
+template <> struct prnn_sentinel_bits<float> {
+  typedef unsigned type;
+  static constexpr unsigned canonical = 0x7fc00000u;
+};
+#ifdef __CUDA_FP16_H__
+template <> struct prnn_sentinel_bits<half> {
+  typedef unsigned short type;
+  static constexpr unsigned short canonical = 0x7e00u;
+};
+#endif
+#ifdef __CUDA_BF16_H__
+template <> struct prnn_sentinel_bits<nv_bfloat16> {
+  typedef unsigned short type;
+  static constexpr unsigned short canonical = 0x7fc0u;
+};
+#endif
+// Before the launch's one barrier: mark a slot this thread will write.
+template <typename V>
+__device__ __forceinline__ void prnn_sentinel_fill(V* p) {
+  typedef typename prnn_sentinel_bits<V>::type B;
+  *(B*)p = (B)~0u;
+}
+// Publish v with a relaxed store (the other blocks poll it with relaxed loads).
+template <typename V>
+__device__ __forceinline__ void prnn_sentinel_store(V* p, V v) {
+  typedef typename prnn_sentinel_bits<V>::type B;
+  B bits = *(const B*)&v;
+  if (bits == (B)~0u) bits = prnn_sentinel_bits<V>::canonical;
+  if (sizeof(B) == 2) {
+    asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" :: "l"(p), "h"((unsigned short)bits) : "memory");
+  } else {
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" :: "l"(p), "r"((unsigned)bits) : "memory");
+  }
+}
+// Copy n values (row-major rows of ROW) that other blocks are writing into dst (rows padded to ROW_PAD):
+// thread t loads the BYTES-wide groups t + j * blockDim.x, j < PER, and loads again those that still hold
+// the sentinel. Returns 1 for the whole block if a wait timed out or another block reported one.
+template <typename V, int PER, int BYTES, int ROW, int ROW_PAD>
+__device__ __forceinline__ int prnn_sentinel_copy(const V* src, V* dst, int n, int step, unsigned* sync,
+                                                  int timeout_us) {
+  constexpr int VEC = BYTES / (int)sizeof(V), WORDS = BYTES >= 4 ? BYTES / 4 : 1;
+  static_assert(PER <= 32 && VEC >= 1 && ROW % VEC == 0, "stale bits, vector width");
+  unsigned w[PER][WORDS];
+  int failed = 0;
+  const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
+  unsigned stale = 0;  // bit j: group j still holds the sentinel; only those are loaded again
+#pragma unroll
+  for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) * VEC < n ? 1u : 0u) << j;
+  for (unsigned polls = 1; stale; ++polls) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (stale & (1u << j)) {
+        const V* p = src + (threadIdx.x + j * blockDim.x) * VEC;
+        if (BYTES == 16) {
+          asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(w[j][0]), "=r"(w[j][WORDS > 1 ? 1 : 0]), "=r"(w[j][WORDS > 2 ? 2 : 0]),
+                         "=r"(w[j][WORDS > 3 ? 3 : 0]) : "l"(p) : "memory");
+        } else if (BYTES == 8) {
+          asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(w[j][0]), "=r"(w[j][WORDS > 1 ? 1 : 0])
+                       : "l"(p) : "memory");
+        } else if (BYTES == 4) {
+          asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(w[j][0]) : "l"(p) : "memory");
+        } else {
+          unsigned short h;
+          asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=h"(h) : "l"(p) : "memory");
+          w[j][0] = h;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      bool fresh = true;
+#pragma unroll
+      for (int e = 0; e < WORDS; ++e) {
+        if (sizeof(V) == 4) fresh &= w[j][e] != 0xffffffffu;
+        else if (BYTES == 2) fresh &= (w[j][e] & 0xffffu) != 0xffffu;
+        else fresh &= __vcmpeq2(w[j][e], 0xffffffffu) == 0u;
+      }
+      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
+    }
+    // the step whose values never came is step - 1: record it as (step - 1) + 1
+    if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
+      failed = 1;
+      break;
+    }
+  }
+  if (!failed) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int i = (threadIdx.x + j * blockDim.x) * VEC;
+      if (i < n) {
+        V* d = dst + (i / ROW) * ROW_PAD + i % ROW;
+        if (BYTES == 16) *(uint4*)d = make_uint4(w[j][0], w[j][WORDS > 1 ? 1 : 0], w[j][WORDS > 2 ? 2 : 0],
+                                                w[j][WORDS > 3 ? 3 : 0]);
+        else if (BYTES == 8) *(uint2*)d = make_uint2(w[j][0], w[j][WORDS > 1 ? 1 : 0]);
+        else if (BYTES == 4) *(unsigned*)d = w[j][0];
+        else *(unsigned short*)d = (unsigned short)w[j][0];
+      }
+    }
+  }
+  return __syncthreads_or(failed);
+}
+#endif
+"""
+
 @dataclass(frozen=True)
 class Barrier:
     """A way to separate timesteps.
@@ -256,6 +375,7 @@ class Barrier:
     function: str | None
     source: str | None
     carries_data: bool = False
+    sentinel: bool = False  # the data-carried exchange through the output sequence (else tagged words)
 
     @property
     def has_state(self) -> bool:
@@ -264,6 +384,7 @@ class Barrier:
 
 BARRIERS = {
     "tags": Barrier("tags", None, _TAGS, carries_data=True),
+    "sentinel": Barrier("sentinel", "prnn_barrier_counter", _SENTINEL, carries_data=True, sentinel=True),
     "counter": Barrier("counter", "prnn_barrier_counter", _COUNTER),
     "grid_sync": Barrier("grid_sync", None, None),
 }
@@ -273,10 +394,12 @@ BARRIERS = {
 PAYLOAD_TYPES = {"float32": "float", "float16": "half", "bfloat16": "nv_bfloat16"}
 
 
-def payload_type(dtype: str) -> str:
-    """The C type ``tags`` carries for ``dtype``; ConfigError when the payload cannot hold it."""
+def payload_type(dtype: str, barrier: Barrier | None = None) -> str:
+    """The C type a data-carried barrier (``tags``, or ``barrier``) exchanges ``dtype`` values as;
+    ConfigError when it cannot."""
     if dtype not in PAYLOAD_TYPES:
-        raise ConfigError(f"the 'tags' barrier carries {', '.join(PAYLOAD_TYPES)} values, not {dtype}")
+        name = "tags" if barrier is None else barrier.name
+        raise ConfigError(f"the '{name}' barrier carries {', '.join(PAYLOAD_TYPES)} values, not {dtype}")
     return PAYLOAD_TYPES[dtype]
 
 
@@ -341,6 +464,58 @@ def tag_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n: int
                             base, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
+
+
+def sentinel_lanes(hidden: int, itemsize: int) -> int:
+    """Values per load of a ``sentinel`` poll: 16 bytes where a row of ``hidden`` values allows (as a plain
+    tile load), else 4, 2 or 1 values."""
+    return next(n for n in (16 // itemsize, 4, 2, 1) if hidden % n == 0)
+
+
+def polled_loads(barrier: Barrier, values: int, threads: int, hidden: int, itemsize: int) -> tuple[int, int]:
+    """``(loads per thread, registers per load)`` of a data-carried barrier's poll of ``values`` exchanged
+    values (rows of ``hidden``); ``(0, 0)`` for the others. A ``tags`` load holds two tagged 64-bit words
+    (one where ``hidden`` is odd), a ``sentinel`` one up to 16 bytes; each its own 64-bit address."""
+    if not barrier.carries_data:
+        return 0, 0
+    if barrier.sentinel:
+        lanes = sentinel_lanes(hidden, itemsize)
+        return -(-values // (threads * lanes)), max(1, lanes * itemsize // 4) + 2
+    vec = 2 if hidden % 2 == 0 else 1
+    return -(-values // (threads * vec)), 2 * vec + 2
+
+
+def sentinel_fill(barrier: Barrier, ptr, dtype: str):
+    """``sentinel``: mark the slot at ``ptr`` not written yet (before the launch's one barrier)."""
+    return T.cuda.func_call(f"prnn_sentinel_fill<{payload_type(dtype, barrier)}>", ptr, source_code=barrier.source,
+                            return_type="void")
+
+
+def sentinel_store(barrier: Barrier, ptr, value, dtype: str):
+    """``sentinel``: publish ``value`` at ``ptr`` (an expression to evaluate)."""
+    return T.cuda.func_call(f"prnn_sentinel_store<{payload_type(dtype, barrier)}>", ptr, value,
+                            source_code=barrier.source, return_type="void")
+
+
+def sentinel_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n: int, row: int, row_pad: int,
+                  step, args: SyncArgs):
+    """``sentinel``: poll-and-copy ``n`` (at most ``max_n``) ``dtype`` values written at ``step - 1``, rows of
+    ``row``, into shared memory rows of ``row_pad``; returns the block-uniform abort flag."""
+    size = itemsize(dtype)
+    lanes = sentinel_lanes(row, size)
+    per = -(-max_n // (threads * lanes))
+    call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {lanes * size}, {row}, "
+                            f"{row_pad}>", src, dst, n, step, args.sync.data, args.timeout_us,
+                            source_code=barrier.source, return_type="int32")
+    return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
+
+
+def sentinel_start(barrier: Barrier, base, args: SyncArgs):
+    """``sentinel``: the launch's one barrier, after every block filled its slots (barrier ordinal 0, never
+    stalled by the test knob); returns the abort flag."""
+    call = T.cuda.func_call(barrier.function, args.sync.data, base, 0, args.timeout_us, -1,
+                            source_code=barrier.source, return_type="int32")
+    return T.bind(call, var=tirx.Var("start_abort", "int32"))
 
 
 def emit(barrier: Barrier, step, base, args: SyncArgs | None, stall=None) -> None:

@@ -186,13 +186,14 @@ class StepTiming:
 
 
 @contextlib.contextmanager
-def persistent_frame(launch: Launch):
+def persistent_frame(launch: Launch, plain: tuple = ()):
     """The frame of a hand-placed persistent kernel, inside an IRBuilder: the function named after
     ``launch``, cooperative when its grid is, its arguments declared (:func:`declare_args`), one block per
-    CTA of the grid and one thread per thread. Yields ``(arguments, blockIdx.x, threadIdx.x)``."""
+    CTA of the grid and one thread per thread. Yields ``(arguments, blockIdx.x, threadIdx.x)``. ``plain``:
+    more arguments to declare without ``__restrict__`` (what other blocks write while this one reads)."""
     grid = launch.grid
     attrs = {"tirx.noalias": True, HAND_PLACED: True,
-             PLAIN_ARGS: [a.name for a in launch.args if not a.role.restrict]}
+             PLAIN_ARGS: [a.name for a in launch.args if not a.role.restrict or a.name in plain]}
     if grid.cooperative:
         attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
     with T.prim_func():

@@ -1,0 +1,68 @@
+"""The ``sentinel`` exchange on the GPU (``pytest -m gpu``): every cell that takes it, in every dtype, at
+awkward sizes and with row lengths; a torch module with it, called at two lengths and replayed from a graph.
+Timeouts, many launches and the barrier base: ``test_gpu_barrier.py`` (every stateful barrier)."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.reference import random_inputs, random_lengths
+
+from .test_gpu_half import error_of
+from .test_sentinel import sentinel_layer
+
+pytestmark = pytest.mark.gpu
+CELLS = ["lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_peephole"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("hidden, batch, knobs", [
+    (1, 1, {"units_per_cta": 1}),
+    (133, 11, {"units_per_cta": 8, "k_groups": 2}),  # partial CTAs, rows of 133 (2-byte polls), two batch passes
+    (256, 16, {"units_per_cta": 16, "k_groups": 4, "n_tiles": 2}),  # 16-byte polls, one pass
+    (64, 33, {"units_per_cta": 4, "n_tiles": 2})])  # three passes, the last of one row
+def test_the_sentinel_exchange_changes_no_bit(dtype, cell, hidden, batch, knobs):
+    """Outputs and final states equal, bit for bit, those of the same config with ``counter`` (the exchange
+    moves the same rounded values), at T=1 (no poll), 7 and 64, and with rows that stop at their own lengths
+    (a length-1 row, a full one); and within the float64 bound. float32 layers take their default config."""
+    layer = sentinel_layer(cell, hidden, batch, dtype, **knobs)
+    counter = sentinel_layer(cell, hidden, batch, dtype, barrier="counter", **knobs)
+    assert layer.report.config["barrier"] == "sentinel"
+    for seq_len, lengths in ((1, None), (7, None), (64, None), (40, random_lengths(batch, 40, seed=2))):
+        inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seq_len)
+        if lengths is not None:
+            inputs["lengths"] = lengths
+        (out, finals), (want, want_finals) = layer(**inputs), counter(**inputs)
+        assert np.array_equal(out, want) and all(np.array_equal(a, b) for a, b in zip(finals, want_finals))
+    assert error_of(layer, 64, seed=1) <= tolerance(dtype, 64)
+    assert error_of(layer, 40, seed=1, lengths=random_lengths(batch, 40, seed=2)) <= tolerance(dtype, 40)
+
+
+def test_a_torch_module_with_the_sentinel_exchange():
+    """Its output sequence comes from torch's allocator, which hands back what earlier calls left there:
+    every launch marks its own slots before its one barrier, so a shorter call and graph replays see no
+    stale value."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+    from prnn_tvm.bench.baselines import captured
+
+    torch.manual_seed(3)
+    half = torch.nn.LSTM(96, 256).cuda().half().eval()
+    exact = copy.deepcopy(half).double()
+    fast = pt.from_torch(half, config={"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "barrier": "sentinel"})
+    x = torch.randn(64, 8, 96, device="cuda").half()
+    with torch.no_grad():
+        out = fast(x)[0]
+        assert fast.layer_for(8, x.device).report.config["barrier"] == "sentinel"
+        assert (out.double() - exact(x.double())[0]).abs().max().item() <= tolerance("float16", 64)
+        short = fast(x[:5])[0]
+        assert (short.double() - exact(x[:5].double())[0]).abs().max().item() <= tolerance("float16", 5)
+        graph, (replayed, _) = captured(lambda: fast(x))
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(replayed, out)
+    fast.check()
