@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
-#include "probe_common.cuh"
+#include "state_exchange.cuh"
 constexpr int THREADS = 256;
 
 __device__ __forceinline__ uint4 ld_relaxed_16(const void* p) {
@@ -34,58 +34,22 @@ __device__ __forceinline__ bool has_sentinel(uint4 v) {  // any half of the 16 b
 template <int MODE, int B, int H>
 __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int steps, unsigned* bad) {
   extern __shared__ __half tile[];  // B rows of H (+8) halves
-  constexpr bool SENTINEL = MODE == 1 || MODE == 2;
   constexpr int STRIDE = H + 8, N16 = B * H / 8, PER = (N16 + THREADS - 1) / THREADS;
   const int U = H / gridDim.x;
   unsigned wrong = 0;
   for (int t = 0; t < steps; ++t) {
-    if constexpr (MODE == 3) {  // the project's tags: (tag << 32 | half) per 64-bit word, two parity slots
-      uint64_t* words = (uint64_t*)ws + (size_t)(t & 1) * B * H;
-      const unsigned tag = t + 1;
+    if constexpr (MODE == 0) {
+      counter_exchange<B, H, THREADS>(cnt, ws, tile, t);
+    } else if constexpr (MODE == 3) {  // the project's tags: one half per tagged 64-bit word
+      tags_exchange<1, B, H, THREADS>((uint64_t*)ws, tile, t);
+    } else {  // the sentinel: slot t of the T-slot buffer, strong stores, 16-byte relaxed polls
+      __half* slot = ws + (size_t)t * B * H;
       for (int i = threadIdx.x; i < U * B; i += THREADS) {
         const int b = i / U, u = blockIdx.x * U + i % U;
-        const unsigned long long word = ((unsigned long long)tag << 32) | __half_as_ushort(__int2half_rn((u + b + t) & 1023));
-        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(words + b * H + u), "l"(word) : "memory");
+        asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" :: "l"(slot + b * H + u),
+                     "h"(__half_as_ushort(probe_value(u, b, t))) : "memory");
       }
-      constexpr int NW = B * H, PW = (NW / 2 + THREADS - 1) / THREADS;
-      static_assert(PW <= 32, "too many");
-      uint64_t w[PW][2];
-      unsigned stale = 0;
-#pragma unroll
-      for (int j = 0; j < PW; ++j) stale |= ((j * THREADS + (int)threadIdx.x) * 2 < NW ? 1u : 0u) << j;
-      while (stale) {
-#pragma unroll
-        for (int j = 0; j < PW; ++j) if (stale & (1u << j)) {
-          const uint64_t* p = words + (j * THREADS + threadIdx.x) * 2;
-          asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[j][0]), "=l"(w[j][1]) : "l"(p) : "memory");
-        }
-#pragma unroll
-        for (int j = 0; j < PW; ++j)
-          if ((stale & (1u << j)) && (unsigned)(w[j][0] >> 32) == tag && (unsigned)(w[j][1] >> 32) == tag) stale &= ~(1u << j);
-      }
-#pragma unroll
-      for (int j = 0; j < PW; ++j) {
-        const int i = (j * THREADS + threadIdx.x) * 2;
-        if (i < NW) {
-          tile[(i / H) * STRIDE + i % H] = __ushort_as_half((unsigned short)w[j][0]);
-          tile[((i + 1) / H) * STRIDE + (i + 1) % H] = __ushort_as_half((unsigned short)w[j][1]);
-        }
-      }
-    } else {
-    // publish this CTA's U x B values of step t: value = (unit + b + t) & 1023 as a half
-    __half* slot = ws + (size_t)(SENTINEL ? t : (t & 1)) * B * H;
-    for (int i = threadIdx.x; i < U * B; i += THREADS) {
-      const int b = i / U, u = blockIdx.x * U + i % U;
-      const __half value = __int2half_rn((u + b + t) & 1023);
-      if constexpr (SENTINEL) {  // polled: a strong store (relaxed), as the loads that poll it
-        asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" :: "l"(slot + b * H + u), "h"(__half_as_ushort(value))
-                     : "memory");
-      } else {
-        slot[b * H + u] = value;
-      }
-    }
-    uint4 v[PER];
-    if constexpr (SENTINEL) {
+      uint4 v[PER];
       unsigned stale = 0;
 #pragma unroll
       for (int j = 0; j < PER; ++j) stale |= (j * THREADS + (int)threadIdx.x < N16 ? 1u : 0u) << j;
@@ -98,25 +62,14 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
         for (int j = 0; j < PER; ++j)
           if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
       }
-    } else {
-      grid_barrier(cnt, (unsigned)(t + 1) * gridDim.x);
 #pragma unroll
       for (int j = 0; j < PER; ++j) {
         const int i = j * THREADS + threadIdx.x;
-        if (i < N16) v[j] = ((const uint4*)slot)[i];
+        if (i < N16) *(uint4*)&tile[(i * 8 / H) * STRIDE + (i * 8) % H] = v[j];
       }
     }
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = j * THREADS + threadIdx.x;
-      if (i < N16) *(uint4*)&tile[(i * 8 / H) * STRIDE + (i * 8) % H] = v[j];
-    }
-    }
     __syncthreads();
-    for (int i = threadIdx.x; i < B * H; i += THREADS * 7) {  // check a few values
-      const int b = i / H, u = i % H;
-      if (__half2int_rn(tile[b * STRIDE + u]) != ((u + b + t) & 1023)) ++wrong;
-    }
+    wrong += wrong_values<B, H, THREADS>(tile, t);
     __syncthreads();
   }
   if (wrong) atomicAdd(bad, wrong);

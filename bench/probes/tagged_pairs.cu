@@ -12,80 +12,18 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
-#include "probe_common.cuh"
+#include "state_exchange.cuh"
 constexpr int THREADS = 256;
 
 template <int MODE, int B, int H>
 __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, void* wsv, int steps, unsigned* bad) {
   extern __shared__ __half tile[];  // B rows of H (+8) halves
-  constexpr int STRIDE = H + 8;
-  const int U = H / gridDim.x;
   unsigned wrong = 0;
   for (int t = 0; t < steps; ++t) {
-    // publish this CTA's U x B values of step t: value = (unit + b + t) & 1023 as a half
-    if constexpr (MODE == 0) {
-      __half* ws = (__half*)wsv + (size_t)(t & 1) * B * H;
-      for (int i = threadIdx.x; i < U * B; i += THREADS) {
-        const int b = i / U, u = blockIdx.x * U + i % U;
-        ws[b * H + u] = __int2half_rn((u + b + t) & 1023);
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(cnt) : "memory");
-        while ((int)(ld_acq(cnt) - (unsigned)(t + 1) * gridDim.x) < 0) {}
-      }
-      __syncthreads();
-      constexpr int N16 = B * H / 8, PER = (N16 + THREADS - 1) / THREADS;
-      uint4 v[PER];
-#pragma unroll
-      for (int j = 0; j < PER; ++j) { const int i = j * THREADS + threadIdx.x; if (i < N16) v[j] = ((const uint4*)ws)[i]; }
-#pragma unroll
-      for (int j = 0; j < PER; ++j) { const int i = j * THREADS + threadIdx.x; if (i < N16) *(uint4*)&tile[(i * 8 / H) * STRIDE + (i * 8) % H] = v[j]; }
-    } else {
-      constexpr int PACK = MODE;  // halves per tagged word
-      uint64_t* ws = (uint64_t*)wsv + (size_t)(t & 1) * B * H / PACK;
-      const unsigned tag = t + 1;
-      for (int i = threadIdx.x; i < U * B / PACK; i += THREADS) {
-        const int b = i / (U / PACK), u = blockIdx.x * U + (i % (U / PACK)) * PACK;
-        unsigned bits = __half_as_ushort(__int2half_rn((u + b + t) & 1023));
-        if (PACK == 2) bits |= (unsigned)__half_as_ushort(__int2half_rn((u + 1 + b + t) & 1023)) << 16;
-        const unsigned long long word = ((unsigned long long)tag << 32) | bits;
-        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(ws + b * H / PACK + u / PACK), "l"(word) : "memory");
-      }
-      constexpr int NW = B * H / PACK, PER = (NW / 2 + THREADS - 1) / THREADS;
-      static_assert(PER <= 32, "too many");
-      uint64_t v[PER][2];
-      unsigned stale = 0;
-#pragma unroll
-      for (int j = 0; j < PER; ++j) stale |= ((j * THREADS + (int)threadIdx.x) * 2 < NW ? 1u : 0u) << j;
-      while (stale) {
-#pragma unroll
-        for (int j = 0; j < PER; ++j) if (stale & (1u << j)) {
-          const uint64_t* p = ws + (j * THREADS + threadIdx.x) * 2;
-          asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v[j][0]), "=l"(v[j][1]) : "l"(p) : "memory");
-        }
-#pragma unroll
-        for (int j = 0; j < PER; ++j) if ((stale & (1u << j)) && (unsigned)(v[j][0] >> 32) == tag && (unsigned)(v[j][1] >> 32) == tag) stale &= ~(1u << j);
-      }
-#pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        const int w = (j * THREADS + threadIdx.x) * 2;
-        if (w < NW) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = (w + e) * PACK;
-            if (PACK == 2) *(unsigned*)&tile[(i / H) * STRIDE + i % H] = (unsigned)v[j][e];
-            else tile[(i / H) * STRIDE + i % H] = __ushort_as_half((unsigned short)v[j][e]);
-          }
-        }
-      }
-    }
+    if constexpr (MODE == 0) counter_exchange<B, H, THREADS>(cnt, (__half*)wsv, tile, t);
+    else tags_exchange<MODE, B, H, THREADS>((uint64_t*)wsv, tile, t);  // MODE halves per tagged word
     __syncthreads();
-    // check a few values
-    for (int i = threadIdx.x; i < B * H; i += THREADS * 7) {
-      const int b = i / H, u = i % H;
-      if (__half2int_rn(tile[b * STRIDE + u]) != ((u + b + t) & 1023)) ++wrong;
-    }
+    wrong += wrong_values<B, H, THREADS>(tile, t);
     __syncthreads();
   }
   if (wrong) atomicAdd(bad, wrong);
