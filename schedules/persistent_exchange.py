@@ -54,7 +54,7 @@ class OperandExchange:
     def copy_tile(self, name: str, t, b0, phase: int):
         """Plain vector loads: the initial state at step 0, else the workspace slot written before."""
         H, BT, threads, e, s = self.H, self.c.batch_tile, self.g.threads, self.ops[name], self.slot[name]
-        lv = next(n for n in (16 // itemsize(self.dt), 4, 2, 1) if H % n == 0)  # 16-byte loads where H allows
+        lv = grid_barrier.row_lanes(H, itemsize(self.dt))  # 16-byte loads where H allows
         n = BT * H // lv
         for i in range(ceil_div(n, threads)):
             idx = i * threads + self.tx

@@ -459,16 +459,16 @@ def tag_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n: int
     """``tags``: poll-and-copy ``n`` (at most ``max_n``) tagged ``dtype`` values, rows of ``row``, into
     shared memory rows of ``row_pad``; returns the block-uniform abort flag."""
     vec = 2 if row % 2 == 0 else 1
-    per = -(-max_n // (threads * vec))
+    per, _ = polled_loads(barrier, max_n, threads, row, itemsize(dtype))  # as the config's validate counts them
     call = T.cuda.func_call(f"prnn_tag_copy<{payload_type(dtype)}, {per}, {vec}, {row}, {row_pad}>", src, dst, n,
                             base, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
 
-def sentinel_lanes(hidden: int, itemsize: int) -> int:
-    """Values per load of a ``sentinel`` poll: 16 bytes where a row of ``hidden`` values allows (as a plain
-    tile load), else 4, 2 or 1 values."""
+def row_lanes(hidden: int, itemsize: int) -> int:
+    """Values per load of a state tile's rows of ``hidden`` values (a plain tile load, a ``sentinel`` poll):
+    16 bytes where the row allows, else 4, 2 or 1 values."""
     return next(n for n in (16 // itemsize, 4, 2, 1) if hidden % n == 0)
 
 
@@ -479,7 +479,7 @@ def polled_loads(barrier: Barrier, values: int, threads: int, hidden: int, items
     if not barrier.carries_data:
         return 0, 0
     if barrier.sentinel:
-        lanes = sentinel_lanes(hidden, itemsize)
+        lanes = row_lanes(hidden, itemsize)
         return -(-values // (threads * lanes)), max(1, lanes * itemsize // 4) + 2
     vec = 2 if hidden % 2 == 0 else 1
     return -(-values // (threads * vec)), 2 * vec + 2
@@ -502,11 +502,11 @@ def sentinel_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n
     """``sentinel``: poll-and-copy ``n`` (at most ``max_n``) ``dtype`` values written at ``step - 1``, rows of
     ``row``, into shared memory rows of ``row_pad``; returns the block-uniform abort flag."""
     size = itemsize(dtype)
-    lanes = sentinel_lanes(row, size)
-    per = -(-max_n // (threads * lanes))
-    call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {lanes * size}, {row}, "
-                            f"{row_pad}>", src, dst, n, step, args.sync.data, args.timeout_us,
-                            source_code=barrier.source, return_type="int32")
+    per, _ = polled_loads(barrier, max_n, threads, row, size)  # as the config's validate counts them
+    width = row_lanes(row, size) * size
+    call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {width}, {row}, {row_pad}>",
+                            src, dst, n, step, args.sync.data, args.timeout_us, source_code=barrier.source,
+                            return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
 
