@@ -91,3 +91,13 @@ def test_a_sentinel_poll_holds_fewer_registers_than_a_tagged_one():
     tags = polled_loads(BARRIERS["tags"], 16 * 256, 512, 256, 2)
     assert sentinel == (1, 6) and tags == (4, 6)
     assert polled_loads(BARRIERS["counter"], 16 * 256, 512, 256, 2) == (0, 0)
+
+
+def test_the_benchmark_gives_a_sentinel_kernel_no_barrier_floor():
+    """A ``sentinel`` kernel crosses no barrier per step: the benchmark's floor (barrier + FLOPs) does not
+    apply, and the barrier probe (which refuses ``sentinel``) is never built for it."""
+    from prnn_tvm.bench.measure import barrier_seconds_per_step
+
+    probes = {}
+    layer = sentinel_layer("lstm", 256, 8, "float16", units_per_cta=16, k_groups=2)
+    assert barrier_seconds_per_step(layer, probes) is None and probes == {}

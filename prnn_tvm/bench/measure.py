@@ -11,7 +11,7 @@ For a compiled layer, on the weights of the matching ``torch.nn`` module:
    excluded, by the wall clock over calls issued back to back;
 3. the floor: the barrier alone for the layer's own grid (``barrier_probe``, every CTA
    reading every CTA's value, timed by TVM's time_evaluator, minimum over repeats) and
-   the FLOP time at the GPU's fp32 peak;
+   the FLOP time at the GPU's peak (no barrier and no floor for a ``sentinel`` kernel);
 4. check again after timing (a barrier timeout in any timed launch raises here).
 """
 
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import torch as prnn_torch
+from ..codegen import barrier as grid_barrier
 from ..dtypes import HALF_DTYPES, tolerance
 from ..errors import PrnnError
 from ..runtime.layer import Layer
@@ -40,10 +41,15 @@ class Mismatch(PrnnError):
     """prnn-tvm's output differs from cuDNN's on the same weights by more than the tolerance."""
 
 
-def barrier_seconds_per_step(layer: Layer, probes: dict) -> float:
-    """The barrier alone for this layer's grid and barrier (probes are cached by grid)."""
+def barrier_seconds_per_step(layer: Layer, probes: dict) -> float | None:
+    """The barrier alone for this layer's grid and barrier (probes are cached by grid); None for a
+    ``sentinel`` kernel, which crosses no barrier per step (its exchange is the output sequence itself,
+    measured alone by bench/probes/sentinel_exchange.cu), so it has no barrier floor."""
     launch = layer.kernel.launch
-    key = (launch.sync.kind if launch.sync is not None else "grid_sync", launch.grid.ctas, launch.grid.threads)
+    kind = launch.sync.kind if launch.sync is not None else "grid_sync"
+    if grid_barrier.BARRIERS[kind].sentinel:
+        return None
+    key = (kind, launch.grid.ctas, launch.grid.threads)
     if key not in probes:
         probes[key] = Probe(*key, all_to_all=True)
         wrong = probes[key].run(steps=200)
@@ -102,11 +108,12 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
         del loop
     flop_layer, flop_rec = flops(layer.plan, layer.input_size, T)
     barrier_s = barrier_seconds_per_step(layer, probes)
-    row.update(repeats=repeats, barrier_us=barrier_s * 1e6)
+    row.update(repeats=repeats, barrier_us=None if barrier_s is None else barrier_s * 1e6)
     peak = gpu.peak_half_flops if case.dtype in HALF_DTYPES else gpu.peak_fp32_flops
     if peak:  # unknown clock: no FLOP floor rather than a wrong one
-        row.update(flop_layer_ms=flop_layer / peak * 1e3, flop_recurrent_ms=flop_rec / peak * 1e3,
-                   floor_step_us=(barrier_s + flop_rec / T / peak) * 1e6)
+        row.update(flop_layer_ms=flop_layer / peak * 1e3, flop_recurrent_ms=flop_rec / peak * 1e3)
+    if peak and barrier_s is not None:
+        row.update(floor_step_us=(barrier_s + flop_rec / T / peak) * 1e6)
     return row
 
 

@@ -19,7 +19,8 @@ NOTES = [
     "PyTorch tensors through DLPack); the floor's barrier is the barrier alone for the kernel's own grid "
     "(every CTA reading every CTA's value), timed with TVM's time_evaluator (minimum over repeats).",
     "floor = barrier + recurrent FLOPs per step at peak: the fp32 peak (no tensor cores) for float32, the "
-    "dense tensor-core peak for float16 and bfloat16; the graph loop is one "
+    "dense tensor-core peak for float16 and bfloat16 (none for a `sentinel` kernel, which crosses no barrier per "
+    "step); the graph loop is one "
     "input-projection GEMM plus a GEMM and the cell's pointwise math per step, replayed as a CUDA graph.",
 ]
 
