@@ -32,12 +32,18 @@ ptxas -O1 and above miscompiled a bidirectional kernel with ``tags`` on the H100
 reverse direction's stores of some steps never happened, a deterministic timeout;
 ``-O0`` of the same source ran.
 
+With batch groups (the tensor-core template's ``batch_groups``) the grid is that many runs of CTAs, each
+over all the units for its own rows of the batch: every per-row argument is seen through a view of the
+group's rows (:meth:`PersistentBuilder.batch_group_views`), so the code indexes rows from 0 as for a smaller batch.
+
 The kernel is built with TVM's IRBuilder and compiled with the ``tirx`` pipeline, which
 keeps the placement as written (no automatic syncs or buffer compaction).
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -106,11 +112,12 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry, save: bool = False):
-        if save and cfg.layout != "shared":
-            raise ConfigError("a training forward runs the shared layout (ranking.shared_layout), not "
-                              f"'{cfg.layout}'")
+        if save and (cfg.layout != "shared" or getattr(cfg, "batch_groups", 1) > 1):
+            raise ConfigError("a training forward runs the shared layout and one batch group "
+                              f"(ranking.shared_layout), not {cfg}")
         self.p, self.c, self.g, self.save = plan, cfg, g, save
-        self.H, self.B = plan.hidden, plan.batch
+        self.batch_groups = getattr(cfg, "batch_groups", 1)  # a knob of the tensor-core template's only
+        self.H, self.B = plan.hidden, plan.batch // self.batch_groups  # the rows a CTA runs
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
@@ -140,7 +147,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         p, g, bar = self.p, self.g, self.barrier
         # the exchange: one double-buffered slot per operand, tagged 64-bit words for ``tags`` (``sentinel``
         # exchanges through the output sequence and leaves it unused)
-        workspace = (max(1, len(p.operands)), 2, self.B, self.H)
+        workspace = (max(1, len(p.operands)), 2, p.batch, self.H)  # every batch group's rows
         ws_dtype = "uint64" if bar.carries_data and not bar.sentinel else self.dt
         sync = None
         if p.needs_grid_barrier:  # the error word counts steps (tags) or barriers
@@ -200,8 +207,28 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     @property
     def cta(self):
-        """This CTA's index within its part's run (its units start at ``cta * units_per_cta``)."""
+        """This CTA's index within its part's run, or its batch group's (its units start at ``cta * units_per_cta``)."""
+        if self.batch_groups > 1:  # the shared layout: one part
+            return self.bx % self.part.ctas
         return self.bx - self.part.first_cta if self.part.first_cta else self.bx
+
+    def batch_group_views(self, a: SimpleNamespace) -> SimpleNamespace:
+        """The launch's arguments as this CTA's batch group sees them: every per-row argument (the input
+        projection, the output sequence, the workspace, initial and final states, lengths) a view whose row
+        ``b`` is row ``group * B + b``. A view keeps the whole argument's shape, offset by the group's first
+        row: TVM 0.27 lowers a declared buffer by its shape and drops explicit strides (``LowerTIRx``), so a
+        view shaped to the group's rows would index the later steps of a sequence wrongly."""
+        first = bind_value(self.bx // self.part.ctas * self.B, "group_row0")
+
+        def rows(buf, axis: int):
+            row = functools.reduce(operator.mul, buf.shape[axis + 1:], 1)  # elements between batch rows
+            return T.decl_buffer(buf.shape, buf.dtype, data=buf.data, elem_offset=first * row)
+
+        views = dict(xp=rows(a.xp, 1), init={k: rows(v, 0) for k, v in a.init.items()},
+                     final={k: rows(v, 0) for k, v in a.final.items()})
+        views.update({name: rows(getattr(a, name), axis) for name, axis in (("out", 1), ("ws", 2), ("lengths", 0))
+                      if getattr(a, name) is not None})
+        return SimpleNamespace(**{**vars(a), **views})
 
     def row_starts(self) -> list[int]:
         """Rows of a CTA: reduction i owns rows [row_lo[i], row_lo[i] + slices_i * units)."""
@@ -218,6 +245,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             # the sentinel exchange reads the output sequence that other blocks write: no __restrict__ there
             with persistent_frame(self.launch, plain=("out",) if self.barrier.sentinel else ()) as \
                     (self.a, self.bx, self.tx):
+                if self.batch_groups > 1:
+                    self.a = self.batch_group_views(self.a)
                 self.sync = self.a.sync
                 self.alloc_product_buffers()
                 w = self.width

@@ -16,6 +16,12 @@ the state per step, fewer warps). ``k_chains`` sets of accumulators take the war
 (summed before the partial sums are stored): ``k_chains`` independent chains of mma steps where one
 would wait on each step before the next.
 
+``batch_groups`` splits the batch into that many equal groups of rows, each on CTAs of its own that hold
+all the weights and exchange only their group's rows: batch rows never read each other, so with a barrier
+that synchronizes through the data (``tags``, ``sentinel``) a group never waits for another, and each
+exchanges a tile of B / batch_groups rows among H / units_per_cta CTAs (as many as one group of that
+batch alone would).
+
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
 """
@@ -56,6 +62,8 @@ K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power
 M_TILES_PER_WARP = (1, 2)
 K_CHAINS = (1, 2, 4)
 CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with one accumulator set and at least this many k tiles
+BATCH_GROUPS = (1, 2, 4)
+GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least this many rows (each holds all weights)
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class MmaConfig:
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
     m_tiles_per_warp: int = field(default=1, metadata={"short": "mw", "quiet": True})
     k_chains: int = field(default=1, metadata={"short": "kc", "quiet": True})
+    batch_groups: int = field(default=1, metadata={"short": "bg", "quiet": True})
 
     @property
     def batch_tile(self) -> int:
@@ -115,11 +124,16 @@ def product_tiles(reductions, units: int) -> list[int]:
     return [math.ceil(r.slices * units / TILE_M) for r in reductions]
 
 
+def group_rows(cfg: MmaConfig, plan: CellPlan) -> int:
+    """Batch rows of one batch group (the whole batch with one group)."""
+    return plan.batch // cfg.batch_groups
+
+
 def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
-    H, B = plan.hidden, plan.batch
+    H, B = plan.hidden, group_rows(cfg, plan)  # a CTA sees its batch group's rows only
     runs = parts(cfg.layout, plan)
     m_tiles = max(sum(product_tiles(reductions, cfg.units_per_cta)) for reductions, _, _ in runs)
-    ctas = len(runs) * math.ceil(H / cfg.units_per_cta)
+    ctas = cfg.batch_groups * len(runs) * math.ceil(H / cfg.units_per_cta)
     mw = cfg.m_tiles_per_warp
     warp_rows = math.ceil(m_tiles / mw)
     warps = max(1, warp_rows * cfg.k_groups)
@@ -197,11 +211,14 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.k_chains not in K_CHAINS:
         raise ConfigError(f"k_chains={cfg.k_chains}: must be one of {', '.join(map(str, K_CHAINS))} (accumulator "
                           "sets per warp)")
+    check_batch_groups(cfg, plan)
     if cfg.n_tiles not in (1, 2, 4, 8):
         raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
-    if cfg.batch_tile > _round_up(plan.batch, TILE_N):
-        raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch of "
-                          f"{plan.batch} needs at most {_round_up(plan.batch, TILE_N) // TILE_N}")
+    rows = group_rows(cfg, plan)
+    if cfg.batch_tile > _round_up(rows, TILE_N):
+        group = f" group of {rows} rows" if cfg.batch_groups > 1 else f" of {rows}"
+        raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch{group} "
+                          f"needs at most {_round_up(rows, TILE_N) // TILE_N}")
     g = geometry(cfg, plan)
     k_tiles = math.ceil(plan.hidden / TILE_K)
     if g.m_tiles and cfg.k_groups > k_tiles:
@@ -221,8 +238,34 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     fewer = ("lower n_tiles" + (" or m_tiles_per_warp" if cfg.m_tiles_per_warp > 1 else "")
              + (" or k_chains" if cfg.k_chains > 1 else ""))
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {accumulators} accumulators",
-                    f"raise k_groups or units_per_cta, or {fewer}", "lower n_tiles or k_groups")
+                    f"raise k_groups or units_per_cta, or {fewer}", "lower n_tiles or k_groups",
+                    "raise units_per_cta" + (" or lower batch_groups" if cfg.batch_groups > 1 else ""))
     return g
+
+
+def check_batch_groups(cfg: MmaConfig, plan: CellPlan) -> None:
+    """ConfigError where ``batch_groups`` cannot split this plan's batch, with the reason."""
+    G = cfg.batch_groups
+    if G not in BATCH_GROUPS:
+        raise ConfigError(f"batch_groups={G}: must be one of {', '.join(map(str, BATCH_GROUPS))}")
+    if G == 1:
+        return
+    if plan.batch % G:
+        raise ConfigError(f"batch_groups={G}: the batch of {plan.batch} does not split into {G} equal groups of rows")
+    if not BARRIERS[cfg.barrier].carries_data:
+        raise ConfigError(f"batch_groups={G} runs each group of batch rows on CTAs of its own, which pays only where "
+                          f"the groups never wait for each other: with tags or sentinel, not across the grid "
+                          f"barrier of '{cfg.barrier}'")
+    if cfg.layout != "shared":
+        raise ConfigError(f"batch_groups={G} takes the shared layout, not '{cfg.layout}'")
+
+
+def groups_for(plan: CellPlan, layout: str, barrier: str) -> tuple:
+    """The batch groups the space offers: more than one only with a data-carried barrier, in the shared
+    layout, into equal groups of at least GROUP_MIN_ROWS rows."""
+    if layout != "shared" or not BARRIERS[barrier].carries_data:
+        return (1,)
+    return tuple(G for G in BATCH_GROUPS if G == 1 or (plan.batch % G == 0 and plan.batch // G >= GROUP_MIN_ROWS))
 
 
 def row_aligned(plan: CellPlan, units: int) -> bool:
@@ -235,7 +278,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space. The split layout
     (where the plan has parts) spreads every part's units over the SMs together. More than one accumulator
     chain only where a warp has a single accumulator set (one row tile, one batch tile per pass) and at least
-    CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already."""
+    CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already. Batch groups as
+    :func:`groups_for` offers them, each with the batch tiles its own rows need."""
     k_tiles = math.ceil(plan.hidden / TILE_K)
 
     def chain_counts(kg: int, nt: int, mw: int) -> tuple:
@@ -243,15 +287,16 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         return tuple(kc for kc in chains if kc == 1 or long)
 
     H = plan.hidden
-    n_max = _round_up(plan.batch, TILE_N) // TILE_N
     configs = []
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
                         if u <= H})
-        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
-                    if nt <= n_max for b in layout_barriers for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw)]
+        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
+                    for b in layout_barriers for bg in groups_for(plan, layout, b)
+                    if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
+                    for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw)]
     return configs
 
 
@@ -262,7 +307,8 @@ GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_
 def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
-    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains")}
+    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
+                                        "batch_groups")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})

@@ -112,7 +112,8 @@ def layered_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validat
     return ladder
 
 
-def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str) -> None:
+def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str,
+                    grid_advice: str = "raise units_per_cta") -> None:
     """Registers per thread, shared memory per CTA, and a co-resident grid where the plan needs a
     grid barrier; ConfigError with the figures, what a thread ``holds``, and what to change."""
     reg_cap = max_regs_per_thread(g.threads, gpu)
@@ -127,7 +128,7 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
         raise ConfigError(
             f"grid of {g.ctas} CTAs cannot be co-resident on {gpu.arch}: {fit * gpu.sms} fit "
             f"({gpu.sms} SMs x {fit} per SM at {g.threads} threads, ~{g.regs_estimate} registers, "
-            f"{g.smem_bytes} bytes of shared memory): raise units_per_cta")
+            f"{g.smem_bytes} bytes of shared memory): {grid_advice}")
 
 
 def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,
@@ -166,6 +167,8 @@ def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_
     itself where it is shared, else with the shared layout where that fits, else the best untuned shared one."""
     if BARRIERS[cfg.barrier].sentinel:  # the training forward exchanges through its barrier-separated workspace
         cfg = dataclasses.replace(cfg, barrier="counter")
+    if getattr(cfg, "batch_groups", 1) > 1:  # and runs the whole batch as one group (its saved columns' layout)
+        cfg = dataclasses.replace(cfg, batch_groups=1)
     if cfg.layout == "shared":
         return cfg
     shared = dataclasses.replace(cfg, layout="shared")

@@ -31,14 +31,20 @@ def test_the_sentinel_exchange_changes_no_bit(dtype, cell, hidden, batch, knobs)
     layer = sentinel_layer(cell, hidden, batch, dtype, **knobs)
     counter = sentinel_layer(cell, hidden, batch, dtype, barrier="counter", **knobs)
     assert layer.report.config["barrier"] == "sentinel"
+    assert_same_bits(layer, counter, batch)
+    assert error_of(layer, 64, seed=1) <= tolerance(dtype, 64)
+    assert error_of(layer, 40, seed=1, lengths=random_lengths(batch, 40, seed=2)) <= tolerance(dtype, 40)
+
+
+def assert_same_bits(layer, other, batch: int) -> None:
+    """``layer`` and ``other`` (the same cell and sizes) give bitwise equal outputs and final states at T=1 (no
+    exchange), 7 and 64, and with rows that stop at their own lengths (a length-1 row, a full one)."""
     for seq_len, lengths in ((1, None), (7, None), (64, None), (40, random_lengths(batch, 40, seed=2))):
         inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seq_len)
         if lengths is not None:
             inputs["lengths"] = lengths
-        (out, finals), (want, want_finals) = layer(**inputs), counter(**inputs)
+        (out, finals), (want, want_finals) = layer(**inputs), other(**inputs)
         assert np.array_equal(out, want) and all(np.array_equal(a, b) for a, b in zip(finals, want_finals))
-    assert error_of(layer, 64, seed=1) <= tolerance(dtype, 64)
-    assert error_of(layer, 40, seed=1, lengths=random_lengths(batch, 40, seed=2)) <= tolerance(dtype, 40)
 
 
 def test_a_torch_module_with_the_sentinel_exchange():
@@ -47,19 +53,28 @@ def test_a_torch_module_with_the_sentinel_exchange():
     stale value."""
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
-    from prnn_tvm.bench.baselines import captured
 
     torch.manual_seed(3)
     half = torch.nn.LSTM(96, 256).cuda().half().eval()
     exact = copy.deepcopy(half).double()
     fast = pt.from_torch(half, config={"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "barrier": "sentinel"})
     x = torch.randn(64, 8, 96, device="cuda").half()
+    module_matches_float64(fast, exact, x, 5)
+    assert fast.layer_for(8, x.device).report.config["barrier"] == "sentinel"
+
+
+def module_matches_float64(fast, exact, x, short: int) -> None:
+    """A half ``prnn_tvm.torch`` module ``fast`` against ``exact`` (its float64 torch.nn twin) on ``x`` and on its
+    first ``short`` steps, then that call replayed from a CUDA graph (three times): equal to the eager one."""
+    import torch
+
+    from prnn_tvm.bench.baselines import captured
+
     with torch.no_grad():
         out = fast(x)[0]
-        assert fast.layer_for(8, x.device).report.config["barrier"] == "sentinel"
-        assert (out.double() - exact(x.double())[0]).abs().max().item() <= tolerance("float16", 64)
-        short = fast(x[:5])[0]
-        assert (short.double() - exact(x[:5].double())[0]).abs().max().item() <= tolerance("float16", 5)
+        for steps, got in ((len(x), out), (short, fast(x[:short])[0])):
+            want = exact(x[:steps].double())[0]
+            assert (got.double() - want).abs().max().item() <= tolerance("float16", steps)
         graph, (replayed, _) = captured(lambda: fast(x))
         for _ in range(3):
             graph.replay()

@@ -308,3 +308,21 @@ def test_shipped_records_compile_to_tuned_spill_free_kernels(key):
     rep = layer.report
     assert rep.config == records.best(SHIPPED, key).config and rep.config_origin is ConfigOrigin.TUNED
     assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()
+
+
+def test_a_config_whose_build_raises_a_tvm_error_is_recorded_not_raised(monkeypatch):
+    """TVM 0.27 raises builtin exception types (``tvm.error.InternalError`` is a RuntimeError; there is no
+    ``tvm.error.TVMError``): a build that fails inside TVM is that config's BUILD record, and the session
+    goes on."""
+    import tvm
+
+    from prnn_tvm.target import gpu_spec
+    from prnn_tvm.tune import measure
+
+    def fails(*args, **kwargs):
+        raise tvm.error.InternalError("lowering failed")
+
+    monkeypatch.setattr(measure, "compile_cell", fails)
+    task = measure.TuneTask("lstm", 64, 4, 8, "float16", gpu_spec("sm_90"), "persistent_mma")
+    built = measure._build(task, 3, {"units_per_cta": 1}, "unused", False, 0)
+    assert built.error is ErrorKind.BUILD and built.index == 3 and "InternalError: lowering failed" in built.detail
