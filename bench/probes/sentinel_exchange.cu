@@ -81,21 +81,8 @@ void run(int ctas, int steps) {
   const size_t slots = SENTINEL ? steps : 2, bytes = slots * B * H * (MODE == 3 ? 8 : sizeof(__half));
   unsigned *cnt, *bad; __half* ws;
   CK(cudaMalloc(&cnt, 4)); CK(cudaMalloc(&bad, 4)); CK(cudaMalloc(&ws, bytes));
-  const int smem = B * (H + 8) * 2;
-  CK(cudaFuncSetAttribute(k<MODE, B, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3(ctas); cfg.blockDim = dim3(THREADS); cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute at; at.id = cudaLaunchAttributeCooperative; at.val.cooperative = 1; cfg.attrs = &at; cfg.numAttrs = 1;
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int rep = 0; rep < 6; ++rep) {
-    CK(cudaMemset(cnt, 0, 4)); CK(cudaMemset(bad, 0, 4));
-    CK(cudaEventRecord(a));
-    CK(cudaMemsetAsync(ws, 0xff, bytes));  // the sentinel (or, for the counter, nothing it needs)
-    CK(cudaLaunchKernelEx(&cfg, k<MODE, B, H>, cnt, ws, steps, bad));
-    CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b)); if (rep) best = ms < best ? ms : best;
-    unsigned nbad; CK(cudaMemcpy(&nbad, bad, 4, cudaMemcpyDeviceToHost)); if (nbad) printf("  %u wrong\n", nbad);
-  }
+  // the sentinel fill (for the counter, nothing it needs) is part of each timed launch
+  const float best = best_launch_ms<B, H>(k<MODE, B, H>, ctas, THREADS, cnt, ws, bytes, true, steps, bad);
   printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", MODE == 3 ? "tags" : MODE == 2 ? "sentinel+backoff" : SENTINEL ? "sentinel" : "counter",
          B, H, ctas,
          best * 1000.f / steps);

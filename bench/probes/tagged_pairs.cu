@@ -33,21 +33,9 @@ template <int MODE, int B, int H>
 void run(const char* name, int steps) {
   const int ctas = 128;
   unsigned *cnt, *bad; void* ws;
-  CK(cudaMalloc(&cnt, 4)); CK(cudaMalloc(&bad, 4)); CK(cudaMalloc(&ws, (size_t)2 * B * H * 8));
-  const int smem = B * (H + 8) * 2;
-  CK(cudaFuncSetAttribute(k<MODE, B, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3(ctas); cfg.blockDim = dim3(THREADS); cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute at; at.id = cudaLaunchAttributeCooperative; at.val.cooperative = 1; cfg.attrs = &at; cfg.numAttrs = 1;
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int rep = 0; rep < 6; ++rep) {
-    CK(cudaMemset(cnt, 0, 4)); CK(cudaMemset(bad, 0, 4)); CK(cudaMemset(ws, 0xff, (size_t)2 * B * H * 8));
-    CK(cudaEventRecord(a));
-    CK(cudaLaunchKernelEx(&cfg, k<MODE, B, H>, cnt, ws, steps, bad));
-    CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b)); if (rep) best = ms < best ? ms : best;
-    unsigned nbad; CK(cudaMemcpy(&nbad, bad, 4, cudaMemcpyDeviceToHost)); if (nbad) printf("  %u wrong\n", nbad);
-  }
+  const size_t bytes = (size_t)2 * B * H * 8;
+  CK(cudaMalloc(&cnt, 4)); CK(cudaMalloc(&bad, 4)); CK(cudaMalloc(&ws, bytes));
+  const float best = best_launch_ms<B, H>(k<MODE, B, H>, ctas, THREADS, cnt, ws, bytes, false, steps, bad);
   printf("%-8s B=%2d H=%4d  %.3f us/step\n", name, B, H, best * 1000.f / steps);
   cudaFree(cnt); cudaFree(bad); cudaFree(ws);
 }
