@@ -15,11 +15,8 @@ from prnn_tvm.target import gpu_spec
 SM90 = gpu_spec("sm_90")
 
 
-def plan_of(cell="lstm", hidden=256, batch=16, layers=1):
-    definition = prnn_tvm.resolve(cell)
-    if layers > 1:
-        definition = prnn_tvm.frontend.stack.stacked(definition, layers)
-    return prnn_tvm.analyze(definition, batch, hidden, "float16")
+def plan_of(cell="lstm", hidden=256, batch=16):
+    return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, "float16")
 
 
 @pytest.mark.parametrize("batch, cfg, why", [
