@@ -75,6 +75,7 @@ class OperandExchange:
     def poll_tiles(self, names, t, b0, parity, step):
         """``tags`` and ``sentinel``: poll each operand's values (written at ``step - 1``) into shared memory."""
         BT, H = self.c.batch_tile, self.H
+        sleep_ns = getattr(self.c, "poll_sleep", 0)  # a knob of the tensor-core template's only
         rows = T.min(BT, self.B - b0)
         most = min(BT, self.B) * H  # the tensor-core template's tile may be taller than the batch
         for name in names:
@@ -82,11 +83,11 @@ class OperandExchange:
             if self.barrier.sentinel:  # the output sequence, step - 1's rows (the operand is the only output)
                 abort = grid_barrier.sentinel_copy(
                     self.barrier, self.g.threads, T.address_of(self.a.out[step - 1, b0, 0]), dst, self.dt,
-                    rows * H, most, H, self.stride, step, self.sync)
+                    rows * H, most, H, self.stride, step, self.sync, sleep_ns)
             else:
                 abort = grid_barrier.tag_copy(
                     self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]), dst,
-                    self.dt, rows * H, most, H, self.stride, self.barrier_base, step, self.sync)
+                    self.dt, rows * H, most, H, self.stride, self.barrier_base, step, self.sync, sleep_ns)
             with T.If(abort != 0):
                 with T.Then():
                     T.buffer_store(self.aborted, 1, [0])

@@ -22,6 +22,13 @@ that synchronizes through the data (``tags``, ``sentinel``) a group never waits 
 exchanges a tile of B / batch_groups rows among H / units_per_cta CTAs (as many as one group of that
 batch alone would).
 
+``poll_sleep`` (nanoseconds; those barriers only) makes a thread that polls for values not written yet
+sleep about that long between polls (``prnn_poll_pause``). Where many CTAs poll large tiles, the polls of
+the same L2 lines slow the very stores they wait for (H100, LSTM fp16, us per step: 1024x16 in two groups
+2.36 -> 2.22 at 256 ns, 1024x32 in two groups 3.80 -> 3.30 at 512, 512x32 in four groups 2.05 -> 1.88 at
+256); on small tiles the sleep only adds latency (512x4 1.19 -> 1.56 at 256), so the space offers it from
+SLEEP_MIN_ROWS rows per group up.
+
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
 """
@@ -64,6 +71,8 @@ K_CHAINS = (1, 2, 4)
 CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with one accumulator set and at least this many k tiles
 BATCH_GROUPS = (1, 2, 4)
 GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least this many rows (each holds all weights)
+POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
+SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class MmaConfig:
     m_tiles_per_warp: int = field(default=1, metadata={"short": "mw", "quiet": True})
     k_chains: int = field(default=1, metadata={"short": "kc", "quiet": True})
     batch_groups: int = field(default=1, metadata={"short": "bg", "quiet": True})
+    poll_sleep: int = field(default=0, metadata={"short": "ps", "quiet": True})
 
     @property
     def batch_tile(self) -> int:
@@ -212,6 +222,12 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"k_chains={cfg.k_chains}: must be one of {', '.join(map(str, K_CHAINS))} (accumulator "
                           "sets per warp)")
     check_batch_groups(cfg, plan)
+    if cfg.poll_sleep not in POLL_SLEEPS:
+        raise ConfigError(f"poll_sleep={cfg.poll_sleep}: must be one of {', '.join(map(str, POLL_SLEEPS))} "
+                          "(nanoseconds between polls)")
+    if cfg.poll_sleep and not BARRIERS[cfg.barrier].carries_data:
+        raise ConfigError(f"poll_sleep={cfg.poll_sleep} paces the polls of a data-carried exchange (tags, sentinel); "
+                          f"'{cfg.barrier}' does not poll values")
     if cfg.n_tiles not in (1, 2, 4, 8):
         raise ConfigError(f"n_tiles={cfg.n_tiles}: must be 1, 2, 4 or 8 (batch tiles of 8 rows per pass)")
     rows = group_rows(cfg, plan)
@@ -268,6 +284,14 @@ def groups_for(plan: CellPlan, layout: str, barrier: str) -> tuple:
     return tuple(G for G in BATCH_GROUPS if G == 1 or (plan.batch % G == 0 and plan.batch // G >= GROUP_MIN_ROWS))
 
 
+def sleeps_for(plan: CellPlan, barrier: str, groups: int) -> tuple:
+    """The poll sleeps the space offers: more than none only with a data-carried barrier whose groups poll at
+    least SLEEP_MIN_ROWS batch rows."""
+    if not BARRIERS[barrier].carries_data or plan.batch // groups < SLEEP_MIN_ROWS:
+        return (0,)
+    return POLL_SLEEPS
+
+
 def row_aligned(plan: CellPlan, units: int) -> bool:
     """Whether every product's rows fill whole row tiles at ``units`` per CTA (no zero-weight padding)."""
     return all(r.slices * units % TILE_M == 0 for r in plan.reductions)
@@ -279,7 +303,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
     (where the plan has parts) spreads every part's units over the SMs together. More than one accumulator
     chain only where a warp has a single accumulator set (one row tile, one batch tile per pass) and at least
     CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already. Batch groups as
-    :func:`groups_for` offers them, each with the batch tiles its own rows need."""
+    :func:`groups_for` offers them, each with the batch tiles its own rows need, and poll sleeps as
+    :func:`sleeps_for` does."""
     k_tiles = math.ceil(plan.hidden / TILE_K)
 
     def chain_counts(kg: int, nt: int, mw: int) -> tuple:
@@ -293,10 +318,10 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
                         if u <= H})
-        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg) for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8)
-                    for b in layout_barriers for bg in groups_for(plan, layout, b)
+        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps) for u in units for kg in K_GROUPS
+                    for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
-                    for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw)]
+                    for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)]
     return configs
 
 
@@ -308,7 +333,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups")}
+                                        "batch_groups", "poll_sleep")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})

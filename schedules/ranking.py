@@ -167,6 +167,8 @@ def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_
     itself where it is shared, else with the shared layout where that fits, else the best untuned shared one."""
     if BARRIERS[cfg.barrier].sentinel:  # the training forward exchanges through its barrier-separated workspace
         cfg = dataclasses.replace(cfg, barrier="counter")
+        if getattr(cfg, "poll_sleep", 0):  # which polls no values
+            cfg = dataclasses.replace(cfg, poll_sleep=0)
     if getattr(cfg, "batch_groups", 1) > 1:  # and runs the whole batch as one group (its saved columns' layout)
         cfg = dataclasses.replace(cfg, batch_groups=1)
     if cfg.layout == "shared":

@@ -89,6 +89,15 @@ __device__ __forceinline__ unsigned long long prnn_globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// Before poll number POLLS of a data-carried wait: with SLEEP_NS > 0, from the second poll on, sleep about
+// SLEEP_NS nanoseconds (__nanosleep: sm_70+; the hardware picks a time up to twice it). Fewer polls of the
+// same lines leave the L2 to the stores being waited for; each costs up to the sleep in latency.
+template <int SLEEP_NS>
+__device__ __forceinline__ void prnn_poll_pause(unsigned polls) {
+#if __CUDA_ARCH__ >= 700
+  if (SLEEP_NS > 0 && polls > 1) __nanosleep(SLEEP_NS);
+#endif
+}
 // Barriers (or steps) all earlier launches passed, read once by every thread at the start (volatile:
 // a plain load may be repeated later, when the last block out may have moved the base on).
 __device__ __forceinline__ int prnn_barrier_begin(const unsigned* sync) { return (int)prnn_ld_relaxed(sync + 2); }
@@ -196,7 +205,8 @@ __device__ __forceinline__ V prnn_tag_value(const uint64_t* p) {
 // written at step - 1 (only stale groups are loaded again). Returns 1 for the whole block if a
 // wait timed out or another block reported one. VEC = 2 loads two tagged words at once with a
 // volatile vector load (each 64-bit word stays single-copy atomic; ld.relaxed has no vector form).
-template <typename V, int PER, int VEC, int ROW, int ROW_PAD>
+// SLEEP_NS > 0: the thread sleeps about that long before each poll after the first (prnn_poll_pause).
+template <typename V, int PER, int VEC, int ROW, int ROW_PAD, int SLEEP_NS>
 __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n, int base, int step,
                                              unsigned* sync, int timeout_us) {
   static_assert(PER <= 32 && (VEC == 1 || VEC == 2) && ROW % VEC == 0, "stale bits, vector width");
@@ -208,6 +218,7 @@ __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n,
 #pragma unroll
   for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) * VEC < n ? 1u : 0u) << j;
   for (unsigned polls = 1; stale; ++polls) {
+    prnn_poll_pause<SLEEP_NS>(polls);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       if (stale & (1u << j)) {
@@ -294,7 +305,8 @@ __device__ __forceinline__ void prnn_sentinel_store(V* p, V v) {
 // Copy n values (row-major rows of ROW) that other blocks are writing into dst (rows padded to ROW_PAD):
 // thread t loads the BYTES-wide groups t + j * blockDim.x, j < PER, and loads again those that still hold
 // the sentinel. Returns 1 for the whole block if a wait timed out or another block reported one.
-template <typename V, int PER, int BYTES, int ROW, int ROW_PAD>
+// SLEEP_NS > 0: the thread sleeps about that long before each poll after the first (prnn_poll_pause).
+template <typename V, int PER, int BYTES, int ROW, int ROW_PAD, int SLEEP_NS>
 __device__ __forceinline__ int prnn_sentinel_copy(const V* src, V* dst, int n, int step, unsigned* sync,
                                                   int timeout_us) {
   constexpr int VEC = BYTES / (int)sizeof(V), WORDS = BYTES >= 4 ? BYTES / 4 : 1;
@@ -306,6 +318,7 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src, V* dst, int n, i
 #pragma unroll
   for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) * VEC < n ? 1u : 0u) << j;
   for (unsigned polls = 1; stale; ++polls) {
+    prnn_poll_pause<SLEEP_NS>(polls);
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       if (stale & (1u << j)) {
@@ -455,13 +468,14 @@ def tag_value(barrier: Barrier, ptr, dtype: str):
 
 
 def tag_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n: int, row: int, row_pad: int, base,
-             step, args: SyncArgs):
+             step, args: SyncArgs, sleep_ns: int = 0):
     """``tags``: poll-and-copy ``n`` (at most ``max_n``) tagged ``dtype`` values, rows of ``row``, into
-    shared memory rows of ``row_pad``; returns the block-uniform abort flag."""
+    shared memory rows of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none); returns the
+    block-uniform abort flag."""
     vec = 2 if row % 2 == 0 else 1
     per, _ = polled_loads(barrier, max_n, threads, row, itemsize(dtype))  # as the config's validate counts them
-    call = T.cuda.func_call(f"prnn_tag_copy<{payload_type(dtype)}, {per}, {vec}, {row}, {row_pad}>", src, dst, n,
-                            base, step, args.sync.data, args.timeout_us, source_code=barrier.source,
+    call = T.cuda.func_call(f"prnn_tag_copy<{payload_type(dtype)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>",
+                            src, dst, n, base, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
@@ -498,13 +512,15 @@ def sentinel_store(barrier: Barrier, ptr, value, dtype: str):
 
 
 def sentinel_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n: int, row: int, row_pad: int,
-                  step, args: SyncArgs):
+                  step, args: SyncArgs, sleep_ns: int = 0):
     """``sentinel``: poll-and-copy ``n`` (at most ``max_n``) ``dtype`` values written at ``step - 1``, rows of
-    ``row``, into shared memory rows of ``row_pad``; returns the block-uniform abort flag."""
+    ``row``, into shared memory rows of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none);
+    returns the block-uniform abort flag."""
     size = itemsize(dtype)
     per, _ = polled_loads(barrier, max_n, threads, row, size)  # as the config's validate counts them
     width = row_lanes(row, size) * size
-    call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {width}, {row}, {row_pad}>",
+    call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {width}, {row}, {row_pad}, "
+                            f"{sleep_ns}>",
                             src, dst, n, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
