@@ -30,6 +30,7 @@ from prnn_tvm.tune.model import XGBoostCostModel
 from prnn_tvm.tune.replay import replay
 from prnn_tvm.tune.search import GridSearch, ModelSearch, RandomSearch
 from prnn_tvm.tune.space import ConfigSpace
+from prnn_tvm.tune.tuner import with_knob
 
 from .conftest import HAS_GPU
 
@@ -326,3 +327,34 @@ def test_a_config_whose_build_raises_a_tvm_error_is_recorded_not_raised(monkeypa
     task = measure.TuneTask("lstm", 64, 4, 8, "float16", gpu_spec("sm_90"), "persistent_mma")
     built = measure._build(task, 3, {"units_per_cta": 1}, "unused", False, 0)
     assert built.error is ErrorKind.BUILD and built.index == 3 and "InternalError: lowering failed" in built.detail
+
+
+def test_the_given_configs_are_measured_first_in_their_order(tmp_path):
+    """``tune(first=...)``: the configs in the space and not in the log yet come first, in order; one outside
+    the space is passed over; then the search's own."""
+    plan = analyze(resolve("rnn_tanh"), 2, 32, "float32")
+    configs = ConfigSpace(plan, GPU, PERSISTENT).configs
+    path = tmp_path / "sm_90.jsonl"
+    tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=1, log_path=path, runner=CpuRunner(), progress=False,
+         strategy="grid", first=[configs[7]])
+    outside = dict(configs[3].as_dict(), units_per_cta=1000)
+    res = tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=3, batch_size=2, log_path=path, runner=CpuRunner(),
+               progress=False, strategy="grid", first=[configs[5], outside, configs[7], configs[2].as_dict()])
+    assert [r.config for r in res.new] == [configs[5].as_dict(), configs[2].as_dict(), configs[0].as_dict()]
+
+
+def test_with_knob_takes_the_fastest_distinct_configs_that_stay_valid_with_the_knob():
+    plan = analyze(resolve("lstm"), 16, 256, "float16")
+    space = ConfigSpace(plan, GPU, by_name("persistent_mma"))
+    k = key()
+    sentinel = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "barrier": "sentinel", "batch_groups": 2}
+    recs = [Record(k, {"units_per_cta": 16, "k_groups": 2, "n_tiles": 2, "barrier": "counter"}, (1e-4,), 256),
+            Record(k, sentinel, (2e-4,), 256), Record(k, sentinel, (3e-4,), 256),  # measured twice: one config
+            Record(k, dict(sentinel, k_groups=4), (4e-4,), 256),
+            Record(k, dict(sentinel, k_groups=1), (5e-4,), 256),
+            Record(k, dict(sentinel, k_groups=8), (1e-5,), 256, error=ErrorKind.RUNTIME)]
+    seeds = with_knob(space, recs, "poll_sleep", (256, 512), top=2)
+    # counter cannot sleep, the failed record is not a base, the second measurement of a config adds nothing
+    assert seeds == [dict(sentinel, poll_sleep=256), dict(sentinel, poll_sleep=512),
+                     dict(sentinel, k_groups=4, poll_sleep=256), dict(sentinel, k_groups=4, poll_sleep=512)]
+    assert with_knob(space, recs, "poll_sleep", (256,), top=0) == []

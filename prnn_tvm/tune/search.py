@@ -66,6 +66,21 @@ class ModelSearch:
 STRATEGIES = {s.name: s for s in (ModelSearch, RandomSearch, GridSearch)}
 
 
+class FirstThen:
+    """The given indices first, in their order (those not measured yet), then what ``then`` proposes: how a
+    tuning run measures chosen configs (the best records with a new knob set, say) before its search."""
+
+    def __init__(self, first, then):
+        self.first, self.then, self.name = list(first), then, then.name
+
+    def propose(self, space: ConfigSpace, measured: dict, n: int, rng: np.random.Generator) -> list[int]:
+        chosen = [i for i in self.first if i not in measured][:n]
+        self.first = [i for i in self.first if i not in measured and i not in chosen]
+        if len(chosen) < n:
+            chosen += [i for i in self.then.propose(space, measured, n - len(chosen), rng) if i not in chosen]
+        return chosen
+
+
 def _random(space: ConfigSpace, measured: dict, n: int, rng: np.random.Generator, taken) -> list[int]:
     left = np.array([i for i in range(len(space)) if i not in measured and i not in taken], dtype=np.int64)
     if n <= 0 or not len(left):

@@ -29,7 +29,7 @@ from prnn_tvm.schedules import template_for
 from prnn_tvm.target import GpuSpec, gpu_spec, local_gpu
 
 from .measure import Builder, Built, GpuRunner, Measured, TuneTask
-from .search import STRATEGIES
+from .search import STRATEGIES, FirstThen
 from .space import ConfigSpace
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class TuneResult:
 def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str = "float32",
          arch: str | None = None, trials: int = 64, batch_size: int = 16, strategy: str = "xgb",
          log_path: str | Path | None = None, runner=None, workers: int = 0, max_spill_bytes: int = 0,
-         seed: int = 0, progress: bool = True) -> TuneResult:
+         seed: int = 0, progress: bool = True, first=()) -> TuneResult:
     """Tune the kernel of ``cell`` at (hidden, batch) and append the trials to a log.
 
     The template is the one ``compile_cell`` picks for this cell, dtype and GPU; its knobs
@@ -77,6 +77,9 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     workers : int
         Build processes (0 builds in this process). They are spawned, so a script that
         calls ``tune`` with workers needs the ``if __name__ == "__main__":`` guard.
+    first : configs (or their dicts)
+        Measured before the search proposes any, in this order: those in the space and not in the log yet
+        (they count as trials). ``bench/tune_knob.py`` passes the best records with a new knob set.
 
     Use ``compile_cell`` afterwards: it picks the best record of the same key itself.
     """
@@ -119,7 +122,10 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
                                 "the records so far are kept: restart to resume")
             return batch_records
 
-        search_loop(space, STRATEGIES[strategy](), measure, budget, batch_size, np.random.default_rng(seed),
+        search = STRATEGIES[strategy]()
+        if first:
+            search = FirstThen(dict.fromkeys(i for c in first if (i := space.index(c)) is not None), search)
+        search_loop(space, search, measure, budget, batch_size, np.random.default_rng(seed),
                     measured, desc=f"tune {plan.cell.name}" if progress else None)
     everything = records.for_key(records.load(log_path), key)
     result.best = records.best(everything, key)
@@ -159,6 +165,22 @@ def _record(key: TuneKey, plan: CellPlan, task: TuneTask, built: Built, runner, 
     return Record(key, built.config.as_dict(), m.costs, task.seq_len, m.error, m.detail, plan.cell.name,
                   rep and rep.registers, rep and rep.spill_bytes, m.max_abs_error, round(built.seconds, 3),
                   gpu.device_name)
+
+
+def with_knob(space: ConfigSpace, recs: list[Record], knob: str, values, top: int) -> list[dict]:
+    """The configs of the ``top`` fastest successfully measured configs of ``recs`` that stay in ``space`` with
+    ``knob`` set to one of ``values``: each with every such value, fastest first (``tune(first=...)`` measures
+    them before its search)."""
+    seeds, seen = [], set()
+    for rec in sorted((r for r in recs if r.ok), key=lambda r: r.per_step_s):
+        if len(seen) == top:
+            break
+        base = tuple(sorted(rec.config.items()))  # a config measured twice is one
+        changed = [c for c in ({**rec.config, knob: v} for v in values) if space.index(c) is not None]
+        if changed and base not in seen:
+            seen.add(base)
+            seeds += changed
+    return seeds
 
 
 def known_times(space: ConfigSpace, recs: list[Record]) -> dict[int, float]:

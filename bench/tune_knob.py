@@ -1,0 +1,55 @@
+"""Tune a new knob's values where the records are already good: how records gain a knob added to a space.
+
+    python bench/tune_knob.py --knob poll_sleep --values 256 512 --dtype float16 \\
+        --cases lstm:1024x16 lstm:1024x32 lstm:512x32 gru:1024x16 [--top 6] [--trials 6] [--log ...]
+
+For each case (cell:HIDDENxBATCH) it takes the ``--top`` fastest records of the log whose config is still
+valid with the knob set to one of ``--values``, measures each of those configs with each value first
+(``tune(first=...)``), then ``--trials`` configs of the usual model-guided search; everything lands in the log.
+Prints one line per case: configs seeded, the best before and after, the best config.
+"""
+
+import argparse
+import os
+
+from prnn_tvm import records
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.registry import resolve
+from prnn_tvm.schedules import template_for
+from prnn_tvm.target import gpu_spec
+from prnn_tvm.tune import tune
+from prnn_tvm.tune.space import ConfigSpace
+from prnn_tvm.tune.tuner import with_knob
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--knob", required=True)
+    p.add_argument("--values", nargs="+", type=int, required=True)
+    p.add_argument("--cases", nargs="+", required=True, help="cell:HIDDENxBATCH")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--top", type=int, default=6)
+    p.add_argument("--trials", type=int, default=6, help="model-guided trials after the seeded ones")
+    p.add_argument("--arch", default=None)
+    p.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1))
+    p.add_argument("--log", default=None, help="default: the package's tuning_logs/<arch>.jsonl")
+    args = p.parse_args()
+
+    gpu = gpu_spec(args.arch)
+    log = args.log or records.default_log(gpu.arch)
+    for case in args.cases:
+        cell, shape = case.split(":")
+        hidden, batch = map(int, shape.split("x"))
+        plan = analyze(resolve(cell), batch, hidden, args.dtype)
+        template = template_for(plan, gpu.target())
+        known = records.for_key(records.load(log), records.key_for(plan, gpu, template.name))
+        before = min((r.per_step_s for r in known if r.ok), default=float("nan")) * 1e6
+        seeds = with_knob(ConfigSpace(plan, gpu, template), known, args.knob, args.values, args.top)
+        res = tune(cell, hidden, batch, dtype=args.dtype, arch=args.arch, trials=len(seeds) + args.trials,
+                   log_path=log, workers=args.workers, progress=False, first=seeds)
+        print(f"{case}: {len(seeds)} seeded; best {before:.3f} -> {res.best.per_step_s * 1e6:.3f} us/step "
+              f"{res.best.config}, {res.errors} errors", flush=True)
+
+
+if __name__ == "__main__":  # build workers are spawned and import this file
+    main()
