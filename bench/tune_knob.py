@@ -3,7 +3,8 @@
     python bench/tune_knob.py --knob poll_sleep --values 256 512 --dtype float16 \\
         --cases lstm:1024x16 lstm:1024x32 lstm:512x32 gru:1024x16 [--top 6] [--trials 6] [--log ...]
 
-For each case (cell:HIDDENxBATCH) it takes the ``--top`` fastest records of the log whose config is still
+Values are integers or names (``--knob barrier --values sentinel``). For each case (cell:HIDDENxBATCH; a stack
+is ``lstm_x4``) it takes the ``--top`` fastest records of the log whose config is still
 valid with the knob set to one of ``--values``, measures each of those configs with each value first
 (``tune(first=...)``), then ``--trials`` configs of the usual model-guided search; everything lands in the log.
 Prints one line per case: configs seeded, the best before and after, the best config.
@@ -25,7 +26,7 @@ from prnn_tvm.tune.tuner import with_knob
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--knob", required=True)
-    p.add_argument("--values", nargs="+", type=int, required=True)
+    p.add_argument("--values", nargs="+", type=lambda v: int(v) if v.isdigit() else v, required=True)
     p.add_argument("--cases", nargs="+", required=True, help="cell:HIDDENxBATCH")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--top", type=int, default=6)

@@ -33,6 +33,7 @@ class ArgRole(str, enum.Enum):
     OUTPUT = "output"        # a sequence the launch writes (out, or xp for a later launch)
     FINAL = "final"          # a final state
     WORKSPACE = "workspace"  # scratch owned by the layer: zero at first use and after a barrier timeout
+    SCRATCH = "scratch"      # a sequence a launch writes and reads itself (exchanged states): per call, not returned
     SYNC = "sync"            # the grid barrier's state, owned by the layer (uint32 words)
     SCALAR = "scalar"        # an integer the layer passes itself (a timeout, a test knob, the host error word)
 
@@ -46,7 +47,7 @@ class ArgRole(str, enum.Enum):
         blocks do not write it while it runs (they write the owned exchange and barrier words), and the
         kernel does not read it where it reads such an argument (it reads initial states at step 0 where
         later steps read the exchange)."""
-        return self not in (ArgRole.WORKSPACE, ArgRole.SYNC, ArgRole.STATE)
+        return self not in (ArgRole.WORKSPACE, ArgRole.SYNC, ArgRole.STATE, ArgRole.SCRATCH)
 
     @property
     def data(self) -> bool:
@@ -192,6 +193,11 @@ class Signature:
         return tuple(a for launch in self.launches for a in launch.args if a.role.written and a.name not in outputs)
 
     @cached_property
+    def scratch(self) -> tuple:
+        """Sequences a launch writes and reads itself: allocated for each call, returned to nobody."""
+        return tuple(a for launch in self.launches for a in launch.args if a.role is ArgRole.SCRATCH)
+
+    @cached_property
     def arg_names(self) -> tuple:
         return tuple(a.name for a in self.inputs)
 
@@ -241,16 +247,19 @@ SYNC_SCALARS = {"timeout_us": "int32", "stall_step": "int32", "error_host": "int
 
 def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
                    workspace: tuple | None = None, workspace_dtype: str | None = None,
-                   sync_words: int | None = None, xp_dtype: str | None = None, outputs: int = 1) -> tuple:
+                   sync_words: int | None = None, xp_dtype: str | None = None, outputs: int = 1,
+                   exchanged: int = 0) -> tuple:
     """The recurrent kernel's arguments, in kernel order.
 
     ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
     declaration order); each initial state ``<s>0`` (B, H); ``lengths`` (B,) int32, the steps
     of each batch row (a row's states stop changing after its length and its outputs are zero
     there); ``out`` (T, B, outputs x H: the output states side by side); each final state
-    ``<s>_n``; then ``workspace`` and the barrier's ``sync`` and scalars
-    (:data:`SYNC_SCALARS`) when the kernel takes them. Everything is ``dtype`` but ``xp``
-    (``xp_dtype``, by default ``dtype``) and the workspace (``workspace_dtype``).
+    ``<s>_n``; ``exchange`` (T, exchanged, B, H) where ``exchanged`` states travel between blocks
+    through a sequence of their own (the ``sentinel`` exchange of a stack's lower layers); then
+    ``workspace`` and the barrier's ``sync`` and scalars (:data:`SYNC_SCALARS`) when the kernel
+    takes them. Everything is ``dtype`` but ``xp`` (``xp_dtype``, by default ``dtype``) and the
+    workspace (``workspace_dtype``).
     """
     B, H = batch, hidden
     args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), xp_dtype or dtype)]
@@ -260,6 +269,8 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
     args += [Arg("lengths", ArgRole.LENGTHS, (B,), "int32")]
     args += [Arg("out", ArgRole.OUTPUT, (SEQ, B, outputs * H), dtype)]
     args += [Arg(f"{s}_n", ArgRole.FINAL, (B, H), dtype) for s in states]
+    if exchanged:
+        args.append(Arg("exchange", ArgRole.SCRATCH, (SEQ, exchanged, B, H), dtype))
     if workspace is not None:
         args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), workspace_dtype or dtype))
     if sync_words is not None:

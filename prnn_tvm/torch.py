@@ -646,6 +646,7 @@ class _Launcher:
         self.written = [(i, a) for i, a in enumerate(args) if a.role.written]
         self.written_dtypes = [getattr(torch, a.dtype) for _, a in self.written]
         self.written_shapes: dict = {}  # sequence length -> their shapes
+        self.scratch = [(i, a, getattr(torch, a.dtype)) for i, a in enumerate(args) if a.role is ArgRole.SCRATCH]
         self.scalars_at = [(i, a.name) for i, a in enumerate(args) if a.role is ArgRole.SCALAR]
         self.owned_at = [(i, a.name) for i, a in enumerate(args) if a.role.owned]
         self.placed: dict = {}  # stream -> (its launch state, an argument list with that state in place)
@@ -695,6 +696,8 @@ class _Launcher:
                    for shape, dtype in zip(shapes, self.written_dtypes)]
         for (i, _), value in zip(self.written, outputs):
             args[i] = value
+        for i, a, dtype in self.scratch:  # the exchange sequence of a call: written and read by the kernel alone
+            args[i] = torch.empty(*a.concrete_shape(T), dtype=dtype, device=self.device)
         try:
             with tvm_ffi.use_raw_stream(self.tvm_device, stream):
                 self.function(*args)

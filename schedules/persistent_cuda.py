@@ -140,6 +140,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
         # states a thread keeps in registers as it published them (``sentinel``: the exchange is the output)
         self.own = {name: i for i, name in enumerate(plan.operands)} if self.barrier.sentinel else {}
+        # ``sentinel``: the sequence each exchanged state goes into, a slot per step of the state's own: the output
+        # sequence (its column there) where it is an output, else the exchange sequence (its index there)
+        others = [name for name in self.own if name not in plan.outputs]
+        self.sequences = {name: ("out", plan.outputs.index(name)) if name in plan.outputs
+                          else ("exchange", others.index(name)) for name in self.own}
         self.launch = self._launch()
 
     def _launch(self):
@@ -154,7 +159,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             sync = GridSync(bar.name, grid_barrier.SYNC_WORDS if self.barrier_state else None,
                             "steps" if bar.carries_data else "barriers", p.phases)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
-        launch = recurrent_launch(p, workspace, ws_dtype, grid, sync)
+        exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
+        launch = recurrent_launch(p, workspace, ws_dtype, grid, sync, exchanged)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
             return with_saved(launch, len(p.saved_leaves()) * self.H, self.acc_dt)
         return launch
@@ -226,7 +232,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
         views = dict(xp=rows(a.xp, 1), init={k: rows(v, 0) for k, v in a.init.items()},
                      final={k: rows(v, 0) for k, v in a.final.items()})
-        views.update({name: rows(getattr(a, name), axis) for name, axis in (("out", 1), ("ws", 2), ("lengths", 0))
+        views.update({name: rows(getattr(a, name), axis)
+                      for name, axis in (("out", 1), ("ws", 2), ("exchange", 2), ("lengths", 0))
                       if getattr(a, name) is not None})
         return SimpleNamespace(**{**vars(a), **views})
 
@@ -242,7 +249,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     def build(self) -> tirx.PrimFunc:
         p, ipt = self.p, self.ipt
         with IRBuilder() as ib:
-            # the sentinel exchange reads the output sequence that other blocks write: no __restrict__ there
+            # the sentinel exchange reads the output sequence that other blocks write: no __restrict__ there (nor on
+            # the exchange sequence, a scratch argument)
             with persistent_frame(self.launch, plain=("out",) if self.barrier.sentinel else ()) as \
                     (self.a, self.bx, self.tx):
                 if self.batch_groups > 1:
@@ -284,7 +292,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     T.buffer_store(self.sreg, as_type(self.a.init[name][b, unit], self.compute_dt),
                                    [it * self.width.priv + i])
                 for name, i in self.own.items():
-                    T.buffer_store(self.oreg, self.a.init[name][b, unit], [it * len(self.own) + i])
+                    if name in group.states:
+                        T.buffer_store(self.oreg, self.a.init[name][b, unit], [it * len(self.own) + i])
                 for i, leaf in enumerate(slots.p):
                     T.buffer_store(self.preg, self.a.param[leaf.name][leaf.slice * self.H + unit],
                                    [it * self.width.p + i])
@@ -322,15 +331,18 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                                       self.stall)
 
     def fill_slots(self):
-        """``sentinel``, before the first step: mark every slot of the output sequence this thread will write as
-        not written yet, then the launch's one grid barrier, after which no block can read what an earlier
-        launch left there. A timed-out barrier makes the time loop give up at its first poll."""
+        """``sentinel``, before the first step: mark every slot of the sequences this thread will write (its
+        exchanged states' own steps) as not written yet, then the launch's one grid barrier, after which no block
+        can read what an earlier launch left there. A timed-out barrier makes the time loop give up at its first
+        poll."""
         for _ in self.each_part():
-            for _it, _group, item in self.items():
+            for _it, group, item in self.items():
                 with item as (b, unit, _ul):
-                    with T.serial(0, self.steps) as t:
-                        T.evaluate(grid_barrier.sentinel_fill(self.barrier, T.address_of(self.a.out[t, b, unit]),
-                                                              self.dt))
+                    for name in self.own:
+                        if name in group.states:
+                            with T.serial(0, self.a.seq_len) as t:
+                                slot = T.address_of(self.sequence_slot(name, t, b, unit))
+                                T.evaluate(grid_barrier.sentinel_fill(self.barrier, slot, self.dt))
         abort = grid_barrier.sentinel_start(self.barrier, self.barrier_base, self.sync)
         with T.If(abort != 0):
             with T.Then():
@@ -405,7 +417,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             else:
                 self.publish(name, t, b, unit, stored[name])
         if self.own:
-            self.publish_outputs(t, timing, stored, b, unit)
+            self.publish_sequences(t, timing, stored, b, unit)
         else:
             timing.write_outputs(self.a.out, stored, b, unit)
         with T.If(t == self.steps - 1):

@@ -10,6 +10,12 @@ double-buffered slot pair in the workspace, ``ws[e, parity, b, k]``:
 
 With a barrier variant the reads are plain loads after the barrier; with ``tags`` the
 values carry their step and the reads poll (``prnn_tvm.codegen.barrier.tag_copy``).
+
+With ``sentinel`` every exchanged state has a slot per step of its own instead, written once
+per launch: the output sequence where the state is an output, else the launch's ``exchange``
+sequence (a stack's lower layers). A state of delay ``d`` (a stack's layer ``d``) writes kernel
+step ``t``'s value at its own step ``t - d``, and kernel step ``t`` reads it at ``t - 1 - d``,
+its value as the step found it (its initial state before its first step).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import vec_index
+from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
 
@@ -35,6 +42,9 @@ class OperandExchange:
         out of the batch-tile loop and, through ``aborted``, the time loop).
         """
         names = self.operands_of_phase(phase)
+        if self.barrier.sentinel:  # one phase
+            self.poll_sequences(names, t, b0)
+            return
         if not self.barrier.carries_data:
             for name in names:
                 self.copy_tile(name, t, b0, phase)
@@ -51,8 +61,45 @@ class OperandExchange:
             with T.Else():
                 self.poll_tiles(names, t, b0, parity=(t + 1) % 2, step=t)
 
-    def copy_tile(self, name: str, t, b0, phase: int):
-        """Plain vector loads: the initial state at step 0, else the workspace slot written before."""
+    def poll_sequences(self, names, t, b0):
+        """``sentinel``: each operand's rows b0.. as step ``t`` found them, from its sequence (the module's doc):
+        its initial state before its own first step, else polled from the slot of its step before. Past the end
+        of the sequence nothing is loaded: the operand's layer is done, and what it would multiply is not used.
+        Ends with a block barrier wherever anything was loaded."""
+        slots = {name: bind_value(t - 1 - self.p.delays[name], f"slot_{name}") for name in names}
+        for name in names:  # the initial copies first: a later poll's block barrier publishes them
+            with T.If(slots[name] < 0):
+                with T.Then():
+                    self.copy_tile(name, t, b0, 0, initial=True)
+        BT, H = self.c.batch_tile, self.H
+        rows, most = T.min(BT, self.B - b0), min(BT, self.B) * H  # the tensor-core tile may be taller
+        sleep_ns = getattr(self.c, "poll_sleep", 0)  # a knob of the tensor-core template's only
+        for name in names:
+            with T.If(tirx.all(slots[name] >= 0, slots[name] < self.a.seq_len)):
+                with T.Then():
+                    dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
+                    abort = grid_barrier.sentinel_copy(
+                        self.barrier, self.g.threads, T.address_of(self.sequence_slot(name, slots[name], b0, 0)),
+                        dst, self.dt, rows * H, most, H, self.stride, t, self.sync, sleep_ns)
+                    with T.If(abort != 0):
+                        with T.Then():
+                            T.buffer_store(self.aborted, 1, [0])
+                            T.Break()
+        with T.If(tirx.all(*(tirx.Or(slots[name] < 0, slots[name] >= self.a.seq_len) for name in names))):
+            with T.Then():
+                sync_threads()
+
+    def sequence_slot(self, name: str, step, b, unit):
+        """``sentinel``: state ``name``'s value of its own step ``step`` for row ``b``, unit ``unit``, in its
+        sequence (``self.sequences``)."""
+        kind, k = self.sequences[name]
+        if kind == "out":
+            return self.a.out[step, b, k * self.H + unit]
+        return self.a.exchange[step, k, b, unit]
+
+    def copy_tile(self, name: str, t, b0, phase: int, initial: bool = False):
+        """Plain vector loads: the initial state at step 0 (``initial``: whatever the step), else the workspace
+        slot written before."""
         H, BT, threads, e, s = self.H, self.c.batch_tile, self.g.threads, self.ops[name], self.slot[name]
         lv = grid_barrier.row_lanes(H, itemsize(self.dt))  # 16-byte loads where H allows
         n = BT * H // lv
@@ -63,7 +110,9 @@ class OperandExchange:
             dst = [vec_index((s * BT + bb) * self.stride + k, lv)]
             with T.If(tirx.all(idx < n, b < self.B)):
                 with T.Then():
-                    if phase > 0:  # a stage of this step
+                    if initial:
+                        T.buffer_store(self.smem, self.a.init[name][b, vec_index(k, lv)], dst)
+                    elif phase > 0:  # a stage of this step
                         T.buffer_store(self.smem, self.a.ws[e, t % 2, b, vec_index(k, lv)], dst)
                     else:
                         with T.If(t == 0):
@@ -73,21 +122,16 @@ class OperandExchange:
                                 T.buffer_store(self.smem, self.a.ws[e, (t + 1) % 2, b, vec_index(k, lv)], dst)
 
     def poll_tiles(self, names, t, b0, parity, step):
-        """``tags`` and ``sentinel``: poll each operand's values (written at ``step - 1``) into shared memory."""
+        """``tags``: poll each operand's values (written at ``step - 1``) into shared memory."""
         BT, H = self.c.batch_tile, self.H
         sleep_ns = getattr(self.c, "poll_sleep", 0)  # a knob of the tensor-core template's only
         rows = T.min(BT, self.B - b0)
         most = min(BT, self.B) * H  # the tensor-core template's tile may be taller than the batch
         for name in names:
             dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
-            if self.barrier.sentinel:  # the output sequence, step - 1's rows (the operand is the only output)
-                abort = grid_barrier.sentinel_copy(
-                    self.barrier, self.g.threads, T.address_of(self.a.out[step - 1, b0, 0]), dst, self.dt,
-                    rows * H, most, H, self.stride, step, self.sync, sleep_ns)
-            else:
-                abort = grid_barrier.tag_copy(
-                    self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]), dst,
-                    self.dt, rows * H, most, H, self.stride, self.barrier_base, step, self.sync, sleep_ns)
+            abort = grid_barrier.tag_copy(
+                self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]), dst,
+                self.dt, rows * H, most, H, self.stride, self.barrier_base, step, self.sync, sleep_ns)
             with T.If(abort != 0):
                 with T.Then():
                     T.buffer_store(self.aborted, 1, [0])
@@ -104,18 +148,27 @@ class OperandExchange:
                 slot = T.address_of(self.a.ws[e, t % 2, b, unit])
                 T.evaluate(grid_barrier.tag_store(self.barrier, slot, value, self.barrier_base, t))
 
-    def publish_outputs(self, t, timing, stored: dict, b, unit):
-        """``sentinel``: the output sequence is the exchange. Store each output (zero past the row's length, as
-        ever: rows are independent, so no other row reads it, and the row keeps its state in a register) with
-        the sentinel's store; block 0 skips its stores at ``stall_step`` (the test knob)."""
+    def publish_sequences(self, t, timing, stored: dict, b, unit):
+        """``sentinel``: the sequences are the exchange (the outputs among them). Store each exchanged state of
+        ``stored`` at its own step (zero past the row's length, as ever: rows are independent, so no other row
+        reads it, and the row keeps its state in a register; nothing before its first step or past the sequence)
+        with the sentinel's store; block 0 skips its stores at ``stall_step`` (the test knob)."""
         with T.If(tirx.Not(tirx.all(self.bx == 0, t == self.sync.stall_step))):
             with T.Then():
-                for k, name in enumerate(self.p.outputs):
-                    value, running = stored[name], timing.running(name)
+                for name, value in stored.items():
+                    if name not in self.own:
+                        continue
+                    running, d = timing.running(name), self.p.delays[name]
                     if running is not None:
                         value = T.if_then_else(running, value, tirx.const(0, self.dt))
-                    slot = T.address_of(self.a.out[t, b, k * self.H + unit])
-                    T.evaluate(grid_barrier.sentinel_store(self.barrier, slot, value, self.dt))
+                    store = grid_barrier.sentinel_store(
+                        self.barrier, T.address_of(self.sequence_slot(name, t - d, b, unit)), value, self.dt)
+                    if not self.p.lag:  # every step is the state's own
+                        T.evaluate(store)
+                        continue
+                    with T.If(tirx.all(t >= d, t - d < self.a.seq_len)):
+                        with T.Then():
+                            T.evaluate(store)
 
     def previous_state(self, name: str, t, b, unit):
         """This unit's value of exchanged state ``name`` from the step before (this thread wrote it)."""

@@ -58,22 +58,28 @@ def check_layout(cfg, plan: CellPlan) -> None:
     if not plan.cta_parts:
         raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
                           f"own; cell '{plan.cell.name}' has one part: use 'shared'")
-    if BARRIERS[cfg.barrier].carries_data and not plan.independent_parts:
+    if BARRIERS[cfg.barrier].carries_data and not BARRIERS[cfg.barrier].sentinel and not plan.independent_parts:
         raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and the "
                           f"split parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read "
-                          "the upper ones, would run ahead and overwrite values not yet read): use counter or "
-                          "grid_sync with layout 'split'")
+                          "the upper ones, would run ahead and overwrite values not yet read): use sentinel, "
+                          "counter or grid_sync with layout 'split'")
 
 
 def sentinel_problem(plan: CellPlan) -> str | None:
-    """Why the ``sentinel`` exchange cannot carry ``plan``'s step (None where it can): it needs one part (no
-    stack, one direction), one phase, and the exchanged states to be the output sequence itself."""
-    if plan.cta_parts:
-        return "runs parts (a stack's layers or both directions) whose states are not one output sequence"
+    """Why the ``sentinel`` exchange cannot carry ``plan``'s step (None where it can): it needs one phase, one
+    output, and either the exchanged states to be the output sequence itself, or a stack (whose lower layers'
+    states go through an exchange sequence of their own, the last layer's through the output); not both
+    directions in one launch (the reverse one reads each row's steps from its own end)."""
+    if plan.independent_parts:
+        return "runs both directions in one launch, the reverse one reading each row from its own last step"
     if plan.phases != 1:
         return f"exchanges a stage within each step ({plan.phases} phases)"
     if len(plan.outputs) != 1:
         return f"outputs {len(plan.outputs)} states side by side"
+    if plan.lag:  # a stack
+        if not set(plan.outputs) <= set(plan.operands):
+            return f"outputs {', '.join(plan.outputs)}, which no layer multiplies"
+        return None
     if tuple(plan.operands) != tuple(plan.outputs):
         return (f"multiplies {', '.join(plan.operands) or 'no state'} and outputs {', '.join(plan.outputs)}: its "
                 "exchanged states are not its output")
@@ -82,11 +88,12 @@ def sentinel_problem(plan: CellPlan) -> str | None:
 
 def layouts(plan: CellPlan, barriers: Iterable) -> list:
     """``(layout, runs of CTAs, barriers)`` for a tuning space: the shared layout, and the split one where
-    the plan has parts (without the data-carried barriers where parts read each other's values)."""
+    the plan has parts (where parts read each other's values, of the data-carried barriers only ``sentinel``,
+    whose slots no block overwrites)."""
     found = [("shared", 1, tuple(barriers))]
     if plan.cta_parts:
-        takes = [b for b in barriers if not BARRIERS[b].sentinel
-                 and (plan.independent_parts or not BARRIERS[b].carries_data)]
+        takes = [b for b in barriers if (sentinel_problem(plan) is None if BARRIERS[b].sentinel
+                                         else plan.independent_parts or not BARRIERS[b].carries_data)]
         found.append(("split", len(plan.cta_parts), tuple(takes)))
     return found
 

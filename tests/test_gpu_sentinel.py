@@ -1,5 +1,5 @@
 """The ``sentinel`` exchange on the GPU (``pytest -m gpu``): every cell that takes it, in every dtype, at
-awkward sizes and with row lengths; a torch module with it, called at two lengths and replayed from a graph.
+awkward sizes and with row lengths; stacks; torch modules with it, called at two lengths and replayed from a graph.
 Timeouts, many launches and the barrier base: ``test_gpu_barrier.py`` (every stateful barrier)."""
 
 import copy
@@ -11,7 +11,8 @@ from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, random_lengths
 
 from .test_gpu_half import error_of
-from .test_sentinel import sentinel_layer
+from .test_sentinel import sentinel_layer, stack_layer
+from .test_stack import compare_with_one_by_one
 
 pytestmark = pytest.mark.gpu
 CELLS = ["lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_peephole"]
@@ -81,3 +82,44 @@ def module_matches_float64(fast, exact, x, short: int) -> None:
         torch.cuda.synchronize()
     assert torch.equal(replayed, out)
     fast.check()
+
+
+@pytest.mark.parametrize("dtype, cell, hidden, batch, layers, knobs", [
+    ("float16", "lstm", 512, 8, 4, {"units_per_cta": 16}),  # issue 16's stack
+    ("bfloat16", "gru", 133, 5, 3, {"units_per_cta": 8, "k_groups": 2}),  # odd sizes, a partial last CTA
+    ("float16", "rnn_tanh", 64, 33, 2, {"units_per_cta": 4, "n_tiles": 2, "layout": "shared"}),  # 3 passes
+    ("float32", "lstm", 256, 4, 3, {})])
+def test_a_sentinel_stack_changes_no_bit(dtype, cell, hidden, batch, layers, knobs):
+    """Each layer's state through a sequence of its own (the lower layers' the call's exchange sequence): the
+    same bits as the same stack across a ``counter`` barrier each step, at T=1, 7, 64 and with rows that stop
+    at their own lengths, and within the float64 bound of the layers run one by one."""
+    layer = stack_layer(cell, hidden, batch, layers, dtype, **knobs)
+    counter = stack_layer(cell, hidden, batch, layers, dtype, barrier="counter", **knobs)
+    assert layer.kernel.config.barrier == "sentinel" and layer.signature.scratch
+    assert_same_bits(layer, counter, batch)
+    assert compare_with_one_by_one(layer, cell, layers, 64, seed=3) <= tolerance(dtype, 64)
+
+
+def test_a_torch_stack_with_the_sentinel_exchange(monkeypatch):
+    """A stacked torch module whose wavefront launch exchanges through sentinels: its exchange sequence comes
+    from torch's allocator with each call (and from the graph's pool when captured)."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    compile_cell = pt.compile_cell
+
+    def sentinel_stacks(*args, **kwargs):
+        if kwargs.get("layers", 1) > 1:
+            kwargs["config"] = {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "layout": "split",
+                                "barrier": "sentinel"}
+        return compile_cell(*args, **kwargs)
+
+    monkeypatch.setattr(pt, "compile_cell", sentinel_stacks)
+    torch.manual_seed(7)
+    half = torch.nn.LSTM(96, 256, num_layers=3).cuda().half().eval()
+    exact = copy.deepcopy(half).double()
+    fast = pt.from_torch(half)
+    x = torch.randn(40, 8, 96, device="cuda").half()
+    module_matches_float64(fast, exact, x, 3)
+    stack = fast.stack_for(8, x.device)
+    assert stack.kernel.config.barrier == "sentinel" and stack.signature.scratch

@@ -12,6 +12,7 @@ from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.schedules import template_for
+from prnn_tvm.signature import SEQ, Arg, ArgRole
 from prnn_tvm.target import gpu_spec
 from prnn_tvm.tune.space import ConfigSpace
 
@@ -53,8 +54,8 @@ def test_a_sentinel_kernel_exchanges_through_its_output_sequence(cell, hidden, b
 @pytest.mark.parametrize("cell, layers, bidirectional, why", [
     ("gru_cho", 1, False, "exchanges a stage within each step"),
     ("indrnn", 1, False, "its exchanged states are not its output"),
-    ("lstm", 2, False, "runs parts"),
-    ("lstm", 1, True, "runs parts")])
+    ("gru_cho", 2, False, "exchanges a stage within each step"),
+    ("lstm", 1, True, "runs both directions in one launch")])
 def test_sentinel_is_refused_where_the_output_is_not_the_exchange(cell, layers, bidirectional, why):
     with pytest.raises(ConfigError, match=f"barrier 'sentinel' exchanges each step's state through the output "
                                           f"sequence, and cell .* {why}"):
@@ -70,7 +71,78 @@ def test_the_tuner_offers_sentinel_only_where_it_applies():
         return {c.barrier for c in ConfigSpace(plan, SM90, template_for(plan, SM90.target())).configs}
 
     assert "sentinel" in barriers("lstm") and "sentinel" not in barriers("gru_cho")
-    assert "sentinel" not in barriers("lstm", layers=2)
+    assert "sentinel" in barriers("lstm", layers=2) and "sentinel" not in barriers("gru_cho", layers=2)
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm_bi"), 8, 256, "float16")
+    assert "sentinel" not in {c.barrier for c in ConfigSpace(plan, SM90, template_for(plan, SM90.target())).configs}
+
+
+def stack_layer(cell, hidden, batch, layers, dtype, barrier="sentinel", **knobs):
+    """A stack of ``layers`` with ``barrier``: the given tensor-core knobs, or (float32) the stack's default
+    config's."""
+    if dtype == "float32":
+        plan = prnn_tvm.analyze(prnn_tvm.frontend.stack.stacked(prnn_tvm.resolve(cell), layers), batch, hidden)
+        config = dataclasses.replace(pc.default_config(plan, SM90), barrier=barrier)
+    else:
+        config = {"k_groups": 1, "n_tiles": 1, "layout": "split", **knobs, "barrier": barrier}
+    return prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", layers=layers,
+                                 config=config)
+
+
+@pytest.mark.parametrize("dtype, knobs", [("float16", {"units_per_cta": 8}), ("float32", {}),
+                                          ("bfloat16", {"units_per_cta": 8, "layout": "shared"})])
+def test_a_sentinel_stack_exchanges_each_layer_through_a_sequence_of_its_own(dtype, knobs):
+    """Layer ``l`` (delay ``l``) publishes kernel step ``s``'s state at its own step ``s - l``: the lower layers
+    in the call's ``exchange`` sequence, the last one in the output sequence. Step ``s`` polls each operand at
+    its step before (``s - 1 - l``): a layer its own state and the one below's. The exchange is a scratch
+    argument: allocated for each call, not returned, not ``__restrict__``."""
+    layer = stack_layer("lstm", 256, 8, 3, dtype, **knobs)
+    exchange = layer.signature.launch("recurrent").arg("exchange")
+    assert exchange == Arg("exchange", ArgRole.SCRATCH, (SEQ, 2, 8, 256), dtype)
+    assert layer.signature.scratch == (exchange,)
+    assert [a.name for a in layer.signature.outputs] == ["out", "l0_h_n", "l0_c_n", "l1_h_n", "l1_c_n", "l2_h_n",
+                                                         "l2_c_n"]
+    source = layer.cuda_source
+    assert re.search(r"\b(half|nv_bfloat16|float)\* exchange_ptr", source)  # no __restrict__
+    source = source[source.index("recurrent_kernel(", source.index("extern \"C\" __global__ void __launch_bounds__")
+                                 + 1):]
+    for name, delay in (("l0_h", 0), ("l1_h", 1), ("l2_h", 2)):
+        assert re.search(rf"int slot_{name}(_\d+)? = \(\w+ - {delay + 1}\);", source), name
+    copies = re.findall(r"prnn_sentinel_copy<[^>]*>\(\(&\((\w+)_ptr\[", source)
+    stores = re.findall(r"prnn_sentinel_store<[^>]*>\(\(&\((\w+)_ptr\[", source)
+    fills = re.findall(r"prnn_sentinel_fill<[^>]*>\(\(&\((\w+)_ptr\[", source)
+    # polls, split: layer 0 its own state, layers 1 and 2 theirs and the one below's (layer 2's own from the
+    # output); shared: every CTA each layer's state once
+    split = layer.kernel.config.layout == "split"
+    assert sorted(copies) == ["exchange"] * (4 if split else 2) + ["out"]
+    assert sorted(stores) == sorted(fills) == ["exchange", "exchange", "out"]
+    assert source.count("prnn_barrier_counter(") == 1  # the launch's one barrier, before the first step
+    assert layer.report.spill_bytes == 0, layer.report.format()
+
+
+def test_a_call_of_a_sentinel_stack_allocates_its_exchange_for_each_chunk(monkeypatch):
+    """The binding allocates the scratch sequence with the call (a piece's length when the sequence runs in
+    chunks) and returns only the output sequence and the final states."""
+    import tvm
+
+    from prnn_tvm.reference import random_inputs
+    from prnn_tvm.runtime import binding
+
+    layer = stack_layer("gru", 64, 4, 2, "float16", units_per_cta=4)
+    inputs = random_inputs(layer.plan, 12, 64, seed=0)
+    at = [a.name for a in layer.signature.launch("recurrent").args].index("exchange")
+
+    def bound():
+        return binding.bind(layer.signature, (), inputs, tvm.cpu(0), lambda a: None,
+                            {"timeout_us": 1, "stall_step": -1, "error_host": 0})
+
+    call = bound()
+    (recurrent,) = [args for name, args in call.launches if name == "recurrent"]
+    assert recurrent[at].shape == (12, 1, 4, 64) and len(call.outputs) == 3
+    monkeypatch.setattr(binding, "MAX_ELEMENTS", 4 * 3 * 64 * 5)  # the widest step (xp: 3 gates) x 5 steps
+    call = bound()
+    pieces = [args[at] for name, args in call.launches if name == "recurrent"]
+    assert call.chunks == 3 and [p.shape for p in pieces] == [(5, 1, 4, 64)] * 2 + [(2, 1, 4, 64)]
+    assert len(call.outputs) == 3
 
 
 @pytest.mark.parametrize("knobs, cfg", [

@@ -331,13 +331,14 @@ def test_stacked_cuda_kernels_match_the_float64_reference(cell, hidden, batch, l
     (*case, seq_len) for case, seq_len in zip(SPLIT_CASES, (256, 64, 30, 7, 1, 256, 30, 7))])
 def test_split_layout_kernels_match_the_float64_reference(cell, hidden, batch, layers, dtype, seq_len):
     """Each layer on CTAs of its own: the first split config with the counter barrier, one with grid_sync, a
-    random one (seeded) and, in half precision, the first with four accumulator chains, against the layers one
-    by one in float64, with and without ragged lengths."""
+    random one (seeded), the first with sentinel (one-phase cells) and, in half precision, the first with four
+    accumulator chains, against the layers one by one in float64, with and without ragged lengths."""
     configs = split_configs(cell, hidden, batch, layers, dtype)
     picks = {next(cfg for cfg in configs if cfg.barrier == "counter"),
              next(cfg for cfg in configs if cfg.barrier == "grid_sync"),
              configs[np.random.default_rng(hidden).integers(len(configs))]}
     picks |= set([cfg for cfg in configs if getattr(cfg, "k_chains", 1) == 4][:1])  # tensor cores: four chains
+    picks |= set([cfg for cfg in configs if cfg.barrier == "sentinel"][:1])  # one-phase stacks: sentinel
     bound = tolerance(dtype, seq_len)
     for cfg in sorted(picks, key=repr):
         layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", layers=layers, config=cfg)

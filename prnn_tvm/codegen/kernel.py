@@ -55,14 +55,15 @@ class Kernel:
 
 
 def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_dtype: str | None = None,
-                     grid: Grid | None = None, sync: GridSync | None = None) -> Launch:
-    """The ``recurrent`` launch of ``plan``: the arguments every template's kernel takes, in order."""
+                     grid: Grid | None = None, sync: GridSync | None = None, exchanged: int = 0) -> Launch:
+    """The ``recurrent`` launch of ``plan``: the arguments every template's kernel takes, in order (and an
+    ``exchange`` sequence of ``exchanged`` states where a kernel needs one)."""
     H = plan.hidden
     args = recurrent_args(
         plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
         {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states), plan.dtype,
         workspace, workspace_dtype, sync.state_words if sync is not None else None, plan.policy.accumulate,
-        len(plan.outputs))
+        len(plan.outputs), exchanged)
     return Launch("recurrent", args, grid, sync)
 
 
@@ -89,10 +90,10 @@ def declare_args(launch: Launch) -> SimpleNamespace:
     """Declare a launch's arguments inside a ``T.prim_func()`` frame, in its order.
 
     Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out`` (None in a
-    launch without it), ``ws`` (None without a workspace), ``lengths`` (None in a launch
-    without per-row lengths), ``sync`` (the barrier's :class:`~.barrier.SyncArgs`, or None),
-    dicts ``weight``, ``param``, ``init``, ``final`` keyed by the cell's declared names, and
-    ``named``: every argument by its name.
+    launch without it), ``ws`` (None without a workspace), ``exchange`` (None without an exchange
+    sequence), ``lengths`` (None in a launch without per-row lengths), ``sync`` (the barrier's
+    :class:`~.barrier.SyncArgs`, or None), dicts ``weight``, ``param``, ``init``, ``final`` keyed by the
+    cell's declared names, and ``named``: every argument by its name.
     """
     seq_len = tirx.Var(SEQ_LEN, "int32")
     declared = {}
@@ -108,7 +109,7 @@ def declare_args(launch: Launch) -> SimpleNamespace:
                 for a in launch.args if a.role is role and a.name.endswith(strip)}
 
     ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared.get("out"), ws=declared.get("workspace"),
-                         lengths=declared.get("lengths"), named=declared)
+                         lengths=declared.get("lengths"), exchange=declared.get("exchange"), named=declared)
     ns.weight, ns.param = by_role(ArgRole.WEIGHT), by_role(ArgRole.PARAM)
     ns.init, ns.final = by_role(ArgRole.STATE, strip="0"), by_role(ArgRole.FINAL, strip="_n")
     ns.sync = (SyncArgs(declared["sync"], *(declared[name] for name in SYNC_SCALARS)) if "sync" in declared

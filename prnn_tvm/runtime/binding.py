@@ -5,8 +5,8 @@ signature would; each is checked (shape with the call's sequence length, dtype,
 contiguity, device) and placed on the layer's device: NumPy arrays are copied, anything
 with ``__dlpack__`` is wrapped without a copy. Omitted initial states are zeros, omitted
 per-row lengths the whole sequence (NumPy lengths are checked to lie in [0, T]; a device
-tensor's are not read, and the kernels take them as clamped to that range); outputs
-and intermediates are allocated per call; the layer's own buffers (workspace, barrier
+tensor's are not read, and the kernels take them as clamped to that range); outputs,
+intermediates and scratch sequences are allocated per call; the layer's own buffers (workspace, barrier
 state) and scalars are supplied by the layer. Imports only TVM's runtime and NumPy.
 """
 
@@ -70,11 +70,12 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
                          f"runs in consecutive launches of {chunk} steps; its reverse direction reads each row "
                          "from its last step, so it cannot: run the directions as layers of their own, or shorter "
                          "sequences")
-    sequences = [a for a in (*inputs, *signature.intermediates, *signature.outputs) if SEQ in a.shape]
+    per_call = (*signature.intermediates, *signature.scratch)  # a piece's length when chunked
+    sequences = [a for a in (*inputs, *per_call, *signature.outputs) if SEQ in a.shape]
     finals = [a for a in signature.outputs if a.role is ArgRole.FINAL]
     copied = [a for a in inputs if isinstance(values.get(a.name), np.ndarray)]  # NumPy goes to the device
     check_memory([(a, seq_len) for a in (*copied, *signature.outputs)]
-                 + [(a, chunk) for a in (signature.intermediates if chunks == 1 else sequences)]
+                 + [(a, chunk) for a in (per_call if chunks == 1 else sequences)]
                  + [(a, 1) for a in (finals if chunks > 1 else ())], device)
     tensors, from_numpy = {}, True
     for arg in inputs:
@@ -88,8 +89,7 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     for arg in signature.outputs:
         tensors[arg.name] = tvm.runtime.empty(arg.concrete_shape(seq_len), arg.dtype, device)
     if chunks == 1:
-        tensors.update({a.name: tvm.runtime.empty(a.concrete_shape(seq_len), a.dtype, device)
-                        for a in signature.intermediates})
+        tensors.update({a.name: tvm.runtime.empty(a.concrete_shape(seq_len), a.dtype, device) for a in per_call})
         launches = [(x.function, _values(x, tensors, owned, scalars)) for x in signature.launches]
         return BoundCall(seq_len, tuple(launches), tuple(tensors[a.name] for a in signature.outputs), from_numpy)
     pieces = {a.name: tvm.runtime.empty(a.concrete_shape(chunk), a.dtype, device) for a in sequences}
