@@ -61,8 +61,8 @@ def check_layout(cfg, plan: CellPlan) -> None:
     if BARRIERS[cfg.barrier].carries_data and not BARRIERS[cfg.barrier].sentinel and not plan.independent_parts:
         raise ConfigError(f"barrier '{cfg.barrier}' synchronizes only blocks that read each other's values, and the "
                           f"split parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read "
-                          "the upper ones, would run ahead and overwrite values not yet read): use sentinel, "
-                          "counter or grid_sync with layout 'split'")
+                          "the upper ones, would run ahead and overwrite values not yet read): use counter or "
+                          "grid_sync with layout 'split', or sentinel (a slot per step) for a one-phase cell")
 
 
 def sentinel_problem(plan: CellPlan) -> str | None:
