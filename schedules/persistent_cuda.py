@@ -138,7 +138,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.width = ItemSlots.widest(self.slots.values())
         self.barrier = grid_barrier.BARRIERS[cfg.barrier]
         self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
-        # states a thread keeps in registers as it published them (``sentinel``: the exchange is the output)
+        # states a thread keeps in registers as it published them (``sentinel``: the exchange is their sequences)
         self.own = {name: i for i, name in enumerate(plan.operands)} if self.barrier.sentinel else {}
         # ``sentinel``: the sequence each exchanged state goes into, a slot per step of the state's own: the output
         # sequence (its column there) where it is an output, else the exchange sequence (its index there)
@@ -151,7 +151,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """The kernel's arguments, grid and grid synchronization (what the runtime calls it with)."""
         p, g, bar = self.p, self.g, self.barrier
         # the exchange: one double-buffered slot per operand, tagged 64-bit words for ``tags`` (``sentinel``
-        # exchanges through the output sequence and leaves it unused)
+        # exchanges through the output and exchange sequences and leaves it unused)
         workspace = (max(1, len(p.operands)), 2, p.batch, self.H)  # every batch group's rows
         ws_dtype = "uint64" if bar.carries_data and not bar.sentinel else self.dt
         sync = None
@@ -412,7 +412,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         for name, value in new.items():
             if name in priv:  # private states stay in the compute type between steps
                 T.buffer_store(self.sreg, value, [it * self.width.priv + priv[name]])
-            elif name in self.own:  # published through the output sequence, below
+            elif name in self.own:  # published through its sequence, below
                 T.buffer_store(self.oreg, stored[name], [it * len(self.own) + self.own[name]])
             else:
                 self.publish(name, t, b, unit, stored[name])

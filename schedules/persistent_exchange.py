@@ -71,16 +71,13 @@ class OperandExchange:
             with T.If(slots[name] < 0):
                 with T.Then():
                     self.copy_tile(name, t, b0, 0, initial=True)
-        BT, H = self.c.batch_tile, self.H
-        rows, most = T.min(BT, self.B - b0), min(BT, self.B) * H  # the tensor-core tile may be taller
-        sleep_ns = getattr(self.c, "poll_sleep", 0)  # a knob of the tensor-core template's only
         for name in names:
             with T.If(tirx.all(slots[name] >= 0, slots[name] < self.a.seq_len)):
                 with T.Then():
-                    dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
+                    dst, n, most, sleep_ns = self.polled_tile(name, b0)
                     abort = grid_barrier.sentinel_copy(
                         self.barrier, self.g.threads, T.address_of(self.sequence_slot(name, slots[name], b0, 0)),
-                        dst, self.dt, rows * H, most, H, self.stride, t, self.sync, sleep_ns)
+                        dst, self.dt, n, most, self.H, self.stride, t, self.sync, sleep_ns)
                     with T.If(abort != 0):
                         with T.Then():
                             T.buffer_store(self.aborted, 1, [0])
@@ -88,6 +85,14 @@ class OperandExchange:
         with T.If(tirx.all(*(tirx.Or(slots[name] < 0, slots[name] >= self.a.seq_len) for name in names))):
             with T.Then():
                 sync_threads()
+
+    def polled_tile(self, name: str, b0) -> tuple:
+        """A poll of operand ``name``'s rows b0..: ``(where they go in shared memory, values, at most that many,
+        nanoseconds to sleep between polls)``."""
+        BT = self.c.batch_tile
+        dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
+        most = min(BT, self.B) * self.H  # the tensor-core template's tile may be taller than the batch
+        return dst, T.min(BT, self.B - b0) * self.H, most, getattr(self.c, "poll_sleep", 0)  # tensor-core knob
 
     def sequence_slot(self, name: str, step, b, unit):
         """``sentinel``: state ``name``'s value of its own step ``step`` for row ``b``, unit ``unit``, in its
@@ -123,15 +128,11 @@ class OperandExchange:
 
     def poll_tiles(self, names, t, b0, parity, step):
         """``tags``: poll each operand's values (written at ``step - 1``) into shared memory."""
-        BT, H = self.c.batch_tile, self.H
-        sleep_ns = getattr(self.c, "poll_sleep", 0)  # a knob of the tensor-core template's only
-        rows = T.min(BT, self.B - b0)
-        most = min(BT, self.B) * H  # the tensor-core template's tile may be taller than the batch
         for name in names:
-            dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
+            dst, n, most, sleep_ns = self.polled_tile(name, b0)
             abort = grid_barrier.tag_copy(
                 self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]), dst,
-                self.dt, rows * H, most, H, self.stride, self.barrier_base, step, self.sync, sleep_ns)
+                self.dt, n, most, self.H, self.stride, self.barrier_base, step, self.sync, sleep_ns)
             with T.If(abort != 0):
                 with T.Then():
                     T.buffer_store(self.aborted, 1, [0])
