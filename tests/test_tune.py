@@ -358,3 +358,8 @@ def test_with_knob_takes_the_fastest_distinct_configs_that_stay_valid_with_the_k
     assert seeds == [dict(sentinel, poll_sleep=256), dict(sentinel, poll_sleep=512),
                      dict(sentinel, k_groups=4, poll_sleep=256), dict(sentinel, k_groups=4, poll_sleep=512)]
     assert with_knob(space, recs, "poll_sleep", (256,), top=0) == []
+    # two configs that differ in the knob alone are one seed, and the next distinct config fills the top
+    slept = [Record(k, dict(sentinel, poll_sleep=512), (1e-4,), 256), Record(k, sentinel, (2e-4,), 256),
+             Record(k, dict(sentinel, k_groups=4), (4e-4,), 256)]
+    assert with_knob(space, slept, "poll_sleep", (256,), top=2) == [
+        dict(sentinel, poll_sleep=256), dict(sentinel, k_groups=4, poll_sleep=256)]

@@ -171,15 +171,19 @@ def with_knob(space: ConfigSpace, recs: list[Record], knob: str, values, top: in
     """The configs of the ``top`` fastest successfully measured configs of ``recs`` that stay in ``space`` with
     ``knob`` set to one of ``values``: each with every such value, fastest first (``tune(first=...)`` measures
     them before its search)."""
-    seeds, seen = [], set()
+    seeds, seen, bases = [], set(), 0
     for rec in sorted((r for r in recs if r.ok), key=lambda r: r.per_step_s):
-        if len(seen) == top:
+        if bases == top:
             break
-        base = tuple(sorted(rec.config.items()))  # a config measured twice is one
-        changed = [c for c in ({**rec.config, knob: v} for v in values) if space.index(c) is not None]
-        if changed and base not in seen:
-            seen.add(base)
-            seeds += changed
+        fresh = []  # a config measured twice, or two that the knob's value makes equal, is seeded once
+        for config in ({**rec.config, knob: v} for v in values):
+            i = space.index(config)
+            if i is not None and i not in seen:
+                seen.add(i)
+                fresh.append(config)
+        if fresh:
+            bases += 1
+            seeds += fresh
     return seeds
 
 
