@@ -111,7 +111,7 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     smem_gs = itemsize(policy.accumulate) * B * rows
     # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
     tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], cfg.batch_tile * H if n_ops else 0, threads, H,
-                                     policy.itemsize)
+                                     policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
             + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,

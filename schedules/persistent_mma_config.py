@@ -161,7 +161,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16)
     # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
     tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], min(cfg.batch_tile, B) * H if n_ops else 0, threads, H,
-                                     itemsize(plan.dtype))
+                                     itemsize(plan.dtype), n_ops)
     regs = (weights + (4 * mw * cfg.k_chains + 2) * cfg.n_tiles + ipt * plan.item_values + poll_regs * tagged
             + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,

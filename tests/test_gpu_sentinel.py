@@ -3,11 +3,13 @@ awkward sizes and with row lengths; stacks; torch modules with it, called at two
 Timeouts, many launches and the barrier base: ``test_gpu_barrier.py`` (every stateful barrier)."""
 
 import copy
+import time
 
 import numpy as np
 import pytest
 
 from prnn_tvm.dtypes import tolerance
+from prnn_tvm.errors import BarrierTimeout
 from prnn_tvm.reference import random_inputs, random_lengths
 
 from .test_gpu_half import error_of
@@ -98,6 +100,22 @@ def test_a_sentinel_stack_changes_no_bit(dtype, cell, hidden, batch, layers, kno
     assert layer.kernel.config.barrier == "sentinel" and layer.signature.scratch
     assert_same_bits(layer, counter, batch)
     assert compare_with_one_by_one(layer, cell, layers, 64, seed=3) <= tolerance(dtype, 64)
+
+
+@pytest.mark.parametrize("layout, units", [("split", 16), ("shared", 8)])
+def test_a_stalled_sentinel_stack_gives_up_in_time(layout, units):
+    """Block 0 never publishes kernel step 3: the blocks that wait on it, in polls that also wait on their own
+    layer's state (split) or on two layers' states (shared), give up within the 20 ms bound, the timeout is
+    raised, and the next call is right."""
+    layer = stack_layer("lstm", 256, 8, 3, "float16", units_per_cta=units, layout=layout)
+    inputs = random_inputs(layer.plan, 16, layer.input_size)
+    layer.barrier_timeout_us, layer.debug_stall_step = 20_000, 3
+    start = time.perf_counter()
+    with pytest.raises(BarrierTimeout, match="after step 3 of"):
+        layer(**inputs)
+    assert time.perf_counter() - start < 5.0
+    layer.debug_stall_step = -1
+    assert compare_with_one_by_one(layer, "lstm", 3, 16, seed=3) <= tolerance("float16", 16)
 
 
 def test_a_torch_stack_with_the_sentinel_exchange(monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import ConfigError
-from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
+from prnn_tvm.codegen.barrier import BARRIERS, SENTINEL_SOURCES, polled_loads
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.schedules import template_for
@@ -107,13 +107,15 @@ def test_a_sentinel_stack_exchanges_each_layer_through_a_sequence_of_its_own(dty
                                  + 1):]
     for name, delay in (("l0_h", 0), ("l1_h", 1), ("l2_h", 2)):
         assert re.search(rf"int slot_{name}(_\d+)? = \(\w+ - {delay + 1}\);", source), name
-    copies = re.findall(r"prnn_sentinel_copy<[^>]*>\(\(&\((\w+)_ptr\[", source)
+    polls = {tuple(sorted(re.findall(r"\(&\((\w+)_ptr\[", call)[:int(sources)]))  # a group polled in two places
+             for sources, call in re.findall(r"prnn_sentinel_copy<[^>]*, (\d+)>\((.*?)\);", source)}
     stores = re.findall(r"prnn_sentinel_store<[^>]*>\(\(&\((\w+)_ptr\[", source)
     fills = re.findall(r"prnn_sentinel_fill<[^>]*>\(\(&\((\w+)_ptr\[", source)
-    # polls, split: layer 0 its own state, layers 1 and 2 theirs and the one below's (layer 2's own from the
-    # output); shared: every CTA each layer's state once
+    # the sequences each poll waits on, split: layer 0 its own state, layers 1 and 2 theirs and the one below's
+    # in one poll (layer 2's own from the output); shared: every CTA each layer's state once, two per poll
     split = layer.kernel.config.layout == "split"
-    assert sorted(copies) == ["exchange"] * (4 if split else 2) + ["out"]
+    assert polls == ({("exchange",), ("exchange", "exchange"), ("exchange", "out")} if split
+                     else {("exchange", "exchange"), ("out",)})
     assert sorted(stores) == sorted(fills) == ["exchange", "exchange", "out"]
     assert source.count("prnn_barrier_counter(") == 1  # the launch's one barrier, before the first step
     assert layer.report.spill_bytes == 0, layer.report.format()
@@ -163,6 +165,18 @@ def test_a_sentinel_poll_holds_fewer_registers_than_a_tagged_one():
     tags = polled_loads(BARRIERS["tags"], 16 * 256, 512, 256, 2)
     assert sentinel == (1, 6) and tags == (4, 6)
     assert polled_loads(BARRIERS["counter"], 16 * 256, 512, 256, 2) == (0, 0)
+
+
+def test_a_sentinel_poll_holds_the_loads_of_the_operands_it_waits_on_together():
+    """A sentinel poll waits on up to SENTINEL_SOURCES operands at once (a stack layer's own state and the
+    one below's), holding all their loads; tags poll one operand at a time."""
+    one = polled_loads(BARRIERS["sentinel"], 8 * 512, 256, 512, 2)
+    assert one == (2, 6)
+    for operands in (2, 3, 4):
+        together = min(operands, SENTINEL_SOURCES)
+        assert polled_loads(BARRIERS["sentinel"], 8 * 512, 256, 512, 2, operands) == (2 * together, 6)
+        assert polled_loads(BARRIERS["tags"], 8 * 512, 256, 512, 2, operands) == polled_loads(
+            BARRIERS["tags"], 8 * 512, 256, 512, 2)
 
 
 def test_the_benchmark_gives_a_sentinel_kernel_no_barrier_floor():

@@ -302,27 +302,31 @@ __device__ __forceinline__ void prnn_sentinel_store(V* p, V v) {
     asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" :: "l"(p), "r"((unsigned)bits) : "memory");
   }
 }
-// Copy n values (row-major rows of ROW) that other blocks are writing into dst (rows padded to ROW_PAD):
-// thread t loads the BYTES-wide groups t + j * blockDim.x, j < PER, and loads again those that still hold
-// the sentinel. Returns 1 for the whole block if a wait timed out or another block reported one.
-// SLEEP_NS > 0: the thread sleeps about that long before each poll after the first (prnn_poll_pause).
-template <typename V, int PER, int BYTES, int ROW, int ROW_PAD, int SLEEP_NS>
-__device__ __forceinline__ int prnn_sentinel_copy(const V* src, V* dst, int n, int step, unsigned* sync,
-                                                  int timeout_us) {
-  constexpr int VEC = BYTES / (int)sizeof(V), WORDS = BYTES >= 4 ? BYTES / 4 : 1;
-  static_assert(PER <= 32 && VEC >= 1 && ROW % VEC == 0, "stale bits, vector width");
-  unsigned w[PER][WORDS];
+// Copy n0 values from src0 and n1 from src1 (row-major rows of ROW) that other blocks are writing into dst0
+// and dst1 (rows padded to ROW_PAD); SOURCES = 1 ignores src1. Thread t loads the BYTES-wide groups
+// t + j * blockDim.x, j < PER, of each source, all in one poll, and loads again those that still hold the
+// sentinel: a source that came early costs no round trip of its own. Returns 1 for the whole block if a wait
+// timed out or another block reported one. SLEEP_NS > 0: the thread sleeps about that long before each poll
+// after the first (prnn_poll_pause).
+template <typename V, int PER, int BYTES, int ROW, int ROW_PAD, int SLEEP_NS, int SOURCES>
+__device__ __forceinline__ int prnn_sentinel_copy(const V* src0, V* dst0, int n0, const V* src1, V* dst1, int n1,
+                                                  int step, unsigned* sync, int timeout_us) {
+  constexpr int VEC = BYTES / (int)sizeof(V), WORDS = BYTES >= 4 ? BYTES / 4 : 1, LOADS = SOURCES * PER;
+  static_assert((SOURCES == 1 || SOURCES == 2) && LOADS <= 32 && VEC >= 1 && ROW % VEC == 0,
+                "sources, stale bits, vector width");
+  unsigned w[LOADS][WORDS];
   int failed = 0;
   const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
-  unsigned stale = 0;  // bit j: group j still holds the sentinel; only those are loaded again
+  unsigned stale = 0;  // bit j: load j (source j / PER, group j % PER) still holds the sentinel
 #pragma unroll
-  for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) * VEC < n ? 1u : 0u) << j;
+  for (int j = 0; j < LOADS; ++j)
+    stale |= ((int)(threadIdx.x + (j % PER) * blockDim.x) * VEC < (j < PER ? n0 : n1) ? 1u : 0u) << j;
   for (unsigned polls = 1; stale; ++polls) {
     prnn_poll_pause<SLEEP_NS>(polls);
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
+    for (int j = 0; j < LOADS; ++j) {
       if (stale & (1u << j)) {
-        const V* p = src + (threadIdx.x + j * blockDim.x) * VEC;
+        const V* p = (j < PER ? src0 : src1) + (threadIdx.x + (j % PER) * blockDim.x) * VEC;
         if (BYTES == 16) {
           asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                        : "=r"(w[j][0]), "=r"(w[j][WORDS > 1 ? 1 : 0]), "=r"(w[j][WORDS > 2 ? 2 : 0]),
@@ -340,7 +344,7 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src, V* dst, int n, i
       }
     }
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
+    for (int j = 0; j < LOADS; ++j) {
       bool fresh = true;
 #pragma unroll
       for (int e = 0; e < WORDS; ++e) {
@@ -358,10 +362,10 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src, V* dst, int n, i
   }
   if (!failed) {
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = (threadIdx.x + j * blockDim.x) * VEC;
-      if (i < n) {
-        V* d = dst + (i / ROW) * ROW_PAD + i % ROW;
+    for (int j = 0; j < LOADS; ++j) {
+      const int i = (threadIdx.x + (j % PER) * blockDim.x) * VEC;
+      if (i < (j < PER ? n0 : n1)) {
+        V* d = (j < PER ? dst0 : dst1) + (i / ROW) * ROW_PAD + i % ROW;
         if (BYTES == 16) *(uint4*)d = make_uint4(w[j][0], w[j][WORDS > 1 ? 1 : 0], w[j][WORDS > 2 ? 2 : 0],
                                                 w[j][WORDS > 3 ? 3 : 0]);
         else if (BYTES == 8) *(uint2*)d = make_uint2(w[j][0], w[j][WORDS > 1 ? 1 : 0]);
@@ -486,15 +490,20 @@ def row_lanes(hidden: int, itemsize: int) -> int:
     return next(n for n in (16 // itemsize, 4, 2, 1) if hidden % n == 0)
 
 
-def polled_loads(barrier: Barrier, values: int, threads: int, hidden: int, itemsize: int) -> tuple[int, int]:
+SENTINEL_SOURCES = 2  # operands one ``sentinel`` poll waits on together (``prnn_sentinel_copy``'s SOURCES)
+
+
+def polled_loads(barrier: Barrier, values: int, threads: int, hidden: int, itemsize: int,
+                 operands: int = 1) -> tuple[int, int]:
     """``(loads per thread, registers per load)`` of a data-carried barrier's poll of ``values`` exchanged
-    values (rows of ``hidden``); ``(0, 0)`` for the others. A ``tags`` load holds two tagged 64-bit words
-    (one where ``hidden`` is odd), a ``sentinel`` one up to 16 bytes; each its own 64-bit address."""
+    values (rows of ``hidden``) of each of ``operands`` operands; ``(0, 0)`` for the others. A ``tags`` load
+    holds two tagged 64-bit words (one where ``hidden`` is odd) and polls one operand at a time; a ``sentinel``
+    one holds up to 16 bytes and polls up to ``SENTINEL_SOURCES`` operands at once. Each its own 64-bit address."""
     if not barrier.carries_data:
         return 0, 0
     if barrier.sentinel:
         lanes = row_lanes(hidden, itemsize)
-        return -(-values // (threads * lanes)), max(1, lanes * itemsize // 4) + 2
+        return min(operands, SENTINEL_SOURCES) * -(-values // (threads * lanes)), max(1, lanes * itemsize // 4) + 2
     vec = 2 if hidden % 2 == 0 else 1
     return -(-values // (threads * vec)), 2 * vec + 2
 
@@ -511,17 +520,22 @@ def sentinel_store(barrier: Barrier, ptr, value, dtype: str):
                             source_code=barrier.source, return_type="void")
 
 
-def sentinel_copy(barrier: Barrier, threads: int, src, dst, dtype: str, n, max_n: int, row: int, row_pad: int,
+def sentinel_copy(barrier: Barrier, threads: int, sources: list, dtype: str, max_n: int, row: int, row_pad: int,
                   step, args: SyncArgs, sleep_ns: int = 0):
-    """``sentinel``: poll-and-copy ``n`` (at most ``max_n``) ``dtype`` values written at ``step - 1``, rows of
-    ``row``, into shared memory rows of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none);
-    returns the block-uniform abort flag."""
+    """``sentinel``: one poll-and-copy of up to ``SENTINEL_SOURCES`` sources ``(src, dst, n)``: ``n`` (at most
+    ``max_n``; 0: none) ``dtype`` values written at ``step - 1``, rows of ``row``, from ``src`` into shared memory
+    at ``dst``, rows of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none); returns the
+    block-uniform abort flag."""
+    assert 1 <= len(sources) <= SENTINEL_SOURCES, len(sources)
     size = itemsize(dtype)
-    per, _ = polled_loads(barrier, max_n, threads, row, size)  # as the config's validate counts them
+    per, _ = polled_loads(barrier, max_n, threads, row, size)  # per source, as the config's validate counts them
     width = row_lanes(row, size) * size
+    pointers = [x for src, dst, n in (sources + sources[:1])[:SENTINEL_SOURCES] for x in (src, dst, n)]
+    if len(sources) == 1:
+        pointers[-1] = 0  # the second source is the first, polled for no values
     call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {width}, {row}, {row_pad}, "
-                            f"{sleep_ns}>",
-                            src, dst, n, step, args.sync.data, args.timeout_us, source_code=barrier.source,
+                            f"{sleep_ns}, {len(sources)}>",
+                            *pointers, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
