@@ -138,7 +138,8 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     g = geometry(cfg, plan)
     if g.tagged_per_thread > 32:
         raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
-                          f"(batch_tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: "
+                          f"(batch_tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each "
+                          "operand one poll waits on); at most 32: "
                           "lower batch_tile")
     for reductions, _, _ in parts(cfg.layout, plan):  # the products of one CTA
         products = [r.slices * cfg.units_per_cta for r in reductions]

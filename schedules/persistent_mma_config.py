@@ -244,7 +244,8 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
                           "accumulator sets; lower k_chains or k_groups")
     if g.tagged_per_thread > 32:
         raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
-                          f"(batch tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads); at most 32: "
+                          f"(batch tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each "
+                          "operand one poll waits on); at most 32: "
                           "lower n_tiles or raise k_groups")
     if g.threads > 1024:
         per_warp = f", {cfg.m_tiles_per_warp} per warp" if cfg.m_tiles_per_warp > 1 else ""

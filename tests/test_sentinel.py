@@ -179,6 +179,19 @@ def test_a_sentinel_poll_holds_the_loads_of_the_operands_it_waits_on_together():
             BARRIERS["tags"], 8 * 512, 256, 512, 2)
 
 
+def test_a_stack_whose_two_operand_poll_holds_too_many_loads_is_refused():
+    """Layer 1's poll waits on its own state and layer 0's at once: twice one operand's loads per thread (22
+    each, under the limit of 32), and the config is refused, with the reason."""
+    cfg = mc.MmaConfig(2, 1, 8, "sentinel")
+    two = prnn_tvm.analyze(prnn_tvm.frontend.stack.stacked(prnn_tvm.resolve("lstm"), 2), 64, 256, "float16")
+    assert mc.geometry(cfg, two).threads == 96
+    assert polled_loads(BARRIERS["sentinel"], 64 * 256, 96, 256, 2) == (22, 6)
+    assert mc.geometry(cfg, two).tagged_per_thread == 44
+    with pytest.raises(ConfigError, match=r"polls 44 state loads per thread \(batch tile 64 x hidden 256 over 96 "
+                                          r"threads, for each operand one poll waits on\); at most 32"):
+        mc.validate(cfg, two, SM90)
+
+
 def test_the_benchmark_gives_a_sentinel_kernel_no_barrier_floor():
     """A ``sentinel`` kernel crosses no barrier per step: the benchmark's floor (barrier + FLOPs) does not
     apply, and the barrier probe (which refuses ``sentinel``) is never built for it."""

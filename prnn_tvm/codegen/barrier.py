@@ -503,9 +503,14 @@ def polled_loads(barrier: Barrier, values: int, threads: int, hidden: int, items
         return 0, 0
     if barrier.sentinel:
         lanes = row_lanes(hidden, itemsize)
-        return min(operands, SENTINEL_SOURCES) * -(-values // (threads * lanes)), max(1, lanes * itemsize // 4) + 2
+        return polled_together(barrier, operands) * -(-values // (threads * lanes)), max(1, lanes * itemsize // 4) + 2
     vec = 2 if hidden % 2 == 0 else 1
     return -(-values // (threads * vec)), 2 * vec + 2
+
+
+def polled_together(barrier: Barrier, operands: int) -> int:
+    """How many of a phase's ``operands`` one poll of a data-carried barrier waits on at once."""
+    return min(operands, SENTINEL_SOURCES) if barrier.sentinel else min(operands, 1)
 
 
 def sentinel_fill(barrier: Barrier, ptr, dtype: str):
