@@ -7,6 +7,8 @@ Values are integers or names (``--knob barrier --values sentinel``). For each ca
 is ``lstm_x4``) it takes the ``--top`` fastest records of the log whose config is still
 valid with the knob set to one of ``--values``, measures each of those configs with each value first
 (``tune(first=...)``), then ``--trials`` configs of the usual model-guided search; everything lands in the log.
+Configs the log has already are skipped, unless ``--remeasure``: after a change to the generated code, that
+measures the best records' configs again (``--values`` their own value of the knob).
 Prints one line per case: configs seeded, the best before and after, the best config.
 """
 
@@ -34,6 +36,8 @@ def main():
     p.add_argument("--arch", default=None)
     p.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1))
     p.add_argument("--log", default=None, help="default: the package's tuning_logs/<arch>.jsonl")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the seeded configs again where the log has them (after a change to the kernels)")
     args = p.parse_args()
 
     gpu = gpu_spec(args.arch)
@@ -47,7 +51,8 @@ def main():
         before = min((r.per_step_s for r in known if r.ok), default=float("nan")) * 1e6
         seeds = with_knob(ConfigSpace(plan, gpu, template), known, args.knob, args.values, args.top)
         res = tune(cell, hidden, batch, dtype=args.dtype, arch=args.arch, trials=len(seeds) + args.trials,
-                   log_path=log, workers=args.workers, progress=False, first=seeds)
+                   log_path=log, workers=args.workers, progress=False, first=seeds,
+                   remeasure=args.remeasure)
         print(f"{case}: {len(seeds)} seeded; best {before:.3f} -> {res.best.per_step_s * 1e6:.3f} us/step "
               f"{res.best.config}, {res.errors} errors", flush=True)
 

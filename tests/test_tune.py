@@ -343,6 +343,21 @@ def test_the_given_configs_are_measured_first_in_their_order(tmp_path):
     assert [r.config for r in res.new] == [configs[5].as_dict(), configs[2].as_dict(), configs[0].as_dict()]
 
 
+def test_remeasure_measures_the_given_configs_again(tmp_path):
+    """``tune(first=..., remeasure=True)``: configs the log has are measured again (after a change to the
+    kernels), and count as trials; without it they are passed over."""
+    plan = analyze(resolve("rnn_tanh"), 2, 32, "float32")
+    configs = ConfigSpace(plan, GPU, PERSISTENT).configs
+    path = tmp_path / "sm_90.jsonl"
+    common = dict(seq_len=4, arch="sm_90", log_path=path, runner=CpuRunner(), progress=False, strategy="grid")
+    tune("rnn_tanh", 32, 2, trials=2, first=[configs[7], configs[4]], **common)
+    again = tune("rnn_tanh", 32, 2, trials=2, first=[configs[7], configs[4]], remeasure=True, **common)
+    assert [r.config for r in again.new] == [configs[7].as_dict(), configs[4].as_dict()]
+    assert [r.config for r in records.load(path)].count(configs[7].as_dict()) == 2
+    skipped = tune("rnn_tanh", 32, 2, trials=1, first=[configs[7]], **common)
+    assert [r.config for r in skipped.new] == [configs[0].as_dict()]
+
+
 def test_with_knob_takes_the_fastest_distinct_configs_that_stay_valid_with_the_knob():
     plan = analyze(resolve("lstm"), 16, 256, "float16")
     space = ConfigSpace(plan, GPU, by_name("persistent_mma"))

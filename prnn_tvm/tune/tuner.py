@@ -55,7 +55,7 @@ class TuneResult:
 def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str = "float32",
          arch: str | None = None, trials: int = 64, batch_size: int = 16, strategy: str = "xgb",
          log_path: str | Path | None = None, runner=None, workers: int = 0, max_spill_bytes: int = 0,
-         seed: int = 0, progress: bool = True, first=()) -> TuneResult:
+         seed: int = 0, progress: bool = True, first=(), remeasure: bool = False) -> TuneResult:
     """Tune the kernel of ``cell`` at (hidden, batch) and append the trials to a log.
 
     The template is the one ``compile_cell`` picks for this cell, dtype and GPU; its knobs
@@ -80,6 +80,9 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     first : configs (or their dicts)
         Measured before the search proposes any, in this order: those in the space and not in the log yet
         (they count as trials). ``bench/tune_knob.py`` passes the best records with a new knob set.
+    remeasure : bool
+        Measure the ``first`` configs even where the log has them (after a change to the generated code: a
+        config's best is the fastest of its records, so an old record stays the figure until one beats it).
 
     Use ``compile_cell`` afterwards: it picks the best record of the same key itself.
     """
@@ -101,6 +104,9 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     log_path = Path(log_path) if log_path is not None else records.default_log(gpu.arch)
     result = TuneResult(key, log_path, len(space))
     measured = known_times(space, records.for_key(records.load(log_path), key))
+    firsts = list(dict.fromkeys(i for c in first if (i := space.index(c)) is not None))
+    if remeasure:
+        measured = {i: t for i, t in measured.items() if i not in firsts}
     log.info("tuning %s: %d valid configs (%d pruned), %d already in %s", cell, len(space), space.rejected,
              len(measured), log_path)
     task = TuneTask(cell, hidden, batch, seq_len, dtype, gpu, template.name)
@@ -123,8 +129,8 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
             return batch_records
 
         search = STRATEGIES[strategy]()
-        if first:
-            search = FirstThen(dict.fromkeys(i for c in first if (i := space.index(c)) is not None), search)
+        if firsts:
+            search = FirstThen(firsts, search)
         search_loop(space, search, measure, budget, batch_size, np.random.default_rng(seed),
                     measured, desc=f"tune {plan.cell.name}" if progress else None)
     everything = records.for_key(records.load(log_path), key)
