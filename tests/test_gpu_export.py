@@ -42,6 +42,25 @@ def test_exported_cubin_runs_with_the_runtime_only(cell, dtype, tmp_path):
     fmt, code = embedded_cuda_code(path)  # what the runtime loads: a cubin, so no NVRTC compile at load
     assert fmt == b"cubin" and b"\x7fELF" in code
     assert read_metadata(path)["arch"] == arch
+    assert_runs_with_the_runtime_only(layer, path, tmp_path)
+
+
+def test_an_exported_sentinel_stack_runs_with_the_runtime_only(tmp_path):
+    """A wavefront stack with ``sentinel``: its exchange sequence is a scratch argument that the runtime-only
+    process allocates with each call (two calls: the slots of the first must not leak into the second)."""
+    layer = prnn_tvm.compile_cell("lstm", 256, 8, seq_len=64, dtype="float16", target="cuda", arch=gpu_spec().arch,
+                                  layers=3, config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1,
+                                                    "layout": "split", "barrier": "sentinel"})
+    assert layer.kernel.config.barrier == "sentinel" and layer.signature.scratch
+    path = prnn_tvm.export(layer, tmp_path / "stack.so")
+    assert [a["name"] for launch in read_metadata(path)["signature"]["launches"] for a in launch["args"]
+            if a["role"] == "scratch"] == ["exchange"]
+    assert_runs_with_the_runtime_only(layer, path, tmp_path)
+
+
+def assert_runs_with_the_runtime_only(layer, path, tmp_path):
+    """The exported library at ``path``, loaded in a fresh process with TVM's runtime only, gives ``layer``'s
+    outputs and final states bit for bit, twice."""
     inputs = random_inputs(layer.plan, 64, layer.input_size, seed=1)
     out, finals = layer(**inputs)
     np.savez(tmp_path / "io.npz", out=out, **{f"final{i}": f for i, f in enumerate(finals)}, **inputs)
