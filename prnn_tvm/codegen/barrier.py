@@ -535,12 +535,11 @@ def sentinel_copy(barrier: Barrier, threads: int, sources: list, dtype: str, max
     size = itemsize(dtype)
     per, _ = polled_loads(barrier, max_n, threads, row, size)  # per source, as the config's validate counts them
     width = row_lanes(row, size) * size
-    pointers = [x for src, dst, n in (sources + sources[:1])[:SENTINEL_SOURCES] for x in (src, dst, n)]
-    if len(sources) == 1:
-        pointers[-1] = 0  # the second source is the first, polled for no values
+    src, dst, _ = sources[0]
+    second = sources[1] if len(sources) > 1 else (src, dst, 0)  # SOURCES = 1 never reads it
     call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, barrier)}, {per}, {width}, {row}, {row_pad}, "
                             f"{sleep_ns}, {len(sources)}>",
-                            *pointers, step, args.sync.data, args.timeout_us, source_code=barrier.source,
+                            *sources[0], *second, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
