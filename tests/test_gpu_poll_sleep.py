@@ -1,14 +1,11 @@
 """``poll_sleep`` on the GPU (``pytest -m gpu``): a thread that sleeps between its polls gets the same values, bit
 for bit, and a wait that never ends still gives up in time. Refusals and generated code: ``test_poll_sleep.py``."""
 
-import time
-
 import pytest
 
 from prnn_tvm.dtypes import tolerance
-from prnn_tvm.errors import BarrierTimeout
-from prnn_tvm.reference import random_inputs
 
+from .test_gpu_barrier import assert_a_stall_gives_up
 from .test_gpu_half import error_of
 from .test_gpu_sentinel import assert_same_bits
 from .test_sentinel import sentinel_layer
@@ -34,11 +31,5 @@ def test_a_sleeping_wait_still_gives_up_in_time(barrier):
     """Block 0 never publishes step 3: every sleeping waiter gives up within the 20 ms bound, the timeout is
     raised, and the next call is right."""
     layer = sentinel_layer("lstm", 256, 16, "float16", barrier=barrier, units_per_cta=16, k_groups=2, poll_sleep=512)
-    inputs = random_inputs(layer.plan, 16, layer.input_size)
-    layer.barrier_timeout_us, layer.debug_stall_step = 20_000, 3
-    start = time.perf_counter()
-    with pytest.raises(BarrierTimeout, match="after step 3 of 16"):
-        layer(**inputs)
-    assert time.perf_counter() - start < 5.0
-    layer.debug_stall_step = -1
+    assert_a_stall_gives_up(layer)
     assert error_of(layer, 16) <= tolerance("float16", 16)

@@ -3,15 +3,14 @@ awkward sizes and with row lengths; stacks; torch modules with it, called at two
 Timeouts, many launches and the barrier base: ``test_gpu_barrier.py`` (every stateful barrier)."""
 
 import copy
-import time
 
 import numpy as np
 import pytest
 
 from prnn_tvm.dtypes import tolerance
-from prnn_tvm.errors import BarrierTimeout
 from prnn_tvm.reference import random_inputs, random_lengths
 
+from .test_gpu_barrier import assert_a_stall_gives_up
 from .test_gpu_half import error_of
 from .test_sentinel import sentinel_layer, stack_layer
 from .test_stack import compare_with_one_by_one
@@ -108,13 +107,7 @@ def test_a_stalled_sentinel_stack_gives_up_in_time(layout, units):
     layer's state (split) or on two layers' states (shared), give up within the 20 ms bound, the timeout is
     raised, and the next call is right."""
     layer = stack_layer("lstm", 256, 8, 3, "float16", units_per_cta=units, layout=layout)
-    inputs = random_inputs(layer.plan, 16, layer.input_size)
-    layer.barrier_timeout_us, layer.debug_stall_step = 20_000, 3
-    start = time.perf_counter()
-    with pytest.raises(BarrierTimeout, match="after step 3 of"):
-        layer(**inputs)
-    assert time.perf_counter() - start < 5.0
-    layer.debug_stall_step = -1
+    assert_a_stall_gives_up(layer, match="after step 3 of")
     assert compare_with_one_by_one(layer, "lstm", 3, 16, seed=3) <= tolerance("float16", 16)
 
 
