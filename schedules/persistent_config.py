@@ -22,6 +22,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
+from .persistent_weights import lane_shuffles
 from .ranking import (
     check_layout,
     check_resources,
@@ -200,19 +201,23 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
 
     Per batch tile: FMAs issue at 4 warp-instructions per cycle; shared memory delivers
     one 128-byte wavefront (one 32-bit word for each lane of a warp) per cycle, however
-    wide the load, and each load instruction adds a quarter cycle; a shuffle step costs
-    about 3 cycles per warp with its dependent add; the tile pays an L2 round trip for
-    the states and two block barriers (``TILE_OVERHEAD``). Fewer than 8 warps cannot
-    hide latency (last factor).
+    wide the load, and each load instruction adds a quarter cycle; a shuffle costs about
+    3 cycles per warp with its dependent add (``lane_shuffles``: the lane reduction halves
+    what it exchanges at each distance); the tile pays an L2 round trip for the states and
+    two block barriers (``TILE_OVERHEAD``). Fewer than 8 warps cannot hide latency (last
+    factor).
 
-    Calibrated on an H100 sweep of LSTM hidden=1024 batch=4 (``prnn-tvm tune --search grid``): it
-    ranks k_split=16/rows_per_thread=2 (3.0 us/step) ahead of 32/4 (3.3) and 8/1 (4.0).
+    Calibrated on an H100 sweep of LSTM hidden=1024 batch=4 (``prnn-tvm tune --search grid``), which
+    ranked k_split=16/rows_per_thread=2 (3.0 us/step) ahead of 32/4 (3.3) and 8/1 (4.0) while every
+    lane summed every value. With the halving it ranks 32/4 first: on the H100 2.73 us per step
+    against 2.99 for 16/2, and lower or level at every default it changed (LSTM 512x16 4.21 against
+    5.18, 1024x64 18.4 against 24.0; Cho's GRU 512x4 and RNN 512x1 level).
     """
     warps = g.threads / 32
     words = cfg.batch_tile * g.k_chunks * cfg.vec  # state words each thread reads per tile
     fma = warps / 4 * words * cfg.rows_per_thread
     lds = warps * words + warps * cfg.batch_tile * g.k_chunks / 4  # wavefronts + load instructions
-    shfl = 3 * warps * cfg.rows_per_thread * cfg.batch_tile * math.log2(cfg.k_split)
+    shfl = 3 * warps * lane_shuffles(cfg.rows_per_thread * cfg.batch_tile, cfg.k_split)
     per_tile = (max(fma, lds) + shfl) * max(1.0, 8 / warps) + TILE_OVERHEAD
     return g.batch_chunks * per_tile
 

@@ -32,9 +32,10 @@ EXP_FREE_CELLS = ("indrnn", "rnn_relu")  # no exp, sigmoid or tanh in their math
 
 # Where the register estimate ranks first a config that ptxas spills, and the build takes the next
 # ranked default (the report names it): (cell, hidden, batch, arch) -> spill bytes passed over.
-# Cho's GRU at 1024x4 on sm_90: 144 B (128 before the last block out advanced the barrier base, 136 before its
-# two pointwise groups, 104 before lengths).
-KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (144,)}
+# Cho's GRU at 1024x4 on sm_90: 112 B since the cost model counts the halving lane reduction's shuffles (144 B
+# before; 128 before the last block out advanced the barrier base, 136 before its two pointwise groups, 104
+# before lengths).
+KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (112,)}
 
 
 @pytest.mark.parametrize("cell", CELLS)
