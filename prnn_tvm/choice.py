@@ -5,8 +5,10 @@ The order, for a template with knobs:
 1. a config the caller passed (a config object or its dict) is built as it is;
 2. else the best record of this cell's math, shapes, dtype, GPU and template in the tuning
    logs, if it fits this GPU; a float16 layer without one takes the bfloat16 layer's record and
-   the other way round (``SHARED_RECORDS``);
-3. else, or when the tuned config spills here, the template's ranked defaults: the first
+   the other way round (``SHARED_RECORDS``). Where the best config spills here (records outlive
+   changes to the kernels, which can move ptxas's registers), the next fastest configs are
+   tried, up to ``TUNED_CANDIDATES`` in all;
+3. else, or when none of those builds without spills, the template's ranked defaults: the first
    whose build ptxas reports without spills (the register estimate that ranks them is a
    model; ptxas decides). The last one is kept even if it spills, and the report says so.
 
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 # (H100, same config: bfloat16 kernels take 0.98-1.08x the time of float16 ones over the
 # benchmark's 36 LSTM and GRU shapes).
 SHARED_RECORDS = {"float16": "bfloat16", "bfloat16": "float16"}
+
+# Tuned configs a compile builds, fastest first, before it takes the defaults: each one that spills costs a build.
+TUNED_CANDIDATES = 3
 
 
 @dataclass(frozen=True)
@@ -81,22 +86,28 @@ def choose_and_build(plan, template, target, gpu, build, config=None, tuning_log
     if not defaults:
         kernel = template.apply(plan, target, gpu)
         return kernel, build(kernel), ConfigChoice(None, ConfigOrigin.NONE)
-    tuned, why_default = tuned_config(plan, template, gpu, tuning_logs)
-    candidates = [ConfigChoice(cfg, ConfigOrigin.DEFAULT, why_default) for cfg in defaults]
-    if tuned is not None:
+    tuned, why_default = tuned_configs(plan, template, gpu, tuning_logs)
+    failures = []  # why each faster tuned config was not kept
+    for choice in tuned:
         try:
-            kernel = template.apply(plan, target, gpu, tuned.config)
+            kernel = template.apply(plan, target, gpu, choice.config)
         except ConfigError as err:
-            log.warning("ignoring the tuned config %s: %s", tuned.config, err)
-            candidates = [replace(c, reason="the tuned config does not fit this GPU") for c in candidates]
-        else:
-            built = build(kernel)
-            problem = unlaunchable(kernel, built, gpu)
-            if not built.spill_bytes and not problem:
-                return kernel, built, tuned
-            reason = problem or f"spills {built.spill_bytes} B"
-            log.info("%s: the tuned config %s %s; using the defaults", plan.cell.name, tuned.config, reason)
-            candidates = [replace(c, reason=f"the tuned config {reason} here") for c in candidates]
+            log.warning("ignoring the tuned config %s: %s", choice.config, err)
+            failures.append("does not fit this GPU")
+            continue
+        built = build(kernel)
+        problem = unlaunchable(kernel, built, gpu)
+        if not built.spill_bytes and not problem:
+            if failures:
+                faster = "the faster one" if len(failures) == 1 else f"the {len(failures)} faster ones"
+                choice = replace(choice, reason=f"{choice.reason}; {faster}: {', '.join(failures)}")
+            return kernel, built, choice
+        failures.append(f"{problem or f'spills {built.spill_bytes} B'} here")
+        log.info("%s: the tuned config %s %s", plan.cell.name, choice.config, failures[-1])
+    if failures:
+        why_default = (f"the tuned config {failures[0]}" if len(failures) == 1
+                       else f"the {len(failures)} fastest tuned configs: {', '.join(failures)}")
+    candidates = [ConfigChoice(cfg, ConfigOrigin.DEFAULT, why_default) for cfg in defaults]
     passed_over, unfit = [], 0
     for i, choice in enumerate(candidates):
         kernel = template.apply(plan, target, gpu, choice.config)
@@ -137,31 +148,37 @@ def unlaunchable(kernel, built, gpu) -> str:
             f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
 
 
-def tuned_config(plan, template, gpu, logs) -> tuple[ConfigChoice | None, str]:
-    """(the best recorded config of this key as a choice, "") or (None, why the default is used)."""
+def tuned_configs(plan, template, gpu, logs) -> tuple[list[ConfigChoice], str]:
+    """(the fastest recorded configs of this key as choices, best first, at most ``TUNED_CANDIDATES``, "")
+    or ([], why the default is used)."""
     if logs is None:
         logs = [records.default_log(gpu.arch)]
     elif isinstance(logs, (str, Path)):
         logs = [logs]
     if not logs:
-        return None, "tuning records not consulted"
+        return [], "tuning records not consulted"
     key = records.key_for(plan, gpu, template.name)
     found = [r for path in logs for r in records.load(path)]
-    best, measured_for = records.best(found, key), ""
-    if best is None and key.dtype in SHARED_RECORDS:
-        best = records.best(found, replace(key, dtype=SHARED_RECORDS[key.dtype]))
-        measured_for = f" for {SHARED_RECORDS[key.dtype]}" if best is not None else ""
-    if best is None:
+    fastest, measured_for = records.ranked(found, key, TUNED_CANDIDATES), ""
+    if not fastest and key.dtype in SHARED_RECORDS:
+        fastest = records.ranked(found, replace(key, dtype=SHARED_RECORDS[key.dtype]), TUNED_CANDIDATES)
+        measured_for = f" for {SHARED_RECORDS[key.dtype]}" if fastest else ""
+    if not fastest:
         where = ", ".join(Path(p).name for p in logs)
         other = records.unmatched(found, key)
         if other:
             log.info("%s: %s", plan.cell.name, other)
-        return None, f"no tuning record for this cell, shapes and GPU in {where}" + (f" ({other})" if other else "")
-    try:
-        cfg = template.config_from_dict(best.config)
-    except ConfigError as err:
-        log.warning("ignoring the tuned config %s: %s", best.config, err)
-        return None, "the tuned record's config is not one of this template's"
-    log.info("using the tuned config of %s (%.2f us/step%s)", key.describe(), best.per_step_s * 1e6, measured_for)
-    reason = f"{best.per_step_s * 1e6:.2f} us/step measured{measured_for} on {best.device or key.arch}"
-    return ConfigChoice(cfg, ConfigOrigin.TUNED, reason), ""
+        return [], f"no tuning record for this cell, shapes and GPU in {where}" + (f" ({other})" if other else "")
+    choices = []
+    for record in fastest:
+        try:
+            cfg = template.config_from_dict(record.config)
+        except ConfigError as err:
+            log.warning("ignoring the tuned config %s: %s", record.config, err)
+            continue
+        reason = f"{record.per_step_s * 1e6:.2f} us/step measured{measured_for} on {record.device or key.arch}"
+        choices.append(ConfigChoice(cfg, ConfigOrigin.TUNED, reason))
+    if not choices:
+        return [], "the tuned record's config is not one of this template's"
+    log.info("using the tuned configs of %s (best %s)", key.describe(), choices[0].reason)
+    return choices, ""

@@ -183,8 +183,15 @@ def for_key(records: list[Record], key: TuneKey) -> list[Record]:
 
 def best(records: list[Record], key: TuneKey) -> Record | None:
     """The fastest successful record of ``key`` (median per-step time), or None."""
-    ok = [r for r in for_key(records, key) if r.ok]
-    return min(ok, key=lambda r: r.per_step_s, default=None)
+    return next(iter(ranked(records, key, 1)), None)
+
+
+def ranked(records: list[Record], key: TuneKey, limit: int | None = None) -> list[Record]:
+    """The fastest successful record of each config of ``key``, fastest first, at most ``limit`` of them."""
+    fastest = {}
+    for r in sorted((r for r in for_key(records, key) if r.ok), key=lambda r: r.per_step_s):
+        fastest.setdefault(json.dumps(r.config, sort_keys=True), r)
+    return list(fastest.values())[:limit]
 
 
 def unmatched(records: list[Record], key: TuneKey) -> str:

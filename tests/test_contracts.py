@@ -166,7 +166,8 @@ class _FakeTemplate:
 
 
 def _choose(monkeypatch, template, tuned=None):
-    monkeypatch.setattr(prnn_tvm.choice, "tuned_config", lambda *a: (tuned, "" if tuned else "no tuning record"))
+    tuned = [tuned] if isinstance(tuned, ConfigChoice) else tuned or []
+    monkeypatch.setattr(prnn_tvm.choice, "tuned_configs", lambda *a: (tuned, "" if tuned else "no tuning record"))
     build = lambda kernel: SimpleNamespace(spill_bytes=template.spills.get(kernel, 0), recurrent=None)  # noqa: E731
     return choose_and_build(SimpleNamespace(cell=SimpleNamespace(name="fake")), template, None, GPU, build)
 
@@ -193,6 +194,22 @@ def test_a_tuned_config_that_spills_or_does_not_fit_falls_back(monkeypatch):
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}), tuned)
     assert kernel == "b" and choice.describe() == ("default: the tuned config too large here; 1 ranked before it "
                                                    "cannot be co-resident with ptxas's registers")
+
+
+def test_a_tuned_config_that_spills_gives_way_to_the_next_fastest(monkeypatch):
+    """Records outlive kernel changes: where the fastest tuned config now spills, the next record is built
+    before the defaults, and the report says why."""
+    tuned = [ConfigChoice(name, ConfigOrigin.TUNED, f"{us} us/step measured on test GPU")
+             for name, us in (("t", "1.00"), ("u", "1.10"), ("v", "1.20"))]
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 12}), tuned)
+    assert kernel == "u" and choice.origin is ConfigOrigin.TUNED
+    assert choice.describe() == "tuned: 1.10 us/step measured on test GPU; the faster one: spills 12 B here"
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 12}, fits=lambda c: c != "u"), tuned)
+    assert kernel == "v" and choice.describe() == ("tuned: 1.20 us/step measured on test GPU; the 2 faster ones: "
+                                                   "spills 12 B here, does not fit this GPU")
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 12, "u": 8, "v": 4}), tuned)
+    assert kernel == "a" and choice.describe() == ("default: the 3 fastest tuned configs: spills 12 B here, spills "
+                                                   "8 B here, spills 4 B here")
 
 
 # ---------------------------------------------------------------- dtypes
