@@ -61,7 +61,7 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     ("lstm", 1024, 4, "float32", "sm_90"), ("lstm", 1024, 4, "float32", "sm_80"),  # 128x128 k-major tiles
     ("lstm", 1024, 1, "float32", "sm_90"),  # 64x128 k-major tiles
     ("gru", 512, 64, "float32", "sm_90"),  # 128x128 k-major tiles, a width of 3 x 512
-    ("lstm", 256, 1, "float32", "sm_90"),  # dlight's own tiles (batch x width 1024 < 4096)
+    ("lstm", 256, 1, "float32", "sm_90"),  # 64x64 k-major tiles (batch x width 1024 < 4096)
     ("lstm", 1024, 16, "float16", "sm_90"), ("gru", 33, 3, "bfloat16", "sm_80")])  # tensor cores
 def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch):
     """The input projection's kernel, for each tiling ``codegen/projection.py`` picks (its ptxas figures, as

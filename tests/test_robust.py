@@ -96,11 +96,12 @@ def test_the_input_size_1_projection_adds_the_bias_once():
     (1024, 4, "float32", 256, [8 * 132, 8 * 132]),  # 128x128, k steps of 8, rows padded by 4
     (1000, 3, "float32", 256, [8 * 132, 8 * 132]),  # padded to the tile: any size
     (1024, 1, "float32", 256, [16 * 68, 16 * 132]),  # 64x128, k steps of 16
-    (256, 1, "float32", 128, None), (1024, 4, "float16", 128, None)])
-def test_the_projection_takes_larger_tiles_where_they_were_measured_faster(hidden, batch, dtype, threads, tiles):
-    """float32 projections of batch x width >= 4096 use 16x16-thread blocks and k-major shared tiles
-    (``[k][row]``); smaller ones and half precision keep dlight's 8x16 threads and its row-major tiles
-    (see ``prnn_tvm.codegen.projection``)."""
+    (256, 1, "float32", 256, [16 * 68, 16 * 68]),  # batch x width 1024 < 4096: 64x64, k steps of 16
+    (512, 1, "float32", 256, [16 * 68, 16 * 68]),
+    (1024, 4, "float16", 128, None)])
+def test_the_projection_takes_the_tiles_measured_fastest(hidden, batch, dtype, threads, tiles):
+    """float32 projections use 16x16-thread blocks and k-major shared tiles (``[k][row]``) sized by batch x
+    width; half precision is the tensor-core GEMM, with no k-major tile (see ``prnn_tvm.codegen.projection``)."""
     layer = prnn_tvm.compile_cell("lstm", hidden, batch, dtype=dtype, target="cuda", arch="sm_90")
     src = layer.cuda_source
     assert re.search(rf"__launch_bounds__\({threads}\b[^)]*\) projection_kernel", src)
@@ -108,7 +109,7 @@ def test_the_projection_takes_larger_tiles_where_they_were_measured_faster(hidde
     shared = [int(n) for n in re.findall(r"__shared__[^;]*\[(\d+)\];", body[:body.index("\n}\n")])]
     if tiles is not None:
         assert shared == tiles
-    else:  # dlight's tiles: rows of 16 k values (padded), never a k-major [k][row] tile
+    else:  # row-major tiles, never a k-major [k][row] one
         assert all(n % 68 and n % 132 for n in shared), shared
 
 

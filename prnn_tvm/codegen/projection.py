@@ -46,22 +46,22 @@ def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) 
     func = te.create_prim_func([x, w, b, xp]).with_attr("global_symbol", "projection")
     mod = tvm.IRModule({"projection": func})
     if target.kind.name == "cuda":
-        matmul = _ProjectionMatmul(B) if B * N >= LARGE_TILE_MIN_ROW_WORK else dl.gpu.Matmul()
         with target:
-            mod = dl.ApplyDefaultSchedule(matmul, dl.gpu.GEMV(), dl.gpu.Fallback())(mod)
+            mod = dl.ApplyDefaultSchedule(_ProjectionMatmul(B, small=B * N < LARGE_TILE_MIN_ROW_WORK), dl.gpu.GEMV(),
+                                          dl.gpu.Fallback())(mod)
     else:
         mod = _cpu_schedule(mod, "xp" if input_size == 1 else "xw")
     return mod["projection"]
 
 
 # Batch x output width from which the larger tiles pay off (the sequence length is not known
-# when the projection is built): below it, dlight's own tiles keep the small products faster.
+# when the projection is built): below it, 64 x 64 tiles spread the small products over more CTAs.
 LARGE_TILE_MIN_ROW_WORK = 4096
 
 
 class _ProjectionMatmul(dl.gpu.Matmul):
-    """dlight's SIMT matmul rule with larger tiles held k-major in shared memory, for float32
-    projections of batch x width >= :data:`LARGE_TILE_MIN_ROW_WORK`.
+    """dlight's SIMT matmul rule with tiles measured for the projections' shapes, held k-major in
+    shared memory.
 
     dlight stores each shared tile as its global rows (row-major, k innermost), so in the inner
     product the threads of a warp read 16 floats apart: bank conflicts on every load. Here the
@@ -71,19 +71,24 @@ class _ProjectionMatmul(dl.gpu.Matmul):
     GPU) 2x4 elements (64x128, k steps of 16). On the H100, T=256, against cuBLAS (``torch.addmm``,
     TF32 off) in one run (``bench/projection.py``): LSTM H=1024 B=1/4/16/64 1.31/1.23/1.22/1.26x,
     H=512 B=16 1.18x, GRU H=1024 B=4 1.29x (the row-major 64x128 tiles used before: 1.95x at
-    H=1024 B=4, dlight's own 2.57x). Below the threshold (H=256/512 at B=1, H=256 at B=4)
-    dlight's own tiles stay faster than these.
+    H=1024 B=4, dlight's own 2.57x).
+
+    Below :data:`LARGE_TILE_MIN_ROW_WORK` (``small``): one 4x4-element tile per thread, a 64x64 tile
+    with k steps of 16, four times the CTAs of a 64x128 tile. Eight tilings measured against cuBLAS
+    on the H100 (T=256, one run): LSTM H=512 B=1 1.36x (dlight's own tiles 2.05x, 64x128 2.17x),
+    GRU H=512 B=1 0.88x (1.36x), GRU H=256 B=4 0.87x (1.13x), LSTM and GRU H=256 B=1 0.56x and 0.82x
+    (dlight's 0.55x and 0.80x).
     """
 
     ROW_PAD = 4  # floats added to each k row of a shared tile (spreads the transposing stores over banks)
 
-    def __init__(self, batch: int):
+    def __init__(self, batch: int, small: bool):
         super().__init__()
-        self.batch = batch
+        self.batch, self.small = batch, small
 
     def get_configs(self, target: tvm.target.Target) -> dl.gpu.Matmul.Config:
-        micro_x, micro_k = (2, 16) if self.batch == 1 else (4, 8)
-        return dl.gpu.Matmul.Config(block_size_x=16, block_size_y=16, vthread_x=2, vthread_y=2,
+        vthreads, micro_x, micro_k = (1, 4, 16) if self.small else (2, 2, 16) if self.batch == 1 else (2, 4, 8)
+        return dl.gpu.Matmul.Config(block_size_x=16, block_size_y=16, vthread_x=vthreads, vthread_y=vthreads,
                                     micro_size_x=micro_x, micro_size_y=4, micro_size_k=micro_k, vector_size=4,
                                     unroll=256, use_shared=True, storage_align=False, inner_x=False)
 
