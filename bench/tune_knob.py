@@ -25,27 +25,39 @@ from prnn_tvm.tune.space import ConfigSpace
 from prnn_tvm.tune.tuner import with_knob
 
 
-def main():
+def case_parser() -> argparse.ArgumentParser:
+    """The arguments every tuning script here takes: the cases, the trials after the seeded configs, the GPU, the
+    build workers and the log."""
     p = argparse.ArgumentParser()
-    p.add_argument("--knob", required=True)
-    p.add_argument("--values", nargs="+", type=lambda v: int(v) if v.isdigit() else v, required=True)
     p.add_argument("--cases", nargs="+", required=True, help="cell:HIDDENxBATCH")
-    p.add_argument("--dtype", default="float16")
-    p.add_argument("--top", type=int, default=6)
     p.add_argument("--trials", type=int, default=6, help="model-guided trials after the seeded ones")
     p.add_argument("--arch", default=None)
     p.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1))
     p.add_argument("--log", default=None, help="default: the package's tuning_logs/<arch>.jsonl")
-    p.add_argument("--remeasure", action="store_true",
-                   help="measure the seeded configs again where the log has them (after a change to the kernels)")
-    args = p.parse_args()
+    return p
 
+
+def cases(args, dtype: str):
+    """``(case, cell, hidden, batch, plan, gpu, log)`` for each of ``args.cases`` (cell:HIDDENxBATCH)."""
     gpu = gpu_spec(args.arch)
     log = args.log or records.default_log(gpu.arch)
     for case in args.cases:
         cell, shape = case.split(":")
         hidden, batch = map(int, shape.split("x"))
-        plan = analyze(resolve(cell), batch, hidden, args.dtype)
+        yield case, cell, hidden, batch, analyze(resolve(cell), batch, hidden, dtype), gpu, log
+
+
+def main():
+    p = case_parser()
+    p.add_argument("--knob", required=True)
+    p.add_argument("--values", nargs="+", type=lambda v: int(v) if v.isdigit() else v, required=True)
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--top", type=int, default=6)
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure the seeded configs again where the log has them (after a change to the kernels)")
+    args = p.parse_args()
+
+    for case, cell, hidden, batch, plan, gpu, log in cases(args, args.dtype):
         template = template_for(plan, gpu.target())
         known = records.for_key(records.load(log), records.key_for(plan, gpu, template.name))
         before = min((r.per_step_s for r in known if r.ok), default=float("nan")) * 1e6

@@ -67,7 +67,7 @@ from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
 from .persistent_config import Geometry, PersistentConfig, group_span
-from .persistent_exchange import OperandExchange, sync_threads
+from .persistent_exchange import OperandExchange
 from .persistent_weights import RegisterWeights
 from .ranking import parts
 from .template import config_from_dict
@@ -116,6 +116,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             raise ConfigError("a training forward runs the shared layout and one batch group "
                               f"(ranking.shared_layout), not {cfg}")
         self.p, self.c, self.g, self.save = plan, cfg, g, save
+        self.direct = getattr(cfg, "direct", False)  # a tensor-core knob: each lane polls its own fragments
         self.batch_groups = getattr(cfg, "batch_groups", 1)  # a knob of the tensor-core template's only
         self.H, self.B = plan.hidden, plan.batch // self.batch_groups  # the rows a CTA runs
         policy = plan.policy
@@ -303,6 +304,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     def step(self, t):
         p = self.p
+        self.t = t  # the time loop's variable, for what the products mixin indexes by step
         for _ in self.each_part():
             for it, group, item in self.items():  # issued now, consumed after the products
                 with item as (b, unit, _ul):
@@ -310,6 +312,9 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     for i, leaf in enumerate(self.slots[group].x):
                         T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b,
                                                             leaf.slice * self.H + unit], [it * self.width.x + i])
+        if self.tiles_in_turn:
+            self.tile_by_tile(t)
+            return
         for phase in range(p.phases):
             for _ in self.each_part():
                 self.products(t, phase)
@@ -329,6 +334,34 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 with T.Then():
                     grid_barrier.emit(self.barrier, t * p.phases + p.phases - 1, self.barrier_base, self.sync,
                                       self.stall)
+
+    @property
+    def tiles_in_turn(self) -> bool:
+        """Whether a step runs its batch tiles one after another, each published before the next
+        (:meth:`tile_by_tile`): with direct fragments (one phase, one part) over more than one tile."""
+        return self.direct and self.g.batch_chunks > 1
+
+    def tile_by_tile(self, t):
+        """A step over more than one batch tile with direct fragments: each tile's products, pointwise math and
+        publishing in turn, so that the tile published first travels to the other blocks while this block computes
+        the next (cuDNN's persistent LSTM at batch 16 runs its two tiles of 8 rows so). A tile's partial sums are
+        rows of their own in the step's set, so a block barrier per tile is all the tiles need."""
+        BT = self.c.batch_tile
+        for _ in self.each_part():
+            with T.serial(0, self.g.batch_chunks) as bc:
+                b0 = bind_value(bc * BT, "b0")
+                self.load_operands(t, b0, 0)
+                self.tile_products(b0, 0)
+                self.end_products()
+                for it, group, item in self.items():
+                    with item as (b, unit, ul):
+                        with T.If(tirx.all(b0 <= b, b < b0 + BT)):
+                            with T.Then():
+                                self.pointwise(t, 0, it, group, b, unit, ul)
+                                self.write_states(t, it, group, b, unit, ul)
+            with T.If(self.aborted[0] != 0):
+                with T.Then():
+                    T.Break()
 
     def fill_slots(self):
         """``sentinel``, before the first step: mark every slot of the sequences this thread will write (its
@@ -374,7 +407,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             b0 = bind_value(bc * self.c.batch_tile, "b0")
             self.load_operands(t, b0, phase)
             self.tile_products(b0, phase)
-            sync_threads()
+            self.end_products()
         if self.barrier.carries_data:
             with T.If(self.aborted[0] != 0):
                 with T.Then():

@@ -42,6 +42,9 @@ class OperandExchange:
         out of the batch-tile loop and, through ``aborted``, the time loop).
         """
         names = self.operands_of_phase(phase)
+        if self.direct:  # each lane's own fragments, no shared tile (the tensor-core template's poll_fragments)
+            self.poll_fragments(t, b0)
+            return
         if self.barrier.sentinel:  # one phase
             self.poll_sequences(names, t, b0)
             return
@@ -112,6 +115,11 @@ class OperandExchange:
         dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
         most = min(BT, self.B) * self.H  # the tensor-core template's tile may be taller than the batch
         return dst, T.min(BT, self.B - b0) * self.H, most, getattr(self.c, "poll_sleep", 0)  # tensor-core knob
+
+    def sequence_row(self, name: str) -> int:
+        """``sentinel``: values between consecutive batch rows of state ``name``'s sequence."""
+        kind, _ = self.sequences[name]
+        return self.a.out.shape[2] if kind == "out" else self.H
 
     def sequence_slot(self, name: str, step, b, unit):
         """``sentinel``: state ``name``'s value of its own step ``step`` for row ``b``, unit ``unit``, in its
@@ -197,8 +205,22 @@ class OperandExchange:
             previous = grid_barrier.tag_value(self.barrier, T.address_of(previous), self.dt)
         return T.if_then_else(t == 0, self.a.init[name][b, unit], previous)
 
+    def end_products(self):
+        """After a batch tile's products, a block barrier: the partial sums are in shared memory. With direct
+        fragments it also makes the polls' abort flag the block's, and leaves the batch-tile loop on it."""
+        if not self.direct:
+            sync_threads()
+            return
+        T.buffer_store(self.aborted, grid_barrier.block_or(self.aborted[0]), [0])
+        with T.If(self.aborted[0] != 0):
+            with T.Then():
+                T.Break()
+
     def zero_operand_padding(self):
-        """Columns hidden..k_pad of the shared operand tiles meet zero weights; keep them 0, not garbage."""
+        """Columns hidden..k_pad of the shared operand tiles meet zero weights; keep them 0, not garbage (direct
+        fragments have no shared tiles: their columns past hidden are never loaded)."""
+        if self.direct:
+            return
         pad = self.g.k_pad - self.H
         total = len(self.part.operands) * self.c.batch_tile * pad
         for i in range(ceil_div(total, self.g.threads)):

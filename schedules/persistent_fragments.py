@@ -10,7 +10,11 @@ for its k tiles ``kg * kt_per + kt``; each B fragment it loads feeds all of them
     B element j (0..3): column (batch row) grp, row (hidden) 2 * quad + j % 2 + 8 * (j // 2)
     C element i (0..3): row grp + 8 * (i // 2), column (batch row) 2 * quad + i % 2
 
-The B fragments of two batch tiles are one ``ldmatrix.x4`` from the shared operand tile (rows of
+With ``operand_path="direct"`` each lane polls its B fragments of every k tile straight from the output
+sequence into registers (``poll_fragments``), the k columns of a warp's range permuted so that a lane's fragments
+are whole 16-byte loads (``persistent_mma_config.direct_k``; the A fragments take the same columns), and the
+partial sums alternate between two sets by step parity. Otherwise the B fragments of two batch tiles are one
+``ldmatrix.x4`` from the shared operand tile (rows of
 ``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks); with one batch tile per pass,
 two 32-bit loads (H100, tuned configs, one process, us per step, 32-bit loads -> ldmatrix: LSTM fp16 1024x64
 5.18 -> 4.88, 1024x32 3.25 -> 3.15, 512x16 1.92 -> 1.91; at one batch tile ``.x2`` was 0-2.5% slower). Each warp
@@ -23,11 +27,12 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import MMA_TYPES, vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
-from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
+from .persistent_mma_config import TILE_K, TILE_M, TILE_N, direct_k, direct_loads, product_tiles
 
 A_REGS, B_REGS, C_REGS = 8, 4, 4  # half elements of A and B, float32 elements of C, per lane and tile
 
@@ -81,7 +86,9 @@ class FragmentWeights:
         mw = c.m_tiles_per_warp
         self.wreg = T.alloc_buffer((max(1, A_REGS * g.k_tiles_per_warp * mw),), self.dt, scope="local")
         self.acc = T.alloc_buffer((C_REGS * c.n_tiles * mw * c.k_chains,), self.acc_dt, scope="local")
-        self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles,), self.dt, scope="local")
+        # direct: the lane's fragments of every k tile, as its poll loads them; else one k tile's
+        self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles * (g.k_tiles_per_warp if c.direct else 1),), self.dt,
+                                    scope="local")
         gs_words = g.smem_gs // itemsize(self.acc_dt)
         # the sums and the tiles, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
         words = max(gs_words + -(-g.smem_ops // itemsize(self.acc_dt)), -(-g.smem_bytes // itemsize(self.acc_dt)))
@@ -119,7 +126,10 @@ class FragmentWeights:
                 sources.append(per_product)
             for kt in range(kt_per):
                 for j in range(0, A_REGS, lanes):
-                    k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
+                    if self.c.direct:  # the columns the lane's B fragments hold (direct_k)
+                        k = TILE_K * self.kg * kt_per + direct_k(self.quad, kt, j % 2 + 2 * (j // 4), kt_per)
+                    else:
+                        k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
                     value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
                     for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
                         value = _weight_or(tirx.all(ok, k < H), self.a.weight[red.weight], src, k, lanes, value)
@@ -131,13 +141,18 @@ class FragmentWeights:
         per_chain = C_REGS * c.n_tiles * mw  # accumulators of one chain; k tile kt adds into chain kt % k_chains
         for i in range(per_chain * c.k_chains):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
-        ptx = MMA_TYPES[self.dt]
         tiles = sum(product_tiles(self.reductions, c.units_per_cta))
         multiplies = self.thread_phase == phase
         if tiles < g.m_tiles:  # a part with fewer row tiles than the widest: its last warps have none
             multiplies = tirx.all(multiplies, self.mt < tiles)
         with T.If(multiplies):
             with T.Then():
+                if c.direct:  # every fragment is in registers already (poll_fragments)
+                    for kt in range(g.k_tiles_per_warp):
+                        self.multiply(kt, lambda nt, kt=kt: (nt * g.k_tiles_per_warp + kt) * B_REGS, per_chain)
+                    self.sum_chains(per_chain)
+                    self.store_partials(b0)
+                    return
                 pairs = c.n_tiles > 1  # B fragments of two batch tiles per ldmatrix, else two 32-bit loads
                 lane = self.tx % 32
                 # ldmatrix: lane l gives the row address of 8 x 8 matrix l // 8 (k 0-7 or 8-15 of batch tile nt or
@@ -156,17 +171,58 @@ class FragmentWeights:
                         for half in range(2):  # k 2*quad.. and 8 + 2*quad..
                             T.buffer_store(self.bfrag, self.smem[vec_index(at + 8 * half, 2)],
                                            [vec_index(2 * half, 2)])
-                    for nt in range(c.n_tiles):
-                        for m in range(mw):  # the warp's row tiles share the B fragment
-                            T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
-                                                        (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
-                                                        nt * B_REGS, self.acc.data,
-                                                        (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS,
-                                                        False))
-                for chain in range(1, c.k_chains):
-                    for i in range(per_chain):
-                        T.buffer_store(self.acc, self.acc[i] + self.acc[chain * per_chain + i], [i])
+                    self.multiply(kt, lambda nt: nt * B_REGS, per_chain)
+                self.sum_chains(per_chain)
                 self.store_partials(b0)
+
+    def multiply(self, kt: int, b_offset, per_chain: int):
+        """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
+        warp's row tiles, into accumulator chain ``kt % k_chains``."""
+        c, g, ptx = self.c, self.g, MMA_TYPES[self.dt]
+        for nt in range(c.n_tiles):
+            for m in range(c.m_tiles_per_warp):  # the warp's row tiles share the B fragment
+                accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
+                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
+                                            (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data, b_offset(nt),
+                                            self.acc.data, accumulators, False))
+
+    def sum_chains(self, per_chain: int):
+        """Accumulator chains 1.. added into chain 0."""
+        for chain in range(1, self.c.k_chains):
+            for i in range(per_chain):
+                T.buffer_store(self.acc, self.acc[i] + self.acc[chain * per_chain + i], [i])
+
+    def poll_fragments(self, t, b0):
+        """``operand_path="direct"``: this lane's B fragments of batch rows b0.. (row ``b0 + grp`` of each batch tile)
+        over its warp's k range, straight from the state's sequence into registers (its initial state before its
+        first step): the loads :func:`direct_k` lays out, polled until none holds the sentinel. Rows past the
+        batch and columns past hidden read as zero. A timed-out wait sets ``aborted`` for this thread;
+        ``end_products`` makes it the block's."""
+        (name,) = self.part.operands  # validated: one exchanged state
+        H, kt_per = self.H, self.g.k_tiles_per_warp
+        width, loads = direct_loads(kt_per)
+        per_load = width // itemsize(self.dt)
+        k0 = bind_value(TILE_K * self.kg * kt_per + per_load * self.quad, "frag_k0")  # direct_k of its first load
+        pieces = tirx.max(tirx.min((H - k0 + 4 * per_load - 1) // (4 * per_load), loads), 0)  # loads before hidden
+        row = bind_value(b0 + self.grp, "frag_b")
+        rows = tirx.max(tirx.min((self.B - row + TILE_N - 1) // TILE_N, self.c.n_tiles), 0)
+        # an address inside the matrices where nothing is loaded (no row, or a k range past hidden)
+        at, k_at = tirx.min(row, self.B - 1), tirx.min(k0, H - per_load)
+        slot = t - 1 - self.p.delays[name]
+        frag = T.address_of(self.bfrag[0])
+
+        def poll(src, row_step, initial: bool):
+            abort = grid_barrier.sentinel_fragments(self.barrier, src, row_step, rows, pieces, frag, self.dt,
+                                                    self.c.n_tiles, loads, width, not initial, t, self.sync,
+                                                    self.c.poll_sleep)
+            T.buffer_store(self.aborted, tirx.max(self.aborted[0], abort), [0])
+
+        with T.If(slot < 0):
+            with T.Then():
+                poll(T.address_of(self.a.init[name][at, k_at]), TILE_N * H, initial=True)
+            with T.Else():
+                poll(T.address_of(self.sequence_slot(name, slot, at, k_at)), TILE_N * self.sequence_row(name),
+                     initial=False)
 
     def store_partials(self, b0):
         """The accumulators to the shared partial sums of this warp's k group: ``[kg][b][row]``, batch rows
@@ -180,14 +236,23 @@ class FragmentWeights:
                     with T.If(b < self.B):
                         with T.Then():
                             T.buffer_store(self.gsum, self.acc[(m * c.n_tiles + nt) * C_REGS + i],
-                                           [(self.kg * self.B + b) * g.sum_stride + row])
+                                           [self.partials_base() + (self.kg * self.B + b) * g.sum_stride + row])
 
     def gate_sum(self, b, row):
         """The product of CTA row ``row`` for batch row ``b``: the sum of the k groups' partials."""
-        total = self.gsum[b * self.g.sum_stride + row]
+        base = self.partials_base()
+        total = self.gsum[base + b * self.g.sum_stride + row]
         for kg in range(1, self.c.k_groups):
-            total = total + self.gsum[(kg * self.B + b) * self.g.sum_stride + row]
+            total = total + self.gsum[base + (kg * self.B + b) * self.g.sum_stride + row]
         return total
+
+    def partials_base(self):
+        """Where this step's partial sums start in ``gsum``: the set of the step's parity with direct fragments
+        (the next step's products may write theirs before every thread has read this step's: no block barrier
+        between them), else 0."""
+        if not self.c.direct:
+            return 0
+        return (self.t % 2) * (self.g.smem_gs // 2 // itemsize(self.acc_dt))
 
     @property
     def first_row(self):

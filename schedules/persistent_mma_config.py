@@ -29,6 +29,19 @@ the same L2 lines slow the very stores they wait for (H100, LSTM fp16, us per st
 256); on small tiles the sleep only adds latency (512x4 1.19 -> 1.56 at 256), so the space offers it from
 SLEEP_MIN_ROWS rows per group up.
 
+``operand_path`` says how a warp gets the B fragments (the exchanged state) it multiplies. ``shared``: the
+CTA copies the state tile into shared memory (polled there with ``sentinel`` and ``tags``), a block barrier, then
+each warp reads its fragments with ``ldmatrix``. ``direct`` (``sentinel`` only): each lane polls its own fragments
+from the output sequence straight into registers, with 16-byte loads of the k range its warp multiplies, and starts
+its products as soon as they hold no sentinel: no shared tile, no block barrier before the products, and the k
+groups' partial sums double-buffered by step parity, so one block barrier a step. The k order inside a warp's range
+is permuted so that each 16-byte load of a lane holds whole fragments and a warp's loads are contiguous
+(:func:`direct_k`), the same permutation applied to the weights' columns. Over more than one batch tile the tiles
+run in turn, each published before the next is multiplied (``PersistentBuilder.tile_by_tile``). It is what cuDNN's
+persistent LSTM kernel does (its SASS: ``LDG.E.128.STRONG.GPU`` into the ``HMMA`` operands, every warp holding all
+the CTA's row tiles, the k range split over the warps, two passes of 8 rows at batch 16); with ``m_tiles_per_warp``
+below the CTA's row tiles, warps sharing a k range load the same values.
+
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
 """
@@ -66,7 +79,8 @@ TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states an
 MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
-M_TILES_PER_WARP = (1, 2)
+M_TILES_PER_WARP = (1, 2, 4)
+OPERAND_PATHS = ("shared", "direct")
 K_CHAINS = (1, 2, 4)
 CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with one accumulator set and at least this many k tiles
 BATCH_GROUPS = (1, 2, 4)
@@ -88,6 +102,12 @@ class MmaConfig:
     k_chains: int = field(default=1, metadata={"short": "kc", "quiet": True})
     batch_groups: int = field(default=1, metadata={"short": "bg", "quiet": True})
     poll_sleep: int = field(default=0, metadata={"short": "ps", "quiet": True})
+    operand_path: str = field(default="shared", metadata={"short": "", "quiet": True})
+
+    @property
+    def direct(self) -> bool:
+        """Whether each lane loads its B fragments from the exchange itself (``operand_path="direct"``)."""
+        return self.operand_path == "direct"
 
     @property
     def batch_tile(self) -> int:
@@ -114,8 +134,8 @@ class MmaGeometry:
     batch_chunks: int          # passes over the batch
     items_per_thread: int      # (pointwise group, batch row, unit) items per thread
     tagged_per_thread: int
-    smem_ops: int              # bytes: the operand tiles of one pass
-    smem_gs: int               # bytes: the k groups' partial sums for the whole batch
+    smem_ops: int              # bytes: the operand tiles of one pass (none with operand_path="direct")
+    smem_gs: int               # bytes: the k groups' partial sums for the whole batch (two sets: "direct")
     regs_estimate: int
 
     @property
@@ -156,16 +176,41 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
     stride = k_pad + ROW_SKEW
-    smem_ops = itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
+    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
-    smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16)
-    # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
-    tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], min(cfg.batch_tile, B) * H if n_ops else 0, threads, H,
-                                     itemsize(plan.dtype), n_ops)
-    regs = (weights + (4 * mw * cfg.k_chains + 2) * cfg.n_tiles + ipt * plan.item_values + poll_regs * tagged
-            + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
+    smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1)
+    accumulators = 4 * mw * cfg.k_chains * cfg.n_tiles
+    if cfg.direct:  # the lane's fragments of every k tile are its poll's registers
+        tagged = cfg.n_tiles * direct_loads(kt)[1]
+        fragments = 2 * kt * cfg.n_tiles
+    else:  # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
+        tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], min(cfg.batch_tile, B) * H if n_ops else 0, threads,
+                                         H, itemsize(plan.dtype), n_ops)
+        fragments = 2 * cfg.n_tiles + poll_regs * tagged
+    regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
+            + PHASE_OVERHEAD * (plan.phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
+
+
+def direct_loads(k_tiles: int) -> tuple[int, int]:
+    """``(bytes per load, loads per batch tile)`` of a lane's direct fragments over ``k_tiles`` k tiles
+    (:func:`direct_k`): 16 bytes a load (two k tiles) where the k tiles come in pairs, else 8."""
+    width = 16 if k_tiles % 2 == 0 else 8
+    return width, 8 * k_tiles // width
+
+
+def direct_k(quad: int, kt: int, j: int, k_tiles: int) -> int:
+    """``operand_path="direct"``: the column, within its warp's k range of ``k_tiles`` k tiles, that lane quad
+    ``quad`` multiplies as element ``j`` (0..3) of its B fragment of k tile ``kt`` (its A fragment's elements
+    ``2 * (j // 2) + j % 2`` and ``+ 4`` take the same columns). A lane's load ``p`` holds ``v`` consecutive
+    columns (8 for 16-byte loads: two k tiles' fragments; 4 for 8-byte ones), and the four lanes of a batch row
+    load theirs side by side: ``p * 4v + quad * v``, so each load instruction of a warp reads 4v contiguous
+    values of each of its eight rows (cuDNN's persistent LSTM reads its operands the same way: ``LDG.E.128`` at
+    +0, +64, +128, +192 bytes). Any bijection of the range is right as long as A and B agree."""
+    per_load = direct_loads(k_tiles)[0] // 2
+    tiles_per_load = per_load // 4
+    return kt // tiles_per_load * 4 * per_load + quad * per_load + kt % tiles_per_load * 4 + j
 
 
 def gate_sum_stride(rows: int, units: int) -> int:
@@ -222,6 +267,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"k_chains={cfg.k_chains}: must be one of {', '.join(map(str, K_CHAINS))} (accumulator "
                           "sets per warp)")
     check_batch_groups(cfg, plan)
+    check_operand_path(cfg, plan)
     if cfg.poll_sleep not in POLL_SLEEPS:
         raise ConfigError(f"poll_sleep={cfg.poll_sleep}: must be one of {', '.join(map(str, POLL_SLEEPS))} "
                           "(nanoseconds between polls)")
@@ -242,6 +288,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.k_chains > max(1, g.k_tiles_per_warp):
         raise ConfigError(f"k_chains={cfg.k_chains}: a warp has {g.k_tiles_per_warp} k tiles to share among its "
                           "accumulator sets; lower k_chains or k_groups")
+    if cfg.direct and g.tagged_per_thread > 32:
+        raise ConfigError(f"operand_path='direct' polls {g.tagged_per_thread} loads per lane ({cfg.n_tiles} batch "
+                          f"tiles x {g.k_tiles_per_warp} k tiles of 16); at most 32: lower n_tiles or raise k_groups")
     if g.tagged_per_thread > 32:
         raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
                           f"(batch tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each "
@@ -277,6 +326,30 @@ def check_batch_groups(cfg: MmaConfig, plan: CellPlan) -> None:
         raise ConfigError(f"batch_groups={G} takes the shared layout, not '{cfg.layout}'")
 
 
+def check_operand_path(cfg: MmaConfig, plan: CellPlan) -> None:
+    """ConfigError where ``operand_path`` cannot take this plan or config, with the reason."""
+    if cfg.operand_path not in OPERAND_PATHS:
+        raise ConfigError(f"operand_path '{cfg.operand_path}' unknown; available: {', '.join(OPERAND_PATHS)}")
+    if not cfg.direct:
+        return
+    if not BARRIERS[cfg.barrier].sentinel:
+        raise ConfigError(f"operand_path='direct' polls each lane's fragments from the output sequence, which only the "
+                          f"'sentinel' exchange writes a slot per step of; not '{cfg.barrier}'")
+    if plan.lag or len(plan.operands) != 1:
+        raise ConfigError(f"operand_path='direct' takes a step that multiplies one exchanged state; cell "
+                          f"'{plan.cell.name}' multiplies {', '.join(plan.operands)}: use operand_path='shared'")
+    if plan.hidden % 8:
+        raise ConfigError(f"operand_path='direct' loads 8 values of a state row at a time; hidden={plan.hidden} is "
+                          "not a multiple of 8: use operand_path='shared'")
+
+
+def paths_for(plan: CellPlan, barrier: str) -> tuple:
+    """The operand paths the space offers: ``direct`` too with the ``sentinel`` exchange, where the plan takes it."""
+    if not BARRIERS[barrier].sentinel or plan.lag or plan.hidden % 8 or len(plan.operands) != 1:
+        return ("shared",)
+    return OPERAND_PATHS
+
+
 def groups_for(plan: CellPlan, layout: str, barrier: str) -> tuple:
     """The batch groups the space offers: more than one only with a data-carried barrier, in the shared
     layout, into equal groups of at least GROUP_MIN_ROWS rows."""
@@ -304,8 +377,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
     (where the plan has parts) spreads every part's units over the SMs together. More than one accumulator
     chain only where a warp has a single accumulator set (one row tile, one batch tile per pass) and at least
     CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already. Batch groups as
-    :func:`groups_for` offers them, each with the batch tiles its own rows need, and poll sleeps as
-    :func:`sleeps_for` does."""
+    :func:`groups_for` offers them, each with the batch tiles its own rows need, poll sleeps as
+    :func:`sleeps_for` does and operand paths as :func:`paths_for` does."""
     k_tiles = math.ceil(plan.hidden / TILE_K)
 
     def chain_counts(kg: int, nt: int, mw: int) -> tuple:
@@ -319,10 +392,11 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
                         if u <= H})
-        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps) for u in units for kg in K_GROUPS
+        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path) for u in units for kg in K_GROUPS
                     for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
-                    for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)]
+                    for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
+                    for path in paths_for(plan, b)]
     return configs
 
 
@@ -337,6 +411,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
                                         "batch_groups", "poll_sleep")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
+    row["operand_path=direct"] = float(cfg.direct)
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
     row.update(regs_estimate=g.regs_estimate, ctas_per_sm=ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu),
                log2_estimated_cycles=math.log2(estimated_cycles(cfg, g)), registers=g.regs_estimate)

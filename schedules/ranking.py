@@ -176,6 +176,8 @@ def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_
         cfg = dataclasses.replace(cfg, barrier="counter")
         if getattr(cfg, "poll_sleep", 0):  # which polls no values
             cfg = dataclasses.replace(cfg, poll_sleep=0)
+        if getattr(cfg, "operand_path", "shared") != "shared":  # and loads whole tiles after its barriers
+            cfg = dataclasses.replace(cfg, operand_path="shared")
     if getattr(cfg, "batch_groups", 1) > 1:  # and runs the whole batch as one group (its saved columns' layout)
         cfg = dataclasses.replace(cfg, batch_groups=1)
     if cfg.layout == "shared":

@@ -51,7 +51,7 @@ def test_knob_short_names_come_from_the_config_fields():
     assert knob_short_names() == {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r",
                                   "batch_tile": "bt", "vec": "v", "barrier": "", "k_groups": "kg", "n_tiles": "nt",
                                   "layout": "", "m_tiles_per_warp": "mw", "k_chains": "kc", "batch_groups": "bg",
-                                  "poll_sleep": "ps"}
+                                  "poll_sleep": "ps", "operand_path": ""}
     knobs = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
     assert knob_text(knobs, knob_short_names()) == "U=8 ks=16 r=2 bt=4 v=4 tags"
     split = {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "counter", "layout": "split"}

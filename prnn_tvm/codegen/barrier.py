@@ -284,6 +284,15 @@ template <> struct prnn_sentinel_bits<nv_bfloat16> {
   static constexpr unsigned short canonical = 0x7fc0u;
 };
 #endif
+// Nonzero where the 32-bit word w of polled values still holds the sentinel: a float32 word of all bits set, or
+// a 16-bit half of all bits set (bit 15 of that half: its low 15 bits plus one carry into bit 15, which its own
+// top bit confirms; no carry crosses into the other half). Three integer operations a word, where __vcmpeq2
+// took five or six (ncu, LSTM fp16 1024x16: the poll's checks were a quarter of all instructions issued).
+template <typename V>
+__device__ __forceinline__ unsigned prnn_sentinel_marks(unsigned w) {
+  if (sizeof(V) == 4) return w == 0xffffffffu ? 1u : 0u;
+  return ((w & 0x7fff7fffu) + 0x00010001u) & w & 0x80008000u;
+}
 // Before the launch's one barrier: mark a slot this thread will write.
 template <typename V>
 __device__ __forceinline__ void prnn_sentinel_fill(V* p) {
@@ -345,14 +354,10 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src0, V* dst0, int n0
     }
 #pragma unroll
     for (int j = 0; j < LOADS; ++j) {
-      bool fresh = true;
+      unsigned marks = 0u;
 #pragma unroll
-      for (int e = 0; e < WORDS; ++e) {
-        if (sizeof(V) == 4) fresh &= w[j][e] != 0xffffffffu;
-        else if (BYTES == 2) fresh &= (w[j][e] & 0xffffu) != 0xffffu;
-        else fresh &= __vcmpeq2(w[j][e], 0xffffffffu) == 0u;
-      }
-      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
+      for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j][e]);  // a 2-byte load: its high half is 0
+      if ((stale & (1u << j)) && !marks) stale &= ~(1u << j);
     }
     // the step whose values never came is step - 1: record it as (step - 1) + 1
     if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
@@ -375,6 +380,67 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src0, V* dst0, int n0
     }
   }
   return __syncthreads_or(failed);
+}
+// A lane's tensor-core B fragments straight from the sequence (the tensor-core template's operand_path="direct"):
+// TILES batch rows ROW_STEP values apart from src, PIECES loads of BYTES each per row, 4 * BYTES apart (the other
+// lanes of the row load in between), into frag (the lane's registers once inlined, in load order). Loads of rows
+// from `rows` on and pieces from `pieces` on are not made and read as zero. POLL: load again those that still
+// hold the sentinel, bounded as prnn_sentinel_copy; else load once (an initial state, where every value is
+// valid). Returns 1 if this thread's wait timed out or another block reported one: the caller makes that
+// block-uniform.
+template <typename V, int TILES, int PIECES, int BYTES, int SLEEP_NS, int POLL>
+__device__ __forceinline__ int prnn_sentinel_frags(const V* src, long long row_step, int rows, int pieces, V* frag,
+                                                   int step, unsigned* sync, int timeout_us) {
+  constexpr int VEC = BYTES / (int)sizeof(V), WORDS = BYTES / 4, LOADS = TILES * PIECES;
+  static_assert(LOADS <= 32 && (BYTES == 8 || BYTES == 16), "stale bits, load width");
+  unsigned* w = (unsigned*)frag;
+  unsigned stale = 0;
+#pragma unroll
+  for (int j = 0; j < LOADS; ++j) {
+    if (j / PIECES < rows && j % PIECES < pieces) {
+      stale |= 1u << j;
+    } else {
+#pragma unroll
+      for (int e = 0; e < WORDS; ++e) w[j * WORDS + e] = 0u;
+    }
+  }
+  int failed = 0;
+  const unsigned long long start = POLL ? prnn_globaltimer() : 0ull, limit = (unsigned long long)timeout_us * 1000ull;
+  for (unsigned polls = 1; stale; ++polls) {
+    if (POLL) prnn_poll_pause<SLEEP_NS>(polls);
+#pragma unroll
+    for (int j = 0; j < LOADS; ++j) {
+      if (stale & (1u << j)) {
+        const V* p = src + (j / PIECES) * row_step + (j % PIECES) * 4 * VEC;
+        if (!POLL && BYTES == 16) {
+          *(uint4*)(w + j * WORDS) = *(const uint4*)p;
+        } else if (!POLL) {
+          *(uint2*)(w + j * WORDS) = *(const uint2*)p;
+        } else if (BYTES == 16) {
+          asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(w[j * WORDS]), "=r"(w[j * WORDS + 1]), "=r"(w[j * WORDS + WORDS - 2]),
+                         "=r"(w[j * WORDS + WORDS - 1]) : "l"(p) : "memory");
+        } else {
+          asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(w[j * WORDS]), "=r"(w[j * WORDS + 1])
+                       : "l"(p) : "memory");
+        }
+      }
+    }
+    if (!POLL) break;
+#pragma unroll
+    for (int j = 0; j < LOADS; ++j) {
+      unsigned marks = 0u;
+#pragma unroll
+      for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j * WORDS + e]);
+      if ((stale & (1u << j)) && !marks) stale &= ~(1u << j);
+    }
+    // the step whose values never came is step - 1: record it as (step - 1) + 1
+    if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
+      failed = 1;
+      break;
+    }
+  }
+  return failed;
 }
 #endif
 """
@@ -542,6 +608,32 @@ def sentinel_copy(barrier: Barrier, threads: int, sources: list, dtype: str, max
                             *sources[0], *second, step, args.sync.data, args.timeout_us, source_code=barrier.source,
                             return_type="int32")
     return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
+
+
+def sentinel_fragments(barrier: Barrier, src, row_step, rows, pieces, frag, dtype: str, tiles: int, loads: int,
+                       width: int, poll: bool, step, args: SyncArgs, sleep_ns: int = 0):
+    """``sentinel``, a lane's own tensor-core fragments: ``tiles`` batch rows ``row_step`` values apart from ``src``,
+    ``loads`` loads of ``width`` bytes each per row, ``4 * width`` bytes apart, into the registers at ``frag``; rows
+    from ``rows`` on and loads from ``pieces`` on read as zero. ``poll``: values written at ``step - 1``, polled
+    until none holds the sentinel (sleeping about ``sleep_ns`` between polls); else loaded once (an initial state).
+    Returns this thread's abort flag (not block-uniform)."""
+    call = T.cuda.func_call(f"prnn_sentinel_frags<{payload_type(dtype, barrier)}, {tiles}, {loads}, {width}, "
+                            f"{sleep_ns}, {int(poll)}>", src, T.Cast("int64", row_step), rows, pieces, frag, step,
+                            args.sync.data, args.timeout_us, source_code=barrier.source, return_type="int32")
+    return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
+
+
+_BLOCK_OR = r"""
+#ifndef PRNN_BLOCK_OR
+#define PRNN_BLOCK_OR
+__device__ __forceinline__ int prnn_block_or(int flag) { return __syncthreads_or(flag); }
+#endif
+"""
+
+
+def block_or(flag):
+    """A block barrier that returns whether ``flag`` is set in any thread of the block (an int32 expression)."""
+    return T.cuda.func_call("prnn_block_or", flag, source_code=_BLOCK_OR, return_type="int32")
 
 
 def sentinel_start(barrier: Barrier, base, args: SyncArgs):
