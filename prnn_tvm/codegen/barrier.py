@@ -293,6 +293,30 @@ __device__ __forceinline__ unsigned prnn_sentinel_marks(unsigned w) {
   if (sizeof(V) == 4) return w == 0xffffffffu ? 1u : 0u;
   return ((w & 0x7fff7fffu) + 0x00010001u) & w & 0x80008000u;
 }
+// Whether the WORDS words at w hold no sentinel (a 2-byte load's word: its high half is 0).
+template <typename V, int WORDS>
+__device__ __forceinline__ bool prnn_sentinel_fresh(const unsigned* w) {
+  unsigned marks = 0u;
+#pragma unroll
+  for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[e]);
+  return !marks;
+}
+// One relaxed load of BYTES (16, 8, 4 or 2) at p into the words at w (2 bytes: the low half of w[0]).
+template <int BYTES>
+__device__ __forceinline__ void prnn_relaxed_load(const void* p, unsigned* w) {
+  if (BYTES == 16) {
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p) : "memory");
+  } else if (BYTES == 8) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p) : "memory");
+  } else if (BYTES == 4) {
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(w[0]) : "l"(p) : "memory");
+  } else {
+    unsigned short h;
+    asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=h"(h) : "l"(p) : "memory");
+    w[0] = h;
+  }
+}
 // Before the launch's one barrier: mark a slot this thread will write.
 template <typename V>
 __device__ __forceinline__ void prnn_sentinel_fill(V* p) {
@@ -335,29 +359,13 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src0, V* dst0, int n0
 #pragma unroll
     for (int j = 0; j < LOADS; ++j) {
       if (stale & (1u << j)) {
-        const V* p = (j < PER ? src0 : src1) + (threadIdx.x + (j % PER) * blockDim.x) * VEC;
-        if (BYTES == 16) {
-          asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(w[j][0]), "=r"(w[j][WORDS > 1 ? 1 : 0]), "=r"(w[j][WORDS > 2 ? 2 : 0]),
-                         "=r"(w[j][WORDS > 3 ? 3 : 0]) : "l"(p) : "memory");
-        } else if (BYTES == 8) {
-          asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(w[j][0]), "=r"(w[j][WORDS > 1 ? 1 : 0])
-                       : "l"(p) : "memory");
-        } else if (BYTES == 4) {
-          asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(w[j][0]) : "l"(p) : "memory");
-        } else {
-          unsigned short h;
-          asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=h"(h) : "l"(p) : "memory");
-          w[j][0] = h;
-        }
+        prnn_relaxed_load<BYTES>((j < PER ? src0 : src1) + (threadIdx.x + (j % PER) * blockDim.x) * VEC, w[j]);
       }
     }
 #pragma unroll
     for (int j = 0; j < LOADS; ++j) {
-      unsigned marks = 0u;
-#pragma unroll
-      for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j][e]);  // a 2-byte load: its high half is 0
-      if ((stale & (1u << j)) && !marks) stale &= ~(1u << j);
+      const bool fresh = prnn_sentinel_fresh<V, WORDS>(w[j]);
+      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
     }
     // the step whose values never came is step - 1: record it as (step - 1) + 1
     if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
@@ -412,27 +420,16 @@ __device__ __forceinline__ int prnn_sentinel_frags(const V* src, long long row_s
     for (int j = 0; j < LOADS; ++j) {
       if (stale & (1u << j)) {
         const V* p = src + (j / PIECES) * row_step + (j % PIECES) * 4 * VEC;
-        if (!POLL && BYTES == 16) {
-          *(uint4*)(w + j * WORDS) = *(const uint4*)p;
-        } else if (!POLL) {
-          *(uint2*)(w + j * WORDS) = *(const uint2*)p;
-        } else if (BYTES == 16) {
-          asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(w[j * WORDS]), "=r"(w[j * WORDS + 1]), "=r"(w[j * WORDS + WORDS - 2]),
-                         "=r"(w[j * WORDS + WORDS - 1]) : "l"(p) : "memory");
-        } else {
-          asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(w[j * WORDS]), "=r"(w[j * WORDS + 1])
-                       : "l"(p) : "memory");
-        }
+        if (!POLL && BYTES == 16) *(uint4*)(w + j * WORDS) = *(const uint4*)p;
+        else if (!POLL) *(uint2*)(w + j * WORDS) = *(const uint2*)p;
+        else prnn_relaxed_load<BYTES>(p, w + j * WORDS);
       }
     }
     if (!POLL) break;
 #pragma unroll
     for (int j = 0; j < LOADS; ++j) {
-      unsigned marks = 0u;
-#pragma unroll
-      for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j * WORDS + e]);
-      if ((stale & (1u << j)) && !marks) stale &= ~(1u << j);
+      const bool fresh = prnn_sentinel_fresh<V, WORDS>(w + j * WORDS);
+      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
     }
     // the step whose values never came is step - 1: record it as (step - 1) + 1
     if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
