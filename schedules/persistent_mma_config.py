@@ -330,24 +330,28 @@ def check_operand_path(cfg: MmaConfig, plan: CellPlan) -> None:
     """ConfigError where ``operand_path`` cannot take this plan or config, with the reason."""
     if cfg.operand_path not in OPERAND_PATHS:
         raise ConfigError(f"operand_path '{cfg.operand_path}' unknown; available: {', '.join(OPERAND_PATHS)}")
-    if not cfg.direct:
-        return
-    if not BARRIERS[cfg.barrier].sentinel:
-        raise ConfigError(f"operand_path='direct' polls each lane's fragments from the output sequence, which only the "
-                          f"'sentinel' exchange writes a slot per step of; not '{cfg.barrier}'")
+    problem = direct_problem(plan, cfg.barrier) if cfg.direct else None
+    if problem:
+        raise ConfigError(f"operand_path='direct' {problem}")
+
+
+def direct_problem(plan: CellPlan, barrier: str) -> str | None:
+    """Why direct fragments cannot carry ``plan``'s products with ``barrier`` (None where they can)."""
+    if not BARRIERS[barrier].sentinel:
+        return ("polls each lane's fragments from the output sequence, which only the 'sentinel' exchange writes a "
+                f"slot per step of; not '{barrier}'")
     if plan.lag or len(plan.operands) != 1:
-        raise ConfigError(f"operand_path='direct' takes a step that multiplies one exchanged state; cell "
-                          f"'{plan.cell.name}' multiplies {', '.join(plan.operands)}: use operand_path='shared'")
+        return (f"takes a step that multiplies one exchanged state; cell '{plan.cell.name}' multiplies "
+                f"{', '.join(plan.operands)}: use operand_path='shared'")
     if plan.hidden % 8:
-        raise ConfigError(f"operand_path='direct' loads 8 values of a state row at a time; hidden={plan.hidden} is "
-                          "not a multiple of 8: use operand_path='shared'")
+        return (f"loads 8 values of a state row at a time; hidden={plan.hidden} is not a multiple of 8: use "
+                "operand_path='shared'")
+    return None
 
 
 def paths_for(plan: CellPlan, barrier: str) -> tuple:
-    """The operand paths the space offers: ``direct`` too with the ``sentinel`` exchange, where the plan takes it."""
-    if not BARRIERS[barrier].sentinel or plan.lag or plan.hidden % 8 or len(plan.operands) != 1:
-        return ("shared",)
-    return OPERAND_PATHS
+    """The operand paths the space offers: ``direct`` too where :func:`direct_problem` finds none."""
+    return ("shared",) if direct_problem(plan, barrier) else OPERAND_PATHS
 
 
 def groups_for(plan: CellPlan, layout: str, barrier: str) -> tuple:
