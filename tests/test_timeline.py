@@ -1,0 +1,66 @@
+"""The timeline tool (``prnn_tvm.bench.timeline``, ``bench/timeline.py``): its rewrite of the generated CUDA still
+finds its anchors and compiles, it refuses layers it cannot read, and its summary measures what it says."""
+import numpy as np
+import pytest
+
+from prnn_tvm.bench import timeline
+
+# 16 units on 8 warps with every row tile each, two batch tiles of 8 rows in turn, one item per thread
+DIRECT = {"units_per_cta": 16, "k_groups": 8, "m_tiles_per_warp": 4, "n_tiles": 1, "barrier": "sentinel",
+          "operand_path": "direct"}
+
+
+def test_the_rewrite_applies_to_a_direct_kernel_and_compiles():
+    layer, g = timeline.instrumented_layer("lstm", 128, 16, "float16", DIRECT, arch="sm_90")
+    source = layer.cuda_source
+    assert g.batch_chunks == 2 and g.items_per_thread == 1
+    assert source.count("prnn_timeline_ns()") == 1 + 3  # defined; before the poll, after the barrier and the publish
+    assert f"prnn_timeline[{timeline.STEPS * 2 * timeline.SLOTS}]" in source
+    assert "threadIdx.x % 128 == 0" in source  # the first item of each 8 x 16 tile records it
+    report = layer.report
+    # ptxas read the rewritten kernel: the stamps' shared words are its static shared memory
+    assert report.spill_bytes == 0 and report.static_smem_bytes >= 8 * timeline.STEPS * 2 * timeline.SLOTS, \
+        report.format()
+
+
+def test_layers_it_cannot_read_are_refused():
+    with pytest.raises(ValueError, match="in turn"):  # one batch tile: nothing runs in turn
+        timeline.instrumented_layer("lstm", 128, 8, "float16", DIRECT, arch="sm_90")
+    with pytest.raises(ValueError, match="recurrent kernel"):
+        timeline.instrument("__global__ void other() {}", 2, 128)
+
+
+def test_the_summary_measures_skew_and_lateness():
+    blocks, tiles = 4, 2
+    t = np.arange(timeline.STEPS)[None, :, None]
+    publish = 2000 * t + 1000 * np.arange(tiles)[None, None, :] + 10 * np.arange(blocks)[:, None, None]
+    stamps = np.zeros((blocks, timeline.STEPS, tiles, timeline.SLOTS), np.int64)
+    for slot, ns in enumerate((publish - 900, publish - 700, publish - 400, publish)):  # clocks at 2 GHz
+        stamps[..., slot] = 2 * ns
+    stamps[..., 4], stamps[..., 5], stamps[..., 6] = publish - 900, publish - 400, publish
+    stamps[..., 7] = 100 + np.arange(blocks)[:, None, None]
+    lines = timeline.summary(stamps)
+    assert lines[0].startswith("step 2000 ns") and "clock 2.00 GHz" in lines[0]
+    # the last block publishes 30 ns after the first; the next step's polls start 2000 - 900 - 30 + 10 * block ns after
+    assert "poll 200, poll to block barrier 300, pointwise and publish 400; publish skew across blocks 30" in lines[1]
+    assert "poll start - last publish 1085 (p10 1070); block barrier - last publish 1585" in lines[1]
+    assert lines[3].startswith("latest publishers of tile 0") and "block 3 on SM 103 +15" in lines[3]
+    two = timeline.summary(stamps, groups=2)  # blocks 0-1 and 2-3: 10 ns apart within each
+    assert "publish skew across blocks 10" in two[1]
+
+
+@pytest.mark.gpu
+def test_the_stamps_of_a_run_are_ordered_in_every_block():
+    """On the GPU: each (block, step, tile) stamped once, its stamps in program order, steps after one another,
+    every block on an SM of this GPU."""
+    from prnn_tvm.target import gpu_spec
+
+    layer, g = timeline.instrumented_layer("lstm", 128, 16, "float16", DIRECT)
+    stamps = timeline.run(layer, g)
+    assert stamps.shape == (g.ctas, timeline.STEPS, 2, timeline.SLOTS)
+    c0, c1, c2, c3, g0, g2, g3, sm = (stamps[..., i] for i in range(timeline.SLOTS))
+    assert (c0 <= c1).all() and (c1 <= c2).all() and (c2 <= c3).all()
+    assert (g0 <= g2).all() and (g2 <= g3).all() and (g0 > 0).all()
+    assert (np.diff(g0[:, :, 0], axis=1) > 0).all()  # each step's first tile after the step before's
+    assert ((0 <= sm) & (sm < gpu_spec().sms)).all()
+    assert len(timeline.summary(stamps)) == 5
