@@ -80,13 +80,27 @@ def test_a_half_projection_multiplies_on_tensor_cores(dtype, ptx, input_size):
     global loads where the input size allows them and element loads where it does not."""
     layer = prnn_tvm.compile_cell("lstm", 256, 4, input_size=input_size, dtype=dtype, target="cuda", arch="sm_90",
                                   tuning_logs=[])
-    src = layer.cuda_source
-    start = src.rindex("projection_kernel(")  # the definition (the declaration comes first)
-    end = src.find('extern "C"', start)  # the next kernel, if the projection is not the last
-    body = src[start:] if end < 0 else src[start:end]
+    body = projection_body(layer)
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32" in body
     assert ("uint4 condval" in body) == (input_size % 8 == 0)  # a predicated 16-byte load
     assert " 0 B spills" in layer.report.projection_ptxas
+
+
+@pytest.mark.parametrize("cell, hidden, pairs", [("lstm", 256, True), ("lstm", 129, True), ("gru", 33, False)])
+def test_a_half_projection_stores_pairs_where_the_width_is_even(cell, hidden, pairs):
+    """The projection's epilogue writes each lane's two adjacent columns with one 8-byte store where the width
+    (gates x hidden: 1024, 516) is even, and with 4-byte stores where it is odd (99: a pair is not aligned)."""
+    layer = prnn_tvm.compile_cell(cell, hidden, 3, dtype="float16", target="cuda", arch="sm_90", tuning_logs=[])
+    assert ("*(float2*)" in projection_body(layer)) == pairs
+    assert " 0 B spills" in layer.report.projection_ptxas
+
+
+def projection_body(layer) -> str:
+    """The CUDA source of ``layer``'s projection kernel's definition."""
+    src = layer.cuda_source
+    start = src.rindex("projection_kernel(")  # the definition (the declaration comes first)
+    end = src.find('extern "C"', start)  # the next kernel, if the projection is not the last
+    return src[start:] if end < 0 else src[start:end]
 
 
 def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(monkeypatch):

@@ -6,8 +6,9 @@
 // a slot is never written twice in a launch, so no tag and no reset are needed. Against plain stores + the
 // project's counter barrier + 16-byte loads. CTAs x 256 threads, each CTA publishes its H / CTAs units of
 // every row and copies the whole tile into shared memory each step; values are checked. The sentinel fill
-// of the whole buffer (a memset before the launch) is inside the timed region. Two variants of the polls: a
-// back-off of 64 ns between them, and two polls in flight 100 ns apart after a first miss (staggered_poll).
+// of the whole buffer (a memset before the launch) is inside the timed region. Variants: a back-off of 64 ns
+// between polls; two polls in flight 100 ns apart after a first miss (staggered_poll); each CTA's values
+// published as 16-byte stores of eight values (one store per 16 B instead of one per value).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o sentinel_exchange sentinel_exchange.cu
 //   ./sentinel_exchange
@@ -81,10 +82,23 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
       tags_exchange<1, B, H, THREADS>((uint64_t*)ws, tile, t);
     } else {  // the sentinel: slot t of the T-slot buffer, strong stores, 16-byte relaxed polls
       __half* slot = ws + (size_t)t * B * H;
-      for (int i = threadIdx.x; i < U * B; i += THREADS) {
-        const int b = i / U, u = blockIdx.x * U + i % U;
-        asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" :: "l"(slot + b * H + u),
-                     "h"(__half_as_ushort(probe_value(u, b, t))) : "memory");
+      if (MODE == 5 && U % 8 == 0) {  // eight values a thread, one 16-byte store
+        for (int i = threadIdx.x; i < U / 8 * B; i += THREADS) {
+          const int b = i / (U / 8), u = blockIdx.x * U + i % (U / 8) * 8;
+          unsigned w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            w[e] = __half_as_ushort(probe_value(u + 2 * e, b, t)) |
+                   (unsigned)__half_as_ushort(probe_value(u + 2 * e + 1, b, t)) << 16;
+          asm volatile("st.relaxed.gpu.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(slot + b * H + u),
+                       "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+        }
+      } else {
+        for (int i = threadIdx.x; i < U * B; i += THREADS) {
+          const int b = i / U, u = blockIdx.x * U + i % U;
+          asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" :: "l"(slot + b * H + u),
+                       "h"(__half_as_ushort(probe_value(u, b, t))) : "memory");
+        }
       }
       uint4 v[PER];
       unsigned stale = 0;
@@ -115,13 +129,13 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
 
 template <int MODE, int B, int H>
 void run(int ctas, int steps) {
-  constexpr bool SENTINEL = MODE == 1 || MODE == 2 || MODE == 4;
+  constexpr bool SENTINEL = MODE == 1 || MODE == 2 || MODE >= 4;
   const size_t slots = SENTINEL ? steps : 2, bytes = slots * B * H * (MODE == 3 ? 8 : sizeof(__half));
   unsigned *cnt, *bad; __half* ws;
   CK(cudaMalloc(&cnt, 4)); CK(cudaMalloc(&bad, 4)); CK(cudaMalloc(&ws, bytes));
   // the sentinel fill (for the counter, nothing it needs) is part of each timed launch
   const float best = best_launch_ms<B, H>(k<MODE, B, H>, ctas, THREADS, cnt, ws, bytes, true, steps, bad);
-  printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", MODE == 3 ? "tags" : MODE == 2 ? "sentinel+backoff" : MODE == 4 ? "sentinel+stagger" : SENTINEL ? "sentinel"
+  printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", MODE == 3 ? "tags" : MODE == 2 ? "sentinel+backoff" : MODE == 4 ? "sentinel+stagger" : MODE == 5 ? "sentinel+st16" : SENTINEL ? "sentinel"
          : "counter",
          B, H, ctas,
          best * 1000.f / steps);
@@ -130,6 +144,7 @@ void run(int ctas, int steps) {
 template <int B, int H> void sweep(int steps) {
   for (int ctas = H / 16; ctas <= 128 && ctas <= H; ctas *= 2) {
     run<0, B, H>(ctas, steps); run<1, B, H>(ctas, steps); run<2, B, H>(ctas, steps); run<4, B, H>(ctas, steps);
+    run<5, B, H>(ctas, steps);
     if constexpr (B * H / 2 / THREADS <= 32) run<3, B, H>(ctas, steps);
   }
 }
