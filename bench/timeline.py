@@ -1,6 +1,7 @@
-"""Where a direct-fragment kernel's step goes: each block's poll, block barrier and publish of each batch tile,
-from clocks the kernel records (``prnn_tvm.bench.timeline``). Default: LSTM fp16 1024x16 in cuDNN's layout (16
-units on 64 blocks of 8 warps, each warp with every row tile, two tiles of 8 rows in turn).
+"""Where a tensor-core kernel's step goes: each block's poll, block barrier and publish (of each batch tile, where
+direct fragments run them in turn), from clocks the kernel records (``prnn_tvm.bench.timeline``). Default: LSTM
+fp16 1024x16 in cuDNN's layout (16 units on 64 blocks of 8 warps, each warp with every row tile, two tiles of 8
+rows in turn); ``--config '{}'``: the layer's tuned or default config.
 
     python bench/timeline.py [--cell lstm --hidden 1024 --batch 16 --dtype float16 --config '{...}']
 
@@ -21,9 +22,9 @@ p.add_argument("--dtype", default="float16")
 p.add_argument("--config", type=json.loads, default=CUDNN_LAYOUT)
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")
 args = p.parse_args()
-layer, g = timeline.instrumented_layer(args.cell, args.hidden, args.batch, args.dtype, args.config, args.arch)
+layer, g, tiles = timeline.instrumented_layer(args.cell, args.hidden, args.batch, args.dtype, args.config, args.arch)
 print(layer.report.format())
 if args.arch is None:
-    timeline.run(layer, g)  # a first launch
-    for line in timeline.summary(timeline.run(layer, g, seed=1), layer.kernel.config.batch_groups):
+    timeline.run(layer, g, tiles)  # a first launch
+    for line in timeline.summary(timeline.run(layer, g, tiles, seed=1), layer.kernel.config.batch_groups):
         print(line)

@@ -10,22 +10,35 @@ DIRECT = {"units_per_cta": 16, "k_groups": 8, "m_tiles_per_warp": 4, "n_tiles": 
           "operand_path": "direct"}
 
 
-def test_the_rewrite_applies_to_a_direct_kernel_and_compiles():
-    layer, g = timeline.instrumented_layer("lstm", 128, 16, "float16", DIRECT, arch="sm_90")
+@pytest.mark.parametrize("batch, knobs, tiles", [
+    (16, {}, 2),  # direct fragments, two tiles in turn: stamps per tile
+    (8, {}, 1),  # direct fragments, one tile: per step
+    (8, {"operand_path": "shared"}, 1),  # the shared operand tile (prnn_sentinel_copy), one pass: per step
+    (16, {"operand_path": "shared", "batch_groups": 2}, 1)])  # two groups of one pass each
+def test_the_rewrite_applies_and_compiles(batch, knobs, tiles):
+    layer, g, stamped = timeline.instrumented_layer("lstm", 128, batch, "float16", {**DIRECT, **knobs}, arch="sm_90")
     source = layer.cuda_source
-    assert g.batch_chunks == 2 and g.items_per_thread == 1
+    assert stamped == tiles and g.items_per_thread == 1
     assert source.count("prnn_timeline_ns()") == 1 + 3  # defined; before the poll, after the barrier and the publish
-    assert f"prnn_timeline[{timeline.STEPS * 2 * timeline.SLOTS}]" in source
+    assert f"prnn_timeline[{timeline.STEPS * tiles * timeline.SLOTS}]" in source
     assert "threadIdx.x % 128 == 0" in source  # the first item of each 8 x 16 tile records it
-    report = layer.report
     # ptxas read the rewritten kernel: the stamps' shared words are its static shared memory
-    assert report.spill_bytes == 0 and report.static_smem_bytes >= 8 * timeline.STEPS * 2 * timeline.SLOTS, \
+    report = layer.report
+    assert report.spill_bytes == 0 and report.static_smem_bytes >= 8 * timeline.STEPS * tiles * timeline.SLOTS, \
         report.format()
 
 
-def test_layers_it_cannot_read_are_refused():
-    with pytest.raises(ValueError, match="in turn"):  # one batch tile: nothing runs in turn
-        timeline.instrumented_layer("lstm", 128, 8, "float16", DIRECT, arch="sm_90")
+@pytest.mark.parametrize("dtype, knobs, why", [
+    ("float16", {"operand_path": "shared"}, "more than one batch tile per pass"),  # two passes of 8 rows
+    ("float16", {"barrier": "counter", "operand_path": "shared"}, "not the sentinel exchange"),
+    ("float16", {"k_groups": 2}, "more than one item per thread"),  # 2 warps, 256 items
+    ("float32", None, "not the tensor-core template")])
+def test_layers_it_cannot_read_are_refused(dtype, knobs, why):
+    with pytest.raises(ValueError, match=why):
+        timeline.instrumented_layer("lstm", 128, 16, dtype, knobs and {**DIRECT, **knobs}, arch="sm_90")
+
+
+def test_a_source_without_its_anchors_is_refused():
     with pytest.raises(ValueError, match="recurrent kernel"):
         timeline.instrument("__global__ void other() {}", 2, 128)
 
@@ -55,8 +68,8 @@ def test_the_stamps_of_a_run_are_ordered_in_every_block():
     every block on an SM of this GPU."""
     from prnn_tvm.target import gpu_spec
 
-    layer, g = timeline.instrumented_layer("lstm", 128, 16, "float16", DIRECT)
-    stamps = timeline.run(layer, g)
+    layer, g, tiles = timeline.instrumented_layer("lstm", 128, 16, "float16", DIRECT)
+    stamps = timeline.run(layer, g, tiles)
     assert stamps.shape == (g.ctas, timeline.STEPS, 2, timeline.SLOTS)
     c0, c1, c2, c3, g0, g2, g3, sm = (stamps[..., i] for i in range(timeline.SLOTS))
     assert (c0 <= c1).all() and (c1 <= c2).all() and (c2 <= c3).all()

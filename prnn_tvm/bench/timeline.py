@@ -1,20 +1,19 @@
-"""A timeline of a direct-fragment kernel's steps: when each block polled, passed its block barrier and
-published each batch tile, read from clocks the kernel itself records.
+"""A timeline of a tensor-core kernel's steps: when each block polled, passed its block barrier and published,
+read from clocks the kernel itself records.
 
-For a layer whose batch tiles run in turn (``operand_path="direct"`` over more than one tile,
-``PersistentBuilder.tile_by_tile``), :func:`instrument` rewrites the generated CUDA so that, in every block and
-for each step and tile, the thread of the tile's first item keeps seven stamps in shared memory: ``clock64`` and
-``%globaltimer`` before the poll, ``clock64`` after it (that thread's own loads only), ``clock64`` and
-``%globaltimer`` after the block barrier (every warp's loads and products done), ``clock64`` and
-``%globaltimer`` after its publish, and the block's SM. After the time loop each block writes its stamps over
-the start of ``xp`` (its own steps are done; every block is past them), where :func:`run` reads them back
-(:func:`instrumented_layer` builds such a layer).
-:func:`summary` turns them into the figures a reader needs to see where a step goes: the phases' durations, how
-far apart the blocks publish the same tile, how long after the last publish of the values a block needs it has
-them, and which SMs are late.
+For a one-phase layer with the ``sentinel`` exchange, :func:`instrument` rewrites the generated CUDA so that, in
+every block and for each step (and each batch tile, where direct fragments run the tiles in turn:
+``PersistentBuilder.tile_by_tile``), the thread of the tile's first item keeps seven stamps in shared memory:
+``clock64`` and ``%globaltimer`` before the poll, ``clock64`` after it (direct fragments: that thread's own loads;
+a shared operand tile: the block's poll and copy), ``clock64`` and ``%globaltimer`` after the block barrier that
+ends the products, ``clock64`` and ``%globaltimer`` after its publish, and the block's SM. After the time loop
+each block writes its stamps over the start of ``xp`` (its own steps are done; every block is past them), where
+:func:`run` reads them back (:func:`instrumented_layer` builds such a layer). :func:`summary` turns them into the
+figures a reader needs to see where a step goes: the phases' durations, how far apart the blocks publish the same
+tile, how long after the last publish of the values a block needs it has them, and which SMs are late.
 
 The rewrite is textual: it finds its anchors in the kernel's source and raises ``ValueError`` where one moved
-(a test builds a small layer and checks they are still there). Timing only: the stamps cost a few percent.
+(a test builds small layers and checks they are still there). Timing only: the stamps cost a few percent.
 """
 
 from __future__ import annotations
@@ -50,23 +49,30 @@ def instrument(source: str, tiles: int, tile_items: int) -> str:
     words = STEPS * tiles * SLOTS
     source = (source[:shared.end()] + f"  __shared__ unsigned long long prnn_timeline[{words}];\n"
               + source[shared.end():])
-    tile = _find(r"^(\s*)int b0 = \((\w+) \* \d+\);$", source, "batch-tile loop", kernel)
-    bc = tile[2]
-    headers = list(re.finditer(rf"^\s*for \(int {bc} = 0; {bc} < {tiles}; \+\+{bc}\) \{{\n", source[:tile.start()],
-                               re.M))
+    polls = list(re.finditer(r"prnn_sentinel_(?:frags|copy)<[^;]*, (\w+), sync_ptr, timeout_us\);", source))
+    if not polls:
+        raise ValueError("timeline: no sentinel poll in the kernel source (a one-phase layer with the sentinel "
+                         "exchange is needed)")
+    step = polls[-1][1]
+    if tiles > 1:  # the batch-tile loop of tile_by_tile: stamps per tile
+        tile = _find(r"^(\s*)int b0 = \((\w+) \* \d+\);$", source, "batch-tile loop", kernel)
+        bc = tile[2]
+        loop = rf"^\s*for \(int {bc} = 0; {bc} < {tiles}; \+\+{bc}\) \{{\n"
+        before = tile.start()
+    else:  # one tile: stamps per step
+        bc, loop, before = "0", rf"^\s*for \(int {step} = 0; {step} < seq_len; \+\+{step}\) \{{\n", polls[-1].start()
+    headers = list(re.finditer(loop, source[:before], re.M))
     if not headers:
-        raise ValueError(f"timeline: no loop over {tiles} tiles in the kernel source")
+        raise ValueError(f"timeline: no loop over {'tiles' if tiles > 1 else 'steps'} before the poll in the kernel "
+                         "source")
     header = headers[-1]
     source = (source[:header.end()] + "      unsigned long long prnn_c0 = clock64(), prnn_g0 = prnn_timeline_ns();\n"
               + source[header.end():])
-    polls = list(re.finditer(r"prnn_sentinel_frags<[^;]*, (\w+), sync_ptr, timeout_us\);", source))
-    if not polls:
-        raise ValueError("timeline: no direct-fragment poll in the kernel source (a layer with "
-                         "operand_path='direct' and batch tiles in turn is needed)")
-    step = polls[-1][1]
+    polls = list(re.finditer(r"prnn_sentinel_(?:frags|copy)<[^;]*, sync_ptr, timeout_us\);", source))
     after = _find(r"^\s*\w+\[0\] = 0x0p\+0f", source, "accumulator reset after the poll", polls[-1].end())
     source = source[:after.start()] + "      unsigned long long prnn_c1 = clock64();\n" + source[after.start():]
-    barrier = _find(r"^\s*(\w+)\[0\] = prnn_block_or\(\1\[0\]\);\n", source, "block barrier", after.start())
+    barrier = _find(r"^\s*(?:(\w+)\[0\] = prnn_block_or\(\1\[0\]\);|__syncthreads\(\);)\n", source,
+                    "block barrier after the products", after.start())
     source = (source[:barrier.end()] + "      unsigned long long prnn_c2 = clock64(), prnn_g2 = prnn_timeline_ns();\n"
               + source[barrier.end():])
     publish = _find(r"^(\s*)prnn_sentinel_store<\w+>\(.*\);\n", source, "publish", barrier.end())
@@ -82,31 +88,40 @@ def instrument(source: str, tiles: int, tile_items: int) -> str:
 
 
 def instrumented_layer(cell: str, hidden: int, batch: int, dtype: str, config: dict, arch: str | None = None):
-    """``(layer, geometry)``: the layer of ``config`` (direct fragments, batch tiles in turn, one item per
-    thread) built from :func:`instrument`'s source."""
+    """``(layer, geometry, tiles)``: the layer of ``config`` built from :func:`instrument`'s source, and the tiles
+    stamped per step. The tensor-core template with the ``sentinel`` exchange, one phase, one part, one item per
+    thread; its stamps are per batch tile where direct fragments run the tiles in turn, else per step (a shared
+    operand tile: one batch tile per pass)."""
     from ..codegen import build
     from ..compiler import compile_cell
     from ..schedules import persistent_mma_config as mc
+    from ..schedules.ranking import parts
 
-    plain = compile_cell(cell, hidden, batch, dtype=dtype, config=config, arch=arch)
+    plain = compile_cell(cell, hidden, batch, dtype=dtype, config=config or None, arch=arch)
     cfg = plain.kernel.config
-    g = mc.geometry(cfg, plain.plan)
-    if not (isinstance(cfg, mc.MmaConfig) and cfg.direct and g.batch_chunks > 1 and g.items_per_thread == 1):
-        raise ValueError(f"timeline: {plain.report.format().splitlines()[4].split(None, 1)[1]} does not run its "
-                         "batch tiles in turn with one item per thread (operand_path='direct', n_tiles below the "
-                         "batch)")
+    g = mc.geometry(cfg, plain.plan) if isinstance(cfg, mc.MmaConfig) else None
+    why = ("not the tensor-core template" if g is None else
+           "not the sentinel exchange" if cfg.barrier != "sentinel" else
+           "more than one phase or part" if plain.plan.phases > 1 or len(parts(cfg.layout, plain.plan)) > 1 else
+           "more than one item per thread" if g.items_per_thread > 1 else
+           "more than one batch tile per pass of a shared operand tile" if not cfg.direct and g.batch_chunks > 1
+           else None)
+    if why:
+        raise ValueError(f"timeline: {cell} {hidden}x{batch} {dtype} with {plain.report.config}: {why}")
+    tiles = g.batch_chunks if cfg.direct else 1
+    # every CUDA source a build compiles, and the one its layer keeps, passes through coherent_exchange
     coherent = build.coherent_exchange
-    build.coherent_exchange = lambda code, plain_args: instrument(coherent(code, plain_args), g.batch_chunks,
+    build.coherent_exchange = lambda code, plain_args: instrument(coherent(code, plain_args), tiles,
                                                                   cfg.batch_tile * cfg.units_per_cta)
     try:
-        return compile_cell(cell, hidden, batch, dtype=dtype, config=cfg.as_dict(), arch=arch), g
+        return compile_cell(cell, hidden, batch, dtype=dtype, config=cfg.as_dict(), arch=arch), g, tiles
     finally:
         build.coherent_exchange = coherent
 
 
-def run(layer, g, seed: int = 0) -> np.ndarray:
-    """Run an :func:`instrumented_layer` (``g``: its geometry) on random inputs for :data:`STEPS` steps; its
-    stamps, ``(blocks, steps, tiles, SLOTS)`` int64."""
+def run(layer, g, tiles: int, seed: int = 0) -> np.ndarray:
+    """Run an :func:`instrumented_layer` (``g``, ``tiles``: what it returned with it) on random inputs for
+    :data:`STEPS` steps; its stamps, ``(blocks, steps, tiles, SLOTS)`` int64."""
     import tvm
 
     from ..reference import random_inputs
@@ -114,14 +129,14 @@ def run(layer, g, seed: int = 0) -> np.ndarray:
     inputs = random_inputs(layer.plan, STEPS, layer.input_size, seed=seed)
     rng = np.random.default_rng(seed)
     xp = rng.standard_normal((STEPS, layer.plan.batch, layer.plan.input.slices * layer.plan.hidden)) * 0.5
-    words = STEPS * g.batch_chunks * SLOTS
+    words = STEPS * tiles * SLOTS
     if xp.size * 4 < g.ctas * words * 8:
         raise ValueError(f"timeline: xp ({xp.size * 4} B) cannot hold {g.ctas} blocks' stamps")
     xp = tvm.runtime.tensor(xp.astype("float32"), layer.device)
     layer.recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     layer.device.sync()
     stamps = xp.numpy().view(np.uint64).reshape(-1)[: g.ctas * words]
-    return stamps.astype(np.int64).reshape(g.ctas, STEPS, g.batch_chunks, SLOTS)
+    return stamps.astype(np.int64).reshape(g.ctas, STEPS, tiles, SLOTS)
 
 
 def summary(stamps: np.ndarray, groups: int = 1, skip: int = 8) -> list[str]:
