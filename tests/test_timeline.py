@@ -77,3 +77,20 @@ def test_the_stamps_of_a_run_are_ordered_in_every_block():
     assert (np.diff(g0[:, :, 0], axis=1) > 0).all()  # each step's first tile after the step before's
     assert ((0 <= sm) & (sm < gpu_spec().sms)).all()
     assert len(timeline.summary(stamps)) == 5
+
+
+def test_a_source_rewrite_applies_within_its_block_only():
+    """``codegen.build.rewriting_sources``, the hook the timeline builds through: the layer built inside the block
+    compiles and keeps the rewritten source; one built after it (the block left by an exception) does not."""
+    import prnn_tvm
+    from prnn_tvm.codegen import build
+
+    def mark(code):
+        return code + "\n// rewritten\n"
+
+    with pytest.raises(RuntimeError), build.rewriting_sources(mark):
+        inside = prnn_tvm.compile_cell("lstm", 16, 2, dtype="float16", arch="sm_90", tuning_logs=[])
+        raise RuntimeError("leave the block")
+    after = prnn_tvm.compile_cell("lstm", 16, 2, dtype="float16", arch="sm_90", tuning_logs=[])
+    assert inside.cuda_source.endswith("// rewritten\n") and "// rewritten" not in after.cuda_source
+    assert inside.cuda_source.replace("\n// rewritten\n", "") == after.cuda_source

@@ -109,14 +109,8 @@ def instrumented_layer(cell: str, hidden: int, batch: int, dtype: str, config: d
     if why:
         raise ValueError(f"timeline: {cell} {hidden}x{batch} {dtype} with {plain.report.config}: {why}")
     tiles = g.batch_chunks if cfg.direct else 1
-    # every CUDA source a build compiles, and the one its layer keeps, passes through coherent_exchange
-    coherent = build.coherent_exchange
-    build.coherent_exchange = lambda code, plain_args: instrument(coherent(code, plain_args), tiles,
-                                                                  cfg.batch_tile * cfg.units_per_cta)
-    try:
+    with build.rewriting_sources(lambda code: instrument(code, tiles, cfg.batch_tile * cfg.units_per_cta)):
         return compile_cell(cell, hidden, batch, dtype=dtype, config=cfg.as_dict(), arch=arch), g, tiles
-    finally:
-        build.coherent_exchange = coherent
 
 
 def run(layer, g, tiles: int, seed: int = 0) -> np.ndarray:

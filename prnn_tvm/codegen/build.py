@@ -72,6 +72,29 @@ def coherent_exchange(source: str, plain: set[str]) -> str:
     return _RESTRICT.sub(lambda m: f"{m[1]} {m[2]}_ptr" if m[2] in plain else m[0], source)
 
 
+_REWRITES: list = []  # source rewrites installed by rewriting_sources, applied in order
+
+
+@contextlib.contextmanager
+def rewriting_sources(rewrite):
+    """Within the block, every CUDA source a build compiles, and the one its layer keeps, is ``rewrite(source)``
+    (after :func:`coherent_exchange`): instrumentation of the generated kernels, e.g. ``prnn_tvm.bench.timeline``'s
+    clocks. Outside such a block a build compiles what TVM generated."""
+    _REWRITES.append(rewrite)
+    try:
+        yield
+    finally:
+        _REWRITES.remove(rewrite)
+
+
+def _compiled_source(code: str, plain: set[str]) -> str:
+    """What a build compiles of TVM's CUDA ``code``: :func:`coherent_exchange`, then any :func:`rewriting_sources`."""
+    code = coherent_exchange(code, plain)
+    for rewrite in _REWRITES:
+        code = rewrite(code)
+    return code
+
+
 def plain_args(funcs) -> set[str]:
     """The arguments the PrimFuncs ``funcs`` list in their ``PLAIN_ARGS`` attribute (see :func:`coherent_exchange`)."""
     return {str(name) for f in funcs for name in ((f.attrs.get(PLAIN_ARGS, None) if f.attrs else None) or ())}
@@ -80,12 +103,12 @@ def plain_args(funcs) -> set[str]:
 @contextlib.contextmanager
 def nvcc_compile(arch: str, reports: list, plain: set[str]):
     """Route TVM's CUDA compilation through nvcc for ``arch`` while building, with ``__restrict__``
-    off the ``plain`` arguments (:func:`coherent_exchange`); restore after."""
+    off the ``plain`` arguments (:func:`coherent_exchange`) and any :func:`rewriting_sources`; restore after."""
     name = "tvm_callback_cuda_compile"
     previous = tvm.get_global_func(name, allow_missing=True)
 
     def compile_with_nvcc(code, *_):
-        cubin, report = ptxas.compile_cuda(coherent_exchange(code, plain), arch)
+        cubin, report = ptxas.compile_cuda(_compiled_source(code, plain), arch)
         reports.append(report)
         return bytearray(cubin)
 
@@ -141,7 +164,7 @@ def build_functions(funcs: dict, target: tvm.target.Target, gpu: GpuSpec | None)
     plain = plain_args(funcs.values())
     with target, nvcc_compile(gpu.arch, reports, plain):
         lib = tvm.tirx.build(mod, target=target, pipeline=PIPELINE)
-    source = coherent_exchange(lib.imports[0].inspect_source(), plain)
+    source = _compiled_source(lib.imports[0].inspect_source(), plain)
     if reports:
         return Built(lib, source, reports[-1])
     try:
