@@ -79,7 +79,8 @@ _REWRITES: list = []  # source rewrites installed by rewriting_sources, applied 
 def rewriting_sources(rewrite):
     """Within the block, every CUDA source a build compiles, and the one its layer keeps, is ``rewrite(source)``
     (after :func:`coherent_exchange`): instrumentation of the generated kernels, e.g. ``prnn_tvm.bench.timeline``'s
-    clocks. Outside such a block a build compiles what TVM generated."""
+    clocks. Outside such a block a build compiles what TVM generated. The rewrite holds for the whole process while
+    the block runs (builds on other threads included)."""
     _REWRITES.append(rewrite)
     try:
         yield
