@@ -288,14 +288,13 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.k_chains > max(1, g.k_tiles_per_warp):
         raise ConfigError(f"k_chains={cfg.k_chains}: a warp has {g.k_tiles_per_warp} k tiles to share among its "
                           "accumulator sets; lower k_chains or k_groups")
-    if cfg.direct and g.tagged_per_thread > 32:
-        raise ConfigError(f"operand_path='direct' polls {g.tagged_per_thread} loads per lane ({cfg.n_tiles} batch "
-                          f"tiles x {g.k_tiles_per_warp} k tiles of 16); at most 32: lower n_tiles or raise k_groups")
-    if g.tagged_per_thread > 32:
-        raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
-                          f"(batch tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each "
-                          "operand one poll waits on); at most 32: "
-                          "lower n_tiles or raise k_groups")
+    if g.tagged_per_thread > 32:  # one stale bit per load a poll waits on
+        polls = (f"operand_path='direct' polls {g.tagged_per_thread} loads per lane ({cfg.n_tiles} batch tiles x "
+                 f"{g.k_tiles_per_warp} k tiles of 16)" if cfg.direct else
+                 f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread (batch tile "
+                 f"{cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each operand one poll waits "
+                 "on)")
+        raise ConfigError(f"{polls}; at most 32: lower n_tiles or raise k_groups")
     if g.threads > 1024:
         per_warp = f", {cfg.m_tiles_per_warp} per warp" if cfg.m_tiles_per_warp > 1 else ""
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles{per_warp} x k_groups {cfg.k_groups}); "
