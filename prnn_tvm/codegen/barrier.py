@@ -293,13 +293,18 @@ __device__ __forceinline__ unsigned prnn_sentinel_marks(unsigned w) {
   if (sizeof(V) == 4) return w == 0xffffffffu ? 1u : 0u;
   return ((w & 0x7fff7fffu) + 0x00010001u) & w & 0x80008000u;
 }
-// Whether the WORDS words at w hold no sentinel (a 2-byte load's word: its high half is 0).
-template <typename V, int WORDS>
-__device__ __forceinline__ bool prnn_sentinel_fresh(const unsigned* w) {
-  unsigned marks = 0u;
+// The bits of stale whose loads still hold the sentinel: load j is the WORDS words at w + j * WORDS (a 2-byte
+// load's word: its high half is 0). A poll's one check of what its round of loads brought.
+template <typename V, int WORDS, int LOADS>
+__device__ __forceinline__ unsigned prnn_still_stale(const unsigned* w, unsigned stale) {
 #pragma unroll
-  for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[e]);
-  return !marks;
+  for (int j = 0; j < LOADS; ++j) {
+    unsigned marks = 0u;
+#pragma unroll
+    for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j * WORDS + e]);
+    if ((stale & (1u << j)) && !marks) stale &= ~(1u << j);
+  }
+  return stale;
 }
 // One relaxed load of BYTES (16, 8, 4 or 2) at p into the words at w (2 bytes: the low half of w[0]).
 template <int BYTES>
@@ -362,11 +367,7 @@ __device__ __forceinline__ int prnn_sentinel_copy(const V* src0, V* dst0, int n0
         prnn_relaxed_load<BYTES>((j < PER ? src0 : src1) + (threadIdx.x + (j % PER) * blockDim.x) * VEC, w[j]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < LOADS; ++j) {
-      const bool fresh = prnn_sentinel_fresh<V, WORDS>(w[j]);
-      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
-    }
+    stale = prnn_still_stale<V, WORDS, LOADS>(&w[0][0], stale);
     // the step whose values never came is step - 1: record it as (step - 1) + 1
     if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
       failed = 1;
@@ -426,11 +427,7 @@ __device__ __forceinline__ int prnn_sentinel_frags(const V* src, long long row_s
       }
     }
     if (!POLL) break;
-#pragma unroll
-    for (int j = 0; j < LOADS; ++j) {
-      const bool fresh = prnn_sentinel_fresh<V, WORDS>(w + j * WORDS);
-      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
-    }
+    stale = prnn_still_stale<V, WORDS, LOADS>(w, stale);
     // the step whose values never came is step - 1: record it as (step - 1) + 1
     if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
       failed = 1;
