@@ -27,7 +27,9 @@ def test_tiny_run_measures_checks_and_writes_outputs(tmp_path):
         assert row["max_abs_err"] < bound and row["graph_max_err"] < 2 * bound  # both sides rounded
         for name in table.TIMED:
             assert 0 < row[f"{name}_min_ms"] <= row[f"{name}_ms"] < 100, name
-        assert row["prnn_kernel_ms"] < row["prnn_layer_ms"] * 1.05  # the kernel is part of the layer
+        # The kernel is part of the layer. Their fastest repeats are compared: the medians, timed apart while
+        # other test processes share the GPU, once came out the other way round.
+        assert row["prnn_kernel_min_ms"] < row["prnn_layer_min_ms"] * 1.05
         assert 0 < row["prnn_host_us"] < 1e5 and 0 < row["cudnn_host_us"]
         assert 0 < row["barrier_us"] < row["floor_step_us"] < 1e3
         assert row["config_origin"].startswith(("default: ", "tuned: "))  # the words, not the enum's repr
