@@ -8,7 +8,9 @@
 // every row and copies the whole tile into shared memory each step; values are checked. The sentinel fill
 // of the whole buffer (a memset before the launch) is inside the timed region. Variants: a back-off of 64 ns
 // between polls; two polls in flight 100 ns apart after a first miss (staggered_poll); each CTA's values
-// published as 16-byte stores of eight values (one store per 16 B instead of one per value).
+// published as 16-byte stores of eight values (one store per 16 B instead of one per value); each value
+// published into R = 2 or 4 replicas of the slot, CTA c polling replica c % R (a line polled by 1/R of the
+// CTAs; the fill covers the replicas).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o sentinel_exchange sentinel_exchange.cu
 //   ./sentinel_exchange
@@ -69,6 +71,9 @@ __device__ __forceinline__ unsigned staggered_poll(const __half* slot, uint4* v,
   return 0;
 }
 
+// MODE 6 and 7: the slot in 2 and 4 replicas.
+__host__ __device__ constexpr int replicas(int mode) { return mode == 6 ? 2 : mode == 7 ? 4 : 1; }
+
 template <int MODE, int B, int H>
 __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int steps, unsigned* bad) {
   extern __shared__ __half tile[];  // B rows of H (+8) halves
@@ -81,8 +86,15 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
     } else if constexpr (MODE == 3) {  // the project's tags: one half per tagged 64-bit word
       tags_exchange<1, B, H, THREADS>((uint64_t*)ws, tile, t);
     } else {  // the sentinel: slot t of the T-slot buffer, strong stores, 16-byte relaxed polls
-      __half* slot = ws + (size_t)t * B * H;
-      if (MODE == 5 && U % 8 == 0) {  // eight values a thread, one 16-byte store
+      constexpr int R = replicas(MODE);
+      __half* slot = ws + ((size_t)t * R + blockIdx.x % R) * B * H;  // the replica this CTA polls
+      if (R > 1) {  // every replica gets every value
+        for (int i = threadIdx.x; i < U * B * R; i += THREADS) {
+          const int r = i / (U * B), b = i % (U * B) / U, u = blockIdx.x * U + i % U;
+          asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" :: "l"(ws + ((size_t)t * R + r) * B * H + b * H + u),
+                       "h"(__half_as_ushort(probe_value(u, b, t))) : "memory");
+        }
+      } else if (MODE == 5 && U % 8 == 0) {  // eight values a thread, one 16-byte store
         for (int i = threadIdx.x; i < U / 8 * B; i += THREADS) {
           const int b = i / (U / 8), u = blockIdx.x * U + i % (U / 8) * 8;
           unsigned w[4];
@@ -130,12 +142,12 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
 template <int MODE, int B, int H>
 void run(int ctas, int steps) {
   constexpr bool SENTINEL = MODE == 1 || MODE == 2 || MODE >= 4;
-  const size_t slots = SENTINEL ? steps : 2, bytes = slots * B * H * (MODE == 3 ? 8 : sizeof(__half));
+  const size_t slots = SENTINEL ? (size_t)steps * replicas(MODE) : 2, bytes = slots * B * H * (MODE == 3 ? 8 : sizeof(__half));
   unsigned *cnt, *bad; __half* ws;
   CK(cudaMalloc(&cnt, 4)); CK(cudaMalloc(&bad, 4)); CK(cudaMalloc(&ws, bytes));
   // the sentinel fill (for the counter, nothing it needs) is part of each timed launch
   const float best = best_launch_ms<B, H>(k<MODE, B, H>, ctas, THREADS, cnt, ws, bytes, true, steps, bad);
-  printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", MODE == 3 ? "tags" : MODE == 2 ? "sentinel+backoff" : MODE == 4 ? "sentinel+stagger" : MODE == 5 ? "sentinel+st16" : SENTINEL ? "sentinel"
+  printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", MODE == 3 ? "tags" : MODE == 2 ? "sentinel+backoff" : MODE == 4 ? "sentinel+stagger" : MODE == 5 ? "sentinel+st16" : MODE == 6 ? "sentinel x2" : MODE == 7 ? "sentinel x4" : SENTINEL ? "sentinel"
          : "counter",
          B, H, ctas,
          best * 1000.f / steps);
@@ -144,7 +156,7 @@ void run(int ctas, int steps) {
 template <int B, int H> void sweep(int steps) {
   for (int ctas = H / 16; ctas <= 128 && ctas <= H; ctas *= 2) {
     run<0, B, H>(ctas, steps); run<1, B, H>(ctas, steps); run<2, B, H>(ctas, steps); run<4, B, H>(ctas, steps);
-    run<5, B, H>(ctas, steps);
+    run<5, B, H>(ctas, steps); run<6, B, H>(ctas, steps); run<7, B, H>(ctas, steps);
     if constexpr (B * H / 2 / THREADS <= 32) run<3, B, H>(ctas, steps);
   }
 }

@@ -85,12 +85,12 @@ __device__ __forceinline__ unsigned wrong_values(const __half* tile, int t) {
 }
 
 // Host side: kernel(cnt, ws, steps, bad) launched cooperatively on ctas x threads with the state tile's shared
-// memory (B rows of H + 8 halves), 6 times, each after cnt and bad are zeroed and the ws_bytes of ws filled with
-// 0xff (inside the timed region where fill_timed: the sentinel fill is part of a step's cost). Prints each
-// launch's wrong values; returns the milliseconds of the fastest of the last 5.
+// memory (B rows of H + 8 halves), 6 times, each after the cnt_bytes of cnt and bad are zeroed and the ws_bytes
+// of ws filled with 0xff (inside the timed region where fill_timed: the sentinel fill is part of a step's cost).
+// Prints each launch's wrong values; returns the milliseconds of the fastest of the last 5.
 template <int B, int H, typename Kernel, typename Ws>
 float best_launch_ms(Kernel kernel, int ctas, int threads, unsigned* cnt, Ws* ws, size_t ws_bytes, bool fill_timed,
-                     int steps, unsigned* bad) {
+                     int steps, unsigned* bad, size_t cnt_bytes = 4) {
   const int smem = B * (H + 8) * 2;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3(ctas); cfg.blockDim = dim3(threads); cfg.dynamicSmemBytes = smem;
@@ -98,7 +98,7 @@ float best_launch_ms(Kernel kernel, int ctas, int threads, unsigned* cnt, Ws* ws
   cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
   float best = 1e30f;
   for (int rep = 0; rep < 6; ++rep) {
-    CK(cudaMemset(cnt, 0, 4)); CK(cudaMemset(bad, 0, 4));
+    CK(cudaMemset(cnt, 0, cnt_bytes)); CK(cudaMemset(bad, 0, 4));
     if (!fill_timed) CK(cudaMemset(ws, 0xff, ws_bytes));
     CK(cudaEventRecord(a));
     if (fill_timed) CK(cudaMemsetAsync(ws, 0xff, ws_bytes));
