@@ -58,7 +58,7 @@ def row(kind: str, H: int, B: int, layers: int, dtype: str) -> str:
     config = " ".join(f"{k}={v}" for k, v in stack.report.config.items())
     return (f"{name} {times[True]:.3f} | {times[False]:.3f} | {times[False] / times[True]:.2f}x | {cudnn:.3f} | "
             f"{cudnn / times[True]:.2f}x (max diff {error:.1e}) | {steps[0]:.2f} / {steps[1]:.2f} = "
-            f"{steps[0] / steps[1]:.2f}x | {config} ({stack.report.config_origin}) |")
+            f"{steps[0] / steps[1]:.2f}x | {config} ({stack.report.config_origin.value}) |")
 
 
 for shape in SHAPES:
