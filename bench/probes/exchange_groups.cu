@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
         for (int j = 0; j < P3; ++j) stale |= (j * 32 + (int)threadIdx.x < N16 ? 1u : 0u) << j;
         while (stale) {
 #pragma unroll
-          for (int j = 0; j < P3; ++j) if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * 32 + threadIdx.x);
+          for (int j = 0; j < P3; ++j)
+            if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * 32 + threadIdx.x);
 #pragma unroll
           for (int j = 0; j < P3; ++j) if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
         }

@@ -30,7 +30,8 @@ template <int N> __host__ __device__ constexpr int tile_offset(int n, int k) {
 }
 __device__ __forceinline__ uint64_t descriptor(const void* smem, unsigned lbo, unsigned sbo) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-  return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) | ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+  return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);  // bits 62-63: 0, no swizzle
 }
 // the A fragment of rows r0..r0+15, k0..k0+15 (mma.m16n8k16's layout, also each warp's share of wgmma's)
 __device__ __forceinline__ void a_fragment(const __half* W, int r0, int k0, unsigned* a) {
@@ -114,14 +115,17 @@ __global__ void __launch_bounds__(THREADS, 1) k(const __half* W, const __half* X
         float* dc = d[s % CH];
         if constexpr (N == 8) {
           asm volatile("{.reg .pred p; setp.ne.b32 p, %9, 0;\n"
-                       "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;}"
+                       "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, "
+                       "p, 1, 1, 0;}"
                        : "+f"(dc[0]), "+f"(dc[1]), "+f"(dc[2]), "+f"(dc[3])
                        : "r"(a[s][0]), "r"(a[s][1]), "r"(a[s][2]), "r"(a[s][3]), "l"(desc), "r"(s / CH));
         } else {
           asm volatile("{.reg .pred p; setp.ne.b32 p, %13, 0;\n"
-                       "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, "
+                       "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+                       "{%8,%9,%10,%11}, %12, "
                        "p, 1, 1, 0;}"
-                       : "+f"(dc[0]), "+f"(dc[1]), "+f"(dc[2]), "+f"(dc[3]), "+f"(dc[4]), "+f"(dc[5]), "+f"(dc[6]), "+f"(dc[7])
+                       : "+f"(dc[0]), "+f"(dc[1]), "+f"(dc[2]), "+f"(dc[3]), "+f"(dc[4]), "+f"(dc[5]), "+f"(dc[6]),
+                         "+f"(dc[7])
                        : "r"(a[s][0]), "r"(a[s][1]), "r"(a[s][2]), "r"(a[s][3]), "l"(desc), "r"(s / CH));
         }
       }
@@ -174,9 +178,11 @@ void run(const __half* W, const __half* X, const std::vector<double>& ref, int c
   for (int i = 0; i < ROWS * N; ++i) { err = fmax(err, fabs(got[i] - ref[i])); mag = fmax(mag, fabs(ref[i])); }
   long long most = 0; for (long long c : cyc) most = c > most ? c : most;
   // the reduction alone sums what the shared memory holds: its error is not a check
-  printf("%-28s %-18s N=%2d  %.1f ns per tile (launch / %d)  %.0f cycles per tile (slowest block)  max error %.2e of %.2e\n",
+  printf("%-28s %-18s N=%2d  %.1f ns per tile (launch / %d)  %.0f cycles per tile (slowest block)  "
+         "max error %.2e of %.2e\n",
          MODE == 0 ? "mma.sync, 8 k groups" : MODE == 1 ? "wgmma, 2 k groups" : "wgmma, 2 k groups, 4 chains",
-         PARTS == 3 ? "products+reduction" : PARTS == 1 ? "products only" : "reduction only", N, best * 1e6f / ITERS, ITERS, (double)most / ITERS, err, mag);
+         PARTS == 3 ? "products+reduction" : PARTS == 1 ? "products only" : "reduction only", N,
+         best * 1e6f / ITERS, ITERS, (double)most / ITERS, err, mag);
   cudaFree(out); cudaFree(cycles);
 }
 
@@ -186,7 +192,8 @@ template <int N> void compare(const __half* dW, const std::vector<__half>& W, in
   std::vector<double> ref(ROWS * N, 0.0);
   for (int r = 0; r < ROWS; ++r)
     for (int n = 0; n < N; ++n)
-      for (int kk = 0; kk < K; ++kk) ref[r * N + n] += (double)__half2float(W[r * K + kk]) * __half2float(X[n * K + kk]);
+      for (int kk = 0; kk < K; ++kk)
+        ref[r * N + n] += (double)__half2float(W[r * K + kk]) * __half2float(X[n * K + kk]);
   __half* dX; CK(cudaMalloc(&dX, N * K * 2)); CK(cudaMemcpy(dX, X.data(), N * K * 2, cudaMemcpyHostToDevice));
   run<0, N>(dW, dX, ref, ctas); run<1, N>(dW, dX, ref, ctas); run<2, N>(dW, dX, ref, ctas);
   run<0, N, 1>(dW, dX, ref, ctas); run<1, N, 1>(dW, dX, ref, ctas); run<2, N, 1>(dW, dX, ref, ctas);

@@ -142,15 +142,15 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
 template <int MODE, int B, int H>
 void run(int ctas, int steps) {
   constexpr bool SENTINEL = MODE == 1 || MODE == 2 || MODE >= 4;
-  const size_t slots = SENTINEL ? (size_t)steps * replicas(MODE) : 2, bytes = slots * B * H * (MODE == 3 ? 8 : sizeof(__half));
+  const size_t slots = SENTINEL ? (size_t)steps * replicas(MODE) : 2;
+  const size_t bytes = slots * B * H * (MODE == 3 ? 8 : sizeof(__half));
   unsigned *cnt, *bad; __half* ws;
   CK(cudaMalloc(&cnt, 4)); CK(cudaMalloc(&bad, 4)); CK(cudaMalloc(&ws, bytes));
   // the sentinel fill (for the counter, nothing it needs) is part of each timed launch
   const float best = best_launch_ms<B, H>(k<MODE, B, H>, ctas, THREADS, cnt, ws, bytes, true, steps, bad);
-  printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", MODE == 3 ? "tags" : MODE == 2 ? "sentinel+backoff" : MODE == 4 ? "sentinel+stagger" : MODE == 5 ? "sentinel+st16" : MODE == 6 ? "sentinel x2" : MODE == 7 ? "sentinel x4" : SENTINEL ? "sentinel"
-         : "counter",
-         B, H, ctas,
-         best * 1000.f / steps);
+  const char* names[] = {"counter", "sentinel", "sentinel+backoff", "tags", "sentinel+stagger", "sentinel+st16",
+                         "sentinel x2", "sentinel x4"};
+  printf("%-16s B=%2d H=%4d CTAs=%3d  %.3f us/step\n", names[MODE], B, H, ctas, best * 1000.f / steps);
   cudaFree(cnt); cudaFree(bad); cudaFree(ws);
 }
 template <int B, int H> void sweep(int steps) {
