@@ -32,7 +32,7 @@ class DtypePolicy:
     compute: str
     error_per_step: float  # the tolerance at T=1; it grows like sqrt(T)
     error_floor: float = 0.0  # at any T: rounding an output of magnitude up to 4 to storage
-    fast_math: bool = False  # GPU kernels: exp, sigmoid, tanh through the hardware's approximate exp2 and reciprocal
+    fast_math: bool = False  # GPU kernels: exp, sigmoid, tanh on the hardware's approximate units
 
     @property
     def itemsize(self) -> int:
@@ -54,9 +54,9 @@ class DtypePolicy:
 # of an output of magnitude 4 (2^-9, 2^-6: ReLU cells' outputs exceed 1); beyond magnitude 4
 # (``BOUND_MAGNITUDE``: a ReLU cell's output, an IndRNN of input size 62 reached 8-16) a value's
 # error counts relative to its magnitude, as its rounding does (``checks.max_abs_error``).
-# The GPU kernels of half layers compute exp, sigmoid and tanh with the hardware's approximate exp2 and
-# reciprocal (``codegen.pointwise.fast_transcendentals``: relative error about 2^-21, absolute 1e-6 for tanh near
-# 0), far below the 2^-11 rounding of each stored value, and a third of the instructions of the exact forms.
+# The GPU kernels of half layers compute exp and sigmoid with the hardware's approximate exp2 and reciprocal
+# (relative error about 2^-21) and tanh with its tanh unit (2^-16.6; ``codegen.pointwise.fast_transcendentals``),
+# far below the 2^-11 rounding of each stored value, and a fraction of the instructions of the exact forms.
 # float64: the CPU build only (gradient checks want it); it matches the float64 NumPy reference to
 # rounding, measured at 2e-16..5e-16 at T=64 on every built-in cell.
 POLICIES = {

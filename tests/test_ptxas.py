@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import tirx
@@ -27,7 +28,8 @@ from prnn_tvm.target import DEFAULT_SMEM_PER_BLOCK, gpu_spec, launchable_smem, m
 from prnn_tvm.tune.space import ConfigSpace
 
 CELLS = sorted(prnn_tvm.builtin_cells())
-EXP_FREE_CELLS = ("indrnn", "rnn_relu")  # no exp, sigmoid or tanh in their math
+EXP_FREE_CELLS = ("indrnn", "rnn_relu", "rnn_tanh", "stacked_rnn")  # no exp or sigmoid in their math
+TANH_FREE_CELLS = ("indrnn", "rnn_relu")
 
 
 # Where the register estimate ranks first a config that ptxas spills, and the build takes the next
@@ -345,9 +347,10 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     for w in layer.plan.weights:  # fragments loaded once (half2 loads where hidden is even), before the time loops
         assert f"{w.name}_ptr" in body[start:loops[0][0]]
         assert all(f"{w.name}_ptr" not in body[begin:end] for begin, end in loops)
-    # exp, sigmoid and tanh on the approximate units: none of the exact forms is left
+    # exp and sigmoid on the approximate exp2 and reciprocal units, tanh on the tanh unit: no exact form is left
     assert "tanhf(" not in body and "expf(" not in body.replace("__expf(", "")
     assert ("__expf(" in body) == (cell not in EXP_FREE_CELLS)
+    assert ("prnn_tanh_approx(" in body) == (cell not in TANH_FREE_CELLS)
 
 
 @pytest.mark.parametrize("cell, dtype, training", [("lstm", "float16", False), ("gru_cho", "float32", False),
@@ -453,10 +456,10 @@ def test_float32_kernels_keep_the_exact_transcendentals():
     assert "tanhf(" in body and "expf(" in body and "__expf(" not in body and "__fdividef(" not in body
 
 
-@pytest.mark.parametrize("function", ["sigmoid", "tanh", "exp"])
+@pytest.mark.parametrize("function", ["sigmoid", "exp"])
 def test_fast_transcendentals_are_the_same_functions(function):
-    # The rewrite is algebra (sigmoid = 1 / (1 + e^-x), tanh = 1 - 2 / (1 + e^2x)) over CUDA's __expf and
-    # __fdividef; evaluated with exact exp and division it must give the function itself.
+    # The rewrite is algebra (sigmoid = 1 / (1 + e^-x)) over CUDA's __expf and __fdividef; evaluated with exact
+    # exp and division it must give the function itself.
     x = tirx.Var("x", "float32")
     expr = getattr(tirx, function)(x)
     fast = fast_transcendentals(expr)
@@ -464,6 +467,20 @@ def test_fast_transcendentals_are_the_same_functions(function):
     values = np.concatenate([np.linspace(-30, 30, 601), [-1e-4, 0.0, 1e-4]])
     got, want = evaluate(fast, {x: values}), evaluate(expr, {x: values})
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_fast_tanh_is_the_hardware_tanh_of_the_same_argument():
+    x = tirx.Var("x", "float32")
+    fast = fast_transcendentals(tirx.tanh(2.0 * x + 1.0))
+    assert fast.op.name == "tirx.cuda.func_call" and fast.args[0].value == "prnn_tanh_approx"
+    tvm.ir.assert_structural_equal(fast.args[1], 2.0 * x + 1.0)
+    assert "tanh.approx.f32" in fast.args[2].value  # the helper's source, pasted into the kernel
+
+
+def test_half_kernels_call_the_hardware_tanh():
+    layer = prnn_tvm.compile_cell("lstm", 256, 4, dtype="float16", target="cuda", arch="sm_90", tuning_logs=[])
+    assert kernel_source(layer).count("prnn_tanh_approx(") == 2  # tanh(g) and tanh(c)
+    assert 'asm("tanh.approx.f32 %0, %1;"' in layer.cuda_source  # the helper's definition
 
 
 @pytest.mark.parametrize("batch", [1, 33, 64])
