@@ -16,6 +16,7 @@ import argparse
 import os
 
 from prnn_tvm import records
+from prnn_tvm.bench.matrix import Case
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.schedules import template_for
@@ -42,9 +43,8 @@ def cases(args, dtype: str):
     gpu = gpu_spec(args.arch)
     log = args.log or records.default_log(gpu.arch)
     for case in args.cases:
-        cell, shape = case.split(":")
-        hidden, batch = map(int, shape.split("x"))
-        yield case, cell, hidden, batch, analyze(resolve(cell), batch, hidden, dtype), gpu, log
+        c = Case.parse(case, dtype=dtype)
+        yield case, c.cell, c.hidden, c.batch, analyze(resolve(c.cell), c.batch, c.hidden, dtype), gpu, log
 
 
 def main():

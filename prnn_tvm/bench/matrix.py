@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,18 @@ class Case:
     @property
     def label(self) -> str:
         return f"{self.cell} {self.dtype} H={self.hidden} B={self.batch}"
+
+    @classmethod
+    def parse(cls, spec: str, seq_len: int = DEFAULT_SEQ_LEN, dtype: str = "float32") -> Case:
+        """A case written as the tuning and A/B scripts take it on their command lines, ``CELL:HIDDENxBATCH``
+        (``lstm:1024x16``; a stack of a cell is ``lstm_x4:512x8``)."""
+        found = _CASE.fullmatch(spec)
+        if found is None:
+            raise ValueError(f"a case is written CELL:HIDDENxBATCH (lstm:1024x16, lstm_x4:512x8), got {spec!r}")
+        return cls(found["cell"], int(found["hidden"]), int(found["batch"]), seq_len, dtype)
+
+
+_CASE = re.compile(r"(?P<cell>[^:\s]+):(?P<hidden>[1-9]\d*)x(?P<batch>[1-9]\d*)")
 
 
 def config_fits(cell: str, hidden: int, batch: int, gpu: GpuSpec, dtype: str = "float32") -> bool:

@@ -1,0 +1,39 @@
+"""A/B of a change to the generated CUDA before it goes into the code generator (``prnn_tvm.bench.ab``): each
+case's layer as built against the same config with the change applied to its source, their outputs compared
+bitwise on the same inputs, their recurrent kernels timed in interleaved rounds (us per step, T=256).
+
+    python bench/ab_source.py bench/changes/CHANGE.json [--cases lstm:1024x16 lstm_x4:512x8] \\
+        [--dtype float16] [--config '{...}'] [--rounds 3] [--seq 256] [--arch sm_90]
+
+A change file is ``{"why": "...", "cases": [...], "replace": [[old, new], ...]}``: texts of the generated CUDA,
+each old one required (a change the code no longer matches is refused, naming the text); ``--cases`` defaults to
+the file's own. ``bench/changes/`` holds the changes written and not yet measured. ``--config``: one config for
+every case (default: each case's tuned or default one). Without a GPU (``--arch sm_90``) both layers are built
+and ptxas's registers and spills printed: the change still has to apply and compile.
+"""
+import argparse
+import json
+
+from prnn_tvm.bench.ab import SourceChange, compare, layer_pair, line
+from prnn_tvm.bench.matrix import Case
+
+p = argparse.ArgumentParser()
+p.add_argument("change", help="a change file: {'why': ..., 'replace': [[old, new], ...]}")
+p.add_argument("--cases", nargs="+", default=None, help="CELL:HIDDENxBATCH (a stack: lstm_x4:512x8); default: "
+               "the change file's")
+p.add_argument("--dtype", default="float16")
+p.add_argument("--config", type=json.loads, default=None)
+p.add_argument("--rounds", type=int, default=3)
+p.add_argument("--seq", type=int, default=256)
+p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")
+args = p.parse_args()
+
+change = SourceChange.load(args.change)
+if not (args.cases or change.cases):
+    p.error(f"{args.change} names no cases: give --cases")
+print(f"{change.name}: {change.why}" if change.why else change.name)
+for spec in args.cases or change.cases:
+    case = Case.parse(spec, args.seq, args.dtype)
+    built, changed = layer_pair(case, change, args.config, args.arch)
+    found = None if args.arch else compare(built, changed, args.seq, args.rounds)
+    print(line(case, built, changed, found), flush=True)

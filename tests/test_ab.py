@@ -1,0 +1,120 @@
+"""The A/B tool for changes to the generated CUDA (``prnn_tvm.bench.ab``, ``bench/ab_source.py``): cases and change
+files are read or refused with the reason, a change that no longer applies is refused, the changed layer is
+exactly the built one's source changed and compiles, and on the GPU the comparison sees a change of the numbers.
+The changes queued in ``bench/changes/`` still apply to the code generator and compile."""
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prnn_tvm.bench.ab import SourceChange, compare, layer_pair, line
+from prnn_tvm.bench.matrix import Case
+
+QUEUED = Path(__file__).parent.parent / "bench" / "changes"
+CHANGES = sorted(QUEUED.glob("*.json"))
+TWO_OPS = QUEUED / "sentinel-check-two-ops.json"  # when it is adopted, its exactness test moves to test_direct.py
+SENTINEL = {"units_per_cta": 16, "k_groups": 4, "n_tiles": 1, "barrier": "sentinel"}  # LSTM fp16 128 x 16
+
+
+@pytest.mark.parametrize("spec, want", [("lstm:1024x16", ("lstm", 1024, 16)), ("lstm_x4:512x8", ("lstm_x4", 512, 8)),
+                                        ("cells/my_cell.py:33x1", ("cells/my_cell.py", 33, 1))])
+def test_a_case_is_read_from_its_spec(spec, want):
+    case = Case.parse(spec, 64, "bfloat16")
+    assert (case.cell, case.hidden, case.batch, case.seq_len, case.dtype) == (*want, 64, "bfloat16")
+
+
+@pytest.mark.parametrize("spec", ["lstm", "lstm:1024", "lstm:1024x", "lstm:0x4", "lstm:16x-1", ":16x4",
+                                  "lstm:16x4x2", "lstm 16x4"])
+def test_a_malformed_case_is_refused_with_the_form(spec):
+    with pytest.raises(ValueError, match=r"CELL:HIDDENxBATCH .*" + re.escape(repr(spec))):
+        Case.parse(spec)
+
+
+@pytest.mark.parametrize("content, why", [
+    ({"why": "no pairs"}, "'replace' must be a non-empty list"),
+    ({"replace": []}, "'replace' must be a non-empty list"),
+    ({"replace": [["only old"]]}, "'replace' must be a non-empty list"),
+    ({"replace": [["", "new"]]}, "non-empty strings"),
+    ({"replace": [["a", "b"]], "cases": ["lstm"]}, "CELL:HIDDENxBATCH")])
+def test_a_malformed_change_file_is_refused(tmp_path, content, why):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=why):
+        SourceChange.load(path)
+
+
+def test_a_change_replaces_every_occurrence_in_order_and_refuses_a_missing_text():
+    change = SourceChange("two", (("a", "b"), ("b b", "c")))
+    assert change.apply("a a x") == "c x" and change.apply("a a a a") == "c c"
+    with pytest.raises(ValueError, match=r"change 'two': text 2 of 2 is not in the generated source.*'b b'"):
+        change.apply("a x")
+
+
+def test_the_changed_layer_is_the_built_source_changed_and_compiles():
+    marker = "// ab: the changed build"
+    change = SourceChange("mark", (("__device__ __forceinline__ unsigned prnn_ld_relaxed(",
+                                    marker + "\n__device__ __forceinline__ unsigned prnn_ld_relaxed("),))
+    case = Case.parse("lstm:128x16", dtype="float16")
+    built, changed = layer_pair(case, change, SENTINEL, arch="sm_90")
+    assert marker not in built.cuda_source and changed.cuda_source == change.apply(built.cuda_source)
+    assert changed.kernel.config == built.kernel.config and changed.report.registers == built.report.registers > 0
+    text = line(case, built, changed, None)
+    assert text.startswith("lstm float16 H=128 B=16 (units_per_cta=16 k_groups=4") and text.endswith("(built only)")
+
+
+def test_a_change_the_layer_does_not_have_is_refused_before_building_it_again():
+    change = SourceChange.load(TWO_OPS)
+    with pytest.raises(ValueError, match=f"change '{change.name}': text 1 of"):  # `counter`: no sentinel poll
+        layer_pair(Case.parse("lstm:128x16", dtype="float16"), change, {**SENTINEL, "barrier": "counter"},
+                   arch="sm_90")
+
+
+@pytest.mark.parametrize("path", CHANGES, ids=lambda p: p.stem)
+def test_a_queued_change_applies_to_its_first_case_and_compiles_clean(path):
+    change = SourceChange.load(path)
+    assert change.why and change.cases, "a queued change says what it tries and on which cases"
+    built, changed = layer_pair(Case.parse(change.cases[0], dtype="float16"), change, arch="sm_90")
+    assert changed.cuda_source != built.cuda_source and changed.report.spill_bytes == 0
+
+
+def test_the_queued_two_operation_sentinel_check_is_exact():
+    """``sentinel-check-two-ops``: its new check (read from the change file), masked once per load, marks a 16-byte
+    load exactly when one of its eight halves is 0xffff, over every 16-bit value in each half of a word and over
+    loads of edge and random values; the check it replaces does the same."""
+    pairs = dict(SourceChange.load(TWO_OPS).pairs)
+    (old, new), = ((o, n) for o, n in pairs.items() if o.startswith("return"))
+    mask = int(re.search(r"sizeof\(V\) == 4 \? 1u : (0x[0-9a-f]+)u", "\n".join(pairs.values()))[1], 16)
+
+    def as_python(c_return: str):
+        expr = re.sub(r"(0x[0-9a-f]+)u", r"\1", c_return.removeprefix("return ").removesuffix(";"))
+        return eval("lambda w: (" + expr + ") & 0xffffffff")  # noqa: S307
+
+    for check in (as_python(new), as_python(old)):
+        for h in range(1 << 16):
+            for other in (0, 0x7fff, 0x8000, 0xfffe, 0xffff):
+                for w in ((other << 16) | h, (h << 16) | other):
+                    assert bool(check(w) & mask) == (h == 0xffff or other == 0xffff), hex(w)
+        rng = np.random.default_rng(0)
+        edges = np.array([0, 1, 0x7ffe, 0x7fff, 0x8000, 0xfffe, 0xffff])
+        for _ in range(5000):
+            halves = np.where(rng.random(8) < 0.5, rng.choice(edges, 8), rng.integers(0, 1 << 16, 8))
+            halves[rng.random(8) < 0.8] &= 0xfffe  # most loads hold no sentinel
+            words = [int(halves[2 * i]) | int(halves[2 * i + 1]) << 16 for i in range(4)]
+            marks = check(words[0]) | check(words[1]) | check(words[2]) | check(words[3])
+            assert bool(marks & mask) == bool((halves == 0xffff).any()), [hex(w) for w in words]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_change_of_the_numbers_is_seen_and_a_neutral_one_is_not():
+    case = Case.parse("lstm:128x16", seq_len=32, dtype="float16")
+    neutral = SourceChange("mark", (("__device__ __forceinline__ unsigned prnn_ld_relaxed(",
+                                     "// ab\n__device__ __forceinline__ unsigned prnn_ld_relaxed("),))
+    found = compare(*layer_pair(case, neutral, SENTINEL), case.seq_len, rounds=2)
+    assert found.bitwise_equal and found.max_abs_diff == 0.0
+    assert len(found.built_us) == len(found.changed_us) == 2 and min(found.built_us + found.changed_us) > 0
+    skewed = SourceChange("tanh off", (('asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));',
+                                        'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); y *= 0.5f;'),))
+    found = compare(*layer_pair(case, skewed, SENTINEL), case.seq_len, rounds=1)
+    assert not found.bitwise_equal and 1e-3 < found.max_abs_diff < 2
