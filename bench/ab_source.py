@@ -5,11 +5,12 @@ bitwise on the same inputs, their recurrent kernels timed in interleaved rounds 
     python bench/ab_source.py bench/changes/CHANGE.json [--cases lstm:1024x16 lstm_x4:512x8] \\
         [--dtype float16] [--config '{...}'] [--rounds 3] [--seq 256] [--arch sm_90]
 
-A change file is ``{"why": "...", "cases": [...], "replace": [[old, new], ...]}``: texts of the generated CUDA,
-each old one required (a change the code no longer matches is refused, naming the text); ``--cases`` defaults to
-the file's own. ``bench/changes/`` holds the changes written and not yet measured. ``--config``: one config for
-every case (default: each case's tuned or default one). Without a GPU (``--arch sm_90``) both layers are built
-and ptxas's registers and spills printed: the change still has to apply and compile.
+A change file is ``{"why": "...", "cases": [...], "config": {...}, "replace": [[old, new], ...]}``: texts of the
+generated CUDA, each old one required (a change the code no longer matches is refused, naming the text);
+``--cases`` and ``--config`` default to the file's own (a prototype written against one kernel's generated names
+carries its config), else each case's tuned or default config. ``bench/changes/`` holds the changes written and
+not yet measured. Without a GPU (``--arch sm_90``) both layers are built and ptxas's registers and spills printed:
+the change still has to apply and compile.
 """
 import argparse
 import json
@@ -22,7 +23,8 @@ p.add_argument("change", help="a change file: {'why': ..., 'replace': [[old, new
 p.add_argument("--cases", nargs="+", default=None, help="CELL:HIDDENxBATCH (a stack: lstm_x4:512x8); default: "
                "the change file's")
 p.add_argument("--dtype", default="float16")
-p.add_argument("--config", type=json.loads, default=None)
+p.add_argument("--config", type=json.loads, default=None, help="one config for every case (default: the change "
+               "file's, else each case's tuned or default one)")
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--seq", type=int, default=256)
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")

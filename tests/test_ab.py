@@ -37,7 +37,8 @@ def test_a_malformed_case_is_refused_with_the_form(spec):
     ({"replace": []}, "'replace' must be a non-empty list"),
     ({"replace": [["only old"]]}, "'replace' must be a non-empty list"),
     ({"replace": [["", "new"]]}, "non-empty strings"),
-    ({"replace": [["a", "b"]], "cases": ["lstm"]}, "CELL:HIDDENxBATCH")])
+    ({"replace": [["a", "b"]], "cases": ["lstm"]}, "CELL:HIDDENxBATCH"),
+    ({"replace": [["a", "b"]], "config": "k_groups=8"}, "'config' must be an object")])
 def test_a_malformed_change_file_is_refused(tmp_path, content, why):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(content))
@@ -77,6 +78,8 @@ def test_a_queued_change_applies_to_its_first_case_and_compiles_clean(path):
     assert change.why and change.cases, "a queued change says what it tries and on which cases"
     built, changed = layer_pair(Case.parse(change.cases[0], dtype="float16"), change, arch="sm_90")
     assert changed.cuda_source != built.cuda_source and changed.report.spill_bytes == 0
+    if change.config:  # a prototype for one config is built with it
+        assert all(built.report.config[k] == v for k, v in change.config.items())
 
 
 def test_the_queued_two_operation_sentinel_check_is_exact():

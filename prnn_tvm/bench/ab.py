@@ -25,17 +25,20 @@ from .matrix import Case
 @dataclass(frozen=True)
 class SourceChange:
     """``pairs``: (old, new) texts, each old one replaced (every occurrence) in order; ``why``: what it tries;
-    ``cases``: the cases it was written for (``CELL:HIDDENxBATCH``), which ``bench/ab_source.py`` runs by default."""
+    ``cases``: the cases it was written for (``CELL:HIDDENxBATCH``), which ``bench/ab_source.py`` runs by default;
+    ``config``: the config it was written for (a prototype written against one kernel's generated names), which
+    :func:`layer_pair` builds unless given another."""
 
     name: str
     pairs: tuple[tuple[str, str], ...]
     why: str = ""
     cases: tuple[str, ...] = ()
+    config: dict | None = None
 
     @classmethod
     def load(cls, path) -> SourceChange:
-        """From a JSON file ``{"why": "...", "cases": [...], "replace": [[old, new], ...]}``, named after the
-        file (``why`` and ``cases`` optional)."""
+        """From a JSON file ``{"why": "...", "cases": [...], "config": {...}, "replace": [[old, new], ...]}``,
+        named after the file (all but ``replace`` optional)."""
         data = json.loads(Path(path).read_text())
         pairs = data.get("replace")
         if (not isinstance(pairs, list) or not pairs
@@ -45,7 +48,11 @@ class SourceChange:
         cases = data.get("cases", [])
         for spec in cases:
             Case.parse(spec)  # refused now, with the reason, rather than after the first case's builds
-        return cls(Path(path).stem, tuple((old, new) for old, new in pairs), data.get("why", ""), tuple(cases))
+        config = data.get("config")
+        if config is not None and not isinstance(config, dict):
+            raise ValueError(f"{path}: 'config' must be an object of knobs")
+        return cls(Path(path).stem, tuple((old, new) for old, new in pairs), data.get("why", ""), tuple(cases),
+                   config)
 
     def apply(self, source: str) -> str:
         for i, (old, new) in enumerate(self.pairs):
@@ -57,15 +64,15 @@ class SourceChange:
 
 
 def layer_pair(case: Case, change: SourceChange, config=None, arch=None):
-    """``(as built, changed)``: ``case``'s layer with its tuned or default config (or ``config``), and the same
-    config built again with ``change`` applied to its CUDA."""
+    """``(as built, changed)``: ``case``'s layer with ``config`` (else the change's own, else its tuned or default
+    one), and the same config built again with ``change`` applied to its CUDA."""
     from ..codegen.build import rewriting_sources
     from ..compiler import compile_cell
 
     def build(knobs):
         return compile_cell(case.cell, case.hidden, case.batch, dtype=case.dtype, config=knobs, arch=arch)
 
-    built = build(config or None)
+    built = build(config or change.config or None)
     want = change.apply(built.cuda_source)
     with rewriting_sources(change.apply):
         changed = build(built.kernel.config.as_dict())
