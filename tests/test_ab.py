@@ -120,4 +120,4 @@ def test_on_the_gpu_a_change_of_the_numbers_is_seen_and_a_neutral_one_is_not():
     skewed = SourceChange("tanh off", (('asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));',
                                         'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); y *= 0.5f;'),))
     found = compare(*layer_pair(case, skewed, SENTINEL), case.seq_len, rounds=1)
-    assert not found.bitwise_equal and 1e-3 < found.max_abs_diff < 2
+    assert not found.bitwise_equal and 1e-3 < found.max_abs_diff < np.inf  # g halved: h and c move, finitely
