@@ -4,6 +4,7 @@ offers, the column order the lanes load, the code it makes. On the GPU: ``test_g
 
 import re
 
+import numpy as np
 import pytest
 
 import prnn_tvm
@@ -94,11 +95,23 @@ def test_a_direct_kernel_polls_its_fragments_and_runs_its_tiles_in_turn():
 
 
 def test_the_sentinel_check_marks_exactly_the_values_of_all_bits_set():
-    """``prnn_sentinel_marks``: its expression (read from the kernel source) is nonzero for a 32-bit word of two
-    16-bit values exactly where either is 0xffff (a NaN no store writes), over every 16-bit value in each half."""
-    expr = re.search(r"return (\(\(w & 0x7fff7fffu\).*?);", gb.BARRIERS["sentinel"].source).group(1)
-    marks = eval("lambda w: (" + re.sub(r"(0x[0-9a-f]+)u", r"\1", expr) + ") & 0xffffffff")  # noqa: S307
+    """``prnn_sentinel_marks``: its expression and the mask ``prnn_still_stale`` applies once per load (both read
+    from the kernel source) mark a 32-bit word of two 16-bit values exactly where either is 0xffff (a NaN no store
+    writes), over every 16-bit value in each half, and a 16-byte load exactly where one of its eight halves is,
+    over loads of edge and random values (the marks of its four words or-ed, as the poll does)."""
+    source = gb.BARRIERS["sentinel"].source
+    expr = re.search(r"return (\(0xfffefffeu - w\) & w);", source).group(1)
+    check = eval("lambda w: (" + re.sub(r"(0x[0-9a-f]+)u", r"\1", expr) + ") & 0xffffffff")  # noqa: S307
+    mask = int(re.search(r"sizeof\(V\) == 4 \? 1u : (0x[0-9a-f]+)u", source).group(1), 16)
     for h in range(1 << 16):
         for other in (0, 0x7fff, 0x8000, 0xfffe, 0xffff):
             for w in ((other << 16) | h, (h << 16) | other):
-                assert bool(marks(w)) == (h == 0xffff or other == 0xffff), hex(w)
+                assert bool(check(w) & mask) == (h == 0xffff or other == 0xffff), hex(w)
+    rng = np.random.default_rng(0)
+    edges = np.array([0, 1, 0x7ffe, 0x7fff, 0x8000, 0xfffe, 0xffff])
+    for _ in range(5000):
+        halves = np.where(rng.random(8) < 0.5, rng.choice(edges, 8), rng.integers(0, 1 << 16, 8))
+        halves[rng.random(8) < 0.8] &= 0xfffe  # most loads hold no sentinel
+        words = [int(halves[2 * i]) | int(halves[2 * i + 1]) << 16 for i in range(4)]
+        marks = check(words[0]) | check(words[1]) | check(words[2]) | check(words[3])
+        assert bool(marks & mask) == bool((halves == 0xffff).any()), [hex(w) for w in words]

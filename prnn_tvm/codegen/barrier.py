@@ -284,15 +284,21 @@ template <> struct prnn_sentinel_bits<nv_bfloat16> {
   static constexpr unsigned short canonical = 0x7fc0u;
 };
 #endif
-// Nonzero where the 32-bit word w of polled values still holds the sentinel: a float32 word of all bits set, or
-// a 16-bit half of all bits set (bit 15 of that half: its low 15 bits plus one carry into bit 15, which its own
-// top bit confirms; no carry crosses into the other half). Three integer operations a word, where __vcmpeq2
-// took five or six (ncu, LSTM fp16 1024x16: the poll's checks were a quarter of all instructions issued).
+// Where the 32-bit word w of polled values still holds the sentinel, in the bits prnn_sentinel_top<V> selects: a
+// float32 word of all bits set (bit 0), or a 16-bit half of all bits set (bit 15 of that half: 0xfffe minus the
+// half sets it for a half up to 0x7ffe or of 0xffff, the half's own top bit keeps 0xffff alone; a borrow from the
+// low half reaches the high half only when the low half is the sentinel). Two integer operations a word (an IADD
+// and a LOP3), masked once per load: __vcmpeq2 took five or six (ncu, LSTM fp16 1024x16: the poll's checks were a
+// quarter of all instructions issued), a masked sum three, 0.3-2.2% of a step more (bench/ab_source.py on H100).
 template <typename V>
 __device__ __forceinline__ unsigned prnn_sentinel_marks(unsigned w) {
   if (sizeof(V) == 4) return w == 0xffffffffu ? 1u : 0u;
-  return ((w & 0x7fff7fffu) + 0x00010001u) & w & 0x80008000u;
+  return (0xfffefffeu - w) & w;
 }
+template <typename V>
+struct prnn_sentinel_top {
+  static constexpr unsigned bits = sizeof(V) == 4 ? 1u : 0x80008000u;
+};
 // The bits of stale whose loads still hold the sentinel: load j is the WORDS words at w + j * WORDS (a 2-byte
 // load's word: its high half is 0). A poll's one check of what its round of loads brought.
 template <typename V, int WORDS, int LOADS>
@@ -302,7 +308,7 @@ __device__ __forceinline__ unsigned prnn_still_stale(const unsigned* w, unsigned
     unsigned marks = 0u;
 #pragma unroll
     for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j * WORDS + e]);
-    if ((stale & (1u << j)) && !marks) stale &= ~(1u << j);
+    if ((stale & (1u << j)) && !(marks & prnn_sentinel_top<V>::bits)) stale &= ~(1u << j);
   }
   return stale;
 }
