@@ -19,16 +19,6 @@
 #include "state_exchange.cuh"
 constexpr int THREADS = 256;
 
-__device__ __forceinline__ uint4 ld_relaxed_16(const void* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ bool has_sentinel(uint4 v) {
-  return __vcmpeq2(v.x, 0xffffffffu) | __vcmpeq2(v.y, 0xffffffffu) | __vcmpeq2(v.z, 0xffffffffu) |
-         __vcmpeq2(v.w, 0xffffffffu);
-}
 // grid_barrier (probe_common.cuh) over one group's counter
 __device__ __forceinline__ void group_barrier(unsigned* cnt, unsigned target) {
   __syncthreads();
@@ -65,45 +55,18 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
       static_assert(P3 <= 32, "loads");
       if (threadIdx.x < 32) {
         uint4 v[P3];
-        unsigned stale = 0;
-#pragma unroll
-        for (int j = 0; j < P3; ++j) stale |= (j * 32 + (int)threadIdx.x < N16 ? 1u : 0u) << j;
-        while (stale) {
-#pragma unroll
-          for (int j = 0; j < P3; ++j)
-            if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * 32 + threadIdx.x);
-#pragma unroll
-          for (int j = 0; j < P3; ++j) if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
-        }
-#pragma unroll
-        for (int j = 0; j < P3; ++j) {
-          const int i = j * 32 + threadIdx.x;
-          if (i < N16) *(uint4*)&tile[(i * 8 / H) * STRIDE + (i * 8) % H] = v[j];
-        }
+        poll_until_fresh<P3, 32>(slot, v, own_loads<P3, 32, N16>());
+        copy_to_tile<P3, 32, N16, H>(tile, v);
       }
     } else {
       uint4 v[PER];
-      unsigned stale = 0;
-#pragma unroll
-      for (int j = 0; j < PER; ++j) stale |= (j * THREADS + (int)threadIdx.x < N16 ? 1u : 0u) << j;
+      unsigned stale = own_loads<PER, THREADS, N16>();
       if (MODE == 4 && (stale & 1u)) {
         do v[0] = ld_relaxed_16((const uint4*)slot + threadIdx.x); while (has_sentinel(v[0]));
         stale &= ~1u;
       }
-      for (bool first = true; stale; first = false) {
-        if (MODE == 2 && !first) __nanosleep(128);
-#pragma unroll
-        for (int j = 0; j < PER; ++j)
-          if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * THREADS + threadIdx.x);
-#pragma unroll
-        for (int j = 0; j < PER; ++j)
-          if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
-      }
-#pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        const int i = j * THREADS + threadIdx.x;
-        if (i < N16) *(uint4*)&tile[(i * 8 / H) * STRIDE + (i * 8) % H] = v[j];
-      }
+      poll_until_fresh<PER, THREADS>(slot, v, stale, MODE == 2 ? 128 : 0);
+      copy_to_tile<PER, THREADS, N16, H>(tile, v);
     }
     __syncthreads();
     wrong += wrong_values<B, H, THREADS>(tile, t);

@@ -24,16 +24,6 @@
 #include "state_exchange.cuh"
 constexpr int THREADS = 256;
 
-__device__ __forceinline__ uint4 ld_relaxed_16(const void* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ bool has_sentinel(uint4 v) {  // any half of the 16 bytes is 0xffff
-  return __vcmpeq2(v.x, 0xffffffffu) | __vcmpeq2(v.y, 0xffffffffu) | __vcmpeq2(v.z, 0xffffffffu) |
-         __vcmpeq2(v.w, 0xffffffffu);
-}
 
 // MODE 4: after a first poll that finds the sentinel, two polls in flight at once, the second issued 100 ns after
 // the first (half an L2 round trip under this load), each issued again as soon as it is checked: a value that
@@ -77,7 +67,7 @@ __host__ __device__ constexpr int replicas(int mode) { return mode == 6 ? 2 : mo
 template <int MODE, int B, int H>
 __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int steps, unsigned* bad) {
   extern __shared__ __half tile[];  // B rows of H (+8) halves
-  constexpr int STRIDE = H + 8, N16 = B * H / 8, PER = (N16 + THREADS - 1) / THREADS;
+  constexpr int N16 = B * H / 8, PER = (N16 + THREADS - 1) / THREADS;
   const int U = H / gridDim.x;
   unsigned wrong = 0;
   for (int t = 0; t < steps; ++t) {
@@ -113,24 +103,10 @@ __global__ void __launch_bounds__(THREADS) k(unsigned* cnt, __half* ws, int step
         }
       }
       uint4 v[PER];
-      unsigned stale = 0;
-#pragma unroll
-      for (int j = 0; j < PER; ++j) stale |= (j * THREADS + (int)threadIdx.x < N16 ? 1u : 0u) << j;
+      unsigned stale = own_loads<PER, THREADS, N16>();
       if (MODE == 4) stale = staggered_poll<PER, N16>(slot, v, stale);
-      for (bool first = true; stale; first = false) {
-        if (MODE == 2 && !first) __nanosleep(64);  // back off between polls: fewer requests in the L2
-#pragma unroll
-        for (int j = 0; j < PER; ++j)
-          if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * THREADS + threadIdx.x);
-#pragma unroll
-        for (int j = 0; j < PER; ++j)
-          if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
-      }
-#pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        const int i = j * THREADS + threadIdx.x;
-        if (i < N16) *(uint4*)&tile[(i * 8 / H) * STRIDE + (i * 8) % H] = v[j];
-      }
+      poll_until_fresh<PER, THREADS>(slot, v, stale, MODE == 2 ? 64 : 0);  // 2: back off, fewer requests in the L2
+      copy_to_tile<PER, THREADS, N16, H>(tile, v);
     }
     __syncthreads();
     wrong += wrong_values<B, H, THREADS>(tile, t);

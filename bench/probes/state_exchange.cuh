@@ -1,4 +1,5 @@
-// What the probes that move a B x H half state between steps share (tagged_pairs.cu, sentinel_exchange.cu):
+// What the probes that move a B x H half state between steps share (tagged_pairs.cu, sentinel_exchange.cu,
+// exchange_groups.cu):
 // every CTA publishes its H / gridDim.x units of every row, the value (unit + b + t) & 1023, and copies the
 // whole state into shared memory rows of H + 8 halves, which the probe then checks.
 #pragma once
@@ -73,6 +74,49 @@ __device__ __forceinline__ void tags_exchange(uint64_t* ws, __half* tile, int t)
   }
 }
 
+// The sentinel exchange (sentinel_exchange.cu, exchange_groups.cu): a slot per step filled with every bit set
+// before the launch; a thread loads its 16-byte pieces of the state, load j the piece at j * LANES + threadIdx.x.
+__device__ __forceinline__ uint4 ld_relaxed_16(const void* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ bool has_sentinel(uint4 v) {  // any half of the 16 bytes is 0xffff
+  return __vcmpeq2(v.x, 0xffffffffu) | __vcmpeq2(v.y, 0xffffffffu) | __vcmpeq2(v.z, 0xffffffffu) |
+         __vcmpeq2(v.w, 0xffffffffu);
+}
+// The loads this thread makes of a state of N16 pieces: bit j for load j.
+template <int PER, int LANES, int N16>
+__device__ __forceinline__ unsigned own_loads() {
+  unsigned loads = 0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) loads |= (j * LANES + (int)threadIdx.x < N16 ? 1u : 0u) << j;
+  return loads;
+}
+// Loads the pieces stale marks into v, round after round (sleep_ns apart after the first, 0: none), until none
+// holds the sentinel.
+template <int PER, int LANES>
+__device__ __forceinline__ void poll_until_fresh(const __half* slot, uint4* v, unsigned stale, unsigned sleep_ns = 0) {
+  for (bool first = true; stale; first = false) {
+    if (sleep_ns && !first) __nanosleep(sleep_ns);
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * LANES + threadIdx.x);
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
+  }
+}
+// This thread's pieces into the tile (rows of H + 8 halves).
+template <int PER, int LANES, int N16, int H>
+__device__ __forceinline__ void copy_to_tile(__half* tile, const uint4* v) {
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int i = j * LANES + threadIdx.x;
+    if (i < N16) *(uint4*)&tile[(i * 8 / H) * (H + 8) + (i * 8) % H] = v[j];
+  }
+}
 // After the block barrier that follows the copy: the values of every seventh element that are wrong.
 template <int B, int H, int THREADS>
 __device__ __forceinline__ unsigned wrong_values(const __half* tile, int t) {
