@@ -266,25 +266,29 @@ _SENTINEL = _COUNTER + r"""
 #ifndef PRNN_SENTINEL
 #define PRNN_SENTINEL
 // The sentinel exchange: every bit set marks a slot not written yet (a NaN in each exchanged type);
-// a store of that very NaN writes the canonical one instead.
+// a store of that very NaN writes the canonical one instead. `marked`: the bits of prnn_sentinel_marks<V> that
+// say a word still holds it.
 template <typename V> struct prnn_sentinel_bits;
 template <> struct prnn_sentinel_bits<float> {
   typedef unsigned type;
   static constexpr unsigned canonical = 0x7fc00000u;
+  static constexpr unsigned marked = 1u;
 };
 #ifdef __CUDA_FP16_H__
 template <> struct prnn_sentinel_bits<half> {
   typedef unsigned short type;
   static constexpr unsigned short canonical = 0x7e00u;
+  static constexpr unsigned marked = 0x80008000u;
 };
 #endif
 #ifdef __CUDA_BF16_H__
 template <> struct prnn_sentinel_bits<nv_bfloat16> {
   typedef unsigned short type;
   static constexpr unsigned short canonical = 0x7fc0u;
+  static constexpr unsigned marked = 0x80008000u;
 };
 #endif
-// Where the 32-bit word w of polled values still holds the sentinel, in the bits prnn_sentinel_top<V> selects: a
+// Where the 32-bit word w of polled values still holds the sentinel, in the bits prnn_sentinel_bits<V>::marked: a
 // float32 word of all bits set (bit 0), or a 16-bit half of all bits set (bit 15 of that half: 0xfffe minus the
 // half sets it for a half up to 0x7ffe or of 0xffff, the half's own top bit keeps 0xffff alone; a borrow from the
 // low half reaches the high half only when the low half is the sentinel). Two integer operations a word (an IADD
@@ -295,10 +299,6 @@ __device__ __forceinline__ unsigned prnn_sentinel_marks(unsigned w) {
   if (sizeof(V) == 4) return w == 0xffffffffu ? 1u : 0u;
   return (0xfffefffeu - w) & w;
 }
-template <typename V>
-struct prnn_sentinel_top {
-  static constexpr unsigned bits = sizeof(V) == 4 ? 1u : 0x80008000u;
-};
 // The bits of stale whose loads still hold the sentinel: load j is the WORDS words at w + j * WORDS (a 2-byte
 // load's word: its high half is 0). A poll's one check of what its round of loads brought.
 template <typename V, int WORDS, int LOADS>
@@ -308,7 +308,7 @@ __device__ __forceinline__ unsigned prnn_still_stale(const unsigned* w, unsigned
     unsigned marks = 0u;
 #pragma unroll
     for (int e = 0; e < WORDS; ++e) marks |= prnn_sentinel_marks<V>(w[j * WORDS + e]);
-    if ((stale & (1u << j)) && !(marks & prnn_sentinel_top<V>::bits)) stale &= ~(1u << j);
+    if ((stale & (1u << j)) && !(marks & prnn_sentinel_bits<V>::marked)) stale &= ~(1u << j);
   }
   return stale;
 }
