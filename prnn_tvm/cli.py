@@ -265,7 +265,7 @@ def cmd_bench(args) -> int:
     from .bench import matrix, outputs, runner, table
 
     if args.from_csv is not None:
-        paths = outputs.render_csv(args.from_csv, args.out or Path.cwd(), args.name)
+        paths = outputs.render_csv(args.from_csv, args.out or Path("."), args.name)
         print(f"wrote {paths['md']} and {paths['png']}")
         return 0
     args.out, args.name = args.out or Path("bench/results"), args.name or "bench"
