@@ -149,6 +149,14 @@ def test_links_resolve(page):
     assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_commands_are_in_blocks_the_test_runs(page):
+    """A command in an indented block would escape the test: commands go in fenced console or sh blocks."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    indented = re.findall(r"^ {4,}(?:\$ |prnn-tvm |python |make |pip ).*$", text, re.M)
+    assert not indented, f"{page.name}: {indented}"
+
+
 def test_readme_is_a_front_door():
     """At most 300 lines, every docs page reachable from it, and its two commands the Makefile's jobs that CI
     runs."""
