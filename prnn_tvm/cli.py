@@ -250,10 +250,13 @@ def _add_bench_parser(sub) -> None:
                    help=f"{', '.join(GPU_DTYPES)} (default float32)")
     b.add_argument("--repeats", type=_positive, default=5, help="timed repeats per implementation; the median "
                                                                 "is reported (default 5)")
-    b.add_argument("--out", type=Path, default=Path("bench/results"), help="output folder (default bench/results)")
-    b.add_argument("--name", default="bench", help="file stem: NAME.csv, NAME.md, NAME.png (default bench)")
+    b.add_argument("--out", type=Path, default=None,
+                   help="output folder (default bench/results; with --from-csv, the current folder)")
+    b.add_argument("--name", default=None, help="file stem: NAME.csv, NAME.md, NAME.png (default bench; with "
+                                                "--from-csv, the CSV's stem)")
     b.add_argument("--from-csv", type=Path, default=None, metavar="CSV",
-                   help="only re-render the table and plot of an existing CSV (no GPU needed)")
+                   help="only re-render the table and plot of an existing CSV (no GPU needed), into --out; never "
+                        "over the files beside the CSV")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_bench)
 
@@ -262,9 +265,10 @@ def cmd_bench(args) -> int:
     from .bench import matrix, outputs, runner, table
 
     if args.from_csv is not None:
-        paths = outputs.render_csv(args.from_csv)
+        paths = outputs.render_csv(args.from_csv, args.out or Path("."), args.name)
         print(f"wrote {paths['md']} and {paths['png']}")
         return 0
+    args.out, args.name = args.out or Path("bench/results"), args.name or "bench"
     problem = runner.missing_requirements()
     if problem:
         print(f"prnn-tvm: error: {problem}", file=sys.stderr)
@@ -301,9 +305,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_cells(_args) -> int:
-    for name, cell in builtin_cells().items():
+    cells = builtin_cells()
+    width = max(map(len, cells))
+    for name, cell in cells.items():
         first = next((line.strip() for line in cell.doc.splitlines() if line.strip()), "")
-        print(f"{name:10s} {first}")
+        print(f"{name:{width}s}  {first.replace('``', '')}")  # the docstring's reST literals as plain text
     return 0
 
 

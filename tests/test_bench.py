@@ -111,9 +111,11 @@ def test_plot_survives_a_panel_where_every_case_failed(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_render_from_csv(csv_path):
-    paths = outputs.render_csv(csv_path)
-    assert paths["md"].name == "run.md" and paths["png"].name == "run.png"
+def test_render_from_csv(csv_path, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    paths = outputs.render_csv(csv_path, out)
+    assert paths["md"] == out / "run.md" and paths["png"] == out / "run.png"
     md = paths["md"].read_text()
     assert "half-precision rows" in md and "![time per step vs batch](run.png)" in md and "error: LaunchError" in md
     assert paths["png"].stat().st_size > 10_000
@@ -161,10 +163,21 @@ def test_cli_without_gpu_or_torch_says_what_is_missing():
     assert any(what in lines[0] for what in ("PyTorch", "a CUDA GPU", "matplotlib"))
 
 
-def test_cli_renders_an_existing_csv_anywhere(csv_path):
-    r = run_cli("--from-csv", str(csv_path))
+def test_cli_renders_an_existing_csv_anywhere(csv_path, tmp_path):
+    """Into the working folder, never over the run's own files beside the CSV (they name its command)."""
+    beside = csv_path.with_suffix(".md")
+    beside.write_text("# a run\n\n    prnn-tvm bench --cells lstm --name run\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-m", "prnn_tvm.cli", "bench", "--from-csv", str(csv_path)], cwd=elsewhere,
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert csv_path.with_suffix(".md").exists() and csv_path.with_suffix(".png").exists()
+    assert (elsewhere / "run.png").exists()
+    assert "prnn-tvm bench --cells lstm --name run" in (elsewhere / "run.md").read_text()  # the run's command kept
+    assert beside.read_text().startswith("# a run") and not csv_path.with_suffix(".png").exists()
+    r = run_cli("--from-csv", str(csv_path), "--out", str(csv_path.parent))
+    assert r.returncode == 2 and "would overwrite" in r.stderr and "--out DIR" in r.stderr, r.stderr
+    assert beside.read_text().startswith("# a run")
 
 
 def test_cli_refuses_a_bad_hidden_size():

@@ -81,5 +81,8 @@ def test_bad_arguments_exit_with_one_line(args, message):
 
 def test_cells_lists_builtins():
     r = run("cells")
-    listed = {line.split()[0] for line in r.stdout.splitlines()}
-    assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu"} <= listed
+    lines = r.stdout.splitlines()
+    listed = {line.split()[0] for line in lines}
+    assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_peephole"} <= listed
+    starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in lines}  # where each description starts
+    assert len(starts) == 1 and "``" not in r.stdout, r.stdout  # one column, the docstrings' reST as plain text

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from ..dtypes import GPU_DTYPES
+from ..errors import InputError
 from .plot import plot
 from .table import markdown, read_csv, write_csv
 
@@ -45,7 +46,23 @@ def render(rows: list[dict], out_dir: str | Path, name: str, command: str | None
     return {"md": md, "png": png}
 
 
-def render_csv(csv_path: str | Path, out_dir: str | Path | None = None, command: str | None = None):
-    """Re-render the table and plot of an existing CSV next to it (or under ``out_dir``)."""
-    csv_path = Path(csv_path)
-    return render(read_csv(csv_path), out_dir or csv_path.parent, csv_path.stem, command)
+def render_csv(csv_path: str | Path, out_dir: str | Path, name: str | None = None, command: str | None = None):
+    """Re-render the table and plot of an existing CSV as ``<name>.md`` and ``<name>.png`` (default: the CSV's
+    stem) under ``out_dir``. The files beside the CSV are the run's own (its table names the command that made
+    it): writing over them is refused, as is a folder that does not exist."""
+    csv_path, out_dir = Path(csv_path), Path(out_dir)
+    rows = read_csv(csv_path)
+    name = name or csv_path.stem
+    if not out_dir.is_dir():
+        raise InputError(f"{out_dir} is not a folder; --out names an existing folder for the re-rendered files")
+    if (out_dir / name).resolve() == csv_path.with_suffix("").resolve():
+        raise InputError(f"re-rendering {csv_path} would overwrite {csv_path.with_suffix('.md')} and its plot, the "
+                         "run's own files; pass --out DIR (another folder) or --name NAME")
+    return render(rows, out_dir, name, command or _command_beside(csv_path))
+
+
+def _command_beside(csv_path: Path) -> str | None:
+    """The command a run's own table names (its indented ``prnn-tvm bench`` line), if the table is there."""
+    md = csv_path.with_suffix(".md")
+    lines = md.read_text(errors="replace").splitlines() if md.is_file() else []
+    return next((line.strip() for line in lines if line.startswith("    prnn-tvm bench")), None)
