@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import prnn_tvm  # noqa: E402 - after the skip
 import prnn_tvm.torch as pt  # noqa: E402
 from prnn_tvm.bench.baselines import captured  # noqa: E402
+from prnn_tvm.checks import max_error  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
 from prnn_tvm.errors import BarrierTimeout  # noqa: E402
 from prnn_tvm.reference import random_inputs  # noqa: E402
@@ -96,7 +97,7 @@ def test_a_bidirectional_call_from_another_stream_and_a_graph(one_launch):
     here = torch.cuda.current_stream()
     with torch.no_grad():
         (out, (h, c)), (want, (wh, wc)) = fast(x), ref(x)
-        assert max((a - b).abs().max().item() for a, b in ((out, want), (h, wh), (c, wc))) <= tolerance("float32", 32)
+        assert max_error([(out, want), (h, wh), (c, wc)]) <= tolerance("float32", 32)
         assert len(fast._side_streams) == sides
         other = torch.cuda.Stream()
         other.wait_stream(here)
