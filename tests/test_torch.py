@@ -510,9 +510,16 @@ def test_an_empty_batch_gives_empty_results_like_torch_nn(batch_first):
 
 
 def test_readme_pytorch_example_runs():
+    """As written in README.md: the difference it prints is within float32's bound, the shapes its comment gives."""
     from .test_export import readme_block
 
-    exec(compile(readme_block("## PyTorch"), "README.md", "exec"), {})
+    printed = []
+    scope = {"print": printed.append}
+    exec(compile(readme_block("## PyTorch"), "README.md", "exec"), scope)
+    assert len(printed) == 1 and float(printed[0]) <= tolerance("float32", 16), printed
+    with torch.no_grad():
+        assert max_error([(scope["out"], scope["lstm"](scope["x"])[0])]) <= tolerance("float32", 16)
+    assert scope["out"].shape == (4, 16, 64) and scope["h_n"].shape == scope["c_n"].shape == (1, 4, 64)
 
 
 @pytest.mark.gpu
