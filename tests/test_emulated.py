@@ -1,6 +1,6 @@
 """The CUDA source the compiler emits, run on the host CPU as written (``prnn_tvm.verify.emulator``): its lane
-reductions, operand exchanges, shared gate sums, barriers and timeout path, block against block, against the
-float64 NumPy reference. Nothing here models the kernel: a bug in what a template emits gives wrong numbers here,
+reductions, operand exchanges, shared gate sums, barriers and timeout path, block against block, and the training
+kernels (the saving forward, the GPU backward), against the float64 NumPy reference. Nothing here models the kernel: a bug in what a template emits gives wrong numbers here,
 and an access past any buffer (a block's shared memory, a kernel argument) stops the run naming the buffer.
 
 What only the GPU shows (the GPU's weaker memory order, ptxas, timing, tensor-core instructions) is in the
@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.checks import max_abs_error
+from prnn_tvm.checks import max_abs_error, relative_error, worst
+from prnn_tvm.codegen.build import build_functions
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import PrnnError
-from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
+from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
+from prnn_tvm.schedules import gpu_backward, saving_forward
 from prnn_tvm.signature import Arg, ArgRole, Grid, Launch
 from prnn_tvm.verify import emulator
 
@@ -75,6 +77,57 @@ def test_every_lane_reduction_as_emitted(k_split, rows, tile, vec):
 def test_cells_stacks_and_directions_as_emitted(cell, config, options):
     err, layer = emulated(cell, 8, 3, config, **options)
     assert err <= tolerance("float32", T * options.get("layers", 1)), (err, layer.report.config)
+
+
+def emulated_gradients(layer, seq_len: int = T, seed: int = 0) -> dict:
+    """``layer``'s training kernels as emitted (the saving forward, then the GPU backward) emulated on random
+    inputs, ragged lengths and random output gradients, and every argument's gradient assembled from theirs as
+    ``prnn_tvm.torch`` does (the weights' from ``d_gates`` and the saved operands); with the plan's float64
+    gradients: ``(got, want)``."""
+    plan, H, B = layer.plan, layer.plan.hidden, layer.plan.batch
+    save = saving_forward(plan, layer.target, layer.gpu, layer.kernel.config)
+    backward = next(iter(gpu_backward(plan, layer.gpu)))
+    source = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, layer.target,
+                             layer.gpu).source
+    inputs = random_inputs(plan, seq_len, layer.input_size, seed=seed)
+    inputs["lengths"] = random_lengths(B, seq_len, seed=seed + 1)
+    rng = np.random.default_rng(seed + 2)
+    d_out = rng.standard_normal((seq_len, B, H))
+    d_finals = {s.name: rng.standard_normal((B, H)) for s in plan.states}
+    xp = emulator.projection(inputs, "float32")
+    saved = emulator.run_launch(source, save.launch, {**inputs, "xp": xp}, seq_len, kernel=save.func,
+                                target=layer.target).buffers["saved"].astype(np.float64)
+    d = emulator.run_launch(source, backward.launch, {**inputs, "xp": xp, "saved": saved, "d_out": d_out,
+                                                      **{f"d_{s}_n": v for s, v in d_finals.items()}},
+                            seq_len, kernel=backward.func, target=layer.target).buffers
+    d_xp = d["d_xp"].astype(np.float64)
+    got = {"x": d_xp @ inputs["W_ih"], "b_ih": d_xp.sum((0, 1)),
+           "W_ih": d_xp.reshape(-1, d_xp.shape[-1]).T @ inputs["x"].reshape(-1, layer.input_size)}
+    got.update({f"{s.name}0": d[f"d_{s.name}0"] for s in plan.states})
+    got.update({q.name: d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
+    where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
+    column = 0
+    for r in plan.reductions:  # each product's weights: d_gates^T operand, over steps and rows
+        gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(seq_len * B, -1).astype(np.float64)
+        i = where[r.operand]
+        got[r.weight] = got.get(r.weight, 0) + gates.T @ saved[:, :, i * H:(i + 1) * H].reshape(seq_len * B, H)
+        column += r.slices * H
+    return got, plan_gradients(plan, inputs, d_out, d_finals)
+
+
+@pytest.mark.parametrize("cell, config", [
+    ("lstm", knobs(4, 4, 2, 2)),
+    ("gru_cho", knobs(4, 8, 2, 2, barrier="tags")),  # two phases backwards: a stage's adjoint through its product
+    (TWO_STATE, knobs(3, 4, 3, 3)),
+])
+def test_the_training_forward_and_the_gpu_backward_as_emitted(cell, config):
+    """Every argument's gradient, against backpropagation through time in float64 NumPy."""
+    layer = prnn_tvm.compile_cell(cell, 8, 3, input_size=3, target="cuda", arch="sm_90", tuning_logs=[],
+                                  config=config)
+    got, want = emulated_gradients(layer)
+    assert set(got) == set(want)
+    assert worst(relative_error(got[n], want[n]) for n in want) <= 1e-5, {n: relative_error(got[n], want[n])
+                                                                          for n in want}
 
 
 @pytest.mark.parametrize("barrier", ["counter", "tags", "sentinel"])

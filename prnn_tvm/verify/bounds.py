@@ -68,6 +68,18 @@ def launch_problems(func: tirx.PrimFunc, grid, seq_len: int = 3) -> list[str]:
     return problems
 
 
+def bound_values(bindings, seq_len: int) -> dict:
+    """``{name: int}`` of ``(var, value)`` bindings evaluated in order (a value may use the ones before it and
+    ``seq_len``); a value that reads data is left out."""
+    walker, out = _Walker(None, seq_len), {}
+    for var, value in bindings:
+        result = walker.expr(value, np.ones(1, bool))
+        if result is not None:
+            walker.env[var] = result
+            out[var.name] = int(np.asarray(result).reshape(-1)[0])
+    return out
+
+
 class _Walker:
     """Evaluates ``func``'s integer expressions as arrays over its threads (every block's), statement by statement."""
 

@@ -7,8 +7,8 @@ The kernel then runs as it would on a GPU, block against block, so a wrong lane 
 gives wrong numbers, and an access past the end of any buffer or of a block's shared memory stops the run with
 the buffer's name. What it cannot see: the GPU's weaker memory order, ptxas, timing, tensor-core instructions.
 
-Use :func:`run_recurrent` for a layer's recurrent launch on a caller's inputs; :func:`emulate` for any
-launch with every argument given.
+Use :func:`run_recurrent` for a layer's recurrent launch on a caller's inputs, :func:`run_launch` for any launch
+of a source (the training kernels), :func:`emulate` for one with every argument given.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm import tirx
 
 from prnn_tvm.errors import PrnnError
 from prnn_tvm.signature import ArgRole, Launch
 
-from . import ptx
+from . import bounds, ptx
 
 HEADER = Path(__file__).with_name("emulator.h")
 CXX_FLAGS = ("-std=c++17", "-O1", "-pthread", "-fno-strict-aliasing", "-w")
@@ -151,18 +153,37 @@ def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s:
     return Emulated(out, word)
 
 
-def run_recurrent(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int = -1,
-                  function: str = "recurrent") -> tuple:
-    """A CUDA ``layer``'s recurrent launch emulated on ``inputs`` as a caller passes them (``x``, ``W_ih``,
-    ``b_ih``, the recurrent weights and params; initial states and ``lengths`` optional): the projection ``xp``
-    from NumPy, outputs and final states filled with NaN before the run (what the kernel does not write stays
-    NaN), workspace and barrier state zero. Returns ``(out, [finals in signature order], error word)``."""
-    launch = layer.signature.launch(function)
-    seq_len = int(np.shape(inputs["x"])[0])
-    given = dict(inputs)
-    if "xp" not in given:
-        xp = np.asarray(inputs["x"], np.float64) @ np.asarray(inputs["W_ih"], np.float64).T + inputs["b_ih"]
-        given["xp"] = xp.astype(launch.arg("xp").dtype)
+def host_values(func, target, seq_len: int) -> dict:
+    """The scalars TVM's host code computes for a kernel: ``func`` (a PrimFunc) lowered as the build lowers it, and
+    the values its host part binds (common subexpressions of the sequence length that TVM hoists out of a kernel
+    and passes as arguments, ``cse_v1``...), for ``seq_len``."""
+    from tvm.tirx.compilation_pipeline import get_tir_pipeline
+
+    lower, _, _ = get_tir_pipeline("tirx")
+    name = "emulated"
+    lowered = lower(tvm.IRModule({name: func.with_attr("global_symbol", name).with_attr("target", target)}))
+    bindings = []
+
+    def walk(stmt):
+        if isinstance(stmt, (tirx.Bind, tirx.LetStmt)):
+            bindings.append((stmt.var, stmt.value))
+        for field in ("seq", "body", "then_case", "else_case"):
+            inner = getattr(stmt, field, None)
+            for s in (inner if field == "seq" and inner is not None else [inner]):
+                if isinstance(s, tirx.Stmt):
+                    walk(s)
+
+    walk(lowered[name].body)
+    return bounds.bound_values(bindings, seq_len)
+
+
+def run_launch(source: str, launch: Launch, given: dict, seq_len: int, timeout_us: int = TIMEOUT_US,
+               stall_step: int = -1, kernel=None, target=None) -> Emulated:
+    """``launch`` of ``source`` emulated with the arrays ``given`` by argument name (NumPy, converted to each
+    argument's dtype) over ``seq_len`` steps; of the others, ``lengths`` are the whole sequence, initial states,
+    workspace and barrier state zero, and what the kernel writes has every bit set before the run (NaN in every
+    float type: what it does not write stays NaN). ``kernel`` (its PrimFunc) and ``target``: for the scalars TVM's
+    host code would pass (:func:`host_values`), where the kernel takes any."""
     arrays = {}
     for arg in launch.args:
         shape = arg.concrete_shape(seq_len)
@@ -174,10 +195,29 @@ def run_recurrent(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step:
             arrays[arg.name] = np.full(shape, seq_len, arg.dtype)
         elif arg.role in (ArgRole.STATE, ArgRole.WORKSPACE, ArgRole.SYNC):
             arrays[arg.name] = np.zeros(shape, arg.dtype)
-        else:  # written by the kernel: every bit set until it is (NaN in each float type)
+        else:
             arrays[arg.name] = np.full(math.prod(shape) * np.dtype(arg.dtype).itemsize, 0xFF, np.uint8).view(
                 arg.dtype).reshape(shape)
     scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
-    run = emulate(layer.cuda_source, launch, arrays, scalars)
+    wanted = {name for ctype, name in kernel_parameters(source, launch.function) if not ctype.endswith("*")}
+    if kernel is not None and wanted - set(scalars) - {"error_host"}:
+        scalars.update(host_values(kernel, target, seq_len))
+    return emulate(source, launch, arrays, scalars)
+
+
+def run_recurrent(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int = -1) -> tuple:
+    """A CUDA ``layer``'s recurrent launch emulated on ``inputs`` as a caller passes them (``x``, ``W_ih``,
+    ``b_ih``, the recurrent weights and params; initial states and ``lengths`` optional; see :func:`run_launch`),
+    the projection ``xp`` from NumPy. Returns ``(out, [finals in signature order], error word)``."""
+    launch = layer.signature.launch("recurrent")
+    seq_len = int(np.shape(inputs["x"])[0])
+    run = run_launch(layer.cuda_source, launch, {**inputs, "xp": projection(inputs, launch.arg("xp").dtype)},
+                     seq_len, timeout_us, stall_step, layer.kernel.func, layer.target)
     written = [a.name for a in launch.args if a.role in (ArgRole.OUTPUT, ArgRole.FINAL)]
     return run.buffers[written[0]], [run.buffers[name] for name in written[1:]], run.error_word
+
+
+def projection(inputs: dict, dtype: str) -> np.ndarray:
+    """The input projection ``x W_ih^T + b_ih`` of a caller's inputs, in float64 rounded to ``dtype``."""
+    x, w, b = (np.asarray(inputs[n], np.float64) for n in ("x", "W_ih", "b_ih"))
+    return (x @ w.T + b).astype(dtype)
