@@ -1,10 +1,13 @@
 """The CUDA source the compiler emits, run on the host CPU as written (``prnn_tvm.verify.emulator``): its lane
 reductions, operand exchanges, shared gate sums, barriers and timeout path, block against block, and the training
-kernels (the saving forward, the GPU backward), against the float64 NumPy reference. Nothing here models the kernel: a bug in what a template emits gives wrong numbers here,
-and an access past any buffer (a block's shared memory, a kernel argument) stops the run naming the buffer.
+kernels (the saving forward, the GPU backward), against the float64 NumPy reference. Nothing here models the
+kernel: a bug in what a template emits gives wrong numbers here, and an access past any buffer (a block's shared
+memory, a kernel argument) stops the run naming the buffer.
 
-What only the GPU shows (the GPU's weaker memory order, ptxas, timing, tensor-core instructions) is in the
-``gpu`` tests: ``test_gpu_numerics.py``, ``test_gpu_barrier.py``, ``test_gpu_half.py``, ``test_gpu_robust.py``."""
+What only the GPU shows (its weaker memory order, ptxas and nvcc, timing and co-residency, the tensor-core
+template's instructions) is in the ``gpu`` tests: ``test_gpu_barrier.py``, ``test_gpu_sentinel.py``,
+``test_gpu_numerics.py``, ``test_gpu_cells.py``, ``test_gpu_half.py``, ``test_gpu_direct.py``,
+``test_gpu_batch_groups.py``, ``test_gpu_robust.py``, ``test_gpu_streams.py``."""
 
 import numpy as np
 import pytest

@@ -83,11 +83,11 @@ def bound_values(bindings, seq_len: int) -> dict:
 class _Walker:
     """Evaluates ``func``'s integer expressions as arrays over its threads (every block's), statement by statement."""
 
-    def __init__(self, func: tirx.PrimFunc, seq_len: int):
+    def __init__(self, func: tirx.PrimFunc | None, seq_len: int):
         self.func, self.seq_len = func, seq_len
         self.env: dict = {}
-        self.uses: dict = {}  # data var -> SharedUse
-        self.views: dict = {}  # buffer -> (data var, byte offset)
+        self.uses: dict = {}  # allocation -> SharedUse
+        self.views: dict = {}  # buffer -> (its allocation, byte offset): an allocation is its own view
         self.lanes = 1
 
     def run(self) -> list[SharedUse]:

@@ -136,7 +136,8 @@ def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s:
             else:
                 if name not in scalars:
                     raise EmulationError(f"kernel parameter {name}: no scalar '{name}' given")
-                lines.append(f"{'int64' if '64' in ctype else 'int32'} {name} {int(scalars[name])}")
+                wide = ctype in ("int64_t", "uint64_t", "long long", "unsigned long long")
+                lines.append(f"{'int64' if wide else 'int32'} {name} {int(scalars[name])}")
         Path(tmp, "manifest").write_text("\n".join(lines) + "\n")
         try:
             done = subprocess.run([str(program), str(Path(tmp, "manifest"))], capture_output=True, text=True,
