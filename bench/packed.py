@@ -14,6 +14,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
+from prnn_tvm.checks import max_error
 
 # (layers, bidirectional, hidden, batch, dtype): issue 16's cases, and a half one
 CASES = [(1, False, 1024, 4, torch.float32), (2, False, 1024, 4, torch.float32), (1, True, 512, 4, torch.float32),
@@ -38,8 +39,7 @@ for layers, bidirectional, H, B, dtype in CASES:
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     with torch.no_grad():
         (got, got_h), (want, want_h) = fast(packed), ref(packed)
-        err = max((pad_packed_sequence(got)[0] - pad_packed_sequence(want)[0]).abs().max().item(),
-                  *((a - b).abs().max().item() for a, b in zip(got_h, want_h)))
+        err = max_error([(pad_packed_sequence(got)[0], pad_packed_sequence(want)[0]), *zip(got_h, want_h)])
         ours, cudnn = ms(fast, packed), ms(ref, packed)
         ours_padded, cudnn_padded = ms(fast, x), ms(ref, x)
     name = f"LSTM x{layers}{' bidirectional' if bidirectional else ''} H={H} B={B} {str(dtype)[6:]} T={T}"

@@ -15,6 +15,7 @@ import torch
 
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
+from prnn_tvm.checks import abs_error, worst
 
 CASES = [("LSTM", 1024, 4, torch.float32), ("LSTM", 1024, 16, torch.float32), ("LSTM", 512, 4, torch.float32),
          ("GRU", 1024, 4, torch.float32), ("GRU", 512, 16, torch.float32), ("LSTM", 1024, 4, torch.float16),
@@ -50,7 +51,7 @@ for kind, H, B, dtype in CASES:
     hx = [(0.5 * torch.randn(1, B, H, device="cuda", dtype=dtype)).requires_grad_()
           for _ in range(2 if kind == "LSTM" else 1)]
     want, got = [g.clone() for g in step(ref, x, hx)], step(fast, x, hx)
-    err = max(((w - g).abs().max() / w.abs().max()).float().item() for w, g in zip(want, got))
+    err = worst(abs_error(g, w) / w.abs().max().item() for w, g in zip(want, got))
     ours, cudnn = ms(step, fast, x, hx), ms(step, ref, x, hx)
     with torch.no_grad():
         ours_fwd, cudnn_fwd = ms(fast, x), ms(ref, x)

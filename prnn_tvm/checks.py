@@ -100,33 +100,78 @@ def check_gradients(cell, directions: int = 3, step: float = 1e-6, tolerance: fl
                                                                                           finals)))
 
     grads = layer_gradients(layer, inputs, d_out, d_finals)
-    err = 0.0
+    errors = []
     for _ in range(directions):
         v = {name: rng.standard_normal(value.shape) for name, value in inputs.items()}
         derivative = sum(float((grads[name] * v[name]).sum()) for name in inputs)
         plus = loss({name: value + step * v[name] for name, value in inputs.items()})
         minus = loss({name: value - step * v[name] for name, value in inputs.items()})
-        err = max(err, abs((plus - minus) / (2 * step) - derivative) / max(1.0, abs(derivative)))
-    return CheckResult(err, tolerance, time.perf_counter() - start)
+        errors.append(abs((plus - minus) / (2 * step) - derivative) / max(1.0, abs(derivative)))
+    return CheckResult(worst(errors), tolerance, time.perf_counter() - start)
 
 
 def max_abs_error(plan, result: tuple, expected: tuple, relative_beyond: float | None = None) -> float:
-    """Largest abs difference of a layer's ``(out, finals)`` to the reference's ``(out, {state: final})``.
-    With ``relative_beyond`` (``dtypes.BOUND_MAGNITUDE`` for the dtype bounds), the difference at a reference
-    value of larger magnitude counts scaled down by ``|value| / relative_beyond``: rounding to the storage
-    type is relative, and a ReLU cell's outputs grow past the magnitude the bounds are absolute for."""
+    """Largest abs difference of a layer's ``(out, finals)`` to the reference's ``(out, {state: final})``, folded
+    by :func:`worst` (NaN or a stray infinity anywhere: ``inf``). With ``relative_beyond`` (``dtypes.BOUND_MAGNITUDE``
+    for the dtype bounds), the difference at a reference value of larger magnitude counts scaled down by
+    ``|value| / relative_beyond``: rounding to the storage type is relative, and a ReLU cell's outputs grow past
+    the magnitude the bounds are absolute for."""
     (out, finals), (ref, ref_finals) = result, expected
+    finals = list(finals)
+    if len(finals) != len(plan.states):
+        raise ValueError(f"{len(finals)} final states to check, the cell has {len(plan.states)}")
+    pairs = [(out, ref), *((got, ref_finals[state.name]) for state, got in zip(plan.states, finals))]
+    return max_error(pairs, relative_beyond)
 
-    def worst(got, want) -> float:
-        diff = np.abs(np.asarray(got, dtype=np.float64) - want)
+
+def abs_error(got, want, relative_beyond: float | None = None) -> float:
+    """Largest ``|got - want|`` of two arrays of one shape (NumPy, TVM or torch tensors), in float64: the project's
+    one measure of a wrong answer. NaN anywhere (in ``got``, or in ``want``: then nothing was checked), or an
+    infinity where ``want`` holds anything else, is an infinite error, so that a ``<=`` bound fails and no fold
+    drops it. ``relative_beyond``: see :func:`max_abs_error`."""
+    g, w = _float64(got), _float64(want)
+    if g.shape != w.shape:
+        raise ValueError(f"compared arrays differ in shape: {g.shape} against {w.shape}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(g - w)
         if relative_beyond is not None:
-            diff = diff / np.maximum(1.0, np.abs(want) / relative_beyond)
-        return float(diff.max()) if diff.size else 0.0
+            diff = diff / np.maximum(1.0, np.abs(w) / relative_beyond)
+        diff[g == w] = 0.0  # an infinity where the reference has the same one
+    diff[np.isnan(diff)] = np.inf
+    return float(diff.max()) if diff.size else 0.0
 
-    err = worst(out, ref)
-    for state, got in zip(plan.states, finals):
-        err = max(err, worst(got, ref_finals[state.name]))
-    return err
+
+def relative_error(got, want) -> float:
+    """:func:`abs_error` relative to ``want``'s largest magnitude where that passes 1 (a gradient summed over many
+    steps grows; its rounding with it)."""
+    scale = float(np.abs(_float64(want)).max(initial=1.0))
+    return worst([abs_error(got, want) / scale if np.isfinite(scale) else np.inf])
+
+
+def max_error(pairs, relative_beyond: float | None = None) -> float:
+    """The worst :func:`abs_error` over ``(got, want)`` pairs (outputs, states, gradients)."""
+    return worst(abs_error(got, want, relative_beyond) for got, want in pairs)
+
+
+def worst(errors) -> float:
+    """The largest of ``errors``, with NaN the largest of all (``inf``): Python's ``max(a, b)`` keeps ``a`` when
+    ``b`` is NaN, which is how a NaN state past the first used to pass. Every check folds its errors here."""
+    out = 0.0
+    for err in errors:
+        err = float(err)
+        if np.isnan(err):
+            return np.inf
+        out = max(out, err)
+    return out
+
+
+def _float64(x) -> np.ndarray:
+    """An array as float64 NumPy: torch tensors (any device) through the host, TVM tensors through ``numpy()``."""
+    if hasattr(x, "detach"):  # torch, without importing it
+        x = x.detach().cpu().double().numpy()
+    elif not isinstance(x, np.ndarray) and hasattr(x, "numpy"):
+        x = x.numpy()
+    return np.asarray(x, dtype=np.float64)
 
 
 def time_layer(layer: Layer, seq_len: int, number: int = 10, repeat: int = 5, seed: int = 0) -> Timing:

@@ -7,7 +7,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import ConfigError, InputError, compile_backward
-from prnn_tvm.checks import check_gradients, layer_gradients
+from prnn_tvm.checks import check_gradients, layer_gradients, max_error
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
 from prnn_tvm.runtime import binding
@@ -32,7 +32,7 @@ def compare(cell, hidden, batch, seq_len, input_size, dtype, lengths=None, seed=
     want = plan_gradients(layer.plan, inputs, d_out, d_finals)
     got = layer_gradients(layer, inputs, d_out, d_finals)
     assert set(got) == set(want), set(got) ^ set(want)
-    return max(float(np.abs(np.asarray(got[n], np.float64) - want[n]).max()) for n in want)
+    return max_error((got[n], want[n]) for n in want)
 
 
 @pytest.mark.parametrize("cell", [*CELLS, TWO_STATE])

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm import PrnnError, records
+from prnn_tvm import InputError, PrnnError, records
+from prnn_tvm.checks import max_error
 from prnn_tvm.cli import main
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, reference_layer
@@ -460,7 +461,22 @@ def test_bad_input_gives_its_error_and_the_layer_stays_usable(what, lstm, good, 
         fn(lstm, good, tmp_path, **extra)
     assert ROWS[what] in str(raised.value), f"{what}: got {raised.value}"
     assert "Traceback" not in str(raised.value)
-    out, (h_n, c_n) = lstm(**good)  # the next good call is right
+    assert_next_call_is_right(lstm, good)
+
+
+def assert_next_call_is_right(lstm, good):
+    out, (h_n, c_n) = lstm(**good)
     ref, ref_finals = reference_layer(lstm.plan, good)
-    bound = tolerance("float32", 3)
-    assert np.abs(out - ref).max() <= bound and np.abs(c_n - ref_finals["c"]).max() <= bound
+    assert max_error([(out, ref), (h_n, ref_finals["h"]), (c_n, ref_finals["c"])]) <= tolerance("float32", 3)
+
+
+@pytest.mark.parametrize("lengths", [[-1, 2], [3, -7], [-128, 0]])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int8])
+def test_row_lengths_below_zero_are_refused_like_those_past_the_sequence(lstm, good, lengths, dtype):
+    """The table's row is a length past the sequence; one below 0 is refused with the same words (the kernels
+    would run it as no step at all, silently)."""
+    lengths = np.array(lengths).astype(dtype)
+    with pytest.raises(InputError, match=re.escape(f"lengths must lie in [0, 3] (the sequence's 3 steps), got values "
+                                                   f"from {lengths.min()} to {lengths.max()}")):
+        _call_with(lstm, good, lengths=lengths)
+    assert_next_call_is_right(lstm, good)

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import prnn_tvm
+from prnn_tvm.checks import abs_error, max_error, worst
 from prnn_tvm.dtypes import GPU_DTYPES, tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.reference import random_inputs, random_lengths
@@ -63,9 +64,7 @@ def test_sequences_past_2_31_elements_run_in_chunks(kind, hidden, batch, seq_len
             out, state = ref(x[t0:t0 + 10_000], state)
             want.append(out)
         want = torch.cat(want)
-    err = (got - want).abs().max().item()
-    for a, b in zip(*((got_h, state) if kind == "lstm" else ((got_h,), (state,)))):
-        err = max(err, (a - b).abs().max().item())
+    err = max_error([(got, want), *zip(*((got_h, state) if kind == "lstm" else ((got_h,), (state,))))])
     assert err <= tolerance("float32", seq_len), err
 
 
@@ -134,9 +133,7 @@ def test_fuzz_torch_modules_against_torch_nn(no_tf32, kind, hidden, input_size, 
         hx = (h0, 0.5 * torch.randn(1, batch, hidden, device="cuda")) if kind == "lstm" else h0
     with torch.no_grad():
         (want, want_h), (got, got_h) = ref(x, hx), fast(x, hx)
-    err = (got - want).abs().max().item()
-    for a, b in zip(*((got_h, want_h) if kind == "lstm" else ((got_h,), (want_h,)))):
-        err = max(err, (a - b).abs().max().item())
+    err = max_error([(got, want), *zip(*((got_h, want_h) if kind == "lstm" else ((got_h,), (want_h,))))])
     assert err <= tolerance("float32", seq_len) + 1e-5, err  # + cuDNN's own rounding
 
 
@@ -149,10 +146,10 @@ def test_misaligned_parameters_are_copied_not_refused(no_tf32):
     fast = pt.from_torch(ref)
     x = torch.randn(7, 3, 520, device="cuda")
     with torch.no_grad():
-        err = (fast(x)[0] - ref(x)[0]).abs().max().item()
+        first = abs_error(fast(x)[0], ref(x)[0])
         copies = dict(fast._aligned_copies)
         fast(x)
         assert all(fast._aligned_copies[k][1] is v[1] for k, v in copies.items())  # kept, not remade
         ref.bias_hh_l0.add_(0.5)  # a weight update makes a fresh copy
-        err = max(err, (fast(x)[0] - ref(x)[0]).abs().max().item())
+        err = worst([first, abs_error(fast(x)[0], ref(x)[0])])
     assert copies and err <= tolerance("float32", 7) + 1e-5, err

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import prnn_tvm  # noqa: E402 - after the skip
 import prnn_tvm.torch as pt  # noqa: E402
 from prnn_tvm.bench.baselines import captured  # noqa: E402
+from prnn_tvm.checks import max_error  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
 from prnn_tvm.errors import BarrierTimeout  # noqa: E402
 from prnn_tvm.reference import random_inputs  # noqa: E402
@@ -41,19 +42,26 @@ def _model(lstm, gru):
 
 
 def test_a_call_runs_on_the_callers_stream_without_waiting():
+    """The caller's stream is busy (a long sleep queued first) when each call is made: a call that waited for the
+    stream or the device, before its launches or after them, would return only once the sleep had ended."""
     lstm, _ = _modules()
     fast = pt.from_torch(lstm)
     x = torch.randn(64, 4, 64, device="cuda")
+    side = torch.cuda.Stream()
     with torch.no_grad():
-        want = fast(x)[0].clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
+            want = fast(x)[0].clone()  # compiled, loaded, this stream's memory cached: the calls below only launch
+        side.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(500_000_000)  # ~0.25 s of GPU time ahead of the calls
+            slept = torch.cuda.Event()
+            slept.record(side)
             got = fast(x)[0]
-            # nothing was waited for: the side stream still has the kernels queued behind a long sleep
-            torch.cuda._sleep(200_000_000)
+            returned = slept.query()
             after = fast(x)[0]
-        assert not side.query()  # the calls returned while the stream was busy
+            returned |= slept.query()
+        assert not returned, "a call waited for the stream's earlier work"
+        assert not side.query()  # the calls' kernels are queued behind the sleep, on the caller's stream
         side.synchronize()
     assert torch.equal(got, want) and torch.equal(after, want)
 
@@ -96,7 +104,7 @@ def test_a_bidirectional_call_from_another_stream_and_a_graph(one_launch):
     here = torch.cuda.current_stream()
     with torch.no_grad():
         (out, (h, c)), (want, (wh, wc)) = fast(x), ref(x)
-        assert max((a - b).abs().max().item() for a, b in ((out, want), (h, wh), (c, wc))) <= tolerance("float32", 32)
+        assert max_error([(out, want), (h, wh), (c, wc)]) <= tolerance("float32", 32)
         assert len(fast._side_streams) == sides
         other = torch.cuda.Stream()
         other.wait_stream(here)

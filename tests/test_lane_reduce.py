@@ -1,5 +1,8 @@
 """The float32 template's lane reduction (``RegisterWeights.lane_reduce``): recursive halving over the
-``k_split`` lanes of a row, each total stored by one lane (``held_value``)."""
+``k_split`` lanes of a row, each total stored by one lane (``held_value``). The first test checks the halving
+plan and ``held_value`` over many sizes against a lane-by-lane model; the emitted shuffles themselves run in
+``test_emulated.py::test_every_lane_reduction_as_emitted`` (the CUDA source on the host), where a kernel that keeps
+the half it should send fails."""
 
 from __future__ import annotations
 

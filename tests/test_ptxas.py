@@ -26,6 +26,7 @@ from prnn_tvm.schedules import by_name, template_for
 from prnn_tvm.schedules.persistent_config import default_config
 from prnn_tvm.target import DEFAULT_SMEM_PER_BLOCK, gpu_spec, launchable_smem, max_regs_per_thread, smem_launch_problem
 from prnn_tvm.tune.space import ConfigSpace
+from prnn_tvm.verify import bounds
 
 CELLS = sorted(prnn_tvm.builtin_cells())
 EXP_FREE_CELLS = ("indrnn", "rnn_relu", "rnn_tanh", "stacked_rnn")  # no exp or sigmoid in their math
@@ -135,9 +136,13 @@ def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(mo
 
 
 def assert_launchable(layer):
-    """The kernel allocates the dynamic shared memory its grid declares, and the launch can have it: TVM lifts
-    the 48 KB default limit only where the dynamic part reaches 48 KB, and the static part counts too."""
+    """The kernel's shared-memory accesses, every thread's at every step as its TIR writes them, stay inside
+    the buffers it declares, and those inside what the launch allocates (``prnn_tvm.verify.bounds``: not a
+    figure of the template's geometry); the kernel allocates the dynamic shared memory its grid declares, and
+    the launch can have it: TVM lifts the 48 KB default limit only where the dynamic part reaches 48 KB, and the
+    static part counts too."""
     rep = layer.report
+    assert not bounds.launch_problems(layer.kernel.func, layer.kernel.launch.grid), rep.format()
     allocated = sum(int(n) * itemsize(dtype or "float32") for n, dtype in re.findall(
         r'T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?, scope="shared\.dyn"\)', layer.kernel.func.script()))
     assert allocated == rep.dynamic_smem_bytes, (allocated, rep.format())

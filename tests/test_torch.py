@@ -1,6 +1,5 @@
 """``prnn_tvm.torch``: the modules against ``torch.nn`` (CPU build here; CUDA with ``-m gpu``)."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -10,6 +9,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa
 import prnn_tvm  # noqa: E402
 import prnn_tvm.torch as pt  # noqa: E402 - after the skip
 from prnn_tvm import ConfigError, InputError  # noqa: E402
+from prnn_tvm.checks import max_error, relative_error, worst  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
 from prnn_tvm.reference import random_lengths, reference_layer, reference_stack  # noqa: E402
 
@@ -57,10 +57,9 @@ def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16
         (got_out, got_steps), (want_out, want_steps) = pad_packed_sequence(got_out), pad_packed_sequence(want_out)
         assert torch.equal(got_steps, want_steps)
     assert got_out.shape == want_out.shape and got_out.device == want_out.device
-    err = (got_out - want_out).abs().max().item()
-    for a, b in zip(*((got_h, want_h) if kind == "lstm" else ((got_h,), (want_h,)))):
-        assert a.shape == b.shape == (slots, B, H)
-        err = max(err, (a - b).abs().max().item())
+    pairs = [(got_out, want_out), *zip(*((got_h, want_h) if kind == "lstm" else ((got_h,), (want_h,))))]
+    assert all(a.shape == b.shape == (slots, B, H) for a, b in pairs[1:])
+    err = max_error(pairs)
     assert err <= tolerance("float32", T), f"{kind}: max abs error {err:.2e}"  # TF32 off on the GPU
     return fast
 
@@ -160,7 +159,7 @@ def test_stacked_unbatched_input():
         got, (h, c) = fast(x, (h0, c0))
         want, (wh, wc) = ref(x, (h0, c0))
     assert got.shape == want.shape == (5, 12) and h.shape == wh.shape == (4, 6)
-    err = max((got - want).abs().max(), (h - wh).abs().max(), (c - wc).abs().max()).item()
+    err = max_error([(got, want), (h, wh), (c, wc)])
     assert err <= tolerance("float32", 5)
 
 
@@ -346,7 +345,7 @@ def test_float32_gradients_match_torch_nn(kind, layers, T, H):
         finals = finals if kind == "lstm" else (finals,)
         (out.square().sum() + sum((k + 1) * f.sum() for k, f in enumerate(finals))).backward()
         grads.append([t.grad.clone() for t in (x, *hx, *ref.parameters())])
-    err = max((want - got).abs().max().item() / max(1.0, want.abs().max().item()) for want, got in zip(*grads))
+    err = worst(relative_error(got, want) for want, got in zip(*grads))
     assert err <= (1e-5 if T < 100 else 1e-4), err
 
 
@@ -366,7 +365,7 @@ def test_dropout_between_layers_trains_like_torch_nn(kind, bidirectional):
         out, _ = module(x)
         out.square().sum().backward()
         results.append([out.detach(), x.grad.clone(), *(p.grad.clone() for p in ref.parameters())])
-    assert max((a - b).abs().max().item() for a, b in zip(*results)) <= 1e-5
+    assert max_error(zip(*results)) <= 1e-5
     with torch.no_grad():
         assert not torch.equal(results[1][0], fast.eval()(x)[0])  # the masks did something; eval has none
         assert (fast(x)[0] - ref.eval()(x)[0]).abs().max().item() <= 1e-5
@@ -385,7 +384,7 @@ def test_half_modules_train_on_the_cpu(dtype, bound):
         out, h = module(inp)
         (out.float().square().sum() + h.float().sum()).backward()
         grads.append([inp.grad.float(), *(p.grad.float() for p in module.parameters())])
-    assert max((a - b).abs().max().item() for a, b in zip(*grads)) < bound
+    assert max_error(zip(*grads)) < bound
 
 
 def _any_cell_inputs(module, x, hx, layer_suffix="_l0"):
@@ -428,8 +427,7 @@ def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_referen
     notes = module.direction_notes.values()  # one per input width (layer 0's, the later layers')
     assert len(notes) == 2 * one_launch and all(note.startswith("one launch") for note in notes), notes
     assert out.shape == want.shape
-    err = max(np.abs(out.numpy() - want).max(),
-              *(np.abs(f.numpy() - want_finals[s.name]).max() for f, s in zip(finals, plan.states)))
+    err = max_error([(out, want), *((f, want_finals[s.name]) for f, s in zip(finals, plan.states))])
     assert err <= tolerance("float32", T), err
 
 
@@ -448,8 +446,7 @@ def test_any_cell_runs_as_a_module(cell):
         out, finals = module(x, hx if len(hx) > 1 else hx[0])
     finals = finals if len(hx) > 1 else (finals,)
     ref, ref_finals = reference_layer(plan, _any_cell_inputs(module, x, hx))
-    err = max(np.abs(out.numpy() - ref).max(), *(np.abs(f[0].numpy() - ref_finals[s.name]).max()
-                                                 for f, s in zip(finals, plan.states)))
+    err = max_error([(out, ref), *((f[0], ref_finals[s.name]) for f, s in zip(finals, plan.states))])
     assert err <= tolerance("float32", 6)
 
 
@@ -465,7 +462,7 @@ def test_a_generic_lstm_equals_torch_nn_stacked_and_bidirectional():
             getattr(module, f"{torch_names[kind]}_l{suffix}").copy_(p)
         x = torch.randn(8, 3, 5)
         (out, (h, c)), (want, (wh, wc)) = module(x), ref(x)
-    assert max((a - b).abs().max().item() for a, b in ((out, want), (h, wh), (c, wc))) <= tolerance("float32", 8)
+    assert max_error([(out, want), (h, wh), (c, wc)]) <= tolerance("float32", 8)
 
 
 @pytest.mark.parametrize("cell, layers, bidirectional", [(TWO_STATE, 1, False), ("gru_cho", 2, True)])
@@ -513,9 +510,16 @@ def test_an_empty_batch_gives_empty_results_like_torch_nn(batch_first):
 
 
 def test_readme_pytorch_example_runs():
+    """As written in README.md: the difference it prints is within float32's bound, the shapes its comment gives."""
     from .test_export import readme_block
 
-    exec(compile(readme_block("## PyTorch"), "README.md", "exec"), {})
+    printed = []
+    scope = {"print": printed.append}
+    exec(compile(readme_block("## PyTorch"), "README.md", "exec"), scope)
+    assert len(printed) == 1 and float(printed[0]) <= tolerance("float32", 16), printed
+    with torch.no_grad():
+        assert max_error([(scope["out"], scope["lstm"](scope["x"])[0])]) <= tolerance("float32", 16)
+    assert scope["out"].shape == (4, 16, 64) and scope["h_n"].shape == scope["c_n"].shape == (1, 4, 64)
 
 
 @pytest.mark.gpu
@@ -537,8 +541,7 @@ def test_cuda_any_cell_runs_as_a_module(cell, no_tf32):
         out, finals = module(x, hx if len(hx) > 1 else hx[0])
     finals = finals if len(hx) > 1 else (finals,)
     ref, ref_finals = reference_layer(plan, _any_cell_inputs(module.cpu(), x.cpu(), [h.cpu() for h in hx]))
-    err = max(np.abs(out.cpu().numpy() - ref).max(), *(np.abs(f[0].cpu().numpy() - ref_finals[s.name]).max()
-                                                       for f, s in zip(finals, plan.states)))
+    err = max_error([(out, ref), *((f[0], ref_finals[s.name]) for f, s in zip(finals, plan.states))])
     assert err <= tolerance("float32", 32)
 
 
@@ -556,7 +559,7 @@ def _gradients(module, x, hx, params, packed_lengths=None):
 
 def _gradient_error(want, got) -> float:
     """Largest difference over gradients, relative to a gradient's largest entry where that passes 1."""
-    return max((w - g).abs().max().item() / max(1.0, w.abs().max().item()) for w, g in zip(want, got))
+    return worst(relative_error(g, w) for w, g in zip(want, got))
 
 
 @pytest.mark.gpu
@@ -678,7 +681,7 @@ def test_cuda_half_modules_match_float64(kind, layers, bidirectional, dtype):
     with torch.no_grad():
         (want, want_h), (got, got_h) = exact(x.double()), fast(x)
     want_h, got_h = (want_h, got_h) if kind == "lstm" else ((want_h,), (got_h,))
-    err = max((a.double() - b).abs().max().item() for a, b in zip((got, *got_h), (want, *want_h)))
+    err = max_error(zip((got, *got_h), (want, *want_h)))
     assert err <= tolerance(pt.DTYPES[dtype], T), f"max abs error {err:.2e}"
     assert any(key[0] == "folded" for key in fast._derived) == (kind != "gru")
 

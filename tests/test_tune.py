@@ -146,13 +146,15 @@ def test_best_picks_the_fastest_successful_record_of_the_exact_key():
 
 
 def test_ranked_gives_each_configs_fastest_record_fastest_first():
-    recs = [Record(key(), {**CFG, "vec": 1}, (3.0,), 10),
-            Record(key(), {**CFG, "vec": 2}, (2.0,), 10),
-            Record(key(), {**CFG, "vec": 1}, (1.0,), 10),                      # measured again, faster
+    """Per step, over records of different sequence lengths: ranked per sequence, the order (1, 4, 2) and vec 1's
+    record (the 1.0 s one) would differ."""
+    recs = [Record(key(), {**CFG, "vec": 1}, (1.0,), 10),                      # 0.1 s per step
+            Record(key(), {**CFG, "vec": 2}, (8.0,), 100),                     # 0.08: slower per sequence
+            Record(key(), {**CFG, "vec": 1}, (5.0,), 100),                     # measured again: 0.05 per step
             Record(key(), {**CFG, "vec": 4}, (), 10, ErrorKind.WRONG, "max abs error 1"),
-            Record(key(), {**CFG, "vec": 4}, (4.0,), 10)]
+            Record(key(), {**CFG, "vec": 4}, (4.0,), 10)]                      # 0.4
     ranked = records.ranked(recs, key())
-    assert [(r.config["vec"], r.per_step_s) for r in ranked] == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2)),
+    assert [(r.config["vec"], r.per_step_s) for r in ranked] == [(1, pytest.approx(0.05)), (2, pytest.approx(0.08)),
                                                                 (4, pytest.approx(0.4))]
     assert records.ranked(recs, key(), 2) == ranked[:2] and records.best(recs, key()) == ranked[0]
 
