@@ -15,7 +15,7 @@ from prnn_tvm.dtypes import tolerance
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.cell import Cell
 from prnn_tvm.frontend.registry import builtin_cells, resolve
-from prnn_tvm.frontend.stack import split_layer_name, stacked
+from prnn_tvm.frontend.stack import MAX_LAYERS, split_layer_name, stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
 from prnn_tvm.runtime import binding
 from prnn_tvm.schedules import persistent_config as pc
@@ -189,8 +189,13 @@ def test_bad_stacks_are_refused():
         x, h = c.input(), c.state("h")
         return {"h": c.pointwise(lambda n, j: x[n, j] + c.matvec(h, c.weight("W_ih"), "hw")[n, j], "h_new")}
 
-    with pytest.raises(CellError, match="may not declare a weight 'W_ih'"):
+    with pytest.raises(CellError, match="weight 'W_ih' has the name of the layer's own argument 'W_ih'"):
         analyze(stacked(Cell("own_w_ih", step, None), 2), 1, 4)
+    with pytest.raises(CellError, match="runs both directions of a layer; a bidirectional stack cannot run as one"):
+        resolve("lstm_bi_x2")  # what `prnn-tvm compile lstm_bi --layers 2` asks for
+    with pytest.raises(ConfigError, match=f"one launch runs at most {MAX_LAYERS}"):
+        resolve(f"lstm_x{MAX_LAYERS + 1}")
+    assert len(resolve(f"lstm_x{MAX_LAYERS}").delays) == 2 * MAX_LAYERS
 
 
 def test_a_stack_trains_layer_by_layer_only():
