@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..errors import BarrierTimeout, LaunchError
+from ..errors import BarrierTimeout, LaunchError, UnsupportedError
 from ..signature import ArgRole, Signature
 from ..target import gpu_spec, resident_ctas, smem_launch_problem
 from .binding import COPY, BoundCall, bind
@@ -103,6 +103,11 @@ class RuntimeLayer:
         scalars = {a.name for x in signature.launches for a in x.args if a.role is ArgRole.SCALAR}
         # kernels that predate the host error word report a timeout only in device memory
         self._blocking_check = any(a.role is ArgRole.SYNC for a in owned) and "error_host" not in scalars
+
+    def __reduce__(self):
+        raise UnsupportedError(f"a compiled layer of '{self.signature.cell}' cannot be pickled or copied: it holds TVM "
+                               "modules, which do not serialize; write it with prnn_tvm.export(layer, 'layer.so') and "
+                               "read it with prnn_tvm.load, or keep the arguments of compile_cell and compile again")
 
     @property
     def is_cuda(self) -> bool:
