@@ -40,7 +40,7 @@ import numpy as np
 from tvm import te
 
 from ..errors import CellError, PrnnError
-from .names import check_names
+from .names import check_names, same_name
 
 MAX_DELAY = 15  # a state's delay: at most the last layer's of the deepest wavefront stack (frontend.stack.MAX_LAYERS)
 
@@ -83,8 +83,9 @@ class CellBuilder:
 
     def _declare(self, name: str, role: Role, slices: int, shape: tuple[int, ...]) -> te.Tensor:
         _check_name(name, role.value)
-        if any(s.name == name for s in self.slots):
-            raise CellError(f"'{name}' is declared twice")
+        for s in self.slots:
+            if s.name == name:
+                raise CellError(same_name(s.role.value, role.value, name))
         _check_slices(name, slices)
         t = te.placeholder(shape, self.dtype, name=name)
         self.slots.append(Slot(name, role, slices, t))
@@ -213,7 +214,8 @@ class Cell:
         if self.reference is not None and not callable(self.reference):
             raise CellError(f"{where}: reference must be a function reference(x, state, params) -> {{state: new "
                             f"value}} (or None for a cell that is only analysed), got {type(self.reference).__name__}")
-        if not (_names(self.outputs) and self.outputs):
+        if not (isinstance(self.output, str) or (isinstance(self.output, (tuple, list)) and self.output
+                                                 and _names(self.output))):
             raise CellError(f"{where}: output is a state's name or a tuple of them, got {self.output!r}")
         if not isinstance(self.doc, str):
             raise CellError(f"{where}: doc is a string, got {type(self.doc).__name__}")

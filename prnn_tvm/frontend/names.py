@@ -40,9 +40,7 @@ def check_names(cell_name: str, slots: Iterable, updates) -> None:
             raise CellError(f"cell '{cell_name}': {kind} name {name!r} is not an identifier; name every state, "
                             "weight, param, stage and product with letters, digits and _ (not starting with a digit)")
         if name in kinds:
-            which = f"two {kind}s" if kinds[name] == kind else f"a {kinds[name]} and a {kind}"
-            raise CellError(f"cell '{cell_name}': {which} are named '{name}'; every input, state, weight, param, "
-                            "stage and product of a cell needs a name of its own (rename one)")
+            raise CellError(f"cell '{cell_name}': {same_name(kinds[name], kind, name)}")
         kinds[name] = kind
 
     for s in slots:
@@ -51,6 +49,16 @@ def check_names(cell_name: str, slots: Iterable, updates) -> None:
         claim(op.name, "product" if isinstance(op.body[0], tirx.Reduce) else "stage")
     _check_arguments(cell_name, slots, {name: f"{kind} '{name}'" for name, kind in kinds.items()
                                         if kind != "input"})  # the input is no argument: x is the layer's
+
+
+def same_name(first: str, second: str, name: str) -> str:
+    """The words for two things of one name (kinds ``first`` and ``second``: "state", "stage", ...)."""
+    def a(kind: str) -> str:
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+    which = f"two {first}s" if first == second else f"{a(first)} and {a(second)}"
+    return (f"{which} are named '{name}'; every input, state, weight, param, stage and product of a cell needs a "
+            "name of its own (rename one)")
 
 
 def _graph_ops(updates) -> list:
@@ -73,11 +81,12 @@ def _check_arguments(cell_name: str, slots: tuple, named: dict) -> None:
     or an argument another name makes."""
     slices = next((s.slices for s in slots if s.role.value == "input"), 1)
     own = _own_arguments(slices)
-    made = {s.name: _made_arguments(s.role.value, s.name, slices) for s in slots if s.role.value != "input"}
     for name, what in named.items():
         if name in own:
             raise CellError(f"cell '{cell_name}': {what} has the name of the layer's own argument '{name}' "
                             f"({own[name]}); rename it (the layer's own arguments: {', '.join(sorted(own))})")
+    made = {s.name: _made_arguments(s.role.value, s.name, slices) for s in slots if s.role.value != "input"}
+    for name, what in named.items():
         for other, arguments in made.items():
             if other != name and name in arguments:
                 raise CellError(f"cell '{cell_name}': {what} has the name of the {arguments[name]} argument "
