@@ -220,6 +220,9 @@ def _target(target, arch):
     else:
         kind = {"cpu": "llvm"}.get(str(target), str(target))
     if kind == "llvm":
+        if arch is not None:
+            raise ConfigError(f"arch={arch!r} is a CUDA architecture, and target 'llvm' is the CPU build, which takes "
+                              "none: drop arch, or compile for target='cuda'")
         return tvm.target.Target("llvm"), None
     if kind == "cuda":
         gpu = arch if isinstance(arch, GpuSpec) else gpu_spec(arch)

@@ -380,10 +380,12 @@ class _Recurrent(torch.nn.Module):
 
     def forward(self, input, hx=None):
         kind, H = type(self).__name__, self.hidden_size
-        if torch.jit.is_tracing():
-            raise UnsupportedError(f"{kind}: torch.jit.trace cannot record a prnn_tvm.torch module (its kernels are "
-                                   "TVM calls, and its kernels' sizes would be traced as constants); call it eagerly "
-                                   "(torch.cuda.graph captures its CUDA calls)")
+        if torch.jit.is_tracing() or _EXPORTING():
+            tracer = "torch.jit.trace" if torch.jit.is_tracing() else "torch.export"
+            raise UnsupportedError(f"{kind}: {tracer} cannot record a prnn_tvm.torch module (its kernels are TVM "
+                                   "calls, and its kernels' sizes would be traced as constants); call it eagerly, or "
+                                   "under torch.compile, which runs it as it is (torch.cuda.graph captures its CUDA "
+                                   "calls)")
         states = len(self._states)
         directions = 2 if self.bidirectional else 1
         slots = self.num_layers * directions  # the initial and final states of each layer and direction
@@ -790,6 +792,7 @@ def _packed_like(packed: PackedSequence, padded: torch.Tensor, sorted_steps: tor
 
 
 _NOTHING = contextlib.nullcontext()  # reusable
+_EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.export tracing (torch 2.5 and later)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's raw getter, where it has one
 
 

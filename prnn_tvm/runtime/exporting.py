@@ -83,7 +83,7 @@ def export(layer, path, **compile_kwargs) -> Path:
         except OSError as err:
             partial.unlink(missing_ok=True)
             raise ExportError(f"cannot write {path}: {err.strerror}") from err
-    log.info("exported %s (%s, %s) to %s", layer.signature.cell, metadata["target"], metadata["arch"], path)
+    log.info("exported %s (%s) to %s", layer.signature.cell, layer.report.target, path)
     return path
 
 
