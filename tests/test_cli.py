@@ -83,3 +83,34 @@ def test_cells_lists_builtins():
     r = run("cells")
     listed = {line.split()[0] for line in r.stdout.splitlines()}
     assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu"} <= listed
+
+
+def _log(tmp_path, *records_):
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in records_))
+    return path
+
+
+def test_records_print_control_characters_escaped(tmp_path):
+    """A cell name from a log is printed as text, never as a terminal escape or an extra line."""
+    from prnn_tvm.records import Record, TuneKey
+
+    key = TuneKey("abc", 4, 64, "float32", "sm_90", 132, "persistent_cuda", "0.27.0.post1")
+    path = _log(tmp_path, Record(key, {}, (1e-3,), 256, cell="\x1b[31mred\nline"))
+    for action in ("show", "best"):
+        r = run("records", action, "--log", str(path))
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\\x1b[31mred\\nline" in r.stdout, r.stdout
+        assert len(r.stdout.strip().splitlines()) == 2  # the header and the one key
+
+
+def test_records_best_has_a_dtype_column(tmp_path):
+    """Two keys that differ only in dtype printed two identical-looking lines."""
+    from prnn_tvm.records import Record, TuneKey
+
+    keys = [TuneKey("abc", 16, 1024, dtype, "sm_90", 132, "persistent_cuda", "0.27.0.post1")
+            for dtype in ("float32", "float16")]
+    r = run("records", "best", "--log", str(_log(tmp_path, *(Record(k, {}, (1e-3,), 256, cell="lstm") for k in keys))))
+    lines = r.stdout.strip().splitlines()[1:]
+    assert r.returncode == 0 and len(lines) == 2 and len(set(lines)) == 2, r.stdout
+    assert "float32" in lines[0] and "float16" in lines[1]
