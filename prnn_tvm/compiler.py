@@ -77,6 +77,8 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
+    if bidirectional not in (True, False) or not isinstance(bidirectional, (bool, int)):
+        raise ConfigError(f"bidirectional must be True or False, got {bidirectional!r}")
     cell = stacked(resolve(cell), layers)
     if bidirectional:
         if layers > 1:

@@ -595,7 +595,23 @@ def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", arch="sm_90")
 
 
+@case("`compile_cell(..., bidirectional=\"no\")`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", bidirectional="no")
+
+
+@case("a negative `barrier_timeout_us`")
+def _(lstm, good, tmp_path):
+    layer = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")
+    layer.barrier_timeout_us = -5
+
+
 # ---------------------------------------------------------------- exports, loads, logs
+@case("loading with a `device` that is no TVM device (`\"cuda\"`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.load(prnn_tvm.export(lstm, tmp_path / "lstm.so"), device="cuda")
+
+
 @case("exporting to a name that does not end in `.so`")
 def _(lstm, good, tmp_path):
     prnn_tvm.export(lstm, tmp_path / "layer.bin")

@@ -228,6 +228,8 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
     when its kernels were compiled for a GPU architecture this GPU cannot run.
     """
     path = Path(path)
+    if device is not None and not isinstance(device, tvm.runtime.Device):
+        raise LoadError(f"device must be a tvm.runtime.Device (tvm.cuda(0), tvm.cpu(0)), got {device!r}")
     metadata, mapped = _opened(path)
     try:
         signature = signature_of(metadata)
