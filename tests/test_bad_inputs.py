@@ -715,43 +715,36 @@ def _(lstm, good, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- prnn_tvm.torch's arguments
-@case("`prnn_tvm.torch.LSTM(4, 8.0)`")
-def _(lstm, good, tmp_path):
+def _pt():
     _torch()
     import prnn_tvm.torch as pt
 
-    pt.LSTM(4, 8.0)
+    return pt
+
+
+@case("`prnn_tvm.torch.LSTM(4, 8.0)`")
+def _(lstm, good, tmp_path):
+    _pt().LSTM(4, 8.0)
 
 
 @case("`dropout=\"0.5\"`")
 def _(lstm, good, tmp_path):
-    _torch()
-    import prnn_tvm.torch as pt
-
-    pt.GRU(4, 8, dropout="0.5")
+    _pt().GRU(4, 8, dropout="0.5")
 
 
 @case("`bidirectional=\"no\"`")
 def _(lstm, good, tmp_path):
-    _torch()
-    import prnn_tvm.torch as pt
-
-    pt.LSTM(4, 8, bidirectional="no")
+    _pt().LSTM(4, 8, bidirectional="no")
 
 
 @case("`input_size=0`")
 def _(lstm, good, tmp_path):
-    _torch()
-    import prnn_tvm.torch as pt
-
-    pt.RNN(0, 8)
+    _pt().RNN(0, 8)
 
 
 @case("a module parameter replaced by one of another shape")
 def _(lstm, good, tmp_path):
-    torch = _torch()
-    import prnn_tvm.torch as pt
-
+    torch, pt = _torch(), _pt()
     fast = pt.LSTM(4, 8)
     fast.weight_hh_l0 = torch.nn.Parameter(torch.zeros(3, 3))
     with torch.no_grad():
@@ -760,9 +753,7 @@ def _(lstm, good, tmp_path):
 
 @case("a module parameter of another dtype")
 def _(lstm, good, tmp_path):
-    torch = _torch()
-    import prnn_tvm.torch as pt
-
+    torch, pt = _torch(), _pt()
     fast = pt.GRU(4, 8)
     fast.bias_hh_l0.data = fast.bias_hh_l0.data.double()
     with torch.no_grad():
@@ -771,25 +762,19 @@ def _(lstm, good, tmp_path):
 
 @case("`torch.jit.trace` of a module")
 def _(lstm, good, tmp_path):
-    torch = _torch()
-    import prnn_tvm.torch as pt
-
+    torch, pt = _torch(), _pt()
     torch.jit.trace(pt.LSTM(4, 8), torch.randn(3, 2, 4))
 
 
 @case("`torch.export.export` of a module")
 def _(lstm, good, tmp_path):
-    torch = _torch()
-    import prnn_tvm.torch as pt
-
+    torch, pt = _torch(), _pt()
     torch.export.export(pt.LSTM(4, 8), (torch.randn(3, 2, 4),))
 
 
 @case("double backward (`create_graph=True`, then a gradient of the gradient)")
 def _(lstm, good, tmp_path):
-    torch = _torch()
-    import prnn_tvm.torch as pt
-
+    torch, pt = _torch(), _pt()
     fast = pt.LSTM(4, 8)
     x = torch.randn(3, 2, 4, requires_grad=True)
     g, = torch.autograd.grad(fast(x)[0].sum(), x, create_graph=True)
