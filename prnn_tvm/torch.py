@@ -42,7 +42,8 @@ then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_
 float32 for half layers too. Gradients are first derivatives: a backward that would itself be
 differentiated (``create_graph=True``, as a gradient penalty asks) is refused
 (:class:`~prnn_tvm.errors.UnsupportedError`), never computed without the kernel's terms. A module's calls
-cannot be recorded by ``torch.jit.trace`` (they are TVM calls), and are refused under it.
+cannot be recorded by ``torch.jit.trace`` or ``torch.export`` (they are TVM calls) and are refused under
+them; ``torch.compile`` runs them as they are.
 """
 
 from __future__ import annotations
@@ -295,8 +296,9 @@ class _Recurrent(torch.nn.Module):
         """InputError, naming the parameter as torch.nn does (``weight_hh_l0``), for one whose shape is not the
         one the module made or whose dtype or device is not the module's (its first parameter's)."""
         first, kind = self._first_parameter(), type(self).__name__
-        if tuple(p.shape) != self._shapes[name]:
-            raise InputError(f"{kind}: parameter {name} has shape {tuple(p.shape)}, expected {self._shapes[name]}")
+        made = getattr(self, "_shapes", {}).get(name)  # none in a module pickled before shapes were kept
+        if made is not None and tuple(p.shape) != made:
+            raise InputError(f"{kind}: parameter {name} has shape {tuple(p.shape)}, expected {made}")
         if p.dtype != first.dtype or p.device != first.device:
             raise InputError(f"{kind}: parameter {name} is {p.dtype} on {p.device}, the module's parameters are "
                              f"{first.dtype} on {first.device} (its first, {next(iter(self._parameters))}); convert "
