@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import unicodedata
 from pathlib import Path
 
 from . import compile_cell, compile_training, records
@@ -31,6 +32,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+LARGEST = 2**31 - 1  # sizes are 32-bit integers in the kernels
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -38,7 +42,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if value > LARGEST:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {LARGEST}, got {value}")
     return value
+
+
+def printable(text) -> str:
+    """``text`` on one line with its control characters escaped (``\\x1b``, ``\\n``): names from a log or a
+    cell file are printed as they are, never as terminal escapes or extra lines."""
+    return "".join(ch if ch == " " or unicodedata.category(ch)[0] not in "CZ" else
+                   ch.encode("unicode_escape").decode("ascii") for ch in str(text))
 
 
 def _arch(text: str) -> str:
@@ -70,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--arch", type=_arch, default=None,
                    help=f"CUDA architecture ({', '.join(known_archs())}); default: the local GPU's, else sm_90")
     c.add_argument("--no-check", action="store_true", help="skip the CPU reference check")
-    c.add_argument("--log", type=Path, default=None,
-                   help="tuning log to take the config from (default: the shipped tuning_logs/<arch>.jsonl)")
-    c.add_argument("--default-config", action="store_true", help="ignore tuning records")
+    records_or_not = c.add_mutually_exclusive_group()
+    records_or_not.add_argument("--log", type=Path, default=None, help="tuning log to take the config from "
+                                "(default: the shipped tuning_logs/<arch>.jsonl)")
+    records_or_not.add_argument("--default-config", action="store_true", help="ignore tuning records")
     c.set_defaults(func=cmd_compile)
 
     t = sub.add_parser("tune", help="auto-tune a cell's persistent kernel on this GPU, appending records")
@@ -86,15 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive, default=16, help="configs per search round (default 16)")
     t.add_argument("--search", choices=sorted(STRATEGIES), default="xgb",
                    help="xgb (cost model, default), random, or grid (every valid config)")
-    t.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="build processes")
+    t.add_argument("--workers", type=_positive, default=min(8, os.cpu_count() or 1), help="build processes")
     t.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_tune)
 
     r = sub.add_parser("records", help="inspect tuning records")
     r.add_argument("action", choices=["show", "best"], help="show: a summary per key; best: each key's best config")
-    r.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
-    r.add_argument("--arch", type=_arch, default="sm_90", help="which shipped log (default sm_90)")
+    which = r.add_mutually_exclusive_group()
+    which.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
+    which.add_argument("--arch", type=_arch, default=None, help="which shipped log (default sm_90)")
     r.add_argument("--cell", default=None, help="only this cell (name)")
     r.set_defaults(func=cmd_records)
 
@@ -108,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seq", type=_positive, default=None, help="the sequence length it is meant for (recorded)")
     e.add_argument("--input-size", type=_positive, default=None, help="features per step (default: hidden)")
     _add_dtype(e)
-    e.add_argument("--arch", type=_arch, default=None, help="CUDA architecture of the inference GPU; default: the "
-                   "local GPU's (required without one)")
-    e.add_argument("--cpu", action="store_true", help="export the CPU (llvm) build instead of the CUDA one")
+    where = e.add_mutually_exclusive_group()
+    where.add_argument("--arch", type=_arch, default=None, help="CUDA architecture of the inference GPU; default: "
+                       "the local GPU's (required without one)")
+    where.add_argument("--cpu", action="store_true", help="export the CPU (llvm) build instead of the CUDA one")
     e.add_argument("-o", "--output", type=Path, required=True, help="the library to write (.so)")
     e.set_defaults(func=cmd_export)
 
@@ -208,25 +224,24 @@ def cmd_tune(args) -> int:
 
 
 def cmd_records(args) -> int:
-    path = args.log or records.default_log(args.arch)
+    path = args.log or records.default_log(args.arch or "sm_90")
     recs = [r for r in records.load(path) if args.cell in (None, r.cell)]
     if not recs:
-        print(f"no records in {path}" + (f" for cell {args.cell}" if args.cell else ""))
+        print(printable(f"no records in {path}" + (f" for cell {args.cell}" if args.cell else "")))
         return 0
     keys = list(dict.fromkeys(r.key for r in recs))
-    print(f"{path}: {len(recs)} records, {len(keys)} keys")
+    print(printable(f"{path}: {len(recs)} records, {len(keys)} keys"))
     for key in keys:
         mine = records.for_key(recs, key)
         best = records.best(mine, key)
-        cell = mine[0].cell
+        what = f"{mine[0].cell:12s} batch={key.batch:<3d} hidden={key.hidden:<5d} {key.dtype:8s}"
         if args.action == "show":
             errors = sum(not r.ok for r in mine)
             best_text = f"best {best.per_step_s * 1e6:.2f} us/step" if best else "no successful trial"
-            print(f"{cell:12s} batch={key.batch:<3d} hidden={key.hidden:<5d} {key.dtype} {key.arch} "
-                  f"({key.sms} SMs, TVM {key.tvm}): {len(mine)} trials, {errors} errors, {best_text}")
+            print(printable(f"{what} {key.arch} ({key.sms} SMs, TVM {key.tvm}): {len(mine)} trials, {errors} errors, "
+                            f"{best_text}"))
         elif best is not None:
-            print(f"{cell:12s} batch={key.batch:<3d} hidden={key.hidden:<5d} {best.per_step_s * 1e6:7.2f} us/step  "
-                  f"{knob_text(best.config)}")
+            print(printable(f"{what} {key.arch} {best.per_step_s * 1e6:7.2f} us/step  {knob_text(best.config)}"))
     return 0
 
 
@@ -258,13 +273,19 @@ def _add_bench_parser(sub) -> None:
                    help="only re-render the table and plot of an existing CSV (no GPU needed), into --out; never "
                         "over the files beside the CSV")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
-    b.set_defaults(func=cmd_bench)
+    b.set_defaults(func=cmd_bench, parser=b)
 
 
 def cmd_bench(args) -> int:
     from .bench import matrix, outputs, runner, table
 
     if args.from_csv is not None:
+        given = [a.option_strings[0] for a in args.parser._actions
+                 if a.option_strings and a.dest not in ("help", "from_csv", "out", "name")
+                 and getattr(args, a.dest) != a.default]
+        if given:
+            raise ConfigError(f"--from-csv re-renders the table and plot of a CSV into --out (as --name), with "
+                              f"nothing else to choose; drop {', '.join(given)}")
         paths = outputs.render_csv(args.from_csv, args.out or Path("."), args.name)
         print(f"wrote {paths['md']} and {paths['png']}")
         return 0
@@ -320,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except PrnnError as err:
-        print(f"prnn-tvm: error: {err}", file=sys.stderr)
+    except (PrnnError, OSError) as err:  # OSError: the file system's refusal (a folder not writable, a disk full)
+        print(f"prnn-tvm: error: {printable(err)}", file=sys.stderr)
         return 2
 
 

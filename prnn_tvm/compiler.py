@@ -77,6 +77,8 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
+    if bidirectional not in (True, False) or not isinstance(bidirectional, (bool, int)):
+        raise ConfigError(f"bidirectional must be True or False, got {bidirectional!r}")
     cell = stacked(resolve(cell), layers)
     if bidirectional:
         if layers > 1:
@@ -220,6 +222,9 @@ def _target(target, arch):
     else:
         kind = {"cpu": "llvm"}.get(str(target), str(target))
     if kind == "llvm":
+        if arch is not None:
+            raise ConfigError(f"arch={arch!r} is a CUDA architecture, and target 'llvm' is the CPU build, which takes "
+                              "none: drop arch, or compile for target='cuda'")
         return tvm.target.Target("llvm"), None
     if kind == "cuda":
         gpu = arch if isinstance(arch, GpuSpec) else gpu_spec(arch)

@@ -43,3 +43,8 @@ class ExportError(PrnnError):
 
 class LoadError(PrnnError):
     """An exported library cannot be used here: not a prnn-tvm library, damaged, or built for another GPU."""
+
+
+class UnsupportedError(PrnnError, RuntimeError):
+    """Something prnn-tvm does not do, asked for where going on would give a wrong answer or a confusing
+    failure: a second derivative through a kernel, tracing a module with ``torch.jit``, pickling a layer."""

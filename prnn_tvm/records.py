@@ -10,11 +10,15 @@ when/where it was measured.
 
 Appends take an exclusive ``flock`` and write each batch of lines with one ``write``
 call on an ``O_APPEND`` descriptor, so two tuners appending to one log never interleave
-bytes. A line that does not parse, or holds values no measurement gives (a time that is
-not a positive number, a sequence length below one), is skipped with a warning naming
-the file, the line and why; nothing is ever rewritten. A record of another key (another
-TVM version, GPU or SM count) is never used for a compile; ``unmatched`` says which keys a
-log has for the same cell and shapes, so a compile can say why it used none.
+bytes. A log is a regular file of at most :data:`MAX_LOG_BYTES` (a directory, a device or a
+FIFO is refused, never read forever). Every field of a record is typed: a line that does not
+parse, has a field of the wrong type, or holds values no measurement gives (a time that is
+not a positive number, a sequence length outside [1, 2^31), a step faster than
+:data:`MIN_STEP_S`) is skipped with a warning naming the file, the line and why (the first
+:data:`WARNED_LINES` of a file, then a count); records of another schema are skipped with one
+warning per file; nothing is ever rewritten. A record of another key (another TVM version,
+GPU or SM count) is never used for a compile; ``unmatched`` says which keys a log has for the
+same cell and shapes, so a compile can say why it used none.
 """
 
 from __future__ import annotations
@@ -32,10 +36,15 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import ConfigError
+from .files import MiB, regular_file
 
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
+MAX_LOG_BYTES = 256 * MiB  # the shipped sm_90 log holds ~5,900 records in 3.7 MB
+MAX_SEQ_LEN = 2**31 - 1   # a timed sequence's length: kernels count steps in 32-bit integers
+MIN_STEP_S = 1e-8         # no recurrent step takes less than 10 ns (a grid barrier alone takes ~1 us)
+WARNED_LINES = 10         # corrupt lines of one file warned about one by one; the rest are counted
 
 
 class ErrorKind(str, Enum):
@@ -102,28 +111,69 @@ class Record:
 
     @classmethod
     def from_json(cls, line: str) -> Record:
-        d = json.loads(line)
-        if not isinstance(d, dict) or d.pop("schema", None) != SCHEMA:
+        """The record of one log line; ValueError saying why it is none (see :meth:`from_dict`)."""
+        return cls.from_dict(json.loads(line))
+
+    @classmethod
+    def from_dict(cls, d) -> Record:
+        """The record of a parsed line: every field checked for its type before use (a string is no list of
+        times, a float no sequence length), then :meth:`check`; ValueError naming the field otherwise."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a record is a JSON object, got {type(d).__name__}")
+        d = dict(d)
+        if d.pop("schema", None) != SCHEMA:
             raise ValueError(f"not a schema-{SCHEMA} tuning record")
-        d["key"] = TuneKey(**d["key"])
-        d["error"] = ErrorKind(d["error"]) if d.get("error") else None
-        d["costs"] = tuple(float(c) for c in d.get("costs", ()))
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(map(repr, unknown))}")
+        key = d.get("key")
+        if not isinstance(key, dict) or set(key) != set(TuneKey.__dataclass_fields__):
+            raise ValueError(f"key {key!r}: a key is an object of {', '.join(TuneKey.__dataclass_fields__)}")
+        d["key"] = TuneKey(**key)
+        costs = d.get("costs", [])
+        if not isinstance(costs, list) or not all(_is_number(c) for c in costs):
+            raise ValueError(f"costs {costs!r}: a list of seconds per sequence")
+        d["costs"] = tuple(float(c) for c in costs)
+        error = d.get("error")
+        if error is not None and error not in {e.value for e in ErrorKind}:
+            raise ValueError(f"error {error!r}: one of {', '.join(e.value for e in ErrorKind)}, or null")
+        d["error"] = ErrorKind(error) if error else None
         record = cls(**d)
         record.check()
         return record
 
     def check(self) -> None:
         """ValueError for values no measurement gives: a time that is not a positive number, a
-        sequence length below one, a key or config of the wrong types."""
-        if not all(math.isfinite(c) and c > 0 for c in self.costs):
+        sequence length outside [1, 2^31), a step faster than :data:`MIN_STEP_S`, a field of the wrong type."""
+        if not all(_is_number(c) and math.isfinite(c) and c > 0 for c in self.costs):
             raise ValueError(f"costs {list(self.costs)}: times must be positive numbers")
-        if self.costs and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1):
+        if not _is_int(self.seq_len) or (self.costs and self.seq_len < 1):
             raise ValueError(f"seq_len {self.seq_len!r}: a timed record needs the sequence length it timed")
+        if self.seq_len > MAX_SEQ_LEN:
+            raise ValueError(f"seq_len {self.seq_len}: more steps than a kernel counts (at most {MAX_SEQ_LEN})")
+        if self.costs and min(self.costs) / self.seq_len < MIN_STEP_S:
+            raise ValueError(f"costs {list(self.costs)} over seq_len {self.seq_len}: a step of "
+                             f"{min(self.costs) / self.seq_len:.1e} s is no measurement (at least {MIN_STEP_S:.0e} s)")
         k = self.key
-        if not all(isinstance(getattr(k, f), int) and getattr(k, f) > 0 for f in ("batch", "hidden", "sms")):
+        if not all(_is_int(getattr(k, f)) and getattr(k, f) > 0 for f in ("batch", "hidden", "sms")):
             raise ValueError(f"key {k}: batch, hidden and sms must be positive integers")
-        if not isinstance(self.config, dict):
-            raise ValueError(f"config {self.config!r}: a config is a dict of knobs")
+        texts = [(f"key.{f}", getattr(k, f)) for f in ("fingerprint", "dtype", "arch", "template", "tvm")]
+        texts += [(f, getattr(self, f)) for f in ("detail", "cell", "device")]
+        for name, value in texts:
+            if not isinstance(value, str):
+                raise ValueError(f"{name} {value!r}: a string")
+        if not isinstance(self.config, dict) or not all(
+                isinstance(knob, str) and (value is None or isinstance(value, (str, bool)) or _is_number(value))
+                for knob, value in self.config.items()):
+            raise ValueError(f"config {self.config!r}: a config is a dict of knobs (names to numbers or strings)")
+        for name in ("registers", "spill_bytes"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and value >= 0):
+                raise ValueError(f"{name} {value!r}: a whole number of at least 0, or null")
+        for name in ("max_abs_error", "build_s", "timestamp"):
+            value = getattr(self, name)
+            if not (_is_number(value) or (value is None and name == "max_abs_error")):
+                raise ValueError(f"{name} {value!r}: a number")
 
 
 def key_for(plan, gpu, template: str) -> TuneKey:
@@ -139,13 +189,25 @@ def default_log(arch: str) -> Path:
     return Path(str(resources.files("prnn_tvm.tuning_logs"))) / f"{arch}.jsonl"
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _log_file(path: str | Path) -> Path | None:
+    """The log at ``path`` if it exists (a regular file of at most :data:`MAX_LOG_BYTES`), else None."""
+    return regular_file(path, "tuning log", "a .jsonl file", MAX_LOG_BYTES, ConfigError)
+
+
 def append(path: str | Path, records: list[Record]) -> None:
     """Append ``records`` to the log at ``path`` (created with its folder if missing)."""
     if not records:
         return
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"tuning log {path} is a directory; give the path of a .jsonl file")
+    _log_file(path)  # a FIFO would block the open, a device swallow the records
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(r.to_json() + "\n" for r in records).encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -159,22 +221,41 @@ def append(path: str | Path, records: list[Record]) -> None:
 
 
 def load(path: str | Path) -> list[Record]:
-    """Every well-formed record of the log at ``path`` (none if it does not exist)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"tuning log {path} is a directory; give the path of a .jsonl file")
-    if not path.exists():
+    """Every well-formed record of the log at ``path`` (none if it does not exist). Records of another
+    schema are skipped with one warning for the file; corrupt lines with one warning each, up to
+    :data:`WARNED_LINES`, then one for the rest."""
+    path = _log_file(path)
+    if path is None:
         return []
-    records = []
+    records, corrupt, schemas = [], 0, {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                records.append(Record.from_json(line))
-            except (ValueError, TypeError, KeyError) as err:
-                log.warning("%s:%d: skipping a corrupt tuning record (%s)", path, number, err)
+                d = json.loads(line)
+                schema = d.get("schema") if isinstance(d, dict) else None
+                if schema != SCHEMA and (_is_int(schema) or isinstance(schema, str)):
+                    schemas.setdefault(schema, []).append(number)
+                    continue
+                records.append(Record.from_dict(d))
+            except (ValueError, TypeError, KeyError, RecursionError) as err:
+                corrupt += 1
+                if corrupt <= WARNED_LINES:
+                    log.warning("%s:%d: skipping a corrupt tuning record (%s)", path, number, _excerpt(err))
+    if corrupt > WARNED_LINES:
+        log.warning("%s: skipped %d more corrupt lines", path, corrupt - WARNED_LINES)
+    for schema, lines in schemas.items():
+        log.warning("%s: skipping %d record(s) of schema %s (lines %d-%d); this prnn-tvm reads schema %d: %s", path,
+                    len(lines), _excerpt(schema), lines[0], lines[-1], SCHEMA,
+                    "use the prnn-tvm that wrote them" if _is_int(schema) and schema > SCHEMA else "tune again")
     return records
+
+
+def _excerpt(value, limit: int = 200) -> str:
+    """``value`` as text on one line of at most ``limit`` characters (a log line may hold anything)."""
+    text = str(value).encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def for_key(records: list[Record], key: TuneKey) -> list[Record]:

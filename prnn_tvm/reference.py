@@ -67,7 +67,7 @@ def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.n
         x = xp[min(t, len(xp) - 1)].copy()
         for s in plan.reversed_slices:  # a reversed slice reads each row's step n - 1 - t
             x[:, s * H:(s + 1) * H] = xp[backwards[t], rows, s * H:(s + 1) * H]
-        new = _checked(plan, plan.cell.reference(x, state, params))
+        new = _checked(plan, plan.cell.step_reference(x, state, params))
         state = {name: np.where(running[name], value, state[name]) for name, value in new.items()}
         for k, name in enumerate(plan.outputs):
             value = np.where(running[name], state[name], 0.0)
@@ -149,7 +149,10 @@ def _checked(plan: CellPlan, new) -> dict:
         got = sorted(new) if isinstance(new, Mapping) else type(new).__name__
         raise CellError(f"cell '{name}': its reference returned {got}; it must return {{state: new value}} for "
                         f"the states {', '.join(s.name for s in plan.states)}")
-    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in new.items()}
+    try:
+        arrays = {k: np.asarray(v, dtype=np.float64) for k, v in new.items()}
+    except (TypeError, ValueError) as err:
+        raise CellError(f"cell '{name}': its reference returned a state that is no array of numbers ({err})") from None
     for k, v in arrays.items():
         if v.shape != want:
             raise CellError(f"cell '{name}': its reference returned state '{k}' of shape {v.shape}; states are "

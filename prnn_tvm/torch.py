@@ -39,7 +39,11 @@ recurrent kernel, the backward the compiled backpropagation through time
 (``torch.autograd.gradcheck`` passes on float64 modules). On the GPU the forward is the layer's
 kernel saving each step's states and products, the backward the persistent backward kernel,
 then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_training`), in
-float32 for half layers too.
+float32 for half layers too. Gradients are first derivatives: a backward that would itself be
+differentiated (``create_graph=True``, as a gradient penalty asks) is refused
+(:class:`~prnn_tvm.errors.UnsupportedError`), never computed without the kernel's terms. A module's calls
+cannot be recorded by ``torch.jit.trace`` or ``torch.export`` (they are TVM calls) and are refused under
+them; ``torch.compile`` runs them as they are.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ import tvm_ffi
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from prnn_tvm.compiler import compile_backward, compile_cell, compile_training
-from prnn_tvm.errors import ConfigError, InputError, LaunchError
+from prnn_tvm.errors import ConfigError, InputError, LaunchError, UnsupportedError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.directions import split_direction_name
 from prnn_tvm.frontend.registry import resolve
@@ -89,18 +93,24 @@ class _Recurrent(torch.nn.Module):
                  device=None, dtype=None, arch: str | None = None, config=None, names: dict | None = None):
         super().__init__()
         kind = type(self).__name__
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise ConfigError(f"{kind}: num_layers must be a positive integer, got {num_layers!r}")
+        for name, value, least in (("input_size", input_size, 1), ("hidden_size", hidden_size, 1),
+                                   ("num_layers", num_layers, 1), ("proj_size", proj_size, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{kind}: {name} must be {'a positive' if least else 'a'} whole number (an int"
+                                  f"{'' if least else ' of at least 0'}), got {value!r}")
         if proj_size:
             raise ConfigError(f"{kind}: proj_size={proj_size} is not supported")
-        if not 0 <= dropout <= 1:
-            raise ConfigError(f"{kind}: dropout must be in [0, 1], got {dropout}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise ConfigError(f"{kind}: dropout must be a number in [0, 1], got {dropout!r}")
+        for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
+            if value not in (True, False) or not isinstance(value, (bool, int)):
+                raise ConfigError(f"{kind}: {name} must be True or False, got {value!r}")
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in DTYPES:
             raise ConfigError(f"{kind}: dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
         self.num_layers, self.bidirectional, self.dropout = num_layers, bool(bidirectional), float(dropout)
-        self.bias, self.batch_first, self.arch, self.config = bias, batch_first, arch, config
+        self.bias, self.batch_first, self.arch, self.config = bool(bias), bool(batch_first), arch, config
         # a bidirectional inference call runs a layer's two directions as one launch where both fit on chip
         # together (False: a launch per direction); direction_notes says per compiled shape which and why
         # a launch per direction on the GPU runs the reverse one on a stream of its own, beside the forward
@@ -119,6 +129,7 @@ class _Recurrent(torch.nn.Module):
         self._names = names or {a: a for a in ("W_ih", "b_ih", *(s.name for s in (*plan.weights, *plan.params)))}
         directions = 2 if self.bidirectional else 1
         kw = {"device": device, "dtype": dtype}
+        self._shapes: dict = {}  # each parameter's shape, as made: what a call checks a replaced one against
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size * directions
             shapes = {"W_ih": (plan.input.slices * hidden_size, width), "b_ih": (plan.input.slices * hidden_size,)}
@@ -127,6 +138,7 @@ class _Recurrent(torch.nn.Module):
             for direction in range(directions):
                 for arg, name in self._names.items():
                     if bias or arg not in _BIASES:
+                        self._shapes[name + _suffix(layer, direction)] = shapes[arg]
                         setattr(self, name + _suffix(layer, direction),
                                 torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
         self.reset_parameters()
@@ -261,14 +273,36 @@ class _Recurrent(torch.nn.Module):
         copy is made once per weight update. ``fresh`` (a CUDA graph being captured): made anew and not
         kept, so that the graph makes it in every replay from the parameter as it is then."""
         p, cached = self._parameters[name], self._aligned_copies.get(name)
-        if fresh:
-            return p.detach() if p.data_ptr() % ALIGNMENT == 0 else p.detach().clone()
-        if cached is not None and cached[0] is p and cached[1] == p.data_ptr() and cached[2] in (None, p._version):
+        if not fresh and cached is not None and cached[0] is p and cached[1] == p.data_ptr() and cached[2] in (
+                None, p._version):
             return cached[3]
-        aligned = p.data_ptr() % ALIGNMENT == 0  # torch's allocators align blocks
-        self._aligned_copies[name] = (p, p.data_ptr(), None if aligned else p._version,
-                                      p.detach() if aligned else p.detach().clone())
-        return self._aligned_copies[name][3]
+        self._check_parameter(name, p)
+        # torch's allocators align blocks; a strided parameter (torch.nn takes one) is copied compact, as is one
+        # that does not start on an aligned address
+        placed = p.data_ptr() % ALIGNMENT == 0 and p.is_contiguous()
+        ready = p.detach() if placed else p.detach().clone(memory_format=torch.contiguous_format)
+        if not fresh:
+            self._aligned_copies[name] = (p, p.data_ptr(), None if placed else p._version, ready)
+        return ready
+
+    def _tracked(self, name: str) -> torch.Tensor:
+        """Parameter ``name`` as a differentiable call passes it: checked, and compact (a strided one through
+        ``contiguous``, which autograd differentiates)."""
+        p = self._parameters[name]
+        self._check_parameter(name, p)
+        return p if p.is_contiguous() else p.contiguous()
+
+    def _check_parameter(self, name: str, p: torch.Tensor) -> None:
+        """InputError, naming the parameter as torch.nn does (``weight_hh_l0``), for one whose shape is not the
+        one the module made or whose dtype or device is not the module's (its first parameter's)."""
+        first, kind = self._first_parameter(), type(self).__name__
+        made = getattr(self, "_shapes", {}).get(name)  # none in a module pickled before shapes were kept
+        if made is not None and tuple(p.shape) != made:
+            raise InputError(f"{kind}: parameter {name} has shape {tuple(p.shape)}, expected {made}")
+        if p.dtype != first.dtype or p.device != first.device:
+            raise InputError(f"{kind}: parameter {name} is {p.dtype} on {p.device}, the module's parameters are "
+                             f"{first.dtype} on {first.device} (its first, {next(iter(self._parameters))}); convert "
+                             "it (.to(dtype, device))")
 
     def _constant(self, shape: tuple, device: torch.device, dtype: torch.dtype, value=0) -> torch.Tensor:
         """A constant the kernels only read (zeros for omitted initial states and absent biases, the
@@ -348,6 +382,12 @@ class _Recurrent(torch.nn.Module):
 
     def forward(self, input, hx=None):
         kind, H = type(self).__name__, self.hidden_size
+        if torch.jit.is_tracing() or _EXPORTING():
+            tracer = "torch.jit.trace" if torch.jit.is_tracing() else "torch.export"
+            raise UnsupportedError(f"{kind}: {tracer} cannot record a prnn_tvm.torch module (its kernels are TVM "
+                                   "calls, and its kernels' sizes would be traced as constants); call it eagerly, or "
+                                   "under torch.compile, which runs it as it is (torch.cuda.graph captures its CUDA "
+                                   "calls)")
         states = len(self._states)
         directions = 2 if self.bidirectional else 1
         slots = self.num_layers * directions  # the initial and final states of each layer and direction
@@ -476,7 +516,7 @@ class _Recurrent(torch.nn.Module):
                 return self._constant(shape, device, dtype)
             if isinstance(name, tuple):  # both directions' input projections, stacked
                 return self._joined_parameters(name, fresh)
-            return self._parameters[name] if grad else self._aligned(name, fresh)
+            return self._tracked(name) if grad else self._aligned(name, fresh)
 
         weights = [param(name, shape) for _, name, shape in self._parameter_arguments(layer, suffix)]
         if self._FOLDS_INPUT_BIAS and self.bias and not grad and device.type == "cuda" and dtype in HALF_TYPES:
@@ -571,6 +611,7 @@ class _CpuBackprop(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, *d_finals):
+        _refuse_double_backward(ctx.layer.plan.cell.name)
         layer, (xp, *args) = ctx.layer, ctx.saved_tensors
         backward = compile_backward(layer)
         grad_dtype = getattr(torch, backward.signature.launches[0].arg("d_out").dtype)
@@ -600,6 +641,7 @@ class _CudaBackprop(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, *d_finals):
+        _refuse_double_backward(ctx.training.plan.cell.name)
         module, training = ctx.module, ctx.training
         xp, *args, saved = ctx.saved_tensors
         plan, H = training.plan, module.hidden_size
@@ -623,6 +665,17 @@ class _CudaBackprop(torch.autograd.Function):
         d.update({f"d_{q.name}": d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
         grads = [None if d.get(f"d_{n}") is None else d[f"d_{n}"].to(given[n].dtype) for n in names]
         return (None, None, d["d_xp"].to(xp.dtype), *grads)  # lengths: none
+
+
+def _refuse_double_backward(cell: str) -> None:
+    """Autograd runs a backward with gradients enabled only where its result is to be differentiated again
+    (``create_graph=True``): the kernels' backward is not differentiable, so that result would miss every term
+    through the kernel (a gradient penalty's gradient on ``weight_hh`` and the biases would be zero)."""
+    if torch.is_grad_enabled():
+        raise UnsupportedError(f"double backward through '{cell}': the backward of a prnn_tvm.torch module is not "
+                               "differentiable (create_graph=True, as a gradient penalty asks, would give second "
+                               "derivatives without the kernel's terms); compute that loss with torch.nn's module, or "
+                               "without create_graph")
 
 
 def _data_names(layer) -> list:
@@ -741,6 +794,7 @@ def _packed_like(packed: PackedSequence, padded: torch.Tensor, sorted_steps: tor
 
 
 _NOTHING = contextlib.nullcontext()  # reusable
+_EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.export tracing (torch 2.5 and later)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's raw getter, where it has one
 
 

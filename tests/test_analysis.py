@@ -210,7 +210,7 @@ def test_unused_weight():
 def test_declaration_errors():
     def twice(c):
         c.state("h"), c.state("h")
-    with pytest.raises(CellError, match="declared twice"):
+    with pytest.raises(CellError, match="two states are named 'h'"):
         analyze(Cell("bad", twice, None), 1, 2)
 
     def no_dict(c):

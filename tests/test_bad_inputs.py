@@ -1,15 +1,18 @@
-"""The README's bad-input table, row by row: each bad input gives its clear error, before anything is
-launched, and leaves the layer usable for the next good call.
+"""The bad-input table of docs/bad-inputs.md, row by row: each bad input gives its clear error, before
+anything is launched, and leaves the layer usable for the next good call.
 
-The table under "## Bad inputs" in README.md is the specification: every row's first column names a
-case below, its second column is an excerpt of the error the user sees. A row without a case, or
-a case without a row, fails.
+The table is the specification: every row's first column names a bad input, its second column is an
+excerpt of the error the user sees (in backquotes) or, for an input that now gets the right answer,
+what happens, and its third the test that checks it. Every row whose test is this file's names a case
+below; a row without a case, a case without a row, or a row naming a test that does not exist fails.
 """
 
 import json
 import logging
 import math
+import os
 import pathlib
+import pickle
 import re
 import textwrap
 
@@ -24,23 +27,23 @@ from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.target import local_gpu
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+TABLE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md"
+THIS = pathlib.Path(__file__).name
 
 
-def readme_rows() -> dict:
-    """Bad input -> the excerpt of its error, from the README's table."""
-    text = README.read_text()
-    section = text[text.index("## Bad inputs"):]
-    section = section[:section.index("\n## ", 4)]
+def table_rows() -> dict:
+    """Bad input -> (what the user sees: an excerpt of the error, or None for a right answer, the test that checks
+    it), from the table of docs/bad-inputs.md."""
     rows = {}
-    for line in section.splitlines():
-        m = re.fullmatch(r"\| (.+?) \| `(.+)` \|", line.strip())
+    for line in TABLE.read_text().splitlines():
+        m = re.fullmatch(r"\| (.+?) \| (`(.+)`|[^`|].*?) \| `([\w./]+)(::\w+)?` \|", line.strip())
         if m:
-            rows[m.group(1)] = m.group(2).replace("\\|", "|")
+            rows[m.group(1)] = (m.group(3) and m.group(3).replace("\\|", "|"), m.group(4) + (m.group(5) or ""))
     return rows
 
 
-ROWS = readme_rows()
+ALL_ROWS = table_rows()
+ROWS = {what: excerpt for what, (excerpt, test) in ALL_ROWS.items() if test == THIS}
 CASES = {}
 
 
@@ -371,7 +374,10 @@ def _(lstm, good, tmp_path):
 
 # ---------------------------------------------------------------- the command line
 def _cli(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:  # argparse's refusal of an argument
+        code = exit.code
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err  # one line, no traceback
     raise PrnnError(err)
@@ -447,10 +453,354 @@ def _(lstm, good, tmp_path):
         pt.from_torch(torch.nn.RNN(4, 8))(torch.randn(3, 2, 4, 1))
 
 
+# ---------------------------------------------------------------- a cell's names and its author's code
+def _step_file(tmp_path, body: str, reference: str = "lambda x, s, p: s") -> str:
+    """A cell file whose step is ``body`` (indented, ``x, h, W`` declared; it returns the new state)."""
+    step = textwrap.indent(textwrap.dedent(body).strip(), "    ")
+    return _cell_file(tmp_path, textwrap.dedent("""
+        import sys
+        import numpy as np
+        from tvm import te
+        from prnn_tvm import Cell
+
+        def step(c):
+            x, h, W = c.input(), c.state("h"), c.weight("W")
+    """) + step + f"\n\nCELL = Cell('mine', step, {reference})\n")
+
+
+@case("two stages with the same `name=`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_step_file(tmp_path, """
+        hw = c.matvec(h, W, "hw")
+        a = c.pointwise(lambda n, j: x[n, j] + hw[n, j], "t")
+        b = c.pointwise(lambda n, j: te.tanh(a[n, j]), "t")
+        return {"h": b}
+    """), 8, 2, target="llvm")
+
+
+@case("two products with the same name")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_step_file(tmp_path, """
+        U = c.weight("U")
+        a, b = c.matvec(h, W, "hw"), c.matvec(h, U, "hw")
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + a[n, j] + b[n, j]), "h_new")}
+    """), 8, 2, target="llvm")
+
+
+@case("a param named like the layer's own argument (`c.param(\"b_ih\")`, `\"lengths\"`, `c.weight(\"W_ih\")`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_step_file(tmp_path, """
+        hw, b = c.matvec(h, W, "hw"), c.param("b_ih")
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j] + b[j]), "h_new")}
+    """), 8, 2, target="llvm")
+
+
+@case("a weight named like a state's argument (`c.weight(\"h0\")`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_step_file(tmp_path, """
+        hw, hv = c.matvec(h, W, "hw"), c.matvec(h, c.weight("h0"), "hv")
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j] + hv[n, j]), "h_new")}
+    """), 8, 2, target="llvm")
+
+
+@case("a stage name that is no identifier (`\"h w-1\"`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_step_file(tmp_path, """
+        hw = c.matvec(h, W, "hw")
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h w-1")}
+    """), 8, 2, target="cuda", arch="sm_90")
+
+
+def _delayed(delays):
+    base = prnn_tvm.resolve("rnn_tanh")
+    return prnn_tvm.compile_cell(prnn_tvm.Cell("delayed", base.step, base.reference, delays=delays), 8, 2,
+                                 target="llvm")
+
+
+@case("a negative delay")
+def _(lstm, good, tmp_path):
+    _delayed((("h", -1),))
+
+
+@case("a delay of a state the cell does not declare")
+def _(lstm, good, tmp_path):
+    _delayed((("nope", 1),))
+
+
+@case("a `Cell` field of the wrong type")
+def _(lstm, good, tmp_path):
+    base = prnn_tvm.resolve("rnn_tanh")
+    prnn_tvm.Cell("odd", base.step, base.reference, output=3)
+
+
+@case("an input slice the step never reads (`c.input(3)`, two read)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_cell_file(tmp_path, textwrap.dedent("""
+        import numpy as np
+        from tvm import te
+        from prnn_tvm import Cell
+
+        def step(c):
+            x, h, W = c.input(3), c.state("h"), c.weight("W", 2)
+            hw = c.matvec(h, W, "hw")
+            z = c.pointwise(lambda n, j: te.sigmoid(x[n, j] + hw[n, j]), "z")
+            return {"h": c.pointwise(lambda n, j: z[n, j] * te.tanh(x[n, c.hidden + j] + hw[n, c.hidden + j]), "h_new")}
+
+        CELL = Cell("two_of_three", step, lambda x, s, p: s)
+    """)), 8, 2, target="llvm")
+
+
+@case("an exception in the cell's step")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_step_file(tmp_path, "return {'h': 1 / 0}"), 8, 2, target="llvm")
+
+
+@case("an exception in the cell's reference")
+def _(lstm, good, tmp_path):
+    path = _step_file(tmp_path, """
+        hw = c.matvec(h, W, "hw")
+        return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")}
+    """, reference="lambda x, s, p: {'h': x + s['h'] @ p['Wrong'].T}")
+    layer = prnn_tvm.compile_cell(path, 8, 2, target="llvm")
+    reference_layer(layer.plan, random_inputs(layer.plan, 2, 8))
+
+
+@case("a cell file that calls `sys.exit(0)` at import")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell(_cell_file(tmp_path, "import sys\nsys.exit(0)\n"), 8, 2, target="llvm")
+
+
+@case("a cell file that is a device (a symlink to `/dev/zero`)")
+def _(lstm, good, tmp_path):
+    os.symlink("/dev/zero", tmp_path / "zero.py")
+    prnn_tvm.compile_cell(str(tmp_path / "zero.py"), 8, 2, target="llvm")
+
+
+@case("a wavefront stack of more layers than one launch runs (`lstm_x200`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm_x200", 1, 1, target="cuda", arch="sm_90")
+
+
+@case("a stack of a bidirectional cell (`lstm_bi --layers 2`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm_bi", 8, 2, target="llvm", layers=2)
+
+
+@case("a `hidden` past 32-bit integers")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 2**31, 1, target="llvm")
+
+
+@case("an `arch` for the CPU build (`target=\"llvm\", arch=\"sm_90\"`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", arch="sm_90")
+
+
+@case("`compile_cell(..., bidirectional=\"no\")`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", bidirectional="no")
+
+
+@case("a negative `barrier_timeout_us`")
+def _(lstm, good, tmp_path):
+    layer = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")
+    layer.barrier_timeout_us = -5
+
+
+# ---------------------------------------------------------------- exports, loads, logs
+@case("loading with a `device` that is no TVM device (`\"cuda\"`)")
+def _(lstm, good, tmp_path):
+    prnn_tvm.load(prnn_tvm.export(lstm, tmp_path / "lstm.so"), device="cuda")
+
+
+@case("exporting to a name that does not end in `.so`")
+def _(lstm, good, tmp_path):
+    prnn_tvm.export(lstm, tmp_path / "layer.bin")
+
+
+@case("exporting into a folder that is not writable")
+def _(lstm, good, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a non-root user sees a read-only folder
+    prnn_tvm.export(lstm, tmp_path / "lstm.so")
+
+
+@case("loading an export whose metadata lacks a key")
+def _(lstm, good, tmp_path, monkeypatch):
+    from prnn_tvm.runtime import exporting
+
+    metadata = exporting.layer_metadata(lstm)
+    del metadata["target"]
+    monkeypatch.setattr(exporting, "layer_metadata", lambda _layer: metadata)
+    prnn_tvm.load(prnn_tvm.export(lstm, tmp_path / "lstm.so"))
+
+
+@case("loading a FIFO")
+def _(lstm, good, tmp_path):
+    os.mkfifo(tmp_path / "pipe.so")
+    prnn_tvm.load(tmp_path / "pipe.so")
+
+
+@case("pickling a compiled layer")
+def _(lstm, good, tmp_path):
+    pickle.dumps(lstm)
+
+
+@case("a tuning log that is a device (`/dev/urandom`)")
+def _(lstm, good, tmp_path):
+    records.load("/dev/urandom")
+
+
+def _warned(caplog, path):
+    with caplog.at_level(logging.WARNING):
+        records.load(path)
+    raise PrnnError(caplog.text)
+
+
+@case("a tuning record with `\"costs\": \"123\"`")
+def _(lstm, good, tmp_path, caplog):
+    _warned(caplog, _log_with(tmp_path, costs="123"))
+
+
+@case("a tuning record with `seq_len` 10^18")
+def _(lstm, good, tmp_path, caplog):
+    _warned(caplog, _log_with(tmp_path, seq_len=10**18))
+
+
+@case("a tuning record of 1e-12 s per step")
+def _(lstm, good, tmp_path, caplog):
+    _warned(caplog, _log_with(tmp_path, costs=[1e-12], seq_len=1))
+
+
+@case("a tuning log of a later schema")
+def _(lstm, good, tmp_path, caplog):
+    path = _log_with(tmp_path, schema=2)
+    path.write_text(path.read_text() * 3)
+    _warned(caplog, path)
+    assert caplog.text.count("schema") == 2  # one warning for the file
+
+
+# ---------------------------------------------------------------- the command line's option conflicts
+@case("`prnn-tvm compile --default-config --log log.jsonl`")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "compile", "lstm", "--hidden", "8", "--batch", "2", "--default-config", "--log", "log.jsonl")
+
+
+@case("`prnn-tvm records show --log log.jsonl --arch sm_80`")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "records", "show", "--log", "log.jsonl", "--arch", "sm_80")
+
+
+@case("`prnn-tvm export --cpu --arch sm_90`")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "export", "lstm", "--hidden", "8", "--batch", "2", "--cpu", "--arch", "sm_90", "-o", "x.so")
+
+
+@case("`prnn-tvm bench --from-csv` with other options")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "bench", "--from-csv", str(tmp_path / "none.csv"), "--cells", "gru")
+
+
+@case("`prnn-tvm compile --hidden 99999999999999999999`")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "compile", "lstm", "--hidden", "99999999999999999999", "--batch", "1")
+
+
+@case("`prnn-tvm compile` of a cell whose step raises")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "compile", _step_file(tmp_path, "return {'h': 1 / 0}"), "--hidden", "8", "--batch", "2")
+
+
+@case("`prnn-tvm records show --log /dev/urandom`")
+def _(lstm, good, tmp_path, capsys):
+    _cli(capsys, "records", "show", "--log", "/dev/urandom")
+
+
+# ---------------------------------------------------------------- prnn_tvm.torch's arguments
+def _pt():
+    _torch()
+    import prnn_tvm.torch as pt
+
+    return pt
+
+
+@case("`prnn_tvm.torch.LSTM(4, 8.0)`")
+def _(lstm, good, tmp_path):
+    _pt().LSTM(4, 8.0)
+
+
+@case("`dropout=\"0.5\"`")
+def _(lstm, good, tmp_path):
+    _pt().GRU(4, 8, dropout="0.5")
+
+
+@case("`bidirectional=\"no\"`")
+def _(lstm, good, tmp_path):
+    _pt().LSTM(4, 8, bidirectional="no")
+
+
+@case("`input_size=0`")
+def _(lstm, good, tmp_path):
+    _pt().RNN(0, 8)
+
+
+@case("a module parameter replaced by one of another shape")
+def _(lstm, good, tmp_path):
+    torch, pt = _torch(), _pt()
+    fast = pt.LSTM(4, 8)
+    fast.weight_hh_l0 = torch.nn.Parameter(torch.zeros(3, 3))
+    with torch.no_grad():
+        fast(torch.randn(3, 2, 4))
+
+
+@case("a module parameter of another dtype")
+def _(lstm, good, tmp_path):
+    torch, pt = _torch(), _pt()
+    fast = pt.GRU(4, 8)
+    fast.bias_hh_l0.data = fast.bias_hh_l0.data.double()
+    with torch.no_grad():
+        fast(torch.randn(3, 2, 4))
+
+
+@case("`torch.jit.trace` of a module")
+def _(lstm, good, tmp_path):
+    torch, pt = _torch(), _pt()
+    torch.jit.trace(pt.LSTM(4, 8), torch.randn(3, 2, 4))
+
+
+@case("`torch.export.export` of a module")
+def _(lstm, good, tmp_path):
+    torch, pt = _torch(), _pt()
+    torch.export.export(pt.LSTM(4, 8), (torch.randn(3, 2, 4),))
+
+
+@case("double backward (`create_graph=True`, then a gradient of the gradient)")
+def _(lstm, good, tmp_path):
+    torch, pt = _torch(), _pt()
+    fast = pt.LSTM(4, 8)
+    x = torch.randn(3, 2, 4, requires_grad=True)
+    g, = torch.autograd.grad(fast(x)[0].sum(), x, create_graph=True)
+    (g ** 2).sum().backward()
+
+
+@case("CPU torch `lengths` outside [0, T]")
+def _(lstm, good, tmp_path):
+    torch = _torch()
+    _call_with(lstm, good, lengths=torch.tensor([1, 4], dtype=torch.int32))
+
+
 # ---------------------------------------------------------------- the checks
-def test_every_readme_row_has_a_case_and_every_case_a_row():
-    assert len(ROWS) >= 30
+def test_every_row_has_a_case_and_every_case_a_row():
+    assert len(ROWS) >= 80
     assert set(ROWS) == set(CASES), (set(ROWS) ^ set(CASES))
+    assert all(ROWS.values()), [what for what, excerpt in ROWS.items() if not excerpt]  # an error, in backquotes
+
+
+def test_every_row_names_a_test_that_exists():
+    assert len(ALL_ROWS) > len(ROWS)
+    for what, (_, test) in ALL_ROWS.items():
+        path, _, name = test.partition("::")
+        source = (pathlib.Path(__file__).parent / path).read_text()
+        assert not name or f"def {name}(" in source, f"{what}: {test} does not exist"
 
 
 @pytest.mark.parametrize("what", sorted(CASES))

@@ -86,3 +86,34 @@ def test_cells_lists_builtins():
     assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_peephole"} <= listed
     starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in lines}  # where each description starts
     assert len(starts) == 1 and "``" not in r.stdout, r.stdout  # one column, the docstrings' reST as plain text
+
+
+def _log(tmp_path, *records_):
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in records_))
+    return path
+
+
+def test_records_print_control_characters_escaped(tmp_path):
+    """A cell name from a log is printed as text, never as a terminal escape or an extra line."""
+    from prnn_tvm.records import Record, TuneKey
+
+    key = TuneKey("abc", 4, 64, "float32", "sm_90", 132, "persistent_cuda", "0.27.0.post1")
+    path = _log(tmp_path, Record(key, {}, (1e-3,), 256, cell="\x1b[31mred\nline"))
+    for action in ("show", "best"):
+        r = run("records", action, "--log", str(path))
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\\x1b[31mred\\nline" in r.stdout, r.stdout
+        assert len(r.stdout.strip().splitlines()) == 2  # the header and the one key
+
+
+def test_records_best_has_a_dtype_column(tmp_path):
+    """Two keys that differ only in dtype printed two identical-looking lines."""
+    from prnn_tvm.records import Record, TuneKey
+
+    keys = [TuneKey("abc", 16, 1024, dtype, "sm_90", 132, "persistent_cuda", "0.27.0.post1")
+            for dtype in ("float32", "float16")]
+    r = run("records", "best", "--log", str(_log(tmp_path, *(Record(k, {}, (1e-3,), 256, cell="lstm") for k in keys))))
+    lines = r.stdout.strip().splitlines()[1:]
+    assert r.returncode == 0 and len(lines) == 2 and len(set(lines)) == 2, r.stdout
+    assert "float32" in lines[0] and "float16" in lines[1]

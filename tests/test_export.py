@@ -284,3 +284,20 @@ def test_readme_export_and_load_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(readme_block("## Export and load"), "README.md", "exec"), {})
     assert (tmp_path / "lstm_h64.so").is_file()
+
+
+def test_a_re_export_to_the_same_path_loads_the_new_library(tmp_path):
+    """The dynamic loader hands back a library already loaded from a path: the second load of a path exported
+    twice ran the first cell, its checksum passing. Each load maps a copy named by its contents."""
+    path = tmp_path / "m.so"
+    first = prnn_tvm.compile_cell("rnn_tanh", 8, 2, target="llvm")
+    second = prnn_tvm.compile_cell("gru", 8, 2, target="llvm")
+    prnn_tvm.export(first, path)
+    assert prnn_tvm.load(path).metadata["cell"] == "rnn_tanh"
+    prnn_tvm.export(second, path)
+    loaded = prnn_tvm.load(path)
+    assert loaded.metadata["cell"] == "gru" and "W_hh" in loaded.signature.arg_names
+    inputs = random_inputs(second.plan, 4, 8)
+    assert np.array_equal(loaded(**inputs)[0], second(**inputs)[0])
+    again = prnn_tvm.load(path)  # the same content: the same copy
+    assert np.array_equal(again(**inputs)[0], second(**inputs)[0])

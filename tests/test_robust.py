@@ -2,6 +2,7 @@
 projection, checksummed exports, misaligned torch parameters."""
 
 import json
+import logging
 import math
 import re
 
@@ -69,6 +70,34 @@ KEY = TuneKey("abc", 4, 64, "float32", "sm_90", 132, "persistent_cuda", "0.27.0.
 def test_records_no_measurement_gives_are_refused(record, reason):
     with pytest.raises(ValueError, match=reason):
         Record.from_json(record.to_json())
+
+
+GOOD = json.loads(Record(KEY, {"vec": 4, "barrier": "tags"}, (1e-3,), 256, cell="lstm", registers=80,
+                         spill_bytes=0, max_abs_error=1e-6, device="H100").to_json())
+
+
+@pytest.mark.parametrize("field, value", [
+    ("costs", "123"), ("costs", [True]), ("costs", ["1e-3"]), ("costs", 1e-3), ("seq_len", 1e18), ("seq_len", True),
+    ("seq_len", "256"), ("seq_len", 10**18), ("error", "exploded"), ("error", 3), ("detail", 3), ("cell", None),
+    ("device", ["H100"]), ("config", {"vec": [4]}), ("config", {"vec": {"a": 1}}), ("registers", -1),
+    ("registers", 8.5), ("spill_bytes", "0"), ("max_abs_error", "small"), ("build_s", None), ("timestamp", "now"),
+    ("key", "abc"), ("key", {**vars(KEY), "batch": "4"}), ("key", {**vars(KEY), "arch": 90}),
+    ("key", {**vars(KEY), "extra": 1}), ("unknown", 1), ("schema", None)])
+def test_every_record_field_is_typed(field, value):
+    """A field of the wrong type is no record: refused with its name, never read as something else (a string of
+    costs was three times, a float sequence length a step of 0.00 us)."""
+    assert Record.from_dict(GOOD).cell == "lstm"
+    with pytest.raises((ValueError, TypeError), match=field if field not in ("schema",) else "schema"):
+        Record.from_dict({**GOOD, field: value})
+
+
+def test_corrupt_lines_past_ten_are_counted_not_warned(tmp_path, caplog):
+    path = tmp_path / "log.jsonl"
+    path.write_text("not json\n" * 15 + json.dumps(GOOD) + "\n")
+    with caplog.at_level(logging.WARNING):
+        assert len(records.load(path)) == 1
+    assert caplog.text.count("skipping a corrupt tuning record") == records.WARNED_LINES
+    assert "skipped 5 more corrupt lines" in caplog.text
 
 
 def test_a_failed_record_needs_no_time():

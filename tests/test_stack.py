@@ -15,7 +15,7 @@ from prnn_tvm.dtypes import tolerance
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.cell import Cell
 from prnn_tvm.frontend.registry import builtin_cells, resolve
-from prnn_tvm.frontend.stack import split_layer_name, stacked
+from prnn_tvm.frontend.stack import MAX_LAYERS, split_layer_name, stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
 from prnn_tvm.runtime import binding
 from prnn_tvm.schedules import persistent_config as pc
@@ -105,13 +105,15 @@ def test_the_wavefront_reference_is_the_layers_one_by_one():
     assert np.abs(reference_layer(undelayed, inputs)[0] - want_out).max() > 1e-3
 
 
-def test_lengths_past_the_sequence_mean_all_of_it():
-    """A device tensor's lengths are not read on the host; the kernels clamp them to the sequence before adding
-    a layer's delay (prnn_tvm.torch passes 2^31 - 1 for rows that run every step: unclamped, it overflows)."""
+def test_lengths_past_the_sequence_mean_all_of_it(monkeypatch):
+    """A GPU tensor's lengths are not read on the host; the kernels clamp them to the sequence before adding
+    a layer's delay (prnn_tvm.torch passes 2^31 - 1 for rows that run every step: unclamped, it overflows). A host
+    tensor's are checked, so the check is bypassed here to run the CPU kernel on what the GPU kernel gets."""
     layer = prnn_tvm.compile_cell("lstm", 4, 2, target="llvm", layers=3)
     inputs = random_inputs(layer.plan, 6, 4, seed=4)
     whole = layer(**inputs)
-    huge = tvm.runtime.tensor(np.full(2, 2**31 - 1, np.int32))  # not NumPy: placed as given, not checked
+    huge = tvm.runtime.tensor(np.full(2, 2**31 - 1, np.int32))
+    monkeypatch.setattr(binding, "_on_host", lambda value: False)  # as a GPU tensor is placed
     out, finals = layer(**inputs, lengths=huge)
     assert np.array_equal(out.numpy(), whole[0])
     assert all(np.array_equal(a.numpy(), b) for a, b in zip(finals, whole[1]))
@@ -189,8 +191,13 @@ def test_bad_stacks_are_refused():
         x, h = c.input(), c.state("h")
         return {"h": c.pointwise(lambda n, j: x[n, j] + c.matvec(h, c.weight("W_ih"), "hw")[n, j], "h_new")}
 
-    with pytest.raises(CellError, match="may not declare a weight 'W_ih'"):
+    with pytest.raises(CellError, match="weight 'W_ih' has the name of the layer's own argument 'W_ih'"):
         analyze(stacked(Cell("own_w_ih", step, None), 2), 1, 4)
+    with pytest.raises(CellError, match="runs both directions of a layer; a bidirectional stack cannot run as one"):
+        resolve("lstm_bi_x2")  # what `prnn-tvm compile lstm_bi --layers 2` asks for
+    with pytest.raises(ConfigError, match=f"one launch runs at most {MAX_LAYERS}"):
+        resolve(f"lstm_x{MAX_LAYERS + 1}")
+    assert len(resolve(f"lstm_x{MAX_LAYERS}").delays) == 2 * MAX_LAYERS
 
 
 def test_a_stack_trains_layer_by_layer_only():

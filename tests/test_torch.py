@@ -744,3 +744,46 @@ def test_char_model_example_trains_like_torch(device):
                           "--tolerance", "1e-4", "--device", device], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_strided_parameter_gives_torch_nns_answer(grad):
+    """torch.nn takes a parameter made strided by ``.t().contiguous().t()``; so does the module (on a compact copy),
+    in inference and in training, gradients included."""
+    ref = _reference("lstm", input_size=5, hidden_size=6).double()
+    strided = ref.weight_hh_l0.detach().t().contiguous().t()
+    assert not strided.is_contiguous()
+    ref.weight_hh_l0 = torch.nn.Parameter(strided)
+    fast = pt.from_torch(ref)
+    x = torch.randn(4, 3, 5, dtype=torch.float64)
+    with torch.set_grad_enabled(grad):
+        want, got = ref(x)[0], fast(x)[0]
+    assert torch.allclose(got, want, atol=1e-10)
+    if grad:
+        (w_ref,) = torch.autograd.grad(want.square().sum(), ref.weight_hh_l0)
+        (w_fast,) = torch.autograd.grad(got.square().sum(), ref.weight_hh_l0)
+        assert torch.allclose(w_fast, w_ref, atol=1e-10)
+
+
+def test_first_derivatives_with_create_graph_off_still_match_torch_nn():
+    """What the double-backward refusal leaves alone: gradients of the input taken as first derivatives."""
+    ref = _reference("gru", input_size=4, hidden_size=5).double()
+    fast = pt.from_torch(ref)
+    x = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    (g_ref,) = torch.autograd.grad(ref(x)[0].sum(), x)
+    (g_fast,) = torch.autograd.grad(fast(x)[0].sum(), x)
+    assert torch.allclose(g_fast, g_ref, atol=1e-10)
+
+
+@pytest.mark.gpu
+def test_double_backward_is_refused_on_the_gpu():
+    """The GPU backward (``_CudaBackprop``) refuses a gradient penalty as the CPU one does (torch.nn gives 0.194 on
+    weight_hh where a silent double backward gave 0)."""
+    from prnn_tvm.errors import UnsupportedError
+
+    fast = pt.LSTM(4, 32).cuda()
+    x = torch.randn(3, 2, 4, device="cuda", requires_grad=True)
+    with pytest.raises(UnsupportedError, match="double backward through 'lstm'"):  # refused as the graph is made
+        torch.autograd.grad(fast(x)[0].sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(fast(x)[0].sum(), x)  # first derivatives still run
+    assert g.shape == x.shape and torch.isfinite(g).all()

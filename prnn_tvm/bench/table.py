@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from ..errors import InputError
+from ..files import MiB, regular_file
 from ..schedules import knob_short_names, knob_text
 
 CASE_COLUMNS = ["cell", "dtype", "hidden", "batch", "seq_len", "status", "error"]
@@ -68,7 +69,7 @@ def read_csv(path: str | Path) -> list[dict]:
     value that is not a number where a number belongs.
     """
     path = Path(path)
-    if not path.is_file():
+    if regular_file(path, "benchmark CSV", "a .csv file written by prnn-tvm bench", 64 * MiB, InputError) is None:
         raise InputError(f"{path}: no such benchmark CSV")
     with path.open(newline="", errors="replace") as f:
         reader = csv.DictReader(f)

@@ -20,6 +20,8 @@ the stage and saying what would be accepted: a kernel is never built on a guess.
 
 from __future__ import annotations
 
+import numbers
+
 from tvm import te, tirx
 from tvm.ir import Range
 from tvm.ir import expr as E
@@ -32,6 +34,8 @@ from .cell import Cell, Role, TracedCell
 from .plan import CellPlan, Leaf, Reduction, Stage
 from .texpr import UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuild, substitute, tensor_load_parts
 
+MAX_SIZE = 2**31 - 1
+
 
 def analyze(cell: Cell, batch: int, hidden: int, dtype: str = "float32") -> CellPlan:
     """Trace ``cell`` at the given sizes and map its TE graph, or raise CellError.
@@ -39,9 +43,11 @@ def analyze(cell: Cell, batch: int, hidden: int, dtype: str = "float32") -> Cell
     ``dtype`` is the layer's storage dtype; the cell is traced in its policy's compute
     type (:mod:`prnn_tvm.dtypes`), so a cell file never names a dtype.
     """
-    if batch < 1 or hidden < 1:
-        raise CellError(f"batch and hidden must be positive, got batch={batch}, hidden={hidden}")
-    return _Analysis(cell.trace(batch, hidden, policy(dtype).compute), dtype).run()
+    for name, value in (("batch", batch), ("hidden", hidden)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
+            raise CellError(f"{name} must be a positive integer up to {MAX_SIZE} (kernels count in 32-bit integers), "
+                            f"got {value!r}")
+    return _Analysis(cell.trace(int(batch), int(hidden), policy(dtype).compute), dtype).run()
 
 
 class _Analysis:
@@ -66,9 +72,11 @@ class _Analysis:
         if not by_role[Role.STATE]:
             raise CellError(f"cell '{t.cell.name}' declares no state: a recurrent cell needs c.state(name)")
         state_names = [s.name for s in by_role[Role.STATE]]
-        for name in (*t.cell.outputs, *t.cell.reversed_states):
+        delayed = [name for name, _ in t.cell.delays]
+        for name in (*t.cell.outputs, *t.cell.reversed_states, *delayed):
             if name not in state_names:
-                what = "output" if name in t.cell.outputs else "reversed state"
+                what = ("output" if name in t.cell.outputs else "reversed state" if name in t.cell.reversed_states
+                        else "delayed state")
                 raise CellError(f"cell '{t.cell.name}': {what} '{name}' is not a declared state "
                                 f"(states: {', '.join(state_names)})")
         slices = by_role[Role.INPUT][0].slices
@@ -102,6 +110,13 @@ class _Analysis:
         for s in t.slots:
             if s.role in (Role.WEIGHT, Role.PARAM) and s.name not in self.used:
                 raise CellError(f"{s.role.value} '{s.name}' is declared but never used; remove it or use it")
+        x = by_role[Role.INPUT][0]
+        read = {leaf.slice for leaf in self.leaf_vars if leaf.kind == Role.INPUT.value}
+        unread = [s for s in range(x.slices) if s not in read]
+        if unread:  # the projection would compute it for nothing, and the reference would get a wider x
+            raise CellError(f"cell '{t.cell.name}': input slice(s) {', '.join(map(str, unread))} of '{x.name}' "
+                            f"(c.input({x.slices}): columns s*hidden + j for s < {x.slices}) are never read; declare "
+                            f"c.input({len(read)}) and read its slices 0 to {len(read) - 1}, or read every slice")
         exchanged = tuple(n for n in state_names if any(r.operand == n for r in self.reductions.values()))
         exchanged_stages = tuple(dict.fromkeys(r.operand for r in self.reductions.values() if r.phase > 0))
         return CellPlan(

@@ -30,13 +30,19 @@ Example, a vanilla tanh RNN::
 from __future__ import annotations
 
 import enum
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from tvm import te
 
-from ..errors import CellError
+from ..errors import CellError, PrnnError
+from .names import check_names, same_name
+
+MAX_DELAY = 15  # a state's delay: at most the last layer's of the deepest wavefront stack (frontend.stack.MAX_LAYERS)
 
 
 class Role(enum.Enum):
@@ -76,12 +82,11 @@ class CellBuilder:
         self.slots: list[Slot] = []
 
     def _declare(self, name: str, role: Role, slices: int, shape: tuple[int, ...]) -> te.Tensor:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise CellError(f"declared names must be Python identifiers, got {name!r}")
-        if any(s.name == name for s in self.slots):
-            raise CellError(f"'{name}' is declared twice")
-        if not isinstance(slices, int) or slices < 1:
-            raise CellError(f"'{name}' needs a positive whole number of gate slices, got {slices!r}")
+        _check_name(name, role.value)
+        for s in self.slots:
+            if s.name == name:
+                raise CellError(same_name(s.role.value, role.value, name))
+        _check_slices(name, slices)
         t = te.placeholder(shape, self.dtype, name=name)
         self.slots.append(Slot(name, role, slices, t))
         return t
@@ -116,6 +121,7 @@ class CellBuilder:
 
         A convenience: writing the same ``te.compute`` with ``te.sum`` by hand is equivalent.
         """
+        _check_name(name, "product")
         k = te.reduce_axis((0, self.hidden), name=f"{name}_k")
         rows = int(weight.shape[0])
         return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, k] * weight[j, k], axis=k),
@@ -123,7 +129,20 @@ class CellBuilder:
 
     def pointwise(self, fn: Callable, name: str, slices: int = 1) -> te.Tensor:
         """A pointwise stage ``fn(n, j)`` of shape (batch, slices*hidden)."""
+        _check_name(name, "stage")
+        _check_slices(name, slices)
         return te.compute((self.batch, slices * self.hidden), fn, name=name)
+
+
+def _check_name(name, kind: str) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise CellError(f"{kind} names must be Python identifiers (letters, digits and _, not starting with a "
+                        f"digit), got {name!r}")
+
+
+def _check_slices(name: str, slices) -> None:
+    if not isinstance(slices, int) or isinstance(slices, bool) or slices < 1:
+        raise CellError(f"'{name}' needs a positive whole number of gate slices, got {slices!r}")
 
 
 StepFn = Callable[[CellBuilder], Mapping[str, te.Tensor]]
@@ -164,9 +183,9 @@ class Cell:
         Equations and source, shown by ``prnn-tvm cells``.
     delays : tuple of (state name, steps)
         States that start late (:mod:`prnn_tvm.frontend.stack` makes these; a cell written by hand has
-        none): a state of delay ``d`` keeps its initial value for the first ``d`` steps and stops
-        changing ``d`` steps after a row's length; a layer of such a cell runs ``T + max delay``
-        steps, and its output sequence is the output state's, read its delay late.
+        none): a state of delay ``d`` (0 to :data:`MAX_DELAY`) keeps its initial value for the first ``d``
+        steps and stops changing ``d`` steps after a row's length; a layer of such a cell runs
+        ``T + max delay`` steps, and its output sequence is the output state's, read its delay late.
     reversed_states, reversed_slices : tuple of str, tuple of int
         States whose time runs backwards, and the input slices they read
         (:mod:`prnn_tvm.frontend.directions` makes these: a bidirectional layer's reverse direction):
@@ -183,16 +202,105 @@ class Cell:
     reversed_states: tuple = ()
     reversed_slices: tuple = ()
 
+    def __post_init__(self):
+        """Each field's type and range, so that a wrong one is refused where the cell is made (states named
+        in ``output``, ``delays`` and ``reversed_states`` are checked against the step's when it is traced)."""
+        if not isinstance(self.name, str) or not self.name or not self.name.isprintable():
+            raise CellError(f"a cell's name is a non-empty printable string, got {self.name!r}")
+        where = f"cell '{self.name}'"
+        if not callable(self.step):
+            raise CellError(f"{where}: step must be a function step(c) -> {{state: new value}}, got "
+                            f"{type(self.step).__name__}")
+        if self.reference is not None and not callable(self.reference):
+            raise CellError(f"{where}: reference must be a function reference(x, state, params) -> {{state: new "
+                            f"value}} (or None for a cell that is only analysed), got {type(self.reference).__name__}")
+        if not (isinstance(self.output, str) or (isinstance(self.output, (tuple, list)) and self.output
+                                                 and _names(self.output))):
+            raise CellError(f"{where}: output is a state's name or a tuple of them, got {self.output!r}")
+        if not isinstance(self.doc, str):
+            raise CellError(f"{where}: doc is a string, got {type(self.doc).__name__}")
+        pairs = self.delays
+        if not (isinstance(pairs, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs)
+                and _names(p[0] for p in pairs) and all(_whole(p[1]) for p in pairs)):
+            raise CellError(f"{where}: delays is a tuple of (state name, steps) pairs, got {pairs!r}")
+        bad = [(n, d) for n, d in pairs if not 0 <= d <= MAX_DELAY]
+        if bad:
+            raise CellError(f"{where}: delay {bad[0][1]} of state '{bad[0][0]}' is not in [0, {MAX_DELAY}]; a "
+                            "state starts at most that many steps late, never early")
+        twice = sorted({n for n, _ in pairs if sum(m == n for m, _ in pairs) > 1})
+        if twice:
+            raise CellError(f"{where}: delays names state(s) {', '.join(twice)} more than once")
+        if not (isinstance(self.reversed_states, (tuple, list)) and _names(self.reversed_states)):
+            raise CellError(f"{where}: reversed_states is a tuple of state names, got {self.reversed_states!r}")
+        if not (isinstance(self.reversed_slices, (tuple, list)) and all(_whole(s) and s >= 0
+                                                                        for s in self.reversed_slices)):
+            raise CellError(f"{where}: reversed_slices is a tuple of input slice numbers, got "
+                            f"{self.reversed_slices!r}")
+
     @property
     def outputs(self) -> tuple:
         """The output states, in the order their columns come."""
         return (self.output,) if isinstance(self.output, str) else tuple(self.output)
 
     def trace(self, batch: int, hidden: int, dtype: str = "float32") -> TracedCell:
-        """Run the step function at concrete sizes and return its TE graph."""
+        """Run the step function at concrete sizes and return its TE graph, its names checked
+        (:mod:`prnn_tvm.frontend.names`): CellError for a step that fails, saying where."""
         builder = CellBuilder(batch, hidden, dtype)
-        updates = self.step(builder)
+        updates = self._user_call("step function", self.step, builder)
         if not isinstance(updates, Mapping):
             raise CellError(f"cell '{self.name}': the step function must return a dict "
                             f"{{state name: new value}}, got {type(updates).__name__}")
+        check_names(self.name, builder.slots, updates)
         return TracedCell(self, batch, hidden, dtype, tuple(builder.slots), dict(updates))
+
+    def step_reference(self, x: np.ndarray, state: Mapping, params: Mapping):
+        """One step of the NumPy reference (``reference(x, state, params)``): CellError for a cell without one,
+        or one that fails, saying where."""
+        if self.reference is None:
+            raise CellError(f"cell '{self.name}' has no NumPy reference; give Cell(..., reference=) one")
+        return self._user_call("reference", self.reference, x, state, params)
+
+    def _user_call(self, what: str, fn: Callable, *args):
+        """``fn(*args)``, the cell author's code: any failure of it (an exception, ``sys.exit``) becomes a
+        CellError saying which function of which cell raised what, and the file and line it came from."""
+        try:
+            return fn(*args)
+        except PrnnError:
+            raise
+        except (Exception, SystemExit) as err:
+            raise CellError(f"cell '{self.name}': its {what} raised {type(err).__name__}: {_first_line(err)} "
+                            f"({user_frame(err)})") from err
+
+
+def _names(values) -> bool:
+    return all(isinstance(v, str) for v in values)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _first_line(err: BaseException, limit: int = 300) -> str:
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else "(no message)"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+_LIBRARY_DIRS = tuple(str(Path(p).resolve()) for p in {sysconfig.get_path(k) for k in ("stdlib", "purelib",
+                                                                                       "platlib")} if p)
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + "/"  # prnn_tvm/, whose frames are never the user's
+
+
+def user_frame(err: BaseException) -> str:
+    """Where the cell author's code raised ``err``: the file and line of the deepest frame of its traceback
+    outside prnn-tvm, Python and installed libraries (the last frame if there is none)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "no traceback"
+
+    def users(filename: str) -> bool:
+        path = str(Path(filename).resolve())
+        return not path.startswith((_PACKAGE_DIR, *_LIBRARY_DIRS)) or "/prnn_tvm/cells/" in path
+
+    frame = next((f for f in reversed(frames) if users(f.filename)), frames[-1])
+    return f"{frame.filename}, line {frame.lineno}, in {frame.name}"

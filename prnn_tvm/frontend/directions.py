@@ -69,7 +69,7 @@ def bidirectional(cell: Cell) -> Cell:
             prefix = direction_name(direction, "")
             mine = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
             params = {name[len(prefix):]: value for name, value in p.items() if name.startswith(prefix)}
-            found = cell.reference(x[:, direction * width:(direction + 1) * width], mine, params)
+            found = cell.step_reference(x[:, direction * width:(direction + 1) * width], mine, params)
             new.update({prefix + name: value for name, value in found.items()})
         return new
 

@@ -12,7 +12,8 @@ import pkgutil
 from pathlib import Path
 
 from ..errors import CellError
-from .cell import Cell
+from ..files import MiB, regular_file
+from .cell import Cell, user_frame
 from .directions import bidirectional
 from .stack import stacked
 
@@ -58,8 +59,11 @@ def resolve(spec: str | Cell) -> Cell:
                     "both directions of it)")
 
 
+MAX_CELL_FILE_BYTES = 16 * MiB  # a cell file is a page of Python
+
+
 def _from_file(path: Path, attr: str) -> Cell:
-    if not path.is_file():
+    if regular_file(path, "cell file", "a .py file defining CELL", MAX_CELL_FILE_BYTES, CellError) is None:
         raise CellError(f"cell file {path} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"prnn_tvm_user_cell_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
@@ -67,9 +71,12 @@ def _from_file(path: Path, attr: str) -> Cell:
         module_spec.loader.exec_module(module)
     except SyntaxError as err:
         raise CellError(f"{path}, line {err.lineno}: {err.msg}; the cell file is not valid Python") from err
-    except Exception as err:  # the user's module failed while importing: say where, keep the cause
-        raise CellError(f"{path} raised {type(err).__name__} while being imported: {err}") from err
+    except (Exception, SystemExit) as err:  # the user's module failed (or exited) while importing: say where
+        what = (f"called sys.exit({err.code!r}) while being imported" if isinstance(err, SystemExit) else
+                f"raised {type(err).__name__} while being imported: {err}")
+        raise CellError(f"{path} {what} ({user_frame(err)}); a cell file only defines its cell") from err
     cell = getattr(module, attr, None)
     if not isinstance(cell, Cell):
-        raise CellError(f"{path} defines no Cell named {attr}")
+        raise CellError(f"{path} defines no Cell named {attr} (it has {type(cell).__name__} there)"
+                        if cell is not None else f"{path} defines no Cell named {attr}")
     return cell

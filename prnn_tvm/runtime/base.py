@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..errors import BarrierTimeout, LaunchError
+from ..errors import BarrierTimeout, ConfigError, LaunchError, UnsupportedError
 from ..signature import ArgRole, Signature
 from ..target import gpu_spec, resident_ctas, smem_launch_problem
 from .binding import COPY, BoundCall, bind
@@ -103,6 +103,23 @@ class RuntimeLayer:
         scalars = {a.name for x in signature.launches for a in x.args if a.role is ArgRole.SCALAR}
         # kernels that predate the host error word report a timeout only in device memory
         self._blocking_check = any(a.role is ArgRole.SYNC for a in owned) and "error_host" not in scalars
+
+    @property
+    def barrier_timeout_us(self) -> int:
+        """Microseconds a grid-barrier wait gives up after (the kernels take it as a 32-bit integer)."""
+        return self._barrier_timeout_us
+
+    @barrier_timeout_us.setter
+    def barrier_timeout_us(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**31 - 1:
+            raise ConfigError(f"barrier_timeout_us must be a whole number of microseconds from 1 to {2**31 - 1}, got "
+                              f"{value!r} (the kernels read it as unsigned: a negative one would never time out)")
+        self._barrier_timeout_us = value
+
+    def __reduce__(self):
+        raise UnsupportedError(f"a compiled layer of '{self.signature.cell}' cannot be pickled or copied: it holds TVM "
+                               "modules, which do not serialize; write it with prnn_tvm.export(layer, 'layer.so') and "
+                               "read it with prnn_tvm.load, or keep the arguments of compile_cell and compile again")
 
     @property
     def is_cuda(self) -> bool:

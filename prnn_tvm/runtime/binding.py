@@ -4,8 +4,8 @@ Positional and keyword arguments are matched to the signature's inputs like a Py
 signature would; each is checked (shape with the call's sequence length, dtype,
 contiguity, device) and placed on the layer's device: NumPy arrays are copied, anything
 with ``__dlpack__`` is wrapped without a copy. Omitted initial states are zeros, omitted
-per-row lengths the whole sequence (NumPy lengths are checked to lie in [0, T]; a device
-tensor's are not read, and the kernels take them as clamped to that range); outputs,
+per-row lengths the whole sequence (NumPy lengths and a CPU tensor's are checked to lie in [0, T];
+a GPU tensor's are not read, and the kernels take them as clamped to that range); outputs,
 intermediates and scratch sequences are allocated per call; the layer's own buffers (workspace, barrier
 state) and scalars are supplied by the layer. Imports only TVM's runtime and NumPy.
 """
@@ -191,20 +191,35 @@ def sequence_length(value, name: str) -> int:
 
 def row_lengths(value, arg: Arg, seq_len: int):
     """The lengths argument as placed: every row the whole sequence when omitted; a NumPy one checked (integers
-    in [0, T], as int32); a device tensor as given (reading it would wait for the GPU)."""
+    in [0, T], as int32); a tensor as given, its values checked where they are in host memory (reading a GPU
+    tensor's would wait for the GPU)."""
     if value is None:
         return np.full(arg.concrete_shape(seq_len), seq_len, arg.dtype)
     if not isinstance(value, np.ndarray) and isinstance(value, (list, tuple)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):
+        if _on_host(value):
+            _check_lengths(arg, np.from_dlpack(value), seq_len)
         return value
     if value.dtype.kind not in "iu":
         raise InputError(f"{arg.name} must hold integers (each batch row's number of steps), got {value.dtype}")
     check(arg.name, tuple(value.shape), arg.dtype, arg.concrete_shape(seq_len), arg.dtype)
-    if value.size and (value.min() < 0 or value.max() > seq_len):
+    _check_lengths(arg, value, seq_len)
+    return value.astype(arg.dtype)
+
+
+def _on_host(value) -> bool:
+    """Whether a DLPack tensor is in host memory (DLPack's device type 1), where NumPy reads it."""
+    try:
+        return value.__dlpack_device__()[0] == 1
+    except Exception:  # not a DLPack tensor: place() says so
+        return False
+
+
+def _check_lengths(arg: Arg, value: np.ndarray, seq_len: int) -> None:
+    if value.size and value.dtype.kind in "iu" and (value.min() < 0 or value.max() > seq_len):
         raise InputError(f"{arg.name} must lie in [0, {seq_len}] (the sequence's {seq_len} steps), got values from "
                          f"{value.min()} to {value.max()}")
-    return value.astype(arg.dtype)
 
 
 def place(arg: Arg, value, seq_len: int, device) -> tuple:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -43,7 +45,8 @@ def export(layer, path, **compile_kwargs) -> Path:
         A compiled layer, or a cell to compile first with ``compile_kwargs``
         (those of :func:`prnn_tvm.compile_cell`: ``hidden``, ``batch``, ``arch``, ...).
     path : str or Path
-        The library to write (``.so``).
+        The library to write (``.so``). It is written whole or not at all (a file beside it, renamed
+        into place), so a library loaded from it before stays intact.
 
     Use it on a build machine (nvcc and a C++ compiler; a GPU is not needed) and
     :func:`prnn_tvm.load` where the layer runs. Weights are not part of the library:
@@ -55,11 +58,7 @@ def export(layer, path, **compile_kwargs) -> Path:
         layer = compile_cell(layer, **compile_kwargs)
     elif compile_kwargs:
         raise ExportError(f"compile arguments ({', '.join(compile_kwargs)}) given with an already compiled layer")
-    path = Path(path)
-    if path.is_dir():
-        raise ExportError(f"{path} is a directory; give the path of the library to write (.so)")
-    if not path.parent.is_dir():
-        raise ExportError(f"cannot write {path}: the folder {path.parent} does not exist")
+    path = _writable(Path(path))
     metadata = layer_metadata(layer)
     with tempfile.TemporaryDirectory(prefix="prnn_tvm_export_") as tmp:
         meta_c = Path(tmp, "prnn_metadata.c")
@@ -69,16 +68,38 @@ def export(layer, path, **compile_kwargs) -> Path:
             cubin = _cubin(layer)
             pack = lambda mod, _system_lib, prefix, workdir: pack_with_cubin(mod, prefix, workdir, cubin)  # noqa: E731
         includes = [tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]
+        built = Path(tmp, "layer.so")
         try:
-            layer.module.export_library(str(path), fpack_imports=pack, addons=[str(meta_c)],
+            layer.module.export_library(str(built), fpack_imports=pack, addons=[str(meta_c)],
                                         options=[f"-I{d}" for d in includes], workspace_dir=tmp)
         except (RuntimeError, OSError) as err:  # the host compiler's or linker's message, first line
-            raise ExportError(f"linking {path.name} failed: {first_line(err)}; a host C++ compiler (g++) is "
-                              "needed") from err
-    with open(path, "r+b") as f:  # the checksum load verifies before mapping the file
-        body = f.read()
-        f.write(checksum_trailer(body))
-    log.info("exported %s (%s, %s) to %s", layer.signature.cell, metadata["target"], metadata["arch"], path)
+            needed = "; a host C++ compiler (g++) is needed" if shutil.which("g++") is None else ""
+            raise ExportError(f"linking {path.name} failed: {first_line(err)}{needed}") from err
+        body = built.read_bytes()
+        partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+        try:  # whole or not at all, the checksum load verifies before mapping the file last
+            partial.write_bytes(body + checksum_trailer(body))
+            os.replace(partial, path)
+        except OSError as err:
+            partial.unlink(missing_ok=True)
+            raise ExportError(f"cannot write {path}: {err.strerror}") from err
+    log.info("exported %s (%s) to %s", layer.signature.cell, layer.report.target, path)
+    return path
+
+
+def _writable(path: Path) -> Path:
+    """``path`` if a library can be written there, else ExportError saying why (before anything is built)."""
+    if path.is_dir():
+        raise ExportError(f"{path} is a directory; give the path of the library to write (.so)")
+    if path.suffix != ".so":
+        raise ExportError(f"{path.name}: an exported layer is a shared library, which prnn_tvm.load (and TVM's loader) "
+                          f"knows by its name ending in .so; name it {path.stem or path.name}.so")
+    if not path.parent.is_dir():
+        raise ExportError(f"cannot write {path}: the folder {path.parent} does not exist")
+    if path.exists() and not path.is_file():
+        raise ExportError(f"cannot write {path}: it exists and is not a regular file")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot write {path}: the folder {path.parent} is not writable")
     return path
 
 

@@ -4,22 +4,31 @@ Imports only TVM's runtime, tvm_ffi and NumPy, so it works under TVM's runtime-o
 import (``TVM_USE_RUNTIME_LIB=1``); the CUDA loader library that mode leaves out is
 loaded here when a CUDA library is loaded. The library's metadata is checked first: a file
 that is not a prnn-tvm library, or one built for another GPU, is refused with the reason.
+
+A library is mapped from a copy of this process's own, named by its contents' SHA-256: the
+dynamic loader hands back the library already loaded from a path, so loading a file that was
+exported again to the same path would otherwise run the first one (with the new one's checksum
+passing). Loads of one content share one copy; the copies go when the process ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 
 import tvm
 import tvm_ffi
 
 from ..errors import LoadError
+from ..files import MiB, regular_file
 from ..signature import Grid, GridSync, Launch, Signature, projection_launch, recurrent_args
 from .base import RuntimeLayer
 
@@ -37,6 +46,10 @@ CHECKSUM_BYTES = len(CHECKSUM_MAGIC) + hashlib.sha256().digest_size
 SCHEMA = 3
 READABLE_SCHEMAS = (1, 2, 3)
 METADATA_SYMBOL = "prnn_tvm_metadata"
+MAX_LIBRARY_BYTES = 1024 * MiB  # an exported layer is a few MB of host code and cubin
+# What a loaded layer reads from its metadata, with the type each must have (schema 1 keeps its launch as "launch",
+# later ones as "signature")
+REQUIRED = {"cell": str, "batch": int, "hidden": int, "input_size": int, "dtype": str, "target": str}
 
 
 class LoadedLayer(RuntimeLayer):
@@ -66,20 +79,44 @@ class LoadedLayer(RuntimeLayer):
 
 def read_metadata(path: str | Path) -> dict:
     """The metadata of an exported library, checked to be a prnn-tvm layer this version can run."""
-    path = Path(path)
-    if path.is_dir():
-        raise LoadError(f"{path} is a directory; give the path of an exported library (.so)")
-    if not path.is_file():
+    return _opened(Path(path))[0]
+
+
+def _opened(path: Path) -> tuple[dict, Path]:
+    """The metadata of the library at ``path`` and the path to map it from (:func:`_private_copy`)."""
+    if regular_file(path, "library", "an exported library (.so)", MAX_LIBRARY_BYTES, LoadError) is None:
         raise LoadError(f"{path}: no such file")
-    problem = _checksum_problem(path) or _elf_problem(path)
+    data = path.read_bytes()
+    problem = _checksum_problem(path, data) or _elf_problem(data)
     if problem:
         raise LoadError(f"{path.name} is not a loadable shared library ({problem}); "
                         "export the layer again with prnn-tvm export")
+    mapped = _private_copy(path, data)
     try:
-        lib = ctypes.CDLL(str(path.resolve()), mode=ctypes.RTLD_LOCAL)
+        lib = _dlopen(mapped, path)
+    except LoadError as err:
+        if mapped == path.resolve():
+            raise
+        log.warning("%s: its copy %s cannot be mapped (%s; a folder mounted noexec?): loading it from its own path, "
+                    "where a library exported again to that path in this process loads the first one", path.name,
+                    mapped, err.__cause__)
+        mapped = path.resolve()
+        lib = _dlopen(mapped, path)
+    return _metadata(path, lib), mapped
+
+
+def _dlopen(file: Path, path: Path):
+    """``file`` (``path`` or its copy) mapped by the dynamic loader."""
+    try:
+        return ctypes.CDLL(str(file), mode=ctypes.RTLD_LOCAL)
     except OSError as err:
         raise LoadError(f"{path.name} is not a loadable shared library ({first_line(err)}); "
                         "export the layer again with prnn-tvm export") from err
+
+
+def _metadata(path: Path, lib) -> dict:
+    """The metadata a mapped library returns, checked: a prnn-tvm layer of a readable schema, with every key
+    a loaded layer reads (:data:`REQUIRED`) of its type."""
     try:
         fn = getattr(lib, METADATA_SYMBOL)
     except AttributeError:
@@ -95,7 +132,54 @@ def read_metadata(path: str | Path) -> dict:
     if metadata.get("schema") not in READABLE_SCHEMAS:
         raise LoadError(f"{path.name} was written with metadata schema {metadata.get('schema')}, this prnn-tvm "
                         f"reads schemas {', '.join(map(str, READABLE_SCHEMAS))}; export it again with this version")
+    required = {**REQUIRED, ("launch" if metadata["schema"] == 1 else "signature"): dict}
+    for key, kind in required.items():
+        value = metadata.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            problem = "has no" if key not in metadata else f"has a {type(value).__name__} as its"
+            raise LoadError(f"{path.name}: its metadata {problem} '{key}' (a {kind.__name__}); it is damaged or was "
+                            "not written by prnn-tvm export: export the layer again")
+    if metadata["target"] not in ("cuda", "llvm") or (metadata["target"] == "cuda"
+                                                       and not isinstance(metadata.get("arch"), str)):
+        raise LoadError(f"{path.name}: its metadata's target {metadata['target']!r} (arch {metadata.get('arch')!r}) "
+                        "is neither 'llvm' nor 'cuda' with an arch; export the layer again")
     return metadata
+
+
+_COPIES: dict = {}  # SHA-256 of a library -> this process's copy of it
+
+
+def _private_copy(path: Path, data: bytes) -> Path:
+    """A copy of ``data`` (the library at ``path``) in a folder of this process's own, named by its SHA-256, made
+    once per content: what the dynamic loader maps (see the module's doc)."""
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in _COPIES:
+        folder = _copies_folder()
+        target = folder / f"{digest}.so"
+        try:
+            partial = folder / f"{digest}.part"
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        except OSError as err:
+            log.warning("cannot copy %s into %s (%s): loading it from its own path", path.name, folder, err)
+            return path.resolve()
+        _COPIES[digest] = target
+    return _COPIES[digest]
+
+
+def _copies_folder() -> Path:
+    """This process's folder of library copies (made on first use, removed at exit by the process that made it)."""
+    global _FOLDER
+    if _FOLDER is None or _FOLDER[0] != os.getpid():
+        folder = Path(tempfile.mkdtemp(prefix="prnn_tvm_libraries_"))
+        pid = os.getpid()
+        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(folder, ignore_errors=True))
+        _FOLDER = (pid, folder)
+        _COPIES.clear()  # a forked child makes its own
+    return _FOLDER[1]
+
+
+_FOLDER = None
 
 
 def signature_of(metadata: dict) -> Signature:
@@ -144,7 +228,9 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
     when its kernels were compiled for a GPU architecture this GPU cannot run.
     """
     path = Path(path)
-    metadata = read_metadata(path)
+    if device is not None and not isinstance(device, tvm.runtime.Device):
+        raise LoadError(f"device must be a tvm.runtime.Device (tvm.cuda(0), tvm.cpu(0)), got {device!r}")
+    metadata, mapped = _opened(path)
     try:
         signature = signature_of(metadata)
     except (KeyError, TypeError, ValueError) as err:
@@ -162,7 +248,7 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
         log.warning("%s was exported with TVM %s, this is TVM %s", path.name, metadata.get("tvm_version"),
                     tvm.__version__)
     try:
-        module = tvm.runtime.load_module(str(path))
+        module = tvm.runtime.load_module(str(mapped))
     except Exception as err:  # TVM's loader error: keep its first line
         raise LoadError(f"TVM cannot load {path.name}: {first_line(err)}") from err
     for launch in signature.launches:
@@ -179,9 +265,8 @@ def checksum_trailer(body: bytes) -> bytes:
     return CHECKSUM_MAGIC + hashlib.sha256(body).digest()
 
 
-def _checksum_problem(path: Path) -> str | None:
-    """Why ``path`` is not the file export wrote (checksum), or None."""
-    data = path.read_bytes()
+def _checksum_problem(path: Path, data: bytes) -> str | None:
+    """Why ``data`` (the file at ``path``) is not the file export wrote (checksum), or None."""
     body, trailer = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
     if trailer.startswith(CHECKSUM_MAGIC):
         if checksum_trailer(body) != trailer:
@@ -193,21 +278,21 @@ def _checksum_problem(path: Path) -> str | None:
     return None
 
 
-def _elf_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole 64-bit ELF file, or None. Checked before dlopen, because
+def _elf_problem(data: bytes) -> str | None:
+    """Why ``data`` is not a whole 64-bit ELF file, or None. Checked before dlopen, because
     the loader maps a truncated library and the process dies of SIGBUS on touching it."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-            return "not a 64-bit little-endian ELF file"
-        phoff, shoff = struct.unpack_from("<QQ", head, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
-        end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
-        if end > size:
-            return f"truncated: {size} bytes, its headers need {end}"
-        f.seek(phoff)
-        table = f.read(phnum * phentsize)
+    size = len(data)
+    head = data[:64]
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return "not a 64-bit little-endian ELF file"
+    phoff, shoff = struct.unpack_from("<QQ", head, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+    end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+    if end > size:
+        return f"truncated: {size} bytes, its headers need {end}"
+    if phentsize < 40:
+        return f"program headers of {phentsize} bytes"
+    table = data[phoff:phoff + phnum * phentsize]
     for i in range(phnum):
         offset, _, _, filesz = struct.unpack_from("<QQQQ", table, i * phentsize + 8)
         if offset + filesz > size:
