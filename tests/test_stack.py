@@ -91,6 +91,40 @@ def test_awkward_stacks_equal_their_layers_one_by_one(layers, hidden, batch, seq
     assert compare_with_one_by_one(layer, "lstm", layers, seq_len, lengths) < 1e-5
 
 
+@pytest.mark.parametrize("cell", CELLS)
+def test_every_cell_in_a_deep_stack_equals_its_layers_one_by_one(cell):
+    """The deep stack (``<cell>_d<layers>``: each layer reads the layer below's new output in the same step) is
+    the layers run one after another with no lag: same comparison, ragged lengths, input size != hidden."""
+    layers, hidden, batch, seq_len = 3, 5, 4, 7
+    layer = prnn_tvm.compile_cell(f"{cell}_d{layers}", hidden, batch, input_size=3, target="llvm")
+    assert layer.plan.lag == 0 and layer.plan.phases == layers * analyze(resolve(cell), batch, hidden).phases
+    lengths = random_lengths(batch, seq_len, seed=2)
+    assert compare_with_one_by_one(layer, cell, layers, seq_len, lengths) < 1e-5
+    assert compare_with_one_by_one(layer, cell, layers, seq_len) < 1e-5
+
+
+@pytest.mark.parametrize("layers, hidden, batch, seq_len, input_size", [(2, 1, 1, 1, 1), (3, 7, 3, 11, 2)])
+def test_awkward_deep_stacks_equal_their_layers_one_by_one(layers, hidden, batch, seq_len, input_size):
+    layer = prnn_tvm.compile_cell(f"lstm_d{layers}", hidden, batch, input_size=input_size, target="llvm")
+    assert compare_with_one_by_one(layer, "lstm", layers, seq_len) < 1e-5
+
+
+def test_a_deep_stack_differs_from_the_wavefront_only_by_the_lag():
+    """Same arguments, same names; the wavefront's output is the deep stack's, ``layers - 1`` steps late."""
+    deep, wave = stacked(resolve("gru"), 3, wavefront=False), stacked(resolve("gru"), 3)
+    assert (deep.name, wave.name, deep.delays) == ("gru_d3", "gru_x3", ())
+    assert [s.name for s in deep.trace(2, 4).slots] == [s.name for s in wave.trace(2, 4).slots]
+    with pytest.raises(CellError, match="wavefront must be True or False"):
+        stacked(resolve("gru"), 2, wavefront="no")
+
+
+@pytest.mark.parametrize("cell, dtype", [("lstm", "float32"), ("gru", "float16")])
+def test_deep_stack_cuda_kernels_build_without_spills(cell, dtype):
+    layer = prnn_tvm.compile_cell(f"{cell}_d2", 128, 4, target="cuda", arch="sm_90", dtype=dtype)
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    assert_launchable(layer)
+
+
 def test_the_wavefront_reference_is_the_layers_one_by_one():
     """``reference_layer`` of the stacked plan (the wavefront step by step, delays applied) against the layers
     run one after another: two NumPy computations of the same thing; dropping the delays breaks it."""

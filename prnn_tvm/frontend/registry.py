@@ -34,8 +34,8 @@ def builtin_cells() -> dict[str, Cell]:
 def resolve(spec: str | Cell) -> Cell:
     """A Cell from a Cell, a built-in name (``"lstm"``) or ``path/to/file.py[:ATTR]``, or a stack of one,
     ``<spec>_x<layers>`` (``lstm_x4``: :func:`prnn_tvm.frontend.stack.stacked`, the name a stack's layer,
-    its tuning records and its exports carry), or both directions of one, ``<spec>_bi``
-    (:func:`prnn_tvm.frontend.directions.bidirectional`).
+    its tuning records and its exports carry) or ``<spec>_d<layers>`` (the deep stack), or both directions of
+    one, ``<spec>_bi`` (:func:`prnn_tvm.frontend.directions.bidirectional`).
 
     A file must define ``CELL`` (or the attribute named after the colon) as a Cell.
     """
@@ -49,14 +49,15 @@ def resolve(spec: str | Cell) -> Cell:
     cells = builtin_cells()
     if spec in cells:
         return cells[spec]
-    base, _, layers = spec.rpartition("_x")
-    if base and layers.isdigit() and int(layers) > 0:  # a stack's name, as compile_cell(..., layers=) names it
-        return stacked(resolve(base), int(layers))
+    for mark, wavefront in (("_x", True), ("_d", False)):  # a stack's name, as compile_cell(..., layers=) names it
+        base, _, layers = spec.rpartition(mark)
+        if base and layers.isdigit() and int(layers) > 0:
+            return stacked(resolve(base), int(layers), wavefront)
     if spec.endswith("_bi") and len(spec) > 3:  # both directions, as compile_cell(..., bidirectional=True)
         return bidirectional(resolve(spec[:-3]))
     raise CellError(f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
-                    "(or give a path/to/cell.py defining CELL; <cell>_x<layers> for a stack of it, <cell>_bi for "
-                    "both directions of it)")
+                    "(or give a path/to/cell.py defining CELL; <cell>_x<layers> for a wavefront stack of it, "
+                    "<cell>_d<layers> for a deep stack, <cell>_bi for both directions of it)")
 
 
 MAX_CELL_FILE_BYTES = 16 * MiB  # a cell file is a page of Python

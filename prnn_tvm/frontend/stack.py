@@ -1,4 +1,4 @@
-"""Stacking: ``layers`` layers of one cell as one cell, run as a wavefront in one persistent launch.
+"""Stacking: ``layers`` layers of one cell as one cell, run in one persistent launch as a wavefront or deep.
 
 Layer ``l + 1`` reads layer ``l``'s output; in a wavefront it reads it one step late:
 
@@ -21,6 +21,13 @@ their initial values for the first ``l`` steps and stop changing ``l`` steps aft
 length, the layer runs ``T + layers - 1`` steps and its output sequence is the last layer's, read
 ``layers - 1`` steps late. The templates and the references apply delays; nothing else in the
 compiler knows about stacks.
+
+A *deep* stack (``wavefront=False``) is the same layers without the lag: layer ``l``'s input product
+multiplies layer ``l - 1``'s new output of the same step, so a step has one phase per layer (and per
+phase of the base cell) with a barrier between them, and step ``t``'s output is the last layer's at ``t``.
+It costs a barrier per layer and step where the wavefront costs one per step, and it is what serves one
+timestep per request (a resident session), where the wavefront would answer request ``t`` only
+``layers - 1`` requests later.
 """
 
 from __future__ import annotations
@@ -43,10 +50,13 @@ INPUT_WEIGHT, INPUT_BIAS = "W_ih", "b_ih"  # layer l > 0's input product, as tor
 MAX_LAYERS = MAX_DELAY + 1
 
 
-def stacked(cell: Cell, layers: int) -> Cell:
-    """``layers`` layers of ``cell`` as one wavefront cell (see the module's doc); ``cell`` itself for one
-    layer. Every layer's input is ``hidden`` wide, so layer ``l > 0`` multiplies ``(slices * hidden, hidden)``
-    ``l<l>_W_ih`` by the layer below's output (``slices``: the base cell's input slices)."""
+def stacked(cell: Cell, layers: int, wavefront: bool = True) -> Cell:
+    """``layers`` layers of ``cell`` as one wavefront cell, or with ``wavefront=False`` as one deep cell (see the
+    module's doc); ``cell`` itself for one layer. Every layer's input is ``hidden`` wide, so layer ``l > 0``
+    multiplies ``(slices * hidden, hidden)`` ``l<l>_W_ih`` by the layer below's output (``slices``: the base
+    cell's input slices). The wavefront is named ``<cell>_x<layers>``, the deep stack ``<cell>_d<layers>``."""
+    if not isinstance(wavefront, bool):
+        raise CellError(f"wavefront must be True or False, got {wavefront!r}")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise CellError(f"layers must be a positive integer, got {layers!r}")
     if layers == 1:
@@ -55,10 +65,10 @@ def stacked(cell: Cell, layers: int) -> Cell:
         raise CellError(f"cell '{cell.name}' is already a stack; stack its base cell with layers= instead")
     if cell.reversed_states or len(cell.outputs) > 1:
         raise CellError(f"cell '{cell.name}' runs both directions of a layer; a bidirectional stack cannot run as one "
-                        "wavefront (layer l + 1 reads the whole of both directions of layer l): compile each layer "
+                        "cell (layer l + 1 reads the whole of both directions of layer l): compile each layer "
                         "with bidirectional=True (prnn_tvm.torch's bidirectional modules do)")
     if layers > MAX_LAYERS:
-        raise ConfigError(f"a wavefront stack of {layers} layers: one launch runs at most {MAX_LAYERS} (its kernel "
+        raise ConfigError(f"a stack of {layers} layers: one launch runs at most {MAX_LAYERS} (its kernel "
                           "holds every layer, and compile time grows faster than the layers); compile fewer layers "
                           "and run the rest as further layers (prnn_tvm.torch runs deeper stacks layer by layer)")
 
@@ -70,7 +80,7 @@ def stacked(cell: Cell, layers: int) -> Cell:
             if not isinstance(new, Mapping) or cell.output not in proxy.states:
                 return new  # the analysis says what is wrong with the base cell, with its own names
             updates.update({layer_name(layer, name): value for name, value in new.items()})
-            below = proxy.states[cell.output]
+            below = proxy.states[cell.output] if wavefront else new[cell.output]
         return updates
 
     def reference(x, state, p):
@@ -83,14 +93,18 @@ def stacked(cell: Cell, layers: int) -> Cell:
             xin = x if layer == 0 else (below @ params.pop(INPUT_WEIGHT).T + params.pop(INPUT_BIAS))
             found = cell.step_reference(xin, mine, params)
             new.update({layer_name(layer, name): value for name, value in found.items()})
-            below = mine[cell.output]  # the value this step started with: the wavefront's one-step lag
+            # the wavefront reads the value this step started with (its one-step lag), the deep stack the new one
+            below = mine[cell.output] if wavefront else found[cell.output]
         return new
 
+    output = layer_name(layers - 1, cell.output)
+    if not wavefront:
+        doc = f"{layers} stacked layers of '{cell.name}', one after another in each step (prnn_tvm.frontend.stack).\n\n"
+        return Cell(f"{cell.name}_d{layers}", step, reference, output=output, doc=doc + cell.doc)
     delays = tuple((layer_name(layer, name), layer) for layer in range(layers) for name in _state_names(cell))
     doc = (f"{layers} stacked layers of '{cell.name}', run as a wavefront (prnn_tvm.frontend.stack).\n\n"
            + cell.doc)
-    return Cell(f"{cell.name}_x{layers}", step, reference, output=layer_name(layers - 1, cell.output), doc=doc,
-                delays=delays)
+    return Cell(f"{cell.name}_x{layers}", step, reference, output=output, doc=doc, delays=delays)
 
 
 def declared_slots(cell: Cell) -> list:
@@ -135,8 +149,8 @@ class Renamed:
 
 class _LayerBuilder(Renamed):
     """Layer ``layer`` of a stack: names prefixed ``l<layer>_``, and for ``layer > 0`` an input that is the
-    product of ``l<layer>_W_ih`` with the layer below's output (``below``, a state placeholder: the value the
-    step starts with) plus ``l<layer>_b_ih``."""
+    product of ``l<layer>_W_ih`` with the layer below's output (``below``: in a wavefront its state placeholder,
+    the value the step starts with; in a deep stack its new value) plus ``l<layer>_b_ih``."""
 
     def __init__(self, builder: CellBuilder, layer: int, below):
         super().__init__(builder, layer_name(layer, ""))
