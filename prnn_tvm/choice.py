@@ -4,10 +4,10 @@ The order, for a template with knobs:
 
 1. a config the caller passed (a config object or its dict) is built as it is;
 2. else the best record of this cell's math, shapes, dtype, GPU and template in the tuning
-   logs, if it fits this GPU; a float16 layer without one takes the bfloat16 layer's record and
-   the other way round (``SHARED_RECORDS``). Where the best config spills here (records outlive
-   changes to the kernels, which can move ptxas's registers), the next fastest configs are
-   tried, up to ``TUNED_CANDIDATES`` in all;
+   logs, if it fits this GPU; a layer without one takes the records of the other dtypes of its
+   record family (``prnn_tvm.dtypes.sharing_records``: float16 and bfloat16). Where the best
+   config spills here (records outlive changes to the kernels, which can move ptxas's registers),
+   the next fastest configs are tried, up to ``TUNED_CANDIDATES`` in all;
 3. else, or when none of those builds without spills, the template's ranked defaults: the first
    whose build ptxas reports without spills (the register estimate that ranks them is a
    model; ptxas decides). The last one is kept even if it spills, and the report says so.
@@ -28,18 +28,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import records
+from .dtypes import sharing_records
 from .errors import ConfigError
 from .report import ConfigOrigin
 from .schedules import as_config
 from .target import resident_ctas
 
 log = logging.getLogger(__name__)
-
-# Dtypes whose kernels are the same but for the type of their mma operands, so a config measured
-# for one ranks the same for the other: the tensor-core template's float16 and bfloat16 layers
-# (H100, same config: bfloat16 kernels take 0.98-1.08x the time of float16 ones over the
-# benchmark's 36 LSTM and GRU shapes).
-SHARED_RECORDS = {"float16": "bfloat16", "bfloat16": "float16"}
 
 # Tuned configs a compile builds, fastest first, before it takes the defaults: each one that spills costs a build.
 TUNED_CANDIDATES = 3
@@ -160,9 +155,11 @@ def tuned_configs(plan, template, gpu, logs) -> tuple[list[ConfigChoice], str]:
     key = records.key_for(plan, gpu, template.name)
     found = [r for path in logs for r in records.load(path)]
     fastest, measured_for = records.ranked(found, key, TUNED_CANDIDATES), ""
-    if not fastest and key.dtype in SHARED_RECORDS:
-        fastest = records.ranked(found, replace(key, dtype=SHARED_RECORDS[key.dtype]), TUNED_CANDIDATES)
-        measured_for = f" for {SHARED_RECORDS[key.dtype]}" if fastest else ""
+    for other in sharing_records(key.dtype) if not fastest else ():
+        fastest = records.ranked(found, replace(key, dtype=other), TUNED_CANDIDATES)
+        if fastest:
+            measured_for = f" for {other}"
+            break
     if not fastest:
         where = ", ".join(Path(p).name for p in logs)
         other = records.unmatched(found, key)

@@ -49,7 +49,8 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         The sequence length the layer is meant for (recorded in the report); the kernel
         itself accepts any length.
     dtype : str
-        The storage dtype (``prnn_tvm.dtypes``): ``"float32"``.
+        The storage dtype, one of ``prnn_tvm.dtypes.POLICIES``: ``"float32"``, ``"float16"`` or ``"bfloat16"``
+        (tensor cores, sm_80+) on the GPU; those and ``"float64"`` on the CPU (``target="llvm"``).
     target : str
         ``"cuda"`` for the persistent GPU kernel, ``"llvm"`` (or ``"cpu"``) for the CPU
         reference build.
@@ -169,7 +170,8 @@ def compile_training(layer: Layer) -> Training:
             save = saving_forward(plan, target, gpu, layer.kernel.config)
             backwards = gpu_backward(plan, gpu)
         except ConfigError as err:
-            widened = " (the backward holds the transposed weights in float32)" if plan.dtype != "float32" else ""
+            widened = (f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens
+                       else "")
             raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
         for backward in backwards:
             built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)

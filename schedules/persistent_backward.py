@@ -44,6 +44,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
 from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
+from prnn_tvm.dtypes import GPU_DTYPES
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
@@ -57,7 +58,7 @@ from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
 from .ranking import check_resources, ranked_defaults
 
-DTYPES = ("float32", "float16", "bfloat16")  # storage; the backward computes in float32 (its registers too)
+DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
 BARRIERS = ("counter", "grid_sync")  # the exchange is plain stores and loads between barriers
 
 

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
-from prnn_tvm.dtypes import itemsize
+from prnn_tvm.dtypes import GPU_DTYPES, itemsize, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
@@ -34,7 +34,7 @@ from .ranking import (
     with_barrier,
 )
 
-DTYPES = ("float32",)  # storage dtypes this template places (one register word per weight)
+DTYPES = tuple(d for d in GPU_DTYPES if policy(d).mma is None)  # what multiplies on CUDA cores (float32)
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
 PHASE_OVERHEAD = 32  # more registers live across a step's phases (ptxas, Cho's GRU at hidden 1024)

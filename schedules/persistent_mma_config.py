@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass, field
 
 from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
-from prnn_tvm.dtypes import HALF_DTYPES, itemsize
+from prnn_tvm.dtypes import M16N8K16, TENSOR_CORE_DTYPES, itemsize, mma_dims, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
@@ -70,9 +70,9 @@ from .ranking import (
     with_barrier,
 )
 
-DTYPES = HALF_DTYPES
-MIN_ARCH = 80  # mma.sync.m16n8k16 with fp16 / bf16 operands
-TILE_M, TILE_N, TILE_K = 16, 8, 16
+SHAPE = M16N8K16  # the mma shape whose fragment layouts persistent_fragments places
+DTYPES = tuple(d for d in TENSOR_CORE_DTYPES if policy(d).mma.shape == SHAPE)  # storage dtypes it places
+TILE_M, TILE_N, TILE_K = mma_dims(SHAPE)
 ROW_SKEW = 8  # extra elements per shared operand row: consecutive rows start 4 banks apart
 MMA_CYCLES = 8  # per dependent mma.sync step, as it overlaps with the loads (fitted, see estimated_cycles)
 TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states and two block barriers
@@ -238,8 +238,10 @@ def check_target(plan: CellPlan, gpu: GpuSpec) -> None:
     """The dtype and GPU this template can place at all (before any config is looked at)."""
     if plan.dtype not in DTYPES:
         raise ConfigError(f"the tensor-core template places {', '.join(DTYPES)} cells, not {plan.dtype}")
-    if arch_number(gpu.arch) < MIN_ARCH:
-        raise ConfigError(f"{plan.dtype} layers need mma.sync m16n8k16 (sm_{MIN_ARCH} or newer), not {gpu.arch}")
+    mma = plan.policy.mma
+    if arch_number(gpu.arch) < mma.min_arch:
+        raise ConfigError(f"{plan.dtype} layers need mma.sync {mma.shape} (sm_{mma.min_arch} or newer), not "
+                          f"{gpu.arch}")
 
 
 def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:

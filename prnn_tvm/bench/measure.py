@@ -24,7 +24,7 @@ import torch
 
 from .. import torch as prnn_torch
 from ..codegen import barrier as grid_barrier
-from ..dtypes import HALF_DTYPES, tolerance
+from ..dtypes import policy, tolerance
 from ..errors import PrnnError
 from ..runtime.layer import Layer
 from ..target import GpuSpec
@@ -109,7 +109,7 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
     flop_layer, flop_rec = flops(layer.plan, layer.input_size, T)
     barrier_s = barrier_seconds_per_step(layer, probes)
     row.update(repeats=repeats, barrier_us=None if barrier_s is None else barrier_s * 1e6)
-    peak = gpu.peak_half_flops if case.dtype in HALF_DTYPES else gpu.peak_fp32_flops
+    peak = gpu.peak_half_flops if policy(case.dtype).mma is not None else gpu.peak_fp32_flops
     if peak:  # unknown clock: no FLOP floor rather than a wrong one
         row.update(flop_layer_ms=flop_layer / peak * 1e3, flop_recurrent_ms=flop_rec / peak * 1e3)
     if peak and barrier_s is not None:

@@ -32,7 +32,6 @@ from .barrier import SyncArgs
 SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
 HAND_PLACED = "prnn.hand_placed"  # a kernel the tirx pipeline lowers as written (``codegen.build``)
 PLAIN_ARGS = "prnn.plain_args"  # the kernel's arguments not to declare __restrict__ (``codegen.build``)
-MMA_TYPES = {"float16": "fp16", "bfloat16": "bf16"}  # storage dtypes as ``mma.sync`` operands (tensor cores)
 
 
 def vec_index(base, lanes: int):
