@@ -27,7 +27,6 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import barrier as grid_barrier
 from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
@@ -212,9 +211,8 @@ class FragmentWeights:
         frag = T.address_of(self.bfrag[0])
 
         def poll(src, row_step, initial: bool):
-            abort = grid_barrier.sentinel_fragments(self.barrier, src, row_step, rows, pieces, frag, self.dt,
-                                                    self.c.n_tiles, loads, width, not initial, t, self.sync,
-                                                    self.c.poll_sleep)
+            abort = self.barrier.poll_fragments(src, row_step, rows, pieces, frag, self.dt, self.c.n_tiles, loads,
+                                                width, not initial, t, self.sync, self.c.poll_sleep)
             T.buffer_store(self.aborted, tirx.max(self.aborted[0], abort), [0])
 
         with T.If(slot < 0):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import torch as prnn_torch
-from ..codegen import barrier as grid_barrier
+from ..codegen import barriers
 from ..dtypes import policy, tolerance
 from ..errors import PrnnError
 from ..runtime.layer import Layer
@@ -42,14 +42,14 @@ class Mismatch(PrnnError):
 
 
 def barrier_seconds_per_step(layer: Layer, probes: dict) -> float | None:
-    """The barrier alone for this layer's grid and barrier (probes are cached by grid); None for a
-    ``sentinel`` kernel, which crosses no barrier per step (its exchange is the output sequence itself,
-    measured alone by bench/probes/sentinel_exchange.cu), so it has no barrier floor."""
+    """The barrier alone for this layer's grid and barrier (probes are cached by grid); None for a kind the
+    probe cannot run (``sentinel``, which crosses no barrier per step: its exchange is the output sequence
+    itself, measured alone by bench/probes/sentinel_exchange.cu), so it has no barrier floor."""
     launch = layer.kernel.launch
-    kind = launch.sync.kind if launch.sync is not None else "grid_sync"
-    if grid_barrier.BARRIERS[kind].sentinel:
+    kind = barriers.of_launch(launch)
+    if kind.probe_problem(all_to_all=True):
         return None
-    key = (kind, launch.grid.ctas, launch.grid.threads)
+    key = (kind.name, launch.grid.ctas, launch.grid.threads)
     if key not in probes:
         probes[key] = Probe(*key, all_to_all=True)
         wrong = probes[key].run(steps=200)
