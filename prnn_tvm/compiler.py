@@ -24,7 +24,7 @@ from .report import CompileReport
 from .runtime import binding
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
-from .schedules import backward_for, gpu_backward, saving_forward, template_for
+from .schedules import backward_for, gpu_backward, saving_forward, templates_for
 from .signature import SEQ, Signature
 from .target import GpuSpec, gpu_spec
 
@@ -91,9 +91,8 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
     _check_index_range(layer_signature(plan, input_size))
-    template = template_for(plan, tgt)
-    kernel, built, choice = choose_and_build(
-        plan, template, tgt, gpu, lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
+    kernel, built, choice = choose_and_build(plan, templates_for(plan, tgt), tgt, gpu,
+                                             lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
     rep = _report(plan, kernel, built, input_size, seq_len, gpu, choice)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
     return Layer(plan, kernel, built, input_size, tgt, gpu, rep)

@@ -18,6 +18,8 @@ from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 
+from .template import ACCEPTED, Acceptance, refused
+
 NO_KNOBS = "the CPU reference template has no config; pass config only for target 'cuda'"
 
 
@@ -27,8 +29,10 @@ class CpuReference:
     name = "cpu_reference"
     config_type = None
 
-    def accepts(self, plan: CellPlan, target) -> bool:
-        return target.kind.name == "llvm"
+    def accepts(self, plan: CellPlan, target) -> Acceptance:
+        if target.kind.name != "llvm":
+            return refused(f"places CPU (llvm) kernels, not {target.kind.name}")
+        return ACCEPTED
 
     def apply(self, plan: CellPlan, target, gpu=None, config=None) -> Kernel:
         if config is not None:
@@ -44,6 +48,9 @@ class CpuReference:
 
     def validate(self, config, plan: CellPlan, gpu) -> None:
         raise ConfigError(NO_KNOBS)
+
+    def geometry(self, config, plan: CellPlan):
+        return None
 
     def features(self, config, plan: CellPlan, gpu) -> dict:
         raise ConfigError(NO_KNOBS)

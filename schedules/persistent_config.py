@@ -122,10 +122,18 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
                     math.ceil(B / cfg.batch_tile), ipt, tagged, smem_hs, smem_gs, regs)
 
 
+def refusal(plan: CellPlan, arch: str) -> str | None:
+    """Why this template does not place ``plan`` on a GPU of ``arch`` at all, or None."""
+    if plan.dtype not in DTYPES:
+        return f"the persistent template places {', '.join(DTYPES)} cells, not {plan.dtype}"
+    return None
+
+
 def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     """Check a config before building; raise ConfigError with the reason, else return its geometry."""
-    if plan.dtype not in DTYPES:
-        raise ConfigError(f"the persistent template places {', '.join(DTYPES)} cells, not {plan.dtype}")
+    reason = refusal(plan, gpu.arch)
+    if reason:
+        raise ConfigError(reason)
     barrier(cfg.barrier)  # a kind it knows
     check_layout(cfg, plan)
     if cfg.k_split not in (1, 2, 4, 8, 16, 32):

@@ -70,12 +70,12 @@ from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
 from .persistent_weights import RegisterWeights
 from .ranking import parts
-from .template import config_from_dict
+from .template import ACCEPTED, Acceptance, config_from_dict, refused
 
 
 class PersistentTemplate:
     """The template contract (``schedules.template.Template``) of a persistent CUDA template: its knobs
-    and their validation live in a module ``knobs`` (``DTYPES``, ``ranked_configs``, ``space``,
+    and their validation live in a module ``knobs`` (``refusal``, ``ranked_configs``, ``space``,
     ``validate``, ``features``, ``saving_config``), its kernel is
     ``builder(plan, config, geometry).build()``. This module's ``TEMPLATE`` (float32) and
     ``persistent_mma``'s (half precision) are two of them."""
@@ -83,8 +83,11 @@ class PersistentTemplate:
     def __init__(self, name: str, config_type: type, knobs, builder: type):
         self.name, self.config_type, self.knobs, self.builder = name, config_type, knobs, builder
 
-    def accepts(self, plan: CellPlan, target) -> bool:
-        return target.kind.name == "cuda" and plan.dtype in self.knobs.DTYPES
+    def accepts(self, plan: CellPlan, target) -> Acceptance:
+        if target.kind.name != "cuda":
+            return refused(f"places CUDA kernels, not {target.kind.name}")
+        reason = self.knobs.refusal(plan, str(target.attrs.get("arch", "")))
+        return refused(reason) if reason else ACCEPTED
 
     def apply(self, plan: CellPlan, target, gpu: GpuSpec, config=None) -> Kernel:
         cfg = config if config is not None else self.knobs.ranked_configs(plan, gpu, limit=1)[0]
@@ -99,6 +102,9 @@ class PersistentTemplate:
 
     def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
         self.knobs.validate(config, plan, gpu)
+
+    def geometry(self, config, plan: CellPlan):
+        return self.knobs.geometry(config, plan)
 
     def features(self, config, plan: CellPlan, gpu: GpuSpec) -> dict:
         return self.knobs.features(config, plan, gpu)

@@ -237,14 +237,22 @@ def arch_number(arch: str) -> int:
     return int(digits) if digits else 0
 
 
+def refusal(plan: CellPlan, arch: str) -> str | None:
+    """Why this template does not place ``plan`` on a GPU of ``arch`` at all (its dtype, the tensor cores), or
+    None."""
+    if plan.dtype not in DTYPES:
+        return f"the tensor-core template places {', '.join(DTYPES)} cells, not {plan.dtype}"
+    mma = plan.policy.mma
+    if arch_number(arch) < mma.min_arch:
+        return f"{plan.dtype} layers need mma.sync {mma.shape} (sm_{mma.min_arch} or newer), not {arch}"
+    return None
+
+
 def check_target(plan: CellPlan, gpu: GpuSpec) -> None:
     """The dtype and GPU this template can place at all (before any config is looked at)."""
-    if plan.dtype not in DTYPES:
-        raise ConfigError(f"the tensor-core template places {', '.join(DTYPES)} cells, not {plan.dtype}")
-    mma = plan.policy.mma
-    if arch_number(gpu.arch) < mma.min_arch:
-        raise ConfigError(f"{plan.dtype} layers need mma.sync {mma.shape} (sm_{mma.min_arch} or newer), not "
-                          f"{gpu.arch}")
+    reason = refusal(plan, gpu.arch)
+    if reason:
+        raise ConfigError(reason)
 
 
 def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
