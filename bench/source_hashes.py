@@ -1,7 +1,8 @@
 """SHA-256 hashes of the CUDA the templates generate: a refactor that must not change the kernels compares them.
 
-    python bench/source_hashes.py --out hashes.json [--only records defaults training stacks probes]
+    python bench/source_hashes.py --out hashes.json [--only records defaults stacks training probes]
                                   [--every N] [--compare before.json]
+    python bench/source_hashes.py --only smoke --compare tests/data/source_hashes.json
 
 Builds, for target ``cuda`` and arch ``sm_90``, source only (no GPU, no nvcc: about 0.3 s a kernel on one core):
 
@@ -12,7 +13,10 @@ Builds, for target ``cuda`` and arch ``sm_90``, source only (no GPU, no nvcc: ab
 - ``stacks``: stacks of 2 and 3 layers and bidirectional layers of LSTM and GRU, their ranked defaults;
 - ``training``: the training forward (``recurrent_save``) of the first default config and every ranked config
   of the GPU backward (``recurrent_backward``) of each built-in cell and dtype;
-- ``probes``: the barrier probe kernel (``prnn_tvm.bench.barrier_probe``) of each barrier it runs.
+- ``probes``: the barrier probe kernel (``prnn_tvm.bench.barrier_probe``) of each barrier it runs;
+- ``smoke``: a few entries of each of those, under the same keys (the CPU suite compares them with
+  ``tests/data/source_hashes.json``: ``tests/test_source_hashes.py``). A change meant to change the generated
+  code writes that file again with ``--only smoke --out tests/data/source_hashes.json``.
 
 Each entry maps a readable key to the source's hash, or to ``refused: <reason>`` where the config is refused
 before anything is built. ``--every N`` builds every N-th entry only (a quick check while editing; the keys
@@ -47,6 +51,7 @@ STACKS = (("lstm_x2", 256, 4), ("lstm_x3", 512, 8), ("gru_x2", 256, 4), ("lstm_b
 TRAINING_SHAPES = ((256, 4), (133, 11))
 PROBES = (("counter", False), ("counter", True), ("tags", True), ("grid_sync", False), ("grid_sync", True))
 PARTS = ("records", "defaults", "stacks", "training", "probes")
+SMOKE_RECORDS = ("barrier", "operand_path", "layout")  # the first record of each template and these knobs
 
 
 def digest(source: str) -> str:
@@ -164,8 +169,32 @@ def probe_entries():
         yield f"probe {barrier} {'all' if all_to_all else 'neighbour'}", make
 
 
+def smoke_entries():
+    """A few entries of each part: LSTM 256x4's first defaults and projection, a stack's, a record of each template
+    and kind of exchange, LSTM's training kernels, two probes."""
+    for key, make in _default_entries("lstm", 256, 4, ("float32", "float16")):
+        if " #0 " in key or key.startswith("projection"):
+            yield key, make
+    for key, make in _default_entries("lstm_x2", 256, 4, ("float32",), projection=False):
+        if " #0 " in key:
+            yield key, make
+    seen = set()
+    for key, make in record_entries():
+        template, config = key.split(" ", 5)[4:]
+        kind = (template, *(json.loads(config).get(knob) for knob in SMOKE_RECORDS))
+        if kind not in seen:
+            seen.add(kind)
+            yield key, make
+    for key, make in training_entries():
+        if " lstm 256x4 float" in key and "bfloat16" not in key:
+            yield key, make
+    for key, make in probe_entries():
+        if key in ("probe counter all", "probe tags all"):
+            yield key, make
+
+
 ENTRIES = {"records": record_entries, "defaults": default_entries, "stacks": stack_entries,
-           "training": training_entries, "probes": probe_entries}
+           "training": training_entries, "probes": probe_entries, "smoke": smoke_entries}
 
 
 def compare(got: dict, path: Path) -> int:
@@ -181,7 +210,7 @@ def compare(got: dict, path: Path) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="write the hashes here (JSON: key -> hash)")
-    p.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
+    p.add_argument("--only", nargs="+", choices=list(ENTRIES), default=list(PARTS))
     p.add_argument("--every", type=int, default=1, help="build every N-th entry only")
     p.add_argument("--compare", type=Path, help="an earlier run's JSON to compare with")
     args = p.parse_args()
