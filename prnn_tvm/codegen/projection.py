@@ -19,7 +19,8 @@ from tvm.s_tir import dlight as dl
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from ..dtypes import DtypePolicy
+from ..dtypes import M16N8K16, DtypePolicy
+from ..errors import ConfigError
 from ..frontend.plan import CellPlan
 from .kernel import HAND_PLACED, SEQ_LEN, vec_index
 
@@ -138,6 +139,9 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
     16 x 16 tile of x, B element ``j`` of row (of W_ih) ``grp``, column ``2 * quad + j % 2 + 8 * (j // 2)``, and
     accumulator ``i`` of row ``grp + 8 * (i // 2)``, column ``2 * quad + i % 2``."""
     dtype, acc, mma = policy.storage, policy.accumulate, policy.mma
+    if mma.shape != M16N8K16:  # its fragments, tiles and ldmatrix addressing are that shape's
+        raise ConfigError(f"the tensor-core projection is laid out for mma.sync {M16N8K16}, not {mma.shape} "
+                          f"({policy.storage})")
     K, stride = input_size, TILE_K + SKEW
     lanes = next(v for v in (VECTOR, 4, 2, 1) if K % v == 0)  # a vector never straddles a row's end
     with IRBuilder() as ib:
