@@ -20,7 +20,7 @@ import time
 import prnn_tvm
 from prnn_tvm.bench.barrier_probe import Probe
 from prnn_tvm.checks import check_against_reference, time_layer
-from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.barriers import BARRIERS
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.target import gpu_spec
 
@@ -47,13 +47,13 @@ emit("synchronization, and it is only a barrier when every CTA reads every value
 emit()
 emit("| barrier | CTAs | threads | neighbour | all |")
 emit("|---|---|---|---|---|")
-PROBED = [name for name, b in BARRIERS.items() if not b.sentinel]  # sentinel needs a layer's output sequence
+PROBED = [name for name, b in BARRIERS.items() if b.probe_problem(all_to_all=True) is None]  # not sentinel
 for name in PROBED:
     for ctas in (gpu.sms, 2 * gpu.sms):
         for threads in (128, 256):
             cells = []
             for all_to_all in (False, True):
-                if BARRIERS[name].carries_data and not all_to_all:
+                if BARRIERS[name].probe_problem(all_to_all):
                     cells.append("n/a")
                     continue
                 probe = Probe(name, ctas, threads, all_to_all=all_to_all)

@@ -12,7 +12,6 @@ the log. Prints one line per case: the best before and after, and the best direc
 from tune_knob import case_parser, cases
 
 from prnn_tvm import records
-from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.schedules import template_for
 from prnn_tvm.tune import tune
 from prnn_tvm.tune.space import ConfigSpace
@@ -21,11 +20,14 @@ from prnn_tvm.tune.space import ConfigSpace
 def direct_seeds(plan, gpu, limit: int) -> list[dict]:
     """Valid direct configs without accumulator chains or long sleeps, nearest cuDNN's layout first."""
     found = []
-    for cfg in ConfigSpace(plan, gpu, template_for(plan, gpu.target())).configs:
+    template = template_for(plan, gpu.target())
+    space = ConfigSpace(plan, gpu, template).configs
+    per_warp = sorted({cfg.m_tiles_per_warp for cfg in space})  # the row tiles a warp may hold
+    for cfg in space:
         if not cfg.direct or cfg.poll_sleep > 256 or cfg.k_chains != 1:
             continue
-        g = mc.geometry(cfg, plan)
-        most = max(m for m in mc.M_TILES_PER_WARP if g.m_tiles % m == 0)
+        g = template.geometry(cfg, plan)
+        most = max(m for m in per_warp if g.m_tiles % m == 0)
         if cfg.m_tiles_per_warp == most and g.batch_chunks <= 4 and 4 <= g.threads // 32 <= 16:
             key = (abs(cfg.units_per_cta - 16) + 0.5 * (cfg.units_per_cta < 16), abs(g.threads // 32 - 8),
                    cfg.poll_sleep, cfg.batch_groups)

@@ -1,16 +1,19 @@
-"""Which config a compile builds: the caller's, the best tuning record's, or the template's default.
+"""Which template and config a compile builds: the caller's, the best tuning record's, or a template's default.
 
-The order, for a template with knobs:
+Every template that accepts the plan is considered (``schedules.templates_for``, in their order). The order:
 
-1. a config the caller passed (a config object or its dict) is built as it is;
-2. else the best record of this cell's math, shapes, dtype, GPU and template in the tuning
-   logs, if it fits this GPU; a float16 layer without one takes the bfloat16 layer's record and
-   the other way round (``SHARED_RECORDS``). Where the best config spills here (records outlive
-   changes to the kernels, which can move ptxas's registers), the next fastest configs are
-   tried, up to ``TUNED_CANDIDATES`` in all;
-3. else, or when none of those builds without spills, the template's ranked defaults: the first
-   whose build ptxas reports without spills (the register estimate that ranks them is a
-   model; ptxas decides). The last one is kept even if it spills, and the report says so.
+1. a config the caller passed (a config object or its dict) is built as it is, by the first
+   template whose config it is;
+2. else the best records of this cell's math, shapes, dtype and GPU in the tuning logs, of any
+   of those templates with knobs, fastest first, if they fit this GPU; a template without its
+   own takes the records of the other dtypes of its record family
+   (``prnn_tvm.dtypes.sharing_records``: float16 and bfloat16). Where the best config spills here
+   (records outlive changes to the kernels, which can move ptxas's registers), the next fastest
+   configs are tried, up to ``TUNED_CANDIDATES`` in all;
+3. else, or when none of those builds without spills, the templates' ranked defaults, the
+   first template's first: the first whose build ptxas reports without spills (the register
+   estimate that ranks them is a model; ptxas decides). The last one is kept even if it spills,
+   and the report says so. Where no template has knobs, the first builds without a config.
 
 A kernel whose grid, with ptxas's registers and shared memory, cannot be co-resident
 (:func:`unlaunchable`) is never kept: a caller's config is refused, a tuned one falls back
@@ -28,18 +31,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import records
+from .dtypes import sharing_records
 from .errors import ConfigError
 from .report import ConfigOrigin
 from .schedules import as_config
 from .target import resident_ctas
 
 log = logging.getLogger(__name__)
-
-# Dtypes whose kernels are the same but for the type of their mma operands, so a config measured
-# for one ranks the same for the other: the tensor-core template's float16 and bfloat16 layers
-# (H100, same config: bfloat16 kernels take 0.98-1.08x the time of float16 ones over the
-# benchmark's 36 LSTM and GRU shapes).
-SHARED_RECORDS = {"float16": "bfloat16", "bfloat16": "float16"}
 
 # Tuned configs a compile builds, fastest first, before it takes the defaults: each one that spills costs a build.
 TUNED_CANDIDATES = 3
@@ -57,6 +55,7 @@ class ConfigChoice:
     origin: ConfigOrigin
     reason: str = ""
     passed_over: tuple = ()
+    template: object = None  # the template that builds it (``schedules.template.Template``)
 
     def describe(self) -> str:
         """``tuned: 2.81 us/step measured on ...``, ``default: no tuning record ...``, ``user``."""
@@ -67,30 +66,31 @@ class ConfigChoice:
         return text
 
 
-def choose_and_build(plan, template, target, gpu, build, config=None, tuning_logs=None):
-    """Pick the config (see the module docstring), build it with ``build(kernel)``; return
-    ``(kernel, built, choice)``.
+def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_logs=None):
+    """Pick the template and config (see the module docstring) among ``templates`` (those that accept ``plan``,
+    best first), build it with ``build(kernel)``; return ``(kernel, built, choice)``.
 
     ``build(kernel)`` compiles a kernel and returns something with ``spill_bytes`` (None or
     0 when ptxas reported none, or was not run).
     """
     if config is not None:
-        cfg = as_config(template, config)
+        template, cfg = _callers_config(templates, config)
         kernel = template.apply(plan, target, gpu, cfg)
         built = build(kernel)
         problem = unlaunchable(kernel, built, gpu)
         if problem:
             raise ConfigError(f"config {cfg} of cell '{plan.cell.name}': {problem}")
-        return kernel, built, ConfigChoice(cfg, ConfigOrigin.USER)
-    defaults = template.default_configs(plan, target, gpu)
-    if not defaults:
-        kernel = template.apply(plan, target, gpu)
-        return kernel, build(kernel), ConfigChoice(None, ConfigOrigin.NONE)
-    tuned, why_default = tuned_configs(plan, template, gpu, tuning_logs)
+        return kernel, built, ConfigChoice(cfg, ConfigOrigin.USER, template=template)
+    defaults = [ConfigChoice(cfg, ConfigOrigin.DEFAULT, template=t) for t in templates
+                for cfg in t.default_configs(plan, target, gpu)]
+    if not defaults:  # no template with knobs: the first builds as it is
+        kernel = templates[0].apply(plan, target, gpu)
+        return kernel, build(kernel), ConfigChoice(None, ConfigOrigin.NONE, template=templates[0])
+    tuned, why_default = tuned_configs(plan, [t for t in templates if t.config_type is not None], gpu, tuning_logs)
     failures = []  # why each faster tuned config was not kept
     for choice in tuned:
         try:
-            kernel = template.apply(plan, target, gpu, choice.config)
+            kernel = choice.template.apply(plan, target, gpu, choice.config)
         except ConfigError as err:
             log.warning("ignoring the tuned config %s: %s", choice.config, err)
             failures.append("does not fit this GPU")
@@ -107,10 +107,10 @@ def choose_and_build(plan, template, target, gpu, build, config=None, tuning_log
     if failures:
         why_default = (f"the tuned config {failures[0]}" if len(failures) == 1
                        else f"the {len(failures)} fastest tuned configs: {', '.join(failures)}")
-    candidates = [ConfigChoice(cfg, ConfigOrigin.DEFAULT, why_default) for cfg in defaults]
+    candidates = [replace(choice, reason=why_default) for choice in defaults]
     passed_over, unfit = [], 0
     for i, choice in enumerate(candidates):
-        kernel = template.apply(plan, target, gpu, choice.config)
+        kernel = choice.template.apply(plan, target, gpu, choice.config)
         built = build(kernel)
         problem = unlaunchable(kernel, built, gpu)
         if problem:  # it could not run at all: the next, or a refusal
@@ -131,6 +131,21 @@ def choose_and_build(plan, template, target, gpu, build, config=None, tuning_log
     raise AssertionError("unreachable: the last candidate is returned or refused")
 
 
+def _callers_config(templates, config) -> tuple:
+    """``(template, config)``: the first of ``templates`` whose config ``config`` is (an object of its config type,
+    or a dict of its knobs); the ConfigError of the only template, or every template's reason."""
+    errors = []
+    for template in templates:
+        try:
+            return template, as_config(template, config)
+        except ConfigError as err:
+            errors.append((template, err))
+    if len(errors) == 1:
+        raise errors[0][1]
+    raise ConfigError("no template that places this cell takes the config "
+                      + "; ".join(f"{template.name}: {err}" for template, err in errors))
+
+
 def unlaunchable(kernel, built, gpu) -> str:
     """Why ``kernel``'s cooperative grid cannot be co-resident on ``gpu`` with ptxas's registers and shared
     memory (the template validated its config with an estimate of them), or "" where it can, or where
@@ -148,37 +163,46 @@ def unlaunchable(kernel, built, gpu) -> str:
             f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
 
 
-def tuned_configs(plan, template, gpu, logs) -> tuple[list[ConfigChoice], str]:
-    """(the fastest recorded configs of this key as choices, best first, at most ``TUNED_CANDIDATES``, "")
-    or ([], why the default is used)."""
+def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
+    """(the fastest recorded configs of ``plan`` for any of ``templates`` as choices, best first, at most
+    ``TUNED_CANDIDATES``, "") or ([], why the default is used)."""
     if logs is None:
         logs = [records.default_log(gpu.arch)]
     elif isinstance(logs, (str, Path)):
         logs = [logs]
     if not logs:
         return [], "tuning records not consulted"
-    key = records.key_for(plan, gpu, template.name)
     found = [r for path in logs for r in records.load(path)]
-    fastest, measured_for = records.ranked(found, key, TUNED_CANDIDATES), ""
-    if not fastest and key.dtype in SHARED_RECORDS:
-        fastest = records.ranked(found, replace(key, dtype=SHARED_RECORDS[key.dtype]), TUNED_CANDIDATES)
-        measured_for = f" for {SHARED_RECORDS[key.dtype]}" if fastest else ""
-    if not fastest:
+    ranked, near, recorded = [], [], False  # (seconds per step, choice); why records of other keys do not serve
+    for template in templates:
+        key = records.key_for(plan, gpu, template.name)
+        fastest, measured_for = records.ranked(found, key, TUNED_CANDIDATES), ""
+        for other in sharing_records(key.dtype) if not fastest else ():
+            fastest = records.ranked(found, replace(key, dtype=other), TUNED_CANDIDATES)
+            if fastest:
+                measured_for = f" for {other}"
+                break
+        if not fastest:
+            near.append(records.unmatched(found, key))
+            continue
+        recorded = True
+        for record in fastest:
+            try:
+                cfg = template.config_from_dict(record.config)
+            except ConfigError as err:
+                log.warning("ignoring the tuned config %s: %s", record.config, err)
+                continue
+            reason = f"{record.per_step_s * 1e6:.2f} us/step measured{measured_for} on {record.device or key.arch}"
+            ranked.append((record.per_step_s, key, ConfigChoice(cfg, ConfigOrigin.TUNED, reason, template=template)))
+    if not recorded:
         where = ", ".join(Path(p).name for p in logs)
-        other = records.unmatched(found, key)
+        other = "; ".join(n for n in near if n)
         if other:
             log.info("%s: %s", plan.cell.name, other)
         return [], f"no tuning record for this cell, shapes and GPU in {where}" + (f" ({other})" if other else "")
-    choices = []
-    for record in fastest:
-        try:
-            cfg = template.config_from_dict(record.config)
-        except ConfigError as err:
-            log.warning("ignoring the tuned config %s: %s", record.config, err)
-            continue
-        reason = f"{record.per_step_s * 1e6:.2f} us/step measured{measured_for} on {record.device or key.arch}"
-        choices.append(ConfigChoice(cfg, ConfigOrigin.TUNED, reason))
-    if not choices:
+    if not ranked:
         return [], "the tuned record's config is not one of this template's"
-    log.info("using the tuned configs of %s (best %s)", key.describe(), choices[0].reason)
+    ranked.sort(key=lambda entry: entry[0])
+    choices = [choice for _, _, choice in ranked[:TUNED_CANDIDATES]]
+    log.info("using the tuned configs of %s (best %s)", ranked[0][1].describe(), choices[0].reason)
     return choices, ""

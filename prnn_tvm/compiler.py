@@ -24,7 +24,7 @@ from .report import CompileReport
 from .runtime import binding
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
-from .schedules import backward_for, gpu_backward, saving_forward, template_for
+from .schedules import backward_for, gpu_backward, saving_forward, templates_for
 from .signature import SEQ, Signature
 from .target import GpuSpec, gpu_spec
 
@@ -49,7 +49,8 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         The sequence length the layer is meant for (recorded in the report); the kernel
         itself accepts any length.
     dtype : str
-        The storage dtype (``prnn_tvm.dtypes``): ``"float32"``.
+        The storage dtype, one of ``prnn_tvm.dtypes.POLICIES``: ``"float32"``, ``"float16"`` or ``"bfloat16"``
+        (tensor cores, sm_80+) on the GPU; those and ``"float64"`` on the CPU (``target="llvm"``).
     target : str
         ``"cuda"`` for the persistent GPU kernel, ``"llvm"`` (or ``"cpu"``) for the CPU
         reference build.
@@ -92,9 +93,8 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
     _check_index_range(layer_signature(plan, input_size))
-    template = template_for(plan, tgt)
-    kernel, built, choice = choose_and_build(
-        plan, template, tgt, gpu, lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
+    kernel, built, choice = choose_and_build(plan, templates_for(plan, tgt), tgt, gpu,
+                                             lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
     rep = _report(plan, kernel, built, input_size, seq_len, gpu, choice)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
     return Layer(plan, kernel, built, input_size, tgt, gpu, rep)
@@ -171,7 +171,8 @@ def compile_training(layer: Layer) -> Training:
             save = saving_forward(plan, target, gpu, layer.kernel.config)
             backwards = gpu_backward(plan, gpu)
         except ConfigError as err:
-            widened = " (the backward holds the transposed weights in float32)" if plan.dtype != "float32" else ""
+            widened = (f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens
+                       else "")
             raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
         for backward in backwards:
             built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)

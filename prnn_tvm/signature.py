@@ -106,9 +106,9 @@ class Grid:
 class GridSync:
     """How a kernel separates timesteps across its grid.
 
-    ``kind`` is the barrier (``prnn_tvm.codegen.barrier.BARRIERS``); ``state_words`` the
-    size of its ``sync`` argument (None for a barrier without state); ``counts`` what the
-    error word records on a timeout, ``"steps"`` or ``"barriers"`` (``phases`` per step).
+    ``kind`` is the barrier's name (``prnn_tvm.codegen.barriers``; its ``Barrier.grid_sync`` makes this);
+    ``state_words`` the size of its ``sync`` argument (None for a barrier without state); ``counts`` what
+    the error word records on a timeout, ``"steps"`` or ``"barriers"`` (``phases`` per step).
     """
 
     kind: str

@@ -58,6 +58,7 @@ import tvm_ffi
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from prnn_tvm.compiler import compile_backward, compile_cell, compile_training
+from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError, InputError, LaunchError, UnsupportedError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.directions import split_direction_name
@@ -74,9 +75,7 @@ _TORCH_NAMES = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_
 _BIASES = ("b_ih", "b_hh")  # what bias=False leaves out (zeros)
 ALL_STEPS = 2**31 - 1  # a row length that no sequence reaches: the kernels clamp lengths to the sequence's
 # the parameter dtypes a module runs in -> the layer dtype it compiles
-DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-          torch.float64: "float64"}  # float64: the CPU build only
-HALF_TYPES = (torch.float16, torch.bfloat16)
+DTYPES = {getattr(torch, p.torch_type): name for name, p in POLICIES.items()}  # float64: the CPU build only
 
 
 class _Recurrent(torch.nn.Module):
@@ -519,7 +518,8 @@ class _Recurrent(torch.nn.Module):
             return self._tracked(name) if grad else self._aligned(name, fresh)
 
         weights = [param(name, shape) for _, name, shape in self._parameter_arguments(layer, suffix)]
-        if self._FOLDS_INPUT_BIAS and self.bias and not grad and device.type == "cuda" and dtype in HALF_TYPES:
+        widens = POLICIES[DTYPES[dtype]].widens  # a half layer: its projection's GEMM is torch's, in float32
+        if self._FOLDS_INPUT_BIAS and self.bias and not grad and device.type == "cuda" and widens:
             weights = self._folded_input_bias(layer, suffix, weights, fresh)
         zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
         states = [_aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * zeros

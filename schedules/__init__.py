@@ -1,8 +1,10 @@
 """Schedule templates: each places a cell plan on a target (``template.Template`` is the contract).
 
-``TEMPLATES`` is tried in order; the first whose ``accepts(plan, target)`` holds builds the
-kernel. Everything outside this package reaches a template through :func:`template_for`
-or :func:`by_name`, never by importing it.
+``TEMPLATES`` lists them in order of preference; :func:`templates_for` gives every one whose
+``accepts(plan, target)`` holds (a compile considers them all: ``prnn_tvm.choice``), and the
+reasons of the others where none does. Everything outside this package reaches a template
+through :func:`templates_for`, :func:`template_for` or :func:`by_name`, never by importing it
+(``tests/test_architecture.py`` checks).
 """
 
 from __future__ import annotations
@@ -14,23 +16,32 @@ from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
 from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma
-from .template import Template, as_config, knob_text, short_names
+from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
-__all__ = ["TEMPLATES", "Template", "as_config", "backward_for", "by_name", "gpu_backward", "knob_short_names",
-           "knob_text", "saving_forward", "template_for"]
+__all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_for", "by_name", "gpu_backward",
+           "knob_short_names", "knob_text", "saving_forward", "template_for", "templates_for"]
+
+
+def templates_for(plan, target) -> list:
+    """Every template that places ``plan`` (a CellPlan) on ``target`` (a ``tvm.target.Target``), in the order of
+    ``TEMPLATES``; ConfigError with each template's reason where none does."""
+    answers = [(template, template.accepts(plan, target)) for template in TEMPLATES]
+    found = [template for template, answer in answers if answer]
+    if found:
+        return found
+    takes = [d for d in POLICIES if any(t.accepts(dataclasses.replace(plan, dtype=d), target) for t in TEMPLATES)]
+    cpu = f" ({plan.dtype} is for the CPU build: target='llvm')" if not plan.policy.gpu else ""
+    reasons = "; ".join(f"{template.name}: {answer.reason}" for template, answer in answers)
+    raise ConfigError(f"no schedule template places a {plan.dtype} '{plan.cell.name}' cell on target "
+                      f"{target.kind.name}, which takes {', '.join(takes) or 'no dtype'}{cpu} ({reasons})")
 
 
 def template_for(plan, target) -> Template:
-    """The first template that places ``plan`` (a CellPlan) on ``target`` (a ``tvm.target.Target``)."""
-    for template in TEMPLATES:
-        if template.accepts(plan, target):
-            return template
-    takes = [d for d in POLICIES if any(t.accepts(dataclasses.replace(plan, dtype=d), target) for t in TEMPLATES)]
-    raise ConfigError(f"no schedule template places a {plan.dtype} '{plan.cell.name}' cell on target "
-                      f"{target.kind.name}, which takes {', '.join(takes) or 'no dtype'}"
-                      + (" (float64 is for the CPU build: target='llvm')" if plan.dtype == "float64" else ""))
+    """The first template that places ``plan`` on ``target`` (:func:`templates_for`): the one a tuning run
+    tunes."""
+    return templates_for(plan, target)[0]
 
 
 def backward_for(plan, target):
@@ -50,7 +61,7 @@ def saving_forward(plan, target, gpu, config):
     reason = persistent_backward.refusal(plan)
     if reason:
         raise ConfigError(reason)
-    template = template_for(plan, target)
+    template = next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
     config = template.knobs.saving_config(config, plan, gpu)
     builder = template.builder(plan, config, template.knobs.validate(config, plan, gpu), save=True)
     return Kernel(builder.build(), template.name, builder.launch, config)

@@ -14,8 +14,11 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import Kernel, StepTiming, declare_args, recurrent_launch
 from prnn_tvm.codegen.pointwise import as_type, bind_value, emit_phase, live_index, new_state_values
+from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf
+
+from .template import ACCEPTED, Acceptance, refused
 
 NO_KNOBS = "the CPU reference template has no config; pass config only for target 'cuda'"
 
@@ -26,8 +29,10 @@ class CpuReference:
     name = "cpu_reference"
     config_type = None
 
-    def accepts(self, plan: CellPlan, target) -> bool:
-        return target.kind.name == "llvm"
+    def accepts(self, plan: CellPlan, target) -> Acceptance:
+        if target.kind.name != "llvm":
+            return refused(f"places CPU (llvm) kernels, not {target.kind.name}")
+        return ACCEPTED
 
     def apply(self, plan: CellPlan, target, gpu=None, config=None) -> Kernel:
         if config is not None:
@@ -43,6 +48,9 @@ class CpuReference:
 
     def validate(self, config, plan: CellPlan, gpu) -> None:
         raise ConfigError(NO_KNOBS)
+
+    def geometry(self, config, plan: CellPlan):
+        return None
 
     def features(self, config, plan: CellPlan, gpu) -> dict:
         raise ConfigError(NO_KNOBS)
@@ -146,10 +154,16 @@ def _loader(a, timing, b, u, cur, si, acc, kept, live, H):
     return load
 
 
+def _through_bits(dtype: str) -> bool:
+    """Whether TVM 0.27's LLVM code generator needs ``dtype`` cast on its bits (the dtype policy says)."""
+    return dtype in POLICIES and POLICIES[dtype].cast_through_bits
+
+
 def widen(expr, dt: str):
-    """A storage value in the compute type ``dt``. bfloat16 widens through its bits: TVM 0.27's LLVM
-    bfloat16 legalization turns a let-bound ``Cast(float32, bf16 value)`` into a cast of the raw bits."""
-    if str(expr.ty.dtype) == "bfloat16":
+    """A storage value in the compute type ``dt``. bfloat16 (``cast_through_bits`` in its dtype policy) widens
+    through its bits: TVM 0.27's LLVM bfloat16 legalization turns a let-bound ``Cast(float32, bf16 value)``
+    into a cast of the raw bits."""
+    if _through_bits(str(expr.ty.dtype)):
         return T.reinterpret(dt, T.shift_left(T.Cast("uint32", T.reinterpret("uint16", expr)), T.uint32(16)))
     return as_type(expr, dt)
 
@@ -158,7 +172,7 @@ def rounded(value, storage: str):
     """A compute-type value rounded to ``storage`` and back: what another block reads of it on the GPU.
     bfloat16 rounds (to nearest even) on the bits, for the reason of :func:`widen`."""
     dt = str(value.ty.dtype)
-    if storage != "bfloat16":
+    if not _through_bits(storage):
         return as_type(as_type(value, storage), dt)
     bits = T.reinterpret("uint32", value)
     bits = bits + T.uint32(0x7FFF) + (T.shift_right(bits, T.uint32(16)) & T.uint32(1))

@@ -41,13 +41,15 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import barrier as grid_barrier
+from prnn_tvm.codegen.barriers import BARRIERS
+from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
 from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
+from prnn_tvm.dtypes import GPU_DTYPES
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.signature import Grid, GridSync, Launch, gpu_backward_args
+from prnn_tvm.signature import Grid, Launch, gpu_backward_args
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
@@ -55,10 +57,11 @@ from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
 from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
-from .ranking import check_resources, ranked_defaults
+from .ranking import RANKED_WITH, check_resources, ranked_defaults
 
-DTYPES = ("float32", "float16", "bfloat16")  # storage; the backward computes in float32 (its registers too)
-BARRIERS = ("counter", "grid_sync")  # the exchange is plain stores and loads between barriers
+DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
+# the exchange is plain stores and loads between barriers: kinds that poll values instead do not order them
+PLAIN = tuple(name for name, kind in BARRIERS.items() if not kind.polls_values)
 
 
 def refusal(plan: CellPlan) -> str | None:
@@ -99,8 +102,8 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     reason = refusal(plan)
     if reason:
         raise ConfigError(reason)
-    if cfg.barrier not in BARRIERS:
-        raise ConfigError(f"the backward's barrier is one of {', '.join(BARRIERS)}, not '{cfg.barrier}'")
+    if barrier(cfg.barrier).polls_values:
+        raise ConfigError(f"the backward's barrier is one of {', '.join(PLAIN)}, not '{cfg.barrier}'")
     if cfg.k_split not in (1, 2, 4, 8, 16, 32) or cfg.vec not in (1, 2, 4):
         raise ConfigError(f"k_split={cfg.k_split}, vec={cfg.vec}: k_split is a power of two up to 32, vec 1, 2 or 4")
     if not 1 <= cfg.units_per_cta <= plan.hidden or cfg.rows_per_thread < 1:
@@ -125,7 +128,7 @@ def space(plan: CellPlan, gpu: GpuSpec) -> list[PersistentConfig]:
     min_units = math.ceil(plan.hidden / gpu.sms)
     units = sorted({u for u in (min_units, min_units + 1, 2 * min_units) if u <= plan.hidden})
     tiles = sorted({t for t in (1, 2, 4, 8, plan.batch) if t <= plan.batch})
-    return [PersistentConfig(u, ks, r, bt, vec, "counter") for u in units for ks in (4, 8, 16, 32)
+    return [PersistentConfig(u, ks, r, bt, vec, RANKED_WITH) for u in units for ks in (4, 8, 16, 32)
             for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
 
 
@@ -162,7 +165,7 @@ class _Backward(RegisterWeights):
         self.p_leaves = [Leaf("param", p.name, i) for p in plan.params for i in range(p.slices)]
         self.saved_column = {leaf: i for i, leaf in enumerate(plan.saved_leaves())}
         self.adj = step_adjoints(plan)
-        self.barrier = grid_barrier.BARRIERS[cfg.barrier]
+        self.barrier = barrier(cfg.barrier)
         self.launch = self._launch()
 
     @property
@@ -173,14 +176,12 @@ class _Backward(RegisterWeights):
 
     def _launch(self) -> Launch:
         p, g, H = self.p, self.g, self.H
-        stateful = p.needs_grid_barrier and self.barrier.has_state
+        sync = self.barrier.grid_sync(p.phases) if p.needs_grid_barrier else None
         args = gpu_backward_args(
             self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             len(p.saved_leaves()) * H, max(1, self.K), self.dt,
-            self.storage, (2, self.B, max(1, self.K)), grid_barrier.SYNC_WORDS if stateful else None)
-        sync = (GridSync(self.barrier.name, grid_barrier.SYNC_WORDS if stateful else None, "barriers", p.phases)
-                if p.needs_grid_barrier else None)
+            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
 
@@ -202,7 +203,7 @@ class _Backward(RegisterWeights):
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")
                 self.dstage = T.alloc_buffer((max(1, ipt * len(self.stage_ops)),), self.dt, scope="local")
                 stateful = self.a.sync is not None
-                self.base = grid_barrier.emit_begin(self.barrier, self.a.sync) if stateful else None
+                self.base = self.barrier.begin(self.a.sync)
                 self.prologue()
                 with T.serial(0, self.a.seq_len) as back:
                     t = bind_value(self.a.seq_len - 1 - back, "t")
@@ -213,7 +214,7 @@ class _Backward(RegisterWeights):
                         if p.reductions:
                             ordinal = back * p.phases + (p.phases - 1 - phase)
                             stall = None if self.a.sync is None else self.a.sync.stall_step * p.phases
-                            grid_barrier.emit(self.barrier, ordinal, self.base, self.a.sync, stall)
+                            self.barrier.wait(ordinal, self.base, self.a.sync, stall)
                             self.products(t, phase)
                         for it in range(ipt):
                             with self.item(it) as (b, unit, ul):
@@ -221,7 +222,7 @@ class _Backward(RegisterWeights):
                 self.epilogue()
                 if stateful:
                     self.report_timeout()
-                    grid_barrier.emit_end(self.barrier, self.a.sync, self.base, self.a.seq_len * p.phases)
+                    self.barrier.end(self.a.sync, self.base, self.a.seq_len, self.a.seq_len * p.phases)
         return ib.get()
 
     def prologue(self):
@@ -276,7 +277,7 @@ class _Backward(RegisterWeights):
         """A timed-out launch fills this block's part of every output with NaN (the gate gradients too, so
         that the weights' gradients made from them do not look valid either) and copies the error word to
         the host's (``persistent_cuda.PersistentBuilder.report_timeout`` for the forward)."""
-        error = grid_barrier.emit_report(self.barrier, self.a.sync)
+        error = self.barrier.report(self.a.sync)
         nan = T.reinterpret("float32", tirx.const(0x7FC00000, "uint32"))
         H = self.H
         with T.If(error != 0):

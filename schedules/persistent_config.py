@@ -16,14 +16,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
-from prnn_tvm.dtypes import itemsize
+from prnn_tvm.codegen.barriers import BARRIERS
+from prnn_tvm.codegen.barriers import by_name as barrier
+from prnn_tvm.dtypes import GPU_DTYPES, itemsize, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
 from .persistent_weights import lane_shuffles
 from .ranking import (
+    PREFERRED,
+    RANKED_WITH,
     check_layout,
     check_resources,
     knobs_of,
@@ -34,7 +37,7 @@ from .ranking import (
     with_barrier,
 )
 
-DTYPES = ("float32",)  # storage dtypes this template places (one register word per weight)
+DTYPES = tuple(d for d in GPU_DTYPES if policy(d).mma is None)  # what multiplies on CUDA cores (float32)
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
 PHASE_OVERHEAD = 32  # more registers live across a step's phases (ptxas, Cho's GRU at hidden 1024)
@@ -50,7 +53,7 @@ class PersistentConfig:
     rows_per_thread: int = field(metadata={"short": "r"})
     batch_tile: int = field(metadata={"short": "bt"})
     vec: int = field(default=4, metadata={"short": "v"})
-    barrier: str = field(default="counter", metadata={"short": ""})
+    barrier: str = field(default=RANKED_WITH, metadata={"short": ""})
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
 
     def as_dict(self) -> dict:
@@ -110,21 +113,28 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     policy = plan.policy
     smem_hs = policy.itemsize * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
     smem_gs = itemsize(policy.accumulate) * B * rows
-    # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
-    tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], cfg.batch_tile * H if n_ops else 0, threads, H,
-                                     policy.itemsize, n_ops)
+    # the loads the kind's poll holds while it waits (none for a kind that polls no values)
+    tagged, poll_regs = barrier(cfg.barrier).polled_loads(cfg.batch_tile * H if n_ops else 0, threads, H,
+                                                          policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
             + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
                     math.ceil(B / cfg.batch_tile), ipt, tagged, smem_hs, smem_gs, regs)
 
 
+def refusal(plan: CellPlan, arch: str) -> str | None:
+    """Why this template does not place ``plan`` on a GPU of ``arch`` at all, or None."""
+    if plan.dtype not in DTYPES:
+        return f"the persistent template places {', '.join(DTYPES)} cells, not {plan.dtype}"
+    return None
+
+
 def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     """Check a config before building; raise ConfigError with the reason, else return its geometry."""
-    if plan.dtype not in DTYPES:
-        raise ConfigError(f"the persistent template places {', '.join(DTYPES)} cells, not {plan.dtype}")
-    if cfg.barrier not in BARRIERS:
-        raise ConfigError(f"barrier '{cfg.barrier}' unknown; available: {', '.join(BARRIERS)}")
+    reason = refusal(plan, gpu.arch)
+    if reason:
+        raise ConfigError(reason)
+    barrier(cfg.barrier)  # a kind it knows
     check_layout(cfg, plan)
     if cfg.k_split not in (1, 2, 4, 8, 16, 32):
         raise ConfigError(f"k_split={cfg.k_split}: must be a power of two from 1 to 32 (lanes of one warp)")
@@ -231,9 +241,9 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     thread, are what a build falls back to when ptxas spills (the register estimate is a
     model; ptxas decides).
     """
-    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",)), validate, estimated_cycles, limit,
+    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=(RANKED_WITH,)), validate, estimated_cycles, limit,
                               "persistent")
-    return [with_barrier(cfg, "tags", plan, gpu, validate) for cfg in ladder]
+    return [with_barrier(cfg, PREFERRED, plan, gpu, validate) for cfg in ladder]
 
 
 def saving_config(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:

@@ -16,8 +16,8 @@ Per CTA (see ``persistent_config`` for the knobs):
                    published for the other blocks, then a grid barrier
                write h(t) (workspace and output sequence) and the private states; a batch
                  row past its length (the ``lengths`` argument) keeps its states and writes 0
-               grid barrier (``prnn_tvm.codegen.barrier``), unless this was the last step; a
-                 synchronization that timed out ends the time loop
+               grid barrier (``prnn_tvm.codegen.barriers``: the config's kind, which also moves the exchanged
+                 values), unless this was the last step; a synchronization that timed out ends the time loop
 
 With several products, each thread's rows belong to one of them, so in each phase only
 the threads of that phase's products multiply.
@@ -51,7 +51,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import barrier as grid_barrier
+from prnn_tvm.codegen import barriers
 from prnn_tvm.codegen.kernel import Kernel, StepTiming, persistent_frame, recurrent_launch
 from prnn_tvm.codegen.pointwise import (
     as_type,
@@ -62,7 +62,7 @@ from prnn_tvm.codegen.pointwise import (
 )
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf, PointwiseGroup
-from prnn_tvm.signature import Grid, GridSync, with_saved
+from prnn_tvm.signature import Grid, with_saved
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
@@ -70,12 +70,12 @@ from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
 from .persistent_weights import RegisterWeights
 from .ranking import parts
-from .template import config_from_dict
+from .template import ACCEPTED, Acceptance, config_from_dict, refused
 
 
 class PersistentTemplate:
     """The template contract (``schedules.template.Template``) of a persistent CUDA template: its knobs
-    and their validation live in a module ``knobs`` (``DTYPES``, ``ranked_configs``, ``space``,
+    and their validation live in a module ``knobs`` (``refusal``, ``ranked_configs``, ``space``,
     ``validate``, ``features``, ``saving_config``), its kernel is
     ``builder(plan, config, geometry).build()``. This module's ``TEMPLATE`` (float32) and
     ``persistent_mma``'s (half precision) are two of them."""
@@ -83,8 +83,11 @@ class PersistentTemplate:
     def __init__(self, name: str, config_type: type, knobs, builder: type):
         self.name, self.config_type, self.knobs, self.builder = name, config_type, knobs, builder
 
-    def accepts(self, plan: CellPlan, target) -> bool:
-        return target.kind.name == "cuda" and plan.dtype in self.knobs.DTYPES
+    def accepts(self, plan: CellPlan, target) -> Acceptance:
+        if target.kind.name != "cuda":
+            return refused(f"places CUDA kernels, not {target.kind.name}")
+        reason = self.knobs.refusal(plan, str(target.attrs.get("arch", "")))
+        return refused(reason) if reason else ACCEPTED
 
     def apply(self, plan: CellPlan, target, gpu: GpuSpec, config=None) -> Kernel:
         cfg = config if config is not None else self.knobs.ranked_configs(plan, gpu, limit=1)[0]
@@ -99,6 +102,9 @@ class PersistentTemplate:
 
     def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
         self.knobs.validate(config, plan, gpu)
+
+    def geometry(self, config, plan: CellPlan):
+        return self.knobs.geometry(config, plan)
 
     def features(self, config, plan: CellPlan, gpu: GpuSpec) -> dict:
         return self.knobs.features(config, plan, gpu)
@@ -137,12 +143,11 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.slots = {group: ItemSlots(plan, group) for group in self.groups}
         self.enter(self.parts[0])
         self.width = ItemSlots.widest(self.slots.values())
-        self.barrier = grid_barrier.BARRIERS[cfg.barrier]
-        self.barrier_state = plan.needs_grid_barrier and self.barrier.has_state
-        # states a thread keeps in registers as it published them (``sentinel``: the exchange is their sequences)
-        self.own = {name: i for i, name in enumerate(plan.operands)} if self.barrier.sentinel else {}
-        # ``sentinel``: the sequence each exchanged state goes into, a slot per step of the state's own: the output
-        # sequence (its column there) where it is an output, else the exchange sequence (its index there)
+        self.barrier = barriers.by_name(cfg.barrier)
+        # states a thread keeps in registers as it published them (a kind that publishes them to a slot per step)
+        self.own = {name: i for i, name in enumerate(self.barrier.kept_states(plan))}
+        # the sequence each of those goes into, a slot per step of the state's own: the output sequence (its column
+        # there) where it is an output, else the exchange sequence (its index there)
         others = [name for name in self.own if name not in plan.outputs]
         self.sequences = {name: ("out", plan.outputs.index(name)) if name in plan.outputs
                           else ("exchange", others.index(name)) for name in self.own}
@@ -151,17 +156,13 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     def _launch(self):
         """The kernel's arguments, grid and grid synchronization (what the runtime calls it with)."""
         p, g, bar = self.p, self.g, self.barrier
-        # the exchange: one double-buffered slot per operand, tagged 64-bit words for ``tags`` (``sentinel``
-        # exchanges through the output and exchange sequences and leaves it unused)
+        # the exchange: one double-buffered slot per operand, of the kind's type (unused by a kind that publishes
+        # to a slot per step)
         workspace = (max(1, len(p.operands)), 2, p.batch, self.H)  # every batch group's rows
-        ws_dtype = "uint64" if bar.carries_data and not bar.sentinel else self.dt
-        sync = None
-        if p.needs_grid_barrier:  # the error word counts steps (tags) or barriers
-            sync = GridSync(bar.name, grid_barrier.SYNC_WORDS if self.barrier_state else None,
-                            "steps" if bar.carries_data else "barriers", p.phases)
+        sync = bar.grid_sync(p.phases) if p.needs_grid_barrier else None
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
-        launch = recurrent_launch(p, workspace, ws_dtype, grid, sync, exchanged)
+        launch = recurrent_launch(p, workspace, bar.exchange_dtype(self.dt), grid, sync, exchanged)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
             return with_saved(launch, len(p.saved_leaves()) * self.H, self.acc_dt)
         return launch
@@ -250,10 +251,9 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
     def build(self) -> tirx.PrimFunc:
         p, ipt = self.p, self.ipt
         with IRBuilder() as ib:
-            # the sentinel exchange reads the output sequence that other blocks write: no __restrict__ there (nor on
-            # the exchange sequence, a scratch argument)
-            with persistent_frame(self.launch, plain=("out",) if self.barrier.sentinel else ()) as \
-                    (self.a, self.bx, self.tx):
+            # what other blocks write while this one reads it gets no __restrict__ (nor does the exchange sequence,
+            # a scratch argument)
+            with persistent_frame(self.launch, plain=self.barrier.plain_args) as (self.a, self.bx, self.tx):
                 if self.batch_groups > 1:
                     self.a = self.batch_group_views(self.a)
                 self.sync = self.a.sync
@@ -264,24 +264,22 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.preg = T.alloc_buffer((max(1, ipt * w.p),), self.dt, scope="local")
                 self.lreg = T.alloc_buffer((max(1, ipt * w.live),), self.compute_dt, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
-                # sentinel: each item's exchanged states as last published (its output may be a row's padding)
+                # each item's states of own, as last published (its output may be a row's padding)
                 self.oreg = T.alloc_buffer((ipt * len(self.own),), self.dt, scope="local") if self.own else None
                 self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                 T.buffer_store(self.aborted, 0, [0])
-                self.barrier_base = grid_barrier.emit_begin(self.barrier, self.sync) if self.barrier_state else None
-                if self.barrier.sentinel and self.barrier_state:
-                    self.fill_slots()
+                self.barrier_base = self.barrier.begin(self.sync)
+                if self.sync is not None:
+                    self.barrier.start(self)
                 for _ in self.part_loops():
                     for _ in self.each_part():
                         self.prologue()
                     with T.serial(0, self.steps) as t:
                         self.step(t)
-                if self.barrier_state:  # the base counts steps (tags) or barriers
+                if self.sync is not None:  # the last step crosses no barrier
                     for _ in self.each_part():
                         self.report_timeout()
-                    advance = (1 if self.barrier.sentinel else self.steps if self.barrier.carries_data
-                               else self.steps * p.phases - 1)
-                    grid_barrier.emit_end(self.barrier, self.sync, self.barrier_base, advance)
+                    self.barrier.end(self.sync, self.barrier_base, self.steps, self.steps * p.phases - 1)
         return ib.get()
 
     def prologue(self):
@@ -322,18 +320,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     with item as (b, unit, ul):
                         self.pointwise(t, phase, it, group, b, unit, ul)
             if phase < p.phases - 1:
-                grid_barrier.emit(self.barrier, t * p.phases + phase, self.barrier_base, self.sync, self.stall)
+                self.barrier.wait(t * p.phases + phase, self.barrier_base, self.sync, self.stall)
         for _ in self.each_part():
             for it, group, item in self.items():
                 with item as (b, unit, ul):
                     if self.save:
                         self.save_leaves(t, it, group, b, unit, ul)
                     self.write_states(t, it, group, b, unit, ul)
-        if p.needs_grid_barrier and not self.barrier.carries_data:
-            with T.If(t < self.steps - 1):
-                with T.Then():
-                    grid_barrier.emit(self.barrier, t * p.phases + p.phases - 1, self.barrier_base, self.sync,
-                                      self.stall)
+        if p.needs_grid_barrier:
+            self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
+                              when=t < self.steps - 1)
 
     @property
     def tiles_in_turn(self) -> bool:
@@ -363,29 +359,20 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 with T.Then():
                     T.Break()
 
-    def fill_slots(self):
-        """``sentinel``, before the first step: mark every slot of the sequences this thread will write (its
-        exchanged states' own steps) as not written yet, then the launch's one grid barrier, after which no block
-        can read what an earlier launch left there. A timed-out barrier makes the time loop give up at its first
-        poll."""
+    def own_slots(self):
+        """``(b, unit, name)`` for each state of ``own`` this thread publishes, inside its item's guard."""
         for _ in self.each_part():
             for _it, group, item in self.items():
                 with item as (b, unit, _ul):
                     for name in self.own:
                         if name in group.states:
-                            with T.serial(0, self.a.seq_len) as t:
-                                slot = T.address_of(self.sequence_slot(name, t, b, unit))
-                                T.evaluate(grid_barrier.sentinel_fill(self.barrier, slot, self.dt))
-        abort = grid_barrier.sentinel_start(self.barrier, self.barrier_base, self.sync)
-        with T.If(abort != 0):
-            with T.Then():
-                T.buffer_store(self.aborted, 1, [0])
+                            yield b, unit, name
 
     def report_timeout(self):
         """After the time loop: when a wait of this launch (or of an earlier one on the same state) timed
         out, fill this block's outputs and final states with NaN, so that nothing read before the host
         checks looks valid, and copy the error word to the host's."""
-        error = grid_barrier.emit_report(self.barrier, self.sync)
+        error = self.barrier.report(self.sync)
         nan = as_type(T.reinterpret("float32", tirx.const(0x7FC00000, "uint32")), self.dt)
         with T.If(error != 0):
             with T.Then():
@@ -408,10 +395,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             self.load_operands(t, b0, phase)
             self.tile_products(b0, phase)
             self.end_products()
-        if self.barrier.carries_data:
-            with T.If(self.aborted[0] != 0):
-                with T.Then():
-                    T.Break()
+        self.barrier.after_products(self)
 
     def pointwise(self, t, phase: int, it, group, b, unit, ul):
         """The phase's stages of ``group`` for one item; keep what later phases need, publish next-phase
@@ -449,10 +433,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 T.buffer_store(self.oreg, stored[name], [it * len(self.own) + self.own[name]])
             else:
                 self.publish(name, t, b, unit, stored[name])
-        if self.own:
-            self.publish_sequences(t, timing, stored, b, unit)
-        else:
-            timing.write_outputs(self.a.out, stored, b, unit)
+        self.barrier.write_outputs(self, t, timing, stored, b, unit)
         with T.If(t == self.steps - 1):
             with T.Then():
                 for name, value in stored.items():

@@ -8,14 +8,10 @@ double-buffered slot pair in the workspace, ``ws[e, parity, b, k]``:
 - a stage written in phase ``p`` of step ``t`` goes to parity ``t % 2`` and is read in
   phase ``p + 1`` of the same step.
 
-With a barrier variant the reads are plain loads after the barrier; with ``tags`` the
-values carry their step and the reads poll (``prnn_tvm.codegen.barrier.tag_copy``).
-
-With ``sentinel`` every exchanged state has a slot per step of its own instead, written once
-per launch: the output sequence where the state is an output, else the launch's ``exchange``
-sequence (a stack's lower layers). A state of delay ``d`` (a stack's layer ``d``) writes kernel
-step ``t``'s value at its own step ``t - d``, and kernel step ``t`` reads it at ``t - 1 - d``,
-its value as the step found it (its initial state before its first step).
+The config's kind of synchronization (``prnn_tvm.codegen.barriers``) decides how the values travel: plain
+stores and loads after a barrier, tagged words polled until they carry their step, or a slot per step of
+each state's sequence polled until it holds no sentinel. The builder is the kind's ``ExchangeSite``: this
+mixin gives it the addresses and tile copies the kinds move values with.
 """
 
 from __future__ import annotations
@@ -23,9 +19,9 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import barrier as grid_barrier
+from prnn_tvm.codegen import barriers
+from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.codegen.kernel import vec_index
-from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
 
@@ -36,77 +32,15 @@ class OperandExchange:
         return list(dict.fromkeys(r.operand for r in self.reductions if r.phase == phase))
 
     def load_operands(self, t, b0, phase: int):
-        """Bring rows b0..b0+batch_tile of this phase's operands into shared memory.
+        """Bring rows b0..b0+batch_tile of this phase's operands into shared memory (the kind's way).
 
-        Ends with a block barrier (or, for ``tags``, a block-uniform abort flag that breaks
-        out of the batch-tile loop and, through ``aborted``, the time loop).
+        Ends with a block barrier, or leaves the batch-tile loop with an abort flag (``aborted``) that the kind's
+        ``after_products`` turns into leaving the time loop.
         """
-        names = self.operands_of_phase(phase)
         if self.direct:  # each lane's own fragments, no shared tile (the tensor-core template's poll_fragments)
             self.poll_fragments(t, b0)
             return
-        if self.barrier.sentinel:  # one phase
-            self.poll_sequences(names, t, b0)
-            return
-        if not self.barrier.carries_data:
-            for name in names:
-                self.copy_tile(name, t, b0, phase)
-            sync_threads()
-            return
-        if phase > 0:
-            self.poll_tiles(names, t, b0, parity=t % 2, step=t + 1)
-            return
-        with T.If(t == 0):
-            with T.Then():
-                for name in names:
-                    self.copy_tile(name, t, b0, phase)
-                sync_threads()
-            with T.Else():
-                self.poll_tiles(names, t, b0, parity=(t + 1) % 2, step=t)
-
-    def poll_sequences(self, names, t, b0):
-        """``sentinel``: each operand's rows b0.. as step ``t`` found them, from its sequence (the module's doc):
-        its initial state before its own first step, else polled from the slot of its step before. Past the end
-        of the sequence nothing is loaded: the operand's layer is done, and what it would multiply is not used.
-        The operands are polled ``SENTINEL_SOURCES`` at a time, each poll waiting on all of them at once (a stack's
-        layer polls its own state and the one below's together: LSTM fp16 4x512x8 2.04 -> 1.92 us per
-        wavefront step, H100); each group ends with a block barrier, also where it polls nothing."""
-        slots = {name: bind_value(t - 1 - self.p.delays[name], f"slot_{name}") for name in names}
-        polled = {name: tirx.all(slot >= 0, slot < self.a.seq_len) for name, slot in slots.items()}
-        for name in names:  # the initial copies first: a poll's block barrier publishes them
-            with T.If(slots[name] < 0):
-                with T.Then():
-                    self.copy_tile(name, t, b0, 0, initial=True)
-        for first in range(0, len(names), grid_barrier.SENTINEL_SOURCES):
-            group = names[first:first + grid_barrier.SENTINEL_SOURCES]
-            # where the group polls all its operands (every step but a layer's first and those past the sequence),
-            # the counts are the tile's, constants to the compiler: a count it must read at run time made a
-            # single layer's step 1.24x slower (H100, LSTM fp16 512x8, 8 warps)
-            with T.If(tirx.all(*(polled[name] for name in group))):
-                with T.Then():
-                    self.poll_group(group, slots, t, b0)
-                with T.Else():
-                    if len(group) == 1:  # nothing to poll: the block barrier alone publishes the initial copies
-                        sync_threads()
-                    else:
-                        self.poll_group(group, slots, t, b0, polled)
-
-    def poll_group(self, names, slots, t, b0, polled=None):
-        """One ``sentinel`` poll of operands ``names`` at their ``slots``: the whole tile of each, or (``polled``)
-        of those whose condition holds and nothing of the others; leaves the time loop if it timed out."""
-        sources = []
-        for name in names:
-            dst, n, most, sleep_ns = self.polled_tile(name, b0)
-            slot = slots[name]
-            if polled is not None:  # an address even where the operand is not polled
-                slot, n = tirx.max(tirx.min(slot, self.a.seq_len - 1), 0), T.if_then_else(polled[name], n, 0)
-            sources.append((T.address_of(self.sequence_slot(name, slot, b0, 0)), dst, n))
-        abort = grid_barrier.sentinel_copy(self.barrier, self.g.threads, sources, self.dt, most, self.H,
-                                           self.stride, t, self.sync, sleep_ns)
-        with T.If(abort != 0):
-            with T.Then():
-                T.buffer_store(self.aborted, 1, [0])
-                T.Break()
+        self.barrier.load_operands(self, self.operands_of_phase(phase), t, b0, phase)
 
     def polled_tile(self, name: str, b0) -> tuple:
         """A poll of operand ``name``'s rows b0..: ``(where they go in shared memory, values, at most that many,
@@ -117,13 +51,13 @@ class OperandExchange:
         return dst, T.min(BT, self.B - b0) * self.H, most, getattr(self.c, "poll_sleep", 0)  # tensor-core knob
 
     def sequence_row(self, name: str) -> int:
-        """``sentinel``: values between consecutive batch rows of state ``name``'s sequence."""
+        """Values between consecutive batch rows of state ``name``'s per-step sequence (``self.sequences``)."""
         kind, _ = self.sequences[name]
         return self.a.out.shape[2] if kind == "out" else self.H
 
     def sequence_slot(self, name: str, step, b, unit):
-        """``sentinel``: state ``name``'s value of its own step ``step`` for row ``b``, unit ``unit``, in its
-        sequence (``self.sequences``)."""
+        """State ``name``'s value of its own step ``step`` for row ``b``, unit ``unit``, in its per-step sequence
+        (``self.sequences``)."""
         kind, k = self.sequences[name]
         if kind == "out":
             return self.a.out[step, b, k * self.H + unit]
@@ -133,7 +67,7 @@ class OperandExchange:
         """Plain vector loads: the initial state at step 0 (``initial``: whatever the step), else the workspace
         slot written before."""
         H, BT, threads, e, s = self.H, self.c.batch_tile, self.g.threads, self.ops[name], self.slot[name]
-        lv = grid_barrier.row_lanes(H, itemsize(self.dt))  # 16-byte loads where H allows
+        lv = barriers.row_lanes(H, itemsize(self.dt))  # 16-byte loads where H allows
         n = BT * H // lv
         for i in range(ceil_div(n, threads)):
             idx = i * threads + self.tx
@@ -153,57 +87,13 @@ class OperandExchange:
                             with T.Else():
                                 T.buffer_store(self.smem, self.a.ws[e, (t + 1) % 2, b, vec_index(k, lv)], dst)
 
-    def poll_tiles(self, names, t, b0, parity, step):
-        """``tags``: poll each operand's values (written at ``step - 1``) into shared memory."""
-        for name in names:
-            dst, n, most, sleep_ns = self.polled_tile(name, b0)
-            abort = grid_barrier.tag_copy(
-                self.barrier, self.g.threads, T.address_of(self.a.ws[self.ops[name], parity, b0, 0]), dst,
-                self.dt, n, most, self.H, self.stride, self.barrier_base, step, self.sync, sleep_ns)
-            with T.If(abort != 0):
-                with T.Then():
-                    T.buffer_store(self.aborted, 1, [0])
-                    T.Break()
-
     def publish(self, name: str, t, b, unit, value):
-        """Write this unit's new value of operand ``name`` for the other blocks."""
-        e = self.ops[name]
-        if not self.barrier.carries_data:
-            T.buffer_store(self.a.ws, value, [e, t % 2, b, unit])
-            return
-        with T.If(tirx.Not(tirx.all(self.bx == 0, t == self.sync.stall_step))):  # test knob: block 0 stalls
-            with T.Then():
-                slot = T.address_of(self.a.ws[e, t % 2, b, unit])
-                T.evaluate(grid_barrier.tag_store(self.barrier, slot, value, self.barrier_base, t))
-
-    def publish_sequences(self, t, timing, stored: dict, b, unit):
-        """``sentinel``: the sequences are the exchange (the outputs among them). Store each exchanged state of
-        ``stored`` at its own step (zero past the row's length, as ever: rows are independent, so no other row
-        reads it, and the row keeps its state in a register; nothing before its first step or past the sequence)
-        with the sentinel's store; block 0 skips its stores at ``stall_step`` (the test knob)."""
-        with T.If(tirx.Not(tirx.all(self.bx == 0, t == self.sync.stall_step))):
-            with T.Then():
-                for name, value in stored.items():
-                    if name not in self.own:
-                        continue
-                    running, d = timing.running(name), self.p.delays[name]
-                    if running is not None:
-                        value = T.if_then_else(running, value, tirx.const(0, self.dt))
-                    store = grid_barrier.sentinel_store(
-                        self.barrier, T.address_of(self.sequence_slot(name, t - d, b, unit)), value, self.dt)
-                    if not self.p.lag:  # every step is the state's own
-                        T.evaluate(store)
-                        continue
-                    with T.If(tirx.all(t >= d, t - d < self.a.seq_len)):
-                        with T.Then():
-                            T.evaluate(store)
+        """Write this unit's new value of operand ``name`` for the other blocks (the kind's way)."""
+        self.barrier.publish(self, name, t, b, unit, value)
 
     def previous_state(self, name: str, t, b, unit):
         """This unit's value of exchanged state ``name`` from the step before (this thread wrote it)."""
-        previous = self.a.ws[self.ops[name], (t + 1) % 2, b, unit]
-        if self.barrier.carries_data:  # the thread's own store: no polling
-            previous = grid_barrier.tag_value(self.barrier, T.address_of(previous), self.dt)
-        return T.if_then_else(t == 0, self.a.init[name][b, unit], previous)
+        return T.if_then_else(t == 0, self.a.init[name][b, unit], self.barrier.previous(self, name, t, b, unit))
 
     def end_products(self):
         """After a batch tile's products, a block barrier: the partial sums are in shared memory. With direct
@@ -211,7 +101,7 @@ class OperandExchange:
         if not self.direct:
             sync_threads()
             return
-        T.buffer_store(self.aborted, grid_barrier.block_or(self.aborted[0]), [0])
+        T.buffer_store(self.aborted, barriers.block_or(self.aborted[0]), [0])
         with T.If(self.aborted[0] != 0):
             with T.Then():
                 T.Break()
@@ -229,11 +119,6 @@ class OperandExchange:
                 with T.Then():
                     T.buffer_store(self.smem, tirx.const(0.0, self.dt),
                                    [(idx // pad) * self.stride + self.H + idx % pad])
-
-
-def sync_threads():
-    """``__syncthreads()``."""
-    T.evaluate(T.tvm_storage_sync("shared"))
 
 
 def ceil_div(a: int, b: int) -> int:

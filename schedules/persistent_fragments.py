@@ -27,8 +27,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import barrier as grid_barrier
-from prnn_tvm.codegen.kernel import MMA_TYPES, vec_index
+from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
@@ -178,13 +177,13 @@ class FragmentWeights:
     def multiply(self, kt: int, b_offset, per_chain: int):
         """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
         warp's row tiles, into accumulator chain ``kt % k_chains``."""
-        c, g, ptx = self.c, self.g, MMA_TYPES[self.dt]
+        c, g, mma = self.c, self.g, self.p.policy.mma
         for nt in range(c.n_tiles):
             for m in range(c.m_tiles_per_warp):  # the warp's row tiles share the B fragment
                 accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
-                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", self.wreg.data,
-                                            (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data, b_offset(nt),
-                                            self.acc.data, accumulators, False))
+                T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
+                                            self.wreg.data, (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
+                                            b_offset(nt), self.acc.data, accumulators, False))
 
     def sum_chains(self, per_chain: int):
         """Accumulator chains 1.. added into chain 0."""
@@ -212,9 +211,8 @@ class FragmentWeights:
         frag = T.address_of(self.bfrag[0])
 
         def poll(src, row_step, initial: bool):
-            abort = grid_barrier.sentinel_fragments(self.barrier, src, row_step, rows, pieces, frag, self.dt,
-                                                    self.c.n_tiles, loads, width, not initial, t, self.sync,
-                                                    self.c.poll_sleep)
+            abort = self.barrier.poll_fragments(src, row_step, rows, pieces, frag, self.dt, self.c.n_tiles, loads,
+                                                width, not initial, t, self.sync, self.c.poll_sleep)
             T.buffer_store(self.aborted, tirx.max(self.aborted[0], abort), [0])
 
         with T.If(slot < 0):

@@ -51,14 +51,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prnn_tvm.codegen.barrier import BARRIERS, polled_loads
-from prnn_tvm.dtypes import HALF_DTYPES, itemsize
+from prnn_tvm.codegen.barriers import BARRIERS
+from prnn_tvm.codegen.barriers import by_name as barrier
+from prnn_tvm.dtypes import M16N8K16, TENSOR_CORE_DTYPES, itemsize, mma_dims, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
 from .ranking import (
+    PREFERRED,
+    RANKED_WITH,
     check_layout,
     check_resources,
     knobs_of,
@@ -70,9 +73,9 @@ from .ranking import (
     with_barrier,
 )
 
-DTYPES = HALF_DTYPES
-MIN_ARCH = 80  # mma.sync.m16n8k16 with fp16 / bf16 operands
-TILE_M, TILE_N, TILE_K = 16, 8, 16
+SHAPE = M16N8K16  # the mma shape whose fragment layouts persistent_fragments places
+DTYPES = tuple(d for d in TENSOR_CORE_DTYPES if policy(d).mma.shape == SHAPE)  # storage dtypes it places
+TILE_M, TILE_N, TILE_K = mma_dims(SHAPE)
 ROW_SKEW = 8  # extra elements per shared operand row: consecutive rows start 4 banks apart
 MMA_CYCLES = 8  # per dependent mma.sync step, as it overlaps with the loads (fitted, see estimated_cycles)
 TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states and two block barriers
@@ -96,7 +99,7 @@ class MmaConfig:
     units_per_cta: int = field(metadata={"short": "U"})
     k_groups: int = field(metadata={"short": "kg"})
     n_tiles: int = field(default=1, metadata={"short": "nt"})
-    barrier: str = field(default="counter", metadata={"short": ""})
+    barrier: str = field(default=RANKED_WITH, metadata={"short": ""})
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
     m_tiles_per_warp: int = field(default=1, metadata={"short": "mw", "quiet": True})
     k_chains: int = field(default=1, metadata={"short": "kc", "quiet": True})
@@ -183,9 +186,9 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     if cfg.direct:  # the lane's fragments of every k tile are its poll's registers
         tagged = cfg.n_tiles * direct_loads(kt)[1]
         fragments = 2 * kt * cfg.n_tiles
-    else:  # the loads a data-carried barrier's poll holds while it waits (prnn_tvm.codegen.barrier.polled_loads)
-        tagged, poll_regs = polled_loads(BARRIERS[cfg.barrier], min(cfg.batch_tile, B) * H if n_ops else 0, threads,
-                                         H, itemsize(plan.dtype), n_ops)
+    else:  # the loads the kind's poll holds while it waits (none for a kind that polls no values)
+        tagged, poll_regs = barrier(cfg.barrier).polled_loads(min(cfg.batch_tile, B) * H if n_ops else 0, threads,
+                                                              H, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
             + PHASE_OVERHEAD * (plan.phases - 1))
@@ -234,19 +237,28 @@ def arch_number(arch: str) -> int:
     return int(digits) if digits else 0
 
 
+def refusal(plan: CellPlan, arch: str) -> str | None:
+    """Why this template does not place ``plan`` on a GPU of ``arch`` at all (its dtype, the tensor cores), or
+    None."""
+    if plan.dtype not in DTYPES:
+        return f"the tensor-core template places {', '.join(DTYPES)} cells, not {plan.dtype}"
+    mma = plan.policy.mma
+    if arch_number(arch) < mma.min_arch:
+        return f"{plan.dtype} layers need mma.sync {mma.shape} (sm_{mma.min_arch} or newer), not {arch}"
+    return None
+
+
 def check_target(plan: CellPlan, gpu: GpuSpec) -> None:
     """The dtype and GPU this template can place at all (before any config is looked at)."""
-    if plan.dtype not in DTYPES:
-        raise ConfigError(f"the tensor-core template places {', '.join(DTYPES)} cells, not {plan.dtype}")
-    if arch_number(gpu.arch) < MIN_ARCH:
-        raise ConfigError(f"{plan.dtype} layers need mma.sync m16n8k16 (sm_{MIN_ARCH} or newer), not {gpu.arch}")
+    reason = refusal(plan, gpu.arch)
+    if reason:
+        raise ConfigError(reason)
 
 
 def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     """Check a config before building; raise ConfigError with the reason, else return its geometry."""
     check_target(plan, gpu)
-    if cfg.barrier not in BARRIERS:
-        raise ConfigError(f"barrier '{cfg.barrier}' unknown; available: {', '.join(BARRIERS)}")
+    barrier(cfg.barrier)  # a kind it knows
     if cfg.units_per_cta < 1 or cfg.units_per_cta > plan.hidden:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta}: must be between 1 and hidden={plan.hidden}")
     if not 1 <= cfg.k_groups <= MAX_K_GROUPS:
@@ -271,7 +283,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.poll_sleep not in POLL_SLEEPS:
         raise ConfigError(f"poll_sleep={cfg.poll_sleep}: must be one of {', '.join(map(str, POLL_SLEEPS))} "
                           "(nanoseconds between polls)")
-    if cfg.poll_sleep and not BARRIERS[cfg.barrier].carries_data:
+    if cfg.poll_sleep and not barrier(cfg.barrier).polls_values:
         raise ConfigError(f"poll_sleep={cfg.poll_sleep} paces the polls of a data-carried exchange (tags, sentinel); "
                           f"'{cfg.barrier}' does not poll values")
     if cfg.n_tiles not in (1, 2, 4, 8):
@@ -317,7 +329,7 @@ def check_batch_groups(cfg: MmaConfig, plan: CellPlan) -> None:
         return
     if plan.batch % G:
         raise ConfigError(f"batch_groups={G}: the batch of {plan.batch} does not split into {G} equal groups of rows")
-    if not BARRIERS[cfg.barrier].carries_data:
+    if not barrier(cfg.barrier).polls_values:
         raise ConfigError(f"batch_groups={G} runs each group of batch rows on CTAs of its own, which pays only where "
                           f"the groups never wait for each other: with tags or sentinel, not across the grid "
                           f"barrier of '{cfg.barrier}'")
@@ -334,11 +346,11 @@ def check_operand_path(cfg: MmaConfig, plan: CellPlan) -> None:
         raise ConfigError(f"operand_path='direct' {problem}")
 
 
-def direct_problem(plan: CellPlan, barrier: str) -> str | None:
-    """Why direct fragments cannot carry ``plan``'s products with ``barrier`` (None where they can)."""
-    if not BARRIERS[barrier].sentinel:
-        return ("polls each lane's fragments from the output sequence, which only the 'sentinel' exchange writes a "
-                f"slot per step of; not '{barrier}'")
+def direct_problem(plan: CellPlan, kind: str) -> str | None:
+    """Why direct fragments cannot carry ``plan``'s products with barrier ``kind`` (None where they can)."""
+    problem = barrier(kind).fragments_problem()
+    if problem:
+        return problem
     if plan.lag or len(plan.operands) != 1:
         return (f"takes a step that multiplies one exchanged state; cell '{plan.cell.name}' multiplies "
                 f"{', '.join(plan.operands)}: use operand_path='shared'")
@@ -348,23 +360,23 @@ def direct_problem(plan: CellPlan, barrier: str) -> str | None:
     return None
 
 
-def paths_for(plan: CellPlan, barrier: str) -> tuple:
+def paths_for(plan: CellPlan, kind: str) -> tuple:
     """The operand paths the space offers: ``direct`` too where :func:`direct_problem` finds none."""
-    return ("shared",) if direct_problem(plan, barrier) else OPERAND_PATHS
+    return ("shared",) if direct_problem(plan, kind) else OPERAND_PATHS
 
 
-def groups_for(plan: CellPlan, layout: str, barrier: str) -> tuple:
-    """The batch groups the space offers: more than one only with a data-carried barrier, in the shared
-    layout, into equal groups of at least GROUP_MIN_ROWS rows."""
-    if layout != "shared" or not BARRIERS[barrier].carries_data:
+def groups_for(plan: CellPlan, layout: str, kind: str) -> tuple:
+    """The batch groups the space offers: more than one only with a kind that polls values (groups never wait for
+    each other), in the shared layout, into equal groups of at least GROUP_MIN_ROWS rows."""
+    if layout != "shared" or not barrier(kind).polls_values:
         return (1,)
     return tuple(G for G in BATCH_GROUPS if G == 1 or (plan.batch % G == 0 and plan.batch // G >= GROUP_MIN_ROWS))
 
 
-def sleeps_for(plan: CellPlan, barrier: str, groups: int) -> tuple:
-    """The poll sleeps the space offers: more than none only with a data-carried barrier whose groups poll at
-    least SLEEP_MIN_ROWS batch rows."""
-    if not BARRIERS[barrier].carries_data or plan.batch // groups < SLEEP_MIN_ROWS:
+def sleeps_for(plan: CellPlan, kind: str, groups: int) -> tuple:
+    """The poll sleeps the space offers: more than none only with a kind that polls values, where its groups poll
+    at least SLEEP_MIN_ROWS batch rows."""
+    if not barrier(kind).polls_values or plan.batch // groups < SLEEP_MIN_ROWS:
         return (0,)
     return POLL_SLEEPS
 
@@ -466,10 +478,10 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
             return found
 
     # one row tile per warp: what the estimate was fitted on (two are a tuning choice)
-    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=("counter",), tiles_per_warp=(1,), chains=(1,)),
+    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=(RANKED_WITH,), tiles_per_warp=(1,), chains=(1,)),
                               validate, estimated_cycles, limit, "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
-    return [with_barrier(cfg, "tags", plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
+    return [with_barrier(cfg, PREFERRED, plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
             else cfg for cfg in ladder]
 
 

@@ -2,9 +2,10 @@
 
 The compiler, the config choice, the tuner, tuning records and the benchmark see a
 template only through :class:`Template`; nothing outside ``schedules/`` imports a
-particular template. They get one from :func:`prnn_tvm.schedules.template_for` (the
-first template that accepts a plan and target) or :func:`prnn_tvm.schedules.by_name` (a
-tuning record's template).
+particular template. They get them from :func:`prnn_tvm.schedules.templates_for` (every
+template that accepts a plan and target, in order), :func:`prnn_tvm.schedules.template_for`
+(the first of them) or :func:`prnn_tvm.schedules.by_name` (a tuning record's template).
+``accepts`` answers with an :class:`Acceptance`: true, or false with the reason.
 
 A template with knobs has a frozen dataclass of them (``config_type``) whose fields carry
 their short names for tables in their metadata (``field(metadata={"short": "U"})``; an
@@ -17,12 +18,32 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import typing
+from dataclasses import dataclass
 from typing import Protocol
 
 from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """A template's answer to ``accepts(plan, target)``: true where it places the plan, else false with
+    ``reason`` (why not, in words: "places float32 layers, not float16")."""
+
+    reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.reason is None
+
+
+ACCEPTED = Acceptance()
+
+
+def refused(reason: str) -> Acceptance:
+    """The answer of a template that does not place a plan, and why."""
+    return Acceptance(reason)
 
 
 class Template(Protocol):
@@ -40,8 +61,8 @@ class Template(Protocol):
     name: str
     config_type: type | None
 
-    def accepts(self, plan: CellPlan, target) -> bool:
-        """Whether this template places ``plan`` on ``target`` (a ``tvm.target.Target``)."""
+    def accepts(self, plan: CellPlan, target) -> Acceptance:
+        """Whether this template places ``plan`` on ``target`` (a ``tvm.target.Target``), and if not, why."""
 
     def apply(self, plan: CellPlan, target, gpu: GpuSpec | None, config=None) -> Kernel:
         """Build the kernel for an accepted plan and target; ConfigError if ``config`` does not fit."""
@@ -54,6 +75,11 @@ class Template(Protocol):
 
     def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
         """Raise ConfigError, with the reason, for a config that cannot fit; before anything is built."""
+
+    def geometry(self, config, plan: CellPlan):
+        """What a config implies for ``plan`` (grid, tiles, registers, shared memory: the template's geometry,
+        with ``ctas``, ``threads``, ``batch_chunks``, ``items_per_thread``), or None for a template without
+        knobs."""
 
     def features(self, config, plan: CellPlan, gpu: GpuSpec) -> dict:
         """The cost model's view of a valid config: name -> number, the same names for every config.

@@ -27,7 +27,13 @@ MODULES = _modules()
 def _imports(name: str) -> set:
     """Project modules ``name`` imports (anywhere in the file, lazy imports included)."""
     path, is_pkg = MODULES[name]
-    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    out = _imported(path, name.split(".") if is_pkg else name.split(".")[:-1])
+    # a module's own package is imported before it, whatever the module imports: not an edge
+    return {m for m in out if m != name and not name.startswith(m + ".")}
+
+
+def _imported(path: pathlib.Path, base: list) -> set:
+    """Project modules the file at ``path`` imports (relative imports from package ``base``)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -41,8 +47,7 @@ def _imports(name: str) -> set:
         else:
             continue
         out |= {c for c in candidates if c in MODULES}
-    # a module's own package is imported before it, whatever the module imports: not an edge
-    return {m for m in out if m != name and not name.startswith(m + ".")}
+    return out
 
 
 GRAPH = {name: _imports(name) for name in MODULES}
@@ -68,15 +73,36 @@ def test_the_import_graph_has_no_cycles():
             visit(node, [node])
 
 
+# every module of schedules/ but the package (templates_for, by_name) and the contract is a template's internals
+TEMPLATE_INTERNALS = {name for name in MODULES if name.startswith("prnn_tvm.schedules.")} - {
+    "prnn_tvm.schedules.template"}
+SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
+
+
+def test_the_template_internals_are_found_in_schedules():
+    assert {"prnn_tvm.schedules.persistent_mma_config", "prnn_tvm.schedules.ranking",
+            "prnn_tvm.schedules.persistent_backward", "prnn_tvm.schedules.cpu_reference"} <= TEMPLATE_INTERNALS
+    assert len(TEMPLATE_INTERNALS) == len(list((ROOT / "schedules").glob("*.py"))) - 2 and SCRIPTS
+
+
+def test_an_import_of_template_internals_is_seen(tmp_path):
+    script = tmp_path / "tool.py"
+    script.write_text("from prnn_tvm.schedules import persistent_mma_config as mc\n"
+                      "def later():\n    from prnn_tvm.schedules.ranking import parts\n")
+    assert _imported(script, []) & TEMPLATE_INTERNALS == {"prnn_tvm.schedules.persistent_mma_config",
+                                                          "prnn_tvm.schedules.ranking"}
+
+
 def test_only_schedules_name_a_particular_template():
-    """The compiler, tuner, records and benchmark reach templates through the contract
-    (``schedules.template_for`` / ``by_name``), never by importing one."""
-    particular = {"prnn_tvm.schedules.persistent_cuda", "prnn_tvm.schedules.persistent_config",
-                  "prnn_tvm.schedules.persistent_exchange", "prnn_tvm.schedules.persistent_weights",
-                  "prnn_tvm.schedules.cpu_reference", "prnn_tvm.schedules.cpu_backward"}
+    """The compiler, tuner, records, the benchmark and its scripts reach templates through the contract
+    (``schedules.templates_for`` / ``template_for`` / ``by_name`` and the ``Template`` protocol), never by
+    importing one's modules."""
     for name, deps in GRAPH.items():
         if not name.startswith("prnn_tvm.schedules"):
-            assert not deps & particular, f"{name} imports {deps & particular}"
+            assert not deps & TEMPLATE_INTERNALS, f"{name} imports {deps & TEMPLATE_INTERNALS}"
+    for script in SCRIPTS:
+        deps = _imported(script, [])
+        assert not deps & TEMPLATE_INTERNALS, f"bench/{script.name} imports {deps & TEMPLATE_INTERNALS}"
 
 
 @pytest.mark.parametrize("name", ["prnn_tvm.runtime.base", "prnn_tvm.runtime.binding", "prnn_tvm.runtime.loading"])

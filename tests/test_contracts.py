@@ -16,12 +16,12 @@ from prnn_tvm import Cell, CellError, ConfigError
 from prnn_tvm.choice import ConfigChoice, choose_and_build
 from prnn_tvm.dtypes import itemsize, policy, tolerance
 from prnn_tvm.report import ConfigOrigin
-from prnn_tvm.schedules import TEMPLATES, by_name, knob_short_names, knob_text, template_for
+from prnn_tvm.schedules import TEMPLATES, by_name, knob_short_names, knob_text, template_for, templates_for
 from prnn_tvm.signature import ArgRole, Signature
 from prnn_tvm.target import gpu_spec
 
 GPU = gpu_spec("sm_90")
-CONTRACT = ("accepts", "apply", "default_configs", "space", "validate", "features", "config_from_dict")
+CONTRACT = ("accepts", "apply", "default_configs", "space", "validate", "geometry", "features", "config_from_dict")
 
 
 # ---------------------------------------------------------------- templates
@@ -40,6 +40,25 @@ def test_templates_are_picked_by_plan_and_target():
     assert template_for(plan, prnn_tvm.compile_cell("lstm", 4, 2, target="llvm").target).name == "cpu_reference"
     with pytest.raises(ConfigError, match="no schedule template named 'wgmma'; templates: persistent_cuda"):
         by_name("wgmma")
+
+
+def test_a_template_says_why_it_does_not_place_a_plan():
+    """``accepts`` answers true, or false with the reason; where no template places a plan, the error lists each
+    template's reason."""
+    half = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 4, 64, "float16")
+    answers = {t.name: t.accepts(half, gpu_spec("sm_75").target()) for t in TEMPLATES}
+    assert not any(answers.values())
+    assert answers["persistent_cuda"].reason == "the persistent template places float32 cells, not float16"
+    assert answers["persistent_mma"].reason == "float16 layers need mma.sync m16n8k16 (sm_80 or newer), not sm_75"
+    assert answers["cpu_reference"].reason == "places CPU (llvm) kernels, not cuda"
+    assert by_name("persistent_mma").accepts(half, GPU.target()) and by_name("persistent_mma").accepts(
+        half, GPU.target()).reason is None
+    with pytest.raises(ConfigError, match=r"no schedule template places a float16 'lstm' cell on target cuda, which "
+                                          r"takes float32 \(persistent_cuda: the persistent template places float32 "
+                                          r"cells, not float16; persistent_mma: float16 layers need mma.sync "
+                                          r"m16n8k16 \(sm_80 or newer\), not sm_75; cpu_reference: "):
+        templates_for(half, gpu_spec("sm_75").target())
+    assert [t.name for t in templates_for(half, GPU.target())] == ["persistent_mma"]
 
 
 def test_a_template_without_knobs_refuses_a_config():
@@ -162,14 +181,58 @@ class _FakeTemplate:
         return config
 
     def config_from_dict(self, knobs):
+        if "name" not in knobs:
+            raise ConfigError(f"knobs {knobs} are not a config of {self.name}")
         return knobs["name"]
+
+
+class _SecondTemplate(_FakeTemplate):
+    """A second template, of integer configs ``{"n": ...}``."""
+
+    name, config_type = "second", int
+
+    def default_configs(self, plan, target, gpu):
+        return [1, 2]
+
+    def config_from_dict(self, knobs):
+        if "n" not in knobs:
+            raise ConfigError(f"knobs {knobs} are not a config of {self.name}")
+        return knobs["n"]
 
 
 def _choose(monkeypatch, template, tuned=None):
     tuned = [tuned] if isinstance(tuned, ConfigChoice) else tuned or []
+    tuned = [dataclasses.replace(choice, template=template) for choice in tuned]
     monkeypatch.setattr(prnn_tvm.choice, "tuned_configs", lambda *a: (tuned, "" if tuned else "no tuning record"))
     build = lambda kernel: SimpleNamespace(spill_bytes=template.spills.get(kernel, 0), recurrent=None)  # noqa: E731
-    return choose_and_build(SimpleNamespace(cell=SimpleNamespace(name="fake")), template, None, GPU, build)
+    return choose_and_build(SimpleNamespace(cell=SimpleNamespace(name="fake")), [template], None, GPU, build)
+
+
+def test_the_choice_considers_every_template_that_accepts_the_plan(monkeypatch):
+    """With two templates: a caller's config goes to the template whose config it is; the fastest tuned record wins
+    whichever template it is of; where no default of the first template can launch, the second's are next."""
+    first, second = _FakeTemplate({}), _SecondTemplate({})
+    plan = SimpleNamespace(cell=SimpleNamespace(name="fake"))
+    build = lambda kernel: SimpleNamespace(spill_bytes=0, recurrent=None)  # noqa: E731
+    kernel, _, choice = choose_and_build(plan, [first, second], None, GPU, build, config={"n": 7})
+    assert kernel == 7 and choice.template is second and choice.origin is ConfigOrigin.USER
+    kernel, _, choice = choose_and_build(plan, [first, second], None, GPU, build, config={"name": "x"})
+    assert kernel == "x" and choice.template is first
+    with pytest.raises(ConfigError, match="no template that places this cell takes the config fake: .*; second: "):
+        choose_and_build(plan, [first, second], None, GPU, build, config={"other": 1})
+    tuned = [ConfigChoice("t", ConfigOrigin.TUNED, "2.00 us/step", template=first),
+             ConfigChoice(5, ConfigOrigin.TUNED, "1.00 us/step", template=second)]
+    monkeypatch.setattr(prnn_tvm.choice, "tuned_configs", lambda p, templates, *a: (
+        sorted(tuned, key=lambda c: c.reason), ""))
+    kernel, _, choice = choose_and_build(plan, [first, second], None, GPU, build)
+    assert kernel == 5 and choice.template is second
+    monkeypatch.setattr(prnn_tvm.choice, "tuned_configs", lambda *a: ([], "no tuning record"))
+    too_large = lambda kernel, built, gpu: "too large" * isinstance(kernel, str)  # noqa: E731  (the first's)
+    monkeypatch.setattr(prnn_tvm.choice, "unlaunchable", too_large)
+    kernel, _, choice = choose_and_build(plan, [first, second], None, GPU, build)
+    assert kernel == 1 and choice.template is second and choice.origin is ConfigOrigin.DEFAULT
+    assert choice.describe() == ("default: no tuning record; 3 ranked before it cannot be co-resident with ptxas's "
+                                 "registers")
 
 
 def test_the_default_ladder_records_what_it_passed_over(monkeypatch):
@@ -184,7 +247,7 @@ def test_the_default_ladder_records_what_it_passed_over(monkeypatch):
 def test_a_tuned_config_that_spills_or_does_not_fit_falls_back(monkeypatch):
     tuned = ConfigChoice("t", ConfigOrigin.TUNED, "1.00 us/step measured on test GPU")
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}), tuned)
-    assert kernel == "t" and choice is tuned
+    assert kernel == "t" and choice.origin is ConfigOrigin.TUNED and choice.describe() == tuned.describe()
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 40}), tuned)
     assert kernel == "a" and choice.describe() == "default: the tuned config spills 40 B here"
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}, fits=lambda c: c != "t"), tuned)

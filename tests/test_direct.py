@@ -9,7 +9,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import ConfigError
-from prnn_tvm.codegen import barrier as gb
+from prnn_tvm.codegen.barriers.source import cuda_source
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec
 
@@ -99,7 +99,7 @@ def test_the_sentinel_check_marks_exactly_the_values_of_all_bits_set():
     from the kernel source) mark a 32-bit word of two 16-bit values exactly where either is 0xffff (a NaN no store
     writes), over every 16-bit value in each half, and a 16-byte load exactly where one of its eight halves is,
     over loads of edge and random values (the marks of its four words or-ed, as the poll does)."""
-    source = gb.BARRIERS["sentinel"].source
+    source = cuda_source("sentinel.cuh")
     expr = re.search(r"return (\(0xfffefffeu - w\) & w);", source).group(1)
     check = eval("lambda w: (" + re.sub(r"(0x[0-9a-f]+)u", r"\1", expr) + ") & 0xffffffff")  # noqa: S307
     half_bits = re.search(r"struct prnn_sentinel_bits<half> \{.*?\};", source, re.DOTALL).group(0)

@@ -9,7 +9,7 @@ import tvm_ffi
 
 import prnn_tvm
 from prnn_tvm.bench.barrier_probe import Probe
-from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.barriers import BARRIERS
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import BarrierTimeout
 from prnn_tvm.reference import random_inputs
@@ -19,8 +19,8 @@ from prnn_tvm.target import gpu_spec
 from .test_gpu_numerics import run_and_compare
 
 pytestmark = pytest.mark.gpu
-STATEFUL = sorted(name for name, b in BARRIERS.items() if b.has_state)
-PROBED = sorted(name for name, b in BARRIERS.items() if not b.sentinel)  # the probe has no output sequence
+STATEFUL = sorted(name for name, b in BARRIERS.items() if b.state_words is not None)
+PROBED = sorted(name for name, b in BARRIERS.items() if b.probe_problem(all_to_all=True) is None)  # not sentinel
 
 
 def lstm_with(barrier, hidden=512, batch=4):
@@ -86,7 +86,7 @@ def test_many_launches_need_no_reset(barrier):
 
 
 @pytest.mark.parametrize("barrier, bidirectional", [(b, both) for b in STATEFUL for both in (False, True)
-                                                    if not (both and BARRIERS[b].sentinel)])
+                                                    if not (both and b == "sentinel")])
 def test_the_last_block_out_advances_the_base(barrier, bidirectional):
     """After each launch the state reads: no error, the base advanced by the launch's barriers (``counter``; one
     for ``sentinel``) or steps (``tags``), no block counted out (the last one reset the count). A bidirectional

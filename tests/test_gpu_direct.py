@@ -8,7 +8,7 @@ import random
 import pytest
 
 import prnn_tvm
-from prnn_tvm.dtypes import HALF_DTYPES, tolerance
+from prnn_tvm.dtypes import TENSOR_CORE_DTYPES, tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
@@ -27,7 +27,7 @@ DIRECT_CELLS = [c for c in sorted(prnn_tvm.builtin_cells())
                 if "direct" in mc.paths_for(analyze(resolve(c), 4, 64, "float16"), "sentinel")]
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("cell", DIRECT_CELLS)
 @pytest.mark.parametrize("hidden, batch, knobs", [
     (1024, 16, {"units_per_cta": 16, "n_tiles": 2}),  # cuDNN's layout: 8 warps, each with every row tile it can

@@ -8,7 +8,7 @@ import tvm
 
 import prnn_tvm
 from prnn_tvm.checks import max_abs_error
-from prnn_tvm.dtypes import HALF_DTYPES, tolerance
+from prnn_tvm.dtypes import TENSOR_CORE_DTYPES, tolerance
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +33,7 @@ def error_of(layer, seq_len, seed=0, lengths=None):
     return max_abs_error(layer.plan, result, reference_layer(layer.plan, inputs))
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("hidden", [128, 512, 1024])
 @pytest.mark.parametrize("batch", [1, 4, 16, 33])
@@ -46,7 +46,7 @@ def test_half_matches_reference(dtype, cell, hidden, batch):
         assert err <= tolerance(dtype, seq_len), f"T={seq_len}: max abs error {err:.2e}\n{layer.report.format()}"
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
 @pytest.mark.parametrize("cell", ["lstm", "gru_cho"])
 def test_every_barrier_odd_sizes(dtype, barrier, cell):
@@ -57,7 +57,7 @@ def test_every_barrier_odd_sizes(dtype, barrier, cell):
     assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_two_row_tiles_per_warp_odd_sizes(dtype, barrier, cell):
@@ -77,7 +77,7 @@ def test_two_items_per_thread_in_a_two_phase_cell(barrier):
     CTA, a partial k tile, two passes of the batch. Regression: with ``counter`` the last CTA's outputs were
     wrong (0.16 max abs error): ptxas let a warp reach a block barrier diverged (see
     ``persistent_fragments._weight_or``)."""
-    for dtype in HALF_DTYPES:
+    for dtype in TENSOR_CORE_DTYPES:
         layer = layer_for("gru_cho", 133, 11, dtype, {"units_per_cta": 8, "k_groups": 1, "n_tiles": 1,
                                                        "barrier": barrier})
         assert error_of(layer, 9) <= tolerance(dtype, 9)
@@ -91,7 +91,7 @@ def test_accumulator_chains_odd_sizes(chains, barrier, cell, units):
     """``k_chains``: a warp's 9 k tiles taken in turn by 2 or 4 accumulator sets (unevenly), then added up;
     partial CTAs, a partial last k tile, a partial batch tile, two passes, both half types. (Three LSTM units
     per CTA would leave `tags` 34 polls per thread, past its 32.)"""
-    for dtype in HALF_DTYPES:
+    for dtype in TENSOR_CORE_DTYPES:
         cfg = {"units_per_cta": units, "k_groups": 1, "n_tiles": 1, "barrier": barrier, "k_chains": chains}
         layer = layer_for(cell, 133, 11, dtype, cfg)
         assert layer.report.config["k_chains"] == chains
@@ -99,7 +99,7 @@ def test_accumulator_chains_odd_sizes(chains, barrier, cell, units):
         assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
 def test_half_rows_stop_at_their_lengths(dtype, cell):
     layer = layer_for(cell, 512, 33, dtype)
@@ -139,7 +139,7 @@ def test_half_back_to_back_launches_are_bitwise_identical():
         assert all(np.array_equal(a, b) for a, b in zip(finals, runs[0][1]))
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("cell, hidden, batch, input_size, seq_len", [
     ("lstm", 1024, 16, 1024, 256),  # whole tiles
     ("gru", 33, 3, 5, 7),  # every dimension short of a tile; K of 5: one-element loads

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tvm import tirx
 
 import prnn_tvm
-from prnn_tvm.codegen.barrier import BARRIERS
+from prnn_tvm.codegen.barriers import BARRIERS
 from prnn_tvm.codegen.pointwise import fast_transcendentals
 from prnn_tvm.codegen.ptxas import parse_report
 from prnn_tvm.dtypes import itemsize
@@ -242,11 +242,11 @@ def test_weights_are_loaded_once_before_the_time_loop(cell):
     barrier = BARRIERS[layer.report.config["barrier"]]
     if not plan.needs_grid_barrier:
         assert "prnn_tag_copy<" not in body and "prnn_barrier" not in body and "grid_sync" not in body
-    elif barrier.carries_data:  # every operand polled once per step
+    elif barrier.polls_values:  # every operand polled once per step (tags: the defaults never take sentinel)
         polled = sum(len(part.operands) for part in parts) or len(plan.operands)
         assert body.count("prnn_tag_copy<") == polled and body.index("prnn_tag_copy<") > loop
     else:  # one barrier after each phase (the last one skipped on the last step), in each part's loop
-        call = f"{barrier.function or 'tvm_builtin_cuda_grid_sync'}("
+        call = f"{getattr(barrier, 'function', 'tvm_builtin_cuda_grid_sync')}("
         assert body.count(call) == plan.phases * len(loops) and body.index(call) > loop
     if plan.reductions and layer.report.config["k_split"] > 1:
         assert "__shfl_xor_sync" in body[loop:]
@@ -262,7 +262,7 @@ def test_a_timed_out_launch_fills_its_outputs_with_nan_and_tells_the_host(barrie
         config = dataclasses.replace(default_configs(layer)[0], barrier=barrier)
         layer = prnn_tvm.compile_cell("lstm", 256, 4, dtype=dtype, target="cuda", arch="sm_90", config=config)
     body = kernel_source(layer)
-    if not BARRIERS[barrier].has_state:  # grid.sync() cannot time out: nothing to report
+    if BARRIERS[barrier].state_words is None:  # grid.sync() cannot time out: nothing to report
         assert "prnn_report" not in body and "error_host" not in body
         return
     report = body.index("prnn_report(sync_ptr, ((uint64_t)error_host))")
@@ -284,16 +284,16 @@ def test_every_barrier_variant_compiles_without_spills(barrier, arch):
     rep = layer.report
     assert rep.spill_bytes == 0 and rep.stack_bytes == 0, rep.format()
     body = kernel_source(layer)
-    if BARRIERS[barrier].sentinel:
+    if barrier == "sentinel":
         assert "prnn_sentinel_copy<" in body and "prnn_sentinel_store<" in body
         assert "prnn_barrier_end(sync_ptr, barrier_base, 1)" in body  # the launch's one barrier
-    elif BARRIERS[barrier].carries_data:
+    elif barrier == "tags":
         assert "prnn_tag_copy<" in body and "prnn_tag_store(" in body
         assert "prnn_barrier_end(sync_ptr, barrier_base, seq_len)" in body  # the base advances by T steps
-    elif BARRIERS[barrier].has_state:
-        assert f"{BARRIERS[barrier].function}(" in body
+    elif barrier == "counter":
+        assert "prnn_barrier_counter(" in body
         assert "prnn_barrier_end(sync_ptr, barrier_base, (seq_len - 1))" in body  # by T - 1 barriers
-    if BARRIERS[barrier].has_state:
+    if BARRIERS[barrier].state_words is not None:
         assert layer.kernel.launch.sync.state_words == 4
     else:
         assert "tvm_builtin_cuda_grid_sync()" in body and layer.kernel.launch.sync.state_words is None

@@ -1,4 +1,4 @@
-"""The ``sentinel`` exchange (``prnn_tvm.codegen.barrier``), without a GPU: what its kernels hold, where it
+"""The ``sentinel`` exchange (``prnn_tvm.codegen.barriers.sentinel``), without a GPU: what its kernels hold, where it
 is refused, what the tuner and the training forward make of it. On the GPU: ``test_gpu_sentinel.py``."""
 
 import dataclasses
@@ -8,7 +8,8 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm import ConfigError
-from prnn_tvm.codegen.barrier import BARRIERS, SENTINEL_SOURCES, polled_loads
+from prnn_tvm.codegen.barriers import BARRIERS
+from prnn_tvm.codegen.barriers.sentinel import SOURCES as SENTINEL_SOURCES
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.schedules import template_for
@@ -161,22 +162,22 @@ def test_the_training_forward_exchanges_through_a_barrier(knobs, cfg):
 
 def test_a_sentinel_poll_holds_fewer_registers_than_a_tagged_one():
     """A 16-byte load holds eight half values where a tagged one holds two: a quarter of the loads."""
-    sentinel = polled_loads(BARRIERS["sentinel"], 16 * 256, 512, 256, 2)
-    tags = polled_loads(BARRIERS["tags"], 16 * 256, 512, 256, 2)
+    sentinel = BARRIERS["sentinel"].polled_loads(16 * 256, 512, 256, 2)
+    tags = BARRIERS["tags"].polled_loads(16 * 256, 512, 256, 2)
     assert sentinel == (1, 6) and tags == (4, 6)
-    assert polled_loads(BARRIERS["counter"], 16 * 256, 512, 256, 2) == (0, 0)
+    assert BARRIERS["counter"].polled_loads(16 * 256, 512, 256, 2) == (0, 0)
 
 
 def test_a_sentinel_poll_holds_the_loads_of_the_operands_it_waits_on_together():
     """A sentinel poll waits on up to SENTINEL_SOURCES operands at once (a stack layer's own state and the
     one below's), holding all their loads; tags poll one operand at a time."""
-    one = polled_loads(BARRIERS["sentinel"], 8 * 512, 256, 512, 2)
+    one = BARRIERS["sentinel"].polled_loads(8 * 512, 256, 512, 2)
     assert one == (2, 6)
     for operands in (2, 3, 4):
         together = min(operands, SENTINEL_SOURCES)
-        assert polled_loads(BARRIERS["sentinel"], 8 * 512, 256, 512, 2, operands) == (2 * together, 6)
-        assert polled_loads(BARRIERS["tags"], 8 * 512, 256, 512, 2, operands) == polled_loads(
-            BARRIERS["tags"], 8 * 512, 256, 512, 2)
+        assert BARRIERS["sentinel"].polled_loads(8 * 512, 256, 512, 2, operands) == (2 * together, 6)
+        tags = BARRIERS["tags"]
+        assert tags.polled_loads(8 * 512, 256, 512, 2, operands) == tags.polled_loads(8 * 512, 256, 512, 2)
 
 
 def test_a_stack_whose_two_operand_poll_holds_too_many_loads_is_refused():
@@ -185,7 +186,7 @@ def test_a_stack_whose_two_operand_poll_holds_too_many_loads_is_refused():
     cfg = mc.MmaConfig(2, 1, 8, "sentinel")
     two = prnn_tvm.analyze(prnn_tvm.frontend.stack.stacked(prnn_tvm.resolve("lstm"), 2), 64, 256, "float16")
     assert mc.geometry(cfg, two).threads == 96
-    assert polled_loads(BARRIERS["sentinel"], 64 * 256, 96, 256, 2) == (22, 6)
+    assert BARRIERS["sentinel"].polled_loads(64 * 256, 96, 256, 2) == (22, 6)
     assert mc.geometry(cfg, two).tagged_per_thread == 44
     with pytest.raises(ConfigError, match=r"polls 44 state loads per thread \(batch tile 64 x hidden 256 over 96 "
                                           r"threads, for each operand one poll waits on\); at most 32"):

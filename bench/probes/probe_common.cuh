@@ -1,12 +1,14 @@
-// What the standalone probes in this folder share: a CUDA error check, the acquire load and the project's
-// `counter` grid barrier (a release reduction by thread 0, acquire polls; prnn_tvm/codegen/barrier.py).
+// What the standalone probes in this folder share: a CUDA error check, the project's acquire load (its barriers'
+// common.cuh) and the project's `counter` grid barrier without its timeout (a release reduction by thread 0,
+// acquire polls; prnn_tvm/codegen/barriers/counter.cuh).
 #pragma once
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include "../../prnn_tvm/codegen/barriers/common.cuh"
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
 
-__device__ __forceinline__ unsigned ld_acq(const unsigned* p) { unsigned v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
+__device__ __forceinline__ unsigned ld_acq(const unsigned* p) { return prnn_ld_acquire(p); }
 __device__ __forceinline__ void grid_barrier(unsigned* cnt, unsigned target) {
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cuda_fp16.h>
 #include "probe_common.cuh"
+#include "../../prnn_tvm/codegen/barriers/sentinel.cuh"  // the project's sentinel exchange: its loads and check
 
 __device__ __forceinline__ __half probe_value(int unit, int b, int t) { return __int2half_rn((unit + b + t) & 1023); }
 
@@ -75,16 +76,15 @@ __device__ __forceinline__ void tags_exchange(uint64_t* ws, __half* tile, int t)
 }
 
 // The sentinel exchange (sentinel_exchange.cu, exchange_groups.cu): a slot per step filled with every bit set
-// before the launch; a thread loads its 16-byte pieces of the state, load j the piece at j * LANES + threadIdx.x.
+// before the launch; a thread loads its 16-byte pieces of the state, load j the piece at j * LANES + threadIdx.x,
+// with the project's relaxed load and sentinel check (prnn_tvm/codegen/barriers/sentinel.cuh).
 __device__ __forceinline__ uint4 ld_relaxed_16(const void* p) {
   uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  prnn_relaxed_load<16>(p, (unsigned*)&v);
   return v;
 }
 __device__ __forceinline__ bool has_sentinel(uint4 v) {  // any half of the 16 bytes is 0xffff
-  return __vcmpeq2(v.x, 0xffffffffu) | __vcmpeq2(v.y, 0xffffffffu) | __vcmpeq2(v.z, 0xffffffffu) |
-         __vcmpeq2(v.w, 0xffffffffu);
+  return prnn_still_stale<__half, 4, 1>((const unsigned*)&v, 1u) != 0u;
 }
 // The loads this thread makes of a state of N16 pieces: bit j for load j.
 template <int PER, int LANES, int N16>
@@ -103,9 +103,7 @@ __device__ __forceinline__ void poll_until_fresh(const __half* slot, uint4* v, u
 #pragma unroll
     for (int j = 0; j < PER; ++j)
       if (stale & (1u << j)) v[j] = ld_relaxed_16((const uint4*)slot + j * LANES + threadIdx.x);
-#pragma unroll
-    for (int j = 0; j < PER; ++j)
-      if ((stale & (1u << j)) && !has_sentinel(v[j])) stale &= ~(1u << j);
+    stale = prnn_still_stale<__half, 4, PER>((const unsigned*)v, stale);
   }
 }
 // This thread's pieces into the tile (rows of H + 8 halves).

@@ -21,7 +21,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from ..codegen import barrier as grid_barrier
+from ..codegen import barriers
 from ..codegen.build import PIPELINE, nvcc_compile, plain_args
 from ..codegen.kernel import HAND_PLACED, PLAIN_ARGS, SEQ_LEN
 from ..errors import BarrierTimeout
@@ -39,34 +39,30 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
     (whose tags come from the device-side base; the value is the step); ``errors`` is (1,)
     uint32.
     """
-    bar = grid_barrier.BARRIERS[barrier]
-    if bar.sentinel:
-        raise ValueError("'sentinel' exchanges through a layer's output sequence, which the probe does not have: "
-                         "bench/probes/sentinel_exchange.cu measures it")
-    if bar.carries_data and not all_to_all:
-        raise ValueError("'tags' synchronizes through data every block reads: a probe reading one neighbour "
-                         "lets blocks run two steps apart and overwrite a slot before it is read")
+    bar = barriers.by_name(barrier)
+    problem = bar.probe_problem(all_to_all)
+    if problem:
+        raise ValueError(problem)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("barrier_probe")
             T.func_attr({"tirx.noalias": True, HAND_PLACED: True, PLAIN_ARGS: ["buf", "errors", "sync"],
                          "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"]})
-            buf = T.arg("buf", T.buffer((2, ctas), "uint64" if bar.carries_data else "int32", buffer_name="buf"))
+            buf = T.arg("buf", T.buffer((2, ctas), bar.exchange_dtype("int32"), buffer_name="buf"))
             errors = T.arg("errors", T.buffer((1,), "uint32", buffer_name="errors"))
             launch_id = T.arg("launch_id", tirx.Var("launch_id", "int32"))
             steps = T.arg(SEQ_LEN, tirx.Var(SEQ_LEN, "int32"))
-            sync = grid_barrier.declare_sync_args() if bar.has_state else None
+            sync = barriers.declare_sync_args() if bar.state_words is not None else None
             with T.launch_thread("blockIdx.x", ctas) as bx, T.launch_thread("threadIdx.x", threads) as tx:
                 seen = T.alloc_buffer((ctas,), "float32", scope="shared")
-                base = grid_barrier.emit_begin(bar, sync)
+                base = bar.begin(sync)
                 with T.serial(0, steps) as t:
-                    if bar.carries_data:
+                    if bar.polls_values:
                         _tagged_step(bar, buf, errors, seen, sync, base, t, bx, tx, ctas, threads)
                     else:
                         _plain_step(bar, buf, errors, sync, base, launch_id, steps, t, bx, tx, ctas, threads,
                                     all_to_all)
-                if bar.has_state:
-                    grid_barrier.emit_end(bar, sync, base, steps if bar.carries_data else steps - 1)
+                bar.end(sync, base, steps, steps - 1)
     return ib.get()
 
 
@@ -80,17 +76,15 @@ def _plain_step(bar, buf, errors, sync, base, launch_id, steps, t, bx, tx, ctas,
     with T.If(tx == 0):
         with T.Then():
             T.buffer_store(buf, expect + 1, [(t + 1) % 2, bx])
-    with T.If(t < steps - 1):
-        with T.Then():
-            grid_barrier.emit(bar, t, base, sync)
+    bar.wait(t, base, sync, when=t < steps - 1)
 
 
 def _tagged_step(bar, buf, errors, seen, sync, base, t, bx, tx, ctas, threads):
     """Poll every block's tagged value of step t - 1, check them, write this step's."""
     with T.If(t > 0):
         with T.Then():
-            abort = grid_barrier.tag_copy(bar, threads, T.address_of(buf[t % 2, 0]), T.address_of(seen[0]),
-                                          "float32", ctas, ctas, ctas, ctas, base, t, sync)
+            abort = bar.poll_copy(threads, T.address_of(buf[t % 2, 0]), T.address_of(seen[0]), "float32", ctas,
+                                  ctas, ctas, ctas, base, t, sync)
             with T.If(abort != 0):
                 with T.Then():
                     T.Break()
@@ -99,8 +93,7 @@ def _tagged_step(bar, buf, errors, seen, sync, base, t, bx, tx, ctas, threads):
                 _count_if(errors, tirx.all(slot < ctas, seen[slot] != T.Cast("float32", t)))
     with T.If(tirx.all(tx == 0, tirx.Not(tirx.all(bx == 0, t == sync.stall_step)))):
         with T.Then():
-            T.evaluate(grid_barrier.tag_store(bar, T.address_of(buf[(t + 1) % 2, bx]), T.Cast("float32", t + 1),
-                                              base, t))
+            T.evaluate(bar.store(T.address_of(buf[(t + 1) % 2, bx]), T.Cast("float32", t + 1), base, t))
 
 
 def _checked_blocks(bx, tx, ctas, threads, all_to_all):
@@ -132,18 +125,18 @@ class Probe:
     """
 
     def __init__(self, barrier: str, ctas: int, threads: int, all_to_all: bool):
-        self.barrier, self.ctas = grid_barrier.BARRIERS[barrier], ctas
+        self.barrier, self.ctas = barriers.by_name(barrier), ctas
         self.module = build_probe(barrier, ctas, threads, all_to_all, gpu_spec().arch)  # the local GPU's arch
         self.dev = tvm.cuda(0)
-        self.buf = tvm.runtime.tensor(np.zeros((2, ctas), np.uint64 if self.barrier.carries_data else np.int32),
-                                      self.dev)
+        self.buf = tvm.runtime.tensor(np.zeros((2, ctas), self.barrier.exchange_dtype("int32")), self.dev)
         self.errors = tvm.runtime.tensor(np.zeros(1, np.uint32), self.dev)
-        self.sync = tvm.runtime.tensor(np.zeros(grid_barrier.SYNC_WORDS, np.uint32), self.dev)
+        self.sync = tvm.runtime.tensor(np.zeros(barriers.SYNC_WORDS, np.uint32), self.dev)
         self.timeout_us, self.stall_step, self.launch_id = DEFAULT_TIMEOUT_US, -1, 0
 
     def _args(self, steps: int) -> list:
         args = [self.buf, self.errors, self.launch_id, steps]
-        return args + ([self.sync, self.timeout_us, self.stall_step, 0] if self.barrier.has_state else [])
+        return args + ([self.sync, self.timeout_us, self.stall_step, 0] if self.barrier.state_words is not None
+                       else [])
 
     def run(self, steps: int, launches: int = 1) -> int:
         """Launch ``launches`` times (fresh launch id each); return the wrong values counted."""

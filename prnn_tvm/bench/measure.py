@@ -23,8 +23,8 @@ import torch
 
 from .. import torch as prnn_torch
 from ..checks import abs_error, worst
-from ..codegen import barrier as grid_barrier
-from ..dtypes import HALF_DTYPES, tolerance
+from ..codegen import barriers
+from ..dtypes import policy, tolerance
 from ..errors import PrnnError
 from ..runtime.layer import Layer
 from ..target import GpuSpec
@@ -42,14 +42,14 @@ class Mismatch(PrnnError):
 
 
 def barrier_seconds_per_step(layer: Layer, probes: dict) -> float | None:
-    """The barrier alone for this layer's grid and barrier (probes are cached by grid); None for a
-    ``sentinel`` kernel, which crosses no barrier per step (its exchange is the output sequence itself,
-    measured alone by bench/probes/sentinel_exchange.cu), so it has no barrier floor."""
+    """The barrier alone for this layer's grid and barrier (probes are cached by grid); None for a kind the
+    probe cannot run (``sentinel``, which crosses no barrier per step: its exchange is the output sequence
+    itself, measured alone by bench/probes/sentinel_exchange.cu), so it has no barrier floor."""
     launch = layer.kernel.launch
-    kind = launch.sync.kind if launch.sync is not None else "grid_sync"
-    if grid_barrier.BARRIERS[kind].sentinel:
+    kind = barriers.of_launch(launch)
+    if kind.probe_problem(all_to_all=True):
         return None
-    key = (kind, launch.grid.ctas, launch.grid.threads)
+    key = (kind.name, launch.grid.ctas, launch.grid.threads)
     if key not in probes:
         probes[key] = Probe(*key, all_to_all=True)
         wrong = probes[key].run(steps=200)
@@ -110,7 +110,7 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
     flop_layer, flop_rec = flops(layer.plan, layer.input_size, T)
     barrier_s = barrier_seconds_per_step(layer, probes)
     row.update(repeats=repeats, barrier_us=None if barrier_s is None else barrier_s * 1e6)
-    peak = gpu.peak_half_flops if case.dtype in HALF_DTYPES else gpu.peak_fp32_flops
+    peak = gpu.peak_half_flops if policy(case.dtype).mma is not None else gpu.peak_fp32_flops
     if peak:  # unknown clock: no FLOP floor rather than a wrong one
         row.update(flop_layer_ms=flop_layer / peak * 1e3, flop_recurrent_ms=flop_rec / peak * 1e3)
     if peak and barrier_s is not None:

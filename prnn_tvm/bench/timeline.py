@@ -94,15 +94,14 @@ def instrumented_layer(cell: str, hidden: int, batch: int, dtype: str, config: d
     operand tile: one batch tile per pass)."""
     from ..codegen import build
     from ..compiler import compile_cell
-    from ..schedules import persistent_mma_config as mc
-    from ..schedules.ranking import parts
+    from ..schedules import by_name
 
     plain = compile_cell(cell, hidden, batch, dtype=dtype, config=config or None, arch=arch)
-    cfg = plain.kernel.config
-    g = mc.geometry(cfg, plain.plan) if isinstance(cfg, mc.MmaConfig) else None
+    cfg, plan = plain.kernel.config, plain.plan
+    g = by_name(plain.kernel.template).geometry(cfg, plan) if plain.kernel.template == "persistent_mma" else None
     why = ("not the tensor-core template" if g is None else
            "not the sentinel exchange" if cfg.barrier != "sentinel" else
-           "more than one phase or part" if plain.plan.phases > 1 or len(parts(cfg.layout, plain.plan)) > 1 else
+           "more than one phase or part" if plan.phases > 1 or (cfg.layout == "split" and plan.cta_parts) else
            "more than one item per thread" if g.items_per_thread > 1 else
            "more than one batch tile per pass of a shared operand tile" if not cfg.direct and g.batch_chunks > 1
            else None)

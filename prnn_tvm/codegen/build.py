@@ -151,6 +151,18 @@ def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.ta
                            target, gpu)
 
 
+def generated_source(funcs: dict, target: tvm.target.Target) -> str:
+    """The CUDA source a build of ``{name: PrimFunc}`` compiles, without compiling it (where no GPU is loaded TVM
+    emits source only): for comparing the generated code of two versions (``bench/source_hashes.py``)."""
+    with target:
+        lib = tvm.tirx.build(_module(funcs), target=target, pipeline=PIPELINE)
+    return _compiled_source(lib.imports[0].inspect_source(), plain_args(funcs.values()))
+
+
+def _module(funcs: dict) -> tvm.IRModule:
+    return tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+
+
 def build_functions(funcs: dict, target: tvm.target.Target, gpu: GpuSpec | None) -> Built:
     """Compile ``{name: PrimFunc}`` into one module, each function exported as its name.
 
@@ -158,7 +170,7 @@ def build_functions(funcs: dict, target: tvm.target.Target, gpu: GpuSpec | None)
     CUDA builds hold source only and cannot run here, and the source is compiled with nvcc
     for ``gpu.arch`` anyway, to get ptxas's report.
     """
-    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    mod = _module(funcs)
     if target.kind.name != "cuda":
         return Built(tvm.tirx.build(mod, target=target, pipeline=PIPELINE))
     reports: list = []

@@ -27,12 +27,11 @@ from ..signature import (
     projection_launch,
     recurrent_args,
 )
-from .barrier import SyncArgs
+from .barriers.base import SyncArgs
 
 SEQ_LEN = "seq_len"  # the name of the sequence-length variable inside kernels
 HAND_PLACED = "prnn.hand_placed"  # a kernel the tirx pipeline lowers as written (``codegen.build``)
 PLAIN_ARGS = "prnn.plain_args"  # the kernel's arguments not to declare __restrict__ (``codegen.build``)
-MMA_TYPES = {"float16": "fp16", "bfloat16": "bf16"}  # storage dtypes as ``mma.sync`` operands (tensor cores)
 
 
 def vec_index(base, lanes: int):
@@ -92,7 +91,7 @@ def declare_args(launch: Launch) -> SimpleNamespace:
     Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out`` (None in a
     launch without it), ``ws`` (None without a workspace), ``exchange`` (None without an exchange
     sequence), ``lengths`` (None in a launch without per-row lengths), ``sync`` (the barrier's
-    :class:`~.barrier.SyncArgs`, or None), dicts ``weight``, ``param``, ``init``, ``final`` keyed by the
+    :class:`~.barriers.base.SyncArgs`, or None), dicts ``weight``, ``param``, ``init``, ``final`` keyed by the
     cell's declared names, and ``named``: every argument by its name.
     """
     seq_len = tirx.Var(SEQ_LEN, "int32")

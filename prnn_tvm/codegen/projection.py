@@ -19,15 +19,17 @@ from tvm.s_tir import dlight as dl
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
+from ..dtypes import M16N8K16, DtypePolicy
+from ..errors import ConfigError
 from ..frontend.plan import CellPlan
-from .kernel import HAND_PLACED, MMA_TYPES, SEQ_LEN, vec_index
+from .kernel import HAND_PLACED, SEQ_LEN, vec_index
 
 
 def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) -> tirx.PrimFunc:
     """The projection as a PrimFunc named ``projection``, scheduled for ``target``."""
     B, N, dt, acc = plan.batch, plan.input.slices * plan.hidden, plan.dtype, plan.policy.accumulate
-    if target.kind.name == "cuda" and dt in MMA_TYPES:
-        return tensor_core_projection(B, input_size, N, dt, acc)
+    if target.kind.name == "cuda" and plan.policy.mma is not None:
+        return tensor_core_projection(B, input_size, N, plan.policy)
     seq_len = tirx.Var(SEQ_LEN, "int32")
     x = te.placeholder((seq_len, B, input_size), dt, name="x")
     w = te.placeholder((N, input_size), dt, name="W_ih")
@@ -113,12 +115,13 @@ def _cpu_schedule(mod: tvm.IRModule, main_block: str) -> tvm.IRModule:
     return sch.mod
 
 
-# The tensor-core projection: mma.sync m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), half inputs,
-# float32 accumulators. A CTA computes a TILE_ROWS x TILE_COLS tile of xp, each of its warps a
-# (16 M_TILES) x (TILE_COLS / WARPS_N) piece of it (M_TILES x N_TILES instruction tiles); the k loop stages
-# TILE_K columns of x's rows and of W_ih's rows in shared memory, each row SKEW elements longer than
-# TILE_K (so the eight rows a fragment load touches fall on distinct banks). 64-row tiles on 4 warps beat
-# 128-row tiles on 8 at 5 of the benchmark's 6 shapes on the H100 (bench/results/projection-h100.md).
+# The tensor-core projection: mma.sync of the dtype policy's operand (the fragment layouts of m16n8k16, PTX ISA,
+# "Matrix Fragments for mma.m16n8k16"), half inputs, float32 accumulators. A CTA computes a TILE_ROWS x
+# TILE_COLS tile of xp, each of its warps a (16 M_TILES) x (TILE_COLS / WARPS_N) piece of it (M_TILES x N_TILES
+# instruction tiles); the k loop stages TILE_K columns of x's rows and of W_ih's rows in shared memory, each row
+# SKEW elements longer than TILE_K (so the eight rows a fragment load touches fall on distinct banks). 64-row
+# tiles on 4 warps beat 128-row tiles on 8 at 5 of the benchmark's 6 shapes on the H100
+# (bench/results/projection-h100.md).
 TILE_ROWS, TILE_COLS, TILE_K, SKEW = 64, 128, 32, 8
 WARPS_N, M_TILES = 2, 2
 WARPS_M = TILE_ROWS // (16 * M_TILES)
@@ -126,7 +129,7 @@ N_TILES = TILE_COLS // WARPS_N // 8
 VECTOR = 8  # elements of one 16-byte global load
 
 
-def tensor_core_projection(batch: int, input_size: int, width: int, dtype: str, acc: str) -> tirx.PrimFunc:
+def tensor_core_projection(batch: int, input_size: int, width: int, policy: DtypePolicy) -> tirx.PrimFunc:
     """``xp[t, n, j] = sum_k x[t, n, k] W_ih[j, k] + b_ih[j]`` on tensor cores, for any sequence length, batch,
     input size and width (the tiles past the matrices are zero-filled, the stores past them skipped).
 
@@ -135,7 +138,11 @@ def tensor_core_projection(batch: int, input_size: int, width: int, dtype: str, 
     holds A element ``j`` of row ``grp + 8 * ((j // 2) % 2)``, column ``2 * quad + j % 2 + 8 * (j // 4)`` of its
     16 x 16 tile of x, B element ``j`` of row (of W_ih) ``grp``, column ``2 * quad + j % 2 + 8 * (j // 2)``, and
     accumulator ``i`` of row ``grp + 8 * (i // 2)``, column ``2 * quad + i % 2``."""
-    ptx, K, stride = MMA_TYPES[dtype], input_size, TILE_K + SKEW
+    dtype, acc, mma = policy.storage, policy.accumulate, policy.mma
+    if mma.shape != M16N8K16:  # its fragments, tiles and ldmatrix addressing are that shape's
+        raise ConfigError(f"the tensor-core projection is laid out for mma.sync {M16N8K16}, not {mma.shape} "
+                          f"({policy.storage})")
+    K, stride = input_size, TILE_K + SKEW
     lanes = next(v for v in (VECTOR, 4, 2, 1) if K % v == 0)  # a vector never straddles a row's end
     with IRBuilder() as ib:
         with T.prim_func():
@@ -194,8 +201,8 @@ def tensor_core_projection(batch: int, input_size: int, width: int, dtype: str, 
                             _ldmatrix_x4(bfrag, n * 4, b_tile, b0 + col * stride + ks * 16 + 8 * (lane // 8 % 2))
                         for m in range(M_TILES):
                             for n in range(N_TILES):
-                                T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", afrag.data,
-                                                            m * 8, bfrag.data, n * 4, c.data,
+                                T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
+                                                            afrag.data, m * 8, bfrag.data, n * 4, c.data,
                                                             (m * N_TILES + n) * 4, False))
                     with T.If(kb + 1 < blocks):  # the other buffer: last read before the previous sync
                         with T.Then():

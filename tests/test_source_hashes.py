@@ -1,0 +1,24 @@
+"""The generated CUDA of a few kernels of every kind (``bench/source_hashes.py --only smoke``: LSTM's first defaults
+and projection, a stack's, a tuning record of each template and exchange, the training kernels, two barrier
+probes) is byte-identical to what ``tests/data/source_hashes.json`` recorded: a refactor of the code generator
+shows here when it changes a kernel. A change meant to change kernels writes the file again:
+
+    python bench/source_hashes.py --only smoke --out tests/data/source_hashes.json
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "tests" / "data" / "source_hashes.json"
+
+
+def test_the_smoke_kernels_are_the_recorded_ones():
+    recorded = json.loads(RECORDED.read_text())
+    assert len(recorded) >= 20 and not any(v.startswith("refused") for v in recorded.values())
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "source_hashes.py"), "--only", "smoke", "--compare",
+                           str(RECORDED)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert f"{len(recorded)} compared with" in done.stdout and ": 0 differ" in done.stdout
