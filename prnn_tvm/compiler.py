@@ -25,6 +25,7 @@ from .runtime import binding
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
 from .schedules import backward_for, gpu_backward, saving_forward, templates_for
+from .session_build import SessionKernels, compile_session  # noqa: F401 - the compiler's entry points, re-exported
 from .signature import SEQ, Signature
 from .target import GpuSpec, gpu_spec
 

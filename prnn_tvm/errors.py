@@ -37,6 +37,10 @@ class BarrierTimeout(PrnnError):
     """A grid barrier wait gave up: some block never arrived. The layer's outputs are invalid."""
 
 
+class SessionError(PrnnError):
+    """A resident session cannot start (its SMs are not free), was closed, or timed out (its states are lost)."""
+
+
 class ExportError(PrnnError):
     """A layer cannot be exported (for example a CUDA layer whose kernels nvcc cannot compile here)."""
 

@@ -305,6 +305,59 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
     return replace(launch, function="recurrent_save", args=tuple(args))
 
 
+# ------------------------------------------------------------------ a resident session's launches
+# A session (prnn_tvm.runtime.session) launches a layer's recurrent kernel once and has it serve a step per
+# request: a launch on the caller's stream publishes a step's input projection into a mailbox, the kernel polls
+# it, and a launch on the caller's stream collects the step's outputs (prnn_tvm/codegen/barriers/session.cuh).
+
+REQUESTS = "mailbox"    # (depth, ctas, B, slices x units) tagged words: each CTA's part of a request, contiguous
+RESPONSES = "resp"      # (depth, states, B, H) tagged words: each step's new states
+CONTROL_WORDS = 4       # control[0]: the steps requested of the running launch
+FREE_SMS = 4            # SMs a session leaves to other kernels by default (its own publish and collect among them)
+
+
+def with_session(launch: Launch, ctas: int, units: int, slices: int) -> Launch:
+    """``launch`` (a recurrent launch) as a session's resident kernel, ``recurrent_session``: the request mailbox in
+    place of ``xp``, in place of ``out`` the tagged responses (every state's new value, in the order of the final
+    states: the outputs are among them), no ``lengths`` (every row runs every step), and two
+    more scalars, ``idle_us`` (how long it waits for a request before it reports a timeout: a bound against a
+    caller that went away, not the session's release) and ``capacity`` (the most steps a launch serves). The
+    mailbox's and responses' first dimension (:data:`SEQ`) is the depth of their rings."""
+    args = []
+    for a in launch.args:
+        if a.name == "xp":
+            args.append(Arg(REQUESTS, ArgRole.WORKSPACE, (SEQ, ctas, a.shape[1], slices * units), "uint64"))
+        elif a.name == "out":
+            finals = [f for f in launch.args if f.role is ArgRole.FINAL]
+            args.append(Arg(RESPONSES, ArgRole.WORKSPACE, (SEQ, len(finals), *finals[0].shape), "uint64"))
+        elif a.role is not ArgRole.LENGTHS:
+            args.append(a)
+    args += [Arg("idle_us", ArgRole.SCALAR, (), "int32"), Arg("capacity", ArgRole.SCALAR, (), "int32")]
+    return replace(launch, function="recurrent_session", args=tuple(args))
+
+
+def session_launches(resident: Launch, input_size: int, width: int, dtype: str, grids: dict) -> tuple:
+    """The launches a session's caller makes around ``resident`` (:func:`with_session`), on ``grids`` (by
+    function): ``session_publish`` (a step's input ``x`` (B, ``input_size``) projected with ``W_ih``
+    (``width``, ``input_size``) and ``b_ih`` into the mailbox), ``session_collect`` (the step's new ``states``,
+    one (B, H) matrix per state in the order of the final states, from the responses) and ``session_close`` (the
+    close mark in the mailbox). ``control``
+    (:data:`CONTROL_WORDS` uint32) counts the steps requested; ``sync`` and the scalars are the resident
+    kernel's."""
+    mailbox, resp = resident.arg(REQUESTS), resident.arg(RESPONSES)
+    sync = (resident.arg("sync"),)
+    control = Arg("control", ArgRole.WORKSPACE, (CONTROL_WORDS,), "uint32")
+    batch = mailbox.shape[2]
+    publish = (Arg("x", ArgRole.INPUT, (batch, input_size), dtype),
+               Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype), Arg("b_ih", ArgRole.PARAM, (width,), dtype),
+               mailbox, control, *sync)
+    collect = (resp, Arg("states", ArgRole.OUTPUT, resp.shape[1:], dtype), control, *sync,
+               resident.arg("timeout_us"), resident.arg("error_host"))
+    close = (mailbox, control, *sync)
+    return tuple(Launch(name, args, grids[name]) for name, args in (
+        ("session_publish", publish), ("session_collect", collect), ("session_close", close)))
+
+
 def gpu_backward_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple,
                       saved: int, gates: int, dtype: str, storage: str, workspace: tuple,
                       sync_words: int | None) -> tuple:

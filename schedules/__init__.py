@@ -15,13 +15,13 @@ from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma
+from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma, session
 from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
 __all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_for", "by_name", "gpu_backward",
-           "knob_short_names", "knob_text", "saving_forward", "template_for", "templates_for"]
+           "knob_short_names", "knob_text", "saving_forward", "session_kernel", "template_for", "templates_for"]
 
 
 def templates_for(plan, target) -> list:
@@ -64,6 +64,22 @@ def saving_forward(plan, target, gpu, config):
     template = next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
     config = template.knobs.saving_config(config, plan, gpu)
     builder = template.builder(plan, config, template.knobs.validate(config, plan, gpu), save=True)
+    return Kernel(builder.build(), template.name, builder.launch, config)
+
+
+def session_kernel(plan, target, gpu, config):
+    """The resident kernel of a session of a layer built with ``config`` (``schedules.session``: the config made to
+    run the ``tags`` exchange in the shared layout, or the best untuned one that does); ConfigError with the reason
+    where ``plan`` cannot run as a session."""
+    problem = session.session_problem(plan)
+    if problem:
+        raise ConfigError(problem)
+    if target.kind.name != "cuda":
+        raise ConfigError(f"a session keeps a CUDA kernel resident; target {target.kind.name} has none: compile the "
+                          "layer for target='cuda'")
+    template = next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
+    config = session.session_config(config, plan, gpu, template.knobs.validate, template.knobs.ranked_configs)
+    builder = session.session_builder(template.builder)(plan, config, template.knobs.validate(config, plan, gpu))
     return Kernel(builder.build(), template.name, builder.launch, config)
 
 

@@ -260,7 +260,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.alloc_product_buffers()
                 w = self.width
                 self.sreg = T.alloc_buffer((max(1, ipt * w.priv),), self.compute_dt, scope="local")
-                self.xreg = T.alloc_buffer((max(1, ipt * w.x),), self.a.xp.dtype, scope="local")
+                self.xreg = T.alloc_buffer((max(1, ipt * w.x),), p.policy.accumulate, scope="local")  # xp's type
                 self.preg = T.alloc_buffer((max(1, ipt * w.p),), self.dt, scope="local")
                 self.lreg = T.alloc_buffer((max(1, ipt * w.live),), self.compute_dt, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length
@@ -269,6 +269,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 self.aborted = T.alloc_buffer((1,), "int32", scope="local")
                 T.buffer_store(self.aborted, 0, [0])
                 self.barrier_base = self.barrier.begin(self.sync)
+                self.alloc_loop_state()
                 if self.sync is not None:
                     self.barrier.start(self)
                 for _ in self.part_loops():
@@ -279,8 +280,18 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 if self.sync is not None:  # the last step crosses no barrier
                     for _ in self.each_part():
                         self.report_timeout()
-                    self.barrier.end(self.sync, self.barrier_base, self.steps, self.steps * p.phases - 1)
+                    steps = self.steps_run
+                    self.barrier.end(self.sync, self.barrier_base, steps, steps * p.phases - 1)
         return ib.get()
+
+    def alloc_loop_state(self):
+        """Before the time loop: registers or shared memory the loop keeps besides the template's own (a session
+        kernel's, ``schedules.session``)."""
+
+    @property
+    def steps_run(self):
+        """The steps the time loop ran, once it ended: all of them (a session kernel leaves it on request)."""
+        return self.steps
 
     def prologue(self):
         self.load_weights()
@@ -304,12 +315,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         p = self.p
         self.t = t  # the time loop's variable, for what the products mixin indexes by step
         for _ in self.each_part():
-            for it, group, item in self.items():  # issued now, consumed after the products
-                with item as (b, unit, _ul):
-                    timing = self.timing(t, it)
-                    for i, leaf in enumerate(self.slots[group].x):
-                        T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b,
-                                                            leaf.slice * self.H + unit], [it * self.width.x + i])
+            self.load_inputs(t)
         if self.tiles_in_turn:
             self.tile_by_tile(t)
             return
@@ -330,6 +336,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         if p.needs_grid_barrier:
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
                               when=t < self.steps - 1)
+
+    def load_inputs(self, t):
+        """Step ``t``'s input projection for the items of the part being emitted, into registers: issued now,
+        consumed after the products."""
+        for it, group, item in self.items():
+            with item as (b, unit, _ul):
+                timing = self.timing(t, it)
+                for i, leaf in enumerate(self.slots[group].x):
+                    T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b, leaf.slice * self.H + unit],
+                                   [it * self.width.x + i])
 
     @property
     def tiles_in_turn(self) -> bool:
@@ -378,7 +394,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             with T.Then():
                 for _it, group, item in self.items():
                     with item as (b, unit, _ul):
-                        for k, name in enumerate(self.p.outputs):
+                        for k, name in enumerate(self.p.outputs if self.a.out is not None else ()):
                             if name in group.states:
                                 with T.serial(0, self.a.seq_len) as t:
                                     T.buffer_store(self.a.out, nan, [t, b, k * self.H + unit])
@@ -433,11 +449,20 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 T.buffer_store(self.oreg, stored[name], [it * len(self.own) + self.own[name]])
             else:
                 self.publish(name, t, b, unit, stored[name])
+        self.write_outputs(t, timing, stored, b, unit)
+
+    def write_outputs(self, t, timing, stored: dict, b, unit):
+        """End of step: the output sequence (and what the barrier kind publishes with it), and after the last step
+        the final states."""
         self.barrier.write_outputs(self, t, timing, stored, b, unit)
         with T.If(t == self.steps - 1):
             with T.Then():
-                for name, value in stored.items():
-                    T.buffer_store(self.a.final[name], value, [b, unit])
+                self.write_final(stored, b, unit)
+
+    def write_final(self, stored: dict, b, unit):
+        """The final states: the new ``stored`` values (by state name) of row ``b``, unit ``unit``."""
+        for name, value in stored.items():
+            T.buffer_store(self.a.final[name], value, [b, unit])
 
     def save_leaves(self, t, it, group, b, unit, ul):
         """A training forward keeps, for this step and item, what ``CellPlan.saved_leaves`` lists; a stage as

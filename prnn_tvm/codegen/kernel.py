@@ -88,8 +88,8 @@ def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = 
 def declare_args(launch: Launch) -> SimpleNamespace:
     """Declare a launch's arguments inside a ``T.prim_func()`` frame, in its order.
 
-    Returns a namespace with ``seq_len`` (the symbolic length), ``xp``, ``out`` (None in a
-    launch without it), ``ws`` (None without a workspace), ``exchange`` (None without an exchange
+    Returns a namespace with ``seq_len`` (the symbolic length), ``xp`` and ``out`` (None in a
+    launch without them), ``ws`` (None without a workspace), ``exchange`` (None without an exchange
     sequence), ``lengths`` (None in a launch without per-row lengths), ``sync`` (the barrier's
     :class:`~.barriers.base.SyncArgs`, or None), dicts ``weight``, ``param``, ``init``, ``final`` keyed by the
     cell's declared names, and ``named``: every argument by its name.
@@ -107,12 +107,12 @@ def declare_args(launch: Launch) -> SimpleNamespace:
         return {a.name[:len(a.name) - len(strip)] if strip else a.name: declared[a.name]
                 for a in launch.args if a.role is role and a.name.endswith(strip)}
 
-    ns = SimpleNamespace(seq_len=seq_len, xp=declared["xp"], out=declared.get("out"), ws=declared.get("workspace"),
+    ns = SimpleNamespace(seq_len=seq_len, xp=declared.get("xp"), out=declared.get("out"), ws=declared.get("workspace"),
                          lengths=declared.get("lengths"), exchange=declared.get("exchange"), named=declared)
     ns.weight, ns.param = by_role(ArgRole.WEIGHT), by_role(ArgRole.PARAM)
     ns.init, ns.final = by_role(ArgRole.STATE, strip="0"), by_role(ArgRole.FINAL, strip="_n")
-    ns.sync = (SyncArgs(declared["sync"], *(declared[name] for name in SYNC_SCALARS)) if "sync" in declared
-               else None)
+    ns.sync = (SyncArgs(declared["sync"], *(declared.get(name) for name in SYNC_SCALARS)) if "sync" in declared
+               else None)  # a launch that only reads the barrier's words takes none of its scalars
     return ns
 
 

@@ -17,8 +17,10 @@ from ..codegen.kernel import Kernel, layer_signature
 from ..errors import PrnnError
 from ..frontend.plan import CellPlan
 from ..report import CompileReport
+from ..session_build import compile_session
 from ..target import GpuSpec, local_gpu
 from .base import RuntimeLayer
+from .session import FREE_SMS, RELEASE_AFTER_S, Session
 
 
 class Layer(RuntimeLayer):
@@ -43,12 +45,28 @@ class Layer(RuntimeLayer):
         self.report, self.cuda_source = report, built.source
         self._backward = None  # its backward, once compiled (prnn_tvm.compiler.compile_backward)
         self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
+        self._session = None  # a CUDA layer's session kernels, once compiled (prnn_tvm.compiler.compile_session)
         signature = layer_signature(plan, input_size, kernel.launch)
         if kernel.launch.grid is not None:  # the co-residency check wants ptxas's figures where there are any
             grid = kernel.launch.grid
             signature = signature.with_grid(kernel.launch.function, registers=report.registers or grid.registers,
                                             static_smem_bytes=report.static_smem_bytes or 0)
         super().__init__(signature, built.module, target.kind.name == "cuda")
+
+    def session(self, *, release_after: float = RELEASE_AFTER_S, free_sms: int = FREE_SMS, **arrays):
+        """A resident session of this CUDA layer (:mod:`prnn_tvm.runtime.session`): its kernel launched once, one
+        step per call (``session.step(x_t)`` with NumPy, ``session.post(x_t, out)`` with GPU tensors). ``arrays``:
+        ``W_ih``, ``b_ih`` and the cell's weights and params by the names a call takes, and optionally initial
+        states (``h0``, ``c0``, ...). ``release_after``: seconds without a step after which the GPU is let go (the
+        next step relaunches); ``free_sms``: SMs left to other kernels. Keyword arguments of
+        :class:`~prnn_tvm.runtime.session.Session` pass through. A stack serves a step per call as a deep stack
+        (compile ``"<cell>_d<layers>"``)."""
+        kernels = compile_session(self)
+        options = {k: arrays.pop(k) for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us")
+                   if k in arrays}
+        initial = {name[:-1]: arrays.pop(name) for name in [f"{s.name}0" for s in self.plan.states] if name in arrays}
+        self.device  # noqa: B018 - refuses a layer that holds CUDA source only, saying so
+        return Session(kernels, arrays, initial, release_after=release_after, free_sms=free_sms, **options)
 
     @property
     def device(self) -> tvm.runtime.Device:

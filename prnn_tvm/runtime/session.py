@@ -1,0 +1,439 @@
+"""Resident sessions: a layer's persistent kernel launched once, serving one timestep per request.
+
+A session (``layer.session()``, or ``prnn_tvm.torch`` modules' ``session()``) launches the layer's recurrent
+kernel in session mode on a stream of its own (``schedules/session.py``). It keeps the weights in registers and the
+states on chip between steps. Each step is two small launches on the caller's stream, no host synchronization:
+``session_publish`` projects the step's input into the request mailbox, the resident kernel takes it, runs the step
+and stores every new state tagged; ``session_collect`` waits for them (bounded) and writes them to the caller's
+buffer. A step can therefore sit between other kernels of the caller's stream and inside a CUDA graph (each replay
+is the next step: the step count lives on the GPU).
+
+The GPU stays shared: the resident grid holds at most the SMs the session leaves free (``free_sms``, counting
+every open session of this process), and an idle session lets the GPU go. A background thread closes a session
+``release_after`` seconds after its last step (the close is stream-ordered after that step's collect); the next
+step relaunches the kernel from the final states the last launch wrote, which the caller does not see. Every wait
+is bounded: the resident kernel's wait for a request (``idle_timeout_s``, against a caller that went away), its
+exchange between blocks (``barrier_timeout_us``) and the collect's (``collect_timeout_us``); a session that timed
+out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open when the process exits are
+closed then.
+
+Two facts of CUDA a session lives with (``bench/results/session-transport-h100.md``): under lazy module loading
+(CUDA's default) the first launch of a kernel waits for every running kernel, so a session loads its own small
+kernels before its resident kernel starts, and a kernel first launched elsewhere while it runs waits until the
+session is released (``release_after``; or run the process with ``CUDA_MODULE_LOADING=EAGER``); and freeing
+device memory (``cudaFree``) waits for the resident kernel likewise, which is why a session allocates nothing per
+step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import threading
+import time
+import weakref
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from ..errors import InputError, PrnnError, SessionError
+from ..signature import FREE_SMS, REQUESTS, RESPONSES, ArgRole
+from ..target import gpu_spec, resident_ctas
+from .base import DEFAULT_TIMEOUT_US, HostWord
+from .binding import ALIGNMENT, check, place
+
+log = logging.getLogger(__name__)
+
+DEPTH = 2  # request and response slots: step t + 2 is requested only after step t was collected (stream order)
+CAPACITY = 2**31 - 1  # steps one launch of the resident kernel may serve
+RELEASE_AFTER_S = 0.05
+IDLE_TIMEOUT_S = 10.0
+COLLECT_TIMEOUT_US = 1_000_000
+IDLE = 0x40000000  # in a recorded step: the resident kernel's wait for a request (session.cuh's PRNN_SESSION_IDLE)
+
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # sessions of this process whose resident kernel runs
+
+
+class Session:
+    """A resident session of a compiled CUDA layer; see the module's doc. Make one with ``layer.session()``.
+
+    Parameters
+    ----------
+    kernels : prnn_tvm.compiler.SessionKernels
+        The session's kernels (``compile_session``).
+    weights : dict
+        ``W_ih``, ``b_ih`` and the cell's recurrent weights and params by name: NumPy arrays (copied to the GPU
+        once) or DLPack tensors on it (used in place: keep them unchanged while the session is open).
+    initial : dict, optional
+        Initial states by name (``h``, ``c``, ...; a stack's ``l0_h``...), (batch, hidden) each; zeros otherwise.
+    release_after, idle_timeout_s, barrier_timeout_us, collect_timeout_us, free_sms
+        See the module's doc. ``release_after=None``: never released while open (a session whose steps replay
+        from a CUDA graph, which the host does not see, needs it: a release between replays would lose a step,
+        which its collect then reports as a timeout).
+    """
+
+    def __init__(self, kernels, weights: dict, initial: dict | None = None, *, release_after: float = RELEASE_AFTER_S,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S, barrier_timeout_us: int = DEFAULT_TIMEOUT_US,
+                 collect_timeout_us: int = COLLECT_TIMEOUT_US, free_sms: int = FREE_SMS):
+        for name, value, low, whole in (("release_after", release_after or 0, 0, False),
+                                        ("idle_timeout_s", idle_timeout_s, 0, False),
+                                        ("barrier_timeout_us", barrier_timeout_us, 1, True),
+                                        ("collect_timeout_us", collect_timeout_us, 1, True),
+                                        ("free_sms", free_sms, 0, True)):
+            _check_number(name, value, low, whole)
+        if idle_timeout_s <= (release_after or 0) or idle_timeout_s * 1e6 > 2**31 - 1:
+            raise InputError(f"idle_timeout_s must exceed release_after ({release_after} s) and be at most 2147 s, "
+                             f"got {idle_timeout_s!r}")
+        self.kernels, self.plan = kernels, kernels.plan
+        self.release_after = None if release_after is None else float(release_after)
+        self.free_sms = int(free_sms)
+        self._scalars = {"timeout_us": int(barrier_timeout_us), "stall_step": -1, "idle_us": int(idle_timeout_s * 1e6),
+                         "capacity": CAPACITY}
+        self._collect_timeout_us = int(collect_timeout_us)
+        self.device = tvm.cuda(0)
+        self._lock = threading.RLock()
+        self._functions = {launch.function: kernels.module[launch.function]
+                           for launch in (kernels.resident, kernels.publish, kernels.collect, kernels.close)}
+        resident = kernels.resident
+        self.state_names = tuple(a.name[:-2] for a in resident.args if a.role is ArgRole.FINAL)
+        self.output_index = self.state_names.index(self.plan.outputs[0])
+        self._weights = {}
+        for a in (*kernels.publish.args, *resident.args):
+            if a.role in (ArgRole.WEIGHT, ArgRole.PARAM):
+                if a.name not in weights:
+                    raise InputError(f"the session needs weight '{a.name}' ({' x '.join(map(str, a.shape))})")
+                self._weights[a.name] = place(a, weights[a.name], 0, self.device)[0]
+        self._owned = {a.name: self._zeros(a) for a in (*resident.args, kernels.publish.arg("control"))
+                       if a.role in (ArgRole.WORKSPACE, ArgRole.SYNC)}
+        self._running = self._closed = self._loaded = False
+        shape = (self.plan.batch, self.plan.hidden)
+        self._init = {n: tvm.runtime.tensor(np.zeros(shape, self.plan.dtype), self.device) for n in self.state_names}
+        self._final = {n: tvm.runtime.tensor(np.zeros(shape, self.plan.dtype), self.device) for n in self.state_names}
+        if initial:
+            self.set_state(initial)
+        self._x = self._zeros(kernels.publish.arg("x"))
+        self._states = self._zeros(kernels.collect.arg("states"))
+        self._error = HostWord(self.device)
+        self._stream = self.device.create_raw_stream()
+        self._last_stream: int | None = None
+        self._arguments = None  # the publish's and collect's argument lists (_prepared)
+        self._last_step = 0.0
+        self.steps = 0  # steps posted by this session's host calls
+        self.launches = 0  # launches of the resident kernel (the first, and one per release)
+
+    @property
+    def debug_stall_step(self) -> int:
+        """Tests only: block 0 of the resident kernel skips publishing its values at this step of a launch, which
+        forces the exchange's timeout (-1: never)."""
+        return self._scalars["stall_step"]
+
+    @debug_stall_step.setter
+    def debug_stall_step(self, step: int) -> None:
+        self._scalars["stall_step"] = int(step)
+
+    # ------------------------------------------------------------------ the caller's calls
+    def post(self, x, out) -> None:
+        """One step, stream-ordered on TVM's current stream (``tvm_ffi.use_raw_stream``), no host wait: ``x`` (batch,
+        input) and ``out`` (states, batch, hidden: every new state in :attr:`state_names` order, the output at
+        :attr:`output_index`) GPU tensors (TVM's, or torch's and others' through DLPack), used in place."""
+        with self._lock:
+            publish, collect = self._prepared()
+            publish[self._x_at] = self._in_place("x", self.kernels.publish, x)
+            collect[self._out_at] = self._in_place("states", self.kernels.collect, out)
+            self._start()
+            self._launch(self.kernels.publish, publish)
+            self._launch(self.kernels.collect, collect)
+            self._last_stream, self._last_step = tvm_ffi.get_raw_stream(self.device), time.monotonic()
+            self.steps += 1
+
+    def step(self, x: np.ndarray) -> tuple:
+        """One step from the host: ``x`` a NumPy array (batch, input). Returns ``(y, states)``, NumPy: the output
+        (batch, hidden) and every new state by name. Waits for the step (its own launches run on TVM's current
+        stream)."""
+        arg = self.kernels.publish.arg("x")
+        if not isinstance(x, np.ndarray):
+            raise InputError(f"step takes a NumPy array (batch, input); for GPU tensors use post(x, out), got "
+                             f"{type(x).__name__}")
+        check("x", tuple(x.shape), str(x.dtype), arg.shape, arg.dtype)
+        with self._lock:
+            self._copy_in(self._x, x)
+            self.post(self._x, self._states)
+            states = self._states.numpy()
+            self._raise_on_error()
+        return states[self.output_index], dict(zip(self.state_names, states))
+
+    @property
+    def state(self) -> dict:
+        """The states after the last step, by name (NumPy). The resident kernel is closed to read them; the next
+        step relaunches it."""
+        with self._lock:
+            self._stop()
+            return {name: tensor.numpy() for name, tensor in self._init.items()}
+
+    def set_state(self, states: dict) -> None:
+        """Set the states the next step starts from, by name (NumPy, (batch, hidden) each; states not named keep
+        their values)."""
+        unknown = set(states) - set(self.state_names)
+        if unknown:
+            raise InputError(f"unknown state(s) {sorted(unknown)}; this session's: {', '.join(self.state_names)}")
+        with self._lock:
+            self._stop()
+            for name, value in states.items():
+                value = np.asarray(value)
+                check(name, tuple(value.shape), str(value.dtype), (self.plan.batch, self.plan.hidden), self.plan.dtype)
+                self._copy_in(self._init[name], value)
+
+    def reset(self, rows=None) -> None:
+        """Zero every state of the batch rows ``rows`` (all rows when None): a new utterance or episode there."""
+        self._edit(lambda value: _zero_rows(value, rows, self.plan.batch))
+
+    def reorder(self, index) -> None:
+        """Row ``b`` of every state becomes row ``index[b]``'s (beam search's reordering of hypotheses)."""
+        index = np.asarray(index)
+        if index.shape != (self.plan.batch,) or index.dtype.kind not in "iu" or index.min(initial=0) < 0 \
+                or index.max(initial=0) >= self.plan.batch:
+            raise InputError(f"index must hold {self.plan.batch} row numbers in [0, {self.plan.batch}), got {index!r}")
+        self._edit(lambda value: value[index])
+
+    def close(self) -> None:
+        """Let the resident kernel go and end the session (a later step raises)."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._stop()
+            finally:
+                self._closed = True
+                self.device.free_raw_stream(self._stream)
+
+    def release(self) -> None:
+        """Let the resident kernel go now; the next step relaunches it (what an idle session does by itself)."""
+        with self._lock:
+            self._stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether the resident kernel holds its SMs now."""
+        return self._running
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _zeros(self, arg):
+        return tvm.runtime.tensor(np.zeros(arg.concrete_shape(DEPTH), arg.dtype), self.device)
+
+    def _in_place(self, name: str, launch, value):
+        """``value`` as launch argument ``name``, checked and used as it is (a torch tensor goes to the kernel as
+        itself): a session copies and allocates nothing per step (freeing device memory would wait for the resident
+        kernel), so a misaligned tensor is refused."""
+        arg = launch.arg(name)
+        if isinstance(value, np.ndarray):
+            raise InputError(f"{name} is a NumPy array: post takes GPU tensors (step takes NumPy)")
+        if not isinstance(value, tvm.runtime.Tensor) and not hasattr(value, "data_ptr"):
+            value = place(arg, value, 0, self.device)[0]  # any other DLPack tensor: wrapped
+        dtype = value.dtype if isinstance(value, tvm.runtime.Tensor) else str(value.dtype).removeprefix("torch.")
+        check(name, tuple(int(d) for d in value.shape), str(dtype), arg.shape, arg.dtype)
+        device = getattr(value, "device", None)
+        on_gpu = (device.dlpack_device_type() == self.device.dlpack_device_type() if isinstance(
+            value, tvm.runtime.Tensor) else getattr(device, "type", None) == "cuda")
+        if not on_gpu or not value.is_contiguous():
+            raise InputError(f"{name} must be a compact tensor on the GPU (step takes NumPy), got one on {device}")
+        if value.data_ptr() % ALIGNMENT:
+            raise InputError(f"{name} must start at a multiple of {ALIGNMENT} bytes (a session copies nothing per "
+                             "step): pass a tensor of its own, not a slice at an odd offset")
+        return value
+
+    def _prepared(self) -> tuple:
+        """The publish's and the collect's arguments, but for ``x`` and ``states`` (made once)."""
+        if self._arguments is None:
+            publish, collect = self.kernels.publish, self.kernels.collect
+            self._x_at = [a.name for a in publish.args].index("x")
+            self._out_at = [a.name for a in collect.args].index("states")
+            self._arguments = (self._values(publish, {"x": None}), self._values(collect, {"states": None}))
+        return self._arguments
+
+    def _launch(self, launch, values: list) -> None:
+        try:
+            self._functions[launch.function](*values)
+        except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
+            raise SessionError(f"launching '{launch.function}' of a {self.plan.cell.name} session failed: {err}") \
+                from err
+
+    def _values(self, launch, given: dict) -> list:
+        scalars = {**self._scalars, "error_host": self._error.address}
+        if launch is self.kernels.collect:
+            scalars["timeout_us"] = self._collect_timeout_us
+        values = []
+        for a in launch.args:
+            if a.name in given:
+                values.append(given[a.name])
+            elif a.role is ArgRole.SCALAR:
+                values.append(scalars[a.name])
+            elif a.role in (ArgRole.WEIGHT, ArgRole.PARAM):
+                values.append(self._weights[a.name])
+            elif a.role is ArgRole.STATE:
+                values.append(self._init[a.name[:-1]])
+            elif a.role is ArgRole.FINAL:
+                values.append(self._final[a.name[:-2]])
+            else:
+                values.append(self._owned[a.name])
+        return values
+
+    def _call(self, launch, given: dict) -> None:
+        self._launch(launch, self._values(launch, given))
+
+    def _start(self) -> None:
+        """Launch the resident kernel if it is not running (the lock is held)."""
+        if self._closed:
+            raise SessionError("this session is closed; open a new one")
+        self._raise_on_error()
+        if self._running:
+            return
+        grid = self.kernels.resident.grid
+        gpu = gpu_spec()
+        held = sum(s.kernels.resident.grid.ctas for s in list(_OPEN) if s is not self and s._running)
+        room = gpu.sms - self.free_sms - held
+        fit = resident_ctas(grid, gpu)
+        if grid.ctas > min(room, fit):
+            raise SessionError(
+                f"a {self.plan.cell.name} session needs {grid.ctas} SMs (a CTA each) and leaves {self.free_sms} free; "
+                f"this {gpu.device_name or gpu.arch} has {gpu.sms} and open sessions of this process hold {held}: "
+                f"{max(0, min(room, fit))} are left. Close a session, lower free_sms, or compile a layer over fewer "
+                "CTAs (a config with more units per CTA)")
+        if not self._loaded:
+            self._load_small_kernels()
+        with tvm_ffi.use_raw_stream(self.device, self._stream):
+            self._call(self.kernels.resident, {})
+        self._running = True
+        self.launches += 1
+        _OPEN.add(self)
+        _Reaper.watch()
+
+    def _load_small_kernels(self) -> None:
+        """Launch each small kernel once on scratch words before the resident kernel starts: under CUDA's lazy
+        module loading a kernel's first launch waits for every running kernel, the resident one included."""
+        scratch = {name: tvm.runtime.tensor(np.zeros(t.shape, t.dtype), self.device) for name, t in self._owned.items()
+                   if name in (REQUESTS, RESPONSES, "control", "sync")}
+        sync = np.zeros(scratch["sync"].shape, "uint32")
+        sync[2] = 0xFFFFFFFF  # base + step 0 + 1 == 0: the zero response words carry the tag the collect wants
+        self._copy_in(scratch["sync"], sync)
+        states = self._zeros(self.kernels.collect.arg("states"))
+        for launch, given in ((self.kernels.publish, {"x": self._x}), (self.kernels.collect, {"states": states}),
+                              (self.kernels.close, {})):
+            mine = {a.name: scratch[a.name] for a in launch.args if a.name in scratch}
+            self._call(launch, {**mine, **given})
+        self.device.sync(tvm_ffi.get_raw_stream(self.device))  # not the device: other sessions may be running
+        self._loaded = True
+
+    def _stop(self) -> None:
+        """Close the resident kernel, stream-ordered after the last step, and wait until it left (bounded by its
+        own wait for requests); its final states become the next launch's initial ones (the lock is held)."""
+        if not self._running:
+            return
+        try:
+            with tvm_ffi.use_raw_stream(self.device, self._last_stream or 0):
+                self._call(self.kernels.close, {})
+            self.device.sync(self._stream)
+        finally:
+            self._running = False
+            _OPEN.discard(self)
+        self._init, self._final = self._final, self._init
+        self._copy_in(self._owned["control"], np.zeros(self._owned["control"].shape, "uint32"))
+        self._raise_on_error()
+
+    def _copy_in(self, tensor, value: np.ndarray) -> None:
+        """``value`` into the device ``tensor``, landed before anything launched after this returns: a copy from
+        pageable memory returns once staged, and the session's kernels run on streams that do not wait for the
+        copy's (the legacy default stream), so it is waited for."""
+        tensor.copyfrom(np.ascontiguousarray(value))
+        self.device.sync()  # the legacy default stream, where the copy ran: not other sessions' streams
+
+    def _edit(self, change) -> None:
+        with self._lock:
+            self._stop()
+            for tensor in self._init.values():
+                self._copy_in(tensor, change(tensor.numpy()))
+
+    def _raise_on_error(self) -> None:
+        recorded = self._error.read()
+        if not recorded:
+            return
+        self._closed = True  # the states are lost
+        step = recorded - 1
+        if step & IDLE:
+            raise SessionError(
+                f"a {self.plan.cell.name} session's resident kernel waited {self._scalars['idle_us'] / 1e6:g} s "
+                f"(idle_timeout_s) for the request of step {step & ~IDLE} of its launch and gave up. Usually the host "
+                "was held meanwhile: a kernel launched for the first time (CUDA loads modules lazily, and a load "
+                "waits for every running kernel: launch what you need once before the session starts, or run with "
+                "CUDA_MODULE_LOADING=EAGER), a device-wide synchronization or a free of device memory. The session "
+                "is closed; open a new one")
+        raise SessionError(
+            f"a {self.plan.cell.name} session timed out at step {step} of its launch: a block of the resident kernel "
+            "or the collect waited longer than its bound (a block that never ran, or a resident kernel that could "
+            "not start beside other kernels). That step's states are NaN and the session is closed; open a new one")
+
+
+class _Reaper:
+    """One daemon thread for the process: releases sessions idle for their ``release_after``."""
+
+    _thread: threading.Thread | None = None
+    _guard = threading.Lock()
+
+    @classmethod
+    def watch(cls) -> None:
+        with cls._guard:
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._thread = threading.Thread(target=cls._run, name="prnn-tvm-session-reaper", daemon=True)
+                cls._thread.start()
+
+    @staticmethod
+    def _run() -> None:
+        while True:
+            sessions = [s for s in list(_OPEN) if s._running and s.release_after is not None]
+            if not sessions:
+                return
+            now = time.monotonic()
+            wait = min(s.release_after for s in sessions) / 2
+            for s in sessions:
+                if now - s._last_step >= s.release_after and s._lock.acquire(blocking=False):
+                    try:
+                        if s._running and time.monotonic() - s._last_step >= s.release_after:
+                            s._stop()
+                    except PrnnError as err:  # the session raises it again at its next step
+                        log.warning("releasing an idle session: %s", err)
+                    finally:
+                        s._lock.release()
+            time.sleep(max(wait, 0.0005))
+
+
+@atexit.register
+def _close_all() -> None:
+    for s in list(_OPEN):
+        try:
+            s.close()
+        except PrnnError as err:
+            log.warning("closing a session at exit: %s", err)
+
+
+def _check_number(name: str, value, low, whole: bool) -> None:
+    if not isinstance(value, int if whole else (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or value < low:
+        raise InputError(f"{name} must be {'an integer' if whole else 'a number'} of at least {low}, got {value!r}")
+
+
+def _zero_rows(value: np.ndarray, rows, batch: int) -> np.ndarray:
+    if rows is None:
+        return np.zeros_like(value)
+    rows = np.asarray(rows)
+    if rows.dtype.kind not in "iu" or rows.ndim != 1 or rows.min(initial=0) < 0 or rows.max(initial=0) >= batch:
+        raise InputError(f"rows must be row numbers in [0, {batch}), got {rows!r}")
+    value = value.copy()
+    value[rows] = 0
+    return value

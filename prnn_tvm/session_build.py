@@ -1,0 +1,69 @@
+"""``compile_session``: the kernels of a resident session of a compiled CUDA layer (``prnn_tvm.runtime.session``
+runs them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from .codegen import session as session_code
+from .codegen.build import build_functions
+from .errors import ConfigError
+from .frontend.plan import CellPlan
+from .schedules import session_kernel
+from .signature import session_launches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionKernels:
+    """What a session of a CUDA layer runs (:func:`compile_session`), four launches of one module: ``resident``
+    (``recurrent_session``, the layer's recurrent kernel in session mode: ``schedules/session.py``) and, on the
+    caller's stream, ``publish``, ``collect`` and ``close`` (``prnn_tvm.codegen.session``). ``report``: the resident
+    kernel's config and ptxas figures, one line; ``source``: the module's CUDA source."""
+
+    plan: CellPlan
+    input_size: int
+    module: object
+    source: str
+    resident: object
+    publish: object
+    collect: object
+    close: object
+    config: object
+    report: str
+
+
+def compile_session(layer) -> SessionKernels:
+    """The kernels of a resident session of a compiled CUDA ``layer`` (once per layer; ``prnn_tvm.runtime.session``
+    runs them). ConfigError where the layer cannot run as a session, with the reason (a bidirectional layer, a
+    wavefront stack: compile the deep stack, ``<cell>_d<layers>``)."""
+    if layer._session is None:
+        plan, target, gpu = layer.plan, layer.target, layer.gpu
+        resident = session_kernel(plan, target, gpu, layer.kernel.config)
+        launch, units = resident.launch, resident.config.units_per_cta
+        grids = session_code.grids(launch.grid.ctas, units, plan.input.slices, plan.batch,
+                                   len(plan.states) * plan.batch * plan.hidden)
+        publish, collect, close = session_launches(launch, layer.input_size, plan.input.slices * plan.hidden,
+                                                   plan.dtype, grids)
+        funcs = {launch.function: resident.func,
+                 publish.function: session_code.publish_func(publish, plan.hidden, plan.input.slices, units,
+                                                             launch.grid.ctas),
+                 collect.function: session_code.collect_func(collect), close.function: session_code.close_func(close)}
+        built = build_functions(funcs, target, gpu)
+        fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
+        if fn is not None:
+            launch = dataclasses.replace(launch, grid=dataclasses.replace(
+                launch.grid, registers=fn.registers, static_smem_bytes=fn.static_smem_bytes))
+            if fn.spills:
+                raise ConfigError(f"the session kernel of this layer spills {fn.spills} bytes ({resident.config}): "
+                                  "compile the layer with a config that holds fewer weights per thread")
+        figures = (f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note)
+        report = (f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures} "
+                  f"({' '.join(f'{k}={v}' for k, v in resident.config.as_dict().items())})")
+        layer._session = SessionKernels(plan, layer.input_size, built.module, built.source, launch, publish, collect,
+                                        close, resident.config, report)
+        log.info("session kernels of %s: %s", plan.cell.name, report)
+    return layer._session

@@ -1,0 +1,261 @@
+"""Resident sessions on the GPU (``pytest -m gpu``): a step per call equal to the float64 reference of the same
+steps, releases and relaunches, the state operations, the caller's stream and CUDA graphs, bounded waits, the
+SMs a session holds, a process that exits with a session open, and 10^6 steps against the sequence call."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.checks import max_error
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.errors import SessionError
+from prnn_tvm.reference import random_inputs, reference_layer
+
+pytestmark = pytest.mark.gpu
+
+
+def _layer(cell, hidden, batch, input_size, dtype="float32"):
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype)
+    return layer, random_inputs(layer.plan, 1, input_size, seed=3)
+
+
+def _session(layer, inputs, **options):
+    """A session of ``layer`` with the weights and initial states of ``inputs``; its collect waits up to 10 s (other
+    tests' kernels may hold the SMs its resident kernel needs a while)."""
+    weights = {name: value for name, value in inputs.items() if name != "x"}
+    return layer.session(**weights, **{"collect_timeout_us": 10_000_000, **options})
+
+
+def _error(got: dict, want: dict) -> float:
+    """The worst error of the states ``got`` (by name) against ``want``'s, over every state ``want`` has."""
+    return max_error((got[name], value) for name, value in want.items())
+
+
+def _reference(plan, inputs, xs, states=None):
+    """Every state after each of the steps ``xs`` (T, B, input), from ``states`` (by name; default: the inputs'
+    initial states), by the float64 reference: (list of {state: value}, final states)."""
+    state = states or {s.name: inputs[f"{s.name}0"] for s in plan.states}
+    found = []
+    for x in xs:
+        _, state = reference_layer(plan, {**inputs, "x": x[None], **{f"{n}0": v for n, v in state.items()}})
+        found.append(state)
+    return found, state
+
+
+@pytest.mark.parametrize("cell, hidden, batch, input_size, dtype", [
+    ("lstm", 256, 4, 128, "float32"),
+    ("lstm_d2", 128, 1, 64, "float32"),   # a market model: two layers, batch 1
+    ("lstm", 640, 8, 640, "float16"),     # an RNN-T prediction network
+    ("gru_d3", 96, 4, 80, "bfloat16"),
+    ("rnn_tanh", 1, 1, 1, "float32"),
+])
+def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, batch, input_size, dtype):
+    layer, inputs = _layer(cell, hidden, batch, input_size, dtype)
+    T = 40
+    xs = np.random.default_rng(4).standard_normal((T, batch, input_size)).astype(dtype)
+    want, _ = _reference(layer.plan, inputs, xs)
+    with _session(layer, inputs) as session:
+        for x, expected in zip(xs, want):
+            y, states = session.step(x)
+            assert _error(states, expected) <= tolerance(dtype, T)
+            assert np.array_equal(y, states[layer.plan.outputs[0]])
+        assert session.launches == 1
+
+
+def test_an_idle_session_lets_the_gpu_go_and_resumes_where_it_was():
+    layer, inputs = _layer("lstm_d2", 64, 2, 32)
+    xs = np.random.default_rng(5).standard_normal((12, 2, 32)).astype("float32")
+    want, _ = _reference(layer.plan, inputs, xs)
+    with _session(layer, inputs, release_after=0.002) as session:
+        for t, x in enumerate(xs):
+            if t % 3 == 2:
+                time.sleep(0.05)
+                assert not session.running
+            y, states = session.step(x)
+            assert _error(states, want[t]) <= tolerance("float32", 12)
+        assert session.launches >= 4
+
+
+def test_reset_reorder_and_set_state_change_what_the_next_step_starts_from():
+    layer, inputs = _layer("gru", 32, 4, 16)
+    rng = np.random.default_rng(6)
+    xs = rng.standard_normal((6, 4, 16)).astype("float32")
+    with _session(layer, inputs) as session:
+        for x in xs[:2]:
+            session.step(x)
+        after_two = session.state
+        _, want = _reference(layer.plan, inputs, xs[:2])
+        assert _error(after_two, want) <= tolerance("float32", 2)
+        index = np.array([3, 3, 0, 1])
+        session.reorder(index)
+        session.reset([1])
+        edited = {n: v[index].copy() for n, v in want.items()}
+        for v in edited.values():
+            v[1] = 0
+        _, want = _reference(layer.plan, inputs, xs[2:4], edited)
+        for x in xs[2:4]:
+            session.step(x)
+        assert _error(session.state, want) <= tolerance("float32", 4)
+        chosen = {"h": rng.standard_normal((4, 32)).astype("float32")}
+        session.set_state(chosen)
+        y, _ = session.step(xs[4])
+        (expected,), _ = _reference(layer.plan, inputs, xs[4:5], chosen)
+        assert max_error([(y, expected["h"])]) <= tolerance("float32", 1)
+
+
+def test_steps_posted_on_torchs_stream_and_replayed_from_a_cuda_graph():
+    torch = pytest.importorskip("torch")
+    import tvm_ffi
+
+    from prnn_tvm.bench.baselines import captured
+
+    layer, inputs = _layer("lstm", 128, 2, 64)
+    xs = torch.randn(8, 2, 64, device="cuda")
+    # steps 0-2 eager; captured() runs the step twice before capturing it (steps 3, 4, both on xs[3]); replays 5-7
+    posted = xs.cpu().numpy()[[0, 1, 2, 3, 3, 5, 6, 7]]
+    want, _ = _reference(layer.plan, inputs, posted)
+    session = _session(layer, inputs, release_after=None)
+    x = torch.empty(2, 64, device="cuda")
+    out = torch.empty(len(session.state_names), 2, 128, device="cuda")
+
+    def one_step():
+        with tvm_ffi.use_raw_stream(session.device, torch.cuda.current_stream().cuda_stream):
+            session.post(x, out)
+        return out
+
+    def check(t):
+        states = dict(zip(session.state_names, out.cpu().numpy()))
+        assert _error(states, want[t]) <= tolerance("float32", 8), t
+
+    try:
+        for t in range(3):  # eager, on torch's stream
+            x.copy_(xs[t])
+            one_step()
+            check(t)
+        x.copy_(xs[3])
+        graph, _ = captured(one_step)
+        check(4)
+        for t in range(5, 8):
+            x.copy_(xs[t])
+            graph.replay()
+            check(t)
+    finally:
+        session.close()
+
+
+def test_a_caller_that_stops_posting_is_a_timeout_not_a_hang():
+    layer, inputs = _layer("lstm", 32, 2, 16)
+    session = _session(layer, inputs, release_after=None, idle_timeout_s=0.2)
+    x = np.zeros((2, 16), "float32")
+    session.step(x)
+    time.sleep(0.5)  # the resident kernel gives up waiting for a request
+    with pytest.raises(SessionError, match="gave up"):
+        session.step(x)
+    with pytest.raises(SessionError, match="closed"):
+        session.step(x)
+
+
+def test_a_kernel_first_loaded_during_a_session_costs_an_error_not_a_hang():
+    """CUDA's lazy loading makes a kernel's first launch wait for every running kernel: the session's resident
+    kernel gives up after idle_timeout_s and says why (the host call returns when it did)."""
+    torch = pytest.importorskip("torch")
+    layer, inputs = _layer("lstm", 32, 2, 16)
+    session = _session(layer, inputs, release_after=None, idle_timeout_s=1.0)
+    session.step(np.zeros((2, 16), "float32"))
+    t0 = time.monotonic()
+    torch.special.bessel_j0(torch.ones(3, device="cuda")).cpu()  # a kernel no test launched before
+    loaded_in = time.monotonic() - t0
+    try:
+        session.step(np.zeros((2, 16), "float32"))
+    except SessionError as err:
+        assert "CUDA_MODULE_LOADING" in str(err) and loaded_in < 30
+    session.close()
+
+
+def test_a_block_that_never_publishes_is_a_timeout_not_a_hang():
+    layer, inputs = _layer("lstm", 256, 2, 16)
+    session = _session(layer, inputs, barrier_timeout_us=20_000, collect_timeout_us=200_000)
+    session.debug_stall_step = 2  # block 0 never publishes step 2's states: the others wait at step 3
+    x = np.zeros((2, 16), "float32")
+    served = 0
+    with pytest.raises(SessionError, match="timed out"):
+        for _ in range(6):
+            session.step(x)
+            served += 1
+    assert served == 3
+    with pytest.raises(SessionError, match="closed"):
+        session.step(x)
+
+
+def test_sessions_hold_sms_and_the_next_is_refused_with_what_fits():
+    layer, inputs = _layer("lstm", 1024, 4, 64)
+    first = _session(layer, inputs)
+    first.step(np.zeros((4, 64), "float32"))
+    ctas = first.kernels.resident.grid.ctas
+    second = _session(layer, inputs)
+    try:
+        if 2 * ctas <= 132 - 4:
+            second.step(np.zeros((4, 64), "float32"))  # both fit
+        else:
+            with pytest.raises(SessionError, match="are left"):
+                second.step(np.zeros((4, 64), "float32"))
+            first.close()
+            second.step(np.zeros((4, 64), "float32"))  # now it fits
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("ending", ["pass", "os._exit(0)"])
+def test_a_process_that_exits_with_a_session_open_exits(ending):
+    code = textwrap.dedent(f"""
+        import os
+        import numpy as np
+        import prnn_tvm
+        from prnn_tvm.reference import random_inputs
+        layer = prnn_tvm.compile_cell("lstm", 64, 2)
+        inputs = random_inputs(layer.plan, 1, 64)
+        session = layer.session(**{{k: v for k, v in inputs.items() if k != "x"}}, release_after=None)
+        session.step(np.zeros((2, 64), "float32"))
+        {ending}
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_million_steps_equal_the_sequence_call():
+    """No step lost, duplicated or reordered: 10^6 steps through a session, every state of every step compared with
+    the layer's sequence call over the same inputs, chunk by chunk on the GPU."""
+    torch = pytest.importorskip("torch")
+    import tvm_ffi
+
+    layer, inputs = _layer("lstm_d2", 32, 1, 8)
+    T, chunk = 1_000_000, 20_000
+    xs = torch.randn(T, 1, 8, device="cuda")
+    weights = {k: v for k, v in inputs.items() if k != "x"}
+    out, _ = layer(x=xs, **{k: torch.from_numpy(v).cuda() for k, v in weights.items()})
+    out = torch.from_dlpack(out)
+    (out[:chunk] - out[:chunk]).abs().max().item()  # the comparison's kernels, loaded before the session starts
+    session = layer.session(**weights, release_after=None)
+    k = session.output_index
+    x = torch.empty(1, 8, device="cuda")  # a step's input, aligned as the publish wants it
+    got = torch.empty(chunk, len(session.state_names), 1, 32, device="cuda")
+    worst = 0.0
+    try:
+        with tvm_ffi.use_raw_stream(session.device, torch.cuda.current_stream().cuda_stream):
+            for start in range(0, T, chunk):
+                for i in range(chunk):
+                    x.copy_(xs[start + i])
+                    session.post(x, got[i])
+                worst = max(worst, (got[:, k] - out[start:start + chunk]).abs().max().item())
+    finally:
+        session.close()
+    assert session.steps == T
+    # two float32 kernels of different configs round differently, and a lost, repeated or swapped step moves the
+    # output by far more than this
+    assert worst <= 1e-4, worst
