@@ -25,6 +25,7 @@ _EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.exp
 # what Dynamo must not trace into (TVM calls, caches keyed by ids): called only while torch.compile traces a call,
 # as the wrapper costs a third of a microsecond a call
 _run_uncompiled = torch.compiler.disable(Dispatch._run_layers)
+_COMPILING = torch.compiler.is_compiling
 
 
 class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
@@ -189,7 +190,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
             ends = [x.new_empty(slots, 0, H) for _ in range(states)]
             return (out.transpose(0, 1) if self.batch_first else out), (tuple(ends) if states > 1 else ends[0])
         initial = [detached(t, grad) if batched else detached(t, grad).unsqueeze(1) for t in hx]  # (slots, B, H)
-        if torch.compiler.is_compiling():  # torch.compile: Dynamo runs the layers as they are (a graph break)
+        if _COMPILING():  # torch.compile: Dynamo runs the layers as they are (a graph break)
             out, finals = _run_uncompiled(self, x, initial, lengths, grad)
         else:
             out, finals = self._run_layers(x, initial, lengths, grad)
