@@ -72,7 +72,7 @@ def _code_strings_and_imports(path: pathlib.Path):
 
 # Integrations with PyTorch map its fixed classes (nn.LSTM, nn.GRU, nn.RNN) onto the built-in cells
 # of the same math; they are the one place a cell's name may appear outside cells/.
-PYTORCH_FRONTENDS = {"prnn_tvm/torch.py", "prnn_tvm/bench"}
+PYTORCH_FRONTENDS = {"prnn_tvm/torch/", "prnn_tvm/bench"}
 
 
 @pytest.mark.parametrize("folder", ["prnn_tvm", "schedules"])

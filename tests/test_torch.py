@@ -787,3 +787,33 @@ def test_double_backward_is_refused_on_the_gpu():
         torch.autograd.grad(fast(x)[0].sum(), x, create_graph=True)
     (g,) = torch.autograd.grad(fast(x)[0].sum(), x)  # first derivatives still run
     assert g.shape == x.shape and torch.isfinite(g).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_runs_a_module_as_it_is(device, no_tf32):
+    """``torch.compile`` of a model holding a module: Dynamo compiles the layers around it and runs its layers as
+    they are (a graph break: it does not trace into TVM calls); outputs and gradients equal the eager model's,
+    call after call. On the CPU the eager backend (inductor's C++ code generation takes a minute here and is not
+    what is tested); on the GPU the default one."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rnn, self.head = torch.nn.Linear(3, 6), pt.LSTM(6, 8), torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            out, _ = self.rnn(torch.tanh(self.embed(x)))
+            return self.head(out)
+
+    torch.manual_seed(0)
+    model = Model().to(device)
+    compiled = torch.compile(model, backend="eager" if device == "cpu" else "inductor")
+    with torch.no_grad():
+        for T in (5, 5, 7):
+            x = torch.randn(T, 2, 3, device=device)
+            assert torch.allclose(compiled(x), model(x), atol=1e-5)
+    compiled(x).square().sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    assert all(torch.allclose(p.grad, g, atol=1e-5) for p, g in zip(model.parameters(), want))

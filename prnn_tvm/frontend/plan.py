@@ -11,6 +11,7 @@ from functools import cached_property
 
 from ..dtypes import DtypePolicy, policy
 from ..errors import CellError
+from .bias import bias_carriers
 from .cell import Cell, Slot
 from .texpr import free_vars
 
@@ -302,6 +303,14 @@ class CellPlan:
         private = set(self.private_states)
         return max(len(private & set(g.states)) + sum(len(g.live_outs(self, p)) for p in range(self.phases))
                    for g in self.pointwise_groups)
+
+    @cached_property
+    def input_bias(self) -> tuple:
+        """The params that carry the input projection's bias (:class:`~prnn_tvm.frontend.bias.BiasCarrier` s, one
+        per param, covering every input slice), or () where none can: where the cell reads each input slice only
+        added to one slice of a param that it reads nowhere else (torch.nn's LSTM and RNN, not GRU), ``b_ih`` may
+        be added to those params instead and the projection run without a bias (:mod:`prnn_tvm.frontend.bias`)."""
+        return bias_carriers(self)
 
     def slot(self, name: str) -> Slot:
         for s in (self.input, *self.states, *self.weights, *self.params):

@@ -235,7 +235,11 @@ class RuntimeLayer:
         try:
             self.module[name](*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
-            raise LaunchError(f"launching '{name}' of {self.signature.cell} failed: {err}") from err
+            raise self.launch_error(name, err) from err
+
+    def launch_error(self, name: str, err: Exception) -> LaunchError:
+        """The error for a launch of ``name`` that TVM refused with ``err`` (its text kept)."""
+        return LaunchError(f"launching '{name}' of {self.signature.cell} failed: {err}")
 
     def _take_timeout(self, wait: bool, call: BoundCall | None = None) -> None:
         """Raise (and reset every launch state) if the host error word is set; ``call``: the call whose
@@ -313,4 +317,5 @@ class RuntimeLayer:
                                   f"threads, {grid.registers} registers, {grid.smem_bytes} bytes of shared memory "
                                   "each); recompile for this GPU")
         self._coresident = True
+
 

@@ -7,7 +7,9 @@ with ``__dlpack__`` is wrapped without a copy. Omitted initial states are zeros,
 per-row lengths the whole sequence (NumPy lengths and a CPU tensor's are checked to lie in [0, T];
 a GPU tensor's are not read, and the kernels take them as clamped to that range); outputs,
 intermediates and scratch sequences are allocated per call; the layer's own buffers (workspace, barrier
-state) and scalars are supplied by the layer. Imports only TVM's runtime and NumPy.
+state) and scalars are supplied by the layer. A caller that launches one launch again and again with arrays of
+its own (:class:`~prnn_tvm.runtime.base.Launcher`) binds by the positions :class:`Slots` works out once.
+Imports only TVM's runtime and NumPy.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tvm_ffi
 
 from ..dtypes import itemsize
 from ..errors import InputError
-from ..signature import SEQ, Arg, ArgRole, Signature
+from ..signature import SEQ, Arg, ArgRole, Launch, Signature
 
 # Kernels index their buffers with 32-bit integers (TVM's default) and take buffers that start
 # at their allocation, so no launch may see a sequence buffer of 2^31 elements or more: a
@@ -115,6 +117,41 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
         steps += [(COPY, (_steps(tensors[a.name], a, t0, t1), piece[a.name])) for a in signature.outputs
                   if SEQ in a.shape]
     return BoundCall(seq_len, tuple(steps), tuple(tensors[a.name] for a in signature.outputs), from_numpy, chunks)
+
+
+class Slots:
+    """Where each argument of one launch goes, worked out once for a caller that binds it call after call (a call's
+    host time is part of what a user waits for at small batch): the call's data (inputs in the launch's order,
+    :attr:`data`), what the launch writes (allocated per call, returned: :attr:`written`), its scratch sequences
+    (allocated per call: :attr:`scratch`), the layer's scalars (read at every call: :attr:`scalars`) and the
+    layer's own buffers (the same while the caller's stream is: :attr:`owned`). Positions are kernel order."""
+
+    def __init__(self, launch: Launch, dtype=str):
+        args = launch.args
+        self.function, self.arity = launch.function, len(args)
+        self.data = [i for i, a in enumerate(args) if a.role.data]
+        self.written = [(i, a) for i, a in enumerate(args) if a.role.written]
+        self.scratch = [(i, a) for i, a in enumerate(args) if a.role is ArgRole.SCRATCH]
+        self.scalars = [(i, a.name) for i, a in enumerate(args) if a.role is ArgRole.SCALAR]
+        self.owned = [(i, a.name) for i, a in enumerate(args) if a.role.owned]
+        self._dtype = dtype  # a dtype's name -> the caller's dtype object
+        self._sized: dict = {}  # sequence length -> (written, scratch) buffers' (position, shape, dtype)
+
+    def sized(self, seq_len: int) -> tuple:
+        """``(written, scratch)`` for a call of ``seq_len`` steps: each buffer's ``(position, shape, dtype)``, the
+        dtype as the caller's array library names it."""
+        found = self._sized.get(seq_len)
+        if found is None:
+            found = self._sized[seq_len] = tuple([(i, a.concrete_shape(seq_len), self._dtype(a.dtype)) for i, a in g]
+                                                 for g in (self.written, self.scratch))
+        return found
+
+    def with_owned(self, owned: dict) -> list:
+        """An argument list (kernel order) holding the layer's buffers ``owned`` (by argument name) in place."""
+        args = [None] * self.arity
+        for i, name in self.owned:
+            args[i] = owned[name]
+        return args
 
 
 def _values(launch, tensors: dict, owned, scalars: dict) -> list:

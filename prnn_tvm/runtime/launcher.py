@@ -1,0 +1,131 @@
+"""Launching one launch of a layer again and again with the caller's own arrays: what ``prnn_tvm.torch`` runs
+every CUDA kernel through.
+
+:meth:`RuntimeLayer.__call__ <prnn_tvm.runtime.base.RuntimeLayer>` binds a call by name, checks every array and
+runs every launch; a :class:`Launcher` serves a caller that has checked its arrays itself and calls one launch
+at small batch, where host time is part of what a user waits for: the binding's positions are worked out once
+(:class:`~prnn_tvm.runtime.binding.Slots`), what the launch writes is made by the caller's array library
+(:class:`Arrays`), and the rest is the layer's as for any call: the workspace and barrier state of the caller's
+stream, the scalars and the host error word, the co-residency check, the chunked call past 2^31 elements.
+Imports only TVM's runtime and NumPy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm_ffi
+
+from ..errors import InputError
+from . import binding
+from .base import RuntimeLayer
+from .binding import Slots
+
+_NOTHING = contextlib.nullcontext()  # reusable
+
+
+@dataclass(frozen=True)
+class Arrays:
+    """How a :class:`Launcher` makes buffers in its caller's array library: ``empty(*shape, dtype=...)`` an
+    uninitialized one (the shape unpacked: torch parses a tuple half a microsecond slower), ``dtype(name)`` the
+    library's dtype for a signature's dtype name, ``zeros(arg)`` a zeroed buffer for a workspace or barrier-state
+    :class:`~prnn_tvm.signature.Arg`, ``adopt(tensor)`` one of the library's arrays for a TVM tensor (through
+    DLPack, without a copy). :func:`tvm_arrays` is TVM's own."""
+
+    empty: Callable
+    dtype: Callable
+    zeros: Callable
+    adopt: Callable
+
+
+def tvm_arrays(device: tvm.runtime.Device) -> Arrays:
+    """TVM tensors on ``device``."""
+    return Arrays(empty=lambda *shape, dtype: tvm.runtime.empty(shape, dtype, device), dtype=str,
+                  zeros=lambda a: tvm.runtime.tensor(np.zeros(a.shape, a.dtype), device),
+                  adopt=lambda tensor: tensor)
+
+
+class Launcher:
+    """One launch of a layer (``function``: its ``recurrent`` kernel, or a training kernel), called again and again
+    with arrays the caller's library makes (:class:`Arrays`): what :meth:`RuntimeLayer.bind` does once per call,
+    but by positions worked out once (:class:`~prnn_tvm.runtime.binding.Slots`), for callers whose host time
+    matters (``prnn_tvm.torch`` launches every CUDA kernel through one).
+
+    A call passes the launch's data arguments (kernel order: anything with ``__dlpack__`` on the layer's device,
+    checked by the caller) and the raw handle of the stream to run on; the launcher raises an earlier launch's
+    barrier timeout first, supplies the layer's scalars (the host error word among them) and its workspace and
+    barrier state for that stream (:meth:`RuntimeLayer.launch_state`, or ``state``, one the caller keeps:
+    :meth:`new_state`), makes what the launch writes with ``arrays.empty``, launches on that stream and returns
+    the written arrays in kernel order. Nothing waits for the device. A sequence whose buffers would reach
+    2^31 elements runs as the layer's chunked call (:meth:`RuntimeLayer.recurrent`; its arrays adopted).
+    """
+
+    def __init__(self, layer: RuntimeLayer, function: str = "recurrent", arrays: Arrays | None = None,
+                 device: tvm.runtime.Device | None = None):
+        device = layer.device if device is None else device
+        arrays = tvm_arrays(device) if arrays is None else arrays
+        self.layer, self.name, self.arrays = layer, function, arrays
+        self.slots = Slots(layer.signature.launch(function), arrays.dtype)
+        self.function = layer.function(function)  # co-residency checked here, once
+        self.max_steps = binding.chunk_length(layer.signature, binding.MAX_ELEMENTS)  # more: launches over pieces
+        self._device = device
+        self._stream = tvm_ffi.use_raw_stream if layer.is_cuda else None  # TVM's current stream while launching
+        self._placed: dict = {}  # stream -> (its launch state, an argument list with that state in place)
+
+    def new_state(self) -> dict:
+        """A fresh workspace and barrier state that belongs to the caller (one captured in a CUDA graph, which
+        must outlive the graph and is zeroed at the start of every replay)."""
+        return self.layer.new_launch_state(self.arrays.zeros)
+
+    def __call__(self, data: list, stream: int = 0, state: dict | None = None) -> list:
+        layer, slots = self.layer, self.slots
+        layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
+        T = int(data[0].shape[0])
+        if T > self.max_steps:
+            return self._in_pieces(data, stream, T)
+        args = self._arguments(stream, state)
+        scalars = layer.scalars()
+        for i, name in slots.scalars:
+            args[i] = scalars[name]
+        for i, value in zip(slots.data, data):
+            args[i] = value
+        written, scratch = slots.sized(T)
+        empty, outputs = self.arrays.empty, []
+        for i, shape, dtype in written:
+            args[i] = value = empty(*shape, dtype=dtype)
+            outputs.append(value)
+        for i, shape, dtype in scratch:  # the exchange sequence of a call: written and read by the kernel alone
+            args[i] = empty(*shape, dtype=dtype)
+        try:
+            with self._stream(self._device, stream) if self._stream else _NOTHING:
+                self.function(*args)
+        except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
+            raise layer.launch_error(self.name, err) from err
+        return outputs
+
+    def _arguments(self, stream: int, state: dict | None) -> list:
+        """A fresh argument list with the launch state in place: ``state``, else the stream's own (kept by the
+        layer, made anew after a timeout)."""
+        if state is not None:
+            return self.slots.with_owned(state)
+        state = self.layer.launch_state(stream, self.arrays.zeros)
+        placed = self._placed.get(stream)
+        if placed is None or placed[0] is not state:
+            placed = self._placed[stream] = (state, self.slots.with_owned(state))
+        return placed[1].copy()
+
+    def _in_pieces(self, data: list, stream: int, T: int) -> list:
+        """The recurrent launch over a sequence past 2^31 elements: the layer's chunked call (not capturable)."""
+        if self.name != "recurrent":
+            raise InputError(f"{T} steps of {self.name} of '{self.layer.signature.cell}' need buffers past "
+                             f"{binding.MAX_ELEMENTS} elements, and kernels index with 32-bit integers; only the "
+                             "recurrent launch runs in pieces: run shorter pieces of the sequence (to train, truncated "
+                             "backpropagation through time)")
+        with self._stream(self._device, stream) if self._stream else _NOTHING:
+            out, finals = self.layer.recurrent(*data)
+        adopt = self.arrays.adopt
+        return [adopt(out), *(adopt(f) for f in finals)]

@@ -1,0 +1,100 @@
+"""A layer's recurrent kernel as a ``torch.autograd.Function``, on the CPU build and on the GPU: the backward is
+compiled from the cell's plan (adjoints derived, no derivative written per cell). Gradients are first
+derivatives: a backward that would itself be differentiated is refused."""
+
+from __future__ import annotations
+
+import torch  # PyTorch itself: absolute import
+
+from prnn_tvm.compiler import compile_backward
+from prnn_tvm.errors import UnsupportedError
+
+from .arguments import aligned_state
+
+
+class CpuBackprop(torch.autograd.Function):
+    """One layer and direction's recurrent kernel on the CPU build, differentiable: the backward is the
+    compiled backpropagation through time (:func:`prnn_tvm.compiler.compile_backward`; adjoints derived from
+    the cell's plan, no derivative written per cell). Arguments: the layer, then the recurrent kernel's
+    inputs in its signature's order (``xp``, weights, params, initial states, lengths or None)."""
+
+    @staticmethod
+    def forward(ctx, layer, xp, *args):
+        ctx.layer = layer
+        ctx.save_for_backward(xp, *args)
+        out, finals = layer.recurrent(xp.detach(), *[None if a is None else a.detach() for a in args])
+        return (torch.from_dlpack(out), *(torch.from_dlpack(f) for f in finals))
+
+    @staticmethod
+    def backward(ctx, d_out, *d_finals):
+        refuse_double_backward(ctx.layer.plan.cell.name)
+        layer, (xp, *args) = ctx.layer, ctx.saved_tensors
+        backward = compile_backward(layer)
+        grad_dtype = getattr(torch, backward.signature.launches[0].arg("d_out").dtype)
+        grads = [g.to(grad_dtype).contiguous() for g in (d_out, *d_finals)]
+        d_xp, d_inputs = backward(xp.detach(), *[None if a is None else a.detach() for a in args], *grads)
+        d_inputs = [torch.from_dlpack(g) for g in d_inputs]  # weights, params, initial states: as in args
+        return (None, torch.from_dlpack(d_xp).to(xp.dtype),
+                *(None if a is None or a.dtype == torch.int32 else g.to(a.dtype)
+                  for a, g in zip(args, [*d_inputs, None])))
+
+
+class CudaBackprop(torch.autograd.Function):
+    """One layer and direction's recurrent kernel on the GPU, differentiable. The forward is the training
+    forward (the layer's kernel, also saving each step's states and products); the backward is the
+    persistent backward kernel (:func:`prnn_tvm.compiler.compile_training`; adjoints derived from the
+    cell's plan), then one GEMM per product for the weights' gradients and a sum over the batch for the
+    params'. Arguments: the module (which launches them, :meth:`~prnn_tvm.torch.dispatch.Dispatch._run_cuda`),
+    the layer's :class:`~prnn_tvm.compiler.Training`, then the recurrent kernel's inputs in its signature's
+    order (``xp``, weights, params, initial states, lengths)."""
+
+    @staticmethod
+    def forward(ctx, module, training, xp, *args):
+        ctx.module, ctx.training = module, training
+        inputs = [xp.detach(), *(aligned_state(a.detach()) for a in args)]
+        out, *finals, saved = module._run_cuda(training.forward, inputs[0], inputs[1:], "recurrent_save")
+        ctx.save_for_backward(*inputs, saved)
+        return (out, *finals)
+
+    @staticmethod
+    def backward(ctx, d_out, *d_finals):
+        refuse_double_backward(ctx.training.plan.cell.name)
+        module, training = ctx.module, ctx.training
+        xp, *args, saved = ctx.saved_tensors
+        plan, H = training.plan, module.hidden_size
+        names = _data_names(training.forward)[1:]  # the forward's arguments after xp
+        # the backward computes in float32 (a half layer's outputs come back as float32 gradients)
+        given = dict(zip(names, args), saved=saved, d_out=d_out.float().contiguous())
+        given.update({f"d_{s.name}_n": d.float().contiguous() for s, d in zip(plan.states, d_finals)})
+        launched = module._run_cuda(training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]],
+                                    "recurrent_backward")
+        d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))
+        T, B, _ = d_out.shape
+        # each operand's column in ``saved`` (CellPlan.saved_leaves: states and stages are one slice wide)
+        where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
+        column = 0
+        for r in plan.reductions:  # each product's weights: sum over steps and rows of d_gates^T operand
+            gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(T * B, r.slices * H)
+            i = where[r.operand]
+            dW = gates.t() @ saved[:, :, i * H:(i + 1) * H].reshape(T * B, H)
+            d[f"d_{r.weight}"] = d[f"d_{r.weight}"] + dW if f"d_{r.weight}" in d else dW
+            column += r.slices * H
+        d.update({f"d_{q.name}": d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
+        grads = [None if d.get(f"d_{n}") is None else d[f"d_{n}"].to(given[n].dtype) for n in names]
+        return (None, None, d["d_xp"].to(xp.dtype), *grads)  # lengths: none
+
+
+def refuse_double_backward(cell: str) -> None:
+    """Autograd runs a backward with gradients enabled only where its result is to be differentiated again
+    (``create_graph=True``): the kernels' backward is not differentiable, so that result would miss every term
+    through the kernel (a gradient penalty's gradient on ``weight_hh`` and the biases would be zero)."""
+    if torch.is_grad_enabled():
+        raise UnsupportedError(f"double backward through '{cell}': the backward of a prnn_tvm.torch module is not "
+                               "differentiable (create_graph=True, as a gradient penalty asks, would give second "
+                               "derivatives without the kernel's terms); compute that loss with torch.nn's module, or "
+                               "without create_graph")
+
+
+def _data_names(layer) -> list:
+    """The data arguments of a one-launch layer, in its order."""
+    return [a.name for a in layer.signature.launches[0].args if a.role.data]

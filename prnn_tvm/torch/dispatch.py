@@ -1,0 +1,251 @@
+"""Which compiled layer serves a call, and how it runs: the layer cache (one per batch size, device, dtype and
+input width, compiled on first use), a stack as one wavefront launch or layer by layer, a bidirectional
+layer's directions as one launch or a launch each (side by side on the GPU), the CPU build or the CUDA
+kernels, with or without autograd.
+
+A CUDA launch goes through the runtime's :class:`~prnn_tvm.runtime.launcher.Launcher`, as any caller's: torch
+tensors cross by DLPack, the kernel runs on torch's current stream with the layer's workspace and barrier state
+for that stream (or, while a CUDA graph is captured, one the module keeps alive for the graph), outputs come
+from torch's caching allocator, and nothing waits for the GPU. What is torch's own here: the current stream's
+handle, torch's allocator, whether a graph is being captured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+import torch  # PyTorch itself: absolute import
+import tvm_ffi
+
+from prnn_tvm.compiler import compile_cell, compile_training
+from prnn_tvm.dtypes import POLICIES
+from prnn_tvm.errors import ConfigError, InputError
+from prnn_tvm.runtime.launcher import Arrays, Launcher
+
+from .arguments import parameter_suffix
+from .autograd import CpuBackprop, CudaBackprop
+from .projection import project
+from .sequences import reversal_within
+
+log = logging.getLogger(__name__)
+
+# the parameter dtypes a module runs in -> the layer dtype it compiles
+DTYPES = {getattr(torch, p.torch_type): name for name, p in POLICIES.items()}  # float64: the CPU build only
+
+_NOTHING = contextlib.nullcontext()  # reusable
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's raw getter, where it has one
+_UNSIGNED = {torch.uint32: torch.int32, torch.uint64: torch.int64}  # zeroed as the signed type of their width
+
+
+def current_stream(device: torch.device) -> int:
+    """The handle of torch's current stream on ``device`` (a stream object costs microseconds per call)."""
+    return _RAW_STREAM(device.index) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def torch_arrays(device: torch.device) -> Arrays:
+    """A launch's buffers from torch's caching allocator on ``device``; a launch state's unsigned words zeroed as
+    signed ones (whose kernels torch has everywhere), then viewed."""
+    def zeros(a):
+        dtype = getattr(torch, a.dtype)
+        return torch.zeros(a.shape, dtype=_UNSIGNED.get(dtype, dtype), device=device).view(dtype)
+    return Arrays(empty=functools.partial(torch.empty, device=device), dtype=functools.partial(getattr, torch),
+                  zeros=zeros, adopt=torch.from_dlpack)
+
+
+class Dispatch:
+    """The part of a prnn_tvm.torch module that picks and runs compiled layers. It keeps, on the module:
+    ``_layers`` (``(batch, device type, index, dtype, input size or "stack" / "bidirectional")`` -> layer),
+    ``_launch_notes``, ``stack_notes``, ``direction_notes``, ``_launchers``, ``_side_streams`` and
+    ``_captured``; it reads the module's options (``cell``, ``hidden_size``, ``arch``, ``config``,
+    ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``, ``concurrent_directions``)."""
+
+    def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None,
+                  input_size: int | None = None):
+        """The compiled layer for ``batch`` on ``device`` in ``dtype`` (the parameters'; compiled on
+        first use, then kept), taking ``input_size`` features (the module's; a stack's later layers take
+        hidden x directions)."""
+        dtype = self.dtype if dtype is None else dtype
+        input_size = self.input_size if input_size is None else input_size
+        key = (batch, device.type, device.index, dtype, input_size)
+        if key not in self._layers:
+            target = "cuda" if device.type == "cuda" else "llvm"
+            if device.type not in ("cuda", "cpu"):
+                raise InputError(f"{type(self).__name__}: tensors on {device} are not supported; use cuda or cpu")
+            if dtype not in DTYPES:
+                raise ConfigError(f"{type(self).__name__}: parameters of {dtype} are not supported; use one of "
+                                  f"{', '.join(map(str, DTYPES))}")
+            log.info("compiling %s hidden=%d batch=%d %s for %s", self.cell, self.hidden_size, batch, DTYPES[dtype],
+                     target)
+            self._layers[key] = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size,
+                                             dtype=DTYPES[dtype], target=target,
+                                             arch=self.arch if target == "cuda" else None,
+                                             config=self.config if target == "cuda" else None)
+        return self._layers[key]
+
+    def stack_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None):
+        """The module's layers compiled as one wavefront launch (``compile_cell(..., layers=num_layers)``) for
+        ``batch`` on ``device``, or None where a call runs them layer by layer: one layer, both directions,
+        :attr:`wavefront` off, or (CUDA) weights that do not fit on chip together (compiled on first use, then
+        kept; ``stack_notes[(batch, device, dtype)]`` says which, and why)."""
+        if not (self.wavefront and self.num_layers > 1 and not self.bidirectional):
+            return None
+        dtype = self.dtype if dtype is None else dtype
+        return self._one_launch((batch, device.type, device.index, dtype, "stack"), self.stack_notes,
+                                (batch, str(device), dtype), batch, device, dtype, self.input_size,
+                                "one wavefront launch", "layer by layer", layers=self.num_layers)
+
+    def directions_for(self, batch: int, device: torch.device, dtype: torch.dtype, input_size: int):
+        """A bidirectional layer's two directions compiled as one launch (``compile_cell(...,
+        bidirectional=True)``: each direction on CTAs of its own) for ``batch`` on ``device`` taking
+        ``input_size`` features, or None where a call runs a launch per direction: a one-directional
+        module, :attr:`one_launch_directions` off, or weights that do not fit on chip together. Compiled on
+        first use, then kept; ``direction_notes[(batch, device, dtype, input_size)]`` says which, and why."""
+        if not (self.bidirectional and self.one_launch_directions):
+            return None
+        key, notes_key = (batch, device.type, device.index, dtype, input_size), (batch, str(device), dtype, input_size)
+        return self._one_launch((*key, "bidirectional"), self.direction_notes, notes_key, batch, device, dtype,
+                                input_size, "one launch", "a launch per direction", bidirectional=True)
+
+    def _one_launch(self, key: tuple, notes: dict, notes_key: tuple, batch: int, device: torch.device,
+                    dtype: torch.dtype, input_size: int, done: str, otherwise: str, **options):
+        """The module's cell compiled with ``options`` (``layers``, ``bidirectional``) for ``batch`` on ``device``
+        once, then kept as ``_layers[key]``; None where it does not fit (not tried again). ``notes[notes_key]``
+        says which: ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal."""
+        if key not in self._launch_notes:
+            cuda = device.type == "cuda"
+            try:
+                layer = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size, dtype=DTYPES[dtype],
+                                     target="cuda" if cuda else "llvm", arch=self.arch if cuda else None, **options)
+            except ConfigError as err:
+                self._launch_notes[key] = f"{otherwise}: {err}"
+                log.info("%s of hidden %d at batch %d: %s", type(self).__name__, self.hidden_size, batch,
+                         self._launch_notes[key])
+            else:
+                rep = layer.report
+                self._launch_notes[key] = done + (
+                    f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, "
+                    f"{rep.spill_store_bytes} B spills" if cuda else " (the CPU build)")
+                self._layers[key] = layer
+        notes[notes_key] = self._launch_notes[key]
+        return self._layers.get(key)
+
+    def check(self) -> None:
+        """Wait for this module's kernels and raise :class:`~prnn_tvm.errors.BarrierTimeout` if one timed
+        out since the last check (a call raises an earlier one's by itself; a replayed CUDA graph's
+        timeout surfaces here or at the next eager call)."""
+        for (_, kind, index, *_), layer in self._layers.items():
+            if kind == "cuda":
+                torch.cuda.synchronize(index)
+            layer.check(wait=False)
+            if layer._training is not None:
+                layer._training.forward.check(wait=False)
+                layer._training.backward.check(wait=False)
+
+    def _run_layers(self, x: torch.Tensor, initial: list, lengths: torch.Tensor | None, grad: bool) -> tuple:
+        """Every layer and direction on ``x`` (time-major, compact) from ``initial`` (per state, (slots, B, H), or
+        [] for zeros): ``(out, finals)``, finals per state a list of (B, H) per layer and direction."""
+        states, directions = len(self._states), 2 if self.bidirectional else 1
+        out, finals = x, [[None] * (self.num_layers * directions) for _ in range(states)]
+        # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
+        backwards = (None if directions == 1 else (lambda s: s.flip(0)) if lengths is None
+                     else reversal_within(lengths, x.shape[0]))
+        # where a layer runs a launch per direction, an inference call on the GPU runs the reverse one on a stream
+        # of its own, beside the forward one, where the two grids fit on the GPU together (measured: else the
+        # second waits, and it costs 5-9%)
+        concurrent = directions == 2 and self.concurrent_directions and x.device.type == "cuda" and not grad
+        # a one-directional stack in inference: one wavefront launch, where it fits
+        stack = None if grad or (self.training and self.dropout) else self.stack_for(x.shape[1], x.device, x.dtype)
+        if stack is not None:
+            layer_major = [t[layer] for layer in range(self.num_layers) for t in initial]
+            out, ends = self._run(stack, self._launch_arguments(stack, x, None, layer_major, lengths))
+            for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
+                finals[i % states][i // states] = end
+        for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
+            both = None if grad else self.directions_for(x.shape[1], x.device, x.dtype, out.shape[2])
+            if both is not None:  # the layer's directions in one launch: its output in torch's order
+                pairs = [t[layer * directions + direction] for direction in range(directions) for t in initial]
+                out, ends = self._run(both, self._launch_arguments(both, out, parameter_suffix(layer, 0), pairs,
+                                                                   lengths))
+                for i, end in enumerate(ends):  # direction-major, the cell's states in order within one
+                    finals[i % states][layer * directions + i // states] = end
+            else:
+                # every direction's inputs are made ready on the caller's stream (aligned copies, constants),
+                # then the directions run: one after the other, or side by side (joined before the next layer)
+                ready = [self._inputs(out if direction == 0 else backwards(out), parameter_suffix(layer, direction),
+                                      [t[layer * directions + direction] for t in initial], lengths, grad)
+                         for direction in range(directions)]
+                side = self._side_stream(x.device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
+                if side is not None:
+                    side.wait_stream(torch.cuda.current_stream(x.device))
+                outs = []
+                for direction, (compiled, args) in enumerate(ready):
+                    with torch.cuda.stream(side) if side is not None and direction == 1 else _NOTHING:
+                        y, ends = self._run(compiled, args, grad)
+                        outs.append(y if direction == 0 else backwards(y))
+                    for k, end in enumerate(ends):
+                        finals[k][layer * directions + direction] = end
+                if side is not None:
+                    torch.cuda.current_stream(x.device).wait_stream(side)
+                out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
+            if self.training and self.dropout and layer < self.num_layers - 1:  # between layers, as torch.nn
+                out = torch.nn.functional.dropout(out, self.dropout, training=True)
+        return out, finals
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream a bidirectional layer's reverse direction runs on beside the caller's current stream (one
+        per current stream: two callers' streams never share one). Two persistent kernels on two streams run
+        at once where both grids fit on the GPU, else one after the other."""
+        key = (device, current_stream(device))
+        if key not in self._side_streams:
+            self._side_streams[key] = torch.cuda.Stream(device)
+        return self._side_streams[key]
+
+    def _inputs(self, x: torch.Tensor, suffix: str, initial: list, lengths: torch.Tensor | None = None,
+                grad: bool = False) -> tuple:
+        """One layer and direction's compiled layer and arguments: ``(layer, args)`` (:meth:`_launch_arguments`).
+        ``x``: time-major; parameters ``*{suffix}``; ``initial``: its initial states, or [] for zeros."""
+        layer = self.layer_for(x.shape[1], x.device, x.dtype, x.shape[2])
+        return layer, self._launch_arguments(layer, x, suffix, initial, lengths, grad)
+
+    def _run(self, layer, args: list, grad: bool = False) -> tuple:
+        """Run one layer and direction on its arguments (:meth:`_launch_arguments`) on the current stream: ``(out,
+        finals)``, finals of shape (B, H)."""
+        x = args[0]
+        if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
+            xp = project(*args[:3], differentiable=True)
+            out, *finals = CudaBackprop.apply(self, self._training_kernels(layer), xp, *args[3:])
+            return out, finals
+        if grad:  # the recurrent kernel's backward is compiled for the CPU
+            out, *finals = CpuBackprop.apply(layer, project(*args[:3]), *args[3:])
+            return out, finals
+        if x.device.type == "cuda":
+            out, *finals = self._run_cuda(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
+            return out, finals
+        out, finals = layer(*args)
+        return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+
+    def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
+        """Launch ``function`` of ``layer`` on torch's current stream, into tensors from torch's allocator; no
+        waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for ``recurrent``: the
+        recurrent weights, params, initial states and lengths). Returns what it writes, in its order."""
+        launcher = self._launchers.get((id(layer), function))
+        if launcher is None:
+            device = xp.device
+            launcher = self._launchers[id(layer), function] = Launcher(
+                layer, function, torch_arrays(device), tvm_ffi.device("cuda", device.index))
+        state = None
+        if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
+            state = launcher.new_state()
+            self._captured.append(state)
+        return launcher([xp, *recurrent], current_stream(xp.device), state)
+
+    def _training_kernels(self, layer):
+        """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do
+        where there are none."""
+        try:
+            return compile_training(layer)
+        except ConfigError as err:
+            raise InputError(f"{type(self).__name__}: gradients on the GPU: {err}; or call it under torch.no_grad() "
+                             "(inference)") from None

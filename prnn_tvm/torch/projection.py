@@ -1,0 +1,57 @@
+"""The input projection of a call on torch tensors: ``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on
+the GPU), in the recurrent kernel's ``xp`` type, and the tensors a half projection derives from the parameters."""
+
+from __future__ import annotations
+
+import torch  # PyTorch itself: absolute import
+
+# Elements of a half projection from which its bias is added inside the GEMM (``project``). On the H100,
+# T=256, the projection alone (`scratch`, median of 5 x 50), separate add_ / bias in the GEMM, ms: 2^24
+# elements (LSTM H=1024 B=16, H=512 B=32, H=256 B=64) 0.134 / 0.088, 0.114 / 0.077, 0.104 / 0.074; 2^23
+# (H=1024 B=8, H=512 B=16, H=256 B=32) 0.068 / 0.060, 0.057 / 0.068, 0.052 / 0.064; 2^22 and less:
+# 0.042-0.045 / 0.060-0.075.
+BIAS_IN_GEMM = 1 << 24
+
+
+def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, differentiable: bool = False,
+            biased_weight=None) -> torch.Tensor:
+    """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
+    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
+    (widened first where autograd must differentiate it).
+
+    A half GEMM into float32 has no bias epilogue in torch (``addmm`` with ``out_dtype`` measured as slow as
+    the GEMM and a separate ``add_``). The ``add_`` reads and writes the float32 result: at
+    :data:`BIAS_IN_GEMM` elements and more (LSTM H=1024 B=16 T=256) it costs as much as the GEMM, so there
+    the bias rides in the GEMM: ``x`` padded with columns of ones times ``[W_ih | b_ih | 0]`` (the bias
+    multiplied by one and summed in float32: the same value), ``biased_weight(W_ih, b_ih)`` making that
+    matrix. Below, the padded GEMM measured slower than the two kernels. Where the cell's plan lets params carry
+    ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the caller), ``b_ih`` is None: the
+    GEMM alone."""
+    if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
+        return torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
+    if x.device.type == "cuda" and not differentiable:
+        T, B, _ = x.shape
+        rows = x.view(T * B, -1)
+        if b_ih is None:  # carried by the recurrent bias (folded)
+            return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(T, B, -1)
+        if T * B * W_ih.shape[0] < BIAS_IN_GEMM:
+            return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
+        W = biased_weight(W_ih, b_ih)
+        ones = torch.nn.functional.pad(rows, (0, W.shape[1] - x.shape[2]), value=1.0)
+        return torch.mm(ones, W.t(), out_dtype=torch.float32).view(T, B, -1)
+    # a half layer that trains (or on the CPU): float32 math, differentiable
+    return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
+
+
+def summed(b_hh: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
+    """``b_hh + b_ih`` in float32, rounded once to their type (a param carrying the input projection's bias)."""
+    return (b_hh.float() + b_ih.float()).to(b_hh.dtype)
+
+
+def biased(W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
+    """``[W_ih | b_ih | 0]``, its columns padded to a multiple of 8 (16-byte rows for the GEMM)."""
+    rows, columns = W_ih.shape
+    W = W_ih.new_zeros(rows, -(-(columns + 1) // 8) * 8)
+    W[:, :columns] = W_ih
+    W[:, columns] = b_ih
+    return W
