@@ -116,8 +116,9 @@ def test_a_torch_stack_with_the_sentinel_exchange(monkeypatch):
     from torch's allocator with each call (and from the graph's pool when captured)."""
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
+    from prnn_tvm.torch import dispatch
 
-    compile_cell = pt.compile_cell
+    compile_cell = dispatch.compile_cell
 
     def sentinel_stacks(*args, **kwargs):
         if kwargs.get("layers", 1) > 1:
@@ -125,7 +126,7 @@ def test_a_torch_stack_with_the_sentinel_exchange(monkeypatch):
                                 "barrier": "sentinel"}
         return compile_cell(*args, **kwargs)
 
-    monkeypatch.setattr(pt, "compile_cell", sentinel_stacks)
+    monkeypatch.setattr(dispatch, "compile_cell", sentinel_stacks)  # where the modules compile their layers
     torch.manual_seed(7)
     half = torch.nn.LSTM(96, 256, num_layers=3).cuda().half().eval()
     exact = copy.deepcopy(half).double()

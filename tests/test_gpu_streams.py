@@ -131,7 +131,7 @@ def test_graph_replays_follow_in_place_parameter_updates(kind, dtype, bidirectio
     aligned copies, the biased GEMM operand) is made inside a graph being captured: after in-place updates
     (an unaligned bias among them, as cuDNN's flat weights give) a replay equals an eager call again."""
     if bias_in_gemm is not None:
-        monkeypatch.setattr(pt, "BIAS_IN_GEMM", bias_in_gemm)
+        monkeypatch.setattr("prnn_tvm.torch.projection.BIAS_IN_GEMM", bias_in_gemm)  # where the projection reads it
     torch.manual_seed(4)
     ctor = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[kind]
     ref = ctor(24, 64, bidirectional=bidirectional).cuda().to(dtype).eval()

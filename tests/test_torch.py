@@ -184,7 +184,7 @@ def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, bidi
     the GPU its ``[W_ih | b_ih]`` GEMM operand (made from the smallest projection when ``bias_in_gemm`` is
     0): they must see in-place updates, replaced parameters and replaced storage."""
     if bias_in_gemm is not None:
-        monkeypatch.setattr(pt, "BIAS_IN_GEMM", bias_in_gemm)
+        monkeypatch.setattr("prnn_tvm.torch.projection.BIAS_IN_GEMM", bias_in_gemm)  # where the projection reads it
     ref = _reference("gru", input_size=6, hidden_size=8, bidirectional=bidirectional).to(device, dtype)
     flat = torch.zeros(3 * 8 + 1, device=device, dtype=dtype)  # a bias one element into a buffer, as cuDNN's
     flat[1:] = ref.bias_hh_l0.detach()                         # flat weights give
