@@ -142,8 +142,9 @@ def cited_results(root: Path = ROOT) -> set[Path]:
                       if "/" in word}
     todo = [f for f in cited if f.suffix == ".md"]
     while todo:
-        linked = {(todo[0].parent / link).resolve()
-                  for link in re.findall(r"\]\(([^)#\s:]+\.(?:md|csv))\)", todo.pop(0).read_text())}
+        results = todo.pop(0)  # before the links are read: they are relative to this file
+        linked = {(results.parent / link).resolve()
+                  for link in re.findall(r"\]\(([^)#\s:]+\.(?:md|csv))\)", results.read_text())}
         todo += [f for f in linked - cited if f.suffix == ".md" and f.is_file()]
         cited |= linked
     return cited

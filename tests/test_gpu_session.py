@@ -263,3 +263,26 @@ def test_a_million_steps_equal_the_sequence_call():
     # two float32 kernels of different configs round differently, and a lost, repeated or swapped step moves the
     # output by far more than this
     assert worst <= 1e-4, worst
+
+
+def test_a_torch_modules_session_steps_as_torch_nn_runs_the_sequence():
+    """``module.session(batch)``: each step's output and states, in torch.nn's layout, equal torch.nn's sequence
+    call on the same inputs (float32, TF32 off)."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(8)
+    ref = torch.nn.LSTM(24, 48, num_layers=2).cuda().eval()
+    module = pt.from_torch(ref)
+    xs = torch.randn(10, 3, 24, device="cuda")
+    with torch.no_grad():
+        want, (h_n, c_n) = ref(xs)
+    with module.session(batch=3) as session:
+        for t in range(10):
+            y, (h, c) = session.step(xs[t])
+            assert (y - want[t]).abs().max().item() <= tolerance("float32", 10)
+        assert (h - h_n).abs().max().item() <= tolerance("float32", 10)
+        assert (c - c_n).abs().max().item() <= tolerance("float32", 10)
+        state = session.state
+        assert (state[0] - h_n).abs().max().item() <= tolerance("float32", 10)

@@ -102,3 +102,15 @@ def test_bad_session_options_are_refused_before_anything_runs(option, value):
     layer = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")
     with pytest.raises(InputError, match=option):
         Session(compile_session(layer), {}, **{option: value})
+
+
+def test_a_torch_modules_session_is_refused_where_it_cannot_run():
+    pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    with pytest.raises(InputError, match="GPU"):
+        pt.LSTM(8, 16).session(batch=2)  # parameters on the CPU
+    with pytest.raises(ConfigError, match="bidirectional"):
+        pt.GRU(8, 16, bidirectional=True).session(batch=2)
+    with pytest.raises(InputError, match="batch"):
+        pt.GRU(8, 16).session(batch=0)

@@ -17,6 +17,7 @@ from prnn_tvm.frontend.registry import resolve
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .dispatch import DTYPES, Dispatch
 from .sequences import packed_like, unpacked
+from .session import ModuleSession
 
 # the cell's arguments -> torch.nn's parameter names, without their layer and direction suffix (``_l0``,
 # ``_l1_reverse``), in torch.nn's order (the cells take PyTorch's layout and gate order)
@@ -137,6 +138,13 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         (one GEMM, no bias pass): where the cell's plan finds params that carry the input projection's bias
         (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`: torch.nn's LSTM and RNN, not GRU)."""
         return bool(self._input_bias)
+
+    def session(self, batch: int, **options) -> ModuleSession:
+        """A resident session of this module for ``batch`` rows: its kernel launched once, a step per call
+        (``y, states = session.step(x_t)``; :class:`~prnn_tvm.torch.session.ModuleSession`). ``options``:
+        ``release_after`` (seconds without a step before the GPU is let go; None: never), ``free_sms``,
+        ``idle_timeout_s``, ``barrier_timeout_us``, ``collect_timeout_us``."""
+        return ModuleSession(self, batch, **options)
 
     def forward(self, input, hx=None):
         """As torch.nn's: ``input`` (T, B, F), (B, T, F) with ``batch_first``, unbatched (T, F) or a
