@@ -14,16 +14,13 @@
 // In the error word (1 + what timed out): a wait for a request, not for a block or a response, at that step.
 #define PRNN_SESSION_IDLE 0x40000000
 
-// CTA-wide: poll this CTA's n request words at src until every one carries tag (thread i takes words
-// i + j * blockDim.x, j < PER); their values into dst (shared). Returns, for the whole block, 0 (taken), 1
-// (no request within limit_us, recorded as (step | PRNN_SESSION_IDLE) + 1 in the error word, or another block
-// reported a timeout)
-// or 2 (the request is the close mark).
+// CTA-wide: poll the n tagged words at src (thread i: words i + j * blockDim.x, j < PER) into v until every one
+// carries tag. Returns 0, or 1 for the whole block when the wait gave up: it waited limit_us (recorded as
+// what + 1 in the error word) or another waiter reported a timeout.
 template <int PER>
-__device__ __forceinline__ int prnn_session_take(const uint64_t* src, float* dst, int n, unsigned tag, int step,
-                                                 unsigned* sync, int limit_us) {
+__device__ __forceinline__ int prnn_session_poll(const uint64_t* src, int n, unsigned tag, uint64_t (&v)[PER],
+                                                 unsigned* sync, int what, int limit_us) {
   static_assert(PER <= 32, "stale bits");
-  uint64_t v[PER];
   unsigned stale = 0;
 #pragma unroll
   for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) < n ? 1u : 0u) << j;
@@ -40,12 +37,22 @@ __device__ __forceinline__ int prnn_session_take(const uint64_t* src, float* dst
     for (int j = 0; j < PER; ++j) {
       if ((stale & (1u << j)) && (unsigned)(v[j] >> 32) == tag) stale &= ~(1u << j);
     }
-    if (!__syncthreads_or(stale != 0u)) break;
+    if (!__syncthreads_or(stale != 0u)) return 0;
     if (polls % PRNN_CHECK_EVERY == 0 &&
-        __syncthreads_or(threadIdx.x == 0 && prnn_give_up(sync, step | PRNN_SESSION_IDLE, start, limit))) {
+        __syncthreads_or(threadIdx.x == 0 && prnn_give_up(sync, what, start, limit))) {
       return 1;
     }
   }
+}
+
+// CTA-wide: wait for this CTA's n request words at src (tagged tag); their values into dst (shared). Returns, for
+// the whole block, 0 (taken), 1 (no request within limit_us, recorded as (step | PRNN_SESSION_IDLE) + 1 in the
+// error word, or another block reported a timeout) or 2 (the request is the close mark).
+template <int PER>
+__device__ __forceinline__ int prnn_session_take(const uint64_t* src, float* dst, int n, unsigned tag, int step,
+                                                 unsigned* sync, int limit_us) {
+  uint64_t v[PER];
+  if (prnn_session_poll<PER>(src, n, tag, v, sync, step | PRNN_SESSION_IDLE, limit_us)) return 1;
   int close = 0;
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
@@ -138,30 +145,7 @@ __device__ __forceinline__ void prnn_session_collect(const uint64_t* resp, V* y,
   const unsigned step = step_seen, tag = prnn_session_tag(sync, step);
   const uint64_t* src = resp + (long long)(step % (unsigned)depth) * n;
   uint64_t v[PER];
-  unsigned stale = 0;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) < n ? 1u : 0u) << j;
-  const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
-  int failed = 0;
-  for (unsigned polls = 1;; ++polls) {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      if (stale & (1u << j)) {
-        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v[j]) : "l"(src + threadIdx.x + j * blockDim.x)
-                     : "memory");
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      if ((stale & (1u << j)) && (unsigned)(v[j] >> 32) == tag) stale &= ~(1u << j);
-    }
-    if (!__syncthreads_or(stale != 0u)) break;
-    if (polls % PRNN_CHECK_EVERY == 0 &&
-        __syncthreads_or(threadIdx.x == 0 && prnn_give_up(sync, (int)step, start, limit))) {
-      failed = 1;
-      break;
-    }
-  }
+  const int failed = prnn_session_poll<PER>(src, n, tag, v, sync, (int)step, timeout_us);
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     const int i = threadIdx.x + j * blockDim.x;
