@@ -131,13 +131,18 @@ class _Backward:
         reds = [r for r in self.p.reductions if r.operand == operand and r.phase == phase]
         if not reds:
             return
-        sent, dt = self.sent[operand], self.dt
-        with T.parallel(0, self.B) as b, T.serial(0, self.H) as k:
+        sent, dt, H = self.sent[operand], self.dt, self.H
+        with T.parallel(0, self.B) as b, T.serial(0, H) as k:
             T.buffer_store(sent, tirx.const(0.0, dt), [b, k])
             for r in reds:
-                w = self.a.weight[r.weight]
-                with T.serial(0, r.slices * self.H) as j:
-                    T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k], dt), [b, k])
+                w, D = self.a.weight[r.weight], r.head_size(H)
+                if D == H:
+                    with T.serial(0, r.slices * H) as j:
+                        T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k], dt), [b, k])
+                    continue
+                with T.serial(0, r.slices * D) as i:  # a head-wise product: the rows of k's head
+                    j = i // D * H + k // D * D + i % D
+                    T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k % D], dt), [b, k])
 
     def pointwise_adjoints(self, t):
         """Per (unit, row): the states' adjoints for step t-1, the projection's and the params' adjoints
@@ -168,9 +173,11 @@ class _Backward:
             grad, d_red = self.d_weight[r.weight], self.d_red[r.name]
             operand = ((lambda b, k, r=r: self.hist[t, self.si[r.operand], b, k]) if r.phase == 0 else
                        (lambda b, k, r=r: self.opnds[r.operand][t, b, k]))
-            with T.parallel(0, r.slices * self.H) as j, T.serial(0, self.H) as k:
+            D = r.head_size(self.H)
+            with T.parallel(0, r.slices * self.H) as j, T.serial(0, D) as k:
+                column = k if D == self.H else (j % self.H) // D * D + k  # a head-wise product's: j's head
                 with T.serial(0, self.B) as b:
-                    T.buffer_store(grad, grad[j, k] + d_red[b, j] * operand(b, k), [j, k])
+                    T.buffer_store(grad, grad[j, k] + d_red[b, j] * operand(b, column), [j, k])
 
     # ------------------------------------------------------------------ leaf values of one (step, row, unit)
     def running(self, t, b):

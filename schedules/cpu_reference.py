@@ -124,17 +124,20 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
 
 
 def _product(r, a, acc, cur, si, kept, live, H):
-    """acc[b, j] = sum_k operand[b, k] * W[j, k], the operand a state or a live-out stage of this step."""
+    """acc[b, j] = sum_k operand[b, k] * W[j, k], the operand a state or a live-out stage of this step; for a
+    head-wise product, over the ``D`` units of row ``j``'s head (``k`` from ``(j % H) // D * D``)."""
     rows, w = r.slices * H, a.weight[r.weight]
     dt = acc.dtype
     storage = w.dtype  # a stage of this step is exchanged in the storage type, as states are
     operand = (lambda b, k: cur[si[r.operand], b, k]) if r.phase == 0 else \
         (lambda b, k: rounded(kept[live[Leaf("stage", r.operand, 0)], b, k], storage))
+    D = r.head_size(H)
     with T.parallel(0, acc.shape[0] * rows) as i:
         b, j = i // rows, i % rows
         T.buffer_store(acc, tirx.const(0.0, acc.dtype), [b, j])
-        with T.serial(0, H) as k:
-            T.buffer_store(acc, acc[b, j] + operand(b, k) * widen(w[j, k], dt), [b, j])
+        with T.serial(0, D) as k:
+            column = k if D == H else (j % H) // D * D + k
+            T.buffer_store(acc, acc[b, j] + operand(b, column) * widen(w[j, k], dt), [b, j])
 
 
 def _loader(a, timing, b, u, cur, si, acc, kept, live, H):

@@ -178,7 +178,7 @@ class _Backward(RegisterWeights):
         p, g, H = self.p, self.g, self.H
         sync = self.barrier.grid_sync(p.phases) if p.needs_grid_barrier else None
         args = gpu_backward_args(
-            self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
+            self.B, H, p.input.slices * H, p.weight_shapes(),
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             len(p.saved_leaves()) * H, max(1, self.K), self.dt,
             self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None)

@@ -194,9 +194,6 @@ class _Analysis:
             raise CellError(f"reduces over {len(op.reduce_axis)} axes; a recurrent product reduces over one "
                             "axis k in range(hidden)", name)
         k = op.reduce_axis[0]
-        if int(k.dom.min) != 0 or int(k.dom.extent) != self.H:
-            raise CellError(f"reduces over range({k.dom.min}, {int(k.dom.min) + int(k.dom.extent)}); a "
-                            f"recurrent product reduces over the whole state, range(0, {self.H})", name)
         if not (isinstance(red.condition, P.IntImm) and int(red.condition.value) == 1):
             raise CellError("a reduction with a where= condition is not supported", name)
         src = red.source[0]
@@ -226,17 +223,36 @@ class _Analysis:
             raise CellError(f"the recurrent product multiplies the weight by {self._describe(s_t)}; it must "
                             "multiply a state (c.state) or a pointwise stage of this step", name)
         w_slot = self.slots[w_t]
+        D = self.H // w_slot.heads
+        if int(k.dom.min) != 0 or int(k.dom.extent) != D:
+            where = (f"the whole state, range(0, {self.H})" if w_slot.heads == 1 else
+                     f"one head of weight '{w_slot.name}' ({w_slot.heads} heads), range(0, {D})")
+            raise CellError(f"reduces over range({k.dom.min}, {int(k.dom.min) + int(k.dom.extent)}); a "
+                            f"recurrent product reduces over {where}", name)
         if not (self._is(w_idx[0], j) and self._is(w_idx[1], k.var)):
             raise CellError(f"weight '{w_slot.name}' is indexed [{w_idx[0]}, {w_idx[1]}]; recurrent weights "
                             f"have PyTorch's (slices*hidden, hidden) layout and are indexed [j, k]", name)
-        if not (self._is(s_idx[0], n) and self._is(s_idx[1], k.var)):
+        if not (self._is(s_idx[0], n) and self._reads_head(s_idx[1], j, k.var, slices, D)):
+            at = "[n, k]" if w_slot.heads == 1 else "[n, (j % hidden) // D * D + k], the head of row j"
             raise CellError(f"'{operand}' is indexed [{s_idx[0]}, {s_idx[1]}]; the recurrent product reads "
-                            "its operand as [n, k]", name)
+                            f"its operand as {at}", name)
         if w_slot.slices != slices:
             raise CellError(f"has {slices} gate slice(s) but weight '{w_slot.name}' has {w_slot.slices}; "
                             "the product's shape is (batch, rows of the weight)", name)
         self.used.add(w_slot.name)
-        return Reduction(name, operand, w_slot.name, slices, phase)
+        return Reduction(name, operand, w_slot.name, slices, phase, w_slot.heads)
+
+    def _reads_head(self, column, j, k, slices: int, D: int) -> bool:
+        """Whether operand column ``column`` (of product row ``j`` and reduction variable ``k``) is ``k`` itself
+        (a dense product, ``D`` = hidden) or, for head size ``D``, unit ``head * D + k`` of row ``j``'s head:
+        proven for every gate slice's rows ``j = s * hidden + u``, ``u`` in ``[0, hidden)``."""
+        if D == self.H:
+            return self._is(column, k)
+        u = tirx.Var("u", "int32")
+        an = Analyzer()
+        an.bind(u, Range(0, self.H))
+        return all(an.can_prove_equal(substitute(column, {j: s * self.H + u}) - k, (u // D) * D)
+                   for s in range(slices))
 
     # ---- pointwise stages
     def _stage(self, tensor: te.Tensor) -> Stage:

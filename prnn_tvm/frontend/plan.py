@@ -41,6 +41,11 @@ class Reduction:
     weight: str
     slices: int
     phase: int = 0
+    heads: int = 1  # block-diagonal: row s*H + u multiplies only the hidden / heads units of u's head
+
+    def head_size(self, hidden: int) -> int:
+        """Units per head: the columns of the weight, and the operand units one row multiplies."""
+        return hidden // self.heads
 
 
 @dataclass(frozen=True)
@@ -303,6 +308,22 @@ class CellPlan:
         return max(len(private & set(g.states)) + sum(len(g.live_outs(self, p)) for p in range(self.phases))
                    for g in self.pointwise_groups)
 
+    def weight_shapes(self) -> dict:
+        """Each recurrent weight's shape by name: (slices * hidden, hidden / heads)."""
+        return {w.name: (w.slices * self.hidden, self.hidden // w.heads) for w in self.weights}
+
+    def local_to(self, units: int) -> bool:
+        """Whether a block of ``units`` consecutive hidden units (from a multiple of ``units``) holds every unit
+        its products read: each product's heads are whole within it (its head size divides ``units``; a dense
+        product's head is the whole hidden size). Heads never read each other, so such blocks need no grid
+        barrier."""
+        return all(units % r.head_size(self.hidden) == 0 for r in self.reductions)
+
+    @property
+    def heads(self) -> int:
+        """The most heads any recurrent product has (1: every product dense)."""
+        return max((r.heads for r in self.reductions), default=1)
+
     def slot(self, name: str) -> Slot:
         for s in (self.input, *self.states, *self.weights, *self.params):
             if s.name == name:
@@ -311,9 +332,10 @@ class CellPlan:
 
     def fingerprint(self) -> str:
         """A hash of the cell's math (not its name or sizes): keys tuning records."""
-        parts = [f"{s.role.value}:{s.name}:{s.slices}" for s in (self.input, *self.states, *self.weights,
-                                                                 *self.params)]
-        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" for r in self.reductions]
+        parts = [f"{s.role.value}:{s.name}:{s.slices}" + (f"/h{s.heads}" if s.heads > 1 else "")
+                 for s in (self.input, *self.states, *self.weights, *self.params)]
+        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" + (f"/h{r.heads}" if r.heads > 1 else "")
+                  for r in self.reductions]
         parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
         parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
         parts.append(f"output:{','.join(self.outputs)}")
