@@ -66,6 +66,7 @@ from prnn_tvm.signature import Grid, with_saved
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
+from .head_columns import OperandColumns
 from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
 from .persistent_weights import RegisterWeights
@@ -128,6 +129,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
+        self.cols = OperandColumns.of(plan.reductions, self.H, cfg.units_per_cta)  # each operand's heads and span
         self.stride = g.stride  # elements between batch rows of a shared operand tile
         # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
         # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
@@ -136,7 +138,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.groups = tuple(group for part in self.parts for group in part.groups)
         self.looping = self.parts  # the parts the time loop being emitted runs: one inside ``part_loops``
         # word offset of the float32 template's gate sums: after the operand tiles of the part with the most
-        self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.k_pad
+        self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.stride
         self.ipt = max(-(-len(part.groups) * group_span(self.B * cfg.units_per_cta, len(part.groups)) // g.threads)
                        for part in self.parts)
         # an item's registers, numbered within its group (a thread holds one group's per item slot)
@@ -158,9 +160,10 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         p, g, bar = self.p, self.g, self.barrier
         # the exchange: one double-buffered slot per operand, of the kind's type (unused by a kind that publishes
         # to a slot per step)
-        workspace = (max(1, len(p.operands)), 2, p.batch, self.H)  # every batch group's rows
-        sync = bar.grid_sync(p.phases) if p.needs_grid_barrier else None
-        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
+        workspace = self.workspace_shape()  # every batch group's rows
+        grid_wide = p.needs_grid_barrier and bar.grid_wide  # ``block``: each block synchronizes with itself
+        sync = bar.grid_sync(p.phases) if grid_wide else None
+        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
         launch = recurrent_launch(p, workspace, bar.exchange_dtype(self.dt), grid, sync, exchanged)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
@@ -484,8 +487,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     @property
     def operand_base(self):
-        """Offset of the shared tile this thread's rows multiply."""
-        return self.per_product(lambda r: self.slot[r.operand]) * (self.c.batch_tile * self.stride)
+        """Offset of the shared tile this thread's rows multiply (of their head in it, for a head-wise product)."""
+        base = self.per_product(lambda r: self.slot[r.operand]) * (self.c.batch_tile * self.stride)
+        if not self.cols.headed:
+            return base
+        U, first_row = self.c.units_per_cta, self.first_row
+        offset = tirx.const(0, "int32")
+        for i, red in enumerate(self.reductions):
+            here = self.cols.head_offset(red.operand, red.head_size(self.H), self.cta, (first_row - self.row_lo[i]) % U)
+            offset = here if i == 0 else T.if_then_else(first_row >= self.row_lo[i], here, offset)
+        return base + offset
 
     @property
     def thread_phase(self):
