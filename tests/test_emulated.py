@@ -17,6 +17,7 @@ from prnn_tvm.checks import max_abs_error, relative_error, worst
 from prnn_tvm.codegen.build import build_functions
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import PrnnError
+from prnn_tvm.frontend.heads import diagonal_blocks
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
 from prnn_tvm.schedules import gpu_backward, saving_forward
 from prnn_tvm.signature import Arg, ArgRole, Grid, Launch
@@ -110,10 +111,11 @@ def emulated_gradients(layer, seq_len: int = T, seed: int = 0) -> dict:
     got.update({q.name: d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
     where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
     column = 0
-    for r in plan.reductions:  # each product's weights: d_gates^T operand, over steps and rows
+    for r in plan.reductions:  # each product's weights: d_gates^T operand over steps and rows (a head-wise one's heads)
         gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(seq_len * B, -1).astype(np.float64)
         i = where[r.operand]
-        got[r.weight] = got.get(r.weight, 0) + gates.T @ saved[:, :, i * H:(i + 1) * H].reshape(seq_len * B, H)
+        dense = gates.T @ saved[:, :, i * H:(i + 1) * H].reshape(seq_len * B, H)
+        got[r.weight] = got.get(r.weight, 0) + diagonal_blocks(dense, r.heads)
         column += r.slices * H
     return got, plan_gradients(plan, inputs, d_out, d_finals)
 

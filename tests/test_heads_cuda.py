@@ -1,5 +1,5 @@
 """Head-wise products on the CUDA templates (``schedules/head_columns.py``): the float32 kernels as emitted, run on
-the host (``prnn_tvm.verify.emulator``) against float64; ptxas and launchability of the
+the host (``prnn_tvm.verify.emulator``) against float64, the training kernels too; ptxas and launchability of the
 float32 and tensor-core kernels; what a block holds; the ``block`` barrier; refusals; the tuning space. The GPU
 runs (half precision, timing): ``test_gpu_heads.py``."""
 
@@ -9,14 +9,18 @@ import numpy as np
 import pytest
 
 import prnn_tvm
+from prnn_tvm.checks import relative_error, worst
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import ConfigError
+from prnn_tvm.schedules import persistent_backward as pb
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.schedules import saving_forward
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 from prnn_tvm.tune.space import ConfigSpace
 from prnn_tvm.verify import emulator
 
+from . import test_emulated
 from .test_emulated import T, emulated, knobs
 from .test_ptxas import assert_launchable, kernel_source
 
@@ -55,6 +59,24 @@ def test_head_wise_kernels_as_emitted(cell, hidden, batch, config):
         assert "prnn_barrier" not in body and "grid_sync" not in body and "__syncthreads()" in body
     else:
         assert launch.sync is not None and launch.grid.cooperative
+
+
+@emulates
+@pytest.mark.parametrize("cell, hidden, batch, backward", [
+    ("lstm_h4", 8, 3, pc.PersistentConfig(4, 4, 2, 2, 2, "block")),   # a CTA per head, no grid barrier
+    ("lstm_h4", 16, 3, pc.PersistentConfig(8, 2, 2, 3, 2, "counter")),  # two heads a CTA
+    ("lstm_h2", 8, 3, pc.PersistentConfig(2, 4, 1, 2, 4, "counter")),  # CTAs sharing a head
+    ("gru_cho_h2", 6, 3, pc.PersistentConfig(6, 2, 3, 2, 1, "counter")),  # two phases backwards
+    ("lstm_h3", 9, 3, pc.PersistentConfig(6, 2, 3, 2, 1, "grid_sync")),  # heads past hidden in the last CTA
+])
+def test_the_training_kernels_of_head_wise_products_as_emitted(cell, hidden, batch, backward, monkeypatch):
+    """The saving forward and the GPU backward (its transposed rows over the gate rows of their head), every
+    argument's gradient against the plan's in float64 (a head-wise weight's from its dense gradient's blocks)."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=3, target="cuda", arch="sm_90", tuning_logs=[])
+    monkeypatch.setattr(test_emulated, "gpu_backward", lambda p, gpu: iter([pb.backward_kernel(p, gpu, backward)]))
+    got, want = test_emulated.emulated_gradients(layer)
+    assert set(got) == set(want)
+    assert worst(relative_error(got[n], want[n]) for n in want) <= 1e-5
 
 
 def test_a_block_holds_only_its_heads_weights_and_state():
@@ -112,6 +134,15 @@ def test_head_wise_defaults_build_without_spills(cell, hidden, batch, dtype, blo
 def test_configs_that_do_not_fit_the_heads_are_refused(cell, hidden, batch, dtype, config, message):
     with pytest.raises(ConfigError, match=message):
         prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", config=config)
+
+
+def test_the_gpu_backward_takes_products_of_one_head_size():
+    layer = prnn_tvm.compile_cell("lstm_h4_x2", 8, 2, target="cuda", arch="sm_90", tuning_logs=[])
+    with pytest.raises(ConfigError, match="is a wavefront stack"):  # stacks have no backward at all
+        saving_forward(layer.plan, layer.target, layer.gpu, layer.kernel.config)
+    mixed = plan("lstm_h4_d2", 2, 8)  # a deep stack: layer 1's dense input product beside head-wise ones
+    assert {r.heads for r in mixed.reductions} == {1, 4}
+    assert "products of heads of different sizes" in pb.refusal(mixed)
 
 
 def test_the_tuning_space_places_heads_and_records_key_the_placement():
