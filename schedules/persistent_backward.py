@@ -184,7 +184,7 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     local = block_local(plan, gpu, lambda plan, gpu, kinds: space(plan, gpu, kinds[0]), validate, pc.estimated_cycles,
                         limit, "persistent backward")
     return (local + ranked_defaults(plan, gpu, space(plan, gpu), validate, pc.estimated_cycles, limit,
-                                    "persistent backward"))[:limit]
+                                    "persistent backward"))
 
 
 def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: PersistentConfig) -> Kernel:

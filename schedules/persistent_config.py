@@ -264,7 +264,7 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     local = block_local(plan, gpu, space, validate, estimated_cycles, limit, "persistent")
     ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=(RANKED_WITH,)), validate, estimated_cycles, limit,
                               "persistent")
-    return (local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) for cfg in ladder])[:limit]
+    return local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) for cfg in ladder]
 
 
 def saving_config(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:

@@ -527,7 +527,7 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
                               "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
     return (local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) if min(cfg.batch_tile, plan.batch)
-                     <= TAGS_MAX_ROWS else cfg for cfg in ladder])[:limit]
+                     <= TAGS_MAX_ROWS else cfg for cfg in ladder])
 
 
 def _round_up(x: int, m: int) -> int:
