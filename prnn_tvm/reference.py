@@ -178,6 +178,11 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
         values.update({Leaf("state", name, 0): value for name, value in state.items()})  # read or multiplied
         env = {plan.leaf_vars[leaf]: v for leaf, v in values.items() if leaf in plan.leaf_vars}
         for phase in range(plan.phases):
+            for us in (us for us in plan.unit_sums if us.phase == phase):  # each row's sum over every unit
+                leaf = Leaf("unit_sum", us.name, 0)
+                total = sum(np.broadcast_to(evaluate(expr, env), (plan.batch, H)).sum(axis=1) for expr in us.exprs)
+                values[leaf] = np.repeat(total[:, None], H, axis=1)
+                env[plan.leaf_vars[leaf]] = values[leaf]
             for r in (r for r in plan.reductions if r.phase == phase):  # products once their operand exists
                 operand = state[r.operand] if phase == 0 else values[Leaf("stage", r.operand, 0)]
                 weight = block_diagonal(f64[r.weight], r.heads)
@@ -219,7 +224,10 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
         env.update({var: running[t] * (carry[name] + (d_out[t] if name == plan.output else 0.0))
                     for name, var in adjoints.incoming.items()})
         d = {}
-        for phase in reversed(range(plan.phases)):  # a phase's products, then what they send back
+        for phase in reversed(range(plan.phases)):  # a phase's products and sums, then what they send back
+            for us in (us for us in plan.unit_sums if us.phase == phase):  # a row total's adjoint: every unit's share
+                share = _adjoint(adjoints, Leaf("unit_sum", us.name, 0), env, plan)
+                env[adjoints.unit_sums[us.name]] = np.repeat(share.sum(axis=1)[:, None], H, axis=1)
             for r in (r for r in plan.reductions if r.phase == phase):
                 for s in range(r.slices):
                     d[r.name, s] = _adjoint(adjoints, Leaf("reduction", r.name, s), env, plan)

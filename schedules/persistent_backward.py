@@ -71,6 +71,9 @@ def refusal(plan: CellPlan) -> str | None:
         return f"the GPU backward places {', '.join(DTYPES)} layers, not {plan.dtype}"
     if plan.untrainable:
         return plan.untrainable
+    if plan.unit_sums:
+        return (f"cell '{plan.cell.name}' sums over units, whose backward adds up across blocks too; the GPU backward "
+                "does not (train it on the CPU build: target 'llvm')")
     if len({r.head_size(plan.hidden) for r in plan.reductions}) > 1:
         return (f"cell '{plan.cell.name}' has products of heads of different sizes; the GPU backward takes products of "
                 "one head size (train it on the CPU build: target 'llvm')")

@@ -24,6 +24,7 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
 from .head_columns import OperandColumns, check_heads, fitting_units
+from .persistent_sums import unit_sum_bytes
 from .persistent_weights import lane_shuffles
 from .ranking import (
     PREFERRED,
@@ -42,7 +43,7 @@ from .ranking import (
 DTYPES = tuple(d for d in GPU_DTYPES if policy(d).mma is None)  # what multiplies on CUDA cores (float32)
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
-PHASE_OVERHEAD = 32  # more registers live across a step's phases (ptxas, Cho's GRU at hidden 1024)
+PHASE_OVERHEAD = 32  # more registers live across a step's phases of products (ptxas, Cho's GRU at hidden 1024)
 TILE_OVERHEAD = 800  # cycles per batch tile: an L2 round trip for the states and two block barriers
 
 
@@ -80,11 +81,12 @@ class Geometry:
     smem_gs: int           # bytes: reduced gate sums of the whole batch
     regs_estimate: int
     tile_stride: int = 0   # elements between batch rows of a shared operand tile, where not k_pad (heads)
+    smem_us: int = 0       # bytes: the shares and totals of the sums over units (``persistent_sums``)
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        return launchable_smem(self.smem_hs + self.smem_gs)
+        return launchable_smem(self.smem_hs + self.smem_gs + self.smem_us)
 
     @property
     def stride(self) -> int:
@@ -128,9 +130,9 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     tagged, poll_regs = barrier(cfg.barrier).polled_loads(cfg.batch_tile * row if n_ops else 0, threads, row,
                                                           policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
-            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
+            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.product_phases - 1))
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile), ipt,
-                    tagged, smem_hs, smem_gs, regs, stride)
+                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta))
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:

@@ -69,6 +69,7 @@ from . import persistent_config as pc
 from .head_columns import OperandColumns
 from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
+from .persistent_sums import UnitSumExchange
 from .persistent_weights import RegisterWeights
 from .ranking import parts
 from .template import ACCEPTED, Acceptance, config_from_dict, refused
@@ -114,7 +115,7 @@ class PersistentTemplate:
         return config_from_dict(self.config_type, knobs)
 
 
-class PersistentBuilder(OperandExchange, RegisterWeights):
+class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     """Builds the kernel of one config. The products (weights, their registers, the shared gate sums)
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
@@ -261,6 +262,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     self.a = self.batch_group_views(self.a)
                 self.sync = self.a.sync
                 self.alloc_product_buffers()
+                self.alloc_unit_sums(max(1, len(p.operands)))
                 w = self.width
                 self.sreg = T.alloc_buffer((max(1, ipt * w.priv),), self.compute_dt, scope="local")
                 self.xreg = T.alloc_buffer((max(1, ipt * w.x),), self.a.xp.dtype, scope="local")
@@ -318,10 +320,12 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             return
         for phase in range(p.phases):
             for _ in self.each_part():
+                self.sum_totals(t, phase)  # sums over units read from this phase on (none: nothing emitted)
                 self.products(t, phase)
                 for it, group, item in self.items():
                     with item as (b, unit, ul):
                         self.pointwise(t, phase, it, group, b, unit, ul)
+                self.sum_partials(t, phase)
             if phase < p.phases - 1:
                 self.barrier.wait(t * p.phases + phase, self.barrier_base, self.sync, self.stall)
         for _ in self.each_part():
@@ -404,8 +408,12 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """The phase's stages of ``group`` for one item; keep what later phases need, publish next-phase
         operands."""
         slots = self.slots[group]
+        sums = tuple(us for us in self.p.sums_of(phase) if Leaf("unit_sum", us.name, 0) in group.leaves)
         for leaf, value in emit_phase(self.p, phase, self.loader(t, it, group, b, unit, ul), self.bind_stage,
-                                      group.live_outs(self.p, phase)).items():
+                                      group.live_outs(self.p, phase), sums).items():
+            if leaf.kind == "share":  # of a sum over units
+                self.add_share(leaf.name, b, ul, value)
+                continue
             T.buffer_store(self.lreg, value, [it * self.width.live + slots.live[leaf]])
             if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
@@ -465,6 +473,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 return self.lreg[it * w.live + slots.live[leaf]]
             if leaf.kind == "reduction":
                 return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
+            if leaf.kind == "unit_sum":
+                return self.unit_sum(leaf.name, b)
             if leaf.name in slots.priv:
                 return self.sreg[it * w.priv + slots.priv[leaf.name]]
             if leaf.name in self.own:

@@ -16,6 +16,8 @@ mixin gives it the addresses and tile copies the kinds move values with.
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -23,6 +25,8 @@ from prnn_tvm.codegen import barriers
 from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.dtypes import itemsize
+
+from .persistent_sums import sum_slots
 
 
 class OperandExchange:
@@ -53,11 +57,11 @@ class OperandExchange:
 
     def workspace_shape(self) -> tuple:
         """The exchange's shape: one double-buffered slot per operand, ``(batch, hidden)`` each, or with head-wise
-        products ``batch x padded hidden`` values laid out by span (``head_columns``)."""
-        slots = (max(1, len(self.p.operands)), 2)
-        if not self.cols.headed:
-            return (*slots, self.p.batch, self.H)
-        return (*slots, self.p.batch * self.cols.padded_hidden())
+        products ``batch x padded hidden`` values laid out by span (``head_columns``); then slots for the partial
+        sums of the sums over units (``persistent_sums``)."""
+        rows = (self.p.batch, self.H) if not self.cols.headed else (self.p.batch * self.cols.padded_hidden(),)
+        operands = max(1, len(self.p.operands))  # then the partial sums of the sums over units
+        return (operands + sum_slots(self.p, 2 * math.prod(rows), self.dt, self.g.ctas), 2, *rows)
 
     def ws_at(self, name: str, parity, b, unit) -> tuple:
         """The workspace indices of operand ``name``'s value for batch row ``b``, unit ``unit``, at ``parity``: by span

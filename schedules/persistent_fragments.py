@@ -101,6 +101,11 @@ class FragmentWeights:
         self.grp = bind_value(lane // 4, "grp")
         self.quad = bind_value(lane % 4, "quad")
 
+    def unit_sum_memory(self) -> tuple:
+        """The shared allocation and the (float32) word the sums over units start at: after the partial sums and
+        the operand tiles."""
+        return self.gsum, self.g.smem_gs // itemsize(self.acc_dt) + -(-self.g.smem_ops // itemsize(self.acc_dt))
+
     def load_weights(self):
         """Prologue: this warp's A fragments into registers; zero outside the matrices.
 

@@ -60,6 +60,7 @@ from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
+from .persistent_sums import unit_sum_bytes
 from .ranking import (
     PREFERRED,
     RANKED_WITH,
@@ -143,11 +144,12 @@ class MmaGeometry:
     smem_gs: int               # bytes: the k groups' partial sums for the whole batch (two sets: "direct")
     regs_estimate: int
     tile_width: int = 0        # columns of a shared operand tile's row before the skew, where not k_pad (heads)
+    smem_us: int = 0           # bytes: the shares and totals of the sums over units (``persistent_sums``)
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        return launchable_smem(self.smem_ops + self.smem_gs)
+        return launchable_smem(self.smem_ops + self.smem_gs + self.smem_us)
 
     @property
     def stride(self) -> int:
@@ -199,9 +201,10 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
                                                               row, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
-            + PHASE_OVERHEAD * (plan.phases - 1))
+            + PHASE_OVERHEAD * (plan.product_phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
-                       math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width)
+                       math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width,
+                       unit_sum_bytes(plan, B, cfg.units_per_cta))
 
 
 def direct_loads(k_tiles: int) -> tuple[int, int]:

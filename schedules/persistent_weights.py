@@ -77,6 +77,10 @@ class RegisterWeights:
         self.ks = bind_value(self.tx % c.k_split, "ks")
         self.rg = bind_value(self.tx // c.k_split, "rg")
 
+    def unit_sum_memory(self) -> tuple:
+        """The shared allocation and the word the sums over units start at: after the gate sums."""
+        return self.smem, self.gs0 + self.g.smem_gs // itemsize(self.dt)
+
     def load_weights(self):
         """Prologue: each thread's weight rows into registers; zero outside the matrices."""
         c, H, U = self.c, self.H, self.c.units_per_cta

@@ -58,6 +58,9 @@ def check_layout(cfg, plan: CellPlan) -> None:
         raise ConfigError(problem)
     if cfg.layout != "split":
         return
+    if plan.unit_sums:
+        raise ConfigError(f"layout 'split' gives each part of a step CTAs of its own; cell '{plan.cell.name}' sums "
+                          "over units, whose partial sums meet over every CTA: use 'shared'")
     if not plan.cta_parts:
         raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
                           f"own; cell '{plan.cell.name}' has one part: use 'shared'")

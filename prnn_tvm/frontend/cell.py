@@ -12,7 +12,7 @@ column; a tensor with ``slices`` gate slices has ``slices * hidden`` columns and
 
 Example, a vanilla tanh RNN::
 
-    from tvm import te
+    from tvm import te, tirx
     from prnn_tvm import Cell
 
     def step(c):
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tvm import te
+from tvm import te, tirx
 
 from ..errors import CellError, PrnnError
 from .names import check_names, same_name
@@ -150,6 +150,25 @@ class CellBuilder:
         k = te.reduce_axis((0, D), name=f"{name}_k")
         return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, (j % H) // D * D + k] * weight[j, k],
                                                                   axis=k), name=name)
+
+    def sum(self, value: te.Tensor, name: str, columns: int | None = None) -> te.Tensor:
+        """Each batch row's sum over every column of ``value`` (a (batch, slices*hidden) tensor: a stage, the input,
+        a state, a product), as a (batch, hidden) stage whose every unit holds its row's total. It mixes every
+        hidden unit of a row, so its value is there one phase after the values it sums (the analysis makes the
+        sum a phase of its own); ``te.sum(value[n, k], axis=k)`` over ``k`` in ``range(slices * hidden)``, written
+        by hand, is the same. ``columns``: the first that many columns only (whole gate slices)."""
+        _check_name(name, "sum")
+        k = te.reduce_axis((0, int(value.shape[1]) if columns is None else columns), name=f"{name}_k")
+        return te.compute((self.batch, self.hidden), lambda n, j: te.sum(value[n, k], axis=k), name=name)
+
+    def mean(self, value: te.Tensor, name: str, columns: int | None = None) -> te.Tensor:
+        """Each batch row's mean over every column of ``value`` (see :meth:`sum`): a layer norm's mean, or with
+        ``value`` a square its second moment."""
+        _check_name(name, "mean")
+        columns = int(value.shape[1]) if columns is None else columns
+        k = te.reduce_axis((0, columns), name=f"{name}_k")
+        scale = tirx.const(1.0 / columns, self.dtype)
+        return te.compute((self.batch, self.hidden), lambda n, j: te.sum(value[n, k] * scale, axis=k), name=name)
 
     def pointwise(self, fn: Callable, name: str, slices: int = 1) -> te.Tensor:
         """A pointwise stage ``fn(n, j)`` of shape (batch, slices*hidden)."""

@@ -147,6 +147,12 @@ class Renamed:
     def pointwise(self, fn, name: str, slices: int = 1):
         return self._c.pointwise(fn, self._name(name), slices)
 
+    def sum(self, value, name: str, columns: int | None = None):
+        return self._c.sum(value, self._name(name), columns)
+
+    def mean(self, value, name: str, columns: int | None = None):
+        return self._c.mean(value, self._name(name), columns)
+
 
 class _LayerBuilder(Renamed):
     """Layer ``layer`` of a stack: names prefixed ``l<layer>_``, and for ``layer > 0`` an input that is the

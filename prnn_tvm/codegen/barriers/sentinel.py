@@ -37,7 +37,8 @@ def sentinel_problem(plan) -> str | None:
     if plan.heads > 1:  # a block's span of a state is strided in the sequence, which has every head's values
         return "has head-wise products, whose blocks poll their heads' part of the state (tags does)"
     if plan.phases != 1:
-        return f"exchanges a stage within each step ({plan.phases} phases)"
+        what = "sums over units" if plan.unit_sums else "a stage"
+        return f"exchanges {what} within each step ({plan.phases} phases)"
     if len(plan.outputs) != 1:
         return f"outputs {len(plan.outputs)} states side by side"
     if plan.lag:  # a stack

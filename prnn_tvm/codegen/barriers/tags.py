@@ -34,6 +34,10 @@ class Tags(Barrier):
         return steps
 
     def problem(self, plan, layout: str) -> str | None:
+        if plan.unit_sums:
+            return (f"barrier '{self.name}' moves the values products multiply; cell '{plan.cell.name}' sums over "
+                    "units, whose blocks' partial sums meet through the plain exchange: use counter, grid_sync or "
+                    "block")
         if layout == "split" and plan.cta_parts and not plan.independent_parts:
             return (f"barrier '{self.name}' synchronizes only blocks that read each other's values, and the split "
                     f"parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read the upper "
