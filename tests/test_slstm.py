@@ -8,7 +8,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm.bench import flashrnn
-from prnn_tvm.checks import check_against_reference, check_gradients, relative_error, worst
+from prnn_tvm.checks import check_gradients, relative_error, worst
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 from prnn_tvm.verify import emulator
@@ -16,6 +16,7 @@ from prnn_tvm.verify import emulator
 from . import test_emulated
 from .test_backward import compare
 from .test_emulated import T, emulated, knobs
+from .test_heads import assert_cpu_build_matches
 from .test_ptxas import assert_launchable
 
 emulates = pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
@@ -70,10 +71,7 @@ SIZES = [("slstm", 1, 1, 3), ("slstm", 7, 3, 2), ("slstm_h7", 7, 2, 7), ("slstm_
 @pytest.mark.parametrize("cell, hidden, batch, input_size", SIZES)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_the_cpu_build_matches_the_float64_reference(cell, hidden, batch, input_size, dtype):
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="llvm")
-    bound = 1e-12 if dtype == "float64" else tolerance(dtype, 9)
-    res = check_against_reference(layer, 9, bound, lengths=random_lengths(batch, 9, seed=hidden))
-    assert res.ok, res
+    assert_cpu_build_matches(cell, hidden, batch, input_size, dtype)
 
 
 def test_zero_states_start_the_stabilizer_at_the_input_gate_and_huge_inputs_stay_finite():

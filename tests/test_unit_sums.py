@@ -9,7 +9,7 @@ from tvm import te, tirx
 
 import prnn_tvm
 from prnn_tvm import Cell, CellError
-from prnn_tvm.checks import check_against_reference, check_gradients
+from prnn_tvm.checks import check_gradients
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import Leaf
@@ -20,6 +20,7 @@ from prnn_tvm.verify import emulator
 
 from .test_backward import compare
 from .test_emulated import T, emulated, knobs
+from .test_heads import assert_cpu_build_matches
 from .test_ptxas import assert_launchable
 
 
@@ -117,10 +118,7 @@ SIZES = [(1, 1, 3), (7, 3, 7), (12, 2, 5), (33, 4, 2)]  # hidden 1 (a norm over 
 @pytest.mark.parametrize("hidden, batch, input_size", SIZES)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_the_cpu_build_matches_the_float64_reference(cell, hidden, batch, input_size, dtype):
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="llvm")
-    bound = 1e-12 if dtype == "float64" else tolerance(dtype, 9)
-    res = check_against_reference(layer, 9, bound, lengths=random_lengths(batch, 9, seed=hidden))
-    assert res.ok, res
+    assert_cpu_build_matches(cell, hidden, batch, input_size, dtype)
 
 
 @pytest.mark.parametrize("cell", ["lstm_layernorm", RMS])
