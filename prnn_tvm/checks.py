@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -79,13 +80,21 @@ def layer_gradients(layer: Layer, inputs: dict, d_out: np.ndarray, d_finals: dic
     return grads
 
 
+def gradient_check_hidden(plan) -> int:
+    """The hidden size :func:`check_gradients` takes for ``plan``'s cell: :data:`GRADIENT_CHECK`'s, rounded up to a
+    whole number of heads of every head-wise weight."""
+    heads = math.lcm(*(w.heads for w in plan.weights))
+    return -(-GRADIENT_CHECK["hidden"] // heads) * heads
+
+
 def check_gradients(cell, directions: int = 3, step: float = 1e-6, tolerance: float = 1e-6,
-                    seed: int = 0) -> CheckResult:
+                    seed: int = 0, hidden: int | None = None) -> CheckResult:
     """The backward the compiler derives for ``cell`` against central differences of its forward, both the
-    float64 CPU build at :data:`GRADIENT_CHECK`'s size: the derivative of ``L = sum(out * w) + sum_s
+    float64 CPU build at :data:`GRADIENT_CHECK`'s size (``hidden`` in place of its hidden size: a cell of
+    heads takes :func:`gradient_check_hidden`): the derivative of ``L = sum(out * w) + sum_s
     sum(final_s * w_s)`` along random directions over every argument. The error is relative to the
     derivative's size where that passes 1."""
-    size = GRADIENT_CHECK
+    size = GRADIENT_CHECK if hidden is None else {**GRADIENT_CHECK, "hidden": hidden}
     layer = compile_cell(cell, size["hidden"], size["batch"], input_size=size["input_size"], dtype="float64",
                          target="llvm")
     start = time.perf_counter()

@@ -17,7 +17,7 @@ import unicodedata
 from pathlib import Path
 
 from . import compile_cell, compile_training, records
-from .checks import check_against_reference, check_gradients, time_layer
+from .checks import check_against_reference, check_gradients, gradient_check_hidden, time_layer
 from .dtypes import GPU_DTYPES, tolerance
 from .errors import CellError, ConfigError, PrnnError
 from .frontend.registry import builtin_cells
@@ -172,7 +172,7 @@ def cmd_compile(args) -> int:
         try:
             if cpu.plan.untrainable:
                 raise CellError(cpu.plan.untrainable)
-            res = check_gradients(args.cell)
+            res = check_gradients(args.cell, hidden=gradient_check_hidden(cpu.plan))
         except CellError as err:  # a cell fit for inference whose math has no derivative rule: no training
             print(f"grad check  not derivable: {err}")
         else:

@@ -17,6 +17,7 @@ import numpy as np
 from .codegen.kernel import layer_signature
 from .errors import CellError
 from .frontend.derivative import step_adjoints
+from .frontend.heads import block_diagonal, diagonal_blocks
 from .frontend.plan import CellPlan, Leaf
 from .frontend.texpr import evaluate
 from .signature import ArgRole
@@ -177,11 +178,17 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
         values.update({Leaf("state", name, 0): value for name, value in state.items()})  # read or multiplied
         env = {plan.leaf_vars[leaf]: v for leaf, v in values.items() if leaf in plan.leaf_vars}
         for phase in range(plan.phases):
+            for us in (us for us in plan.unit_sums if us.phase == phase):  # each row's sum over every unit
+                leaf = Leaf("unit_sum", us.name, 0)
+                total = sum(np.broadcast_to(evaluate(expr, env), (plan.batch, H)).sum(axis=1) for expr in us.exprs)
+                values[leaf] = np.repeat(total[:, None], H, axis=1)
+                env[plan.leaf_vars[leaf]] = values[leaf]
             for r in (r for r in plan.reductions if r.phase == phase):  # products once their operand exists
                 operand = state[r.operand] if phase == 0 else values[Leaf("stage", r.operand, 0)]
+                weight = block_diagonal(f64[r.weight], r.heads)
                 for s in range(r.slices):
                     leaf = Leaf("reduction", r.name, s)
-                    values[leaf] = operand @ f64[r.weight][s * H:(s + 1) * H].T
+                    values[leaf] = operand @ weight[s * H:(s + 1) * H].T
                     if leaf in plan.leaf_vars:
                         env[plan.leaf_vars[leaf]] = values[leaf]
             for stage in (st for st in plan.stages if st.phase == phase):
@@ -217,7 +224,10 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
         env.update({var: running[t] * (carry[name] + (d_out[t] if name == plan.output else 0.0))
                     for name, var in adjoints.incoming.items()})
         d = {}
-        for phase in reversed(range(plan.phases)):  # a phase's products, then what they send back
+        for phase in reversed(range(plan.phases)):  # a phase's products and sums, then what they send back
+            for us in (us for us in plan.unit_sums if us.phase == phase):  # a row total's adjoint: every unit's share
+                share = _adjoint(adjoints, Leaf("unit_sum", us.name, 0), env, plan)
+                env[adjoints.unit_sums[us.name]] = np.repeat(share.sum(axis=1)[:, None], H, axis=1)
             for r in (r for r in plan.reductions if r.phase == phase):
                 for s in range(r.slices):
                     d[r.name, s] = _adjoint(adjoints, Leaf("reduction", r.name, s), env, plan)
@@ -233,8 +243,8 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
                 grads[p.name][s * H:(s + 1) * H] += _adjoint(adjoints, Leaf("param", p.name, s), env, plan).sum(0)
         for r in plan.reductions:
             operand = values[Leaf("state", r.operand, 0)] if r.phase == 0 else values[Leaf("stage", r.operand, 0)]
-            for s in range(r.slices):
-                grads[r.weight][s * H:(s + 1) * H] += d[r.name, s].T @ operand
+            dense = np.concatenate([d[r.name, s].T @ operand for s in range(r.slices)])
+            grads[r.weight] += diagonal_blocks(dense, r.heads)
     for s in plan.states:
         grads[f"{s.name}0"] = carry[s.name]
     x2d = f64["x"].reshape(-1, f64["x"].shape[-1])
@@ -263,7 +273,8 @@ def _back_through_products(plan: CellPlan, d: dict, operand: str, f64: dict) -> 
     """What the products over ``operand`` send back to it: sum over their slices of d(slice) @ W(slice)."""
     H, total = plan.hidden, np.zeros((plan.batch, plan.hidden))
     for r in (r for r in plan.reductions if r.operand == operand):
+        weight = block_diagonal(f64[r.weight], r.heads)
         for s in range(r.slices):
             if (r.name, s) in d:
-                total = total + d[r.name, s] @ f64[r.weight][s * H:(s + 1) * H]
+                total = total + d[r.name, s] @ weight[s * H:(s + 1) * H]
     return total

@@ -67,10 +67,13 @@ class _Backward:
         self.hist = T.alloc_buffer((steps, S, B, H), dt)
         self.prods = {r.name: T.alloc_buffer((steps, B, r.slices * H), dt) for r in p.reductions}
         self.opnds = {name: T.alloc_buffer((steps, B, H), dt) for name in self.stage_operands}
+        self.sums = T.alloc_buffer((steps, max(1, len(p.unit_sums)), B), dt)  # each row's sums over units
         self.recompute_forward()
         self.carry = T.alloc_buffer((S, B, H), dt)      # d L / d state at the end of the step being undone
         self.next_carry = T.alloc_buffer((S, B, H), dt)
         self.d_red = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in p.reductions}
+        self.d_sums = T.alloc_buffer((max(1, len(p.unit_sums)), B), dt)  # the adjoints of the rows' totals
+        self.sum_index = {us.name: i for i, us in enumerate(p.unit_sums)}
         self.sent = {name: T.alloc_buffer((B, H), dt) for name in (*self.si, *self.stage_operands)}
         with T.grid(B, H) as (b, u):
             for name, i in self.si.items():
@@ -79,6 +82,7 @@ class _Backward:
         with T.serial(0, steps) as back:
             t = bind_value(steps - 1 - back, "t")
             for phase in reversed(range(p.phases)):
+                self.sum_adjoints(t, phase)
                 self.product_adjoints(t, phase)
                 for name in self.stage_operands:  # adjoints of this phase's operand stages, across units
                     self.send_back(name, phase)
@@ -95,7 +99,10 @@ class _Backward:
     def recompute_forward(self):
         p, a = self.p, self.a
 
-        def save(t, cur, acc, kept, live):
+        def save(t, cur, acc, kept, live, sums):
+            if p.unit_sums:
+                with T.grid(len(p.unit_sums), self.B) as (i, b):
+                    T.buffer_store(self.sums, sums[i, b], [t, i, b])
             with T.grid(self.B, self.H) as (b, u):
                 for i in range(len(p.states)):
                     T.buffer_store(self.hist, cur[i, b, u], [t, i, b, u])
@@ -114,6 +121,20 @@ class _Backward:
                 T.buffer_store(buf, tirx.const(0.0, buf.dtype), list(idx) if len(buf.shape) > 1 else [idx])
 
     # ------------------------------------------------------------------ one step backwards
+    def sum_adjoints(self, t, phase: int):
+        """The adjoint of each row total of this phase's sums over units: every unit's share, added up."""
+        sums = [us for us in self.p.unit_sums if us.phase == phase]
+        if not sums:
+            return
+        with T.parallel(0, self.B) as b:
+            for us in sums:
+                T.buffer_store(self.d_sums, tirx.const(0.0, self.dt), [self.sum_index[us.name], b])
+            with T.serial(0, self.H) as u:
+                value = self.evaluator(t, b, u)
+                for us in sums:
+                    i = self.sum_index[us.name]
+                    T.buffer_store(self.d_sums, self.d_sums[i, b] + value(Leaf("unit_sum", us.name, 0)), [i, b])
+
     def product_adjoints(self, t, phase: int):
         """The adjoints of this phase's products (the gate gradients), per row and unit."""
         reds = [r for r in self.p.reductions if r.phase == phase]
@@ -131,13 +152,18 @@ class _Backward:
         reds = [r for r in self.p.reductions if r.operand == operand and r.phase == phase]
         if not reds:
             return
-        sent, dt = self.sent[operand], self.dt
-        with T.parallel(0, self.B) as b, T.serial(0, self.H) as k:
+        sent, dt, H = self.sent[operand], self.dt, self.H
+        with T.parallel(0, self.B) as b, T.serial(0, H) as k:
             T.buffer_store(sent, tirx.const(0.0, dt), [b, k])
             for r in reds:
-                w = self.a.weight[r.weight]
-                with T.serial(0, r.slices * self.H) as j:
-                    T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k], dt), [b, k])
+                w, D = self.a.weight[r.weight], r.head_size(H)
+                if D == H:
+                    with T.serial(0, r.slices * H) as j:
+                        T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k], dt), [b, k])
+                    continue
+                with T.serial(0, r.slices * D) as i:  # a head-wise product: the rows of k's head
+                    j = i // D * H + k // D * D + i % D
+                    T.buffer_store(sent, sent[b, k] + self.d_red[r.name][b, j] * widen(w[j, k % D], dt), [b, k])
 
     def pointwise_adjoints(self, t):
         """Per (unit, row): the states' adjoints for step t-1, the projection's and the params' adjoints
@@ -168,9 +194,11 @@ class _Backward:
             grad, d_red = self.d_weight[r.weight], self.d_red[r.name]
             operand = ((lambda b, k, r=r: self.hist[t, self.si[r.operand], b, k]) if r.phase == 0 else
                        (lambda b, k, r=r: self.opnds[r.operand][t, b, k]))
-            with T.parallel(0, r.slices * self.H) as j, T.serial(0, self.H) as k:
+            D = r.head_size(self.H)
+            with T.parallel(0, r.slices * self.H) as j, T.serial(0, D) as k:
+                column = k if D == self.H else (j % self.H) // D * D + k  # a head-wise product's: j's head
                 with T.serial(0, self.B) as b:
-                    T.buffer_store(grad, grad[j, k] + d_red[b, j] * operand(b, k), [j, k])
+                    T.buffer_store(grad, grad[j, k] + d_red[b, j] * operand(b, column), [j, k])
 
     # ------------------------------------------------------------------ leaf values of one (step, row, unit)
     def running(self, t, b):
@@ -190,6 +218,8 @@ class _Backward:
                 return widen(a.param[leaf.name][leaf.slice * H + u], dt)
             if leaf.kind == "state":
                 return self.hist[t, self.si[leaf.name], b, u]
+            if leaf.kind == "unit_sum":
+                return self.sums[t, self.sum_index[leaf.name], b]
             return self.prods[leaf.name][t, b, leaf.slice * H + u]
 
         def incoming(name: str):
@@ -198,4 +228,5 @@ class _Backward:
                 d = d + widen(self.d_out[t, b, u], dt)
             return d if running is None else T.if_then_else(running, d, tirx.const(0.0, dt))
 
-        return adjoint_values(p, self.adj, forward, incoming, lambda name: self.sent[name][b, u], bind_value)
+        return adjoint_values(p, self.adj, forward, incoming, lambda name: self.sent[name][b, u], bind_value,
+                              lambda name: self.d_sums[self.sum_index[name], b])

@@ -73,9 +73,10 @@ def _build(plan: CellPlan, launch) -> tirx.PrimFunc:
 
 def time_loop(plan: CellPlan, a, save=None) -> None:
     """The layer's time loop over the declared arguments ``a`` (:func:`~prnn_tvm.codegen.kernel.declare_args`),
-    inside a ``T.prim_func()`` frame. ``save(t, cur, acc, kept, live)``, when given, is called at the end
+    inside a ``T.prim_func()`` frame. ``save(t, cur, acc, kept, live, sums)``, when given, is called at the end
     of every step, before the new states replace ``cur`` (the states the step started from): what a
-    backward kernel recomputes the step's leaves from. ``a.out`` None: no output sequence is written."""
+    backward kernel recomputes the step's leaves from (``sums``: each row's sums over units, by
+    :class:`UnitSums`' index). ``a.out`` None: no output sequence is written."""
     if save is not None and plan.untrainable:
         raise ConfigError(plan.untrainable)
     B, H = plan.batch, plan.hidden
@@ -88,6 +89,7 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
     nxt = T.alloc_buffer((len(states), B, H), dt)
     kept = T.alloc_buffer((max(1, len(live)), B, H), dt)  # live-outs of every phase
     acc = {r.name: T.alloc_buffer((B, r.slices * H), dt) for r in plan.reductions}
+    sums = UnitSums(plan, T.alloc_buffer((max(1, len(plan.unit_sums)), B), dt))  # each row's sums over units
     with T.grid(B, H) as (b, u):
         for name in states:
             T.buffer_store(cur, widen(a.init[name][b, u], dt), [si[name], b, u])
@@ -97,13 +99,18 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
         for phase in range(plan.phases):
             for r in (r for r in plan.reductions if r.phase == phase):
                 _product(r, a, acc[r.name], cur, si, kept, live, H)
-            with T.parallel(0, B) as b, T.serial(0, H) as u:
-                for leaf, value in emit_phase(plan, phase, _loader(a, timing(b), b, u, cur, si, acc, kept, live, H),
-                                              bind_value).items():
-                    T.buffer_store(kept, value, [live[leaf], b, u])
+            with T.parallel(0, B) as b:
+                sums.clear(phase, b)
+                with T.serial(0, H) as u:
+                    load = _loader(a, timing(b), b, u, cur, si, acc, kept, live, H, sums)
+                    for leaf, value in emit_phase(plan, phase, load, bind_value, sums=plan.sums_of(phase)).items():
+                        if leaf.kind == "share":
+                            sums.add(leaf.name, b, value)
+                        else:
+                            T.buffer_store(kept, value, [live[leaf], b, u])
         with T.parallel(0, B) as b, T.serial(0, H) as u:
             row = timing(b)
-            load = _loader(a, row, b, u, cur, si, acc, kept, live, H)
+            load = _loader(a, row, b, u, cur, si, acc, kept, live, H, sums)
             new = new_state_values(plan, load)
             for name in states:  # exchanged states round to storage each step, as on the GPU
                 value = new[name] if name in plan.private_states else rounded(new[name], storage)
@@ -114,7 +121,7 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
             if a.out is not None:
                 row.write_outputs(a.out, {name: as_type(new[name], storage) for name in plan.outputs}, b, u)
         if save is not None:
-            save(t, cur, acc, kept, live)
+            save(t, cur, acc, kept, live, sums.buffer)
         with T.grid(len(states), B, H) as (s, b, u):
             T.buffer_store(cur, nxt[s, b, u], [s, b, u])
     if a.final:
@@ -124,24 +131,48 @@ def time_loop(plan: CellPlan, a, save=None) -> None:
 
 
 def _product(r, a, acc, cur, si, kept, live, H):
-    """acc[b, j] = sum_k operand[b, k] * W[j, k], the operand a state or a live-out stage of this step."""
+    """acc[b, j] = sum_k operand[b, k] * W[j, k], the operand a state or a live-out stage of this step; for a
+    head-wise product, over the ``D`` units of row ``j``'s head (``k`` from ``(j % H) // D * D``)."""
     rows, w = r.slices * H, a.weight[r.weight]
     dt = acc.dtype
     storage = w.dtype  # a stage of this step is exchanged in the storage type, as states are
     operand = (lambda b, k: cur[si[r.operand], b, k]) if r.phase == 0 else \
         (lambda b, k: rounded(kept[live[Leaf("stage", r.operand, 0)], b, k], storage))
+    D = r.head_size(H)
     with T.parallel(0, acc.shape[0] * rows) as i:
         b, j = i // rows, i % rows
         T.buffer_store(acc, tirx.const(0.0, acc.dtype), [b, j])
-        with T.serial(0, H) as k:
-            T.buffer_store(acc, acc[b, j] + operand(b, k) * widen(w[j, k], dt), [b, j])
+        with T.serial(0, D) as k:
+            column = k if D == H else (j % H) // D * D + k
+            T.buffer_store(acc, acc[b, j] + operand(b, column) * widen(w[j, k], dt), [b, j])
 
 
-def _loader(a, timing, b, u, cur, si, acc, kept, live, H):
+class UnitSums:
+    """Each batch row's sums over units (``CellPlan.unit_sums``) in ``buffer`` (sums x batch): a phase adds every
+    unit's share of the sums the next phase reads (``CellPlan.sums_of``)."""
+
+    def __init__(self, plan: CellPlan, buffer):
+        self.plan, self.buffer = plan, buffer
+        self.index = {us.name: i for i, us in enumerate(plan.unit_sums)}
+
+    def clear(self, phase: int, b):
+        for us in self.plan.sums_of(phase):
+            T.buffer_store(self.buffer, tirx.const(0.0, self.buffer.dtype), [self.index[us.name], b])
+
+    def add(self, name: str, b, share):
+        T.buffer_store(self.buffer, self.buffer[self.index[name], b] + share, [self.index[name], b])
+
+    def value(self, name: str, b):
+        return self.buffer[self.index[name], b]
+
+
+def _loader(a, timing, b, u, cur, si, acc, kept, live, H, sums: UnitSums):
     """Where each leaf of unit ``u`` of row ``b`` lives; ``timing`` (the row's :class:`StepTiming`) says
     which step of the input projection it reads."""
     def load(leaf: Leaf):
         col = leaf.slice * H + u
+        if leaf.kind == "unit_sum":
+            return sums.value(leaf.name, b)
         if leaf.kind == "input":
             return as_type(a.xp[timing.input_step(leaf.slice), b, col], cur.dtype)
         if leaf.kind == "state":

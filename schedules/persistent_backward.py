@@ -53,11 +53,12 @@ from prnn_tvm.signature import Grid, Launch, gpu_backward_args
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
+from .head_columns import fitting_units
 from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
 from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
-from .ranking import RANKED_WITH, check_resources, ranked_defaults
+from .ranking import RANKED_WITH, block_local, check_resources, ranked_defaults
 
 DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
 # the exchange is plain stores and loads between barriers: kinds that poll values instead do not order them
@@ -70,6 +71,12 @@ def refusal(plan: CellPlan) -> str | None:
         return f"the GPU backward places {', '.join(DTYPES)} layers, not {plan.dtype}"
     if plan.untrainable:
         return plan.untrainable
+    if plan.unit_sums:
+        return (f"cell '{plan.cell.name}' sums over units, whose backward adds up across blocks too; the GPU backward "
+                "does not (train it on the CPU build: target 'llvm')")
+    if len({r.head_size(plan.hidden) for r in plan.reductions}) > 1:
+        return (f"cell '{plan.cell.name}' has products of heads of different sizes; the GPU backward takes products of "
+                "one head size (train it on the CPU build: target 'llvm')")
     return None
 
 
@@ -78,12 +85,26 @@ def gate_rows(plan: CellPlan) -> int:
     return sum(r.slices for r in plan.reductions)
 
 
+def head_size(plan: CellPlan) -> int:
+    """The products' head size (``refusal`` makes it one): ``hidden`` for dense products. A unit's transposed row
+    runs over the gate rows of its head only, ``gate_rows * head_size`` of them."""
+    return plan.reductions[0].head_size(plan.hidden) if plan.reductions else plan.hidden
+
+
+def head_span(plan: CellPlan, units: int) -> int:
+    """The units whose gate gradients a CTA multiplies: every one for dense products, else its heads' (whole
+    heads: ``units``; a head shared by CTAs: the head)."""
+    D = head_size(plan)
+    return plan.hidden if D == plan.hidden else (units if units % D == 0 else D)
+
+
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     """The forward's geometry (``persistent_config.geometry``) over the transposed weights: a CTA's rows
     are (operand, unit) for every operand a product multiplies (an exchanged state, or a stage of a later
     phase), each as long as every gate row (the rows of other operands' products hold zeros)."""
     H, B, U = plan.hidden, plan.batch, cfg.units_per_cta
-    k = gate_rows(plan) * H
+    D = head_size(plan)
+    k = gate_rows(plan) * D  # a row's gate rows: every one, or its head's
     rows = len(plan.operands) * U if plan.reductions else 0
     row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
     threads = pc._round_up(row_groups * cfg.k_split, 32)
@@ -92,9 +113,12 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     ipt = math.ceil(B * U / threads)
     item_regs = 2 * len(plan.states) + len(plan.exchanged_stages) + sum(p.slices for p in plan.params) + 1
     regs = weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * item_regs + pc.REG_OVERHEAD
-    smem_hs = 4 * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
-    return Geometry(math.ceil(H / U), threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
-                    math.ceil(B / cfg.batch_tile), ipt, 0, smem_hs, 4 * B * rows, regs)
+    k_pad = k_chunks * cfg.vec * cfg.k_split
+    # head-wise: the tile holds the gate gradients of the CTA's heads, head by head, a row reading its head's k
+    stride = 0 if D == H else pc._round_up(gate_rows(plan) * head_span(plan, U) + k_pad - k, 4)
+    smem_hs = 4 * cfg.batch_tile * (stride or k_pad)
+    return Geometry(math.ceil(H / U), threads, rows, row_groups, k_chunks, k_pad, weights,
+                    math.ceil(B / cfg.batch_tile), ipt, 0, smem_hs, 4 * B * rows, regs, stride)
 
 
 def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
@@ -104,12 +128,16 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(reason)
     if barrier(cfg.barrier).polls_values:
         raise ConfigError(f"the backward's barrier is one of {', '.join(PLAIN)}, not '{cfg.barrier}'")
+    problem = barrier(cfg.barrier).placement_problem(plan, cfg.units_per_cta)  # ``block``: whole heads per CTA
+    if problem:
+        raise ConfigError(problem)
     if cfg.k_split not in (1, 2, 4, 8, 16, 32) or cfg.vec not in (1, 2, 4):
         raise ConfigError(f"k_split={cfg.k_split}, vec={cfg.vec}: k_split is a power of two up to 32, vec 1, 2 or 4")
     if not 1 <= cfg.units_per_cta <= plan.hidden or cfg.rows_per_thread < 1:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} must be in [1, hidden], rows_per_thread at least 1")
     if not 1 <= cfg.batch_tile <= plan.batch:
         raise ConfigError(f"batch_tile={cfg.batch_tile}: must be between 1 and the batch ({plan.batch})")
+    check_backward_heads(cfg, plan)
     g = geometry(cfg, plan)
     if g.rows and cfg.rows_per_thread > g.rows:
         raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} exceeds the {g.rows} rows of a CTA")
@@ -123,19 +151,43 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     return g
 
 
-def space(plan: CellPlan, gpu: GpuSpec) -> list[PersistentConfig]:
-    """The configs the default is ranked from."""
+def check_backward_heads(cfg: PersistentConfig, plan: CellPlan) -> None:
+    """ConfigError where head-wise products do not fit the config: ``units_per_cta`` a multiple or a divisor of the
+    head size, a thread's rows (operand, unit) in one head, ``vec`` dividing a head's gate rows."""
+    D, U, H = head_size(plan), cfg.units_per_cta, plan.hidden
+    if D == H:
+        return
+    if U % D and D % U:
+        raise ConfigError(f"units_per_cta={U}: with heads of {D} units a CTA holds whole heads (a multiple of {D}) or "
+                          f"a whole number of CTAs share a head (a divisor of {D})")
+    rows = len(plan.operands) * U
+    for first in range(0, rows, cfg.rows_per_thread):
+        heads = {(row // U, row % U // D) for row in range(first, min(first + cfg.rows_per_thread, rows))}
+        if len(heads) > 1:
+            raise ConfigError(f"rows_per_thread={cfg.rows_per_thread}: a thread's rows share the gate gradients they "
+                              f"multiply, so they must lie in one head of {D} units; take a divisor of {D}")
+    if gate_rows(plan) * D % cfg.vec:
+        raise ConfigError(f"vec={cfg.vec}: a row reads its head's {gate_rows(plan) * D} gate rows in loads of vec "
+                          "values; vec must divide them")
+
+
+def space(plan: CellPlan, gpu: GpuSpec, kind: str = RANKED_WITH) -> list[PersistentConfig]:
+    """The configs the default is ranked from (with barrier ``kind``)."""
     min_units = math.ceil(plan.hidden / gpu.sms)
-    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units) if u <= plan.hidden})
+    units = sorted({u for u in (min_units, min_units + 1, 2 * min_units) if u <= plan.hidden}
+                   | fitting_units(plan, min_units))
     tiles = sorted({t for t in (1, 2, 4, 8, plan.batch) if t <= plan.batch})
-    return [PersistentConfig(u, ks, r, bt, vec, RANKED_WITH) for u in units for ks in (4, 8, 16, 32)
+    return [PersistentConfig(u, ks, r, bt, vec, kind) for u in units for ks in (4, 8, 16, 32)
             for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
 
 
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
     """The untuned choices, best first (the forward's cost model over the transposed rows), each later
     one holding fewer weights per thread: what a build falls back to when ptxas spills."""
-    return ranked_defaults(plan, gpu, space(plan, gpu), validate, pc.estimated_cycles, limit, "persistent backward")
+    local = block_local(plan, gpu, lambda plan, gpu, kinds: space(plan, gpu, kinds[0]), validate, pc.estimated_cycles,
+                        limit, "persistent backward")
+    return (local + ranked_defaults(plan, gpu, space(plan, gpu), validate, pc.estimated_cycles, limit,
+                                    "persistent backward"))
 
 
 def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: PersistentConfig) -> Kernel:
@@ -153,7 +205,8 @@ class _Backward(RegisterWeights):
         self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
         self.dt = self.acc_dt = plan.policy.compute  # weights widen to it in registers
         self.storage = plan.dtype
-        self.gs0 = cfg.batch_tile * g.k_pad  # word offset of the sums sent back, after the operand tile
+        self.gs0 = cfg.batch_tile * g.stride  # word offset of the sums sent back, after the operand tile
+        self.D, self.span = head_size(plan), head_span(plan, cfg.units_per_cta)  # hidden, hidden where dense
         self.si = {s.name: i for i, s in enumerate(plan.states)}
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # a CTA's rows: (operand, unit)
         self.op_phase = {r.operand: r.phase for r in plan.reductions}  # the phase whose products read it
@@ -176,13 +229,14 @@ class _Backward(RegisterWeights):
 
     def _launch(self) -> Launch:
         p, g, H = self.p, self.g, self.H
-        sync = self.barrier.grid_sync(p.phases) if p.needs_grid_barrier else None
+        grid_wide = p.needs_grid_barrier and self.barrier.grid_wide  # ``block``: each block with itself
+        sync = self.barrier.grid_sync(p.phases) if grid_wide else None
         args = gpu_backward_args(
-            self.B, H, p.input.slices * H, {w.name: (w.slices * H, H) for w in p.weights},
+            self.B, H, p.input.slices * H, p.weight_shapes(),
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             len(p.saved_leaves()) * H, max(1, self.K), self.dt,
             self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None)
-        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
+        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
 
     # ------------------------------------------------------------------ structure
@@ -235,7 +289,9 @@ class _Backward(RegisterWeights):
                     T.buffer_store(self.pgrad, tirx.const(0.0, self.dt), [it * len(self.p_leaves) + i])
                 T.buffer_store(self.lenreg, self.a.lengths[b], [it])
         pad = self.g.k_pad - self.K  # columns past the gate rows meet zero weights: keep them 0, not garbage
-        if self.g.rows and pad:
+        if self.D != self.H:
+            self.zero_head_padding()
+        elif self.g.rows and pad:
             total = self.c.batch_tile * pad
             for i in range(ceil_div(total, self.g.threads)):
                 idx = i * self.g.threads + self.tx
@@ -246,8 +302,9 @@ class _Backward(RegisterWeights):
 
     def load_weights(self):
         """Row ``(e, ul)`` of the thread holds ``W[k, unit]`` for every gate row ``k`` of the products that
-        read operand ``e`` (zero elsewhere), in the forward's lane layout (``persistent_weights``)."""
-        c, H, U = self.c, self.H, self.U
+        read operand ``e`` (zero elsewhere), in the forward's lane layout (``persistent_weights``); for head-wise
+        products, ``k`` runs over the gate rows of the unit's head only (:meth:`head_row`)."""
+        c, H, U, D = self.c, self.H, self.U, self.D
         for r in range(c.rows_per_thread if self.g.rows else 0):
             row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
             e, ul = row // U, row % U
@@ -257,11 +314,40 @@ class _Backward(RegisterWeights):
                     k = c.vec * (self.ks + c.k_split * q) + v
                     value = tirx.const(0.0, self.dt)
                     for red in reversed(self.p.reductions):
-                        lo = self.red_lo[red.name]
+                        lo = self.red_lo[red.name] // H * D  # the product's first gate row (of a head: its own)
                         ok = tirx.all(row < self.g.rows, e == self.ops[red.operand], unit < H, k >= lo,
-                                      k < lo + red.slices * H)
-                        value = T.if_then_else(ok, as_type(self.a.weight[red.weight][k - lo, unit], self.dt), value)
+                                      k < lo + red.slices * D)
+                        at = (k - lo, unit) if D == H else self.head_row(k - lo, unit)
+                        value = T.if_then_else(ok, as_type(self.a.weight[red.weight][at], self.dt), value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
+
+    def head_row(self, k, unit) -> tuple:
+        """The head-wise weight element of gate row ``k`` (over a product's slices of the head) of ``unit``'s head
+        and ``unit`` itself: row ``s * hidden + head * D + d``, column ``unit % D``."""
+        D = self.D
+        return k // D * self.H + unit // D * D + k % D, unit % D
+
+    @property
+    def operand_base(self):
+        """Where a thread's rows' gate gradients start in the shared tile: 0, or with head-wise products at its
+        unit's head (the tile holds the CTA's heads one after another, ``gate_rows * D`` columns each)."""
+        if self.D == self.H or self.span == self.D:
+            return 0
+        return (self.rg * self.c.rows_per_thread) % self.U // self.D * (gate_rows(self.p) * self.D)
+
+    def zero_head_padding(self):
+        """Columns of the shared tile that no copy loads, head-wise: past the CTA's heads (to the tile's stride)
+        and the heads past ``hidden`` in the last CTA."""
+        BT, stride, per_head = self.c.batch_tile, self.g.stride, gate_rows(self.p) * self.D
+        col0 = self.bx * self.U // self.span * self.span
+        total = BT * stride
+        for i in range(ceil_div(total, self.g.threads)):
+            idx = i * self.g.threads + self.tx
+            k = idx % stride
+            with T.If(tirx.all(idx < total, tirx.any(k >= gate_rows(self.p) * self.span,
+                                                     col0 + k // per_head * self.D >= self.H))):
+                with T.Then():
+                    T.buffer_store(self.smem, tirx.const(0.0, self.dt), [idx])
 
     def epilogue(self):
         """``d_<s>0`` from the carried adjoints, and each param's gradient of this item's batch row."""
@@ -361,24 +447,46 @@ class _Backward(RegisterWeights):
         shared sums (``gs0 + b * rows + row``: ``RegisterWeights.tile_products``). The tile holds every
         product's gate gradients; a row's weights are zero outside its own products."""
         c, g, K = self.c, self.g, self.K
-        lv = next(n for n in (4, 2, 1) if K % n == 0)  # 16-byte loads where the gate rows allow
         with T.serial(0, g.batch_chunks) as bc:
             b0 = bind_value(bc * c.batch_tile, "b0")
-            n = c.batch_tile * K // lv
-            for i in range(ceil_div(n, g.threads)):
-                idx = i * g.threads + self.tx
-                bb, k = (idx * lv) // K, (idx * lv) % K
-                with T.If(tirx.all(idx < n, b0 + bb < self.B)):
-                    with T.Then():
-                        T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, vec_index(k, lv)],
-                                       [vec_index(bb * g.k_pad + k, lv)])
+            if self.D != self.H:
+                self.copy_heads(t, b0)
+            else:
+                lv = next(n for n in (4, 2, 1) if K % n == 0)  # 16-byte loads where the gate rows allow
+                n = c.batch_tile * K // lv
+                for i in range(ceil_div(n, g.threads)):
+                    idx = i * g.threads + self.tx
+                    bb, k = (idx * lv) // K, (idx * lv) % K
+                    with T.If(tirx.all(idx < n, b0 + bb < self.B)):
+                        with T.Then():
+                            T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, vec_index(k, lv)],
+                                           [vec_index(bb * g.k_pad + k, lv)])
             sync_threads()
             self.tile_products(b0, phase)
             sync_threads()
 
+    def copy_heads(self, t, b0):
+        """The gate gradients of the CTA's heads into the shared tile, head by head: column ``h * gate_rows * D +
+        ps * D + d`` of a batch row holds gate row ``ps`` (a product's slice, in order) of unit ``d`` of the CTA's
+        head ``h``; heads past ``hidden`` are not loaded."""
+        c, g, D = self.c, self.g, self.D
+        per_head = gate_rows(self.p) * D
+        width = gate_rows(self.p) * self.span
+        col0 = self.bx * self.U // self.span * self.span
+        lv = next(n for n in (4, 2, 1) if D % n == 0)  # 16-byte loads where a head allows
+        n = c.batch_tile * width // lv
+        for i in range(ceil_div(n, g.threads)):
+            idx = i * g.threads + self.tx
+            bb, k = (idx * lv) // width, (idx * lv) % width
+            unit = col0 + k // per_head * D + k % D
+            source = k % per_head // D * self.H + unit  # gate row ps of that unit
+            with T.If(tirx.all(idx < n, b0 + bb < self.B, unit < self.H)):
+                with T.Then():
+                    T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, vec_index(source, lv)],
+                                   [vec_index(bb * g.stride + k, lv)])
+
     # what RegisterWeights asks of its builder: the phase in which the thread's rows send back (they all
-    # belong to one operand's, see validate), and where their shared tile starts (one tile for all rows)
-    operand_base = 0
+    # belong to one operand's, see validate)
 
     @property
     def thread_phase(self):

@@ -23,10 +23,13 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
+from .head_columns import OperandColumns, check_heads, fitting_units
+from .persistent_sums import unit_sum_bytes
 from .persistent_weights import lane_shuffles
 from .ranking import (
     PREFERRED,
     RANKED_WITH,
+    block_local,
     check_layout,
     check_resources,
     knobs_of,
@@ -40,7 +43,7 @@ from .ranking import (
 DTYPES = tuple(d for d in GPU_DTYPES if policy(d).mma is None)  # what multiplies on CUDA cores (float32)
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
-PHASE_OVERHEAD = 32  # more registers live across a step's phases (ptxas, Cho's GRU at hidden 1024)
+PHASE_OVERHEAD = 32  # more registers live across a step's phases of products (ptxas, Cho's GRU at hidden 1024)
 TILE_OVERHEAD = 800  # cycles per batch tile: an L2 round trip for the states and two block barriers
 
 
@@ -77,16 +80,19 @@ class Geometry:
     smem_hs: int           # bytes: the operand tiles (states, stages) of one batch tile
     smem_gs: int           # bytes: reduced gate sums of the whole batch
     regs_estimate: int
+    tile_stride: int = 0   # elements between batch rows of a shared operand tile, where not k_pad (heads)
+    smem_us: int = 0       # bytes: the shares and totals of the sums over units (``persistent_sums``)
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        return launchable_smem(self.smem_hs + self.smem_gs)
+        return launchable_smem(self.smem_hs + self.smem_gs + self.smem_us)
 
     @property
     def stride(self) -> int:
-        """Elements between batch rows of a shared operand tile."""
-        return self.k_pad
+        """Elements between batch rows of a shared operand tile: ``k_pad``, or with head-wise products the span
+        of the CTA's heads and the last head's padding (``head_columns.OperandColumns.tile_width``)."""
+        return self.tile_stride or self.k_pad
 
 
 def group_span(items: int, groups: int) -> int:
@@ -96,30 +102,37 @@ def group_span(items: int, groups: int) -> int:
     return items if groups == 1 else -(-items // 32) * 32
 
 
+
+
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     H, B = plan.hidden, plan.batch
     runs = parts(cfg.layout, plan)
+    cols = OperandColumns.of(plan.reductions, H, cfg.units_per_cta)  # ConfigError where units fit no head
+    K = cols.k_extent  # weights per row: hidden, or the largest head
+    row = max((cols.span(op) for op in cols.sizes), default=H)  # a tile row's values to load
     slices = max(sum(r.slices for r in reductions) for reductions, _, _ in runs)
     ctas = len(runs) * math.ceil(H / cfg.units_per_cta)
     rows = slices * cfg.units_per_cta
     row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
     threads = _round_up(row_groups * cfg.k_split, 32)
-    k_chunks = math.ceil(H / (cfg.vec * cfg.k_split)) if rows else 0
+    k_chunks = math.ceil(K / (cfg.vec * cfg.k_split)) if rows else 0
+    k_pad = k_chunks * cfg.vec * cfg.k_split
+    stride = _round_up(cols.tile_width(k_pad), 4) if cols.headed else 0
     weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
     policy = plan.policy
-    smem_hs = policy.itemsize * n_ops * cfg.batch_tile * k_chunks * cfg.vec * cfg.k_split
+    smem_hs = policy.itemsize * n_ops * cfg.batch_tile * (stride or k_pad)
     smem_gs = itemsize(policy.accumulate) * B * rows
     # the loads the kind's poll holds while it waits (none for a kind that polls no values)
-    tagged, poll_regs = barrier(cfg.barrier).polled_loads(cfg.batch_tile * H if n_ops else 0, threads, H,
+    tagged, poll_regs = barrier(cfg.barrier).polled_loads(cfg.batch_tile * row if n_ops else 0, threads, row,
                                                           policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
-            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.phases - 1))
-    return Geometry(ctas, threads, rows, row_groups, k_chunks, k_chunks * cfg.vec * cfg.k_split, weights,
-                    math.ceil(B / cfg.batch_tile), ipt, tagged, smem_hs, smem_gs, regs)
+            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.product_phases - 1))
+    return Geometry(ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile), ipt,
+                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta))
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -147,6 +160,14 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     if cfg.units_per_cta > plan.hidden:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} exceeds hidden={plan.hidden}")
     g = geometry(cfg, plan)
+    cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
+    for reductions, _, _ in parts(cfg.layout, plan):
+        check_heads(cols, reductions, cfg.rows_per_thread, "rows_per_thread", "a thread's rows")
+        headed = sorted({r.head_size(plan.hidden) for r in reductions} - {plan.hidden})
+        if any(D % cfg.vec for D in headed):
+            raise ConfigError(f"vec={cfg.vec}: a head-wise product's rows read their head's values from a multiple of "
+                              f"its head size ({', '.join(map(str, headed))} units), in loads of vec values: vec must "
+                              "divide it")
     if g.tagged_per_thread > 32:
         raise ConfigError(f"the '{cfg.barrier}' exchange polls {g.tagged_per_thread} state loads per thread "
                           f"(batch_tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each "
@@ -176,7 +197,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     out = []
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
-        units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units) if u <= H})
+        units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units) if u <= H}
+                       | fitting_units(plan, min_units))
         slices = max(sum(r.slices for r in reductions) for reductions, _, _ in parts(layout, plan))
         for u in units:
             rows = max(1, slices * u)
@@ -241,9 +263,10 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Persist
     thread, are what a build falls back to when ptxas spills (the register estimate is a
     model; ptxas decides).
     """
+    local = block_local(plan, gpu, space, validate, estimated_cycles, limit, "persistent")
     ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=(RANKED_WITH,)), validate, estimated_cycles, limit,
                               "persistent")
-    return [with_barrier(cfg, PREFERRED, plan, gpu, validate) for cfg in ladder]
+    return local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) for cfg in ladder]
 
 
 def saving_config(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:

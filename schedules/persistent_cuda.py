@@ -66,8 +66,10 @@ from prnn_tvm.signature import Grid, with_saved
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
+from .head_columns import OperandColumns
 from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
+from .persistent_sums import UnitSumExchange
 from .persistent_weights import RegisterWeights
 from .ranking import parts
 from .template import ACCEPTED, Acceptance, config_from_dict, refused
@@ -113,7 +115,7 @@ class PersistentTemplate:
         return config_from_dict(self.config_type, knobs)
 
 
-class PersistentBuilder(OperandExchange, RegisterWeights):
+class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     """Builds the kernel of one config. The products (weights, their registers, the shared gate sums)
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
@@ -128,6 +130,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         policy = plan.policy
         self.dt, self.acc_dt, self.compute_dt = policy.storage, policy.accumulate, policy.compute
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
+        self.cols = OperandColumns.of(plan.reductions, self.H, cfg.units_per_cta)  # each operand's heads and span
         self.stride = g.stride  # elements between batch rows of a shared operand tile
         # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
         # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
@@ -136,7 +139,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         self.groups = tuple(group for part in self.parts for group in part.groups)
         self.looping = self.parts  # the parts the time loop being emitted runs: one inside ``part_loops``
         # word offset of the float32 template's gate sums: after the operand tiles of the part with the most
-        self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.k_pad
+        self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.stride
         self.ipt = max(-(-len(part.groups) * group_span(self.B * cfg.units_per_cta, len(part.groups)) // g.threads)
                        for part in self.parts)
         # an item's registers, numbered within its group (a thread holds one group's per item slot)
@@ -158,9 +161,10 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         p, g, bar = self.p, self.g, self.barrier
         # the exchange: one double-buffered slot per operand, of the kind's type (unused by a kind that publishes
         # to a slot per step)
-        workspace = (max(1, len(p.operands)), 2, p.batch, self.H)  # every batch group's rows
-        sync = bar.grid_sync(p.phases) if p.needs_grid_barrier else None
-        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=p.needs_grid_barrier, registers=g.regs_estimate)
+        workspace = self.workspace_shape()  # every batch group's rows
+        grid_wide = p.needs_grid_barrier and bar.grid_wide  # ``block``: each block synchronizes with itself
+        sync = bar.grid_sync(p.phases) if grid_wide else None
+        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
         launch = recurrent_launch(p, workspace, bar.exchange_dtype(self.dt), grid, sync, exchanged)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
@@ -258,6 +262,7 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                     self.a = self.batch_group_views(self.a)
                 self.sync = self.a.sync
                 self.alloc_product_buffers()
+                self.alloc_unit_sums(max(1, len(p.operands)))
                 w = self.width
                 self.sreg = T.alloc_buffer((max(1, ipt * w.priv),), self.compute_dt, scope="local")
                 self.xreg = T.alloc_buffer((max(1, ipt * w.x),), p.policy.accumulate, scope="local")  # xp's type
@@ -321,10 +326,12 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
             return
         for phase in range(p.phases):
             for _ in self.each_part():
+                self.sum_totals(t, phase)  # sums over units read from this phase on (none: nothing emitted)
                 self.products(t, phase)
                 for it, group, item in self.items():
                     with item as (b, unit, ul):
                         self.pointwise(t, phase, it, group, b, unit, ul)
+                self.sum_partials(t, phase)
             if phase < p.phases - 1:
                 self.barrier.wait(t * p.phases + phase, self.barrier_base, self.sync, self.stall)
         for _ in self.each_part():
@@ -417,8 +424,12 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
         """The phase's stages of ``group`` for one item; keep what later phases need, publish next-phase
         operands."""
         slots = self.slots[group]
+        sums = tuple(us for us in self.p.sums_of(phase) if Leaf("unit_sum", us.name, 0) in group.leaves)
         for leaf, value in emit_phase(self.p, phase, self.loader(t, it, group, b, unit, ul), self.bind_stage,
-                                      group.live_outs(self.p, phase)).items():
+                                      group.live_outs(self.p, phase), sums).items():
+            if leaf.kind == "share":  # of a sum over units
+                self.add_share(leaf.name, b, ul, value)
+                continue
             T.buffer_store(self.lreg, value, [it * self.width.live + slots.live[leaf]])
             if leaf.kind == "stage" and leaf.name in self.p.exchanged_stages:
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
@@ -487,6 +498,8 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
                 return self.lreg[it * w.live + slots.live[leaf]]
             if leaf.kind == "reduction":
                 return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
+            if leaf.kind == "unit_sum":
+                return self.unit_sum(leaf.name, b)
             if leaf.name in slots.priv:
                 return self.sreg[it * w.priv + slots.priv[leaf.name]]
             if leaf.name in self.own:
@@ -509,8 +522,16 @@ class PersistentBuilder(OperandExchange, RegisterWeights):
 
     @property
     def operand_base(self):
-        """Offset of the shared tile this thread's rows multiply."""
-        return self.per_product(lambda r: self.slot[r.operand]) * (self.c.batch_tile * self.stride)
+        """Offset of the shared tile this thread's rows multiply (of their head in it, for a head-wise product)."""
+        base = self.per_product(lambda r: self.slot[r.operand]) * (self.c.batch_tile * self.stride)
+        if not self.cols.headed:
+            return base
+        U, first_row = self.c.units_per_cta, self.first_row
+        offset = tirx.const(0, "int32")
+        for i, red in enumerate(self.reductions):
+            here = self.cols.head_offset(red.operand, red.head_size(self.H), self.cta, (first_row - self.row_lo[i]) % U)
+            offset = here if i == 0 else T.if_then_else(first_row >= self.row_lo[i], here, offset)
+        return base + offset
 
     @property
     def thread_phase(self):

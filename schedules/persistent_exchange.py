@@ -16,6 +16,8 @@ mixin gives it the addresses and tile copies the kinds move values with.
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -23,6 +25,8 @@ from prnn_tvm.codegen import barriers
 from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.dtypes import itemsize
+
+from .persistent_sums import sum_slots
 
 
 class OperandExchange:
@@ -44,11 +48,29 @@ class OperandExchange:
 
     def polled_tile(self, name: str, b0) -> tuple:
         """A poll of operand ``name``'s rows b0..: ``(where they go in shared memory, values, at most that many,
-        nanoseconds to sleep between polls)``."""
-        BT = self.c.batch_tile
+        nanoseconds to sleep between polls, values of a row)`` (a row: the CTA's span of the operand, every unit
+        of a dense one: ``head_columns``)."""
+        BT, row = self.c.batch_tile, self.cols.span(name)
         dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
-        most = min(BT, self.B) * self.H  # the tensor-core template's tile may be taller than the batch
-        return dst, T.min(BT, self.B - b0) * self.H, most, getattr(self.c, "poll_sleep", 0)  # tensor-core knob
+        most = min(BT, self.B) * row  # the tensor-core template's tile may be taller than the batch
+        return dst, T.min(BT, self.B - b0) * row, most, getattr(self.c, "poll_sleep", 0), row  # tensor-core knob
+
+    def workspace_shape(self) -> tuple:
+        """The exchange's shape: one double-buffered slot per operand, ``(batch, hidden)`` each, or with head-wise
+        products ``batch x padded hidden`` values laid out by span (``head_columns``); then slots for the partial
+        sums of the sums over units (``persistent_sums``)."""
+        rows = (self.p.batch, self.H) if not self.cols.headed else (self.p.batch * self.cols.padded_hidden(),)
+        operands = max(1, len(self.p.operands))  # then the partial sums of the sums over units
+        return (operands + sum_slots(self.p, 2 * math.prod(rows), self.dt, self.g.ctas), 2, *rows)
+
+    def ws_at(self, name: str, parity, b, unit) -> tuple:
+        """The workspace indices of operand ``name``'s value for batch row ``b``, unit ``unit``, at ``parity``: by span
+        (``[span][batch row][column]``) where products are head-wise, else ``[batch row][unit]``."""
+        e = self.ops[name]
+        if not self.cols.headed:
+            return e, parity, b, unit
+        span = self.cols.span(name)
+        return e, parity, unit // span * (self.B * span) + b * span + unit % span
 
     def sequence_row(self, name: str) -> int:
         """Values between consecutive batch rows of state ``name``'s per-step sequence (``self.sequences``)."""
@@ -65,27 +87,37 @@ class OperandExchange:
 
     def copy_tile(self, name: str, t, b0, phase: int, initial: bool = False):
         """Plain vector loads: the initial state at step 0 (``initial``: whatever the step), else the workspace
-        slot written before."""
-        H, BT, threads, e, s = self.H, self.c.batch_tile, self.g.threads, self.ops[name], self.slot[name]
-        lv = barriers.row_lanes(H, itemsize(self.dt))  # 16-byte loads where H allows
-        n = BT * H // lv
+        slot written before. A CTA loads its span of the operand (``head_columns``: every unit, or its heads'
+        units, a contiguous run per batch row in the workspace); columns past ``hidden`` (the last CTA's) are
+        not loaded."""
+        H, BT, threads, s = self.H, self.c.batch_tile, self.g.threads, self.slot[name]
+        span, col0 = self.cols.span(name), self.cols.first_column(name, self.cta)
+        lv = barriers.row_lanes(H if span == H else min(self.cols.sizes[name]), itemsize(self.dt))  # 16-byte loads
+        n = BT * span // lv
         for i in range(ceil_div(n, threads)):
             idx = i * threads + self.tx
-            bb, k = (idx * lv) // H, (idx * lv) % H
+            bb, k = (idx * lv) // span, (idx * lv) % span
             b = b0 + bb
+            column = k if span == H else col0 + k
             dst = [vec_index((s * BT + bb) * self.stride + k, lv)]
-            with T.If(tirx.all(idx < n, b < self.B)):
+
+            def workspace(parity, b=b, column=column):
+                *slot, at = self.ws_at(name, parity, b, column)
+                return self.a.ws[(*slot, vec_index(at, lv))]
+
+            inside = tirx.all(idx < n, b < self.B) if span == H else tirx.all(idx < n, b < self.B, column < H)
+            with T.If(inside):
                 with T.Then():
                     if initial:
-                        T.buffer_store(self.smem, self.a.init[name][b, vec_index(k, lv)], dst)
+                        T.buffer_store(self.smem, self.a.init[name][b, vec_index(column, lv)], dst)
                     elif phase > 0:  # a stage of this step
-                        T.buffer_store(self.smem, self.a.ws[e, t % 2, b, vec_index(k, lv)], dst)
+                        T.buffer_store(self.smem, workspace(t % 2), dst)
                     else:
                         with T.If(t == 0):
                             with T.Then():
-                                T.buffer_store(self.smem, self.a.init[name][b, vec_index(k, lv)], dst)
+                                T.buffer_store(self.smem, self.a.init[name][b, vec_index(column, lv)], dst)
                             with T.Else():
-                                T.buffer_store(self.smem, self.a.ws[e, (t + 1) % 2, b, vec_index(k, lv)], dst)
+                                T.buffer_store(self.smem, workspace((t + 1) % 2), dst)
 
     def publish(self, name: str, t, b, unit, value):
         """Write this unit's new value of operand ``name`` for the other blocks (the kind's way)."""
@@ -111,6 +143,9 @@ class OperandExchange:
         fragments have no shared tiles: their columns past hidden are never loaded)."""
         if self.direct:
             return
+        if self.cols.headed:
+            self.zero_head_padding()
+            return
         pad = self.g.k_pad - self.H
         total = len(self.part.operands) * self.c.batch_tile * pad
         for i in range(ceil_div(total, self.g.threads)):
@@ -121,5 +156,22 @@ class OperandExchange:
                                    [(idx // pad) * self.stride + self.H + idx % pad])
 
 
+    def zero_head_padding(self):
+        """:meth:`zero_operand_padding` where products are head-wise: the columns of each operand's tile that no
+        copy loads (from its span to the tile's stride, where a row of the last head reads ``k_pad - D`` on, and
+        in the last CTA those past ``hidden``)."""
+        BT, stride = self.c.batch_tile, self.stride
+        for name, slot in self.slot.items():
+            span, col0 = self.cols.span(name), self.cols.first_column(name, self.cta)
+            total = BT * stride
+            for i in range(ceil_div(total, self.g.threads)):
+                idx = i * self.g.threads + self.tx
+                k = idx % stride
+                with T.If(tirx.all(idx < total, tirx.any(k >= span, col0 + k >= self.H))):
+                    with T.Then():
+                        T.buffer_store(self.smem, tirx.const(0.0, self.dt), [slot * BT * stride + idx])
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+

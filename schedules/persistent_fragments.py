@@ -101,6 +101,11 @@ class FragmentWeights:
         self.grp = bind_value(lane // 4, "grp")
         self.quad = bind_value(lane % 4, "quad")
 
+    def unit_sum_memory(self) -> tuple:
+        """The shared allocation and the (float32) word the sums over units start at: after the partial sums and
+        the operand tiles."""
+        return self.gsum, self.g.smem_gs // itemsize(self.acc_dt) + -(-self.g.smem_ops // itemsize(self.acc_dt))
+
     def load_weights(self):
         """Prologue: this warp's A fragments into registers; zero outside the matrices.
 
@@ -111,7 +116,8 @@ class FragmentWeights:
         if not self.reductions:
             return
         H, U, kt_per = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp
-        lanes = 2 if H % 2 == 0 else 1  # pairs (2 * quad, 2 * quad + 1) never straddle an even H
+        # pairs (2 * quad, 2 * quad + 1) never straddle a row of an even number of columns (hidden, or a head's)
+        lanes = 2 if all(int(self.a.weight[r.weight].shape[1]) % 2 == 0 for r in self.reductions) else 1
         for m in range(self.c.m_tiles_per_warp):
             sources = []  # per fragment row: [(in this product, weight row), per product]
             for half in range(2):
@@ -131,7 +137,8 @@ class FragmentWeights:
                         k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
                     value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
                     for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
-                        value = _weight_or(tirx.all(ok, k < H), self.a.weight[red.weight], src, k, lanes, value)
+                        value = _weight_or(tirx.all(ok, k < red.head_size(H)), self.a.weight[red.weight], src, k,
+                                           lanes, value)
                     T.buffer_store(self.wreg, value, [vec_index((m * kt_per + kt) * A_REGS + j, lanes)])
 
     def tile_products(self, b0, phase: int):

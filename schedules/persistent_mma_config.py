@@ -58,10 +58,13 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
 
+from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
+from .persistent_sums import unit_sum_bytes
 from .ranking import (
     PREFERRED,
     RANKED_WITH,
+    block_local,
     check_layout,
     check_resources,
     knobs_of,
@@ -140,16 +143,19 @@ class MmaGeometry:
     smem_ops: int              # bytes: the operand tiles of one pass (none with operand_path="direct")
     smem_gs: int               # bytes: the k groups' partial sums for the whole batch (two sets: "direct")
     regs_estimate: int
+    tile_width: int = 0        # columns of a shared operand tile's row before the skew, where not k_pad (heads)
+    smem_us: int = 0           # bytes: the shares and totals of the sums over units (``persistent_sums``)
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        return launchable_smem(self.smem_ops + self.smem_gs)
+        return launchable_smem(self.smem_ops + self.smem_gs + self.smem_us)
 
     @property
     def stride(self) -> int:
-        """Elements between batch rows of a shared operand tile."""
-        return self.k_pad + ROW_SKEW
+        """Elements between batch rows of a shared operand tile: ``k_pad`` (or with head-wise products the span of
+        the CTA's heads and the last head's padding, ``head_columns.OperandColumns.tile_width``) and the skew."""
+        return (self.tile_width or self.k_pad) + ROW_SKEW
 
 
 def product_tiles(reductions, units: int) -> list[int]:
@@ -165,20 +171,24 @@ def group_rows(cfg: MmaConfig, plan: CellPlan) -> int:
 def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     H, B = plan.hidden, group_rows(cfg, plan)  # a CTA sees its batch group's rows only
     runs = parts(cfg.layout, plan)
+    cols = OperandColumns.of(plan.reductions, H, cfg.units_per_cta)  # ConfigError where units fit no head
+    K = cols.k_extent  # weights per row: hidden, or the largest head
     m_tiles = max(sum(product_tiles(reductions, cfg.units_per_cta)) for reductions, _, _ in runs)
     ctas = cfg.batch_groups * len(runs) * math.ceil(H / cfg.units_per_cta)
     mw = cfg.m_tiles_per_warp
     warp_rows = math.ceil(m_tiles / mw)
     warps = max(1, warp_rows * cfg.k_groups)
     threads = 32 * warps
-    kt = math.ceil(math.ceil(H / TILE_K) / cfg.k_groups) if m_tiles else 0
+    kt = math.ceil(math.ceil(K / TILE_K) / cfg.k_groups) if m_tiles else 0
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
+    width = _round_up(cols.tile_width(k_pad), 8) if cols.headed else 0  # 16-byte rows for ldmatrix
+    row = max((cols.span(op) for op in cols.sizes), default=H)  # a tile row's values to load
     weights = 4 * kt * mw
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
-    stride = k_pad + ROW_SKEW
+    stride = (width or k_pad) + ROW_SKEW
     smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
     smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1)
@@ -187,13 +197,14 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
         tagged = cfg.n_tiles * direct_loads(kt)[1]
         fragments = 2 * kt * cfg.n_tiles
     else:  # the loads the kind's poll holds while it waits (none for a kind that polls no values)
-        tagged, poll_regs = barrier(cfg.barrier).polled_loads(min(cfg.batch_tile, B) * H if n_ops else 0, threads,
-                                                              H, itemsize(plan.dtype), n_ops)
+        tagged, poll_regs = barrier(cfg.barrier).polled_loads(min(cfg.batch_tile, B) * row if n_ops else 0, threads,
+                                                              row, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
-            + PHASE_OVERHEAD * (plan.phases - 1))
+            + PHASE_OVERHEAD * (plan.product_phases - 1))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
-                       math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs)
+                       math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width,
+                       unit_sum_bytes(plan, B, cfg.units_per_cta))
 
 
 def direct_loads(k_tiles: int) -> tuple[int, int]:
@@ -294,9 +305,12 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch{group} "
                           f"needs at most {_round_up(rows, TILE_N) // TILE_N}")
     g = geometry(cfg, plan)
-    k_tiles = math.ceil(plan.hidden / TILE_K)
+    check_mma_heads(cfg, plan)
+    K = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta).k_extent
+    k_tiles = math.ceil(K / TILE_K)
     if g.m_tiles and cfg.k_groups > k_tiles:
-        raise ConfigError(f"k_groups={cfg.k_groups} exceeds the {k_tiles} k tiles of hidden={plan.hidden}")
+        of = f"hidden={plan.hidden}" if K == plan.hidden else f"a head of {K} units"
+        raise ConfigError(f"k_groups={cfg.k_groups} exceeds the {k_tiles} k tiles of {of}")
     if cfg.k_chains > max(1, g.k_tiles_per_warp):
         raise ConfigError(f"k_chains={cfg.k_chains}: a warp has {g.k_tiles_per_warp} k tiles to share among its "
                           "accumulator sets; lower k_chains or k_groups")
@@ -318,6 +332,32 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
                     f"raise k_groups or units_per_cta, or {fewer}", "lower n_tiles or k_groups",
                     "raise units_per_cta" + (" or lower batch_groups" if cfg.batch_groups > 1 else ""))
     return g
+
+
+def check_mma_heads(cfg: MmaConfig, plan: CellPlan) -> None:
+    """ConfigError where head-wise products do not fit the tensor-core layout: a warp's row tiles must lie in one
+    head (they share the B fragments), a head's columns must start at a 16-byte boundary of the operand tile
+    (``ldmatrix``: a head size a multiple of 8, unless every head starts the CTA's span), and the batch is one
+    group."""
+    if plan.heads == 1:
+        return
+    cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
+    for reductions, _, _ in parts(cfg.layout, plan):
+        starts, lo = [], 0
+        for tiles in product_tiles(reductions, cfg.units_per_cta):
+            starts.append(lo)
+            lo += TILE_M * tiles
+        check_heads(cols, reductions, TILE_M * cfg.m_tiles_per_warp, f"units_per_cta={cfg.units_per_cta}, "
+                    f"m_tiles_per_warp={cfg.m_tiles_per_warp}", "a warp's row tiles of 16 rows", starts)
+    for r in plan.reductions:  # (where a block's span is its heads', a warp's row tiles in one head make D % 16 == 0)
+        D = r.head_size(plan.hidden)
+        if D != plan.hidden and D % 8 and cols.span(r.operand) == plan.hidden:
+            raise ConfigError(f"the tensor cores read a head's columns of the operand tile from 16-byte boundaries, "
+                              f"and heads of {D} units (not a multiple of 8) of '{r.operand}', which a dense product "
+                              "reads whole too, start inside it; take heads of a multiple of 8 units, or float32")
+    if cfg.batch_groups > 1:
+        raise ConfigError(f"batch_groups={cfg.batch_groups}: head-wise products exchange by span of heads, every "
+                          "batch row's values together; take one batch group")
 
 
 def check_batch_groups(cfg: MmaConfig, plan: CellPlan) -> None:
@@ -356,6 +396,9 @@ def direct_problem(plan: CellPlan, kind: str) -> str | None:
                 f"{', '.join(plan.operands)}: use operand_path='shared'")
     if plan.hidden % 8:
         return (f"loads 8 values of a state row at a time; hidden={plan.hidden} is not a multiple of 8: use "
+                "operand_path='shared'")
+    if plan.heads > 1:
+        return (f"loads a warp's k range of the whole state; cell '{plan.cell.name}' has head-wise products: use "
                 "operand_path='shared'")
     return None
 
@@ -406,7 +449,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         min_units = math.ceil(runs * H / gpu.sms)
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
         units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
-                        if u <= H})
+                        if u <= H} | fitting_units(plan, min_units))
         configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path) for u in units for kg in K_GROUPS
                     for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
@@ -477,12 +520,17 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
         except ConfigError:
             return found
 
-    # one row tile per warp: what the estimate was fitted on (two are a tuning choice)
-    ladder = layered_defaults(plan, gpu, space(plan, gpu, barriers=(RANKED_WITH,), tiles_per_warp=(1,), chains=(1,)),
-                              validate, estimated_cycles, limit, "tensor-core", widen)
+    def one_tile_space(plan, gpu, barriers):  # one row tile per warp: what the estimate was fitted on
+        return space(plan, gpu, barriers=barriers, tiles_per_warp=(1,), chains=(1,))
+
+    # a block that holds whole heads may need several row tiles per warp to fit (a head of 128: 1024 threads else)
+    local = block_local(plan, gpu, lambda p, g, kinds: space(p, g, barriers=kinds, chains=(1,)), validate,
+                        estimated_cycles, limit, "tensor-core")
+    ladder = layered_defaults(plan, gpu, one_tile_space(plan, gpu, (RANKED_WITH,)), validate, estimated_cycles, limit,
+                              "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
-    return [with_barrier(cfg, PREFERRED, plan, gpu, validate) if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS
-            else cfg for cfg in ladder]
+    return (local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) if min(cfg.batch_tile, plan.batch)
+                     <= TAGS_MAX_ROWS else cfg for cfg in ladder])
 
 
 def _round_up(x: int, m: int) -> int:

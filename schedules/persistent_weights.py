@@ -77,6 +77,10 @@ class RegisterWeights:
         self.ks = bind_value(self.tx % c.k_split, "ks")
         self.rg = bind_value(self.tx // c.k_split, "rg")
 
+    def unit_sum_memory(self) -> tuple:
+        """The shared allocation and the word the sums over units start at: after the gate sums."""
+        return self.smem, self.gs0 + self.g.smem_gs // itemsize(self.dt)
+
     def load_weights(self):
         """Prologue: each thread's weight rows into registers; zero outside the matrices."""
         c, H, U = self.c, self.H, self.c.units_per_cta
@@ -90,7 +94,7 @@ class RegisterWeights:
                         lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
                         s, ul = (row - lo) // U, (row - lo) % U
                         unit = self.cta * U + ul
-                        ok = tirx.all(row >= lo, row < hi, unit < H, k < H)
+                        ok = tirx.all(row >= lo, row < hi, unit < H, k < red.head_size(H))  # a head-wise row: D
                         value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
                     T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
 
@@ -113,7 +117,7 @@ class RegisterWeights:
             with T.Then():
                 for q in range(self.g.k_chunks):
                     for bb in range(BT):
-                        base = self.operand_base + bb * self.g.k_pad + c.vec * (self.ks + c.k_split * q)
+                        base = self.operand_base + bb * self.g.stride + c.vec * (self.ks + c.k_split * q)
                         T.buffer_store(self.hv, self.smem[vec_index(base, c.vec)], [vec_index(0, c.vec)])
                         for r in range(c.rows_per_thread):
                             for v in range(c.vec):

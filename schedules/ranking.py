@@ -52,11 +52,15 @@ def check_layout(cfg, plan: CellPlan) -> None:
     """ConfigError for a layout the plan or the barrier cannot take, with the reason."""
     if cfg.layout not in LAYOUTS:
         raise ConfigError(f"layout '{cfg.layout}' unknown; available: {', '.join(LAYOUTS)}")
-    problem = barrier(cfg.barrier).problem(plan, cfg.layout)
+    kind = barrier(cfg.barrier)
+    problem = kind.problem(plan, cfg.layout) or kind.placement_problem(plan, cfg.units_per_cta)
     if problem:
         raise ConfigError(problem)
     if cfg.layout != "split":
         return
+    if plan.unit_sums:
+        raise ConfigError(f"layout 'split' gives each part of a step CTAs of its own; cell '{plan.cell.name}' sums "
+                          "over units, whose partial sums meet over every CTA: use 'shared'")
     if not plan.cta_parts:
         raise ConfigError(f"layout 'split' gives each independent part of a step (a stack's layer) CTAs of its "
                           f"own; cell '{plan.cell.name}' has one part: use 'shared'")
@@ -92,6 +96,20 @@ def layered_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validat
             raise
         ladder += widen(pool, found, runs) if widen is not None else found
     return ladder
+
+
+def block_local(plan: CellPlan, gpu: GpuSpec, space: Callable, validate: Callable, cost: Callable, limit: int,
+                kind: str) -> list:
+    """The untuned configs of the ``block`` barrier, best first, where a plan's products are head-wise and whole
+    heads fit a CTA (``CellPlan.local_to``): a block that holds its heads waits for no other block, so these
+    rank before every config that synchronizes the grid. ``space(plan, gpu, barriers)``: the template's space."""
+    if plan.heads == 1:
+        return []
+    pool = [cfg for cfg in space(plan, gpu, ("block",)) if plan.local_to(cfg.units_per_cta)]
+    try:
+        return ranked_defaults(plan, gpu, pool, validate, cost, limit, kind)
+    except ConfigError:
+        return []
 
 
 def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str,

@@ -11,6 +11,7 @@ from prnn_tvm.checks import check_gradients, layer_gradients, max_error
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
 from prnn_tvm.runtime import binding
+from prnn_tvm.schedules import persistent_backward
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 
@@ -104,6 +105,9 @@ def test_training_kernels_have_no_spills(cell, hidden, batch, dtype):
     """ptxas's figures of the training forward and the backward for their default configs (no GPU needed:
     the CUDA source is compiled here for sm_90); the forward keeps the layer's config, in the shared layout."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
+    refused = persistent_backward.refusal(layer.plan)
+    if refused:  # sums over units: the CPU build trains them (test_unit_sums.py)
+        pytest.skip(refused)
     training = compile_training(layer)
     lines = training.report.splitlines()
     assert [line.split(":")[0] for line in lines] == ["recurrent_save", "recurrent_backward"]

@@ -22,10 +22,11 @@ def plan(cell, hidden=64, batch=4, **stack):
 
 
 def test_every_kind_is_a_barrier_found_by_its_name():
-    assert list(BARRIERS) == ["tags", "sentinel", "counter", "grid_sync"]  # the cost model's one-hot order
+    assert list(BARRIERS) == ["tags", "sentinel", "counter", "grid_sync", "block"]  # the cost model's one-hot order
     for name, kind in BARRIERS.items():
         assert isinstance(kind, Barrier) and kind.name == name and by_name(name) is kind
-    with pytest.raises(ConfigError, match="barrier 'spin' unknown; available: tags, sentinel, counter, grid_sync"):
+    with pytest.raises(ConfigError, match="barrier 'spin' unknown; available: tags, sentinel, counter, grid_sync, "
+                                          "block"):
         by_name("spin")
 
 
@@ -34,6 +35,7 @@ def test_every_kind_is_a_barrier_found_by_its_name():
     ("sentinel", SYNC_WORDS, "steps", 1, "float16"),    # the launch's one barrier
     ("counter", SYNC_WORDS, "barriers", 19, "float16"),  # every barrier passed
     ("grid_sync", None, "barriers", 19, "float16"),     # no state
+    ("block", None, "barriers", 19, "float16"),         # no state: each block with itself
 ])
 def test_a_kind_says_its_workspace_and_how_far_a_launch_moves_the_base(name, words, counts, advance, exchange):
     kind = by_name(name)

@@ -183,8 +183,8 @@ def test_shown_output_is_compared(tmp_path):
     """A page whose shown output differs from what the command prints fails, naming both; masked figures and
     elided lines do not."""
     page = tmp_path / "page.md"
-    page.write_text("```console\n$ prnn-tvm cells\ngru            GRU, as torch.nn.GRU ...\n...\n"
-                    "stacked_rnn    Two stacked ...\n```\n\n```console\n$ prnn-tvm cells\nlstm  the wrong line\n```\n")
+    page.write_text("```console\n$ prnn-tvm cells\ngru             GRU, as torch.nn.GRU ...\n...\n"
+                    "stacked_rnn     Two stacked ...\n```\n\n```console\n$ prnn-tvm cells\nlstm  the wrong line\n```\n")
     (tmp_path / "run").mkdir()
     problems = run_page(page, tmp_path / "run", with_gpu_blocks=False)
     assert len(problems) == 1 and "page.md:8" in problems[0] and "lstm  the wrong line" in problems[0], problems

@@ -17,6 +17,7 @@ from prnn_tvm.checks import max_abs_error, relative_error, worst
 from prnn_tvm.codegen.build import build_functions
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import PrnnError
+from prnn_tvm.frontend.heads import diagonal_blocks
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
 from prnn_tvm.schedules import gpu_backward, saving_forward
 from prnn_tvm.signature import Arg, ArgRole, Grid, Launch
@@ -103,19 +104,30 @@ def emulated_gradients(layer, seq_len: int = T, seed: int = 0) -> dict:
     d = emulator.run_launch(source, backward.launch, {**inputs, "xp": xp, "saved": saved, "d_out": d_out,
                                                       **{f"d_{s}_n": v for s, v in d_finals.items()}},
                             seq_len, kernel=backward.func, target=layer.target).buffers
-    d_xp = d["d_xp"].astype(np.float64)
+    return gradients_from(plan, inputs, d, saved, layer.input_size), plan_gradients(plan, inputs, d_out, d_finals)
+
+
+def gradients_from(plan, inputs: dict, d: dict, saved, input_size: int) -> dict:
+    """Every argument's gradient (float64) from what the training kernels wrote (``d``: the backward's outputs by
+    name; ``saved``: the training forward's), assembled as ``prnn_tvm.torch`` does: the projection's from
+    ``d_xp``, each product's weights from ``d_gates`` and the saved operands (a head-wise one's, its heads)."""
+    H, B = plan.hidden, plan.batch
+    saved = np.asarray(saved, np.float64)
+    seq_len = saved.shape[0]
+    d_xp = np.asarray(d["d_xp"], np.float64)
     got = {"x": d_xp @ inputs["W_ih"], "b_ih": d_xp.sum((0, 1)),
-           "W_ih": d_xp.reshape(-1, d_xp.shape[-1]).T @ inputs["x"].reshape(-1, layer.input_size)}
-    got.update({f"{s.name}0": d[f"d_{s.name}0"] for s in plan.states})
-    got.update({q.name: d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
+           "W_ih": d_xp.reshape(-1, d_xp.shape[-1]).T @ inputs["x"].reshape(-1, input_size)}
+    got.update({f"{s.name}0": np.asarray(d[f"d_{s.name}0"]) for s in plan.states})
+    got.update({q.name: np.asarray(d[f"d_{q.name}_rows"]).sum(0) for q in plan.params})
     where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
     column = 0
-    for r in plan.reductions:  # each product's weights: d_gates^T operand, over steps and rows
-        gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(seq_len * B, -1).astype(np.float64)
+    for r in plan.reductions:  # each product's weights: d_gates^T operand over steps and rows (a head-wise one's heads)
+        gates = np.asarray(d["d_gates"], np.float64)[:, :, column:column + r.slices * H].reshape(seq_len * B, -1)
         i = where[r.operand]
-        got[r.weight] = got.get(r.weight, 0) + gates.T @ saved[:, :, i * H:(i + 1) * H].reshape(seq_len * B, H)
+        dense = gates.T @ saved[:, :, i * H:(i + 1) * H].reshape(seq_len * B, H)
+        got[r.weight] = got.get(r.weight, 0) + diagonal_blocks(dense, r.heads)
         column += r.slices * H
-    return got, plan_gradients(plan, inputs, d_out, d_finals)
+    return got
 
 
 @pytest.mark.parametrize("cell, config", [

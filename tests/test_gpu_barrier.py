@@ -67,7 +67,7 @@ def test_forced_timeout_in_the_probe(barrier):
 
 def test_all_barriers_give_bitwise_identical_results():
     outputs = {}
-    for barrier in sorted(BARRIERS):
+    for barrier in sorted(name for name, b in BARRIERS.items() if b.grid_wide):  # block: test_gpu_heads.py
         layer = lstm_with(barrier)
         inputs = random_inputs(layer.plan, 64, layer.input_size, seed=7)
         outputs[barrier] = layer(**inputs)

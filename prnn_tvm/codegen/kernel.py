@@ -59,7 +59,7 @@ def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_d
     ``exchange`` sequence of ``exchanged`` states where a kernel needs one)."""
     H = plan.hidden
     args = recurrent_args(
-        plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
+        plan.batch, H, plan.input.slices * H, plan.weight_shapes(),
         {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states), plan.dtype,
         workspace, workspace_dtype, sync.state_words if sync is not None else None, plan.policy.accumulate,
         len(plan.outputs), exchanged)
@@ -70,7 +70,7 @@ def backward_launch(plan: CellPlan) -> Launch:
     """The ``recurrent_backward`` launch of ``plan``: the recurrent kernel's gradients (every template's
     backward takes these arguments, in this order)."""
     H = plan.hidden
-    args = backward_args(plan.batch, H, plan.input.slices * H, {w.name: (w.slices * H, H) for w in plan.weights},
+    args = backward_args(plan.batch, H, plan.input.slices * H, plan.weight_shapes(),
                          {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states),
                          plan.dtype, plan.policy.compute, plan.policy.accumulate)
     return Launch("recurrent_backward", args)

@@ -8,6 +8,8 @@ stages of one phase in dependency order and returns the values the rest of the s
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 
 from tvm import tirx
@@ -19,14 +21,16 @@ from ..frontend.texpr import free_vars, rebuild, substitute
 
 
 def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
-               bind: Callable[[object, str], object], live_outs: tuple | None = None) -> dict[Leaf, object]:
+               bind: Callable[[object, str], object], live_outs: tuple | None = None,
+               sums: tuple = ()) -> dict[Leaf, object]:
     """Bind the stages of ``phase`` that the step needs; return ``{leaf: variable}`` for its live-outs.
 
-    ``load(leaf)`` gives the value of an input, state, param or product leaf, and of a
+    ``load(leaf)`` gives the value of an input, state, param, product or sum-over-units leaf, and of a
     stage leaf of an earlier phase; ``bind(expr, name)`` emits a binding and returns the
     variable that holds it. Each leaf is loaded and each stage computed at most once.
     ``live_outs``: only these of the phase's live-outs, and what they need (one
-    ``PointwiseGroup``'s); default all.
+    ``PointwiseGroup``'s); default all. ``sums``: sums over units (``UnitSum``, of :meth:`CellPlan.sums_of` this
+    phase) whose share of this unit to add: returned too, as ``Leaf("share", name, 0)``.
     """
     stages = {st.name: st for st in plan.stages}
     leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
@@ -42,23 +46,30 @@ def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
             values[leaf] = bind(expr, f"{leaf.name}_{leaf.slice}")
         return values[leaf]
 
-    return {leaf: value(leaf) for leaf in (plan.live_outs(phase) if live_outs is None else live_outs)}
+    found = {leaf: value(leaf) for leaf in (plan.live_outs(phase) if live_outs is None else live_outs)}
+    for us in sums:  # this unit's share of each sum: its terms over every gate slice
+        terms = [substitute(expr, {v: value(leaf_of_var[v]) for v in free_vars(expr)}) for expr in us.exprs]
+        found[Leaf("share", us.name, 0)] = bind(functools.reduce(operator.add, terms), f"{us.name}_share")
+    return found
 
 
 def adjoint_values(plan: CellPlan, adjoints, forward: Callable[[Leaf], object], incoming: Callable[[str], object],
-                   operand: Callable[[str], object], bind: Callable[[object, str], object]) -> Callable[[Leaf], object]:
+                   operand: Callable[[str], object], bind: Callable[[object, str], object],
+                   unit_sum: Callable[[str], object] | None = None) -> Callable[[Leaf], object]:
     """``value(leaf)``: the adjoint of a leaf of one (step, row, unit) as an expression, zero where the step
     does not depend on it, from the derived ``adjoints`` (``frontend.derivative.step_adjoints``).
 
     A template says where the forward's values live (``forward(leaf)`` for inputs, params,
-    states at the step's start and products; stages are recomputed from them), what each
-    state's incoming adjoint is (``incoming(state)``) and what the transposed products sent
-    back to an operand stage (``operand(stage)``). Each variable is bound once (``bind``).
+    states at the step's start, products and sums over units; stages are recomputed from them), what each
+    state's incoming adjoint is (``incoming(state)``), what the transposed products sent
+    back to an operand stage (``operand(stage)``) and, for a plan with sums over units, the adjoint of a sum's
+    row total (``unit_sum(name)``). Each variable is bound once (``bind``).
     """
     stages = {st.name: st for st in plan.stages}
     leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
     roles = {v: (incoming, n) for n, v in adjoints.incoming.items()}
     roles.update({v: (operand, n) for n, v in adjoints.operands.items()})
+    roles.update({v: (unit_sum, n) for n, v in adjoints.unit_sums.items()})
     bound: dict = {}
 
     def var(v):

@@ -31,7 +31,7 @@ from tvm.sym import Analyzer
 from ..dtypes import policy
 from ..errors import CellError
 from .cell import Cell, Role, TracedCell
-from .plan import CellPlan, Leaf, Reduction, Stage
+from .plan import CellPlan, Leaf, Reduction, Stage, UnitSum
 from .texpr import UnsupportedExpr, const_int, free_vars, is_tensor_load, rebuild, substitute, tensor_load_parts
 
 MAX_SIZE = 2**31 - 1
@@ -59,6 +59,7 @@ class _Analysis:
         self.slots = {s.tensor: s for s in traced.slots}
         self.leaf_vars: dict[Leaf, E.Var] = {}
         self.reductions: dict[te.Tensor, Reduction] = {}
+        self.unit_sums: dict[te.Tensor, UnitSum] = {}
         self.stages: dict[te.Tensor, Stage] = {}
         self.order: list[te.Tensor] = []
         self.used: set[str] = set()
@@ -126,11 +127,12 @@ class _Analysis:
             reductions=tuple(self.reductions[x] for x in self.order if x in self.reductions),
             stages=tuple(self.stages[x] for x in self.order if x in self.stages),
             updates=updates, leaf_vars=dict(self.leaf_vars),
+            unit_sums=tuple(self.unit_sums[x] for x in self.order if x in self.unit_sums),
         )
 
     # ---- graph walk (post-order = dependency order)
     def _visit(self, tensor: te.Tensor) -> None:
-        if tensor in self.slots or tensor in self.reductions or tensor in self.stages:
+        if tensor in self.slots or tensor in self.reductions or tensor in self.stages or tensor in self.unit_sums:
             return
         op = tensor.op
         if isinstance(op, te.PlaceholderOp):
@@ -147,7 +149,9 @@ class _Analysis:
                             f"compute type of a {self.dtype} layer (cast inside the expression instead)", op.name)
         for inp in op.input_tensors:
             self._visit(inp)
-        if isinstance(op.body[0], tirx.Reduce):
+        if isinstance(op.body[0], tirx.Reduce) and not self._reads_weight(op.body[0].source[0]):
+            self.unit_sums[tensor] = self._unit_sum(tensor)
+        elif isinstance(op.body[0], tirx.Reduce):
             self.reductions[tensor] = self._reduction(tensor)
         else:
             self.stages[tensor] = self._stage(tensor)
@@ -168,6 +172,8 @@ class _Analysis:
     def _leaf_of(self, tensor: te.Tensor, s: int) -> Leaf:
         if tensor in self.reductions:
             return Leaf("reduction", tensor.op.name, s)
+        if tensor in self.unit_sums:
+            return Leaf("unit_sum", tensor.op.name, s)
         if tensor in self.stages:
             return Leaf("stage", tensor.op.name, s)
         slot = self.slots[tensor]
@@ -194,9 +200,6 @@ class _Analysis:
             raise CellError(f"reduces over {len(op.reduce_axis)} axes; a recurrent product reduces over one "
                             "axis k in range(hidden)", name)
         k = op.reduce_axis[0]
-        if int(k.dom.min) != 0 or int(k.dom.extent) != self.H:
-            raise CellError(f"reduces over range({k.dom.min}, {int(k.dom.min) + int(k.dom.extent)}); a "
-                            f"recurrent product reduces over the whole state, range(0, {self.H})", name)
         if not (isinstance(red.condition, P.IntImm) and int(red.condition.value) == 1):
             raise CellError("a reduction with a where= condition is not supported", name)
         src = red.source[0]
@@ -210,8 +213,9 @@ class _Analysis:
             raise CellError("a recurrent product multiplies a state by a recurrent weight (c.weight); this "
                             f"one reads {', '.join(self._describe(t) for t, _ in loads)}", name)
         (w_t, w_idx), (s_t, s_idx) = loads if roles[0] is Role.WEIGHT else loads[::-1]
-        if s_t in self.reductions:
-            raise CellError(f"the recurrent product multiplies the weight by '{s_t.op.name}', another product; "
+        if s_t in self.reductions or s_t in self.unit_sums:
+            what = "another product" if s_t in self.reductions else "a sum over units"
+            raise CellError(f"the recurrent product multiplies the weight by '{s_t.op.name}', {what}; "
                             "apply a pointwise stage in between (a product's operand is a state or a "
                             "pointwise stage of shape (batch, hidden))", name)
         if s_t in self.stages:
@@ -226,17 +230,81 @@ class _Analysis:
             raise CellError(f"the recurrent product multiplies the weight by {self._describe(s_t)}; it must "
                             "multiply a state (c.state) or a pointwise stage of this step", name)
         w_slot = self.slots[w_t]
+        D = self.H // w_slot.heads
+        if int(k.dom.min) != 0 or int(k.dom.extent) != D:
+            where = (f"the whole state, range(0, {self.H})" if w_slot.heads == 1 else
+                     f"one head of weight '{w_slot.name}' ({w_slot.heads} heads), range(0, {D})")
+            raise CellError(f"reduces over range({k.dom.min}, {int(k.dom.min) + int(k.dom.extent)}); a "
+                            f"recurrent product reduces over {where}", name)
         if not (self._is(w_idx[0], j) and self._is(w_idx[1], k.var)):
             raise CellError(f"weight '{w_slot.name}' is indexed [{w_idx[0]}, {w_idx[1]}]; recurrent weights "
                             f"have PyTorch's (slices*hidden, hidden) layout and are indexed [j, k]", name)
-        if not (self._is(s_idx[0], n) and self._is(s_idx[1], k.var)):
+        if not (self._is(s_idx[0], n) and self._reads_head(s_idx[1], j, k.var, slices, D)):
+            at = "[n, k]" if w_slot.heads == 1 else "[n, (j % hidden) // D * D + k], the head of row j"
             raise CellError(f"'{operand}' is indexed [{s_idx[0]}, {s_idx[1]}]; the recurrent product reads "
-                            "its operand as [n, k]", name)
+                            f"its operand as {at}", name)
         if w_slot.slices != slices:
             raise CellError(f"has {slices} gate slice(s) but weight '{w_slot.name}' has {w_slot.slices}; "
                             "the product's shape is (batch, rows of the weight)", name)
         self.used.add(w_slot.name)
-        return Reduction(name, operand, w_slot.name, slices, phase)
+        return Reduction(name, operand, w_slot.name, slices, phase, w_slot.heads)
+
+    def _reads_head(self, column, j, k, slices: int, D: int) -> bool:
+        """Whether operand column ``column`` (of product row ``j`` and reduction variable ``k``) is ``k`` itself
+        (a dense product, ``D`` = hidden) or, for head size ``D``, unit ``head * D + k`` of row ``j``'s head:
+        proven for every gate slice's rows ``j = s * hidden + u``, ``u`` in ``[0, hidden)``."""
+        if D == self.H:
+            return self._is(column, k)
+        u = tirx.Var("u", "int32")
+        an = Analyzer()
+        an.bind(u, Range(0, self.H))
+        return all(an.can_prove_equal(substitute(column, {j: s * self.H + u}) - k, (u // D) * D)
+                   for s in range(slices))
+
+    # ---- sums over units
+    def _reads_weight(self, source) -> bool:
+        """Whether a reduction's source reads a recurrent weight (a product; else a sum over units)."""
+        found = []
+
+        def visit(e):
+            if is_tensor_load(e):
+                slot = self.slots.get(tensor_load_parts(e)[0])
+                found.append(slot is not None and slot.role is Role.WEIGHT)
+                return e
+            return None
+
+        try:
+            rebuild(source, visit)
+        except UnsupportedExpr:
+            return True  # let the product's analysis say what is wrong
+        return any(found)
+
+    def _unit_sum(self, tensor: te.Tensor) -> UnitSum:
+        """A sum over every hidden unit of a row (``c.sum``): ``te.sum`` over ``k`` in ``range(S * hidden)`` of a
+        pointwise expression in values at column ``k`` (``s' * hidden + u`` for slice ``s``'s units ``u``)."""
+        op = tensor.op
+        name, red = op.name, op.body[0]
+        if self._slices(tensor, "the sum over units") != 1:
+            raise CellError(f"has shape {self._shape(tensor)}; a sum over units is (batch, hidden) = ({self.B}, "
+                            f"{self.H}), every unit holding its row's total", name)
+        comb = red.combiner
+        identity = comb.identity_element[0]
+        if not (len(comb.result) == 1 and isinstance(comb.result[0], P.Add)
+                and isinstance(identity, (P.FloatImm, P.IntImm)) and float(identity.value) == 0.0):
+            raise CellError(f"reduces with {comb.result[0]}; a sum over units is a te.sum", name)
+        if len(op.reduce_axis) != 1:
+            raise CellError(f"reduces over {len(op.reduce_axis)} axes; a sum over units reduces over one axis k",
+                            name)
+        k = op.reduce_axis[0]
+        extent = int(k.dom.extent)
+        if int(k.dom.min) != 0 or extent % self.H:
+            raise CellError(f"reduces over range({k.dom.min}, {int(k.dom.min) + extent}); a sum over units runs over "
+                            f"range(0, S * hidden): every unit of S gate slices, hidden={self.H}", name)
+        if not (isinstance(red.condition, P.IntImm) and int(red.condition.value) == 1):
+            raise CellError("a reduction with a where= condition is not supported", name)
+        n, j = (iv.var for iv in op.axis)
+        exprs = self._per_unit(red.source[0], name, n, k.var, extent // self.H, j)
+        return UnitSum(name, exprs, 1 + self._phase_of_exprs(exprs))
 
     # ---- pointwise stages
     def _stage(self, tensor: te.Tensor) -> Stage:
@@ -244,6 +312,12 @@ class _Analysis:
         name = op.name
         slices = self._slices(tensor, "the stage")
         n, j = (iv.var for iv in op.axis)
+        exprs = self._per_unit(op.body[0], name, n, j, slices)
+        return Stage(name, exprs, self._phase_of_exprs(exprs))
+
+    def _per_unit(self, body, name: str, n, index, slices: int, unused=None) -> tuple:
+        """``body`` for each gate slice ``s``, with ``index`` at column ``s * hidden + u``, in leaf variables of
+        unit ``u``. ``unused``: an index variable the body must not read (a sum's own unit)."""
         u = tirx.Var("u", "int32")
         an = Analyzer()
         an.bind(u, Range(0, self.H))
@@ -251,30 +325,35 @@ class _Analysis:
         for s in range(slices):
             col = s * self.H + u
 
-            def replace(e, s=s, col=col):
+            def replace(e, col=col):
                 if is_tensor_load(e):
-                    return self._pointwise_access(e, name, n, j, col, u, an)
+                    return self._pointwise_access(e, name, n, index, col, u, an)
                 if isinstance(e, tirx.Reduce):
                     raise CellError("a reduction inside a larger expression is not supported; give it its "
                                     "own te.compute stage", name)
                 return None
 
             try:
-                expr = rebuild(op.body[0], replace)
+                expr = rebuild(body, replace)
             except UnsupportedExpr as err:
                 raise CellError(str(err), name) from None
-            bad = [v for v in free_vars(expr) if v.same_as(n) or v.same_as(j)]
+            bad = [v for v in free_vars(expr) if v.same_as(n) or v.same_as(index) or
+                   (unused is not None and v.same_as(unused))]
             if bad:
                 raise CellError(f"uses its index '{bad[0]}' as a value; a cell's math must be the same for "
                                 "every batch row and hidden unit", name)
             exprs.append(expr)
+        return tuple(exprs)
+
+    def _phase_of_exprs(self, exprs) -> int:
+        """The latest phase of the products, sums and stages that pointwise ``exprs`` read (0 without any)."""
         inverse = {var: leaf for leaf, var in self.leaf_vars.items()}
+        producers = {"reduction": self.reductions, "stage": self.stages, "unit_sum": self.unit_sums}
         phase = 0
         for leaf in (inverse[v] for e in exprs for v in free_vars(e)):
-            if leaf.kind in ("reduction", "stage"):
-                producers = self.reductions if leaf.kind == "reduction" else self.stages
-                phase = max(phase, next(x.phase for x in producers.values() if x.name == leaf.name))
-        return Stage(name, tuple(exprs), phase)
+            if leaf.kind in producers:
+                phase = max(phase, next(x.phase for x in producers[leaf.kind].values() if x.name == leaf.name))
+        return phase
 
     def _pointwise_access(self, e, stage: str, n, j, col, u, an: Analyzer):
         tensor, idx = tensor_load_parts(e)
@@ -314,6 +393,8 @@ class _Analysis:
             return f"'{slot.name}' ({slot.role.value})"
         if tensor in self.reductions:
             return f"'{tensor.op.name}' (recurrent product)"
+        if tensor in self.unit_sums:
+            return f"'{tensor.op.name}' (sum over units)"
         return f"'{tensor.op.name}' (stage)"
 
     @staticmethod

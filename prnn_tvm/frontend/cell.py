@@ -12,7 +12,7 @@ column; a tensor with ``slices`` gate slices has ``slices * hidden`` columns and
 
 Example, a vanilla tanh RNN::
 
-    from tvm import te
+    from tvm import te, tirx
     from prnn_tvm import Cell
 
     def step(c):
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tvm import te
+from tvm import te, tirx
 
 from ..errors import CellError, PrnnError
 from .names import check_names, same_name
@@ -50,18 +50,20 @@ class Role(enum.Enum):
 
     INPUT = "input"    # x_t W_ih^T + b_ih for this step, shape (batch, slices*hidden)
     STATE = "state"    # carried from step to step, shape (batch, hidden)
-    WEIGHT = "weight"  # recurrent weight, shape (slices*hidden, hidden), PyTorch layout
+    WEIGHT = "weight"  # recurrent weight, shape (slices*hidden, hidden / heads), PyTorch layout
     PARAM = "param"    # per-unit vector (biases, peepholes), shape (slices*hidden,)
 
 
 @dataclass(frozen=True)
 class Slot:
-    """A tensor the cell declared, with its role and gate-slice count."""
+    """A tensor the cell declared, with its role, gate-slice count and (a weight's) heads: a weight of ``heads``
+    heads is block-diagonal, ``hidden / heads`` columns wide (:meth:`CellBuilder.weight`)."""
 
     name: str
     role: Role
     slices: int
     tensor: te.Tensor = field(compare=False, repr=False)
+    heads: int = 1
 
 
 class CellBuilder:
@@ -75,20 +77,23 @@ class CellBuilder:
         Element type of every tensor (``"float32"``).
     """
 
-    def __init__(self, batch: int, hidden: int, dtype: str = "float32"):
+    def __init__(self, batch: int, hidden: int, dtype: str = "float32", declarations_only: bool = False):
         self.batch = batch
         self.hidden = hidden
         self.dtype = dtype
         self.slots: list[Slot] = []
+        # a trace for the names, roles and slices alone (frontend.stack.declared_slots, at hidden 1): heads that
+        # do not divide its hidden size are declared as one
+        self.declarations_only = declarations_only
 
-    def _declare(self, name: str, role: Role, slices: int, shape: tuple[int, ...]) -> te.Tensor:
+    def _declare(self, name: str, role: Role, slices: int, shape: tuple[int, ...], heads: int = 1) -> te.Tensor:
         _check_name(name, role.value)
         for s in self.slots:
             if s.name == name:
                 raise CellError(same_name(s.role.value, role.value, name))
         _check_slices(name, slices)
         t = te.placeholder(shape, self.dtype, name=name)
-        self.slots.append(Slot(name, role, slices, t))
+        self.slots.append(Slot(name, role, slices, t, heads))
         return t
 
     def input(self, slices: int = 1, name: str = "x") -> te.Tensor:
@@ -105,27 +110,65 @@ class CellBuilder:
         """A recurrent state of shape (batch, hidden); the step must return its new value."""
         return self._declare(name, Role.STATE, 1, (self.batch, self.hidden))
 
-    def weight(self, name: str, slices: int = 1) -> te.Tensor:
-        """A recurrent weight of shape (slices*hidden, hidden), indexed ``W[j, k]``.
+    def weight(self, name: str, slices: int = 1, heads: int = 1) -> te.Tensor:
+        """A recurrent weight of shape (slices*hidden, hidden / heads), indexed ``W[j, k]``.
 
-        This is PyTorch's ``weight_hh`` layout: row ``s*hidden + u`` holds gate ``s`` of unit ``u``.
+        This is PyTorch's ``weight_hh`` layout: row ``s*hidden + u`` holds gate ``s`` of unit ``u``. With
+        ``heads`` > 1 the weight is block-diagonal: the hidden units form ``heads`` heads of ``D = hidden /
+        heads`` consecutive units, and row ``s*hidden + u`` holds only the ``D`` columns of unit ``u``'s head
+        (``W[s*hidden + n*D + d, e]`` multiplies unit ``n*D + e`` of head ``n``): xLSTM's and FlashRNN's
+        head-wise recurrent matrix ``R[gates, heads, D, D]`` reshaped to ``(gates*hidden, D)``.
         """
-        return self._declare(name, Role.WEIGHT, slices, (slices * self.hidden, self.hidden))
+        if self.declarations_only and isinstance(heads, int) and heads >= 1 and self.hidden % heads:
+            heads = 1
+        _check_heads(name, heads, self.hidden)
+        return self._declare(name, Role.WEIGHT, slices, (slices * self.hidden, self.hidden // heads), heads)
 
     def param(self, name: str, slices: int = 1) -> te.Tensor:
         """A per-unit parameter vector of shape (slices*hidden,), e.g. ``bias_hh``."""
         return self._declare(name, Role.PARAM, slices, (slices * self.hidden,))
 
-    def matvec(self, state: te.Tensor, weight: te.Tensor, name: str) -> te.Tensor:
-        """The recurrent product ``out[n, j] = sum_k state[n, k] * weight[j, k]``.
+    def matvec(self, state: te.Tensor, weight: te.Tensor, name: str, heads: int | None = None) -> te.Tensor:
+        """The recurrent product ``out[n, j] = sum_k state[n, k] * weight[j, k]``; over a weight of several heads
+        (:meth:`weight`), block-diagonal: ``out[n, j] = sum_k state[n, head(j)*D + k] * weight[j, k]`` for ``k <
+        D``, ``head(j) = (j % hidden) // D``, so a head's units read only that head's units. ``heads``, when
+        given, must be the weight's (a check).
 
         A convenience: writing the same ``te.compute`` with ``te.sum`` by hand is equivalent.
         """
         _check_name(name, "product")
-        k = te.reduce_axis((0, self.hidden), name=f"{name}_k")
-        rows = int(weight.shape[0])
-        return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, k] * weight[j, k], axis=k),
-                          name=name)
+        declared = next((s.heads for s in self.slots if s.tensor.same_as(weight)), None)
+        if heads is not None and heads != (declared or 1):
+            raise CellError(f"product '{name}': heads={heads!r}, but its weight was declared with {declared or 1}; "
+                            "declare the heads with c.weight(name, slices, heads=...) and leave them out here")
+        rows, H = int(weight.shape[0]), self.hidden
+        D = int(weight.shape[1])
+        if D == H:
+            k = te.reduce_axis((0, H), name=f"{name}_k")
+            return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, k] * weight[j, k], axis=k),
+                              name=name)
+        k = te.reduce_axis((0, D), name=f"{name}_k")
+        return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, (j % H) // D * D + k] * weight[j, k],
+                                                                  axis=k), name=name)
+
+    def sum(self, value: te.Tensor, name: str, columns: int | None = None) -> te.Tensor:
+        """Each batch row's sum over every column of ``value`` (a (batch, slices*hidden) tensor: a stage, the input,
+        a state, a product), as a (batch, hidden) stage whose every unit holds its row's total. It mixes every
+        hidden unit of a row, so its value is there one phase after the values it sums (the analysis makes the
+        sum a phase of its own); ``te.sum(value[n, k], axis=k)`` over ``k`` in ``range(slices * hidden)``, written
+        by hand, is the same. ``columns``: the first that many columns only (whole gate slices)."""
+        _check_name(name, "sum")
+        k = te.reduce_axis((0, int(value.shape[1]) if columns is None else columns), name=f"{name}_k")
+        return te.compute((self.batch, self.hidden), lambda n, j: te.sum(value[n, k], axis=k), name=name)
+
+    def mean(self, value: te.Tensor, name: str, columns: int | None = None) -> te.Tensor:
+        """Each batch row's mean over every column of ``value`` (see :meth:`sum`): a layer norm's mean, or with
+        ``value`` a square its second moment."""
+        _check_name(name, "mean")
+        columns = int(value.shape[1]) if columns is None else columns
+        k = te.reduce_axis((0, columns), name=f"{name}_k")
+        scale = tirx.const(1.0 / columns, self.dtype)
+        return te.compute((self.batch, self.hidden), lambda n, j: te.sum(value[n, k] * scale, axis=k), name=name)
 
     def pointwise(self, fn: Callable, name: str, slices: int = 1) -> te.Tensor:
         """A pointwise stage ``fn(n, j)`` of shape (batch, slices*hidden)."""
@@ -138,6 +181,14 @@ def _check_name(name, kind: str) -> None:
     if not isinstance(name, str) or not name.isidentifier():
         raise CellError(f"{kind} names must be Python identifiers (letters, digits and _, not starting with a "
                         f"digit), got {name!r}")
+
+
+def _check_heads(name: str, heads, hidden: int) -> None:
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+        raise CellError(f"weight '{name}' needs a positive whole number of heads, got {heads!r}")
+    if hidden % heads:
+        raise CellError(f"weight '{name}': hidden={hidden} does not split into {heads} heads of equal size; "
+                        f"give a hidden size that is a multiple of {heads}, or fewer heads")
 
 
 def _check_slices(name: str, slices) -> None:
@@ -242,10 +293,11 @@ class Cell:
         """The output states, in the order their columns come."""
         return (self.output,) if isinstance(self.output, str) else tuple(self.output)
 
-    def trace(self, batch: int, hidden: int, dtype: str = "float32") -> TracedCell:
+    def trace(self, batch: int, hidden: int, dtype: str = "float32", declarations_only: bool = False) -> TracedCell:
         """Run the step function at concrete sizes and return its TE graph, its names checked
-        (:mod:`prnn_tvm.frontend.names`): CellError for a step that fails, saying where."""
-        builder = CellBuilder(batch, hidden, dtype)
+        (:mod:`prnn_tvm.frontend.names`): CellError for a step that fails, saying where. ``declarations_only``:
+        for what the step declares alone (weights whose heads do not divide ``hidden`` declared with one)."""
+        builder = CellBuilder(batch, hidden, dtype, declarations_only)
         updates = self._user_call("step function", self.step, builder)
         if not isinstance(updates, Mapping):
             raise CellError(f"cell '{self.name}': the step function must return a dict "

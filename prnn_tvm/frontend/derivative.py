@@ -22,7 +22,7 @@ with the operation named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvm import tirx
 from tvm.ir import expr as E
@@ -102,11 +102,17 @@ class StepAdjoints:
     the step reads (inputs, products, params, states; never stages) to its adjoint, an
     expression in the forward's leaf variables and the ``incoming`` and ``operands``
     variables; leaves the step's result does not depend on are absent.
+
+    ``unit_sums`` maps each sum over units (``c.sum``) to the variable standing for the adjoint of its row's
+    total: the sum over every unit of the row of that sum's leaf adjoint (``leaves[Leaf("unit_sum", name, 0)]``,
+    a unit's share), which reaches each unit's summed values through the sum's own derivative. A backward
+    step adds it up across units where the forward added the values, a phase of its own.
     """
 
     incoming: dict
     operands: dict
     leaves: dict
+    unit_sums: dict = field(default_factory=dict)
 
 
 def step_adjoints(plan: CellPlan) -> StepAdjoints:
@@ -114,12 +120,17 @@ def step_adjoints(plan: CellPlan) -> StepAdjoints:
     dtype = plan.policy.compute
     incoming = {s.name: tirx.Var(f"d_{s.name}", dtype) for s in plan.states}
     operands = {name: tirx.Var(f"d_{name}", dtype) for name in plan.exchanged_stages}
+    sums = {us.name: tirx.Var(f"d_{us.name}", dtype) for us in plan.unit_sums}
     adjoint: dict = {}
     for state, leaf in plan.updates.items():
         _accumulate(adjoint, leaf, incoming[state])
     for name, var in operands.items():  # a product's operand stage is one slice wide
         _accumulate(adjoint, Leaf("stage", name, 0), var)
     var_leaf = {var: leaf for leaf, var in plan.leaf_vars.items()}
+    for us in plan.unit_sums:  # each unit's summed values, by the row total's adjoint
+        for expr in us.exprs:
+            for var in free_vars(expr):
+                _accumulate(adjoint, var_leaf[var], _mul(sums[us.name], partial(expr, var)))
     for stage in reversed(plan.stages):
         for slice_, expr in enumerate(stage.exprs):
             seed = adjoint.pop(Leaf("stage", stage.name, slice_), None)
@@ -127,7 +138,8 @@ def step_adjoints(plan: CellPlan) -> StepAdjoints:
                 continue
             for var in free_vars(expr):
                 _accumulate(adjoint, var_leaf[var], _mul(seed, partial(expr, var)))
-    return StepAdjoints(incoming, operands, {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"})
+    return StepAdjoints(incoming, operands, {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"},
+                        sums)
 
 
 def _accumulate(adjoint: dict, leaf: Leaf, value) -> None:

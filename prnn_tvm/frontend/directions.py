@@ -96,3 +96,16 @@ class _DirectionBuilder(Renamed):
             raise CellError(f"the base cell's input has {declared} slices in one trace and {slices} in another")
         offset = slices * self.hidden
         return self._c.pointwise(lambda n, j: x[n, offset + j], name=self._name(name), slices=slices)
+
+    def sum(self, value, name: str, columns: int | None = None):
+        return super().sum(value, name, self._own_columns(value, columns))
+
+    def mean(self, value, name: str, columns: int | None = None):
+        return super().mean(value, name, self._own_columns(value, columns))
+
+    def _own_columns(self, value, columns):
+        """The forward direction's input is the shared projection, both directions' slices: its own come first."""
+        shared = self._shared.get("input")
+        if columns is None and shared is not None and value.same_as(shared[0]):
+            return shared[1] * self.hidden
+        return columns

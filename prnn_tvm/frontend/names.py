@@ -45,8 +45,12 @@ def check_names(cell_name: str, slots: Iterable, updates) -> None:
 
     for s in slots:
         claim(s.name, s.role.value)  # input, state, weight, param
+    weights = [s.tensor for s in slots if s.role.value == "weight"]
     for op in _graph_ops(updates):
-        claim(op.name, "product" if isinstance(op.body[0], tirx.Reduce) else "stage")
+        if not isinstance(op.body[0], tirx.Reduce):
+            claim(op.name, "stage")
+            continue  # a product reads a weight; a sum over units does not
+        claim(op.name, "product" if any(t.same_as(w) for t in op.input_tensors for w in weights) else "sum")
     _check_arguments(cell_name, slots, {name: f"{kind} '{name}'" for name, kind in kinds.items()
                                         if kind != "input"})  # the input is no argument: x is the layer's
 

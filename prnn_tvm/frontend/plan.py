@@ -42,6 +42,23 @@ class Reduction:
     weight: str
     slices: int
     phase: int = 0
+    heads: int = 1  # block-diagonal: row s*H + u multiplies only the hidden / heads units of u's head
+
+    def head_size(self, hidden: int) -> int:
+        """Units per head: the columns of the weight, and the operand units one row multiplies."""
+        return hidden // self.heads
+
+
+@dataclass(frozen=True)
+class UnitSum:
+    """A sum over every hidden unit of a batch row (``c.sum``, ``c.mean``): ``sum_s sum_u exprs[s](u)``, each
+    ``exprs[s]`` a pointwise expression in leaf variables of unit ``u``. Every unit of the row reads the total, as
+    leaf ``Leaf("unit_sum", name, 0)``, from ``phase`` on: one phase after the latest of what it sums (the units
+    of a row live in every block, so their partial sums meet across blocks between the two)."""
+
+    name: str
+    exprs: tuple
+    phase: int = 1
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,7 @@ class CellPlan:
     stages: tuple
     updates: dict
     leaf_vars: dict
+    unit_sums: tuple = ()  # UnitSum: sums over every unit of a row, in dependency order
 
     @property
     def output(self) -> str:
@@ -191,8 +209,14 @@ class CellPlan:
 
     @property
     def phases(self) -> int:
-        """Phases per step: products over this step's own results add one each, with a grid sync before."""
-        return 1 + max((r.phase for r in self.reductions), default=0)
+        """Phases per step: products over this step's own results and sums over units add one each, with a grid
+        sync before."""
+        return 1 + max((x.phase for x in (*self.reductions, *self.unit_sums)), default=0)
+
+    @property
+    def product_phases(self) -> int:
+        """Phases of a step that run products (a phase that only reads sums over units runs none)."""
+        return max(1, len({r.phase for r in self.reductions}))
 
     @property
     def operands(self) -> tuple:
@@ -205,7 +229,14 @@ class CellPlan:
             return next(st.phase for st in self.stages if st.name == leaf.name)
         if leaf.kind == "reduction":
             return next(r.phase for r in self.reductions if r.name == leaf.name)
+        if leaf.kind == "unit_sum":
+            return next(x.phase for x in self.unit_sums if x.name == leaf.name)
         return 0
+
+    def sums_of(self, phase: int) -> tuple:
+        """The sums over units whose values a step's ``phase`` adds up (each unit its share): those read from the
+        next phase on."""
+        return tuple(x for x in self.unit_sums if x.phase == phase + 1)
 
     def live_outs(self, phase: int) -> tuple:
         """Stage leaves computed in ``phase`` that something after it reads.
@@ -219,6 +250,9 @@ class CellPlan:
         for st in self.stages:
             if st.phase > phase:
                 needed |= {inverse[v] for e in st.exprs for v in free_vars(e)}
+        for us in self.unit_sums:  # added up in the phase before its own
+            if us.phase - 1 > phase:
+                needed |= {inverse[v] for e in us.exprs for v in free_vars(e)}
         return tuple(sorted((lf for lf in needed if lf.kind == "stage" and self.phase_of(lf) == phase),
                             key=lambda lf: (lf.name, lf.slice)))
 
@@ -237,11 +271,12 @@ class CellPlan:
         their math shares a stage or one reads the other's private state."""
         inverse = {var: leaf for leaf, var in self.leaf_vars.items()}
         reads = {st.name: [{inverse[v] for v in free_vars(e)} for e in st.exprs] for st in self.stages}
+        reads.update({us.name: [{inverse[v] for e in us.exprs for v in free_vars(e)}] for us in self.unit_sums})
 
         def closure(leaf: Leaf, seen: set) -> set:
             if leaf not in seen:
                 seen.add(leaf)
-                if leaf.kind == "stage":
+                if leaf.kind in ("stage", "unit_sum"):
                     for read in reads[leaf.name][leaf.slice]:
                         closure(read, seen)
             return seen
@@ -251,7 +286,8 @@ class CellPlan:
         roots = [("state", s.name, closure(self.updates[s.name], set())) for s in self.states]
         roots += [("stage", name, closure(Leaf("stage", name, 0), set())) for name in self.exchanged_stages]
         # what only one item may hold: stages and private states (a private state's own root holds it too)
-        owned = [{lf for lf in leaves if lf.kind == "stage" or (lf.kind == "state" and lf.name in private)}
+        owned = [{lf for lf in leaves if lf.kind in ("stage", "unit_sum")
+                  or (lf.kind == "state" and lf.name in private)}
                  | ({Leaf("state", name, 0)} if kind == "state" and name in private else set())
                  for kind, name, leaves in roots]
         groups: list[list[int]] = []  # root indices; a root joins every group it shares an owned leaf with
@@ -312,6 +348,23 @@ class CellPlan:
         be added to those params instead and the projection run without a bias (:mod:`prnn_tvm.frontend.bias`)."""
         return bias_carriers(self)
 
+    def weight_shapes(self) -> dict:
+        """Each recurrent weight's shape by name: (slices * hidden, hidden / heads)."""
+        return {w.name: (w.slices * self.hidden, self.hidden // w.heads) for w in self.weights}
+
+    def local_to(self, units: int) -> bool:
+        """Whether a block of ``units`` consecutive hidden units (from a multiple of ``units``) holds every unit
+        its products read: each product's heads are whole within it (its head size divides ``units``; a dense
+        product's head is the whole hidden size). Heads never read each other, so such blocks need no grid
+        barrier."""
+        return (all(units % r.head_size(self.hidden) == 0 for r in self.reductions)
+                and (not self.unit_sums or units >= self.hidden))  # a sum over units reads every one
+
+    @property
+    def heads(self) -> int:
+        """The most heads any recurrent product has (1: every product dense)."""
+        return max((r.heads for r in self.reductions), default=1)
+
     def slot(self, name: str) -> Slot:
         for s in (self.input, *self.states, *self.weights, *self.params):
             if s.name == name:
@@ -320,10 +373,12 @@ class CellPlan:
 
     def fingerprint(self) -> str:
         """A hash of the cell's math (not its name or sizes): keys tuning records."""
-        parts = [f"{s.role.value}:{s.name}:{s.slices}" for s in (self.input, *self.states, *self.weights,
-                                                                 *self.params)]
-        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" for r in self.reductions]
+        parts = [f"{s.role.value}:{s.name}:{s.slices}" + (f"/h{s.heads}" if s.heads > 1 else "")
+                 for s in (self.input, *self.states, *self.weights, *self.params)]
+        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" + (f"/h{r.heads}" if r.heads > 1 else "")
+                  for r in self.reductions]
         parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
+        parts += [f"unit_sum:{us.name}@{us.phase}=" + ";".join(str(e) for e in us.exprs) for us in self.unit_sums]
         parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]
         parts.append(f"output:{','.join(self.outputs)}")
         parts += [f"delay:{name}={d}" for name, d in self.delays.items() if d]

@@ -15,6 +15,7 @@ from ..errors import CellError
 from ..files import MiB, regular_file
 from .cell import Cell, user_frame
 from .directions import bidirectional
+from .heads import headed
 from .stack import stacked
 
 
@@ -34,8 +35,9 @@ def builtin_cells() -> dict[str, Cell]:
 def resolve(spec: str | Cell) -> Cell:
     """A Cell from a Cell, a built-in name (``"lstm"``) or ``path/to/file.py[:ATTR]``, or a stack of one,
     ``<spec>_x<layers>`` (``lstm_x4``: :func:`prnn_tvm.frontend.stack.stacked`, the name a stack's layer,
-    its tuning records and its exports carry) or ``<spec>_d<layers>`` (the deep stack), or both directions of
-    one, ``<spec>_bi`` (:func:`prnn_tvm.frontend.directions.bidirectional`).
+    its tuning records and its exports carry) or ``<spec>_d<layers>`` (the deep stack), or one whose recurrent
+    products are head-wise, ``<spec>_h<heads>`` (``lstm_h12``: :func:`prnn_tvm.frontend.heads.headed`), or both
+    directions of one, ``<spec>_bi`` (:func:`prnn_tvm.frontend.directions.bidirectional`).
 
     A file must define ``CELL`` (or the attribute named after the colon) as a Cell.
     """
@@ -53,11 +55,15 @@ def resolve(spec: str | Cell) -> Cell:
         base, _, layers = spec.rpartition(mark)
         if base and layers.isdigit() and int(layers) > 0:
             return stacked(resolve(base), int(layers), wavefront)
+    base, _, heads = spec.rpartition("_h")  # head-wise products, as headed(cell, heads) names them
+    if base and heads.isdigit() and int(heads) > 0:
+        return headed(resolve(base), int(heads))
     if spec.endswith("_bi") and len(spec) > 3:  # both directions, as compile_cell(..., bidirectional=True)
         return bidirectional(resolve(spec[:-3]))
     raise CellError(f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
                     "(or give a path/to/cell.py defining CELL; <cell>_x<layers> for a wavefront stack of it, "
-                    "<cell>_d<layers> for a deep stack, <cell>_bi for both directions of it)")
+                    "<cell>_d<layers> for a deep stack, <cell>_h<heads> for head-wise products, <cell>_bi for both "
+                    "directions of it)")
 
 
 MAX_CELL_FILE_BYTES = 16 * MiB  # a cell file is a page of Python

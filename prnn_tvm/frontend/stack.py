@@ -108,8 +108,9 @@ def stacked(cell: Cell, layers: int, wavefront: bool = True) -> Cell:
 
 
 def declared_slots(cell: Cell) -> list:
-    """The slots (states, input, weights, params) ``cell``'s step declares, from a trace at a small size."""
-    return list(cell.trace(1, 1).slots)
+    """The slots (states, input, weights, params) ``cell``'s step declares, from a trace at a small size (their
+    names, roles and slices; a weight's heads are those of a real size's trace)."""
+    return list(cell.trace(1, 1, declarations_only=True).slots)
 
 
 def _state_names(cell: Cell) -> list[str]:
@@ -134,17 +135,23 @@ class Renamed:
         self.states[name] = tensor
         return tensor
 
-    def weight(self, name: str, slices: int = 1):
-        return self._c.weight(self._name(name), slices)
+    def weight(self, name: str, slices: int = 1, heads: int = 1):
+        return self._c.weight(self._name(name), slices, heads)
 
     def param(self, name: str, slices: int = 1):
         return self._c.param(self._name(name), slices)
 
-    def matvec(self, state, weight, name: str):
-        return self._c.matvec(state, weight, self._name(name))
+    def matvec(self, state, weight, name: str, heads: int | None = None):
+        return self._c.matvec(state, weight, self._name(name), heads)
 
     def pointwise(self, fn, name: str, slices: int = 1):
         return self._c.pointwise(fn, self._name(name), slices)
+
+    def sum(self, value, name: str, columns: int | None = None):
+        return self._c.sum(value, self._name(name), columns)
+
+    def mean(self, value, name: str, columns: int | None = None):
+        return self._c.mean(value, self._name(name), columns)
 
 
 class _LayerBuilder(Renamed):

@@ -4,7 +4,9 @@
 - ``tags`` (default where it fits): data-carried synchronization, tagged 64-bit words (``tags``);
 - ``sentinel``: a slot per step, polled until no value is the sentinel, cuDNN's exchange (``sentinel``);
 - ``counter``: one monotonic arrival counter, as fast as ``grid.sync()`` and bounded (``counter``);
-- ``grid_sync``: cooperative groups; no state, no timeout; the baseline (``grid_sync``).
+- ``grid_sync``: cooperative groups; no state, no timeout; the baseline (``grid_sync``);
+- ``block``: a block barrier alone, where no block reads another's values (head-wise products whose heads a
+  block holds whole): no grid synchronization at all (``block``).
 
 A new kind is a module here with its class, its ``.cuh`` file and an entry in :data:`BARRIERS`; templates,
 the GPU backward, the runtime and the benchmark reach it through :func:`by_name` and the :class:`Barrier`
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from .base import SYNC_WORDS, Barrier, SyncArgs, block_or, declare_sync_args, row_lanes
+from .block import Block
 from .counter import Counter
 from .grid_sync import GridSyncBarrier
 from .sentinel import Sentinel
 from .tags import Tags
 
-BARRIERS = {kind.name: kind for kind in (Tags(), Sentinel(), Counter(), GridSyncBarrier())}
+BARRIERS = {kind.name: kind for kind in (Tags(), Sentinel(), Counter(), GridSyncBarrier(), Block())}
 
 __all__ = ["BARRIERS", "SYNC_WORDS", "Barrier", "SyncArgs", "block_or", "by_name", "declare_sync_args", "of_launch",
            "row_lanes"]

@@ -84,7 +84,11 @@ class ExchangeSite(Protocol):
         0 (``initial``: whatever the step), else the workspace slot written before."""
 
     def polled_tile(self, name: str, b0) -> tuple:
-        """A poll of operand ``name``'s rows ``b0..``: ``(shared address, values, at most that many, sleep ns)``."""
+        """A poll of operand ``name``'s rows ``b0..``: ``(shared address, values, at most that many, sleep ns, values
+        of a row)``; consecutive rows are a row apart in the workspace too (:meth:`ws_at`)."""
+
+    def ws_at(self, name: str, parity, b, unit) -> tuple:
+        """The workspace indices of operand ``name``'s value for batch row ``b``, unit ``unit``, at ``parity``."""
 
     def sequence_slot(self, name: str, step, b, unit):
         """State ``name``'s value of its own step ``step`` in its per-step sequence (a buffer element)."""
@@ -141,13 +145,15 @@ class Barrier:
     ``counts`` (what the error word and the base count: ``"barriers"`` or ``"steps"``), ``polls_values``
     (a block waits by polling the values it reads, not at a barrier: it waits only for the blocks whose values
     it reads), ``plain_args`` (launch arguments other blocks write while this one reads them, declared without
-    ``__restrict__``)."""
+    ``__restrict__``), ``grid_wide`` (False for a kind that synchronizes each block with itself: its launch has
+    no grid synchronization, and is not cooperative)."""
 
     name = ""
     state_words: int | None = SYNC_WORDS
     counts = "barriers"
     polls_values = False
     plain_args: tuple = ()
+    grid_wide = True  # synchronizes blocks with each other (False: each block with itself, ``block``)
 
     # ------------------------------------------------------------------ workspace
     def exchange_dtype(self, storage: str) -> str:
@@ -170,6 +176,10 @@ class Barrier:
     # ------------------------------------------------------------------ fits and costs
     def problem(self, plan, layout: str) -> str | None:
         """Why this kind cannot carry ``plan``'s steps in ``layout`` (``"shared"``, ``"split"``), or None."""
+        return None
+
+    def placement_problem(self, plan, units: int) -> str | None:
+        """Why this kind cannot carry ``plan``'s steps with ``units`` hidden units per block, or None."""
         return None
 
     def polled_loads(self, values: int, threads: int, hidden: int, itemsize: int, operands: int = 1) -> tuple:
@@ -250,11 +260,11 @@ class Barrier:
 
     def publish(self, site: ExchangeSite, name: str, t, b, unit, value) -> None:
         """Write this unit's value of operand ``name`` of step ``t`` for the other blocks."""
-        T.buffer_store(site.a.ws, value, [site.ops[name], t % 2, b, unit])
+        T.buffer_store(site.a.ws, value, list(site.ws_at(name, t % 2, b, unit)))
 
     def previous(self, site: ExchangeSite, name: str, t, b, unit):
         """This unit's value of state ``name`` from the step before ``t`` (``t > 0``), which this thread wrote."""
-        return site.a.ws[site.ops[name], (t + 1) % 2, b, unit]
+        return site.a.ws[site.ws_at(name, (t + 1) % 2, b, unit)]
 
     def write_outputs(self, site: ExchangeSite, t, timing, stored: dict, b, unit) -> None:
         """End of step: the output sequence (``timing``: the step's ``codegen.kernel.StepTiming``) and, for a

@@ -34,8 +34,11 @@ def sentinel_problem(plan) -> str | None:
     directions in one launch (the reverse one reads each row's steps from its own end)."""
     if plan.independent_parts:
         return "runs both directions in one launch, the reverse one reading each row from its own last step"
+    if plan.heads > 1:  # a block's span of a state is strided in the sequence, which has every head's values
+        return "has head-wise products, whose blocks poll their heads' part of the state (tags does)"
     if plan.phases != 1:
-        return f"exchanges a stage within each step ({plan.phases} phases)"
+        what = "sums over units" if plan.unit_sums else "a stage"
+        return f"exchanges {what} within each step ({plan.phases} phases)"
     if len(plan.outputs) != 1:
         return f"outputs {len(plan.outputs)} states side by side"
     if plan.lag:  # a stack
@@ -183,7 +186,7 @@ class Sentinel(Barrier):
         condition holds and nothing of the others; leaves the time loop if it timed out."""
         sources = []
         for name in names:
-            dst, n, most, sleep_ns = site.polled_tile(name, b0)
+            dst, n, most, sleep_ns, _ = site.polled_tile(name, b0)
             slot = slots[name]
             if polled is not None:  # an address even where the operand is not polled
                 slot, n = tirx.max(tirx.min(slot, site.a.seq_len - 1), 0), T.if_then_else(polled[name], n, 0)

@@ -34,11 +34,25 @@ class Tags(Barrier):
         return steps
 
     def problem(self, plan, layout: str) -> str | None:
+        if plan.unit_sums:
+            return (f"barrier '{self.name}' moves the values products multiply; cell '{plan.cell.name}' sums over "
+                    "units, whose blocks' partial sums meet through the plain exchange: use counter, grid_sync or "
+                    "block")
         if layout == "split" and plan.cta_parts and not plan.independent_parts:
             return (f"barrier '{self.name}' synchronizes only blocks that read each other's values, and the split "
                     f"parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read the upper "
                     "ones, would run ahead and overwrite values not yet read): use counter or grid_sync with layout "
                     "'split', or sentinel (a slot per step) for a one-phase cell")
+        return None
+
+    def placement_problem(self, plan, units: int) -> str | None:
+        """A block polls its span of a head-wise operand (``head_columns``), every value of which some block must
+        write: where a block holds whole heads, the last block's span must end at ``hidden``."""
+        H = plan.hidden
+        if any(r.heads > 1 and units % r.head_size(H) == 0 and H % units for r in plan.reductions):
+            return (f"barrier '{self.name}' polls a block's whole span of each head-wise operand, and at "
+                    f"units_per_cta={units} the last block's span runs past hidden={H}: take units_per_cta dividing "
+                    "the hidden size, or counter")
         return None
 
     def polled_loads(self, values: int, threads: int, hidden: int, itemsize: int, operands: int = 1) -> tuple:
@@ -98,10 +112,10 @@ class Tags(Barrier):
     def poll_tiles(self, site: ExchangeSite, names: list, t, b0, parity, step) -> None:
         """Poll each operand's values (written at ``step - 1``) into shared memory."""
         for name in names:
-            dst, n, most, sleep_ns = site.polled_tile(name, b0)
-            abort = self.poll_copy(site.g.threads, T.address_of(site.a.ws[site.ops[name], parity, b0, 0]), dst,
-                                   site.dt, n, most, site.H, site.stride, site.barrier_base, step, site.sync,
-                                   sleep_ns)
+            dst, n, most, sleep_ns, row = site.polled_tile(name, b0)
+            first = site.cols.first_column(name, site.cta)  # the block's span of a head-wise operand
+            abort = self.poll_copy(site.g.threads, T.address_of(site.a.ws[site.ws_at(name, parity, b0, first)]), dst,
+                                   site.dt, n, most, row, site.stride, site.barrier_base, step, site.sync, sleep_ns)
             abort_on(site, abort)
 
     def after_products(self, site: ExchangeSite) -> None:
@@ -111,7 +125,7 @@ class Tags(Barrier):
         """A tagged store; block 0 skips it at ``stall_step`` (the test knob)."""
         with T.If(tirx.Not(tirx.all(site.bx == 0, t == site.sync.stall_step))):
             with T.Then():
-                slot = T.address_of(site.a.ws[site.ops[name], t % 2, b, unit])
+                slot = T.address_of(site.a.ws[site.ws_at(name, t % 2, b, unit)])
                 T.evaluate(self.store(slot, value, site.barrier_base, t))
 
     def previous(self, site: ExchangeSite, name: str, t, b, unit):

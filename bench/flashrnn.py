@@ -1,0 +1,236 @@
+"""FlashRNN (NX-AI, ICLR'25, PyPI ``flashrnn`` 1.0.8) against prnn-tvm on the GPU, the issue's targets (issue 49):
+
+- LSTM with heads, hidden 768, batch 16, T=1024, bf16, heads of D in 16, 32, 64, 128, 256 units (and dense):
+  FlashRNN's fused CUDA, alternating CUDA and fused Triton kernels given the projected input, against prnn-tvm's
+  recurrent kernel given the same projection and its whole public call (projection included). Target: at least
+  3x FlashRNN's fastest backend for every D; 12 heads of 64 in 0.65 ms or less.
+- sLSTM, 12 heads of 64, same shape: the forward (against FlashRNN's, and both against each other's outputs) and a
+  training step (forward that saves, backward, the weights' gradients) against FlashRNN's forward and backward.
+  Target: at least 2x FlashRNN's training step.
+- The layer-normalized LSTM (``lstm_layernorm``), hidden 1024, batch 8, T=256, fp16, against the same step in
+  torch (two LayerNorms over the gates, one over the cell, a GEMM per step) replayed as a CUDA graph, and against
+  prnn-tvm's plain LSTM at the size. Targets: at least 5x the graph; within 1.3x of the plain LSTM.
+
+Setup (../shared/device/README.md, "FlashRNN as a baseline"): on this machine
+    python3 -m pip download --no-deps -d .peers flashrnn einops
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
+        --implementation cp -d .peers ninja
+(``.peers`` git-ignored through .git/info/exclude), carry ``.peers``, and on the GPU machine
+    python3 -m pip install -q --no-index --no-deps .peers/*.whl && bash ../shared/device/flashrnn-cuda13.sh
+    python3 bench/flashrnn.py [--cases heads slstm layernorm] [--out $OUT/flashrnn-h100.md]
+FlashRNN builds its kernels with nvcc on first use (1-3 minutes per shape and backend). Every figure is the median
+of CUDA-event runs (``prnn_tvm.bench.baselines.cuda_event_times``) in one process, milliseconds per sequence.
+"""
+
+import argparse
+import math
+import time
+
+import torch
+
+import prnn_tvm
+from prnn_tvm.bench import baselines, flashrnn
+from prnn_tvm.checks import relative_error
+from prnn_tvm.compiler import compile_training
+from prnn_tvm.runtime.binding import COPY
+
+p = argparse.ArgumentParser()
+p.add_argument("--cases", nargs="+", default=["heads", "slstm", "layernorm"])
+p.add_argument("--hidden", type=int, default=768)
+p.add_argument("--batch", type=int, default=16)
+p.add_argument("--seq", type=int, default=1024)
+p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128, 256, 768])
+p.add_argument("--repeats", type=int, default=7)
+p.add_argument("--number", type=int, default=5)
+p.add_argument("--out", default=None)
+args = p.parse_args()
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+torch.manual_seed(0)
+H, B, T, BF16 = args.hidden, args.batch, args.seq, torch.bfloat16
+lines = [f"# FlashRNN against prnn-tvm ({torch.cuda.get_device_name()}, torch {torch.__version__})", ""]
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    lines.append(line)
+
+
+def ms(fn) -> float:
+    return baselines.cuda_event_times(fn, args.repeats, args.number)[0] * 1e3
+
+
+def flashrnn_inputs(heads: int, D: int, dtype, grad: bool = False):
+    """FlashRNN's layouts: Wx[B, T, 4, heads, D], R[4, heads, D, D] (scaled as torch scales a recurrent weight), b."""
+    bound = 1.0 / math.sqrt(D)
+    Wx = torch.randn(B, T, 4, heads, D, device="cuda", dtype=dtype)
+    R = (torch.rand(4, heads, D, D, device="cuda", dtype=dtype) * 2 - 1) * bound
+    b = (torch.rand(4, heads, D, device="cuda", dtype=dtype) * 2 - 1) * bound
+    return [t.requires_grad_(grad) for t in (Wx, R, b)]
+
+
+def flashrnn_times(cell: str, Wx, R, b) -> dict:
+    """Each backend's forward, ms (or why it did not run)."""
+    found = {}
+    for backend in flashrnn.BACKENDS:
+        try:
+            with torch.no_grad():
+                found[backend] = ms(lambda backend=backend: flashrnn.call(cell, Wx, R, b, backend, "bfloat16"))
+        except Exception as err:  # a backend that does not build or run for this shape: say why, go on
+            found[backend] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+    return found
+
+
+def ours(cell: str, heads: int, dtype: str, hidden: int = H, batch: int = B):
+    spec = f"{cell}_h{heads}" if heads > 1 else cell
+    start = time.perf_counter()
+    layer = prnn_tvm.compile_cell(spec, hidden, batch, dtype=dtype, target="cuda")
+    say(f"  {spec}: config {layer.report.config}, {layer.report.registers} registers, "
+        f"{layer.report.spill_bytes} B spills, compiled in {time.perf_counter() - start:.0f} s")
+    return layer
+
+
+def our_times(layer, xp, x, weights: dict) -> tuple:
+    """(the recurrent kernel given ``xp``, its arguments bound once, ms; the public call from ``x``, ms)."""
+    bound = layer.bind_recurrent(xp, **{k: v for k, v in weights.items() if k not in ("W_ih", "b_ih")})
+    kernels = [(layer.function(name), a) for name, a in bound.launches if name != COPY]
+    recurrent = ms(lambda: [fn(*a) for fn, a in kernels])
+    call = ms(lambda: layer(x, **weights))
+    return recurrent, call
+
+
+def best(times: dict) -> float:
+    return min((v for v in times.values() if isinstance(v, float)), default=float("nan"))
+
+
+def case_heads():
+    say("## LSTM with heads: hidden {}, batch {}, T={}, bf16".format(H, B, T))
+    say("")
+    say("| head size | heads | FlashRNN fused CUDA | alternating CUDA | fused Triton | prnn-tvm recurrent | "
+        "prnn-tvm public call | speedup over FlashRNN's best |")
+    say("|---|---|---|---|---|---|---|---|")
+    for D in args.head_dims:
+        heads = H // D
+        Wx, R, b = flashrnn_inputs(heads, D, BF16)
+        theirs = flashrnn_times("lstm", Wx, R, b)
+        layer = ours("lstm", heads, "bfloat16")
+        xp = flashrnn.projection(Wx).float().contiguous()
+        x = torch.randn(T, B, H, device="cuda", dtype=BF16)
+        weights = {"W_ih": torch.randn(4 * H, H, device="cuda", dtype=BF16) / math.sqrt(H),
+                   "b_ih": torch.zeros(4 * H, device="cuda", dtype=BF16),
+                   "W_hh": flashrnn.recurrent(R).contiguous(), "b_hh": flashrnn.bias(b).contiguous()}
+        recurrent, call = our_times(layer, xp, x, weights)
+        cells = [theirs[k] if isinstance(theirs[k], str) else f"{theirs[k]:.3f}" for k in flashrnn.BACKENDS]
+        say(f"| {D} | {heads} | {' | '.join(cells)} | {recurrent:.3f} | {call:.3f} | "
+            f"{best(theirs) / recurrent:.2f}x (public call {best(theirs) / call:.2f}x) |")
+        check = flashrnn.states(flashrnn.call("lstm", Wx[:, :64], R, b, "cuda_fused", "bfloat16"), 0).float()
+        got, _ = layer.recurrent(xp[:64].contiguous(), W_hh=weights["W_hh"], b_hh=weights["b_hh"])
+        say(f"  outputs of the first 64 steps, prnn-tvm against FlashRNN: max abs difference "
+            f"{(torch.from_dlpack(got).float() - check).abs().max().item():.2e}")
+    say("")
+
+
+def case_slstm():
+    heads, D = 12, H // 12
+    say(f"## sLSTM, {heads} heads of {D}: hidden {H}, batch {B}, T={T}, bf16")
+    say("")
+    Wx, R, b = flashrnn_inputs(heads, D, BF16, grad=True)
+    theirs = flashrnn_times("slstm", Wx, R, b)
+    layer = ours("slstm", heads, "bfloat16")
+    xp = flashrnn.projection(Wx.detach()).float().contiguous()
+    weights = {"R": flashrnn.recurrent(R.detach()).contiguous(), "b_hh": flashrnn.bias(b.detach()).contiguous()}
+    x = torch.randn(T, B, H, device="cuda", dtype=BF16)
+    full = {"W_ih": torch.randn(4 * H, H, device="cuda", dtype=BF16) / math.sqrt(H),
+            "b_ih": torch.zeros(4 * H, device="cuda", dtype=BF16), **weights}
+    recurrent, call = our_times(layer, xp, x, full)
+    say(f"forward ms: FlashRNN {theirs}; prnn-tvm recurrent {recurrent:.3f}, public call {call:.3f}; "
+        f"{best(theirs) / recurrent:.2f}x FlashRNN's best")
+    with torch.no_grad():
+        check = flashrnn.states(flashrnn.call("slstm", Wx[:, :64], R, b, "cuda_fused", "bfloat16"), 0).float()
+    got, _ = layer.recurrent(xp[:64].contiguous(), **weights)
+    say(f"outputs of the first 64 steps, prnn-tvm against FlashRNN: relative difference "
+        f"{relative_error(torch.from_dlpack(got).float().cpu().numpy(), check.cpu().numpy()):.2e}")
+
+    def flashrnn_step(backend):
+        for t in (Wx, R, b):
+            t.grad = None
+        out = flashrnn.call("slstm", Wx, R, b, backend, "bfloat16")
+        out[0].float().square().sum().backward()
+
+    training = compile_training(layer)
+    say(f"prnn-tvm training kernels: {training.report}")
+    plan = layer.plan
+    names = [a.name for a in training.backward.signature.launches[0].args if a.role.written]
+    d_out = torch.randn(T, B, H, device="cuda")
+
+    def our_step():  # the training forward, the backward, then R's gradient: one GEMM and its heads' blocks
+        _, (*_, saved) = training.forward(xp=xp, **weights)
+        first, rest = training.backward(xp=xp, saved=saved, d_out=d_out, **weights,
+                                        **{f"d_{s.name}_n": torch.zeros(B, H, device="cuda") for s in plan.states})
+        d = dict(zip(names, (first, *rest)))
+        gates = torch.from_dlpack(d["d_gates"]).reshape(T * B, -1)
+        h = torch.from_dlpack(saved)[:, :, :H].reshape(T * B, H)
+        dense = gates.t() @ h
+        rows = torch.arange(4 * H, device="cuda")
+        return dense[rows[:, None], (rows % H // D * D)[:, None] + torch.arange(D, device="cuda")[None, :]]
+
+    ours_ms = ms(our_step)
+    found = {}
+    for backend in flashrnn.BACKENDS:
+        try:
+            found[backend] = ms(lambda backend=backend: flashrnn_step(backend))
+        except Exception as err:
+            found[backend] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+    say(f"training step ms: FlashRNN {found}; prnn-tvm {ours_ms:.3f}; {best(found) / ours_ms:.2f}x FlashRNN's best")
+    say("")
+
+
+def case_layernorm():
+    hidden, batch, steps = 1024, 8, 256
+    say(f"## Layer-normalized LSTM: hidden {hidden}, batch {batch}, T={steps}, fp16")
+    say("")
+    layer = ours("lstm_layernorm", 1, "float16", hidden, batch)
+    plain = ours("lstm", 1, "float16", hidden, batch)
+    dtype = torch.float16
+    W = torch.randn(4 * hidden, hidden, device="cuda", dtype=dtype) / math.sqrt(hidden)
+    W_ih = torch.randn(4 * hidden, hidden, device="cuda", dtype=dtype) / math.sqrt(hidden)
+    x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
+    zeros4, ones4 = (torch.zeros(4 * hidden, device="cuda", dtype=dtype), torch.ones(4 * hidden, device="cuda",
+                                                                                        dtype=dtype))
+    zeros, ones = torch.zeros(hidden, device="cuda", dtype=dtype), torch.ones(hidden, device="cuda", dtype=dtype)
+    params = {"W_ih": W_ih, "b_ih": zeros4, "W_hh": W, "ln_x_g": ones4, "ln_x_b": zeros4, "ln_h_g": ones4,
+              "ln_h_b": zeros4, "ln_c_g": ones, "ln_c_b": zeros}
+    ours_ms = ms(lambda: layer(x, **params))
+    plain_ms = ms(lambda: plain(x, W_ih=W_ih, b_ih=zeros4, W_hh=W, b_hh=zeros4))
+    ln_x, ln_h = torch.nn.LayerNorm(4 * hidden).cuda().to(dtype), torch.nn.LayerNorm(4 * hidden).cuda().to(dtype)
+    ln_c = torch.nn.LayerNorm(hidden).cuda().to(dtype)
+    state = [torch.zeros(batch, hidden, device="cuda", dtype=dtype) for _ in range(2)]
+    out = torch.empty(steps, batch, hidden, device="cuda", dtype=dtype)
+
+    def torch_loop():
+        xp = ln_x(x @ W_ih.t())  # the input's normalization: one GEMM and one LayerNorm for every step
+        h, c = state
+        for t in range(steps):
+            i, f, g, o = (xp[t] + ln_h(h @ W.t())).chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(ln_c(c))
+            out[t] = h
+
+    torch_loop()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch_loop()
+    graph_ms = ms(graph.replay)
+    got, _ = layer(x, **params)
+    torch_loop()
+    say(f"prnn-tvm {ours_ms:.3f} ms; torch LayerNorm + LSTM step loop as a CUDA graph {graph_ms:.3f} ms "
+        f"({graph_ms / ours_ms:.2f}x); prnn-tvm plain LSTM {plain_ms:.3f} ms ({ours_ms / plain_ms:.2f}x of it); "
+        f"outputs against the loop's: max abs difference "
+        f"{(torch.from_dlpack(got).float() - out.float()).abs().max().item():.2e}")
+    say("")
+
+
+for case in args.cases:
+    {"heads": case_heads, "slstm": case_slstm, "layernorm": case_layernorm}[case]()
+if args.out:
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")

@@ -1,0 +1,116 @@
+"""Sums over every hidden unit of a row (``CellPlan.unit_sums``: ``c.sum``, ``c.mean``) in the persistent templates.
+
+A row's units live in every block, so a sum meets across blocks, with the exchange the step already has between
+its phases (the plain one: a kind that polls values is refused, ``Barrier.problem``):
+
+    phase p    each (batch row, unit) item adds its share of each sum the next phase reads (``CellPlan.sums_of``)
+               into shared memory; after a block barrier a thread per (sum, batch row) adds the block's shares up
+               (its units in order) and writes the block's partial sum to the workspace (float32, a slot per step
+               parity), then the grid barrier between the phases
+    phase p+1  a thread per (sum, batch row) adds every block's partial up (blocks in order: the same total in
+               every block, run after run), into shared memory; a block barrier; every item reads the total
+
+Shared memory, after the template's own (``Geometry.smem_us``): the shares ``[sum][batch row][unit of the
+block]`` and the totals ``[sum][batch row]``, float32. The workspace holds the partial sums after the operands'
+slots, as float32 ``[sum][parity][batch row][block]`` (``sum_slots`` more slots).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from prnn_tvm.codegen.barriers.base import sync_threads
+from prnn_tvm.dtypes import itemsize
+
+SUM_DTYPE = "float32"
+
+
+def unit_sum_bytes(plan, batch: int, units: int) -> int:
+    """Shared memory a block keeps the shares and totals of ``plan``'s sums over units in."""
+    return itemsize(SUM_DTYPE) * len(plan.unit_sums) * batch * (units + 1)
+
+
+def sum_slots(plan, slot_elements: int, storage: str, ctas: int) -> int:
+    """Workspace slots (of ``slot_elements`` ``storage`` values) the partial sums of ``ctas`` blocks take."""
+    if not plan.unit_sums:
+        return 0
+    needed = len(plan.unit_sums) * 2 * plan.batch * ctas * itemsize(SUM_DTYPE)
+    return math.ceil(needed / (slot_elements * itemsize(storage)))
+
+
+class UnitSumExchange:
+    """Mixin of the template's builder (``persistent_cuda.PersistentBuilder``): the shares, partial sums and
+    totals of the plan's sums over units. Uses the builder's ``p``, ``g``, ``c``, ``B``, ``H``, ``tx``, ``cta``,
+    ``a`` and the products mixin's ``unit_sum_memory()`` (the shared allocation and the word the sums start at)."""
+
+    def alloc_unit_sums(self, operand_slots: int):
+        """Views of shared memory and of the workspace (after its ``operand_slots`` slots) for the sums."""
+        sums = self.p.unit_sums
+        self.sum_index = {us.name: i for i, us in enumerate(sums)}
+        if not sums:
+            return
+        n, B, U = len(sums), self.B, self.c.units_per_cta
+        memory, first = self.unit_sum_memory()
+        self.shares = T.decl_buffer((n * B * U,), SUM_DTYPE, data=memory.data, elem_offset=first)
+        self.totals = T.decl_buffer((n * B,), SUM_DTYPE, data=memory.data, elem_offset=first + n * B * U)
+        self.sum_acc = T.alloc_buffer((1,), SUM_DTYPE, scope="local")
+        ws = self.a.ws
+        slot = math.prod(int(d) for d in ws.shape[1:])
+        offset = operand_slots * slot * itemsize(ws.dtype) // itemsize(SUM_DTYPE)
+        self.partials = T.decl_buffer((n * 2 * B * self.g.ctas,), SUM_DTYPE, data=ws.data, elem_offset=offset)
+
+    def unit_sum(self, name: str, b):
+        """The total of sum ``name`` for batch row ``b`` (in shared memory from the phase that reads it on)."""
+        return self.totals[self.sum_index[name] * self.B + b]
+
+    def add_share(self, name: str, b, ul, share):
+        """This item's (unit ``ul`` of the block) share of sum ``name`` for row ``b``."""
+        T.buffer_store(self.shares, share, [(self.sum_index[name] * self.B + b) * self.c.units_per_cta + ul])
+
+    def per_row(self, sums, body):
+        """``body(i, b)`` for each (sum ``i``: the plan's index of one of ``sums``; batch row ``b``), a thread each."""
+        work = len(sums) * self.B
+        for k in range(-(-work // self.g.threads)):
+            idx = k * self.g.threads + self.tx
+            with T.If(idx < work):
+                with T.Then():
+                    which = tirx.const(self.sum_index[sums[0].name], "int32")
+                    for j, us in enumerate(sums[1:], start=1):
+                        which = T.if_then_else(idx // self.B == j, self.sum_index[us.name], which)
+                    body(which, idx % self.B)
+
+    def sum_partials(self, t, phase: int):
+        """End of ``phase``: the block's partial sum of each sum the next phase reads, to the workspace."""
+        sums = self.p.sums_of(phase)
+        if not sums:
+            return
+        U, B, total = self.c.units_per_cta, self.B, self.sum_acc
+        sync_threads()
+        units = T.min(U, self.H - self.cta * U)  # the last block's units past hidden hold no share
+
+        def body(i, b):
+            T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
+            with T.serial(0, units) as ul:
+                T.buffer_store(total, total[0] + self.shares[(i * B + b) * U + ul], [0])
+            T.buffer_store(self.partials, total[0], [((i * 2 + t % 2) * B + b) * self.g.ctas + self.cta])
+
+        self.per_row(sums, body)
+
+    def sum_totals(self, t, phase: int):
+        """Start of ``phase``: every block's partial of each sum it reads from now on, added up in block order."""
+        sums = [us for us in self.p.unit_sums if us.phase == phase]
+        if not sums:
+            return
+        B, ctas, total = self.B, self.g.ctas, self.sum_acc
+
+        def body(i, b):
+            T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
+            with T.serial(0, ctas) as cta:
+                T.buffer_store(total, total[0] + self.partials[((i * 2 + t % 2) * B + b) * ctas + cta], [0])
+            T.buffer_store(self.totals, total[0], [i * B + b])
+
+        self.per_row(sums, body)
+        sync_threads()

@@ -1,0 +1,95 @@
+"""Head-wise products, sLSTM and sums over units on a real GPU (``pytest -m gpu``): every dtype against the float64
+reference under the GPU's own memory order, each kind of synchronization a head-wise layer takes (``block``:
+none between blocks; ``tags``: a block waits for its head's blocks only), the GPU training kernels of heads, and
+a timing that says whether a block-local step beats the grid-synchronized one (printed; the targets are the
+benchmark's, ``bench/flashrnn.py``)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.checks import max_abs_error, relative_error, time_layer, worst
+from prnn_tvm.compiler import compile_training
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
+from prnn_tvm.schedules import by_name
+from prnn_tvm.verify.emulator import projection
+
+from .test_emulated import gradients_from
+
+pytestmark = pytest.mark.gpu
+
+
+def error_of(layer, seq_len, seed=0, lengths=None):
+    inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
+    if lengths is not None:
+        inputs["lengths"] = lengths
+    return max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("cell, hidden, batch", [
+    ("lstm_h48", 768, 16), ("lstm_h24", 768, 16), ("lstm_h12", 768, 16), ("lstm_h6", 768, 16), ("lstm_h3", 768, 16),
+    ("slstm_h12", 768, 16), ("slstm_h4", 512, 4), ("slstm", 256, 8), ("gru_cho_h4", 512, 5), ("lstm_h7", 7, 3),
+    ("lstm_layernorm", 1024, 8), ("lstm_layernorm", 256, 1), ("lstm_layernorm", 33, 3),
+])
+def test_defaults_match_the_reference(cell, hidden, batch, dtype):
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda")
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (1, 7, 256):
+        err = error_of(layer, seq_len, seed=seq_len, lengths=random_lengths(batch, seq_len, seed=seq_len))
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("barrier", ["block", "tags", "counter", "grid_sync"])
+@pytest.mark.parametrize("cell", ["lstm_h12", "slstm_h12"])
+def test_every_synchronization_of_one_head_placement(cell, barrier, dtype):
+    """The default placement (a head a block, or two) under each kind: block needs no grid barrier, tags waits for
+    the head's blocks, counter and grid_sync for every block; the same numbers within the bound."""
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda")
+    config = dataclasses.replace(layer.kernel.config, barrier=barrier)
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
+    assert error_of(layer, 64, seed=4) <= tolerance(dtype, 64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("cell, hidden, batch", [("lstm_h4", 512, 4), ("slstm_h12", 768, 16), ("gru_cho_h2", 256, 3)])
+def test_the_training_kernels_of_heads(cell, hidden, batch, dtype):
+    """The saving forward and the GPU backward run on the GPU, every argument's gradient assembled as prnn_tvm.torch
+    does (``test_emulated.gradients_from``), against the plan's in float64 (emulated twin: test_heads_cuda.py)."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda")
+    training = compile_training(layer)
+    assert all(", 0 spill bytes" in line for line in training.report.splitlines()), training.report
+    inputs = random_inputs(layer.plan, 16, layer.input_size)
+    rng = np.random.default_rng(1)
+    d_out = rng.standard_normal((16, batch, hidden)).astype(np.float32)
+    d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(np.float32) for s in layer.plan.states}
+    args = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
+    xp = projection(inputs, "float32")
+    _, (*_, saved) = training.forward(xp=xp, **args)
+    first, rest = training.backward(xp=xp, saved=saved, d_out=d_out, **{f"d_{s}_n": v for s, v in d_finals.items()},
+                                    **args)
+    written = [a.name for a in training.backward.signature.launches[0].args if a.role.written]
+    got = gradients_from(layer.plan, inputs, dict(zip(written, (first, *rest))), saved, layer.input_size)
+    want = plan_gradients(layer.plan, inputs, d_out, d_finals)
+    bound = 1e-4 if dtype == "float32" else 5e-2
+    assert worst(relative_error(got[n], want[n]) for n in want) <= bound
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_head_a_block_against_the_grid(dtype, capsys):
+    """12 heads of 64 at hidden 768, batch 16: the default (a head a block, ``block``) and the best grid-wide
+    placement the template ranks, timed (recurrent kernel, us per step); printed for the run's notes."""
+    plan_layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype=dtype, target="cuda")
+    template = by_name(plan_layer.report.template)
+    grid = next(cfg for cfg in template.default_configs(plan_layer.plan, plan_layer.target, plan_layer.gpu)
+                if cfg.barrier != "block")
+    grid_layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype=dtype, target="cuda", config=grid)
+    local, wide = (time_layer(layer, 256).per_step_s * 1e6 for layer in (plan_layer, grid_layer))
+    with capsys.disabled():
+        print(f"\nlstm_h12 768x16 {dtype}: block {local:.2f} us/step ({plan_layer.report.config}), grid {wide:.2f} "
+              f"us/step ({grid_layer.report.config})")
+    assert local > 0 and wide > 0
