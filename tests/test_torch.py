@@ -465,7 +465,8 @@ def test_a_generic_lstm_equals_torch_nn_stacked_and_bidirectional():
     assert max_error([(out, want), (h, wh), (c, wc)]) <= tolerance("float32", 8)
 
 
-@pytest.mark.parametrize("cell, layers, bidirectional", [(TWO_STATE, 1, False), ("gru_cho", 2, True)])
+@pytest.mark.parametrize("cell, layers, bidirectional", [(TWO_STATE, 1, False), ("gru_cho", 2, True),
+                                                         ("lstm_h2", 2, False)])  # head-wise weights
 def test_a_user_defined_cell_trains_with_no_extra_code(cell, layers, bidirectional):
     """gradcheck of input, states and every parameter through the backward derived from the cell's plan."""
     torch.manual_seed(5)

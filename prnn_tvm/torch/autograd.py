@@ -77,6 +77,10 @@ class CudaBackprop(torch.autograd.Function):
             gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(T * B, r.slices * H)
             i = where[r.operand]
             dW = gates.t() @ saved[:, :, i * H:(i + 1) * H].reshape(T * B, H)
+            if r.heads > 1:  # a head-wise weight: each row's head's columns of the dense gradient
+                D = H // r.heads
+                rows = torch.arange(dW.shape[0], device=dW.device)
+                dW = dW.gather(1, (rows % H // D * D)[:, None] + torch.arange(D, device=dW.device)[None, :])
             d[f"d_{r.weight}"] = d[f"d_{r.weight}"] + dW if f"d_{r.weight}" in d else dW
             column += r.slices * H
         d.update({f"d_{q.name}": d[f"d_{q.name}_rows"].sum(0) for q in plan.params})

@@ -81,7 +81,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size * directions
             shapes = {"W_ih": (plan.input.slices * hidden_size, width), "b_ih": (plan.input.slices * hidden_size,)}
-            shapes.update({s.name: (s.slices * hidden_size, hidden_size) for s in plan.weights})
+            shapes.update(plan.weight_shapes())  # (slices * hidden, hidden / heads): a head-wise weight's blocks
             shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
             for direction in range(directions):
                 for arg, name in self._names.items():
