@@ -163,11 +163,19 @@ def unlaunchable(kernel, built, gpu) -> str:
             f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
 
 
+def _names(logs) -> str:
+    """The logs a compile read, by file name (by path where two share a name); a missing one is left out,
+    unless none exists."""
+    shown = [Path(p) for p in logs if Path(p).is_file()] or [Path(p) for p in logs]
+    names = [p.name for p in shown]
+    return ", ".join(names if len(set(names)) == len(names) else map(str, shown))
+
+
 def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
     """(the fastest recorded configs of ``plan`` for any of ``templates`` as choices, best first, at most
     ``TUNED_CANDIDATES``, "") or ([], why the default is used)."""
     if logs is None:
-        logs = [records.default_log(gpu.arch)]
+        logs = records.default_logs(gpu.arch)
     elif isinstance(logs, (str, Path)):
         logs = [logs]
     if not logs:
@@ -195,7 +203,7 @@ def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
             reason = f"{record.per_step_s * 1e6:.2f} us/step measured{measured_for} on {record.device or key.arch}"
             ranked.append((record.per_step_s, key, ConfigChoice(cfg, ConfigOrigin.TUNED, reason, template=template)))
     if not recorded:
-        where = ", ".join(Path(p).name for p in logs)
+        where = _names(logs)
         other = "; ".join(n for n in near if n)
         if other:
             log.info("%s: %s", plan.cell.name, other)

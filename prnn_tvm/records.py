@@ -185,8 +185,21 @@ def key_for(plan, gpu, template: str) -> TuneKey:
 
 
 def default_log(arch: str) -> Path:
-    """The shipped log for ``arch`` (``tuning_logs/<arch>.jsonl`` inside the package)."""
+    """The shipped log for ``arch`` (``tuning_logs/<arch>.jsonl`` inside the package): read, never written."""
     return Path(str(resources.files("prnn_tvm.tuning_logs"))) / f"{arch}.jsonl"
+
+
+def user_log(arch: str) -> Path:
+    """Where ``prnn-tvm tune`` writes this user's records for ``arch`` by default:
+    ``$XDG_DATA_HOME/prnn-tvm/tuning_logs/<arch>.jsonl``, else under ``~/.local/share``."""
+    base = os.environ.get("XDG_DATA_HOME") or ""
+    data = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    return data / "prnn-tvm" / "tuning_logs" / f"{arch}.jsonl"
+
+
+def default_logs(arch: str) -> list[Path]:
+    """The logs a compile reads when none are named: the shipped one, then the user's (:func:`user_log`)."""
+    return [default_log(arch), user_log(arch)]
 
 
 def _is_int(value) -> bool:

@@ -70,7 +70,9 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     strategy : str
         ``"xgb"`` (cost-model search), ``"random"`` or ``"grid"`` (every config in order).
     log_path : path, optional
-        Where records are appended; default ``tuning_logs/<arch>.jsonl`` in the package.
+        Where records are appended; default the user's log (:func:`prnn_tvm.records.user_log`:
+        ``$XDG_DATA_HOME/prnn-tvm/tuning_logs/<arch>.jsonl``), which compiles read after the shipped one. The
+        shipped logs in the package are never written.
     runner : optional
         Default: a :class:`~prnn_tvm.tune.measure.GpuRunner` on the local GPU (tuning
         needs one; without it this raises ``PrnnError``).
@@ -101,7 +103,7 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
         raise PrnnError(f"the {template.name} template has no knobs to tune")
     space = ConfigSpace(plan, gpu, template)
     key = key_for(plan, gpu, template.name)
-    log_path = Path(log_path) if log_path is not None else records.default_log(gpu.arch)
+    log_path = Path(log_path) if log_path is not None else records.user_log(gpu.arch)
     result = TuneResult(key, log_path, len(space))
     measured = known_times(space, records.for_key(records.load(log_path), key))
     firsts = list(dict.fromkeys(i for c in first if (i := space.index(c)) is not None))
