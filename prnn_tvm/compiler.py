@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from .cache import layers as layer_cache
 from .choice import choose_and_build
 from .codegen.build import Built, build_functions, build_module
 from .codegen.kernel import Kernel, layer_signature
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int | None = None,
                  seq_len: int | None = None, dtype: str = "float32", target: str = "cuda",
                  arch: str | None = None, config=None, tuning_logs=None, layers: int = 1,
-                 bidirectional: bool = False) -> Layer:
+                 bidirectional: bool = False, cache: bool = True) -> Layer:
     """Compile a recurrent cell into a layer: input projection + recurrent kernel.
 
     Parameters
@@ -75,6 +76,11 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         is ``2 * hidden`` wide (forward, reverse). ``W_ih`` and ``b_ih`` are both directions' stacked
         (forward rows first); the cell's own arguments are named per direction, ``fwd_W_hh``,
         ``rev_h0``. Not with ``layers > 1`` (a layer above reads the whole of both directions).
+    cache : bool
+        Look the layer up in the on-disk layer cache first, and store it there once built (``prnn_tvm.cache``:
+        a later process gets it in milliseconds). False compiles it here whatever the cache holds; the
+        environment turns the cache off for every compile (``PRNN_TVM_CACHE=0``) and moves it
+        (``PRNN_TVM_CACHE_DIR``).
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
@@ -93,11 +99,17 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
     _check_index_range(layer_signature(plan, input_size))
-    kernel, built, choice = choose_and_build(plan, templates_for(plan, tgt), tgt, gpu,
-                                             lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
+    key = layer_cache.key_for(plan, input_size, seq_len, tgt, gpu, config, tuning_logs, layers, bidirectional, cache)
+    found = layer_cache.lookup(key, plan, tgt, gpu, input_size)
+    if found is not None:
+        return found
+    with layer_cache.warnings_logged() as warnings:
+        kernel, built, choice = choose_and_build(plan, templates_for(plan, tgt), tgt, gpu,
+                                                 lambda k: build_module(plan, k, input_size, tgt, gpu), config,
+                                                 tuning_logs)
     rep = _report(plan, kernel, built, input_size, seq_len, gpu, choice)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
-    return Layer(plan, kernel, built, input_size, tgt, gpu, rep)
+    return layer_cache.store(key, Layer(plan, kernel, built, input_size, tgt, gpu, rep), warnings)
 
 
 def compile_backward(layer: Layer) -> RuntimeLayer:
@@ -107,11 +119,16 @@ def compile_backward(layer: Layer) -> RuntimeLayer:
     ``(d_xp, (d_<weight>..., d_<param>..., d_<state>0...))`` (see ``signature.backward_args``). CPU
     builds only so far."""
     if layer._backward is None:
-        kernel = backward_for(layer.plan, layer.target)
-        signature = Signature(layer.plan.cell.name, layer.plan.batch, layer.plan.hidden, layer.input_size,
-                              layer.plan.dtype, (kernel.launch,))
-        module = build_functions({"recurrent_backward": kernel.func}, layer.target, None).module
-        plan = layer.plan
+        plan, key = layer.plan, layer_cache.backward_key(layer)
+        found = layer_cache.lookup_kernels(key, layer.target, None)
+        if found is not None:
+            module, (signature,), _ = found
+        else:
+            kernel = backward_for(plan, layer.target)
+            signature = Signature(plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype,
+                                  (kernel.launch,))
+            module = build_functions({"recurrent_backward": kernel.func}, layer.target, None).module
+            module = layer_cache.store_kernels(key, module, [signature], None, layer.target, None, {})
         widest = max(plan.input.slices, len(plan.states), sum(r.slices for r in plan.reductions))
         layer._backward = _BackwardLayer(signature, module, plan.batch * plan.hidden * widest)
     return layer._backward
@@ -163,36 +180,51 @@ def compile_training(layer: Layer) -> Training:
     half layer needs a float32 layer's registers), saying so; the CPU build trains every layer
     (:func:`compile_backward`)."""
     if layer._training is None:
-        plan, target, gpu = layer.plan, layer.target, layer.gpu
-        if target.kind.name != "cuda":
+        if layer.target.kind.name != "cuda":
             raise ConfigError("compile_training builds CUDA layers' training kernels; a CPU layer's backward is "
                               "compile_backward(layer)")
-        try:
-            save = saving_forward(plan, target, gpu, layer.kernel.config)
-            backwards = gpu_backward(plan, gpu)
-        except ConfigError as err:
-            widened = (f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens
-                       else "")
-            raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
-        for backward in backwards:
-            built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)
-            if built.ptxas is None or not built.ptxas.function("recurrent_backward").spills:
-                break  # else the next, with fewer weights per thread (the last is kept, spills said below)
-        runtimes, lines = [], []
-        for kernel in (save, backward):
-            launch = kernel.launch
-            fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
-            signature = Signature(plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype, (launch,))
-            if fn is not None:
-                signature = signature.with_grid(launch.function, registers=fn.registers,
-                                                static_smem_bytes=fn.static_smem_bytes)
-            runtimes.append(RuntimeLayer(signature, built.module, True, layer.barrier_timeout_us))
-            figures = (f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note)
-            lines.append(f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures}")
-        lines[-1] += f" ({' '.join(f'{k}={v}' for k, v in backward.config.as_dict().items())})"
-        layer._training = Training(plan, *runtimes, "\n".join(lines))
-        log.info("training kernels of %s: %s", plan.cell.name, "; ".join(lines))
+        key = layer_cache.training_key(layer)
+        found = layer_cache.lookup_kernels(key, layer.target, layer.gpu)
+        if found is not None:
+            module, signatures, info = found
+            report = info["report"]
+        else:
+            signatures, built, report = _build_training(layer)
+            module = layer_cache.store_kernels(key, built.module, signatures, built.source, layer.target, layer.gpu,
+                                               {"report": report})
+        runtimes = [RuntimeLayer(signature, module, True, layer.barrier_timeout_us) for signature in signatures]
+        layer._training = Training(layer.plan, *runtimes, report)
+        log.info("training kernels of %s: %s", layer.plan.cell.name, report.replace("\n", "; "))
     return layer._training
+
+
+def _build_training(layer: Layer) -> tuple[list, Built, str]:
+    """The signatures of the saving forward and the backward of a CUDA ``layer``, their module and the report."""
+    plan, target, gpu = layer.plan, layer.target, layer.gpu
+    try:
+        save = saving_forward(plan, target, gpu, layer.kernel.config)
+        backwards = gpu_backward(plan, gpu)
+    except ConfigError as err:
+        widened = (f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens
+                   else "")
+        raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
+    for backward in backwards:
+        built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)
+        if built.ptxas is None or not built.ptxas.function("recurrent_backward").spills:
+            break  # else the next, with fewer weights per thread (the last is kept, spills said below)
+    signatures, lines = [], []
+    for kernel in (save, backward):
+        launch = kernel.launch
+        fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
+        signature = Signature(plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype, (launch,))
+        if fn is not None:
+            signature = signature.with_grid(launch.function, registers=fn.registers,
+                                            static_smem_bytes=fn.static_smem_bytes)
+        signatures.append(signature)
+        figures = (f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note)
+        lines.append(f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures}")
+    lines[-1] += f" ({' '.join(f'{k}={v}' for k, v in backward.config.as_dict().items())})"
+    return signatures, built, "\n".join(lines)
 
 
 def _check_index_range(signature) -> None:

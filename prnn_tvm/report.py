@@ -59,6 +59,12 @@ class CompileReport:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> CompileReport:
+        """The report :meth:`as_dict` gave (after a JSON round trip)."""
+        return cls(**{**d, "config_origin": ConfigOrigin(d["config_origin"]),
+                      "config_passed_over": tuple(d["config_passed_over"])})
+
     def format(self) -> str:
         lines = [
             f"cell        {self.cell} (math hash {self.fingerprint})",

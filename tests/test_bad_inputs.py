@@ -368,7 +368,7 @@ def _(lstm, good, tmp_path):
 
 @case("loading a TVM library without prnn-tvm's metadata")
 def _(lstm, good, tmp_path):
-    lstm.module.export_library(str(tmp_path / "plain.so"))
+    lstm.compiled_module().export_library(str(tmp_path / "plain.so"))
     prnn_tvm.load(tmp_path / "plain.so")
 
 

@@ -88,6 +88,11 @@ def rewriting_sources(rewrite):
         _REWRITES.remove(rewrite)
 
 
+def rewriting() -> bool:
+    """Whether a :func:`rewriting_sources` block is running (builds are instrumented, not what TVM generated)."""
+    return bool(_REWRITES)
+
+
 def _compiled_source(code: str, plain: set[str]) -> str:
     """What a build compiles of TVM's CUDA ``code``: :func:`coherent_exchange`, then any :func:`rewriting_sources`."""
     code = coherent_exchange(code, plain)

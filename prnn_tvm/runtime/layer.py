@@ -10,6 +10,8 @@ tensors, which speak DLPack, come back).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import tvm
 
 from ..codegen.build import Built
@@ -17,6 +19,7 @@ from ..codegen.kernel import Kernel, layer_signature
 from ..errors import PrnnError
 from ..frontend.plan import CellPlan
 from ..report import CompileReport
+from ..signature import Signature
 from ..target import GpuSpec, local_gpu
 from .base import RuntimeLayer
 
@@ -34,26 +37,71 @@ class Layer(RuntimeLayer):
     returns NumPy, else by the next call or :meth:`check` (see :class:`RuntimeLayer`);
     ``debug_stall_step`` (tests only) makes block 0 skip its arrival at that step, forcing the
     timeout path.
+
+    A layer from the layer cache (:meth:`restored`) runs its cached library's module, and ``library`` is that
+    library's path (None for a layer built in this process), written with ``library_metadata``; its ``kernel``
+    is made again when first asked for.
     """
 
     def __init__(self, plan: CellPlan, kernel: Kernel, built: Built, input_size: int, target: tvm.target.Target,
                  gpu: GpuSpec | None, report: CompileReport):
-        self.plan, self.kernel = plan, kernel
-        self.target, self.gpu = target, gpu
-        self.report, self.cuda_source = report, built.source
-        self._backward = None  # its backward, once compiled (prnn_tvm.compiler.compile_backward)
-        self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
         signature = layer_signature(plan, input_size, kernel.launch)
         if kernel.launch.grid is not None:  # the co-residency check wants ptxas's figures where there are any
             grid = kernel.launch.grid
             signature = signature.with_grid(kernel.launch.function, registers=report.registers or grid.registers,
                                             static_smem_bytes=report.static_smem_bytes or 0)
-        super().__init__(signature, built.module, target.kind.name == "cuda")
+        imports = built.module.imports
+        self._setup(plan, signature, built.module, report, built.source, target, gpu,
+                    bool(imports) and imports[0].kind == "cuda")
+        self._kernel = kernel
+
+    @classmethod
+    def restored(cls, plan: CellPlan, signature: Signature, module, report: CompileReport, cuda_source: str | None,
+                 target: tvm.target.Target, gpu: GpuSpec | None, library: Path, metadata: dict, rebuild) -> Layer:
+        """A layer from a library of an equal layer (the layer cache's), written with ``metadata``: ``module`` is
+        the library's, loaded, or None where it cannot run here (a CUDA layer for another GPU, or none).
+        ``rebuild`` makes what the library does not hold, when asked: ``rebuild.kernel()`` the template's
+        kernel, ``rebuild.module()`` the compiled module."""
+        layer = cls.__new__(cls)
+        layer._setup(plan, signature, module, report, cuda_source, target, gpu, module is not None)
+        layer.library, layer.library_metadata, layer._rebuild = library, metadata, rebuild
+        return layer
+
+    def _setup(self, plan, signature, module, report, cuda_source, target, gpu, loaded: bool) -> None:
+        self.plan, self.target, self.gpu = plan, target, gpu
+        self.report, self.cuda_source = report, cuda_source
+        self.library, self.library_metadata, self._rebuild, self._kernel = None, None, None, None
+        self._backward = None  # its backward, once compiled (prnn_tvm.compiler.compile_backward)
+        self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
+        self.cache_key = None  # its key in the layer cache (prnn_tvm.cache), which its backward's extends
+        self._gpu_code = loaded  # a CUDA layer whose module holds code this process can launch
+        super().__init__(signature, module, target.kind.name == "cuda")
+
+    @property
+    def kernel(self) -> Kernel:
+        """The schedule template's kernel (PrimFunc, launch, config)."""
+        if self._kernel is None:
+            self._kernel = self._rebuild.kernel()
+        return self._kernel
+
+    @property
+    def module(self):
+        """The TVM runtime module holding the layer's functions."""
+        if self._module is None:
+            self._module = self._rebuild.module()
+        return self._module
+
+    @module.setter
+    def module(self, value) -> None:
+        self._module = value
+
+    def compiled_module(self):
+        """The module as TVM compiled it, which ``export_library`` can write (a restored layer's is built again)."""
+        return self.module if self.library is None else self._rebuild.module()
 
     @property
     def device(self) -> tvm.runtime.Device:
-        if self.is_cuda and (local_gpu() is None or not self.module.imports
-                             or self.module.imports[0].kind != "cuda"):
+        if self.is_cuda and (local_gpu() is None or not self._gpu_code):
             raise PrnnError("this layer was compiled for CUDA on a machine without a usable GPU, so it holds "
                             "CUDA source only; compile it where the GPU is (or use target='llvm' to run on the CPU)")
         return super().device
