@@ -5,6 +5,9 @@
     prnn-tvm records show
     prnn-tvm bench --cells lstm --hidden 1024 --batch 4 16
     prnn-tvm cells
+    prnn-tvm cache list
+
+Each command imports what it needs when it runs (TVM, the tuner, the benchmark): ``--help`` does not wait for them.
 """
 
 from __future__ import annotations
@@ -16,15 +19,9 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from . import compile_cell, compile_training, records
-from .checks import check_against_reference, check_gradients, time_layer
 from .dtypes import GPU_DTYPES, tolerance
 from .errors import CellError, ConfigError, PrnnError
-from .frontend.registry import builtin_cells
-from .schedules import knob_text
 from .target import known_archs, local_gpu, parse_arch
-from .tune import tune
-from .tune.search import STRATEGIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-check", action="store_true", help="skip the CPU reference check")
     records_or_not = c.add_mutually_exclusive_group()
     records_or_not.add_argument("--log", type=Path, default=None, help="tuning log to take the config from "
-                                "(default: the shipped tuning_logs/<arch>.jsonl)")
+                                "(default: the shipped tuning_logs/<arch>.jsonl and the user's)")
     records_or_not.add_argument("--default-config", action="store_true", help="ignore tuning records")
     c.set_defaults(func=cmd_compile)
 
@@ -98,18 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dtype(t)
     t.add_argument("--trials", type=_positive, default=64, help="configs to measure (default 64)")
     t.add_argument("--batch-size", type=_positive, default=16, help="configs per search round (default 16)")
-    t.add_argument("--search", choices=sorted(STRATEGIES), default="xgb",
-                   help="xgb (cost model, default), random, or grid (every valid config)")
+    t.add_argument("--search", default="xgb", help="xgb (cost model, default; needs xgboost: pip install "
+                   "'prnn-tvm[tune]'), random, or grid (every valid config)")
     t.add_argument("--workers", type=_positive, default=min(8, os.cpu_count() or 1), help="build processes")
-    t.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
+    t.add_argument("--log", type=Path, default=None, help="records file to append to (default: the user's "
+                   "$XDG_DATA_HOME/prnn-tvm/tuning_logs/<arch>.jsonl, which compile reads after the shipped log)")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_tune)
 
     r = sub.add_parser("records", help="inspect tuning records")
     r.add_argument("action", choices=["show", "best"], help="show: a summary per key; best: each key's best config")
     which = r.add_mutually_exclusive_group()
-    which.add_argument("--log", type=Path, default=None, help="records file (default: tuning_logs/<arch>.jsonl)")
-    which.add_argument("--arch", type=_arch, default=None, help="which shipped log (default sm_90)")
+    which.add_argument("--log", type=Path, default=None, help="records file (default: the shipped "
+                       "tuning_logs/<arch>.jsonl, then the user's, which prnn-tvm tune writes)")
+    which.add_argument("--arch", type=_arch, default=None, help="which logs (default sm_90)")
     r.add_argument("--cell", default=None, help="only this cell (name)")
     r.set_defaults(func=cmd_records)
 
@@ -132,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cells = sub.add_parser("cells", help="list the built-in cells")
     cells.set_defaults(func=cmd_cells)
+
+    k = sub.add_parser("cache", help="inspect or empty the on-disk cache of compiled layers")
+    k.add_argument("action", choices=["list", "info", "clear"], help="list: an entry a line, most recently used "
+                   "first; info: where the cache is, its size and bound; clear: remove every entry")
+    k.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -154,6 +158,9 @@ def _spec(args) -> str:
 
 
 def cmd_compile(args) -> int:
+    from .checks import check_against_reference, check_gradients, time_layer
+    from .compiler import compile_cell
+
     args.cell = _spec(args)
     gpu = local_gpu()
     arch = args.arch or (None if gpu is not None else "sm_90")
@@ -197,6 +204,8 @@ def cmd_compile(args) -> int:
 def _print_training(layer) -> None:
     """The GPU training kernels of ``layer`` (saving forward, persistent backward): ptxas's figures, or why
     there are none."""
+    from .compiler import compile_training
+
     try:
         training = compile_training(layer)
     except ConfigError as err:
@@ -207,6 +216,9 @@ def _print_training(layer) -> None:
 
 
 def cmd_tune(args) -> int:
+    from .schedules import knob_text
+    from .tune import tune
+
     args.cell = _spec(args)
     res = tune(args.cell, args.hidden, args.batch, seq_len=args.seq, dtype=args.dtype, trials=args.trials,
                batch_size=args.batch_size, strategy=args.search, log_path=args.log, workers=args.workers,
@@ -224,11 +236,23 @@ def cmd_tune(args) -> int:
 
 
 def cmd_records(args) -> int:
-    path = args.log or records.default_log(args.arch or "sm_90")
+    from . import records
+
+    arch = args.arch or "sm_90"
+    for path in [args.log] if args.log else records.default_logs(arch):
+        _show_records(args, path)
+    return 0
+
+
+def _show_records(args, path) -> None:
+    """``prnn-tvm records`` of one log."""
+    from . import records
+    from .schedules import knob_text
+
     recs = [r for r in records.load(path) if args.cell in (None, r.cell)]
     if not recs:
         print(printable(f"no records in {path}" + (f" for cell {args.cell}" if args.cell else "")))
-        return 0
+        return
     keys = list(dict.fromkeys(r.key for r in recs))
     print(printable(f"{path}: {len(recs)} records, {len(keys)} keys"))
     for key in keys:
@@ -242,7 +266,6 @@ def cmd_records(args) -> int:
                             f"{best_text}"))
         elif best is not None:
             print(printable(f"{what} {key.arch} {best.per_step_s * 1e6:7.2f} us/step  {knob_text(best.config)}"))
-    return 0
 
 
 def _add_bench_parser(sub) -> None:
@@ -311,6 +334,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from .compiler import compile_cell
     from .runtime.exporting import export
 
     args.cell = _spec(args)
@@ -326,12 +350,52 @@ def cmd_export(args) -> int:
 
 
 def cmd_cells(_args) -> int:
+    from .frontend.registry import builtin_cells
+
     cells = builtin_cells()
     width = max(map(len, cells))
     for name, cell in cells.items():
         first = next((line.strip() for line in cell.doc.splitlines() if line.strip()), "")
         print(f"{name:{width}s}  {first.replace('``', '')}")  # the docstring's reST literals as plain text
     return 0
+
+
+def cmd_cache(args) -> int:
+    import time
+
+    from .cache.settings import settings
+    from .cache.store import Store
+
+    config = settings()
+    store = Store(config.folder, config.max_bytes)
+    if args.action == "clear":
+        print(printable(f"removed {store.clear()} entries from {config.folder}"))
+        return 0
+    entries = store.entries()
+    if args.action == "info":
+        state = "on" if config.enabled else "off (PRNN_TVM_CACHE=0)"
+        print(printable(f"folder      {config.folder}"))
+        print(f"use         {state}")
+        print(f"entries     {len(entries)}, {sum(e.size for e in entries) / 2**20:.1f} MB of "
+              f"{config.max_bytes / 2**20:.0f} MB (PRNN_TVM_CACHE_MAX_MB; least recently used go first)")
+        return 0
+    now = time.time()
+    for e in entries:
+        d = e.info.get("describes", {})
+        shapes = f"batch={d.get('batch')} hidden={d.get('hidden')} input={d.get('input_size')}"
+        print(printable(f"{e.digest[:12]}  {e.info.get('kind', '?'):8s} {d.get('cell', '?'):14s} {shapes:32s} "
+                        f"{d.get('dtype', '?'):8s} {d.get('target', '?'):22s} {e.size / 2**10:7.0f} KB  "
+                        f"used {_age(now - e.last_used)} ago"))
+    if not entries:
+        print(printable(f"no compiled layers in {config.folder}"))
+    return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def main(argv: list[str] | None = None) -> int:

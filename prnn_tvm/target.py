@@ -2,6 +2,7 @@
 
 Known architectures carry the numbers of their flagship part (the H100 SXM for sm_90);
 on a machine with a GPU, :func:`gpu_spec` takes the SM count from the device itself.
+TVM is imported by the functions that need it: the command line names architectures without it.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-
-import tvm
 
 from .errors import ConfigError
 
@@ -54,8 +53,10 @@ class GpuSpec:
         1830 MHz its tensor figures assume, so the half floor errs low, as a floor may)."""
         return self.sms * self.tensor_flops_per_sm_clock * self.boost_clock_mhz * 1e6
 
-    def target(self) -> tvm.target.Target:
+    def target(self):
         """The TVM target for this GPU, with an LLVM host."""
+        import tvm
+
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host="llvm")
 
 
@@ -88,8 +89,10 @@ def parse_arch(arch: str) -> str:
     return name
 
 
-def local_gpu() -> tvm.runtime.Device | None:
-    """The first CUDA device, or None on a machine without a usable GPU."""
+def local_gpu():
+    """The first CUDA device (a ``tvm.runtime.Device``), or None on a machine without a usable GPU."""
+    import tvm
+
     try:
         dev = tvm.cuda(0)
         return dev if dev.exist else None

@@ -53,18 +53,28 @@ import logging
 import math
 import weakref
 
-import torch  # PyTorch itself: absolute import
+try:
+    import torch  # PyTorch itself: absolute import
+except ModuleNotFoundError as err:
+    if err.name != "torch":
+        raise
+    raise ModuleNotFoundError("prnn_tvm.torch needs PyTorch: pip install 'prnn-tvm[torch]' (from the repository: "
+                              "pip install -e '.[torch]')", name="torch") from err
 import tvm_ffi
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from prnn_tvm.compiler import compile_backward, compile_cell, compile_training
+from prnn_tvm.deferred import (  # the compiler (and TVM) at the first compile, not at import
+    analyze,
+    compile_backward,
+    compile_cell,
+    compile_training,
+    resolve,
+    split_direction_name,
+    split_layer_name,
+)
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError, InputError, LaunchError, UnsupportedError
-from prnn_tvm.frontend.analysis import analyze
-from prnn_tvm.frontend.directions import split_direction_name
-from prnn_tvm.frontend.registry import resolve
-from prnn_tvm.frontend.stack import split_layer_name
-from prnn_tvm.runtime.binding import ALIGNMENT, MAX_ELEMENTS, chunk_length
+from prnn_tvm.runtime.limits import ALIGNMENT, MAX_ELEMENTS, chunk_length
 from prnn_tvm.signature import ArgRole
 
 log = logging.getLogger(__name__)

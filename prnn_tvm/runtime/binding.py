@@ -22,15 +22,11 @@ import tvm_ffi
 from ..dtypes import itemsize
 from ..errors import InputError
 from ..signature import SEQ, Arg, ArgRole, Signature
+from .limits import ALIGNMENT, MAX_ELEMENTS, chunk_length  # noqa: F401  (the limits, re-exported)
 
-# Kernels index their buffers with 32-bit integers (TVM's default) and take buffers that start
-# at their allocation, so no launch may see a sequence buffer of 2^31 elements or more: a
-# longer sequence runs as several launches over consecutive pieces of it, each starting from
-# the states the one before ended with. Its pieces are copied into (inputs) and out of
+# A sequence past MAX_ELEMENTS runs in pieces (prnn_tvm.runtime.limits): they are copied into (inputs) and out of
 # (outputs) buffers of one piece's length, which also bounds the intermediates' memory.
-MAX_ELEMENTS = 2**31 - 1
 COPY = "copy"  # a step of a chunked call that is a copy, ``(COPY, (destination, source))``
-ALIGNMENT = 64  # bytes: what TVM allocates with and its kernels may assume of a buffer's start
 
 
 @dataclass(frozen=True)
@@ -121,13 +117,6 @@ def _values(launch, tensors: dict, owned, scalars: dict) -> list:
     """A launch's argument values: the layer's own buffers and scalars, else the named tensors."""
     return [owned(a) if a.role.owned else scalars[a.name] if a.role is ArgRole.SCALAR else tensors[a.name]
             for a in launch.args]
-
-
-def chunk_length(signature: Signature, seq_len: int) -> int:
-    """Steps per launch: all of them, unless a sequence buffer would reach :data:`MAX_ELEMENTS`."""
-    per_step = max((math.prod(int(d) for d in a.shape if d != SEQ) for x in signature.launches for a in x.args
-                    if SEQ in a.shape), default=1)
-    return min(seq_len, max(1, MAX_ELEMENTS // per_step))
 
 
 def check_memory(buffers: list, device) -> None:
