@@ -22,7 +22,7 @@ from .frontend.plan import CellPlan
 from .frontend.registry import resolve
 from .frontend.stack import stacked
 from .report import CompileReport
-from .runtime import binding
+from .runtime import limits
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
 from .schedules import backward_for, gpu_backward, saving_forward, templates_for
@@ -144,10 +144,10 @@ class _BackwardLayer(RuntimeLayer):
 
     def _bind(self, signature: Signature, args: tuple, kwargs: dict):
         call = super()._bind(signature, args, kwargs)
-        if call.chunks > 1 or call.seq_len * self.per_step > binding.MAX_ELEMENTS:
+        if call.chunks > 1 or call.seq_len * self.per_step > limits.MAX_ELEMENTS:
             raise InputError(f"backpropagation through {call.seq_len} steps needs buffers of "
                              f"{call.seq_len * self.per_step} elements, and kernels index with 32-bit integers (at "
-                             f"most {binding.MAX_ELEMENTS}): train on shorter pieces of the sequence (truncated "
+                             f"most {limits.MAX_ELEMENTS}): train on shorter pieces of the sequence (truncated "
                              "backpropagation through time)")
         return call
 
@@ -232,11 +232,11 @@ def _check_index_range(signature) -> None:
     has 2^31 elements or more (longer sequences run in chunks: ``prnn_tvm.runtime.binding``)."""
     for arg in signature.inputs + signature.outputs:
         elements = math.prod(int(d) for d in arg.shape if d != SEQ)
-        if elements > binding.MAX_ELEMENTS:
+        if elements > limits.MAX_ELEMENTS:
             what = "one step of " if SEQ in arg.shape else ""
             raise ConfigError(f"{what}{arg.name} would have {elements} elements ({' x '.join(map(str, arg.shape))}); "
                               "kernels index a buffer with 32-bit integers, so at most "
-                              f"{binding.MAX_ELEMENTS}: lower hidden, batch or input_size")
+                              f"{limits.MAX_ELEMENTS}: lower hidden, batch or input_size")
 
 
 def _positive(name: str, value) -> int | None:

@@ -10,7 +10,7 @@ from prnn_tvm import ConfigError, InputError, compile_backward
 from prnn_tvm.checks import check_gradients, layer_gradients, max_error
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import limits
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 
@@ -67,7 +67,7 @@ def test_a_sequence_too_long_for_one_backward_pass_is_refused(monkeypatch):
     inputs = random_inputs(layer.plan, 50, 3)
     d_out = np.zeros((50, 2, 4), np.float32)
     assert compare("lstm", 4, 2, 50, 3, "float32") < 1e-4  # one pass at the real limit
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 49)  # the per-step size (4 gates) x 49 steps
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 4 * 4 * 49)  # the per-step size (4 gates) x 49 steps
     with pytest.raises(InputError, match="backpropagation through 50 steps needs buffers of 1600 elements"):
         layer_gradients(layer, inputs, d_out, {})
 

@@ -22,7 +22,7 @@ from prnn_tvm.frontend.directions import bidirectional, split_direction_name
 from prnn_tvm.frontend.registry import builtin_cells, resolve
 from prnn_tvm.frontend.stack import stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import limits
 from prnn_tvm.runtime.loading import read_metadata, signature_of
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
@@ -156,7 +156,7 @@ def test_a_sequence_too_long_for_one_launch_is_refused(monkeypatch):
     row's end, so a bidirectional layer cannot, and says so."""
     layer = prnn_tvm.compile_cell("lstm", 4, 2, target="llvm", bidirectional=True)
     inputs = random_inputs(layer.plan, 10, 4, seed=1)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 16 * 3)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 16 * 3)
     with pytest.raises(InputError, match="reads each row from its last step, so it cannot"):
         layer(**inputs)
 

@@ -168,7 +168,7 @@ def test_opting_out_stores_and_reads_nothing(cache_dir, monkeypatch):
     assert not cache_dir.exists()
     with rewriting_sources(lambda source: source):  # instrumented builds are never stored
         monkeypatch.setenv("PRNN_TVM_CACHE", "1")
-        assert prnn_tvm.compile_cell("rnn_tanh", 8, 2, arch="sm_90", tuning_logs=[]).library is None
+        assert prnn_tvm.compile_cell("rnn_tanh", 8, 2, arch="sm_90", tuning_logs=[]).cache_key is None
     assert not cache_dir.exists()
 
 
@@ -202,31 +202,39 @@ def test_a_builds_warnings_are_said_again_when_it_is_found(cache_dir, caplog, tm
     assert said
     caplog.clear()
     found = prnn_tvm.compile_cell("rnn_tanh", 8, 2, arch="sm_90", tuning_logs=[log])
-    assert found.library is not None
+    assert found.cache_key is not None
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == said
 
 
 @pytest.mark.skipif(local_gpu() is not None, reason="a machine without a GPU: the CUDA layer cannot be loaded")
-def test_a_cuda_layer_cached_without_a_gpu_has_its_report_and_source_and_builds_its_module_if_asked(cache_dir):
+def test_a_cuda_layer_cached_without_a_gpu_has_its_report_and_source_and_builds_its_module_if_asked(cache_dir,
+                                                                                                     tmp_path):
     built = prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[], cache=False)
-    prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[])
+    stored = prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[])
     found = prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[])
-    assert found.library is not None and found._module is None  # nothing built: report, source and library only
+    assert found.cache_key is not None and found._module is None  # nothing built: report, source and signature
+    entry = _entries(cache_dir)[0].folder
+    assert stored.cache_key is not None and not (entry / "layer.so").exists()  # no library: nothing here can run it
     assert found.report == built.report and found.cuda_source == built.cuda_source
     assert found.signature == built.signature
     with pytest.raises(PrnnError, match="CUDA source only"):
         assert found.device
+    linked = prnn_tvm.export(built, tmp_path / "linked.so")
+    rebuilt = prnn_tvm.export(found, tmp_path / "rebuilt.so")  # builds the module it was asked for
+    assert read_metadata(rebuilt) == read_metadata(linked)
     assert found.module.imports[0].inspect_source() == built.module.imports[0].inspect_source()
 
 
 def test_export_of_a_cached_layer_copies_its_library(cache_dir, tmp_path):
-    built = prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[], cache=False)
-    prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[])
-    found = prnn_tvm.compile_cell("gru", 16, 2, arch="sm_90", tuning_logs=[])
+    built = prnn_tvm.compile_cell("gru", 16, 2, input_size=3, target="llvm", cache=False)
+    prnn_tvm.compile_cell("gru", 16, 2, input_size=3, target="llvm")
+    found = prnn_tvm.compile_cell("gru", 16, 2, input_size=3, target="llvm")
     copied = prnn_tvm.export(found, tmp_path / "copied.so")
-    assert copied.read_bytes() == found.library.read_bytes() and found._module is None  # no build for it
+    assert copied.read_bytes() == found.library.read_bytes()
     linked = prnn_tvm.export(built, tmp_path / "linked.so")
     assert read_metadata(copied) == read_metadata(linked)
+    inputs = random_inputs(built.plan, 4, 3, seed=7)
+    assert np.array_equal(prnn_tvm.load(copied)(**inputs)[0], built(**inputs)[0])
 
 
 def test_the_command_line_lists_describes_and_clears_the_cache(cache_dir, capsys):

@@ -126,13 +126,13 @@ def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(mo
         seen.append(kernel.config.as_dict())
         return "its grid cannot be co-resident" if len(seen) == 1 else ""
 
-    monkeypatch.setattr(choice, "unlaunchable", fits_after_the_first)
-    rep = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[]).report
+    monkeypatch.setattr(choice, "unlaunchable", fits_after_the_first)  # a patched choice: build, whatever is cached
+    rep = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[], cache=False).report
     assert seen[0] == first and rep.config == seen[1] != first
     assert "1 ranked before it cannot be co-resident with ptxas's registers" in rep.config_detail
     monkeypatch.setattr(choice, "unlaunchable", lambda kernel, built, gpu: "its grid cannot be co-resident")
     with pytest.raises(ConfigError, match="no default config of cell 'lstm' can launch"):
-        prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[])
+        prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[], cache=False)
 
 
 def assert_launchable(layer):

@@ -13,7 +13,7 @@ import prnn_tvm
 from prnn_tvm import records
 from prnn_tvm.records import Record, TuneKey
 from prnn_tvm.reference import random_inputs, reference_layer
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import binding, limits
 from prnn_tvm.runtime.loading import CHECKSUM_BYTES, CHECKSUM_MAGIC, read_metadata
 
 
@@ -28,7 +28,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
     out, finals = layer(**inputs)
     xp = (inputs["x"] @ inputs["W_ih"].T + inputs["b_ih"]).astype(np.float32)
     whole, _ = layer.recurrent(xp, *[inputs.get(n) for n in layer.arg_names[3:]])
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", limit)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", limit)
     call = layer.bind(**inputs)
     per_step = 3 * layer.plan.input.slices * 8  # the projection's row is the largest
     assert call.chunks == math.ceil(1000 / (limit // per_step))
@@ -40,7 +40,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
     # per-row lengths count from each chunk's start: rows that end in an early, a middle or the last chunk
     lengths = np.array([1, 517, 1000], np.int32)
     out3, finals3 = layer(**inputs, lengths=lengths)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2**31 - 1)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2**31 - 1)
     out4, finals4 = layer(**inputs, lengths=lengths)
     assert np.array_equal(out3, out4) and all(np.array_equal(a, b) for a, b in zip(finals3, finals4))
     ref, ref_finals = reference_layer(layer.plan, {**inputs, "lengths": lengths})
@@ -50,7 +50,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
 
 def test_one_launch_up_to_the_limit(monkeypatch):
     layer = prnn_tvm.compile_cell("rnn_tanh", 4, 2, target="llvm")
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 10)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 4 * 10)
     assert layer.bind(**random_inputs(layer.plan, 10, 4)).chunks == 1
     assert layer.bind(**random_inputs(layer.plan, 11, 4)).chunks == 2
 

@@ -128,7 +128,7 @@ def test_a_call_of_a_sentinel_stack_allocates_its_exchange_for_each_chunk(monkey
     import tvm
 
     from prnn_tvm.reference import random_inputs
-    from prnn_tvm.runtime import binding
+    from prnn_tvm.runtime import binding, limits
 
     layer = stack_layer("gru", 64, 4, 2, "float16", units_per_cta=4)
     inputs = random_inputs(layer.plan, 12, 64, seed=0)
@@ -141,7 +141,7 @@ def test_a_call_of_a_sentinel_stack_allocates_its_exchange_for_each_chunk(monkey
     call = bound()
     (recurrent,) = [args for name, args in call.launches if name == "recurrent"]
     assert recurrent[at].shape == (12, 1, 4, 64) and len(call.outputs) == 3
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 4 * 3 * 64 * 5)  # the widest step (xp: 3 gates) x 5 steps
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 4 * 3 * 64 * 5)  # the widest step (xp: 3 gates) x 5 steps
     call = bound()
     pieces = [args[at] for name, args in call.launches if name == "recurrent"]
     assert call.chunks == 3 and [p.shape for p in pieces] == [(5, 1, 4, 64)] * 2 + [(2, 1, 4, 64)]

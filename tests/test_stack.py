@@ -17,7 +17,7 @@ from prnn_tvm.frontend.cell import Cell
 from prnn_tvm.frontend.registry import builtin_cells, resolve
 from prnn_tvm.frontend.stack import MAX_LAYERS, split_layer_name, stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import binding, limits
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec
@@ -160,7 +160,7 @@ def test_a_stack_in_chunks_equals_it_in_one_launch(monkeypatch):
     inputs = random_inputs(layer.plan, 10, 4, seed=1)
     inputs["lengths"] = np.array([10, 6], np.int32)
     whole = layer(**inputs)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 3)  # the widest step (4 gates) x 3 steps
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 4 * 4 * 3)  # the widest step (4 gates) x 3 steps
     assert layer.bind(**inputs).chunks == 4
     chunked = layer(**inputs)
     assert max_abs_error(layer.plan, chunked, (np.asarray(whole[0]), finals_of(layer, whole[1]))) < 1e-6

@@ -5,8 +5,10 @@ An entry holds the library of the compiled module (:func:`prnn_tvm.runtime.libra
 the kernels as a cubin for a CUDA layer, the metadata :func:`prnn_tvm.load` reads), the CUDA source, and in
 entry.json the report, the signatures and the warnings the build logged. A layer is restored by loading that
 library where it can run (the CPU build; a CUDA build on a GPU of its arch): a stored layer and a found one are
-the same kind of object, whose module is the library's. Elsewhere (a CUDA build without a GPU) a restored layer
-has the report, signature and CUDA source, and builds its module again only if asked for it (``layer.module``).
+the same kind of object, whose module is the library's. Elsewhere (a CUDA build without its GPU) the entry holds
+no library (writing one costs a host compile and a link, for code nothing here can run): a restored layer has
+the report, signature and CUDA source, and builds its module again only if asked for it (``layer.module``,
+``export``).
 
 A layer built here is stored, then restored from its entry, so the first compile and every later one return
 alike. Nothing is ever worse than without the cache: an entry that cannot be written (no g++, no nvcc, a full
@@ -69,16 +71,18 @@ def store(key: dict | None, layer: Layer, warnings=()) -> Layer:
             "report": layer.report.as_dict(), "signature": layer.signature.as_dict(), "metadata": metadata,
             "warnings": list(warnings)}
 
+    runnable = _runnable(layer.target, layer.gpu)
+
     def write(folder):
-        code = cubin(layer.cuda_source, layer.gpu.arch, layer.signature.cell) if layer.is_cuda else None
-        write_library(layer.module, folder / LIBRARY, metadata, code)
+        if runnable:
+            code = cubin(layer.cuda_source, layer.gpu.arch, layer.signature.cell) if layer.is_cuda else None
+            write_library(layer.module, folder / LIBRARY, metadata, code)
         if layer.cuda_source:
             (folder / SOURCE).write_text(layer.cuda_source)
 
     entry = _put(key, info, write)
     if entry is None:
         return layer
-    runnable = _runnable(layer.target, layer.gpu)
     rebuild = _Rebuild(layer.plan, layer.input_size, layer.target, layer.gpu, entry, layer.kernel,
                        None if runnable else layer.module)
     return _restored(entry, key, layer.plan, layer.target, layer.gpu, rebuild) or layer
@@ -191,15 +195,14 @@ def _restored(entry, key, plan, target, gpu, rebuild) -> Layer | None:
         report, metadata = CompileReport.from_dict(info["report"]), info["metadata"]
         if _runnable(target, gpu):
             loaded = _loaded(entry)
-            signature, module = loaded.signature, loaded.module
+            signature, module, library = loaded.signature, loaded.module, entry.file(LIBRARY)
         else:
-            signature, module = Signature.from_dict(info["signature"]), None
+            signature, module, library = Signature.from_dict(info["signature"]), None, None
     except (OSError, KeyError, TypeError, ValueError, LoadError) as err:
         log.warning("layer cache: the entry %s cannot be used (%s); building the layer", entry.folder, err)
         _store().remove(entry)  # (done already for a library that does not load)
         return None
-    layer = Layer.restored(plan, signature, module, report, source, target, gpu, entry.file(LIBRARY),
-                           metadata, rebuild)
+    layer = Layer.restored(plan, signature, module, report, source, target, gpu, library, metadata, rebuild)
     layer.cache_key = key
     return layer
 

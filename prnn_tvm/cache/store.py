@@ -125,19 +125,21 @@ class Store:
     def entries(self) -> list[Entry]:
         """Every complete entry, most recently used first (those whose entry.json cannot be read are left out)."""
         found = []
-        try:
-            folders = list(os.scandir(self.entries_dir))
-        except FileNotFoundError:
-            return []
-        for folder in folders:
+        for folder in self._folders():
             try:
-                found.append(Entry(Path(folder.path), json.loads(Path(folder.path, INFO).read_text())))
+                found.append(Entry(folder, json.loads(folder.joinpath(INFO).read_text())))
             except (OSError, ValueError):
                 continue
         return sorted(found, key=lambda e: e.last_used, reverse=True)
 
     def size(self) -> int:
-        return sum(e.size for e in self.entries())
+        return sum(Entry(folder, {}).size for folder in self._folders())
+
+    def _folders(self) -> list[Path]:
+        try:
+            return [Path(folder.path) for folder in os.scandir(self.entries_dir)]
+        except FileNotFoundError:
+            return []
 
     def remove(self, entry: Entry) -> None:
         """Take ``entry`` out (a rename, then the files go); nothing if another process took it first, or the
@@ -154,19 +156,20 @@ class Store:
 
     def trim(self, keep: str | None = None) -> int:
         """Remove the least recently used entries until the cache holds at most ``max_bytes`` (never ``keep``,
-        the digest just stored), and what dead writers left under tmp/; returns how many entries went."""
-        entries = self.entries()
-        total = sum(e.size for e in entries)
+        the digest just stored), and what dead writers left under tmp/; returns how many entries went. Reads
+        sizes and times only (a stat per file), no entry.json."""
+        listed = [(e.last_used, e.size, e) for e in (Entry(folder, {}) for folder in self._folders())]
+        total = sum(size for _, size, _ in listed)
         if total <= self.max_bytes:
             return 0
         removed = 0
         with self._locked():
-            for entry in reversed(entries):  # least recently used first
+            for _, size, entry in sorted(listed, key=lambda item: item[0]):  # least recently used first
                 if total <= self.max_bytes:
                     break
                 if entry.digest == keep:
                     continue
-                total -= entry.size
+                total -= size
                 self.remove(entry)
                 removed += 1
             self._drop_stale()

@@ -22,7 +22,8 @@ import tvm_ffi
 from ..dtypes import itemsize
 from ..errors import InputError
 from ..signature import SEQ, Arg, ArgRole, Signature
-from .limits import ALIGNMENT, MAX_ELEMENTS, chunk_length  # noqa: F401  (the limits, re-exported)
+from . import limits
+from .limits import ALIGNMENT, chunk_length
 
 # A sequence past MAX_ELEMENTS runs in pieces (prnn_tvm.runtime.limits): they are copied into (inputs) and out of
 # (outputs) buffers of one piece's length, which also bounds the intermediates' memory.
@@ -62,8 +63,8 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     chunk = chunk_length(signature, seq_len)
     chunks = -(-seq_len // chunk)
     if chunks > 1 and signature.whole_sequence:
-        raise InputError(f"{seq_len} steps of '{signature.cell}' need buffers past {MAX_ELEMENTS} elements, which "
-                         f"runs in consecutive launches of {chunk} steps; its reverse direction reads each row "
+        raise InputError(f"{seq_len} steps of '{signature.cell}' need buffers past {limits.MAX_ELEMENTS} elements, "
+                         f"which runs in consecutive launches of {chunk} steps; its reverse direction reads each row "
                          "from its last step, so it cannot: run the directions as layers of their own, or shorter "
                          "sequences")
     per_call = (*signature.intermediates, *signature.scratch)  # a piece's length when chunked

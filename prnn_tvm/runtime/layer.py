@@ -39,8 +39,9 @@ class Layer(RuntimeLayer):
     timeout path.
 
     A layer from the layer cache (:meth:`restored`) runs its cached library's module, and ``library`` is that
-    library's path (None for a layer built in this process), written with ``library_metadata``; its ``kernel``
-    is made again when first asked for.
+    library's path, written with ``library_metadata`` (None for a layer built in this process, or cached where
+    it cannot run); its ``kernel`` is made again when first asked for. ``cache_key`` is its key in the cache
+    (None for a layer compiled without it).
     """
 
     def __init__(self, plan: CellPlan, kernel: Kernel, built: Built, input_size: int, target: tvm.target.Target,
@@ -57,10 +58,11 @@ class Layer(RuntimeLayer):
 
     @classmethod
     def restored(cls, plan: CellPlan, signature: Signature, module, report: CompileReport, cuda_source: str | None,
-                 target: tvm.target.Target, gpu: GpuSpec | None, library: Path, metadata: dict, rebuild) -> Layer:
-        """A layer from a library of an equal layer (the layer cache's), written with ``metadata``: ``module`` is
-        the library's, loaded, or None where it cannot run here (a CUDA layer for another GPU, or none).
-        ``rebuild`` makes what the library does not hold, when asked: ``rebuild.kernel()`` the template's
+                 target: tvm.target.Target, gpu: GpuSpec | None, library: Path | None, metadata: dict,
+                 rebuild) -> Layer:
+        """A layer of the layer cache: ``library`` is the library of an equal layer, written with ``metadata``, and
+        ``module`` its module, loaded; both None where it cannot run here (a CUDA layer for another GPU, or
+        none). ``rebuild`` makes what the entry does not hold, when asked: ``rebuild.kernel()`` the template's
         kernel, ``rebuild.module()`` the compiled module."""
         layer = cls.__new__(cls)
         layer._setup(plan, signature, module, report, cuda_source, target, gpu, module is not None)
@@ -96,7 +98,8 @@ class Layer(RuntimeLayer):
         self._module = value
 
     def compiled_module(self):
-        """The module as TVM compiled it, which ``export_library`` can write (a restored layer's is built again)."""
+        """The module as TVM compiled it, which ``export_library`` can write (a module loaded from a library is
+        built again)."""
         return self.module if self.library is None else self._rebuild.module()
 
     @property
