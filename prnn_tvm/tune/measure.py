@@ -188,7 +188,7 @@ def _build(task: TuneTask, index: int, cfg, out_dir: str, export: bool,
     done = functools.partial(Built, index, cfg)
     try:
         layer = compile_cell(task.cell, task.hidden, task.batch, seq_len=task.seq_len, dtype=task.dtype,
-                             target="cuda", arch=task.gpu, config=cfg)
+                             target="cuda", arch=task.gpu, config=cfg, cache=False)  # a trial: not for the cache
     except Exception as e:  # noqa: BLE001 -- one config's failed build (TVM raises builtin types) is its record
         return done(error=ErrorKind.BUILD, detail=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - start)
     report = layer.report
