@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test gpu-test clean
+.PHONY: install run test gpu-test wheel-test clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,17 @@ test: $(STAMP)
 # their time in nvcc and in the float64 references (H100 host, 16 cores: about 6 minutes).
 gpu-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu -n auto
+
+# The package as a user gets it: build the wheel, install it into a fresh virtualenv (no system site-packages; the
+# dependencies come from pip's cache) and use it from outside the repository (CI runs it after the tests).
+wheel-test: $(STAMP)
+	rm -rf build/wheel build/wheel-venv
+	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel .
+	$(PYTHON) -m venv build/wheel-venv
+	build/wheel-venv/bin/python -m pip install -q build/wheel/prnn_tvm-*.whl
+	outside="$$(mktemp -d)" && cd "$$outside" && PRNN_TVM_CACHE_DIR="$$outside/cache" XDG_DATA_HOME="$$outside/data" \
+		$(abspath build/wheel-venv/bin/python) $(abspath .ci/wheel_check.py) $(abspath build/wheel-venv/bin/prnn-tvm); \
+		status=$$?; rm -rf "$$outside"; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

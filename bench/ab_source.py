@@ -12,6 +12,7 @@ carries its config), else each case's tuned or default config. ``bench/changes/`
 not yet measured. Without a GPU (``--arch sm_90``) both layers are built and ptxas's registers and spills printed:
 the change still has to apply and compile.
 """
+
 import argparse
 import json
 
@@ -20,11 +21,16 @@ from prnn_tvm.bench.matrix import Case
 
 p = argparse.ArgumentParser()
 p.add_argument("change", help="a change file: {'why': ..., 'replace': [[old, new], ...]}")
-p.add_argument("--cases", nargs="+", default=None, help="CELL:HIDDENxBATCH (a stack: lstm_x4:512x8); default: "
-               "the change file's")
+p.add_argument(
+    "--cases", nargs="+", default=None, help="CELL:HIDDENxBATCH (a stack: lstm_x4:512x8); default: the change file's"
+)
 p.add_argument("--dtype", default="float16")
-p.add_argument("--config", type=json.loads, default=None, help="one config for every case (default: the change "
-               "file's, else each case's tuned or default one)")
+p.add_argument(
+    "--config",
+    type=json.loads,
+    default=None,
+    help="one config for every case (default: the change file's, else each case's tuned or default one)",
+)
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--seq", type=int, default=256)
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")

@@ -15,17 +15,26 @@ import torch
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
 
-SHAPES = [("LSTM", 256, 1, 1, torch.float32), ("LSTM", 512, 4, 1, torch.float32), ("GRU", 512, 4, 1, torch.float32),
-          ("LSTM", 512, 8, 2, torch.float32), ("LSTM", 1024, 4, 1, torch.float32),
-          ("LSTM", 512, 8, 1, torch.float16), ("LSTM", 1024, 16, 1, torch.float16),
-          ("GRU", 1024, 4, 1, torch.float16), ("LSTM", 512, 8, 2, torch.float16)]
+SHAPES = [
+    ("LSTM", 256, 1, 1, torch.float32),
+    ("LSTM", 512, 4, 1, torch.float32),
+    ("GRU", 512, 4, 1, torch.float32),
+    ("LSTM", 512, 8, 2, torch.float32),
+    ("LSTM", 1024, 4, 1, torch.float32),
+    ("LSTM", 512, 8, 1, torch.float16),
+    ("LSTM", 1024, 16, 1, torch.float16),
+    ("GRU", 1024, 4, 1, torch.float16),
+    ("LSTM", 512, 8, 2, torch.float16),
+]
 
 args = baselines.script_arguments(number=5)
 T = args.seq
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 print(f"# bidirectional layers, T={T}, {torch.cuda.get_device_name()} ({sms} SMs), ms per call, median\n")
-print("| module | one launch (CTAs) | a launch per direction (CTAs each, grids that fit) | one launch's gain | "
-      "default: picks | default | cuDNN | cuDNN / default |")
+print(
+    "| module | one launch (CTAs) | a launch per direction (CTAs each, grids that fit) | one launch's gain | "
+    "default: picks | default | cuDNN | cuDNN / default |"
+)
 print("|---|---|---|---|---|---|---|---|")
 
 PATHS = {"per direction": False, "one launch": True}  # one_launch_directions; the default last
@@ -54,9 +63,11 @@ def row(kind: str, H: int, B: int, layers: int, dtype: torch.dtype) -> str:
     gain = f"{times['per direction'] / times['one launch']:.2f}x" if both is not None else "-"
     default = times["one launch"] if both is not None else times["per direction"]
     name = f"{kind} {layers}x H={H} B={B} {str(dtype).split('.')[-1]}"
-    return (f"| {name} | {one} | {times['per direction']:.3f} ({apart.report.ctas}, {apart.grids_that_fit()}) | "
-            f"{gain} | {picks} | {default:.3f} | {cudnn:.3f} | "
-            f"{cudnn / default:.2f}x (max diff {error:.1e}) |")
+    return (
+        f"| {name} | {one} | {times['per direction']:.3f} ({apart.report.ctas}, {apart.grids_that_fit()}) | "
+        f"{gain} | {picks} | {default:.3f} | {cudnn:.3f} | "
+        f"{cudnn / default:.2f}x (max diff {error:.1e}) |"
+    )
 
 
 for shape in SHAPES:

@@ -44,7 +44,8 @@ def kernels(call, number: int) -> list:
     for e in events:
         a = e["args"]
         seen[(e["name"], tuple(a["grid"]), tuple(a["block"]), a["registers per thread"], a["shared memory"])].append(
-            e["dur"])
+            e["dur"]
+        )
     return [(sum(d) / len(d), len(d) // number, *key[1:], key[0]) for key, d in seen.items()]
 
 
@@ -57,5 +58,7 @@ for H, B in SHAPES:
         rows = kernels(functools.partial(fn, x), args.number)
         print(f"\n{who} H={H} B={B}: {sum(r[0] * r[1] for r in rows):.1f} us of kernels per call")
         for us, per_call, grid, block, regs, smem, name in rows:
-            print(f"  {us:8.1f} x{per_call:<3d} grid={list(grid)} block={list(block)} regs={regs} smem={smem}  "
-                  f"{name[:80]}")
+            print(
+                f"  {us:8.1f} x{per_call:<3d} grid={list(grid)} block={list(block)} regs={regs} smem={smem}  "
+                f"{name[:80]}"
+            )

@@ -22,8 +22,12 @@ p.add_argument("--seq", type=int, default=256)
 p.add_argument("--out", default=None)
 args = p.parse_args()
 
-lines = [f"# Cells at hidden={args.hidden}, batch={args.batch}, T={args.seq} (fp32, default configs)", "",
-         "| cell | phases | config | us/step | max abs error vs float64 |", "|---|---|---|---|---|"]
+lines = [
+    f"# Cells at hidden={args.hidden}, batch={args.batch}, T={args.seq} (fp32, default configs)",
+    "",
+    "| cell | phases | config | us/step | max abs error vs float64 |",
+    "|---|---|---|---|---|",
+]
 print("\n".join(lines), flush=True)
 for name in prnn_tvm.builtin_cells():
     layer = prnn_tvm.compile_cell(name, args.hidden, args.batch, target="cuda")

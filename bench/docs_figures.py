@@ -138,13 +138,18 @@ def cited_results(root: Path = ROOT) -> set[Path]:
         text = page.read_text()
         cited |= {(page.parent / link).resolve() for link in LINK.findall(text)}
         for m in BLOCK.finditer(text):
-            cited |= {(root / (word.partition("=")[2] or word)).resolve() for word in m.group("spec").split()[1:]
-                      if "/" in word}
+            cited |= {
+                (root / (word.partition("=")[2] or word)).resolve()
+                for word in m.group("spec").split()[1:]
+                if "/" in word
+            }
     todo = [f for f in cited if f.suffix == ".md"]
     while todo:
         results = todo.pop(0)  # before the links are read: they are relative to this file
-        linked = {(results.parent / link).resolve()
-                  for link in re.findall(r"\]\(([^)#\s:]+\.(?:md|csv))\)", results.read_text())}
+        linked = {
+            (results.parent / link).resolve()
+            for link in re.findall(r"\]\(([^)#\s:]+\.(?:md|csv))\)", results.read_text())
+        }
         todo += [f for f in linked - cited if f.suffix == ".md" and f.is_file()]
         cited |= linked
     return cited
@@ -166,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         new = rendered(text)
         if new != text and args.check:
-            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(page),
-                                                       f"{page} (rendered)"))
+            sys.stdout.writelines(
+                difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(page), f"{page} (rendered)")
+            )
             status = 1
         elif new != text:
             page.write_text(new)

@@ -84,8 +84,10 @@ def ours(cell: str, heads: int, dtype: str, hidden: int = H, batch: int = B):
     spec = f"{cell}_h{heads}" if heads > 1 else cell
     start = time.perf_counter()
     layer = prnn_tvm.compile_cell(spec, hidden, batch, dtype=dtype, target="cuda")
-    say(f"  {spec}: config {layer.report.config}, {layer.report.registers} registers, "
-        f"{layer.report.spill_bytes} B spills, compiled in {time.perf_counter() - start:.0f} s")
+    say(
+        f"  {spec}: config {layer.report.config}, {layer.report.registers} registers, "
+        f"{layer.report.spill_bytes} B spills, compiled in {time.perf_counter() - start:.0f} s"
+    )
     return layer
 
 
@@ -105,8 +107,10 @@ def best(times: dict) -> float:
 def case_heads():
     say("## LSTM with heads: hidden {}, batch {}, T={}, bf16".format(H, B, T))
     say("")
-    say("| head size | heads | FlashRNN fused CUDA | alternating CUDA | fused Triton | prnn-tvm recurrent | "
-        "prnn-tvm public call | speedup over FlashRNN's best |")
+    say(
+        "| head size | heads | FlashRNN fused CUDA | alternating CUDA | fused Triton | prnn-tvm recurrent | "
+        "prnn-tvm public call | speedup over FlashRNN's best |"
+    )
     say("|---|---|---|---|---|---|---|---|")
     for D in args.head_dims:
         heads = H // D
@@ -115,17 +119,24 @@ def case_heads():
         layer = ours("lstm", heads, "bfloat16")
         xp = flashrnn.projection(Wx).float().contiguous()
         x = torch.randn(T, B, H, device="cuda", dtype=BF16)
-        weights = {"W_ih": torch.randn(4 * H, H, device="cuda", dtype=BF16) / math.sqrt(H),
-                   "b_ih": torch.zeros(4 * H, device="cuda", dtype=BF16),
-                   "W_hh": flashrnn.recurrent(R).contiguous(), "b_hh": flashrnn.bias(b).contiguous()}
+        weights = {
+            "W_ih": torch.randn(4 * H, H, device="cuda", dtype=BF16) / math.sqrt(H),
+            "b_ih": torch.zeros(4 * H, device="cuda", dtype=BF16),
+            "W_hh": flashrnn.recurrent(R).contiguous(),
+            "b_hh": flashrnn.bias(b).contiguous(),
+        }
         recurrent, call = our_times(layer, xp, x, weights)
         cells = [theirs[k] if isinstance(theirs[k], str) else f"{theirs[k]:.3f}" for k in flashrnn.BACKENDS]
-        say(f"| {D} | {heads} | {' | '.join(cells)} | {recurrent:.3f} | {call:.3f} | "
-            f"{best(theirs) / recurrent:.2f}x (public call {best(theirs) / call:.2f}x) |")
+        say(
+            f"| {D} | {heads} | {' | '.join(cells)} | {recurrent:.3f} | {call:.3f} | "
+            f"{best(theirs) / recurrent:.2f}x (public call {best(theirs) / call:.2f}x) |"
+        )
         check = flashrnn.states(flashrnn.call("lstm", Wx[:, :64], R, b, "cuda_fused", "bfloat16"), 0).float()
         got, _ = layer.recurrent(xp[:64].contiguous(), W_hh=weights["W_hh"], b_hh=weights["b_hh"])
-        say(f"  outputs of the first 64 steps, prnn-tvm against FlashRNN: max abs difference "
-            f"{(torch.from_dlpack(got).float() - check).abs().max().item():.2e}")
+        say(
+            f"  outputs of the first 64 steps, prnn-tvm against FlashRNN: max abs difference "
+            f"{(torch.from_dlpack(got).float() - check).abs().max().item():.2e}"
+        )
     say("")
 
 
@@ -139,16 +150,23 @@ def case_slstm():
     xp = flashrnn.projection(Wx.detach()).float().contiguous()
     weights = {"R": flashrnn.recurrent(R.detach()).contiguous(), "b_hh": flashrnn.bias(b.detach()).contiguous()}
     x = torch.randn(T, B, H, device="cuda", dtype=BF16)
-    full = {"W_ih": torch.randn(4 * H, H, device="cuda", dtype=BF16) / math.sqrt(H),
-            "b_ih": torch.zeros(4 * H, device="cuda", dtype=BF16), **weights}
+    full = {
+        "W_ih": torch.randn(4 * H, H, device="cuda", dtype=BF16) / math.sqrt(H),
+        "b_ih": torch.zeros(4 * H, device="cuda", dtype=BF16),
+        **weights,
+    }
     recurrent, call = our_times(layer, xp, x, full)
-    say(f"forward ms: FlashRNN {theirs}; prnn-tvm recurrent {recurrent:.3f}, public call {call:.3f}; "
-        f"{best(theirs) / recurrent:.2f}x FlashRNN's best")
+    say(
+        f"forward ms: FlashRNN {theirs}; prnn-tvm recurrent {recurrent:.3f}, public call {call:.3f}; "
+        f"{best(theirs) / recurrent:.2f}x FlashRNN's best"
+    )
     with torch.no_grad():
         check = flashrnn.states(flashrnn.call("slstm", Wx[:, :64], R, b, "cuda_fused", "bfloat16"), 0).float()
     got, _ = layer.recurrent(xp[:64].contiguous(), **weights)
-    say(f"outputs of the first 64 steps, prnn-tvm against FlashRNN: relative difference "
-        f"{relative_error(torch.from_dlpack(got).float().cpu().numpy(), check.cpu().numpy()):.2e}")
+    say(
+        f"outputs of the first 64 steps, prnn-tvm against FlashRNN: relative difference "
+        f"{relative_error(torch.from_dlpack(got).float().cpu().numpy(), check.cpu().numpy()):.2e}"
+    )
 
     def flashrnn_step(backend):
         for t in (Wx, R, b):
@@ -164,8 +182,13 @@ def case_slstm():
 
     def our_step():  # the training forward, the backward, then R's gradient: one GEMM and its heads' blocks
         _, (*_, saved) = training.forward(xp=xp, **weights)
-        first, rest = training.backward(xp=xp, saved=saved, d_out=d_out, **weights,
-                                        **{f"d_{s.name}_n": torch.zeros(B, H, device="cuda") for s in plan.states})
+        first, rest = training.backward(
+            xp=xp,
+            saved=saved,
+            d_out=d_out,
+            **weights,
+            **{f"d_{s.name}_n": torch.zeros(B, H, device="cuda") for s in plan.states},
+        )
         d = dict(zip(names, (first, *rest)))
         gates = torch.from_dlpack(d["d_gates"]).reshape(T * B, -1)
         h = torch.from_dlpack(saved)[:, :, :H].reshape(T * B, H)
@@ -194,11 +217,22 @@ def case_layernorm():
     W = torch.randn(4 * hidden, hidden, device="cuda", dtype=dtype) / math.sqrt(hidden)
     W_ih = torch.randn(4 * hidden, hidden, device="cuda", dtype=dtype) / math.sqrt(hidden)
     x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype)
-    zeros4, ones4 = (torch.zeros(4 * hidden, device="cuda", dtype=dtype), torch.ones(4 * hidden, device="cuda",
-                                                                                        dtype=dtype))
+    zeros4, ones4 = (
+        torch.zeros(4 * hidden, device="cuda", dtype=dtype),
+        torch.ones(4 * hidden, device="cuda", dtype=dtype),
+    )
     zeros, ones = torch.zeros(hidden, device="cuda", dtype=dtype), torch.ones(hidden, device="cuda", dtype=dtype)
-    params = {"W_ih": W_ih, "b_ih": zeros4, "W_hh": W, "ln_x_g": ones4, "ln_x_b": zeros4, "ln_h_g": ones4,
-              "ln_h_b": zeros4, "ln_c_g": ones, "ln_c_b": zeros}
+    params = {
+        "W_ih": W_ih,
+        "b_ih": zeros4,
+        "W_hh": W,
+        "ln_x_g": ones4,
+        "ln_x_b": zeros4,
+        "ln_h_g": ones4,
+        "ln_h_b": zeros4,
+        "ln_c_g": ones,
+        "ln_c_b": zeros,
+    }
     ours_ms = ms(lambda: layer(x, **params))
     plain_ms = ms(lambda: plain(x, W_ih=W_ih, b_ih=zeros4, W_hh=W, b_hh=zeros4))
     ln_x, ln_h = torch.nn.LayerNorm(4 * hidden).cuda().to(dtype), torch.nn.LayerNorm(4 * hidden).cuda().to(dtype)
@@ -222,10 +256,12 @@ def case_layernorm():
     graph_ms = ms(graph.replay)
     got, _ = layer(x, **params)
     torch_loop()
-    say(f"prnn-tvm {ours_ms:.3f} ms; torch LayerNorm + LSTM step loop as a CUDA graph {graph_ms:.3f} ms "
+    say(
+        f"prnn-tvm {ours_ms:.3f} ms; torch LayerNorm + LSTM step loop as a CUDA graph {graph_ms:.3f} ms "
         f"({graph_ms / ours_ms:.2f}x); prnn-tvm plain LSTM {plain_ms:.3f} ms ({ours_ms / plain_ms:.2f}x of it); "
         f"outputs against the loop's: max abs difference "
-        f"{(torch.from_dlpack(got).float() - out.float()).abs().max().item():.2e}")
+        f"{(torch.from_dlpack(got).float() - out.float()).abs().max().item():.2e}"
+    )
     say("")
 
 

@@ -17,8 +17,13 @@ from prnn_tvm.bench import baselines
 from prnn_tvm.checks import max_error
 
 # (layers, bidirectional, hidden, batch, dtype): issue 16's cases, and a half one
-CASES = [(1, False, 1024, 4, torch.float32), (2, False, 1024, 4, torch.float32), (1, True, 512, 4, torch.float32),
-         (2, True, 512, 8, torch.float32), (1, True, 512, 8, torch.float16)]
+CASES = [
+    (1, False, 1024, 4, torch.float32),
+    (2, False, 1024, 4, torch.float32),
+    (1, True, 512, 4, torch.float32),
+    (2, True, 512, 8, torch.float32),
+    (1, True, 512, 8, torch.float16),
+]
 
 args = baselines.script_arguments(number=20)
 T = args.seq
@@ -43,5 +48,8 @@ for layers, bidirectional, H, B, dtype in CASES:
         ours, cudnn = ms(fast, packed), ms(ref, packed)
         ours_padded, cudnn_padded = ms(fast, x), ms(ref, x)
     name = f"LSTM x{layers}{' bidirectional' if bidirectional else ''} H={H} B={B} {str(dtype)[6:]} T={T}"
-    print(f"{name} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_padded:.3f}, {cudnn_padded:.3f}, "
-          f"{cudnn_padded / ours_padded:.2f}x | {err:.1e}", flush=True)
+    print(
+        f"{name} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_padded:.3f}, {cudnn_padded:.3f}, "
+        f"{cudnn_padded / ours_padded:.2f}x | {err:.1e}",
+        flush=True,
+    )

@@ -18,8 +18,16 @@ import tvm_ffi
 import prnn_tvm
 from prnn_tvm.bench import baselines
 
-SHAPES = [("lstm", 1024, 1), ("lstm", 1024, 4), ("lstm", 1024, 16), ("lstm", 1024, 64), ("lstm", 512, 16),
-          ("gru", 1024, 4), ("lstm", 512, 1), ("lstm", 256, 1)]
+SHAPES = [
+    ("lstm", 1024, 1),
+    ("lstm", 1024, 4),
+    ("lstm", 1024, 16),
+    ("lstm", 1024, 64),
+    ("lstm", 512, 16),
+    ("gru", 1024, 4),
+    ("lstm", 512, 1),
+    ("lstm", 256, 1),
+]
 
 args = baselines.script_arguments(number=20)
 T = args.seq
@@ -46,8 +54,10 @@ def row(cell: str, H: int, B: int, dtype: str) -> str:
     with tvm_ffi.use_torch_stream():
         tvm_ms, cublas_ms = ms(lambda: projection(x, W, b, xp)), ms(lambda: cublas(x2d, W, b))
         difference = (xp.view(T * B, width) - cublas(x2d, W, b)).abs().max().item()
-    return (f"| {cell} | {H} | {B} | {T * B} x {width} x {H} | {tvm_ms:.4f} | {cublas_ms:.4f} | "
-            f"{tvm_ms / cublas_ms:.2f}x | {difference:.1e} |")
+    return (
+        f"| {cell} | {H} | {B} | {T * B} x {width} x {H} | {tvm_ms:.4f} | {cublas_ms:.4f} | "
+        f"{tvm_ms / cublas_ms:.2f}x | {difference:.1e} |"
+    )
 
 
 print(f"# The input projection, TVM against cuBLAS, T={T}, {torch.cuda.get_device_name()} (ms, median)")

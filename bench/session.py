@@ -87,11 +87,17 @@ def measure(layers: int, hidden: int, batch: int, dtype: str, steps: int, chain:
     lstm = torch.nn.LSTM(hidden, hidden, layers).cuda().to(torch_dtype).eval()
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((steps, batch, hidden)).astype(dtype)
-    row = {"model": f"LSTM {layers}x{hidden} B={batch} {dtype}", "layers": layers, "hidden": hidden, "batch": batch,
-           "dtype": dtype}
+    row = {
+        "model": f"LSTM {layers}x{hidden} B={batch} {dtype}",
+        "layers": layers,
+        "hidden": hidden,
+        "batch": batch,
+        "dtype": dtype,
+    }
     state = [torch.zeros(layers, batch, hidden, device="cuda", dtype=torch_dtype) for _ in range(2)]
 
     with torch.no_grad():
+
         def cudnn_eager(x):
             out, (state[0], state[1]) = lstm(torch.from_numpy(x).cuda()[None], (state[0], state[1]))
             return out.cpu()
@@ -176,32 +182,42 @@ def main():
 
 def write(rows: list, histograms: dict, args) -> None:
     RESULTS.mkdir(exist_ok=True)
-    names = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("model", "layers", "hidden", "batch",
-                                                                          "dtype"), k))
+    names = sorted(
+        {k for r in rows for k in r}, key=lambda k: (k not in ("model", "layers", "hidden", "batch", "dtype"), k)
+    )
     with open(RESULTS / f"{args.name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, names)
         w.writeheader()
         w.writerows(rows)
     device = torch.cuda.get_device_name()
-    lines = [f"# One timestep per call: resident sessions against cuDNN ({device}, {time.strftime('%Y-%m-%d')})", "",
-             f"`python bench/session.py --steps {args.steps} --chain {args.chain} --name {args.name}`. Host modes: "
-             "microseconds from writing the step's input (NumPy) to reading its output, p50 / p99 over "
-             f"{args.steps} steps. Chain: a CUDA graph of {args.chain} dependent steps, us per step.", "",
-             "| model | ours host | cuDNN eager | cuDNN graph | ours GPU eager | ours chain | cuDNN chain | "
-             "cuDNN graph / ours host (p50) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# One timestep per call: resident sessions against cuDNN ({device}, {time.strftime('%Y-%m-%d')})",
+        "",
+        f"`python bench/session.py --steps {args.steps} --chain {args.chain} --name {args.name}`. Host modes: "
+        "microseconds from writing the step's input (NumPy) to reading its output, p50 / p99 over "
+        f"{args.steps} steps. Chain: a CUDA graph of {args.chain} dependent steps, us per step.",
+        "",
+        "| model | ours host | cuDNN eager | cuDNN graph | ours GPU eager | ours chain | cuDNN chain | "
+        "cuDNN graph / ours host (p50) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
 
     def pair(r, name):
         return f"{r[name + ' p50']:.1f} / {r[name + ' p99']:.1f}" if name + " p50" in r else "—"
 
     for r in rows:
         if "ours host p50" not in r:
-            lines.append(f"| {r['model']} | {r['ours']} | {pair(r, 'cudnn eager')} | {pair(r, 'cudnn graph')} | — | "
-                         f"— | {r['cudnn chain us']:.2f} | — |")
+            lines.append(
+                f"| {r['model']} | {r['ours']} | {pair(r, 'cudnn eager')} | {pair(r, 'cudnn graph')} | — | "
+                f"— | {r['cudnn chain us']:.2f} | — |"
+            )
             continue
         ours_chain = f"{r['ours chain us']:.2f}" if "ours chain us" in r else "—"
-        lines.append(f"| {r['model']} | {pair(r, 'ours host')} | {pair(r, 'cudnn eager')} | {pair(r, 'cudnn graph')} "
-                     f"| {pair(r, 'ours gpu eager')} | {ours_chain} | {r['cudnn chain us']:.2f} | "
-                     f"{r['cudnn graph p50'] / r['ours host p50']:.2f}x |")
+        lines.append(
+            f"| {r['model']} | {pair(r, 'ours host')} | {pair(r, 'cudnn eager')} | {pair(r, 'cudnn graph')} "
+            f"| {pair(r, 'ours gpu eager')} | {ours_chain} | {r['cudnn chain us']:.2f} | "
+            f"{r['cudnn graph p50'] / r['ours host p50']:.2f}x |"
+        )
     lines += ["", "Session kernels:", ""] + [f"- {r['model']}: {r['ours']}" for r in rows]
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     import matplotlib

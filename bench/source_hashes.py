@@ -112,13 +112,16 @@ def _default_entries(cell: str, hidden: int, batch: int, dtypes=DTYPES, projecti
             yield f"default {cell} {hidden}x{batch} {dtype}", (lambda err=err: f"refused: {err}")
             continue
         for i, config in enumerate(configs):
+
             def make(plan=plan, template=template, config=config):
                 return build({"recurrent": template.apply(plan, target, gpu, config).func})
 
             yield f"default {cell} {hidden}x{batch} {dtype} #{i} {json.dumps(config.as_dict(), sort_keys=True)}", make
         if projection:
-            yield (f"projection {cell} {hidden}x{batch} {dtype}",
-                   lambda plan=plan: build({"projection": projection_func(plan, hidden, target)}))
+            yield (
+                f"projection {cell} {hidden}x{batch} {dtype}",
+                lambda plan=plan: build({"projection": projection_func(plan, hidden, target)}),
+            )
 
 
 def default_entries():
@@ -159,6 +162,7 @@ def probe_entries():
 
     target = gpu_spec(ARCH).target()
     for barrier, all_to_all in PROBES:
+
         def make(barrier=barrier, all_to_all=all_to_all):
             func = probe_func(barrier, 132, 128, all_to_all)
             mod = tvm.IRModule({"barrier_probe": func})
@@ -193,8 +197,14 @@ def smoke_entries():
             yield key, make
 
 
-ENTRIES = {"records": record_entries, "defaults": default_entries, "stacks": stack_entries,
-           "training": training_entries, "probes": probe_entries, "smoke": smoke_entries}
+ENTRIES = {
+    "records": record_entries,
+    "defaults": default_entries,
+    "stacks": stack_entries,
+    "training": training_entries,
+    "probes": probe_entries,
+    "smoke": smoke_entries,
+}
 
 
 def compare(got: dict, path: Path) -> int:

@@ -19,8 +19,14 @@ from prnn_tvm.bench import baselines
 from prnn_tvm.checks import time_layer
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-SHAPES = [("LSTM", 512, 8, 4, "fp16"), ("LSTM", 256, 8, 4, "fp16"), ("GRU", 512, 4, 2, "fp16"),
-          ("LSTM", 512, 4, 2, "fp32"), ("LSTM", 256, 4, 3, "fp32"), ("LSTM", 1024, 4, 2, "fp32")]
+SHAPES = [
+    ("LSTM", 512, 8, 4, "fp16"),
+    ("LSTM", 256, 8, 4, "fp16"),
+    ("GRU", 512, 4, 2, "fp16"),
+    ("LSTM", 512, 4, 2, "fp32"),
+    ("LSTM", 256, 4, 3, "fp32"),
+    ("LSTM", 1024, 4, 2, "fp32"),
+]
 
 args = baselines.script_arguments(number=5)
 T = args.seq
@@ -56,9 +62,11 @@ def row(kind: str, H: int, B: int, layers: int, dtype: str) -> str:
     # per step the kernel runs: a stack runs T + layers - 1 of them
     steps = [time_layer(layer, T).recurrent_s / (T + layer.plan.lag) * 1e6 for layer in (stack, one)]
     config = " ".join(f"{k}={v}" for k, v in stack.report.config.items())
-    return (f"{name} {times[True]:.3f} | {times[False]:.3f} | {times[False] / times[True]:.2f}x | {cudnn:.3f} | "
-            f"{cudnn / times[True]:.2f}x (max diff {error:.1e}) | {steps[0]:.2f} / {steps[1]:.2f} = "
-            f"{steps[0] / steps[1]:.2f}x | {config} ({stack.report.config_origin.value}) |")
+    return (
+        f"{name} {times[True]:.3f} | {times[False]:.3f} | {times[False] / times[True]:.2f}x | {cudnn:.3f} | "
+        f"{cudnn / times[True]:.2f}x (max diff {error:.1e}) | {steps[0]:.2f} / {steps[1]:.2f} = "
+        f"{steps[0] / steps[1]:.2f}x | {config} ({stack.report.config_origin.value}) |"
+    )
 
 
 for shape in SHAPES:

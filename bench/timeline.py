@@ -7,13 +7,20 @@ rows in turn); ``--config '{}'``: the layer's tuned or default config.
 
 Without a GPU (``--arch sm_90``) it builds the instrumented kernel and stops: the rewrite still applies.
 H100 figures: bench/results/exchange-probes-h100.md."""
+
 import argparse
 import json
 
 from prnn_tvm.bench import timeline
 
-CUDNN_LAYOUT = {"units_per_cta": 16, "k_groups": 8, "m_tiles_per_warp": 4, "n_tiles": 1, "barrier": "sentinel",
-                "operand_path": "direct"}
+CUDNN_LAYOUT = {
+    "units_per_cta": 16,
+    "k_groups": 8,
+    "m_tiles_per_warp": 4,
+    "n_tiles": 1,
+    "barrier": "sentinel",
+    "operand_path": "direct",
+}
 p = argparse.ArgumentParser()
 p.add_argument("--cell", default="lstm")
 p.add_argument("--hidden", type=int, default=1024)

@@ -17,9 +17,16 @@ import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
 from prnn_tvm.checks import abs_error, worst
 
-CASES = [("LSTM", 1024, 4, torch.float32), ("LSTM", 1024, 16, torch.float32), ("LSTM", 512, 4, torch.float32),
-         ("GRU", 1024, 4, torch.float32), ("GRU", 512, 16, torch.float32), ("LSTM", 1024, 4, torch.float16),
-         ("LSTM", 1024, 16, torch.float16), ("GRU", 1024, 16, torch.float16)]
+CASES = [
+    ("LSTM", 1024, 4, torch.float32),
+    ("LSTM", 1024, 16, torch.float32),
+    ("LSTM", 512, 4, torch.float32),
+    ("GRU", 1024, 4, torch.float32),
+    ("GRU", 512, 16, torch.float32),
+    ("LSTM", 1024, 4, torch.float16),
+    ("LSTM", 1024, 16, torch.float16),
+    ("GRU", 1024, 16, torch.float16),
+]
 
 args = baselines.script_arguments(number=10)
 T = args.seq
@@ -42,19 +49,26 @@ def ms(fn, *arguments) -> float:
     return baselines.cuda_event_times(lambda: fn(*arguments), args.repeats, args.number)[0] * 1e3
 
 
-print("case | training step: prnn-tvm ms, cuDNN ms, speedup | forward alone: prnn-tvm ms, cuDNN ms | "
-      "gradients' relative difference")
+print(
+    "case | training step: prnn-tvm ms, cuDNN ms, speedup | forward alone: prnn-tvm ms, cuDNN ms | "
+    "gradients' relative difference"
+)
 for kind, H, B, dtype in CASES:
     ref = getattr(torch.nn, kind)(H, H).cuda().to(dtype).train()
     fast = pt.from_torch(ref)
     x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)
-    hx = [(0.5 * torch.randn(1, B, H, device="cuda", dtype=dtype)).requires_grad_()
-          for _ in range(2 if kind == "LSTM" else 1)]
+    hx = [
+        (0.5 * torch.randn(1, B, H, device="cuda", dtype=dtype)).requires_grad_()
+        for _ in range(2 if kind == "LSTM" else 1)
+    ]
     want, got = [g.clone() for g in step(ref, x, hx)], step(fast, x, hx)
     err = worst(abs_error(g, w) / w.abs().max().item() for w, g in zip(want, got))
     ours, cudnn = ms(step, fast, x, hx), ms(step, ref, x, hx)
     with torch.no_grad():
         ours_fwd, cudnn_fwd = ms(fast, x), ms(ref, x)
     fast.check()
-    print(f"{kind} H={H} B={B} {str(dtype)[6:]} T={T} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_fwd:.3f}, "
-          f"{cudnn_fwd:.3f} | {err:.1e}", flush=True)
+    print(
+        f"{kind} H={H} B={B} {str(dtype)[6:]} T={T} | {ours:.3f}, {cudnn:.3f}, {cudnn / ours:.2f}x | {ours_fwd:.3f}, "
+        f"{cudnn_fwd:.3f} | {err:.1e}",
+        flush=True,
+    )

@@ -29,8 +29,12 @@ def direct_seeds(plan, gpu, limit: int) -> list[dict]:
         g = template.geometry(cfg, plan)
         most = max(m for m in per_warp if g.m_tiles % m == 0)
         if cfg.m_tiles_per_warp == most and g.batch_chunks <= 4 and 4 <= g.threads // 32 <= 16:
-            key = (abs(cfg.units_per_cta - 16) + 0.5 * (cfg.units_per_cta < 16), abs(g.threads // 32 - 8),
-                   cfg.poll_sleep, cfg.batch_groups)
+            key = (
+                abs(cfg.units_per_cta - 16) + 0.5 * (cfg.units_per_cta < 16),
+                abs(g.threads // 32 - 8),
+                cfg.poll_sleep,
+                cfg.batch_groups,
+            )
             found.append((key, cfg.as_dict()))
     return [knobs for _, knobs in sorted(found, key=lambda entry: entry[0])[:limit]]
 
@@ -45,14 +49,27 @@ def main():
         known = records.ranked(records.load(log), key)
         best = [r.config for r in known[:3]]
         seeds = best + [c for c in direct_seeds(plan, gpu, args.seeds) if c not in best]
-        tune(cell, hidden, batch, dtype="float16", arch=args.arch, trials=len(seeds) + args.trials, log_path=log,
-             workers=args.workers, progress=False, first=seeds, remeasure=True)
+        tune(
+            cell,
+            hidden,
+            batch,
+            dtype="float16",
+            arch=args.arch,
+            trials=len(seeds) + args.trials,
+            log_path=log,
+            workers=args.workers,
+            progress=False,
+            first=seeds,
+            remeasure=True,
+        )
         after = records.ranked(records.load(log), key)
         direct = next((r for r in after if r.config.get("operand_path") == "direct"), None)
         before = f"{known[0].per_step_s * 1e6:.3f}" if known else "none"
-        print(f"{case}: best {before} -> {after[0].per_step_s * 1e6:.3f} us/step {after[0].config}; best direct "
-              f"{direct.per_step_s * 1e6 if direct else float('nan'):.3f} {direct.config if direct else ''}",
-              flush=True)
+        print(
+            f"{case}: best {before} -> {after[0].per_step_s * 1e6:.3f} us/step {after[0].config}; best direct "
+            f"{direct.per_step_s * 1e6 if direct else float('nan'):.3f} {direct.config if direct else ''}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":  # build workers are spawned and import this file

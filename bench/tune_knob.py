@@ -53,8 +53,11 @@ def main():
     p.add_argument("--values", nargs="+", type=lambda v: int(v) if v.isdigit() else v, required=True)
     p.add_argument("--dtype", default="float16")
     p.add_argument("--top", type=int, default=6)
-    p.add_argument("--remeasure", action="store_true",
-                   help="measure the seeded configs again where the log has them (after a change to the kernels)")
+    p.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="measure the seeded configs again where the log has them (after a change to the kernels)",
+    )
     args = p.parse_args()
 
     for case, cell, hidden, batch, plan, gpu, log in cases(args, args.dtype):
@@ -62,11 +65,24 @@ def main():
         known = records.for_key(records.load(log), records.key_for(plan, gpu, template.name))
         before = min((r.per_step_s for r in known if r.ok), default=float("nan")) * 1e6
         seeds = with_knob(ConfigSpace(plan, gpu, template), known, args.knob, args.values, args.top)
-        res = tune(cell, hidden, batch, dtype=args.dtype, arch=args.arch, trials=len(seeds) + args.trials,
-                   log_path=log, workers=args.workers, progress=False, first=seeds,
-                   remeasure=args.remeasure)
-        print(f"{case}: {len(seeds)} seeded; best {before:.3f} -> {res.best.per_step_s * 1e6:.3f} us/step "
-              f"{res.best.config}, {res.errors} errors", flush=True)
+        res = tune(
+            cell,
+            hidden,
+            batch,
+            dtype=args.dtype,
+            arch=args.arch,
+            trials=len(seeds) + args.trials,
+            log_path=log,
+            workers=args.workers,
+            progress=False,
+            first=seeds,
+            remeasure=args.remeasure,
+        )
+        print(
+            f"{case}: {len(seeds)} seeded; best {before:.3f} -> {res.best.per_step_s * 1e6:.3f} us/step "
+            f"{res.best.config}, {res.errors} errors",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":  # build workers are spawned and import this file

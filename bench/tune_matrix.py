@@ -26,13 +26,24 @@ def main():
     for cell in args.cells:
         for hidden in args.hidden:
             for batch in args.batch:
-                res = tune(cell, hidden, batch, seq_len=args.seq, trials=args.trials, log_path=args.log,
-                           workers=args.workers, progress=False)
+                res = tune(
+                    cell,
+                    hidden,
+                    batch,
+                    seq_len=args.seq,
+                    trials=args.trials,
+                    log_path=args.log,
+                    workers=args.workers,
+                    progress=False,
+                )
                 best = res.best.per_step_s * 1e6 if res.best else float("nan")
                 default = res.default.per_step_s * 1e6 if res.default else float("nan")
-                print(f"{cell:9s} H={hidden:<5d} B={batch:<3d} {len(res.new):3d} trials {res.errors:2d} errors  "
-                      f"default {default:6.2f}  tuned {best:6.2f} us/step  {default / best:5.2f}x  "
-                      f"{res.seconds:5.1f} s", flush=True)
+                print(
+                    f"{cell:9s} H={hidden:<5d} B={batch:<3d} {len(res.new):3d} trials {res.errors:2d} errors  "
+                    f"default {default:6.2f}  tuned {best:6.2f} us/step  {default / best:5.2f}x  "
+                    f"{res.seconds:5.1f} s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":  # build workers are spawned and import this file

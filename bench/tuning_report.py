@@ -54,8 +54,10 @@ for key in dict.fromkeys(r.key for r in recs):
     b = best.per_step_s if best else math.inf
     knobs = knob_text(best.config) if best else ""
     speedup = f"{d / b:.2f}x" if math.isfinite(d) and math.isfinite(b) else "n/a"
-    print(f"| {mine[0].cell} | {key.hidden} | {key.batch} | {len(mine)} | {sum(not r.ok for r in mine)} | {us(d)} "
-          f"| {us(b)} | {speedup} | {knobs} |")
+    print(
+        f"| {mine[0].cell} | {key.hidden} | {key.batch} | {len(mine)} | {sum(not r.ok for r in mine)} | {us(d)} "
+        f"| {us(b)} | {speedup} | {knobs} |"
+    )
 
 if args.grid:
     grid = records.load(args.grid)
@@ -64,16 +66,20 @@ if args.grid:
     per_step = known_times(space, records.for_key(grid, grid[0].key))
     missing = len(space) - len(per_step)
     best = min(per_step.values())
-    print(f"\n## Search vs random on an exhaustively measured space\n\n{grid[0].cell} hidden={plan.hidden} "
-          f"batch={plan.batch}: {len(per_step)} of {len(space)} valid configs measured ({missing} missing), "
-          f"{sum(not math.isfinite(v) for v in per_step.values())} failed; best {us(best)} us/step, median "
-          f"{us(sorted(per_step.values())[len(per_step) // 2])}. Mean over {args.seeds} seeds of "
-          "(exhaustive best / best found), and in brackets the share of seeds reaching 95%:\n")
+    print(
+        f"\n## Search vs random on an exhaustively measured space\n\n{grid[0].cell} hidden={plan.hidden} "
+        f"batch={plan.batch}: {len(per_step)} of {len(space)} valid configs measured ({missing} missing), "
+        f"{sum(not math.isfinite(v) for v in per_step.values())} failed; best {us(best)} us/step, median "
+        f"{us(sorted(per_step.values())[len(per_step) // 2])}. Mean over {args.seeds} seeds of "
+        "(exhaustive best / best found), and in brackets the share of seeds reaching 95%:\n"
+    )
     if missing:  # replaying needs every config's time; unmeasured ones count as failed
         per_step.update({i: math.inf for i in range(len(space)) if i not in per_step})
-    strategies = {"xgb, rank objective (default)": lambda: ModelSearch(XGBoostCostModel("rank")),
-                  "xgb, regression objective": lambda: ModelSearch(XGBoostCostModel("regression")),
-                  "random": RandomSearch}
+    strategies = {
+        "xgb, rank objective (default)": lambda: ModelSearch(XGBoostCostModel("rank")),
+        "xgb, regression objective": lambda: ModelSearch(XGBoostCostModel("regression")),
+        "random": RandomSearch,
+    }
     print("| search | 16 trials | 32 trials | 64 trials |\n|---|---|---|---|")
     for name, make in strategies.items():
         res = replay(space, per_step, make, budgets=(16, 32, 64), seeds=range(args.seeds))

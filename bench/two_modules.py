@@ -8,7 +8,6 @@ with no host work between them; the eager call adds what the host costs. Every f
 median of CUDA-event runs in one process (``prnn_tvm.bench.baselines.cuda_event_times``).
 """
 
-
 import torch
 
 import prnn_tvm.torch as pt
@@ -33,7 +32,7 @@ def kernel_alone(module, fast, inputs):
     """``module``'s recurrent kernel with pre-bound arguments, on the projection of ``inputs``."""
     layer = fast.layer_for(B, inputs.device)
     xp = torch.addmm(module.bias_ih_l0, inputs.view(T * B, H), module.weight_ih_l0.t()).view(T, B, -1)
-    (name, bound), = layer.bind_recurrent(xp, module.weight_hh_l0.detach(), module.bias_hh_l0.detach()).launches
+    ((name, bound),) = layer.bind_recurrent(xp, module.weight_hh_l0.detach(), module.bias_hh_l0.detach()).launches
     function = layer.module[name]
     return lambda: function(*bound)
 
@@ -47,8 +46,9 @@ with torch.no_grad():
     parts = {
         "LSTM projection (cuBLAS)": ms(lambda: torch.addmm(lstm.bias_ih_l0, x.view(T * B, H), lstm.weight_ih_l0.t())),
         "LSTM persistent kernel": ms(kernel_alone(lstm, fast_lstm, x)),
-        "GRU projection (cuBLAS)": ms(lambda: torch.addmm(gru.bias_ih_l0, between.view(T * B, H),
-                                                          gru.weight_ih_l0.t())),
+        "GRU projection (cuBLAS)": ms(
+            lambda: torch.addmm(gru.bias_ih_l0, between.view(T * B, H), gru.weight_ih_l0.t())
+        ),
         "GRU persistent kernel": ms(kernel_alone(gru, fast_gru, between)),
     }
     kernels = sum(parts.values())

@@ -51,8 +51,9 @@ class Timing:
         return self.recurrent_s / self.seq_len
 
 
-def check_against_reference(layer: Layer, seq_len: int, tolerance: float, seed: int = 0,
-                            lengths: np.ndarray | None = None) -> CheckResult:
+def check_against_reference(
+    layer: Layer, seq_len: int, tolerance: float, seed: int = 0, lengths: np.ndarray | None = None
+) -> CheckResult:
     """Run ``layer`` on random inputs (and the per-row ``lengths``, if given) and compare with the cell's
     NumPy reference in float64."""
     inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
@@ -75,8 +76,9 @@ def layer_gradients(layer: Layer, inputs: dict, d_out: np.ndarray, d_finals: dic
     recurrent = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
     d_xp, rest = backward(xp, **recurrent, d_out=d_out, **{f"d_{s}_n": d for s, d in d_finals.items()})
     grads = dict(zip((a.name[2:] for a in backward.signature.outputs[1:]), rest))
-    grads.update(x=d_xp @ W_ih, W_ih=d_xp.reshape(-1, d_xp.shape[-1]).T @ x.reshape(-1, x.shape[-1]),
-                 b_ih=d_xp.sum((0, 1)))
+    grads.update(
+        x=d_xp @ W_ih, W_ih=d_xp.reshape(-1, d_xp.shape[-1]).T @ x.reshape(-1, x.shape[-1]), b_ih=d_xp.sum((0, 1))
+    )
     return grads
 
 
@@ -87,16 +89,18 @@ def gradient_check_hidden(plan) -> int:
     return -(-GRADIENT_CHECK["hidden"] // heads) * heads
 
 
-def check_gradients(cell, directions: int = 3, step: float = 1e-6, tolerance: float = 1e-6,
-                    seed: int = 0, hidden: int | None = None) -> CheckResult:
+def check_gradients(
+    cell, directions: int = 3, step: float = 1e-6, tolerance: float = 1e-6, seed: int = 0, hidden: int | None = None
+) -> CheckResult:
     """The backward the compiler derives for ``cell`` against central differences of its forward, both the
     float64 CPU build at :data:`GRADIENT_CHECK`'s size (``hidden`` in place of its hidden size: a cell of
     heads takes :func:`gradient_check_hidden`): the derivative of ``L = sum(out * w) + sum_s
     sum(final_s * w_s)`` along random directions over every argument. The error is relative to the
     derivative's size where that passes 1."""
     size = GRADIENT_CHECK if hidden is None else {**GRADIENT_CHECK, "hidden": hidden}
-    layer = compile_cell(cell, size["hidden"], size["batch"], input_size=size["input_size"], dtype="float64",
-                         target="llvm")
+    layer = compile_cell(
+        cell, size["hidden"], size["batch"], input_size=size["input_size"], dtype="float64", target="llvm"
+    )
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     inputs = random_inputs(layer.plan, size["seq_len"], size["input_size"], seed=seed)
@@ -105,8 +109,7 @@ def check_gradients(cell, directions: int = 3, step: float = 1e-6, tolerance: fl
 
     def loss(args: dict) -> float:
         out, finals = layer(**args)
-        return float((out * d_out).sum() + sum((f * d_finals[s.name]).sum() for s, f in zip(layer.plan.states,
-                                                                                          finals)))
+        return float((out * d_out).sum() + sum((f * d_finals[s.name]).sum() for s, f in zip(layer.plan.states, finals)))
 
     grads = layer_gradients(layer, inputs, d_out, d_finals)
     errors = []

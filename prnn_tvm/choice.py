@@ -81,8 +81,11 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
         if problem:
             raise ConfigError(f"config {cfg} of cell '{plan.cell.name}': {problem}")
         return kernel, built, ConfigChoice(cfg, ConfigOrigin.USER, template=template)
-    defaults = [ConfigChoice(cfg, ConfigOrigin.DEFAULT, template=t) for t in templates
-                for cfg in t.default_configs(plan, target, gpu)]
+    defaults = [
+        ConfigChoice(cfg, ConfigOrigin.DEFAULT, template=t)
+        for t in templates
+        for cfg in t.default_configs(plan, target, gpu)
+    ]
     if not defaults:  # no template with knobs: the first builds as it is
         kernel = templates[0].apply(plan, target, gpu)
         return kernel, build(kernel), ConfigChoice(None, ConfigOrigin.NONE, template=templates[0])
@@ -105,8 +108,11 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
         failures.append(f"{problem or f'spills {built.spill_bytes} B'} here")
         log.info("%s: the tuned config %s %s", plan.cell.name, choice.config, failures[-1])
     if failures:
-        why_default = (f"the tuned config {failures[0]}" if len(failures) == 1
-                       else f"the {len(failures)} fastest tuned configs: {', '.join(failures)}")
+        why_default = (
+            f"the tuned config {failures[0]}"
+            if len(failures) == 1
+            else f"the {len(failures)} fastest tuned configs: {', '.join(failures)}"
+        )
     candidates = [replace(choice, reason=why_default) for choice in defaults]
     passed_over, unfit = [], 0
     for i, choice in enumerate(candidates):
@@ -116,17 +122,21 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
         if problem:  # it could not run at all: the next, or a refusal
             log.info("%s: default config %s: %s; trying the next one", plan.cell.name, choice.config, problem)
             if i == len(candidates) - 1:
-                raise ConfigError(f"no default config of cell '{plan.cell.name}' can launch; the last, "
-                                  f"{choice.config}: {problem}")
+                raise ConfigError(
+                    f"no default config of cell '{plan.cell.name}' can launch; the last, {choice.config}: {problem}"
+                )
             unfit += 1
             continue
         if not built.spill_bytes or i == len(candidates) - 1:
             if unfit:
-                choice = replace(choice, reason=f"{choice.reason}; {unfit} ranked before it cannot be co-resident "
-                                 "with ptxas's registers")
+                choice = replace(
+                    choice,
+                    reason=f"{choice.reason}; {unfit} ranked before it cannot be co-resident with ptxas's registers",
+                )
             return kernel, built, replace(choice, passed_over=tuple(passed_over))
-        log.info("%s: default config %s spills %d B; trying the next one", plan.cell.name, choice.config,
-                 built.spill_bytes)
+        log.info(
+            "%s: default config %s spills %d B; trying the next one", plan.cell.name, choice.config, built.spill_bytes
+        )
         passed_over.append(built.spill_bytes)
     raise AssertionError("unreachable: the last candidate is returned or refused")
 
@@ -142,8 +152,10 @@ def _callers_config(templates, config) -> tuple:
             errors.append((template, err))
     if len(errors) == 1:
         raise errors[0][1]
-    raise ConfigError("no template that places this cell takes the config "
-                      + "; ".join(f"{template.name}: {err}" for template, err in errors))
+    raise ConfigError(
+        "no template that places this cell takes the config "
+        + "; ".join(f"{template.name}: {err}" for template, err in errors)
+    )
 
 
 def unlaunchable(kernel, built, gpu) -> str:
@@ -158,16 +170,26 @@ def unlaunchable(kernel, built, gpu) -> str:
     fit = resident_ctas(grid, gpu)
     if grid.ctas <= fit:
         return ""
-    return (f"its grid of {grid.ctas} CTAs cannot be co-resident on {gpu.arch}: ptxas gives {fn.registers} "
-            f"registers per thread and {grid.smem_bytes} bytes of shared memory per CTA of {grid.threads} threads, "
-            f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs")
+    return (
+        f"its grid of {grid.ctas} CTAs cannot be co-resident on {gpu.arch}: ptxas gives {fn.registers} "
+        f"registers per thread and {grid.smem_bytes} bytes of shared memory per CTA of {grid.threads} threads, "
+        f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs"
+    )
+
+
+def _names(logs) -> str:
+    """The logs a compile read, by file name (by path where two share a name); a missing one is left out,
+    unless none exists."""
+    shown = [Path(p) for p in logs if Path(p).is_file()] or [Path(p) for p in logs]
+    names = [p.name for p in shown]
+    return ", ".join(names if len(set(names)) == len(names) else map(str, shown))
 
 
 def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
     """(the fastest recorded configs of ``plan`` for any of ``templates`` as choices, best first, at most
     ``TUNED_CANDIDATES``, "") or ([], why the default is used)."""
     if logs is None:
-        logs = [records.default_log(gpu.arch)]
+        logs = records.default_logs(gpu.arch)
     elif isinstance(logs, (str, Path)):
         logs = [logs]
     if not logs:
@@ -195,7 +217,7 @@ def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
             reason = f"{record.per_step_s * 1e6:.2f} us/step measured{measured_for} on {record.device or key.arch}"
             ranked.append((record.per_step_s, key, ConfigChoice(cfg, ConfigOrigin.TUNED, reason, template=template)))
     if not recorded:
-        where = ", ".join(Path(p).name for p in logs)
+        where = _names(logs)
         other = "; ".join(n for n in near if n)
         if other:
             log.info("%s: %s", plan.cell.name, other)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from .cache import layers as layer_cache
 from .choice import choose_and_build
 from .codegen.build import Built, build_functions, build_module
 from .codegen.kernel import Kernel, layer_signature
@@ -21,7 +22,7 @@ from .frontend.plan import CellPlan
 from .frontend.registry import resolve
 from .frontend.stack import stacked
 from .report import CompileReport
-from .runtime import binding
+from .runtime import limits
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
 from .schedules import backward_for, gpu_backward, saving_forward, templates_for
@@ -32,10 +33,22 @@ from .target import GpuSpec, gpu_spec
 log = logging.getLogger(__name__)
 
 
-def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int | None = None,
-                 seq_len: int | None = None, dtype: str = "float32", target: str = "cuda",
-                 arch: str | None = None, config=None, tuning_logs=None, layers: int = 1,
-                 bidirectional: bool = False) -> Layer:
+def compile_cell(
+    cell: str | Cell,
+    hidden: int,
+    batch: int,
+    *,
+    input_size: int | None = None,
+    seq_len: int | None = None,
+    dtype: str = "float32",
+    target: str = "cuda",
+    arch: str | None = None,
+    config=None,
+    tuning_logs=None,
+    layers: int = 1,
+    bidirectional: bool = False,
+    cache: bool = True,
+) -> Layer:
     """Compile a recurrent cell into a layer: input projection + recurrent kernel.
 
     Parameters
@@ -76,6 +89,11 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
         is ``2 * hidden`` wide (forward, reverse). ``W_ih`` and ``b_ih`` are both directions' stacked
         (forward rows first); the cell's own arguments are named per direction, ``fwd_W_hh``,
         ``rev_h0``. Not with ``layers > 1`` (a layer above reads the whole of both directions).
+    cache : bool
+        Look the layer up in the on-disk layer cache first, and store it there once built (``prnn_tvm.cache``:
+        a later process gets it in milliseconds). False compiles it here whatever the cache holds; the
+        environment turns the cache off for every compile (``PRNN_TVM_CACHE=0``) and moves it
+        (``PRNN_TVM_CACHE_DIR``).
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
@@ -84,21 +102,37 @@ def compile_cell(cell: str | Cell, hidden: int, batch: int, *, input_size: int |
     cell = stacked(resolve(cell), layers)
     if bidirectional:
         if layers > 1:
-            raise ConfigError("a bidirectional stack cannot run as one wavefront (layer l + 1 reads the whole of "
-                              "both directions of layer l): compile each layer with bidirectional=True")
+            raise ConfigError(
+                "a bidirectional stack cannot run as one wavefront (layer l + 1 reads the whole of "
+                "both directions of layer l): compile each layer with bidirectional=True"
+            )
         cell = both_directions(cell)
-    hidden, batch, input_size, seq_len = (_positive(name, value) for name, value in (
-        ("hidden", hidden), ("batch", batch), ("input_size", input_size), ("seq_len", seq_len)))
+    hidden, batch, input_size, seq_len = (
+        _positive(name, value)
+        for name, value in (("hidden", hidden), ("batch", batch), ("input_size", input_size), ("seq_len", seq_len))
+    )
     input_size = input_size or hidden
     policy(dtype)  # refuses a dtype the compiler does not support, naming the ones it does
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
     _check_index_range(layer_signature(plan, input_size))
-    kernel, built, choice = choose_and_build(plan, templates_for(plan, tgt), tgt, gpu,
-                                             lambda k: build_module(plan, k, input_size, tgt, gpu), config, tuning_logs)
+    key = layer_cache.key_for(plan, input_size, seq_len, tgt, gpu, config, tuning_logs, layers, bidirectional, cache)
+    found = layer_cache.lookup(key, plan, tgt, gpu, input_size)
+    if found is not None:
+        return found
+    with layer_cache.warnings_logged() as warnings:
+        kernel, built, choice = choose_and_build(
+            plan,
+            templates_for(plan, tgt),
+            tgt,
+            gpu,
+            lambda k: build_module(plan, k, input_size, tgt, gpu),
+            config,
+            tuning_logs,
+        )
     rep = _report(plan, kernel, built, input_size, seq_len, gpu, choice)
     log.info("compiled %s: %s", cell.name, rep.format().replace("\n", "; "))
-    return Layer(plan, kernel, built, input_size, tgt, gpu, rep)
+    return layer_cache.store(key, Layer(plan, kernel, built, input_size, tgt, gpu, rep), warnings)
 
 
 def compile_backward(layer: Layer) -> RuntimeLayer:
@@ -108,11 +142,17 @@ def compile_backward(layer: Layer) -> RuntimeLayer:
     ``(d_xp, (d_<weight>..., d_<param>..., d_<state>0...))`` (see ``signature.backward_args``). CPU
     builds only so far."""
     if layer._backward is None:
-        kernel = backward_for(layer.plan, layer.target)
-        signature = Signature(layer.plan.cell.name, layer.plan.batch, layer.plan.hidden, layer.input_size,
-                              layer.plan.dtype, (kernel.launch,))
-        module = build_functions({"recurrent_backward": kernel.func}, layer.target, None).module
-        plan = layer.plan
+        plan, key = layer.plan, layer_cache.backward_key(layer)
+        found = layer_cache.lookup_kernels(key, layer.target, None)
+        if found is not None:
+            module, (signature,), _ = found
+        else:
+            kernel = backward_for(plan, layer.target)
+            signature = Signature(
+                plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype, (kernel.launch,)
+            )
+            module = build_functions({"recurrent_backward": kernel.func}, layer.target, None).module
+            module = layer_cache.store_kernels(key, module, [signature], None, layer.target, None, {})
         widest = max(plan.input.slices, len(plan.states), sum(r.slices for r in plan.reductions))
         layer._backward = _BackwardLayer(signature, module, plan.batch * plan.hidden * widest)
     return layer._backward
@@ -128,11 +168,13 @@ class _BackwardLayer(RuntimeLayer):
 
     def _bind(self, signature: Signature, args: tuple, kwargs: dict):
         call = super()._bind(signature, args, kwargs)
-        if call.chunks > 1 or call.seq_len * self.per_step > binding.MAX_ELEMENTS:
-            raise InputError(f"backpropagation through {call.seq_len} steps needs buffers of "
-                             f"{call.seq_len * self.per_step} elements, and kernels index with 32-bit integers (at "
-                             f"most {binding.MAX_ELEMENTS}): train on shorter pieces of the sequence (truncated "
-                             "backpropagation through time)")
+        if call.chunks > 1 or call.seq_len * self.per_step > limits.MAX_ELEMENTS:
+            raise InputError(
+                f"backpropagation through {call.seq_len} steps needs buffers of "
+                f"{call.seq_len * self.per_step} elements, and kernels index with 32-bit integers (at "
+                f"most {limits.MAX_ELEMENTS}): train on shorter pieces of the sequence (truncated "
+                "backpropagation through time)"
+            )
         return call
 
 
@@ -164,36 +206,54 @@ def compile_training(layer: Layer) -> Training:
     half layer needs a float32 layer's registers), saying so; the CPU build trains every layer
     (:func:`compile_backward`)."""
     if layer._training is None:
-        plan, target, gpu = layer.plan, layer.target, layer.gpu
-        if target.kind.name != "cuda":
-            raise ConfigError("compile_training builds CUDA layers' training kernels; a CPU layer's backward is "
-                              "compile_backward(layer)")
-        try:
-            save = saving_forward(plan, target, gpu, layer.kernel.config)
-            backwards = gpu_backward(plan, gpu)
-        except ConfigError as err:
-            widened = (f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens
-                       else "")
-            raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
-        for backward in backwards:
-            built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)
-            if built.ptxas is None or not built.ptxas.function("recurrent_backward").spills:
-                break  # else the next, with fewer weights per thread (the last is kept, spills said below)
-        runtimes, lines = [], []
-        for kernel in (save, backward):
-            launch = kernel.launch
-            fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
-            signature = Signature(plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype, (launch,))
-            if fn is not None:
-                signature = signature.with_grid(launch.function, registers=fn.registers,
-                                                static_smem_bytes=fn.static_smem_bytes)
-            runtimes.append(RuntimeLayer(signature, built.module, True, layer.barrier_timeout_us))
-            figures = (f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note)
-            lines.append(f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures}")
-        lines[-1] += f" ({' '.join(f'{k}={v}' for k, v in backward.config.as_dict().items())})"
-        layer._training = Training(plan, *runtimes, "\n".join(lines))
-        log.info("training kernels of %s: %s", plan.cell.name, "; ".join(lines))
+        if layer.target.kind.name != "cuda":
+            raise ConfigError(
+                "compile_training builds CUDA layers' training kernels; a CPU layer's backward is "
+                "compile_backward(layer)"
+            )
+        key = layer_cache.training_key(layer)
+        found = layer_cache.lookup_kernels(key, layer.target, layer.gpu)
+        if found is not None:
+            module, signatures, info = found
+            report = info["report"]
+        else:
+            signatures, built, report = _build_training(layer)
+            module = layer_cache.store_kernels(
+                key, built.module, signatures, built.source, layer.target, layer.gpu, {"report": report}
+            )
+        runtimes = [RuntimeLayer(signature, module, True, layer.barrier_timeout_us) for signature in signatures]
+        layer._training = Training(layer.plan, *runtimes, report)
+        log.info("training kernels of %s: %s", layer.plan.cell.name, report.replace("\n", "; "))
     return layer._training
+
+
+def _build_training(layer: Layer) -> tuple[list, Built, str]:
+    """The signatures of the saving forward and the backward of a CUDA ``layer``, their module and the report."""
+    plan, target, gpu = layer.plan, layer.target, layer.gpu
+    try:
+        save = saving_forward(plan, target, gpu, layer.kernel.config)
+        backwards = gpu_backward(plan, gpu)
+    except ConfigError as err:
+        widened = f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens else ""
+        raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
+    for backward in backwards:
+        built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)
+        if built.ptxas is None or not built.ptxas.function("recurrent_backward").spills:
+            break  # else the next, with fewer weights per thread (the last is kept, spills said below)
+    signatures, lines = [], []
+    for kernel in (save, backward):
+        launch = kernel.launch
+        fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
+        signature = Signature(plan.cell.name, plan.batch, plan.hidden, layer.input_size, plan.dtype, (launch,))
+        if fn is not None:
+            signature = signature.with_grid(
+                launch.function, registers=fn.registers, static_smem_bytes=fn.static_smem_bytes
+            )
+        signatures.append(signature)
+        figures = f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note
+        lines.append(f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures}")
+    lines[-1] += f" ({' '.join(f'{k}={v}' for k, v in backward.config.as_dict().items())})"
+    return signatures, built, "\n".join(lines)
 
 
 def _check_index_range(signature) -> None:
@@ -201,11 +261,13 @@ def _check_index_range(signature) -> None:
     has 2^31 elements or more (longer sequences run in chunks: ``prnn_tvm.runtime.binding``)."""
     for arg in signature.inputs + signature.outputs:
         elements = math.prod(int(d) for d in arg.shape if d != SEQ)
-        if elements > binding.MAX_ELEMENTS:
+        if elements > limits.MAX_ELEMENTS:
             what = "one step of " if SEQ in arg.shape else ""
-            raise ConfigError(f"{what}{arg.name} would have {elements} elements ({' x '.join(map(str, arg.shape))}); "
-                              "kernels index a buffer with 32-bit integers, so at most "
-                              f"{binding.MAX_ELEMENTS}: lower hidden, batch or input_size")
+            raise ConfigError(
+                f"{what}{arg.name} would have {elements} elements ({' x '.join(map(str, arg.shape))}); "
+                "kernels index a buffer with 32-bit integers, so at most "
+                f"{limits.MAX_ELEMENTS}: lower hidden, batch or input_size"
+            )
 
 
 def _positive(name: str, value) -> int | None:
@@ -225,8 +287,10 @@ def _target(target, arch):
         kind = {"cpu": "llvm"}.get(str(target), str(target))
     if kind == "llvm":
         if arch is not None:
-            raise ConfigError(f"arch={arch!r} is a CUDA architecture, and target 'llvm' is the CPU build, which takes "
-                              "none: drop arch, or compile for target='cuda'")
+            raise ConfigError(
+                f"arch={arch!r} is a CUDA architecture, and target 'llvm' is the CPU build, which takes "
+                "none: drop arch, or compile for target='cuda'"
+            )
         return tvm.target.Target("llvm"), None
     if kind == "cuda":
         gpu = arch if isinstance(arch, GpuSpec) else gpu_spec(arch)
@@ -234,19 +298,34 @@ def _target(target, arch):
     raise ConfigError(f"unknown target '{target}'; use 'cuda' or 'llvm'")
 
 
-def _report(plan: CellPlan, kernel: Kernel, built: Built, input_size: int, seq_len: int | None,
-            gpu: GpuSpec | None, choice) -> CompileReport:
+def _report(
+    plan: CellPlan, kernel: Kernel, built: Built, input_size: int, seq_len: int | None, gpu: GpuSpec | None, choice
+) -> CompileReport:
     fn, grid = built.recurrent, kernel.launch.grid
     return CompileReport(
-        cell=plan.cell.name, fingerprint=plan.fingerprint(), batch=plan.batch, hidden=plan.hidden,
-        input_size=input_size, seq_len=seq_len, dtype=plan.dtype,
-        target=f"cuda {gpu.arch}" if gpu else "llvm (CPU reference)", template=kernel.template,
+        cell=plan.cell.name,
+        fingerprint=plan.fingerprint(),
+        batch=plan.batch,
+        hidden=plan.hidden,
+        input_size=input_size,
+        seq_len=seq_len,
+        dtype=plan.dtype,
+        target=f"cuda {gpu.arch}" if gpu else "llvm (CPU reference)",
+        template=kernel.template,
         config=kernel.config.as_dict() if kernel.config is not None else {},
-        config_origin=choice.origin, config_detail=choice.describe(), config_passed_over=choice.passed_over,
-        ctas=grid and grid.ctas, threads=grid and grid.threads, dynamic_smem_bytes=grid and grid.dynamic_smem_bytes,
-        registers=fn and fn.registers, stack_bytes=fn and fn.stack_bytes, spill_store_bytes=fn and fn.spill_store_bytes,
-        spill_load_bytes=fn and fn.spill_load_bytes, static_smem_bytes=fn and fn.static_smem_bytes,
-        ptxas_note=built.note, projection_ptxas=_projection_figures(built),
+        config_origin=choice.origin,
+        config_detail=choice.describe(),
+        config_passed_over=choice.passed_over,
+        ctas=grid and grid.ctas,
+        threads=grid and grid.threads,
+        dynamic_smem_bytes=grid and grid.dynamic_smem_bytes,
+        registers=fn and fn.registers,
+        stack_bytes=fn and fn.stack_bytes,
+        spill_store_bytes=fn and fn.spill_store_bytes,
+        spill_load_bytes=fn and fn.spill_load_bytes,
+        static_smem_bytes=fn and fn.static_smem_bytes,
+        ptxas_note=built.note,
+        projection_ptxas=_projection_figures(built),
     )
 
 
@@ -255,5 +334,7 @@ def _projection_figures(built: Built) -> str:
     if built.ptxas is None:
         return ""
     fn = built.ptxas.function("projection")
-    return (f"{fn.registers} registers/thread, {fn.spills} B spills, {fn.stack_bytes} B stack, "
-            f"{fn.static_smem_bytes} B static shared memory")
+    return (
+        f"{fn.registers} registers/thread, {fn.spills} B spills, {fn.stack_bytes} B stack, "
+        f"{fn.static_smem_bytes} B static shared memory"
+    )

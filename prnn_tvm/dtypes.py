@@ -39,7 +39,6 @@ class MmaOperand:
     min_arch: int
 
 
-
 def mma_dims(shape: str) -> tuple[int, int, int]:
     """``(m, n, k)`` of an ``mma.sync`` shape (``"m16n8k16"`` -> (16, 8, 16)): rows of A, columns of B, the
     reduction."""
@@ -107,16 +106,50 @@ class DtypePolicy:
 # rounding, measured at 2e-16..5e-16 at T=64 on every built-in cell.
 M16N8K16 = "m16n8k16"
 POLICIES = {
-    "float32": DtypePolicy(storage="float32", accumulate="float32", compute="float32", error_per_step=1e-5,
-                           c_type="float", torch_type="float32", record_family="float32"),
-    "float16": DtypePolicy(storage="float16", accumulate="float32", compute="float32", error_per_step=1e-2 / 16,
-                           c_type="half", torch_type="float16", record_family="half", error_floor=2.0**-9,
-                           fast_math=True, mma=MmaOperand("fp16", M16N8K16, "fp32", 80)),
-    "bfloat16": DtypePolicy(storage="bfloat16", accumulate="float32", compute="float32", error_per_step=4e-2 / 16,
-                            c_type="nv_bfloat16", torch_type="bfloat16", record_family="half", error_floor=2.0**-6,
-                            fast_math=True, mma=MmaOperand("bf16", M16N8K16, "fp32", 80), cast_through_bits=True),
-    "float64": DtypePolicy(storage="float64", accumulate="float64", compute="float64", error_per_step=1e-12,
-                           c_type="double", torch_type="float64", record_family="float64", gpu=False),
+    "float32": DtypePolicy(
+        storage="float32",
+        accumulate="float32",
+        compute="float32",
+        error_per_step=1e-5,
+        c_type="float",
+        torch_type="float32",
+        record_family="float32",
+    ),
+    "float16": DtypePolicy(
+        storage="float16",
+        accumulate="float32",
+        compute="float32",
+        error_per_step=1e-2 / 16,
+        c_type="half",
+        torch_type="float16",
+        record_family="half",
+        error_floor=2.0**-9,
+        fast_math=True,
+        mma=MmaOperand("fp16", M16N8K16, "fp32", 80),
+    ),
+    "bfloat16": DtypePolicy(
+        storage="bfloat16",
+        accumulate="float32",
+        compute="float32",
+        error_per_step=4e-2 / 16,
+        c_type="nv_bfloat16",
+        torch_type="bfloat16",
+        record_family="half",
+        error_floor=2.0**-6,
+        fast_math=True,
+        mma=MmaOperand("bf16", M16N8K16, "fp32", 80),
+        cast_through_bits=True,
+    ),
+    "float64": DtypePolicy(
+        storage="float64",
+        accumulate="float64",
+        compute="float64",
+        error_per_step=1e-12,
+        c_type="double",
+        torch_type="float64",
+        record_family="float64",
+        gpu=False,
+    ),
 }
 GPU_DTYPES = tuple(d for d, p in POLICIES.items() if p.gpu)  # what the GPU templates place
 TENSOR_CORE_DTYPES = tuple(d for d, p in POLICIES.items() if p.mma is not None)

@@ -17,8 +17,13 @@ from .errors import PrnnError
 
 MiB = 1 << 20
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def regular_file(path: str | Path, what: str, expected: str, limit: int, error: type[PrnnError]) -> Path | None:
@@ -36,6 +41,8 @@ def regular_file(path: str | Path, what: str, expected: str, limit: int, error: 
         kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
         raise error(f"{what} {path} is {kind}; give the path of {expected}")
     if info.st_size > limit:
-        raise error(f"{what} {path} has {info.st_size} bytes, more than the {limit // MiB} MiB {expected} "
-                    "ever holds; give the path of one")
+        raise error(
+            f"{what} {path} has {info.st_size} bytes, more than the {limit // MiB} MiB {expected} "
+            "ever holds; give the path of one"
+        )
     return path

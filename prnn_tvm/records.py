@@ -42,20 +42,20 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 MAX_LOG_BYTES = 256 * MiB  # the shipped sm_90 log holds ~5,900 records in 3.7 MB
-MAX_SEQ_LEN = 2**31 - 1   # a timed sequence's length: kernels count steps in 32-bit integers
-MIN_STEP_S = 1e-8         # no recurrent step takes less than 10 ns (a grid barrier alone takes ~1 us)
-WARNED_LINES = 10         # corrupt lines of one file warned about one by one; the rest are counted
+MAX_SEQ_LEN = 2**31 - 1  # a timed sequence's length: kernels count steps in 32-bit integers
+MIN_STEP_S = 1e-8  # no recurrent step takes less than 10 ns (a grid barrier alone takes ~1 us)
+WARNED_LINES = 10  # corrupt lines of one file warned about one by one; the rest are counted
 
 
 class ErrorKind(str, Enum):
     """Why a config has no time: every failure of a trial becomes a record with one of these."""
 
-    BUILD = "build"        # TVM or nvcc failed
-    SPILL = "spill"        # ptxas spilled more than the tuner allows
-    LAUNCH = "launch"      # the launch was refused (co-residency, resources)
-    TIMEOUT = "timeout"    # a grid-barrier wait timed out
-    WRONG = "wrong"        # the output disagreed with the float64 reference
-    RUNTIME = "runtime"    # any other error while running
+    BUILD = "build"  # TVM or nvcc failed
+    SPILL = "spill"  # ptxas spilled more than the tuner allows
+    LAUNCH = "launch"  # the launch was refused (co-residency, resources)
+    TIMEOUT = "timeout"  # a grid-barrier wait timed out
+    WRONG = "wrong"  # the output disagreed with the float64 reference
+    RUNTIME = "runtime"  # any other error while running
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,10 @@ class TuneKey:
     tvm: str
 
     def describe(self) -> str:
-        return (f"math hash {self.fingerprint}, batch={self.batch} hidden={self.hidden} {self.dtype}, "
-                f"{self.arch} with {self.sms} SMs, {self.template}, TVM {self.tvm}")
+        return (
+            f"math hash {self.fingerprint}, batch={self.batch} hidden={self.hidden} {self.dtype}, "
+            f"{self.arch} with {self.sms} SMs, {self.template}, TVM {self.tvm}"
+        )
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,12 @@ class Record:
 
     key: TuneKey
     config: dict
-    costs: tuple = ()              # seconds per sequence, one per repeat (empty on error)
+    costs: tuple = ()  # seconds per sequence, one per repeat (empty on error)
     seq_len: int = 0
     error: ErrorKind | None = None
-    detail: str = ""               # the error's message, or a short note
-    cell: str = ""                 # the cell's name (informational; the key has its math hash)
-    registers: int | None = None   # ptxas, per thread
+    detail: str = ""  # the error's message, or a short note
+    cell: str = ""  # the cell's name (informational; the key has its math hash)
+    registers: int | None = None  # ptxas, per thread
     spill_bytes: int | None = None
     max_abs_error: float | None = None
     build_s: float = 0.0
@@ -152,8 +154,10 @@ class Record:
         if self.seq_len > MAX_SEQ_LEN:
             raise ValueError(f"seq_len {self.seq_len}: more steps than a kernel counts (at most {MAX_SEQ_LEN})")
         if self.costs and min(self.costs) / self.seq_len < MIN_STEP_S:
-            raise ValueError(f"costs {list(self.costs)} over seq_len {self.seq_len}: a step of "
-                             f"{min(self.costs) / self.seq_len:.1e} s is no measurement (at least {MIN_STEP_S:.0e} s)")
+            raise ValueError(
+                f"costs {list(self.costs)} over seq_len {self.seq_len}: a step of "
+                f"{min(self.costs) / self.seq_len:.1e} s is no measurement (at least {MIN_STEP_S:.0e} s)"
+            )
         k = self.key
         if not all(_is_int(getattr(k, f)) and getattr(k, f) > 0 for f in ("batch", "hidden", "sms")):
             raise ValueError(f"key {k}: batch, hidden and sms must be positive integers")
@@ -163,8 +167,9 @@ class Record:
             if not isinstance(value, str):
                 raise ValueError(f"{name} {value!r}: a string")
         if not isinstance(self.config, dict) or not all(
-                isinstance(knob, str) and (value is None or isinstance(value, (str, bool)) or _is_number(value))
-                for knob, value in self.config.items()):
+            isinstance(knob, str) and (value is None or isinstance(value, (str, bool)) or _is_number(value))
+            for knob, value in self.config.items()
+        ):
             raise ValueError(f"config {self.config!r}: a config is a dict of knobs (names to numbers or strings)")
         for name in ("registers", "spill_bytes"):
             value = getattr(self, name)
@@ -180,13 +185,27 @@ def key_for(plan, gpu, template: str) -> TuneKey:
     """The key of ``plan`` (a CellPlan) compiled for ``gpu`` (a GpuSpec) with ``template``."""
     import tvm  # only here: reading and writing records needs no compiler
 
-    return TuneKey(plan.fingerprint(), plan.batch, plan.hidden, plan.dtype, gpu.arch, gpu.sms, template,
-                   tvm.__version__)
+    return TuneKey(
+        plan.fingerprint(), plan.batch, plan.hidden, plan.dtype, gpu.arch, gpu.sms, template, tvm.__version__
+    )
 
 
 def default_log(arch: str) -> Path:
-    """The shipped log for ``arch`` (``tuning_logs/<arch>.jsonl`` inside the package)."""
+    """The shipped log for ``arch`` (``tuning_logs/<arch>.jsonl`` inside the package): read, never written."""
     return Path(str(resources.files("prnn_tvm.tuning_logs"))) / f"{arch}.jsonl"
+
+
+def user_log(arch: str) -> Path:
+    """Where ``prnn-tvm tune`` writes this user's records for ``arch`` by default:
+    ``$XDG_DATA_HOME/prnn-tvm/tuning_logs/<arch>.jsonl``, else under ``~/.local/share``."""
+    base = os.environ.get("XDG_DATA_HOME") or ""
+    data = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    return data / "prnn-tvm" / "tuning_logs" / f"{arch}.jsonl"
+
+
+def default_logs(arch: str) -> list[Path]:
+    """The logs a compile reads when none are named: the shipped one, then the user's (:func:`user_log`)."""
+    return [default_log(arch), user_log(arch)]
 
 
 def _is_int(value) -> bool:
@@ -246,9 +265,16 @@ def load(path: str | Path) -> list[Record]:
     if corrupt > WARNED_LINES:
         log.warning("%s: skipped %d more corrupt lines", path, corrupt - WARNED_LINES)
     for schema, lines in schemas.items():
-        log.warning("%s: skipping %d record(s) of schema %s (lines %d-%d); this prnn-tvm reads schema %d: %s", path,
-                    len(lines), _excerpt(schema), lines[0], lines[-1], SCHEMA,
-                    "use the prnn-tvm that wrote them" if _is_int(schema) and schema > SCHEMA else "tune again")
+        log.warning(
+            "%s: skipping %d record(s) of schema %s (lines %d-%d); this prnn-tvm reads schema %d: %s",
+            path,
+            len(lines),
+            _excerpt(schema),
+            lines[0],
+            lines[-1],
+            SCHEMA,
+            "use the prnn-tvm that wrote them" if _is_int(schema) and schema > SCHEMA else "tune again",
+        )
     return records
 
 
@@ -278,11 +304,18 @@ def ranked(records: list[Record], key: TuneKey, limit: int | None = None) -> lis
 def unmatched(records: list[Record], key: TuneKey) -> str:
     """Why no record of ``records`` serves ``key`` though some are for the same cell, shapes and
     template: the TVM versions, archs and SM counts they were measured with; "" when none are."""
-    near = {(r.key.tvm, r.key.arch, r.key.sms, r.key.dtype) for r in records
-            if (r.key.fingerprint, r.key.batch, r.key.hidden, r.key.template)
-            == (key.fingerprint, key.batch, key.hidden, key.template) and r.key != key and r.ok}
+    near = {
+        (r.key.tvm, r.key.arch, r.key.sms, r.key.dtype)
+        for r in records
+        if (r.key.fingerprint, r.key.batch, r.key.hidden, r.key.template)
+        == (key.fingerprint, key.batch, key.hidden, key.template)
+        and r.key != key
+        and r.ok
+    }
     if not near:
         return ""
     found = "; ".join(f"TVM {tvm}, {arch} with {sms} SMs, {dtype}" for tvm, arch, sms, dtype in sorted(near))
-    return (f"records for this cell and shapes were measured with {found}, not with TVM {key.tvm}, {key.arch} "
-            f"with {key.sms} SMs, {key.dtype}")
+    return (
+        f"records for this cell and shapes were measured with {found}, not with TVM {key.tvm}, {key.arch} "
+        f"with {key.sms} SMs, {key.dtype}"
+    )

@@ -50,7 +50,7 @@ def random_lengths(batch: int, seq_len: int, seed: int = 0) -> np.ndarray:
     from two rows up, a length-1 row."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, seq_len + 1, size=batch)
-    lengths[rng.permutation(batch)[:2]] = [seq_len, 1][:min(batch, 2)]
+    lengths[rng.permutation(batch)[:2]] = [seq_len, 1][: min(batch, 2)]
     return lengths.astype(np.int32)
 
 
@@ -67,20 +67,21 @@ def reference_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.n
     for t, running, written in _steps(plan, inputs, xp.shape[0]):
         x = xp[min(t, len(xp) - 1)].copy()
         for s in plan.reversed_slices:  # a reversed slice reads each row's step n - 1 - t
-            x[:, s * H:(s + 1) * H] = xp[backwards[t], rows, s * H:(s + 1) * H]
+            x[:, s * H : (s + 1) * H] = xp[backwards[t], rows, s * H : (s + 1) * H]
         new = _checked(plan, plan.cell.step_reference(x, state, params))
         state = {name: np.where(running[name], value, state[name]) for name, value in new.items()}
         for k, name in enumerate(plan.outputs):
             value = np.where(running[name], state[name], 0.0)
             if name in plan.reversed_states:
-                out[backwards[t], rows, k * H:(k + 1) * H] = value
+                out[backwards[t], rows, k * H : (k + 1) * H] = value
             elif written is not None:
-                out[written, :, k * H:(k + 1) * H] = value
+                out[written, :, k * H : (k + 1) * H] = value
     return out, state
 
 
-def reference_stack(plan: CellPlan, x: np.ndarray, layers: list, lengths: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def reference_stack(
+    plan: CellPlan, x: np.ndarray, layers: list, lengths: np.ndarray | None = None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """A stack of layers of one cell in float64, as ``torch.nn``'s ``num_layers`` and ``bidirectional``:
     ``layers[l][d]`` holds the arguments of layer ``l``'s direction ``d`` (weights, params and initial
     states by name, as :func:`reference_layer` takes them, without ``x``); direction 1 reads each row's steps
@@ -148,16 +149,20 @@ def _checked(plan: CellPlan, new) -> dict:
     name, want = plan.cell.name, (plan.batch, plan.hidden)
     if not isinstance(new, Mapping) or set(new) != {s.name for s in plan.states}:
         got = sorted(new) if isinstance(new, Mapping) else type(new).__name__
-        raise CellError(f"cell '{name}': its reference returned {got}; it must return {{state: new value}} for "
-                        f"the states {', '.join(s.name for s in plan.states)}")
+        raise CellError(
+            f"cell '{name}': its reference returned {got}; it must return {{state: new value}} for "
+            f"the states {', '.join(s.name for s in plan.states)}"
+        )
     try:
         arrays = {k: np.asarray(v, dtype=np.float64) for k, v in new.items()}
     except (TypeError, ValueError) as err:
         raise CellError(f"cell '{name}': its reference returned a state that is no array of numbers ({err})") from None
     for k, v in arrays.items():
         if v.shape != want:
-            raise CellError(f"cell '{name}': its reference returned state '{k}' of shape {v.shape}; states are "
-                            f"(batch, hidden) = {want}")
+            raise CellError(
+                f"cell '{name}': its reference returned state '{k}' of shape {v.shape}; states are "
+                f"(batch, hidden) = {want}"
+            )
     return arrays
 
 
@@ -173,8 +178,9 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
     state = {s.name: f64[f"{s.name}0"] for s in plan.states}
     out, steps = np.empty((xp.shape[0], plan.batch, H)), []
     for t, running in enumerate(_running(inputs, xp.shape[0], plan.batch)):
-        values = {leaf: _leaf_value(plan, leaf, xp[t], f64) for leaf in plan.leaf_vars
-                  if leaf.kind in ("input", "param")}
+        values = {
+            leaf: _leaf_value(plan, leaf, xp[t], f64) for leaf in plan.leaf_vars if leaf.kind in ("input", "param")
+        }
         values.update({Leaf("state", name, 0): value for name, value in state.items()})  # read or multiplied
         env = {plan.leaf_vars[leaf]: v for leaf, v in values.items() if leaf in plan.leaf_vars}
         for phase in range(plan.phases):
@@ -188,7 +194,7 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
                 weight = block_diagonal(f64[r.weight], r.heads)
                 for s in range(r.slices):
                     leaf = Leaf("reduction", r.name, s)
-                    values[leaf] = operand @ weight[s * H:(s + 1) * H].T
+                    values[leaf] = operand @ weight[s * H : (s + 1) * H].T
                     if leaf in plan.leaf_vars:
                         env[plan.leaf_vars[leaf]] = values[leaf]
             for stage in (st for st in plan.stages if st.phase == phase):
@@ -203,8 +209,9 @@ def plan_layer(plan: CellPlan, inputs: dict[str, np.ndarray]) -> tuple[np.ndarra
     return out, state, steps
 
 
-def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndarray,
-                   d_finals: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def plan_gradients(
+    plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndarray, d_finals: dict[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
     """Gradients of ``sum(out * d_out) + sum_s sum(final_s * d_finals[s])`` with respect to every layer
     argument (``x``, ``W_ih``, ``b_ih``, the recurrent weights and params, the initial states ``<s>0``),
     in float64, by backpropagation through time with the plan's derived adjoints. A step a row does not
@@ -221,8 +228,12 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
     for t in reversed(range(len(steps))):
         values = steps[t]
         env = {var: values[leaf] for leaf, var in plan.leaf_vars.items()}
-        env.update({var: running[t] * (carry[name] + (d_out[t] if name == plan.output else 0.0))
-                    for name, var in adjoints.incoming.items()})
+        env.update(
+            {
+                var: running[t] * (carry[name] + (d_out[t] if name == plan.output else 0.0))
+                for name, var in adjoints.incoming.items()
+            }
+        )
         d = {}
         for phase in reversed(range(plan.phases)):  # a phase's products and sums, then what they send back
             for us in (us for us in plan.unit_sums if us.phase == phase):  # a row total's adjoint: every unit's share
@@ -231,16 +242,21 @@ def plan_gradients(plan: CellPlan, inputs: dict[str, np.ndarray], d_out: np.ndar
             for r in (r for r in plan.reductions if r.phase == phase):
                 for s in range(r.slices):
                     d[r.name, s] = _adjoint(adjoints, Leaf("reduction", r.name, s), env, plan)
-            for name in (n for n in adjoints.operands if any(r.operand == n and r.phase == phase
-                                                             for r in plan.reductions)):
+            for name in (
+                n for n in adjoints.operands if any(r.operand == n and r.phase == phase for r in plan.reductions)
+            ):
                 env[adjoints.operands[name]] = _back_through_products(plan, d, name, f64)
-        carry = {s.name: _adjoint(adjoints, Leaf("state", s.name, 0), env, plan)
-                 + _back_through_products(plan, d, s.name, f64) + ~running[t] * carry[s.name] for s in plan.states}
+        carry = {
+            s.name: _adjoint(adjoints, Leaf("state", s.name, 0), env, plan)
+            + _back_through_products(plan, d, s.name, f64)
+            + ~running[t] * carry[s.name]
+            for s in plan.states
+        }
         for s in range(plan.input.slices):
-            d_xp[t][:, s * H:(s + 1) * H] = _adjoint(adjoints, Leaf("input", plan.input.name, s), env, plan)
+            d_xp[t][:, s * H : (s + 1) * H] = _adjoint(adjoints, Leaf("input", plan.input.name, s), env, plan)
         for p in plan.params:
             for s in range(p.slices):
-                grads[p.name][s * H:(s + 1) * H] += _adjoint(adjoints, Leaf("param", p.name, s), env, plan).sum(0)
+                grads[p.name][s * H : (s + 1) * H] += _adjoint(adjoints, Leaf("param", p.name, s), env, plan).sum(0)
         for r in plan.reductions:
             operand = values[Leaf("state", r.operand, 0)] if r.phase == 0 else values[Leaf("stage", r.operand, 0)]
             dense = np.concatenate([d[r.name, s].T @ operand for s in range(r.slices)])
@@ -258,15 +274,18 @@ def _leaf_value(plan: CellPlan, leaf: Leaf, xp_t: np.ndarray, f64: dict) -> np.n
     """An input or param leaf's value for the whole batch."""
     H = plan.hidden
     if leaf.kind == "input":
-        return xp_t[:, leaf.slice * H:(leaf.slice + 1) * H]
-    return np.broadcast_to(f64[leaf.name][leaf.slice * H:(leaf.slice + 1) * H], (plan.batch, H))
+        return xp_t[:, leaf.slice * H : (leaf.slice + 1) * H]
+    return np.broadcast_to(f64[leaf.name][leaf.slice * H : (leaf.slice + 1) * H], (plan.batch, H))
 
 
 def _adjoint(adjoints, leaf: Leaf, env: dict, plan: CellPlan) -> np.ndarray:
     """A leaf's adjoint for the whole batch (zeros where the step does not depend on it)."""
     expr = adjoints.leaves.get(leaf)
-    return np.zeros((plan.batch, plan.hidden)) if expr is None else np.broadcast_to(evaluate(expr, env),
-                                                                                   (plan.batch, plan.hidden))
+    return (
+        np.zeros((plan.batch, plan.hidden))
+        if expr is None
+        else np.broadcast_to(evaluate(expr, env), (plan.batch, plan.hidden))
+    )
 
 
 def _back_through_products(plan: CellPlan, d: dict, operand: str, f64: dict) -> np.ndarray:
@@ -276,5 +295,5 @@ def _back_through_products(plan: CellPlan, d: dict, operand: str, f64: dict) -> 
         weight = block_diagonal(f64[r.weight], r.heads)
         for s in range(r.slices):
             if (r.name, s) in d:
-                total = total + d[r.name, s] @ weight[s * H:(s + 1) * H]
+                total = total + d[r.name, s] @ weight[s * H : (s + 1) * H]
     return total

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 class ConfigOrigin(str, enum.Enum):
     """Where a layer's config came from (``prnn_tvm.choice`` decides)."""
 
-    USER = "user"        # passed to compile_cell
-    TUNED = "tuned"      # the best tuning record for this cell, shapes and GPU
+    USER = "user"  # passed to compile_cell
+    TUNED = "tuned"  # the best tuning record for this cell, shapes and GPU
     DEFAULT = "default"  # the template's untuned choice
-    NONE = "none"        # the template has no knobs
+    NONE = "none"  # the template has no knobs
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,17 @@ class CompileReport:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> CompileReport:
+        """The report :meth:`as_dict` gave (after a JSON round trip)."""
+        return cls(
+            **{
+                **d,
+                "config_origin": ConfigOrigin(d["config_origin"]),
+                "config_passed_over": tuple(d["config_passed_over"]),
+            }
+        )
+
     def format(self) -> str:
         lines = [
             f"cell        {self.cell} (math hash {self.fingerprint})",
@@ -71,12 +82,16 @@ class CompileReport:
             knobs = " ".join(f"{k}={v}" for k, v in self.config.items())
             lines.append(f"config      {knobs} ({self.config_detail})")
         if self.ctas is not None:
-            lines.append(f"grid        {self.ctas} CTAs x {self.threads} threads, "
-                         f"{self.dynamic_smem_bytes} B dynamic shared memory per CTA")
+            lines.append(
+                f"grid        {self.ctas} CTAs x {self.threads} threads, "
+                f"{self.dynamic_smem_bytes} B dynamic shared memory per CTA"
+            )
         if self.registers is not None:
-            lines.append(f"ptxas       {self.registers} registers/thread, {self.spill_store_bytes} B spill stores, "
-                         f"{self.spill_load_bytes} B spill loads, {self.stack_bytes} B stack, "
-                         f"{self.static_smem_bytes} B static shared memory")
+            lines.append(
+                f"ptxas       {self.registers} registers/thread, {self.spill_store_bytes} B spill stores, "
+                f"{self.spill_load_bytes} B spill loads, {self.stack_bytes} B stack, "
+                f"{self.static_smem_bytes} B static shared memory"
+            )
         elif self.ptxas_note:
             lines.append(f"ptxas       {self.ptxas_note}")
         if self.projection_ptxas:

@@ -44,26 +44,39 @@ def compile_session(layer) -> SessionKernels:
         plan, target, gpu = layer.plan, layer.target, layer.gpu
         resident = session_kernel(plan, target, gpu, layer.kernel.config)
         launch, units = resident.launch, resident.config.units_per_cta
-        grids = session_code.grids(launch.grid.ctas, units, plan.input.slices, plan.batch,
-                                   len(plan.states) * plan.batch * plan.hidden)
-        publish, collect, close = session_launches(launch, layer.input_size, plan.input.slices * plan.hidden,
-                                                   plan.dtype, grids)
-        funcs = {launch.function: resident.func,
-                 publish.function: session_code.publish_func(publish, plan.hidden, plan.input.slices, units,
-                                                             launch.grid.ctas),
-                 collect.function: session_code.collect_func(collect), close.function: session_code.close_func(close)}
+        grids = session_code.grids(
+            launch.grid.ctas, units, plan.input.slices, plan.batch, len(plan.states) * plan.batch * plan.hidden
+        )
+        publish, collect, close = session_launches(
+            launch, layer.input_size, plan.input.slices * plan.hidden, plan.dtype, grids
+        )
+        funcs = {
+            launch.function: resident.func,
+            publish.function: session_code.publish_func(
+                publish, plan.hidden, plan.input.slices, units, launch.grid.ctas
+            ),
+            collect.function: session_code.collect_func(collect),
+            close.function: session_code.close_func(close),
+        }
         built = build_functions(funcs, target, gpu)
         fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
         if fn is not None:
-            launch = dataclasses.replace(launch, grid=dataclasses.replace(
-                launch.grid, registers=fn.registers, static_smem_bytes=fn.static_smem_bytes))
+            launch = dataclasses.replace(
+                launch,
+                grid=dataclasses.replace(launch.grid, registers=fn.registers, static_smem_bytes=fn.static_smem_bytes),
+            )
             if fn.spills:
-                raise ConfigError(f"the session kernel of this layer spills {fn.spills} bytes ({resident.config}): "
-                                  "compile the layer with a config that holds fewer weights per thread")
-        figures = (f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note)
-        report = (f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures} "
-                  f"({' '.join(f'{k}={v}' for k, v in resident.config.as_dict().items())})")
-        layer._session = SessionKernels(plan, layer.input_size, built.module, built.source, launch, publish, collect,
-                                        close, resident.config, report)
+                raise ConfigError(
+                    f"the session kernel of this layer spills {fn.spills} bytes ({resident.config}): "
+                    "compile the layer with a config that holds fewer weights per thread"
+                )
+        figures = f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note
+        report = (
+            f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures} "
+            f"({' '.join(f'{k}={v}' for k, v in resident.config.as_dict().items())})"
+        )
+        layer._session = SessionKernels(
+            plan, layer.input_size, built.module, built.source, launch, publish, collect, close, resident.config, report
+        )
         log.info("session kernels of %s: %s", plan.cell.name, report)
     return layer._session

@@ -25,17 +25,17 @@ SEQ = "T"  # the sequence length in a shape: one kernel serves every length
 class ArgRole(str, enum.Enum):
     """What an argument is to the caller and to the runtime."""
 
-    INPUT = "input"          # a sequence read by the launch (x, the projection xp)
-    WEIGHT = "weight"        # a matrix (W_ih, a recurrent weight)
-    PARAM = "param"          # a per-unit vector (a bias, peephole weights)
-    STATE = "state"          # an initial state: zeros when the caller omits it
-    LENGTHS = "lengths"      # each batch row's number of steps (int32): every row runs all of them when omitted
-    OUTPUT = "output"        # a sequence the launch writes (out, or xp for a later launch)
-    FINAL = "final"          # a final state
+    INPUT = "input"  # a sequence read by the launch (x, the projection xp)
+    WEIGHT = "weight"  # a matrix (W_ih, a recurrent weight)
+    PARAM = "param"  # a per-unit vector (a bias, peephole weights)
+    STATE = "state"  # an initial state: zeros when the caller omits it
+    LENGTHS = "lengths"  # each batch row's number of steps (int32): every row runs all of them when omitted
+    OUTPUT = "output"  # a sequence the launch writes (out, or xp for a later launch)
+    FINAL = "final"  # a final state
     WORKSPACE = "workspace"  # scratch owned by the layer: zero at first use and after a barrier timeout
-    SCRATCH = "scratch"      # a sequence a launch writes and reads itself (exchanged states): per call, not returned
-    SYNC = "sync"            # the grid barrier's state, owned by the layer (uint32 words)
-    SCALAR = "scalar"        # an integer the layer passes itself (a timeout, a test knob, the host error word)
+    SCRATCH = "scratch"  # a sequence a launch writes and reads itself (exchanged states): per call, not returned
+    SYNC = "sync"  # the grid barrier's state, owned by the layer (uint32 words)
+    SCALAR = "scalar"  # an integer the layer passes itself (a timeout, a test knob, the host error word)
 
     @property
     def written(self) -> bool:
@@ -93,7 +93,7 @@ class Grid:
     threads: int
     dynamic_smem_bytes: int
     cooperative: bool
-    registers: int | None = None   # per thread: ptxas's figure once built, the template's estimate before
+    registers: int | None = None  # per thread: ptxas's figure once built, the template's estimate before
     static_smem_bytes: int = 0
 
     @property
@@ -141,14 +141,21 @@ class Launch:
         return next(a for a in self.args if a.name == name)
 
     def as_dict(self) -> dict:
-        return {"function": self.function, "args": [a.as_dict() for a in self.args],
-                "grid": None if self.grid is None else vars(self.grid).copy(),
-                "sync": None if self.sync is None else vars(self.sync).copy()}
+        return {
+            "function": self.function,
+            "args": [a.as_dict() for a in self.args],
+            "grid": None if self.grid is None else vars(self.grid).copy(),
+            "sync": None if self.sync is None else vars(self.sync).copy(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Launch:
-        return cls(d["function"], tuple(Arg.from_dict(a) for a in d["args"]),
-                   Grid(**d["grid"]) if d.get("grid") else None, GridSync(**d["sync"]) if d.get("sync") else None)
+        return cls(
+            d["function"],
+            tuple(Arg.from_dict(a) for a in d["args"]),
+            Grid(**d["grid"]) if d.get("grid") else None,
+            GridSync(**d["sync"]) if d.get("sync") else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,7 @@ class Signature:
         """What the caller gets back: written arguments no later launch reads."""
         found = []
         for i, launch in enumerate(self.launches):
-            read_later = {a.name for later in self.launches[i + 1:] for a in later.args if a.role.data}
+            read_later = {a.name for later in self.launches[i + 1 :] for a in later.args if a.role.data}
             found += [a for a in launch.args if a.role.written and a.name not in read_later]
         return tuple(found)
 
@@ -211,33 +218,52 @@ class Signature:
 
     def with_grid(self, function: str, **changes) -> Signature:
         """A copy whose launch ``function`` has its grid fields changed (e.g. ptxas's registers)."""
-        launches = tuple(replace(x, grid=replace(x.grid, **changes)) if x.function == function else x
-                         for x in self.launches)
+        launches = tuple(
+            replace(x, grid=replace(x.grid, **changes)) if x.function == function else x for x in self.launches
+        )
         return replace(self, launches=launches)
 
     def as_dict(self) -> dict:
-        found = {"cell": self.cell, "batch": self.batch, "hidden": self.hidden, "input_size": self.input_size,
-                 "dtype": self.dtype, "launches": [x.as_dict() for x in self.launches]}
+        found = {
+            "cell": self.cell,
+            "batch": self.batch,
+            "hidden": self.hidden,
+            "input_size": self.input_size,
+            "dtype": self.dtype,
+            "launches": [x.as_dict() for x in self.launches],
+        }
         return {**found, "whole_sequence": True} if self.whole_sequence else found
 
     @classmethod
     def from_dict(cls, d: dict) -> Signature:
-        return cls(d["cell"], d["batch"], d["hidden"], d["input_size"], d["dtype"],
-                   tuple(Launch.from_dict(x) for x in d["launches"]), bool(d.get("whole_sequence")))
+        return cls(
+            d["cell"],
+            d["batch"],
+            d["hidden"],
+            d["input_size"],
+            d["dtype"],
+            tuple(Launch.from_dict(x) for x in d["launches"]),
+            bool(d.get("whole_sequence")),
+        )
 
 
 # ------------------------------------------------------------------ the launches of a layer
 # Built from sizes and names only (no cell plan), so that code generation and the reading of
 # older exported files make the same argument lists.
 
+
 def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dtype: str | None = None) -> Launch:
     """``xp = x @ W_ih.T + b_ih`` for every step: ``projection(x, W_ih, b_ih, xp)``; ``xp`` is
     ``xp_dtype`` (the accumulation type: a half-precision layer keeps its projection in float32)."""
-    return Launch("projection", (
-        Arg("x", ArgRole.INPUT, (SEQ, batch, input_size), dtype),
-        Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
-        Arg("b_ih", ArgRole.PARAM, (width,), dtype),
-        Arg("xp", ArgRole.OUTPUT, (SEQ, batch, width), xp_dtype or dtype)))
+    return Launch(
+        "projection",
+        (
+            Arg("x", ArgRole.INPUT, (SEQ, batch, input_size), dtype),
+            Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
+            Arg("b_ih", ArgRole.PARAM, (width,), dtype),
+            Arg("xp", ArgRole.OUTPUT, (SEQ, batch, width), xp_dtype or dtype),
+        ),
+    )
 
 
 # The scalars a stateful barrier takes, with their types: the per-wait bound, the test knob that
@@ -245,10 +271,21 @@ def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dt
 SYNC_SCALARS = {"timeout_us": "int32", "stall_step": "int32", "error_host": "int64"}
 
 
-def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
-                   workspace: tuple | None = None, workspace_dtype: str | None = None,
-                   sync_words: int | None = None, xp_dtype: str | None = None, outputs: int = 1,
-                   exchanged: int = 0) -> tuple:
+def recurrent_args(
+    batch: int,
+    hidden: int,
+    width: int,
+    weights: dict,
+    params: dict,
+    states: tuple,
+    dtype: str,
+    workspace: tuple | None = None,
+    workspace_dtype: str | None = None,
+    sync_words: int | None = None,
+    xp_dtype: str | None = None,
+    outputs: int = 1,
+    exchanged: int = 0,
+) -> tuple:
     """The recurrent kernel's arguments, in kernel order.
 
     ``xp`` (T, B, width); each weight and param (``weights``/``params``: name -> shape, in
@@ -279,15 +316,23 @@ def recurrent_args(batch: int, hidden: int, width: int, weights: dict, params: d
     return tuple(args)
 
 
-def backward_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple, dtype: str,
-                  grad_dtype: str, xp_dtype: str | None = None) -> tuple:
+def backward_args(
+    batch: int,
+    hidden: int,
+    width: int,
+    weights: dict,
+    params: dict,
+    states: tuple,
+    dtype: str,
+    grad_dtype: str,
+    xp_dtype: str | None = None,
+) -> tuple:
     """The recurrent kernel's backward: the forward's inputs (``xp``, weights, params, initial states,
     ``lengths``), the gradients of its outputs (``d_out`` (T, B, H); each ``d_<s>_n``, zeros when
     omitted), and, written, the gradients of its inputs (``d_xp``, ``d_<weight>``, ``d_<param>``,
     ``d_<s>0``), in ``grad_dtype``."""
     B, H = batch, hidden
-    forward = [a for a in recurrent_args(B, H, width, weights, params, states, dtype, xp_dtype=xp_dtype)
-               if a.role.data]
+    forward = [a for a in recurrent_args(B, H, width, weights, params, states, dtype, xp_dtype=xp_dtype) if a.role.data]
     args = [*forward, Arg("d_out", ArgRole.INPUT, (SEQ, B, H), grad_dtype)]
     args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), grad_dtype) for s in states]
     args += [Arg(f"d_{a.name}", ArgRole.OUTPUT, a.shape, grad_dtype) for a in forward if a.role is not ArgRole.LENGTHS]
@@ -310,10 +355,10 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
 # request: a launch on the caller's stream publishes a step's input projection into a mailbox, the kernel polls
 # it, and a launch on the caller's stream collects the step's outputs (prnn_tvm/codegen/barriers/session.cuh).
 
-REQUESTS = "mailbox"    # (depth, ctas, B, slices x units) tagged words: each CTA's part of a request, contiguous
-RESPONSES = "resp"      # (depth, states, B, H) tagged words: each step's new states
-CONTROL_WORDS = 4       # control[0]: the steps requested of the running launch
-FREE_SMS = 4            # SMs a session leaves to other kernels by default (its own publish and collect among them)
+REQUESTS = "mailbox"  # (depth, ctas, B, slices x units) tagged words: each CTA's part of a request, contiguous
+RESPONSES = "resp"  # (depth, states, B, H) tagged words: each step's new states
+CONTROL_WORDS = 4  # control[0]: the steps requested of the running launch
+FREE_SMS = 4  # SMs a session leaves to other kernels by default (its own publish and collect among them)
 
 
 def with_session(launch: Launch, ctas: int, units: int, slices: int) -> Launch:
@@ -348,19 +393,43 @@ def session_launches(resident: Launch, input_size: int, width: int, dtype: str, 
     sync = (resident.arg("sync"),)
     control = Arg("control", ArgRole.WORKSPACE, (CONTROL_WORDS,), "uint32")
     batch = mailbox.shape[2]
-    publish = (Arg("x", ArgRole.INPUT, (batch, input_size), dtype),
-               Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype), Arg("b_ih", ArgRole.PARAM, (width,), dtype),
-               mailbox, control, *sync)
-    collect = (resp, Arg("states", ArgRole.OUTPUT, resp.shape[1:], dtype), control, *sync,
-               resident.arg("timeout_us"), resident.arg("error_host"))
+    publish = (
+        Arg("x", ArgRole.INPUT, (batch, input_size), dtype),
+        Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
+        Arg("b_ih", ArgRole.PARAM, (width,), dtype),
+        mailbox,
+        control,
+        *sync,
+    )
+    collect = (
+        resp,
+        Arg("states", ArgRole.OUTPUT, resp.shape[1:], dtype),
+        control,
+        *sync,
+        resident.arg("timeout_us"),
+        resident.arg("error_host"),
+    )
     close = (mailbox, control, *sync)
-    return tuple(Launch(name, args, grids[name]) for name, args in (
-        ("session_publish", publish), ("session_collect", collect), ("session_close", close)))
+    return tuple(
+        Launch(name, args, grids[name])
+        for name, args in (("session_publish", publish), ("session_collect", collect), ("session_close", close))
+    )
 
 
-def gpu_backward_args(batch: int, hidden: int, width: int, weights: dict, params: dict, states: tuple,
-                      saved: int, gates: int, dtype: str, storage: str, workspace: tuple,
-                      sync_words: int | None) -> tuple:
+def gpu_backward_args(
+    batch: int,
+    hidden: int,
+    width: int,
+    weights: dict,
+    params: dict,
+    states: tuple,
+    saved: int,
+    gates: int,
+    dtype: str,
+    storage: str,
+    workspace: tuple,
+    sync_words: int | None,
+) -> tuple:
     """The GPU backward kernel's arguments, in kernel order: ``xp``, the weights and params as the forward
     takes them, ``lengths``, ``saved`` (the training forward's, ``saved`` columns), ``d_out`` and each
     ``d_<s>_n`` in; ``d_xp``, ``d_gates`` (T, B, ``gates``: every product's gate gradients, for the weight
@@ -371,11 +440,16 @@ def gpu_backward_args(batch: int, hidden: int, width: int, weights: dict, params
     args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
     args += [Arg(n, ArgRole.WEIGHT, tuple(s), storage) for n, s in weights.items()]
     args += [Arg(n, ArgRole.PARAM, tuple(s), storage) for n, s in params.items()]
-    args += [Arg("lengths", ArgRole.LENGTHS, (B,), "int32"), Arg("saved", ArgRole.INPUT, (SEQ, B, saved), dtype),
-             Arg("d_out", ArgRole.INPUT, (SEQ, B, H), dtype)]
+    args += [
+        Arg("lengths", ArgRole.LENGTHS, (B,), "int32"),
+        Arg("saved", ArgRole.INPUT, (SEQ, B, saved), dtype),
+        Arg("d_out", ArgRole.INPUT, (SEQ, B, H), dtype),
+    ]
     args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), dtype) for s in states]
-    args += [Arg("d_xp", ArgRole.OUTPUT, (SEQ, B, width), dtype),
-             Arg("d_gates", ArgRole.OUTPUT, (SEQ, B, gates), dtype)]
+    args += [
+        Arg("d_xp", ArgRole.OUTPUT, (SEQ, B, width), dtype),
+        Arg("d_gates", ArgRole.OUTPUT, (SEQ, B, gates), dtype),
+    ]
     args += [Arg(f"d_{n}_rows", ArgRole.OUTPUT, (B, *s), dtype) for n, s in params.items()]
     args += [Arg(f"d_{s}0", ArgRole.OUTPUT, (B, H), dtype) for s in states]
     args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), dtype))
@@ -383,4 +457,3 @@ def gpu_backward_args(batch: int, hidden: int, width: int, weights: dict, params
         args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
         args += [Arg(name, ArgRole.SCALAR, (), t) for name, t in SYNC_SCALARS.items()]
     return tuple(args)
-

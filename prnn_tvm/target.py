@@ -2,6 +2,7 @@
 
 Known architectures carry the numbers of their flagship part (the H100 SXM for sm_90);
 on a machine with a GPU, :func:`gpu_spec` takes the SM count from the device itself.
+TVM is imported by the functions that need it: the command line names architectures without it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-import tvm
-
 from .errors import ConfigError
 
 
@@ -19,16 +18,16 @@ from .errors import ConfigError
 class GpuSpec:
     """Per-architecture limits used by config validation and occupancy checks."""
 
-    arch: str                   # "sm_90"
-    sms: int                    # streaming multiprocessors
-    smem_per_sm: int            # bytes of shared memory per SM
-    smem_per_block: int         # bytes one block may opt in to
+    arch: str  # "sm_90"
+    sms: int  # streaming multiprocessors
+    smem_per_sm: int  # bytes of shared memory per SM
+    smem_per_block: int  # bytes one block may opt in to
     regs_per_sm: int = 65536
     max_regs_per_thread: int = 255
     max_threads_per_sm: int = 2048
     max_ctas_per_sm: int = 32
     fp32_lanes_per_sm: int = 64  # FP32 FMA units per SM (architecture whitepapers)
-    boost_clock_mhz: int = 0     # the flagship part's boost clock (datasheets); 0 = unknown
+    boost_clock_mhz: int = 0  # the flagship part's boost clock (datasheets); 0 = unknown
     tensor_flops_per_sm_clock: int = 0  # dense fp16/bf16 mma, fp32 accumulation (whitepapers); 0 = none
     device_name: str = ""
 
@@ -54,24 +53,72 @@ class GpuSpec:
         1830 MHz its tensor figures assume, so the half floor errs low, as a floor may)."""
         return self.sms * self.tensor_flops_per_sm_clock * self.boost_clock_mhz * 1e6
 
-    def target(self) -> tvm.target.Target:
+    def target(self):
         """The TVM target for this GPU, with an LLVM host."""
+        import tvm
+
         return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host="llvm")
 
 
 _KNOWN = {
-    "sm_70": GpuSpec("sm_70", 80, 96 * 1024, 96 * 1024, max_threads_per_sm=2048,        # V100
-                     boost_clock_mhz=1530, tensor_flops_per_sm_clock=1024),
-    "sm_75": GpuSpec("sm_75", 40, 64 * 1024, 64 * 1024, max_threads_per_sm=1024, max_ctas_per_sm=16,  # T4
-                     boost_clock_mhz=1590, tensor_flops_per_sm_clock=1024),
-    "sm_80": GpuSpec("sm_80", 108, 164 * 1024, 163 * 1024, boost_clock_mhz=1410,         # A100
-                     tensor_flops_per_sm_clock=2048),
-    "sm_86": GpuSpec("sm_86", 82, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=16,
-                     fp32_lanes_per_sm=128, boost_clock_mhz=1695, tensor_flops_per_sm_clock=512),  # RTX 3090
-    "sm_89": GpuSpec("sm_89", 128, 100 * 1024, 99 * 1024, max_threads_per_sm=1536, max_ctas_per_sm=24,
-                     fp32_lanes_per_sm=128, boost_clock_mhz=2520, tensor_flops_per_sm_clock=512),  # RTX 4090
-    "sm_90": GpuSpec("sm_90", 132, 228 * 1024, 227 * 1024,                               # H100 SXM
-                     fp32_lanes_per_sm=128, boost_clock_mhz=1980, tensor_flops_per_sm_clock=4096),
+    "sm_70": GpuSpec(
+        "sm_70",
+        80,
+        96 * 1024,
+        96 * 1024,
+        max_threads_per_sm=2048,  # V100
+        boost_clock_mhz=1530,
+        tensor_flops_per_sm_clock=1024,
+    ),
+    "sm_75": GpuSpec(
+        "sm_75",
+        40,
+        64 * 1024,
+        64 * 1024,
+        max_threads_per_sm=1024,
+        max_ctas_per_sm=16,  # T4
+        boost_clock_mhz=1590,
+        tensor_flops_per_sm_clock=1024,
+    ),
+    "sm_80": GpuSpec(
+        "sm_80",
+        108,
+        164 * 1024,
+        163 * 1024,
+        boost_clock_mhz=1410,  # A100
+        tensor_flops_per_sm_clock=2048,
+    ),
+    "sm_86": GpuSpec(
+        "sm_86",
+        82,
+        100 * 1024,
+        99 * 1024,
+        max_threads_per_sm=1536,
+        max_ctas_per_sm=16,
+        fp32_lanes_per_sm=128,
+        boost_clock_mhz=1695,
+        tensor_flops_per_sm_clock=512,
+    ),  # RTX 3090
+    "sm_89": GpuSpec(
+        "sm_89",
+        128,
+        100 * 1024,
+        99 * 1024,
+        max_threads_per_sm=1536,
+        max_ctas_per_sm=24,
+        fp32_lanes_per_sm=128,
+        boost_clock_mhz=2520,
+        tensor_flops_per_sm_clock=512,
+    ),  # RTX 4090
+    "sm_90": GpuSpec(
+        "sm_90",
+        132,
+        228 * 1024,
+        227 * 1024,  # H100 SXM
+        fp32_lanes_per_sm=128,
+        boost_clock_mhz=1980,
+        tensor_flops_per_sm_clock=4096,
+    ),
 }
 
 
@@ -88,8 +135,10 @@ def parse_arch(arch: str) -> str:
     return name
 
 
-def local_gpu() -> tvm.runtime.Device | None:
-    """The first CUDA device, or None on a machine without a usable GPU."""
+def local_gpu():
+    """The first CUDA device (a ``tvm.runtime.Device``), or None on a machine without a usable GPU."""
+    import tvm
+
     try:
         dev = tvm.cuda(0)
         return dev if dev.exist else None
@@ -134,9 +183,11 @@ def smem_launch_problem(dynamic: int, static: int) -> str | None:
     """Why a kernel with ``dynamic`` and ``static`` bytes of shared memory per CTA would fail at launch
     through TVM's CUDA launcher (see above), or None."""
     if dynamic < DEFAULT_SMEM_PER_BLOCK < dynamic + static:
-        return (f"its {dynamic} B of dynamic and {static} B of static shared memory pass the default limit of "
-                f"{DEFAULT_SMEM_PER_BLOCK} B, which TVM's launcher raises only from {DEFAULT_SMEM_PER_BLOCK} B of "
-                "dynamic memory up")
+        return (
+            f"its {dynamic} B of dynamic and {static} B of static shared memory pass the default limit of "
+            f"{DEFAULT_SMEM_PER_BLOCK} B, which TVM's launcher raises only from {DEFAULT_SMEM_PER_BLOCK} B of "
+            "dynamic memory up"
+        )
     return None
 
 

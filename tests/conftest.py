@@ -1,6 +1,10 @@
-"""Shared fixtures: GPU detection (numerics tests take their bounds from ``prnn_tvm.dtypes.tolerance``), TF32 off."""
+"""Shared fixtures: GPU detection (numerics tests take their bounds from ``prnn_tvm.dtypes.tolerance``), TF32 off,
+and one layer cache for the whole run."""
 
 import os
+import shutil
+import time
+from pathlib import Path
 
 # One BLAS thread per test process, set before NumPy loads (pytest-xdist's workers inherit it): every worker
 # computes float64 references at once, and a pool of a thread per core in each oversubscribes the machine
@@ -9,11 +13,34 @@ import os
 for _pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_pool, "1")
 
+# One layer cache for the session, shared by pytest-xdist's workers and the processes tests start (they inherit the
+# environment): a layer the suite compiles in many tests is built once per run. The controller (or the only process)
+# names a folder of its own, so that two sessions never share or clear each other's, and removes it at the end. No
+# user tuning records: a compile reads the shipped logs alone, wherever the suite runs.
+BUILD = Path(__file__).resolve().parents[1] / "build"
+LAYER_CACHES = BUILD / "test-layer-cache"
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["PRNN_TVM_CACHE_DIR"] = str(LAYER_CACHES / f"session-{os.getpid()}")
+os.environ["XDG_DATA_HOME"] = str(BUILD / "test-data")
+STALE_S = 86400  # a session's folder this old was left by one that did not end
+
 import pytest  # noqa: E402
 
 from prnn_tvm.target import local_gpu  # noqa: E402
 
 HAS_GPU = local_gpu() is not None
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller (or the only process), before any worker starts
+        for folder in LAYER_CACHES.glob("session-*"):
+            if time.time() - folder.stat().st_mtime > STALE_S:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["PRNN_TVM_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

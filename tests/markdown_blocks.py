@@ -60,7 +60,7 @@ def blocks(page: Path) -> list[Block]:
         end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
         if end is None:
             raise ValueError(f"{page.name}:{i + 1}: a code block that is never closed")
-        out.append(Block(page, i + 1, kind, flags, "\n".join(lines[i + 1:end]) + "\n"))
+        out.append(Block(page, i + 1, kind, flags, "\n".join(lines[i + 1 : end]) + "\n"))
         i = end + 1
     return out
 
@@ -96,13 +96,16 @@ def _mask(line: str) -> str:
 
 def mismatch(expected: list[str], actual: str, drop_gpu_lines: bool) -> str | None:
     """None where the shown lines match the printed text, else what differs."""
+
     def keep(line: str) -> bool:
         return not (drop_gpu_lines and re.match(r"gpu\s", line))
 
     shown = [_mask(line) for line in expected if keep(line)]
     printed = [_mask(line) for line in actual.splitlines() if keep(line)]
-    pattern = "".join(r"(?:[^\n]*\n)*?" if line.strip() == "..." else
-                      ".*".join(re.escape(part) for part in line.split("...")) + r"\n" for line in shown)
+    pattern = "".join(
+        r"(?:[^\n]*\n)*?" if line.strip() == "..." else ".*".join(re.escape(part) for part in line.split("...")) + r"\n"
+        for line in shown
+    )
     if re.fullmatch(pattern, "".join(line + "\n" for line in printed)):
         return None
     return "shown:\n  " + "\n  ".join(shown) + "\nprinted:\n  " + "\n  ".join(printed)

@@ -15,6 +15,7 @@ def stage_leaves(plan, stage_name):
     stage = next(s for s in plan.stages if s.name == stage_name)
     inverse = {var: leaf for leaf, var in plan.leaf_vars.items()}
     from prnn_tvm.frontend.texpr import free_vars
+
     return [{inverse[v] for v in free_vars(e)} for e in stage.exprs]
 
 
@@ -25,8 +26,9 @@ def test_lstm_plan():
     assert plan.input.slices == 4 and plan.needs_grid_barrier
     # the forget gate of unit u reads gate slice 1 of the projection, the product and the bias
     assert stage_leaves(plan, "f") == [{Leaf("input", "x", 1), Leaf("reduction", "hw", 1), Leaf("param", "b_hh", 1)}]
-    assert stage_leaves(plan, "c_new") == [{Leaf("stage", "f", 0), Leaf("state", "c", 0), Leaf("stage", "i", 0),
-                                            Leaf("stage", "g", 0)}]
+    assert stage_leaves(plan, "c_new") == [
+        {Leaf("stage", "f", 0), Leaf("state", "c", 0), Leaf("stage", "i", 0), Leaf("stage", "g", 0)}
+    ]
     assert plan.updates == {"h": Leaf("stage", "h_new", 0), "c": Leaf("stage", "c_new", 0)}
 
 
@@ -34,8 +36,9 @@ def test_gru_reset_gate_multiplies_product_slice_2():
     plan = analyze(prnn_tvm.resolve("gru"), batch=2, hidden=4)
     assert [(r.operand, r.slices) for r in plan.reductions] == [("h", 3)]
     assert plan.exchanged == ("h",) and plan.private_states == ()
-    assert stage_leaves(plan, "n") == [{Leaf("input", "x", 2), Leaf("stage", "r", 0), Leaf("reduction", "hw", 2),
-                                        Leaf("param", "b_hh", 2)}]
+    assert stage_leaves(plan, "n") == [
+        {Leaf("input", "x", 2), Leaf("stage", "r", 0), Leaf("reduction", "hw", 2), Leaf("param", "b_hh", 2)}
+    ]
     assert Leaf("state", "h", 0) in stage_leaves(plan, "h_new")[0]
 
 
@@ -62,6 +65,7 @@ def test_fingerprint_depends_on_math_not_name_or_size():
 
 def test_a_stage_spanning_all_gates_maps_slice_by_slice():
     """A (batch, 4*hidden) pointwise stage is computed per gate slice and read back per slice."""
+
     def step(c):
         H = c.hidden
         x, h = c.input(2), c.state("h")
@@ -71,8 +75,10 @@ def test_a_stage_spanning_all_gates_maps_slice_by_slice():
         return {"h": c.pointwise(lambda n, j: te.tanh(pre[n, j]) * te.sigmoid(pre[n, H + j]), "h_new")}
 
     plan = analyze(Cell("two", step, None), 2, 3)
-    assert stage_leaves(plan, "pre") == [{Leaf("input", "x", 0), Leaf("reduction", "hw", 0)},
-                                         {Leaf("input", "x", 1), Leaf("reduction", "hw", 1)}]
+    assert stage_leaves(plan, "pre") == [
+        {Leaf("input", "x", 0), Leaf("reduction", "hw", 0)},
+        {Leaf("input", "x", 1), Leaf("reduction", "hw", 1)},
+    ]
     assert stage_leaves(plan, "h_new") == [{Leaf("stage", "pre", 0), Leaf("stage", "pre", 1)}]
 
 
@@ -81,9 +87,11 @@ def test_a_stage_spanning_all_gates_maps_slice_by_slice():
 
 def _cell(body):
     """A one-state cell whose new h is ``body(c, x, h, W, b)``."""
+
     def step(c):
         x, h, W, b = c.input(1), c.state("h"), c.weight("W", 1), c.param("b", 1)
         return {"h": body(c, x, h, W, b)}
+
     return Cell("bad", step, None)
 
 
@@ -194,6 +202,7 @@ def test_missing_state_update():
         c.input(1), c.state("h"), c.state("c")
         x = c.slots[0].tensor
         return {"h": c.pointwise(lambda n, j: x[n, j], "h_new")}
+
     with pytest.raises(CellError, match="no new value for state.*c"):
         analyze(Cell("bad", step, None), 2, 4)
 
@@ -203,6 +212,7 @@ def test_unused_weight():
         x, h = c.input(1), c.state("h")
         c.weight("W_unused", 1)
         return {"h": c.pointwise(lambda n, j: x[n, j] + h[n, j], "h_new")}
+
     with pytest.raises(CellError, match="'W_unused' is declared but never used"):
         analyze(Cell("bad", step, None), 2, 4)
 
@@ -210,20 +220,24 @@ def test_unused_weight():
 def test_declaration_errors():
     def twice(c):
         c.state("h"), c.state("h")
+
     with pytest.raises(CellError, match="two states are named 'h'"):
         analyze(Cell("bad", twice, None), 1, 2)
 
     def no_dict(c):
         return c.input(1)
+
     with pytest.raises(CellError, match="must return a dict"):
         analyze(Cell("bad", no_dict, None), 1, 2)
 
 
 def test_cell_without_recurrent_product_needs_no_barrier():
     """An element-wise recurrence (IndRNN-like) has no cross-unit dependency."""
+
     def step(c):
         x, h, w = c.input(1), c.state("h"), c.param("w", 1)
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + w[j] * h[n, j]), "h_new")}
+
     plan = analyze(Cell("ind", step, lambda x, s, p: {"h": np.tanh(x + p["w"] * s["h"])}), 2, 4)
     assert not plan.needs_grid_barrier and plan.exchanged == ()
 
@@ -254,12 +268,15 @@ def test_a_product_over_this_steps_stage_gets_its_own_phase():
     assert plan.live_outs(1) == (Leaf("stage", "h_new", 0),)
 
 
-@pytest.mark.parametrize("name, phases, operands", [
-    ("gru_cho", 2, ("h", "r_times_h")),
-    ("mgu", 2, ("h", "f_times_h")),
-    ("stacked_rnn", 2, ("h1", "h2", "h1_new")),
-    ("lstm_peephole", 1, ("h",)),
-])
+@pytest.mark.parametrize(
+    "name, phases, operands",
+    [
+        ("gru_cho", 2, ("h", "r_times_h")),
+        ("mgu", 2, ("h", "f_times_h")),
+        ("stacked_rnn", 2, ("h1", "h2", "h1_new")),
+        ("lstm_peephole", 1, ("h",)),
+    ],
+)
 def test_new_cells_get_their_phases_from_the_graph(name, phases, operands):
     plan = analyze(prnn_tvm.resolve(name), 2, 8)
     assert plan.phases == phases and plan.operands == operands

@@ -38,7 +38,7 @@ def _imported(path: pathlib.Path, base: list) -> set:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                target = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
             candidates = [target] + [f"{target}.{a.name}" for a in node.names]
@@ -63,7 +63,7 @@ def test_the_import_graph_has_no_cycles():
         state[node] = "open"
         for dep in graph[node]:
             if state.get(dep) == "open":
-                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(dep):], dep]))
+                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(dep) :], dep]))
             if dep not in state:
                 visit(dep, [*stack, dep])
         state[node] = "done"
@@ -75,22 +75,31 @@ def test_the_import_graph_has_no_cycles():
 
 # every module of schedules/ but the package (templates_for, by_name) and the contract is a template's internals
 TEMPLATE_INTERNALS = {name for name in MODULES if name.startswith("prnn_tvm.schedules.")} - {
-    "prnn_tvm.schedules.template"}
+    "prnn_tvm.schedules.template"
+}
 SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
 
 
 def test_the_template_internals_are_found_in_schedules():
-    assert {"prnn_tvm.schedules.persistent_mma_config", "prnn_tvm.schedules.ranking",
-            "prnn_tvm.schedules.persistent_backward", "prnn_tvm.schedules.cpu_reference"} <= TEMPLATE_INTERNALS
+    assert {
+        "prnn_tvm.schedules.persistent_mma_config",
+        "prnn_tvm.schedules.ranking",
+        "prnn_tvm.schedules.persistent_backward",
+        "prnn_tvm.schedules.cpu_reference",
+    } <= TEMPLATE_INTERNALS
     assert len(TEMPLATE_INTERNALS) == len(list((ROOT / "schedules").glob("*.py"))) - 2 and SCRIPTS
 
 
 def test_an_import_of_template_internals_is_seen(tmp_path):
     script = tmp_path / "tool.py"
-    script.write_text("from prnn_tvm.schedules import persistent_mma_config as mc\n"
-                      "def later():\n    from prnn_tvm.schedules.ranking import parts\n")
-    assert _imported(script, []) & TEMPLATE_INTERNALS == {"prnn_tvm.schedules.persistent_mma_config",
-                                                          "prnn_tvm.schedules.ranking"}
+    script.write_text(
+        "from prnn_tvm.schedules import persistent_mma_config as mc\n"
+        "def later():\n    from prnn_tvm.schedules.ranking import parts\n"
+    )
+    assert _imported(script, []) & TEMPLATE_INTERNALS == {
+        "prnn_tvm.schedules.persistent_mma_config",
+        "prnn_tvm.schedules.ranking",
+    }
 
 
 def test_only_schedules_name_a_particular_template():
@@ -105,13 +114,32 @@ def test_only_schedules_name_a_particular_template():
         assert not deps & TEMPLATE_INTERNALS, f"bench/{script.name} imports {deps & TEMPLATE_INTERNALS}"
 
 
-@pytest.mark.parametrize("name", ["prnn_tvm.runtime.base", "prnn_tvm.runtime.binding", "prnn_tvm.runtime.loading",
-                                  "prnn_tvm.runtime.launcher", "prnn_tvm.runtime.session"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "prnn_tvm.runtime.base",
+        "prnn_tvm.runtime.binding",
+        "prnn_tvm.runtime.loading",
+        "prnn_tvm.runtime.launcher",
+        "prnn_tvm.runtime.session",
+    ],
+)
 def test_the_runtime_imports_no_compiler_module(name):
     """What ``prnn_tvm.load`` runs must work under TVM's runtime-only import."""
-    allowed = {"prnn_tvm.errors", "prnn_tvm.files", "prnn_tvm.signature", "prnn_tvm.target", "prnn_tvm.dtypes",
-               "prnn_tvm.runtime", "prnn_tvm.runtime.base", "prnn_tvm.runtime.binding", "prnn_tvm.runtime.loading",
-               "prnn_tvm.runtime.launcher", "prnn_tvm.runtime.session"}
+    allowed = {
+        "prnn_tvm.errors",
+        "prnn_tvm.files",
+        "prnn_tvm.signature",
+        "prnn_tvm.target",
+        "prnn_tvm.dtypes",
+        "prnn_tvm.runtime",
+        "prnn_tvm.runtime.base",
+        "prnn_tvm.runtime.binding",
+        "prnn_tvm.runtime.loading",
+        "prnn_tvm.runtime.launcher",
+        "prnn_tvm.runtime.session",
+        "prnn_tvm.runtime.limits",
+    }
     seen, todo = set(), [name]
     while todo:
         for dep in GRAPH[todo.pop()] - seen:

@@ -10,7 +10,7 @@ from prnn_tvm import ConfigError, InputError, compile_backward
 from prnn_tvm.checks import check_gradients, layer_gradients, max_error
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import limits
 from prnn_tvm.schedules import persistent_backward
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
@@ -68,7 +68,7 @@ def test_a_sequence_too_long_for_one_backward_pass_is_refused(monkeypatch):
     inputs = random_inputs(layer.plan, 50, 3)
     d_out = np.zeros((50, 2, 4), np.float32)
     assert compare("lstm", 4, 2, 50, 3, "float32") < 1e-4  # one pass at the real limit
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 49)  # the per-step size (4 gates) x 49 steps
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 4 * 4 * 49)  # the per-step size (4 gates) x 49 steps
     with pytest.raises(InputError, match="backpropagation through 50 steps needs buffers of 1600 elements"):
         layer_gradients(layer, inputs, d_out, {})
 
@@ -97,10 +97,15 @@ def test_a_cuda_layer_trains_through_its_training_kernels():
         compile_training(prnn_tvm.compile_cell("lstm", 8, 2, target="llvm"))
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype", [*((c, 256, 4, "float32") for c in CELLS),
-                                                        *((c, 1024, 64, "float32") for c in ("lstm", "gru", "rnn_tanh",
-                                                                                             "gru_cho")),
-                                                        ("lstm", 1024, 64, "float16"), ("gru", 1024, 16, "bfloat16")])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype",
+    [
+        *((c, 256, 4, "float32") for c in CELLS),
+        *((c, 1024, 64, "float32") for c in ("lstm", "gru", "rnn_tanh", "gru_cho")),
+        ("lstm", 1024, 64, "float16"),
+        ("gru", 1024, 16, "bfloat16"),
+    ],
+)
 def test_training_kernels_have_no_spills(cell, hidden, batch, dtype):
     """ptxas's figures of the training forward and the backward for their default configs (no GPU needed:
     the CUDA source is compiled here for sm_90); the forward keeps the layer's config, in the shared layout."""
@@ -118,8 +123,11 @@ def test_training_kernels_have_no_spills(cell, hidden, batch, dtype):
         assert knobs.saving_config(layer.kernel.config, layer.plan, layer.gpu).layout == "shared"
         assert saving.ctas < forward.ctas
     else:
-        assert (saving.ctas, saving.threads, saving.dynamic_smem_bytes) == (forward.ctas, forward.threads,
-                                                                            forward.dynamic_smem_bytes)
+        assert (saving.ctas, saving.threads, saving.dynamic_smem_bytes) == (
+            forward.ctas,
+            forward.threads,
+            forward.dynamic_smem_bytes,
+        )
     source = layer._training.forward.module.imports[0].inspect_source()
     assert "recurrent_save_kernel(" in source and "recurrent_backward_kernel(" in source
     assert compile_training(layer) is training  # built once per layer
@@ -129,6 +137,8 @@ def test_training_kernels_that_do_not_fit_say_so():
     """A float16 LSTM of hidden 1536 runs (tensor-core fragments), but its backward's float32 transposed weights
     do not fit in the registers of the grid."""
     layer = prnn_tvm.compile_cell("lstm", 1536, 2, dtype="float16", target="cuda", arch="sm_90", tuning_logs=[])
-    with pytest.raises(ConfigError, match="no persistent backward config fits .* transposed weights in float32.*"
-                                          "train this layer on the CPU build"):
+    with pytest.raises(
+        ConfigError,
+        match="no persistent backward config fits .* transposed weights in float32.*train this layer on the CPU build",
+    ):
         compile_training(layer)

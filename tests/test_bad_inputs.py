@@ -51,6 +51,7 @@ def case(what):
     def register(fn):
         CASES[what] = fn
         return fn
+
     return register
 
 
@@ -118,21 +119,39 @@ def _(lstm, good, tmp_path):
 
 @case("a config knob of the wrong type")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90",
-                          config={"units_per_cta": 1, "k_split": 8, "rows_per_thread": 1, "batch_tile": "2"})
+    prnn_tvm.compile_cell(
+        "lstm",
+        8,
+        2,
+        target="cuda",
+        arch="sm_90",
+        config={"units_per_cta": 1, "k_split": 8, "rows_per_thread": 1, "batch_tile": "2"},
+    )
 
 
 @case("a config that cannot fit")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell("lstm", 1024, 4, target="cuda", arch="sm_90",
-                          config={"units_per_cta": 8, "k_split": 4, "rows_per_thread": 16, "batch_tile": 4})
+    prnn_tvm.compile_cell(
+        "lstm",
+        1024,
+        4,
+        target="cuda",
+        arch="sm_90",
+        config={"units_per_cta": 8, "k_split": 4, "rows_per_thread": 16, "batch_tile": 4},
+    )
 
 
 @case("a config whose grid does not fit once compiled")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell("lstm", 1024, 16, dtype="float16", arch="sm_90", bidirectional=True,
-                          config={"units_per_cta": 8, "k_groups": 4, "n_tiles": 2, "barrier": "counter",
-                                  "layout": "split"})
+    prnn_tvm.compile_cell(
+        "lstm",
+        1024,
+        16,
+        dtype="float16",
+        arch="sm_90",
+        bidirectional=True,
+        config={"units_per_cta": 8, "k_groups": 4, "n_tiles": 2, "barrier": "counter", "layout": "split"},
+    )
 
 
 @case("a config for the CPU build")
@@ -167,17 +186,23 @@ def _(lstm, good, tmp_path):
 
 @case("a cell mixing hidden units")
 def _(lstm, good, tmp_path):
-    path = _cell_file(tmp_path, _GOOD_CELL.replace("x[n, j] + hw[n, j]", "x[n, j] + hw[n, (j + 1) % 8]") +
-                      "\nCELL = Cell('shift', step, lambda x, s, p: s)\n")
+    path = _cell_file(
+        tmp_path,
+        _GOOD_CELL.replace("x[n, j] + hw[n, j]", "x[n, j] + hw[n, (j + 1) % 8]")
+        + "\nCELL = Cell('shift', step, lambda x, s, p: s)\n",
+    )
     prnn_tvm.compile_cell(path, 8, 2, target="llvm")
 
 
 @case("a state update of the wrong shape")
 def _(lstm, good, tmp_path):
-    body = _GOOD_CELL.replace('c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")',
-                              'c.pointwise(lambda n, j: te.tanh(x[n, j % 8] + hw[n, j % 8]), "h_new", slices=2)')
-    prnn_tvm.compile_cell(_cell_file(tmp_path, body + "\nCELL = Cell('wide', step, lambda x, s, p: s)\n"), 8, 2,
-                          target="llvm")
+    body = _GOOD_CELL.replace(
+        'c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")',
+        'c.pointwise(lambda n, j: te.tanh(x[n, j % 8] + hw[n, j % 8]), "h_new", slices=2)',
+    )
+    prnn_tvm.compile_cell(
+        _cell_file(tmp_path, body + "\nCELL = Cell('wide', step, lambda x, s, p: s)\n"), 8, 2, target="llvm"
+    )
 
 
 @case("a reference that returns the wrong shape")
@@ -368,7 +393,7 @@ def _(lstm, good, tmp_path):
 
 @case("loading a TVM library without prnn-tvm's metadata")
 def _(lstm, good, tmp_path):
-    lstm.module.export_library(str(tmp_path / "plain.so"))
+    lstm.compiled_module().export_library(str(tmp_path / "plain.so"))
     prnn_tvm.load(tmp_path / "plain.so")
 
 
@@ -457,7 +482,9 @@ def _(lstm, good, tmp_path):
 def _step_file(tmp_path, body: str, reference: str = "lambda x, s, p: s") -> str:
     """A cell file whose step is ``body`` (indented, ``x, h, W`` declared; it returns the new state)."""
     step = textwrap.indent(textwrap.dedent(body).strip(), "    ")
-    return _cell_file(tmp_path, textwrap.dedent("""
+    return _cell_file(
+        tmp_path,
+        textwrap.dedent("""
         import sys
         import numpy as np
         from tvm import te
@@ -465,56 +492,101 @@ def _step_file(tmp_path, body: str, reference: str = "lambda x, s, p: s") -> str
 
         def step(c):
             x, h, W = c.input(), c.state("h"), c.weight("W")
-    """) + step + f"\n\nCELL = Cell('mine', step, {reference})\n")
+    """)
+        + step
+        + f"\n\nCELL = Cell('mine', step, {reference})\n",
+    )
 
 
 @case("two stages with the same `name=`")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell(_step_file(tmp_path, """
+    prnn_tvm.compile_cell(
+        _step_file(
+            tmp_path,
+            """
         hw = c.matvec(h, W, "hw")
         a = c.pointwise(lambda n, j: x[n, j] + hw[n, j], "t")
         b = c.pointwise(lambda n, j: te.tanh(a[n, j]), "t")
         return {"h": b}
-    """), 8, 2, target="llvm")
+    """,
+        ),
+        8,
+        2,
+        target="llvm",
+    )
 
 
 @case("two products with the same name")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell(_step_file(tmp_path, """
+    prnn_tvm.compile_cell(
+        _step_file(
+            tmp_path,
+            """
         U = c.weight("U")
         a, b = c.matvec(h, W, "hw"), c.matvec(h, U, "hw")
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + a[n, j] + b[n, j]), "h_new")}
-    """), 8, 2, target="llvm")
+    """,
+        ),
+        8,
+        2,
+        target="llvm",
+    )
 
 
-@case("a param named like the layer's own argument (`c.param(\"b_ih\")`, `\"lengths\"`, `c.weight(\"W_ih\")`)")
+@case('a param named like the layer\'s own argument (`c.param("b_ih")`, `"lengths"`, `c.weight("W_ih")`)')
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell(_step_file(tmp_path, """
+    prnn_tvm.compile_cell(
+        _step_file(
+            tmp_path,
+            """
         hw, b = c.matvec(h, W, "hw"), c.param("b_ih")
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j] + b[j]), "h_new")}
-    """), 8, 2, target="llvm")
+    """,
+        ),
+        8,
+        2,
+        target="llvm",
+    )
 
 
-@case("a weight named like a state's argument (`c.weight(\"h0\")`)")
+@case('a weight named like a state\'s argument (`c.weight("h0")`)')
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell(_step_file(tmp_path, """
+    prnn_tvm.compile_cell(
+        _step_file(
+            tmp_path,
+            """
         hw, hv = c.matvec(h, W, "hw"), c.matvec(h, c.weight("h0"), "hv")
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j] + hv[n, j]), "h_new")}
-    """), 8, 2, target="llvm")
+    """,
+        ),
+        8,
+        2,
+        target="llvm",
+    )
 
 
-@case("a stage name that is no identifier (`\"h w-1\"`)")
+@case('a stage name that is no identifier (`"h w-1"`)')
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell(_step_file(tmp_path, """
+    prnn_tvm.compile_cell(
+        _step_file(
+            tmp_path,
+            """
         hw = c.matvec(h, W, "hw")
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h w-1")}
-    """), 8, 2, target="cuda", arch="sm_90")
+    """,
+        ),
+        8,
+        2,
+        target="cuda",
+        arch="sm_90",
+    )
 
 
 def _delayed(delays):
     base = prnn_tvm.resolve("rnn_tanh")
-    return prnn_tvm.compile_cell(prnn_tvm.Cell("delayed", base.step, base.reference, delays=delays), 8, 2,
-                                 target="llvm")
+    return prnn_tvm.compile_cell(
+        prnn_tvm.Cell("delayed", base.step, base.reference, delays=delays), 8, 2, target="llvm"
+    )
 
 
 @case("a negative delay")
@@ -535,7 +607,10 @@ def _(lstm, good, tmp_path):
 
 @case("an input slice the step never reads (`c.input(3)`, two read)")
 def _(lstm, good, tmp_path):
-    prnn_tvm.compile_cell(_cell_file(tmp_path, textwrap.dedent("""
+    prnn_tvm.compile_cell(
+        _cell_file(
+            tmp_path,
+            textwrap.dedent("""
         import numpy as np
         from tvm import te
         from prnn_tvm import Cell
@@ -547,7 +622,12 @@ def _(lstm, good, tmp_path):
             return {"h": c.pointwise(lambda n, j: z[n, j] * te.tanh(x[n, c.hidden + j] + hw[n, c.hidden + j]), "h_new")}
 
         CELL = Cell("two_of_three", step, lambda x, s, p: s)
-    """)), 8, 2, target="llvm")
+    """),
+        ),
+        8,
+        2,
+        target="llvm",
+    )
 
 
 @case("an exception in the cell's step")
@@ -557,10 +637,14 @@ def _(lstm, good, tmp_path):
 
 @case("an exception in the cell's reference")
 def _(lstm, good, tmp_path):
-    path = _step_file(tmp_path, """
+    path = _step_file(
+        tmp_path,
+        """
         hw = c.matvec(h, W, "hw")
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")}
-    """, reference="lambda x, s, p: {'h': x + s['h'] @ p['Wrong'].T}")
+    """,
+        reference="lambda x, s, p: {'h': x + s['h'] @ p['Wrong'].T}",
+    )
     layer = prnn_tvm.compile_cell(path, 8, 2, target="llvm")
     reference_layer(layer.plan, random_inputs(layer.plan, 2, 8))
 
@@ -591,12 +675,12 @@ def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 2**31, 1, target="llvm")
 
 
-@case("an `arch` for the CPU build (`target=\"llvm\", arch=\"sm_90\"`)")
+@case('an `arch` for the CPU build (`target="llvm", arch="sm_90"`)')
 def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", arch="sm_90")
 
 
-@case("`compile_cell(..., bidirectional=\"no\")`")
+@case('`compile_cell(..., bidirectional="no")`')
 def _(lstm, good, tmp_path):
     prnn_tvm.compile_cell("lstm", 8, 2, target="llvm", bidirectional="no")
 
@@ -608,7 +692,7 @@ def _(lstm, good, tmp_path):
 
 
 # ---------------------------------------------------------------- exports, loads, logs
-@case("loading with a `device` that is no TVM device (`\"cuda\"`)")
+@case('loading with a `device` that is no TVM device (`"cuda"`)')
 def _(lstm, good, tmp_path):
     prnn_tvm.load(prnn_tvm.export(lstm, tmp_path / "lstm.so"), device="cuda")
 
@@ -656,7 +740,7 @@ def _warned(caplog, path):
     raise PrnnError(caplog.text)
 
 
-@case("a tuning record with `\"costs\": \"123\"`")
+@case('a tuning record with `"costs": "123"`')
 def _(lstm, good, tmp_path, caplog):
     _warned(caplog, _log_with(tmp_path, costs="123"))
 
@@ -728,12 +812,12 @@ def _(lstm, good, tmp_path):
     _pt().LSTM(4, 8.0)
 
 
-@case("`dropout=\"0.5\"`")
+@case('`dropout="0.5"`')
 def _(lstm, good, tmp_path):
     _pt().GRU(4, 8, dropout="0.5")
 
 
-@case("`bidirectional=\"no\"`")
+@case('`bidirectional="no"`')
 def _(lstm, good, tmp_path):
     _pt().LSTM(4, 8, bidirectional="no")
 
@@ -778,8 +862,8 @@ def _(lstm, good, tmp_path):
     torch, pt = _torch(), _pt()
     fast = pt.LSTM(4, 8)
     x = torch.randn(3, 2, 4, requires_grad=True)
-    g, = torch.autograd.grad(fast(x)[0].sum(), x, create_graph=True)
-    (g ** 2).sum().backward()
+    (g,) = torch.autograd.grad(fast(x)[0].sum(), x, create_graph=True)
+    (g**2).sum().backward()
 
 
 @case("CPU torch `lengths` outside [0, T]")
@@ -791,7 +875,7 @@ def _(lstm, good, tmp_path):
 # ---------------------------------------------------------------- the checks
 def test_every_row_has_a_case_and_every_case_a_row():
     assert len(ROWS) >= 80
-    assert set(ROWS) == set(CASES), (set(ROWS) ^ set(CASES))
+    assert set(ROWS) == set(CASES), set(ROWS) ^ set(CASES)
     assert all(ROWS.values()), [what for what, excerpt in ROWS.items() if not excerpt]  # an error, in backquotes
 
 
@@ -806,7 +890,7 @@ def test_every_row_names_a_test_that_exists():
 @pytest.mark.parametrize("what", sorted(CASES))
 def test_bad_input_gives_its_error_and_the_layer_stays_usable(what, lstm, good, tmp_path, request):
     fn = CASES[what]
-    extra = {name: request.getfixturevalue(name) for name in fn.__code__.co_varnames[3:fn.__code__.co_argcount]}
+    extra = {name: request.getfixturevalue(name) for name in fn.__code__.co_varnames[3 : fn.__code__.co_argcount]}
     with pytest.raises(PrnnError) as raised:
         fn(lstm, good, tmp_path, **extra)
     assert ROWS[what] in str(raised.value), f"{what}: got {raised.value}"
@@ -826,7 +910,11 @@ def test_row_lengths_below_zero_are_refused_like_those_past_the_sequence(lstm, g
     """The table's row is a length past the sequence; one below 0 is refused with the same words (the kernels
     would run it as no step at all, silently)."""
     lengths = np.array(lengths).astype(dtype)
-    with pytest.raises(InputError, match=re.escape(f"lengths must lie in [0, 3] (the sequence's 3 steps), got values "
-                                                   f"from {lengths.min()} to {lengths.max()}")):
+    with pytest.raises(
+        InputError,
+        match=re.escape(
+            f"lengths must lie in [0, 3] (the sequence's 3 steps), got values from {lengths.min()} to {lengths.max()}"
+        ),
+    ):
         _call_with(lstm, good, lengths=lengths)
     assert_next_call_is_right(lstm, good)

@@ -19,14 +19,21 @@ def plan_of(cell="lstm", hidden=256, batch=16):
     return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, "float16")
 
 
-@pytest.mark.parametrize("batch, cfg, why", [
-    (6, mc.MmaConfig(16, 1, 1, "sentinel", batch_groups=4), "the batch of 6 does not split into 4 equal groups"),
-    (16, mc.MmaConfig(16, 1, 1, "counter", batch_groups=2), "not across the grid barrier of 'counter'"),
-    (16, mc.MmaConfig(16, 1, 1, "grid_sync", batch_groups=2), "not across the grid barrier of 'grid_sync'"),
-    (16, mc.MmaConfig(16, 1, 1, "sentinel", batch_groups=3), "must be one of 1, 2, 4"),
-    (16, mc.MmaConfig(16, 1, 2, "sentinel", batch_groups=4), "the batch group of 4 rows needs at most 1"),
-    (16, mc.MmaConfig(8, 8, 1, "sentinel", m_tiles_per_warp=2, batch_groups=2),  # 2 x 128 CTAs on 132 SMs
-     "cannot be co-resident.*raise units_per_cta or lower batch_groups")])
+@pytest.mark.parametrize(
+    "batch, cfg, why",
+    [
+        (6, mc.MmaConfig(16, 1, 1, "sentinel", batch_groups=4), "the batch of 6 does not split into 4 equal groups"),
+        (16, mc.MmaConfig(16, 1, 1, "counter", batch_groups=2), "not across the grid barrier of 'counter'"),
+        (16, mc.MmaConfig(16, 1, 1, "grid_sync", batch_groups=2), "not across the grid barrier of 'grid_sync'"),
+        (16, mc.MmaConfig(16, 1, 1, "sentinel", batch_groups=3), "must be one of 1, 2, 4"),
+        (16, mc.MmaConfig(16, 1, 2, "sentinel", batch_groups=4), "the batch group of 4 rows needs at most 1"),
+        (
+            16,
+            mc.MmaConfig(8, 8, 1, "sentinel", m_tiles_per_warp=2, batch_groups=2),  # 2 x 128 CTAs on 132 SMs
+            "cannot be co-resident.*raise units_per_cta or lower batch_groups",
+        ),
+    ],
+)
 def test_batch_groups_are_refused_with_the_reason(batch, cfg, why):
     hidden = 1024 if cfg.m_tiles_per_warp > 1 else 256
     with pytest.raises(ConfigError, match=why):
@@ -39,8 +46,10 @@ def test_batch_groups_take_the_shared_layout():
         mc.validate(cfg, plan_of("gru_bi", batch=8), SM90)
 
 
-@pytest.mark.parametrize("cell, batch, groups", [
-    ("lstm", 16, {1, 2, 4}), ("gru", 8, {1, 2}), ("lstm", 4, {1}), ("lstm", 33, {1}), ("rnn_tanh", 12, {1, 2})])
+@pytest.mark.parametrize(
+    "cell, batch, groups",
+    [("lstm", 16, {1, 2, 4}), ("gru", 8, {1, 2}), ("lstm", 4, {1}), ("lstm", 33, {1}), ("rnn_tanh", 12, {1, 2})],
+)
 def test_the_space_splits_the_batch_into_groups_of_at_least_four_rows_with_data_carried_barriers(cell, batch, groups):
     space = mc.space(plan_of(cell, batch=batch), SM90)
     assert {c.batch_groups for c in space} == groups
@@ -63,9 +72,15 @@ def test_the_kernel_indexes_a_group_rows_with_the_whole_batch_strides(barrier):
     """Row ``b`` of group ``g`` is row ``g * 8 + b`` of the batch of 16: every per-row access adds the group's
     first row, and the steps of a sequence stay 16 rows apart (TVM 0.27 lowers a buffer view by its shape and
     drops explicit strides: a view shaped to the group's 8 rows would put step t at 8 * t rows)."""
-    layer = prnn_tvm.compile_cell("lstm", 256, 16, dtype="float16", target="cuda", arch="sm_90",
-                                  config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": barrier,
-                                          "batch_groups": 2})
+    layer = prnn_tvm.compile_cell(
+        "lstm",
+        256,
+        16,
+        dtype="float16",
+        target="cuda",
+        arch="sm_90",
+        config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": barrier, "batch_groups": 2},
+    )
     src = layer.cuda_source
     assert layer.report.ctas == 32 and layer.report.spill_bytes == 0
     assert "int group_row0 = ((((int)blockIdx.x) >> 4) * 8);" in src

@@ -11,34 +11,99 @@ from prnn_tvm.bench.runner import missing_requirements
 from prnn_tvm.target import gpu_spec
 
 T = 256
-ENV = {"gpu": "NVIDIA H100 80GB HBM3", "sms": 132, "arch": "sm_90", "peak_fp32_tflops": 66.91, "driver": "570.1",
-       "cuda": "12.8", "tvm": "0.27.0", "torch": "2.11.0", "cudnn": "91900", "prnn_tvm": "0.1.0"}
+ENV = {
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "sms": 132,
+    "arch": "sm_90",
+    "peak_fp32_tflops": 66.91,
+    "driver": "570.1",
+    "cuda": "12.8",
+    "tvm": "0.27.0",
+    "torch": "2.11.0",
+    "cudnn": "91900",
+    "prnn_tvm": "0.1.0",
+}
 CONFIG = '{"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}'
 
 
-def ok_row(cell, hidden, batch, layer_ms, kernel_ms, cudnn_ms, graph_ms, floor_us, call_ms=None, graph_call_ms=None,
-           host_us=None):
-    return {"cell": cell, "dtype": "float32", "hidden": hidden, "batch": batch, "seq_len": T, "status": "ok",
-            "config": CONFIG, "config_origin": "default: no tuning record for this cell", "ctas": 128,
-            "threads": 256, "registers": 235,
-            "spill_bytes": 0, "compile_s": 1.5, "max_abs_err": 1.8e-7, "graph_max_err": 2e-7, "repeats": 5,
-            "prnn_call_ms": call_ms, "prnn_graph_ms": graph_call_ms, "prnn_layer_ms": layer_ms,
-            "prnn_layer_min_ms": layer_ms * 0.99, "prnn_kernel_ms": kernel_ms,
-            "prnn_kernel_min_ms": kernel_ms * 0.99, "cudnn_ms": cudnn_ms, "cudnn_min_ms": cudnn_ms,
-            "graph_layer_ms": graph_ms, "graph_layer_min_ms": graph_ms, "graph_recurrent_ms": graph_ms * 0.8,
-            "graph_recurrent_min_ms": graph_ms * 0.8, "barrier_us": 0.97, "flop_layer_ms": 0.1,
-            "flop_recurrent_ms": 0.05, "floor_step_us": floor_us, **ENV,
-            **({"prnn_host_us": host_us[0], "cudnn_host_us": host_us[1]} if host_us else {})}
+def ok_row(
+    cell,
+    hidden,
+    batch,
+    layer_ms,
+    kernel_ms,
+    cudnn_ms,
+    graph_ms,
+    floor_us,
+    call_ms=None,
+    graph_call_ms=None,
+    host_us=None,
+):
+    return {
+        "cell": cell,
+        "dtype": "float32",
+        "hidden": hidden,
+        "batch": batch,
+        "seq_len": T,
+        "status": "ok",
+        "config": CONFIG,
+        "config_origin": "default: no tuning record for this cell",
+        "ctas": 128,
+        "threads": 256,
+        "registers": 235,
+        "spill_bytes": 0,
+        "compile_s": 1.5,
+        "max_abs_err": 1.8e-7,
+        "graph_max_err": 2e-7,
+        "repeats": 5,
+        "prnn_call_ms": call_ms,
+        "prnn_graph_ms": graph_call_ms,
+        "prnn_layer_ms": layer_ms,
+        "prnn_layer_min_ms": layer_ms * 0.99,
+        "prnn_kernel_ms": kernel_ms,
+        "prnn_kernel_min_ms": kernel_ms * 0.99,
+        "cudnn_ms": cudnn_ms,
+        "cudnn_min_ms": cudnn_ms,
+        "graph_layer_ms": graph_ms,
+        "graph_layer_min_ms": graph_ms,
+        "graph_recurrent_ms": graph_ms * 0.8,
+        "graph_recurrent_min_ms": graph_ms * 0.8,
+        "barrier_us": 0.97,
+        "flop_layer_ms": 0.1,
+        "flop_recurrent_ms": 0.05,
+        "floor_step_us": floor_us,
+        **ENV,
+        **({"prnn_host_us": host_us[0], "cudnn_host_us": host_us[1]} if host_us else {}),
+    }
 
 
 def error_row(cell, hidden, batch, message):
-    return {"cell": cell, "dtype": "float32", "hidden": hidden, "batch": batch, "seq_len": T, "status": "error",
-            "error": message, **ENV}
+    return {
+        "cell": cell,
+        "dtype": "float32",
+        "hidden": hidden,
+        "batch": batch,
+        "seq_len": T,
+        "status": "error",
+        "error": message,
+        **ENV,
+    }
 
 
 ROWS = [
-    ok_row("lstm", 1024, 4, layer_ms=1.28, kernel_ms=0.768, cudnn_ms=3.2, graph_ms=4.48, floor_us=2.0, call_ms=1.6,
-           graph_call_ms=1.344, host_us=(14.6, 21.2)),
+    ok_row(
+        "lstm",
+        1024,
+        4,
+        layer_ms=1.28,
+        kernel_ms=0.768,
+        cudnn_ms=3.2,
+        graph_ms=4.48,
+        floor_us=2.0,
+        call_ms=1.6,
+        graph_call_ms=1.344,
+        host_us=(14.6, 21.2),
+    ),
     ok_row("lstm", 1024, 16, layer_ms=2.56, kernel_ms=1.536, cudnn_ms=3.84, graph_ms=5.12, floor_us=4.0),
     error_row("lstm", 1024, 64, "LaunchError: launching 'recurrent' of lstm failed: too many resources | x"),
     ok_row("gru", 512, 4, layer_ms=0.512, kernel_ms=0.256, cudnn_ms=2.048, graph_ms=1.024, floor_us=0.5),
@@ -70,8 +135,12 @@ def test_ratios(csv_path):
     assert r["cudnn_over_prnn"] == pytest.approx(3.2 / 1.28)
     assert r["graph_over_prnn"] == pytest.approx(4.48 / 1.28)
     assert r["prnn_over_floor"] == pytest.approx(0.768e3 / T / 2.0)  # 3.0 us/step over a 2 us floor
-    assert table.ratios(table.read_csv(csv_path)[2]) == {"cudnn_over_call": None, "cudnn_over_prnn": None,
-                                                         "graph_over_prnn": None, "prnn_over_floor": None}
+    assert table.ratios(table.read_csv(csv_path)[2]) == {
+        "cudnn_over_call": None,
+        "cudnn_over_prnn": None,
+        "graph_over_prnn": None,
+        "prnn_over_floor": None,
+    }
     assert table.ratios(table.read_csv(csv_path)[1])["cudnn_over_call"] is None  # a CSV from before the column
     assert table.per_step_us(ROWS[0], "floor_step_us") == 2.0  # already per step
     assert table.per_step_us(ROWS[0], "cudnn_ms") == pytest.approx(12.5)
@@ -141,12 +210,24 @@ def test_largest_hidden_is_the_edge_of_validity():
 
 def test_build_cases_resolves_largest_and_lists_unsupported_dtypes():
     gpu = gpu_spec("sm_90")
-    cases = matrix.build_cases(["lstm"], [256, matrix.LARGEST], [1, 4], 32, ["float32", "float64"], gpu,
-                               compiles_clean=lambda cell, dtype, hidden: True)
+    cases = matrix.build_cases(
+        ["lstm"],
+        [256, matrix.LARGEST],
+        [1, 4],
+        32,
+        ["float32", "float64"],
+        gpu,
+        compiles_clean=lambda cell, dtype, hidden: True,
+    )
     largest = matrix.largest_hidden("lstm", gpu, [1, 4])
     assert [(c.hidden, c.batch, c.dtype) for c in cases] == [
-        (256, 1, "float32"), (256, 4, "float32"), (largest, 1, "float32"), (largest, 4, "float32"),
-        (256, 1, "float64"), (256, 4, "float64")]
+        (256, 1, "float32"),
+        (256, 4, "float32"),
+        (largest, 1, "float32"),
+        (largest, 4, "float32"),
+        (256, 1, "float64"),
+        (256, 4, "float64"),
+    ]
     assert all(c.seq_len == 32 for c in cases)
 
 
@@ -169,8 +250,12 @@ def test_cli_renders_an_existing_csv_anywhere(csv_path, tmp_path):
     beside.write_text("# a run\n\n    prnn-tvm bench --cells lstm --name run\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = subprocess.run([sys.executable, "-m", "prnn_tvm.cli", "bench", "--from-csv", str(csv_path)], cwd=elsewhere,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "prnn_tvm.cli", "bench", "--from-csv", str(csv_path)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert (elsewhere / "run.png").exists()
     assert "prnn-tvm bench --cells lstm --name run" in (elsewhere / "run.md").read_text()  # the run's command kept

@@ -69,8 +69,11 @@ def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
         if hidden == 512:
             raise ConfigError("no persistent config fits")
         config = {"units_per_cta": 2, "barrier": "tags"}
-        return SimpleNamespace(report=SimpleNamespace(config=config, config_detail=ORIGIN, ctas=128, threads=256,
-                                                      registers=200, spill_bytes=0))
+        return SimpleNamespace(
+            report=SimpleNamespace(
+                config=config, config_detail=ORIGIN, ctas=128, threads=256, registers=200, spill_bytes=0
+            )
+        )
 
     def fake_measure(case, layer, gpu, repeats, number, probes):
         if case.batch == 64:
@@ -84,7 +87,11 @@ def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
     monkeypatch.setattr(measure, "measure", fake_measure)
     rows = runner.run(["lstm"], [256, 512], [4, 64], seq_len=8, dtypes=["float32"], progress=False)
     assert [(r["hidden"], r["batch"], r["status"]) for r in rows] == [
-        (256, 4, "ok"), (256, 64, "error"), (512, 4, "error"), (512, 64, "error")]
+        (256, 4, "ok"),
+        (256, 64, "error"),
+        (512, 4, "error"),
+        (512, 64, "error"),
+    ]
     assert rows[0]["config_origin"] == ORIGIN and rows[0]["cudnn_ms"] == 3.0 and rows[0]["gpu"] == "test GPU"
     assert rows[1]["error"].startswith("LaunchError: launching 'recurrent' failed")
     assert rows[2]["error"] == "ConfigError: no persistent config fits"

@@ -14,11 +14,17 @@ def test_tiny_run_measures_checks_and_writes_outputs(tmp_path):
     pytest.importorskip("torch", reason="the benchmark's baselines need PyTorch")
     if runner.missing_requirements():
         pytest.skip(runner.missing_requirements())
-    rows = runner.run(["lstm", "gru"], [128], [2], seq_len=16, dtypes=["float32", "bfloat16", "float64"], repeats=5,
-                      progress=False)
+    rows = runner.run(
+        ["lstm", "gru"], [128], [2], seq_len=16, dtypes=["float32", "bfloat16", "float64"], repeats=5, progress=False
+    )
     assert [(r["cell"], r["dtype"], r["status"]) for r in rows] == [
-        ("lstm", "float32", "ok"), ("lstm", "bfloat16", "ok"), ("lstm", "float64", "error"),
-        ("gru", "float32", "ok"), ("gru", "bfloat16", "ok"), ("gru", "float64", "error")]
+        ("lstm", "float32", "ok"),
+        ("lstm", "bfloat16", "ok"),
+        ("lstm", "float64", "error"),
+        ("gru", "float32", "ok"),
+        ("gru", "bfloat16", "ok"),
+        ("gru", "float64", "error"),
+    ]
     for row in rows:
         if row["status"] == "error":
             assert "float64 is for the CPU build" in row["error"]

@@ -44,7 +44,7 @@ def _folded(plan, inputs):
     inputs = {name: value.astype(np.float64) for name, value in inputs.items()}
     moved = dict(inputs, b_ih=np.zeros_like(inputs["b_ih"]))
     for c in plan.input_bias:
-        moved[c.param] = inputs[c.param] + inputs["b_ih"][c.first * H:(c.first + c.slices) * H]
+        moved[c.param] = inputs[c.param] + inputs["b_ih"][c.first * H : (c.first + c.slices) * H]
     return moved
 
 
@@ -72,36 +72,69 @@ def test_moving_b_ih_into_the_carriers_changes_nothing(name, shape):
 
 def _cell(gates):
     """A one-state cell with ``c.input(2)`` and ``c.param("b", 2)``: ``gates(x, hw, b, h, n, j)`` is h's new value."""
+
     def step(c):
         x, h = c.input(2), c.state("h")
         W, b = c.weight("W_hh", 1), c.param("b", 2)
         hw = c.matvec(h, W, name="hw")
         return {"h": c.pointwise(lambda n, j: gates(x, hw, b, h, n, j, c.hidden), name="h_new")}
+
     return Cell("bias_probe", step, lambda x, state, p: state)
 
 
-@pytest.mark.parametrize("what, gates, carried", [
-    ("each input slice plus its own param slice", lambda x, hw, b, h, n, j, H: te.tanh(
-        x[n, j] + b[j] + hw[n, j]) * te.sigmoid(b[H + j] + x[n, H + j]), (BiasCarrier("b", 0, 2),)),
-    ("the slices crossed", lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[H + j] + hw[n, j])
-     * te.sigmoid(x[n, H + j] + b[j]), ()),
-    ("the param twice in a sum", lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[j] + b[j] + hw[n, j])
-     * te.sigmoid(x[n, H + j] + b[H + j]), ()),
-    ("the input read outside a sum too", lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[j] + hw[n, j])
-     * te.sigmoid(x[n, H + j] + b[H + j]) * x[n, j], ()),
-    ("the param read outside a sum too", lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[j] + hw[n, j])
-     * te.sigmoid(x[n, H + j] + b[H + j] + b[j] * h[n, j]), ()),
-    ("a difference, not a sum", lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] - b[j] + hw[n, j])
-     * te.sigmoid(x[n, H + j] + b[H + j]), ()),
-    ("two input slices in one sum", lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + x[n, H + j] + b[j] + hw[n, j])
-     * te.sigmoid(b[H + j] + hw[n, j]), ()),
-])
+@pytest.mark.parametrize(
+    "what, gates, carried",
+    [
+        (
+            "each input slice plus its own param slice",
+            lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[j] + hw[n, j]) * te.sigmoid(b[H + j] + x[n, H + j]),
+            (BiasCarrier("b", 0, 2),),
+        ),
+        (
+            "the slices crossed",
+            lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[H + j] + hw[n, j]) * te.sigmoid(x[n, H + j] + b[j]),
+            (),
+        ),
+        (
+            "the param twice in a sum",
+            lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] + b[j] + b[j] + hw[n, j]) * te.sigmoid(x[n, H + j] + b[H + j]),
+            (),
+        ),
+        (
+            "the input read outside a sum too",
+            lambda x, hw, b, h, n, j, H: (
+                te.tanh(x[n, j] + b[j] + hw[n, j]) * te.sigmoid(x[n, H + j] + b[H + j]) * x[n, j]
+            ),
+            (),
+        ),
+        (
+            "the param read outside a sum too",
+            lambda x, hw, b, h, n, j, H: (
+                te.tanh(x[n, j] + b[j] + hw[n, j]) * te.sigmoid(x[n, H + j] + b[H + j] + b[j] * h[n, j])
+            ),
+            (),
+        ),
+        (
+            "a difference, not a sum",
+            lambda x, hw, b, h, n, j, H: te.tanh(x[n, j] - b[j] + hw[n, j]) * te.sigmoid(x[n, H + j] + b[H + j]),
+            (),
+        ),
+        (
+            "two input slices in one sum",
+            lambda x, hw, b, h, n, j, H: (
+                te.tanh(x[n, j] + x[n, H + j] + b[j] + hw[n, j]) * te.sigmoid(b[H + j] + hw[n, j])
+            ),
+            (),
+        ),
+    ],
+)
 def test_a_carrier_is_only_ever_added_to_its_input_slice(what, gates, carried):
     assert analyze(_cell(gates), 2, H).input_bias == carried, what
 
 
 def test_an_input_copied_into_a_state_has_no_carrier():
     """The input reaches a state's new value through a stage that only copies it: that state would miss b_ih."""
+
     def step(c):
         x, h, m = c.input(1), c.state("h"), c.state("m")
         W, b = c.weight("W_hh", 1), c.param("b", 1)

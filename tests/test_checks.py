@@ -158,8 +158,11 @@ def test_a_bad_gradient_anywhere_fails_the_gradient_check(monkeypatch):
     assert checks.check_gradients("gru").ok and {"x", "W_ih", "b_ih", "W_hh", "b_hh", "h0"} <= set(seen)
     for name, value in dict(seen).items():
         for where in positions(np.shape(value))[1:]:  # past the first
-            monkeypatch.setattr(checks, "layer_gradients", lambda *a, n=name, w=where: {
-                **(g := made(*a)), n: planted([g[n]], 0, w, np.nan)[0]})
+            monkeypatch.setattr(
+                checks,
+                "layer_gradients",
+                lambda *a, n=name, w=where: {**(g := made(*a)), n: planted([g[n]], 0, w, np.nan)[0]},
+            )
             res = checks.check_gradients("gru")
             assert not res.ok and res.max_abs_error == np.inf, (name, where)
 

@@ -13,9 +13,19 @@ def run(*args):
 def test_compile_reports_kernel_and_cpu_check():
     r = run("compile", "lstm", "--hidden", "32", "--batch", "3", "--seq", "5", "--arch", "sm_90")
     assert r.returncode == 0, r.stderr
-    for text in ("cell        lstm", "schedule    persistent_cuda", "(default", "CTAs x", "registers/thread",
-                 "0 B spill stores", "cpu check   max abs error", ": ok", "grad check  relative error",
-                 "training    recurrent_save: ", "training    recurrent_backward: "):
+    for text in (
+        "cell        lstm",
+        "schedule    persistent_cuda",
+        "(default",
+        "CTAs x",
+        "registers/thread",
+        "0 B spill stores",
+        "cpu check   max abs error",
+        ": ok",
+        "grad check  relative error",
+        "training    recurrent_save: ",
+        "training    recurrent_backward: ",
+    ):
         assert text in r.stdout, r.stdout
     assert "FAILED" not in r.stdout
 
@@ -61,16 +71,24 @@ def test_compile_both_directions_in_one_launch():
     assert "grad check  not derivable: 'lstm_bi' runs both directions of a layer in one launch" in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["compile", "lstmx", "--hidden", "8", "--batch", "1"], "unknown cell 'lstmx'"),
-    (["compile", "lstm", "--layers", "0", "--hidden", "8", "--batch", "1"], "--layers: expected a positive integer"),
-    (["compile", "lstm", "--hidden", "0", "--batch", "1"], "--hidden: expected a positive integer, got 0"),
-    (["compile", "lstm", "--hidden", "8", "--batch", "-3"], "--batch: expected a positive integer, got -3"),
-    (["compile", "lstm", "--hidden", "8", "--batch", "1", "--arch", "sm_99"], "unknown GPU architecture 'sm_99'"),
-    (["compile", "lstm", "--batch", "1"], "required: --hidden"),
-    (["compile", "lstm", "--bidirectional", "--layers", "2", "--hidden", "8", "--batch", "1"],
-     "--bidirectional takes one layer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["compile", "lstmx", "--hidden", "8", "--batch", "1"], "unknown cell 'lstmx'"),
+        (
+            ["compile", "lstm", "--layers", "0", "--hidden", "8", "--batch", "1"],
+            "--layers: expected a positive integer",
+        ),
+        (["compile", "lstm", "--hidden", "0", "--batch", "1"], "--hidden: expected a positive integer, got 0"),
+        (["compile", "lstm", "--hidden", "8", "--batch", "-3"], "--batch: expected a positive integer, got -3"),
+        (["compile", "lstm", "--hidden", "8", "--batch", "1", "--arch", "sm_99"], "unknown GPU architecture 'sm_99'"),
+        (["compile", "lstm", "--batch", "1"], "required: --hidden"),
+        (
+            ["compile", "lstm", "--bidirectional", "--layers", "2", "--hidden", "8", "--batch", "1"],
+            "--bidirectional takes one layer",
+        ),
+    ],
+)
 def test_bad_arguments_exit_with_one_line(args, message):
     r = run(*args)
     assert r.returncode != 0
@@ -111,8 +129,10 @@ def test_records_best_has_a_dtype_column(tmp_path):
     """Two keys that differ only in dtype printed two identical-looking lines."""
     from prnn_tvm.records import Record, TuneKey
 
-    keys = [TuneKey("abc", 16, 1024, dtype, "sm_90", 132, "persistent_cuda", "0.27.0.post1")
-            for dtype in ("float32", "float16")]
+    keys = [
+        TuneKey("abc", 16, 1024, dtype, "sm_90", 132, "persistent_cuda", "0.27.0.post1")
+        for dtype in ("float32", "float16")
+    ]
     r = run("records", "best", "--log", str(_log(tmp_path, *(Record(k, {}, (1e-3,), 256, cell="lstm") for k in keys))))
     lines = r.stdout.strip().splitlines()[1:]
     assert r.returncode == 0 and len(lines) == 2 and len(set(lines)) == 2, r.stdout

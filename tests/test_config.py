@@ -41,16 +41,19 @@ def test_partial_sums_are_read_without_bank_conflicts(rows, units):
     assert mc.gate_sum_stride(32, 8) == 40 and mc.gate_sum_stride(16, 8) == 24  # not more padding than needed
 
 
-@pytest.mark.parametrize("change, reason", [
-    (dict(rows_per_thread=16, k_split=4), "registers per thread"),
-    (dict(units_per_cta=64, k_split=32, rows_per_thread=1), "threads per CTA"),
-    (dict(units_per_cta=1, k_split=32, rows_per_thread=1), "cannot be co-resident"),
-    (dict(k_split=3), "power of two"),
-    (dict(vec=3), "vec=3"),
-    (dict(batch_tile=5), "batch_tile=5"),
-    (dict(barrier="spin"), "barrier 'spin' unknown"),
-    (dict(units_per_cta=2000), "exceeds hidden"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(rows_per_thread=16, k_split=4), "registers per thread"),
+        (dict(units_per_cta=64, k_split=32, rows_per_thread=1), "threads per CTA"),
+        (dict(units_per_cta=1, k_split=32, rows_per_thread=1), "cannot be co-resident"),
+        (dict(k_split=3), "power of two"),
+        (dict(vec=3), "vec=3"),
+        (dict(batch_tile=5), "batch_tile=5"),
+        (dict(barrier="spin"), "barrier 'spin' unknown"),
+        (dict(units_per_cta=2000), "exceeds hidden"),
+    ],
+)
 def test_validate_rejects_with_a_reason(change, reason):
     base = pc.PersistentConfig(units_per_cta=8, k_split=16, rows_per_thread=2, batch_tile=4, vec=4)
     with pytest.raises(ConfigError, match=reason):
@@ -66,7 +69,7 @@ def test_shared_memory_over_budget_is_rejected():
 
 def test_register_cap_follows_the_four_subpartitions():
     assert max_regs_per_thread(256, SM90) == 255
-    assert max_regs_per_thread(320, SM90) == 168   # three warps on some sub-partition
+    assert max_regs_per_thread(320, SM90) == 168  # three warps on some sub-partition
     assert max_regs_per_thread(1024, SM90) == 64
     assert ctas_per_sm(256, 200, 17_000, SM90) == 1
     assert ctas_per_sm(128, 64, 4_000, SM90) == 8
@@ -146,15 +149,18 @@ def test_a_warps_row_tiles_multiply_one_operand():
     assert mc.validate(mc.MmaConfig(8, 2, 1, "counter", "split", 2), stack, SM90).warp_rows == 2
 
 
-@pytest.mark.parametrize("change, reason", [
-    (dict(k_groups=1), "registers per thread"),
-    (dict(m_tiles_per_warp=3), "m_tiles_per_warp=3: must be one of 1, 2"),
-    (dict(k_groups=32), "k_groups=32"),
-    (dict(n_tiles=3), "n_tiles=3"),
-    (dict(units_per_cta=16, k_groups=16), "threads per CTA"),
-    (dict(units_per_cta=2), "cannot be co-resident"),
-    (dict(barrier="spin"), "barrier 'spin' unknown"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(k_groups=1), "registers per thread"),
+        (dict(m_tiles_per_warp=3), "m_tiles_per_warp=3: must be one of 1, 2"),
+        (dict(k_groups=32), "k_groups=32"),
+        (dict(n_tiles=3), "n_tiles=3"),
+        (dict(units_per_cta=16, k_groups=16), "threads per CTA"),
+        (dict(units_per_cta=2), "cannot be co-resident"),
+        (dict(barrier="spin"), "barrier 'spin' unknown"),
+    ],
+)
 def test_mma_validate_rejects_with_a_reason(change, reason):
     base = mc.MmaConfig(units_per_cta=8, k_groups=8, n_tiles=2)
     with pytest.raises(ConfigError, match=reason):
@@ -208,6 +214,9 @@ def test_accumulator_chains_take_the_k_tiles_in_turn():
     space = mc.space(half_plan(), SM90)
     assert {c.k_chains for c in space} == {1, 2, 4}
     # only where a warp has one accumulator set (one row tile, one batch tile) and at least 8 k tiles
-    assert all(c.n_tiles * c.m_tiles_per_warp == 1 and -(-64 // c.k_groups) >= mc.CHAIN_MIN_K_TILES
-               for c in space if c.k_chains > 1)
+    assert all(
+        c.n_tiles * c.m_tiles_per_warp == 1 and -(-64 // c.k_groups) >= mc.CHAIN_MIN_K_TILES
+        for c in space
+        if c.k_chains > 1
+    )
     assert {c.k_chains for c in mc.ranked_configs(half_plan(), SM90)} == {1}  # a tuning choice only

@@ -51,12 +51,17 @@ def test_a_template_says_why_it_does_not_place_a_plan():
     assert answers["persistent_cuda"].reason == "the persistent template places float32 cells, not float16"
     assert answers["persistent_mma"].reason == "float16 layers need mma.sync m16n8k16 (sm_80 or newer), not sm_75"
     assert answers["cpu_reference"].reason == "places CPU (llvm) kernels, not cuda"
-    assert by_name("persistent_mma").accepts(half, GPU.target()) and by_name("persistent_mma").accepts(
-        half, GPU.target()).reason is None
-    with pytest.raises(ConfigError, match=r"no schedule template places a float16 'lstm' cell on target cuda, which "
-                                          r"takes float32 \(persistent_cuda: the persistent template places float32 "
-                                          r"cells, not float16; persistent_mma: float16 layers need mma.sync "
-                                          r"m16n8k16 \(sm_80 or newer\), not sm_75; cpu_reference: "):
+    assert (
+        by_name("persistent_mma").accepts(half, GPU.target())
+        and by_name("persistent_mma").accepts(half, GPU.target()).reason is None
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"no schedule template places a float16 'lstm' cell on target cuda, which "
+        r"takes float32 \(persistent_cuda: the persistent template places float32 "
+        r"cells, not float16; persistent_mma: float16 layers need mma.sync "
+        r"m16n8k16 \(sm_80 or newer\), not sm_75; cpu_reference: ",
+    ):
         templates_for(half, gpu_spec("sm_75").target())
     assert [t.name for t in templates_for(half, GPU.target())] == ["persistent_mma"]
 
@@ -67,10 +72,22 @@ def test_a_template_without_knobs_refuses_a_config():
 
 
 def test_knob_short_names_come_from_the_config_fields():
-    assert knob_short_names() == {"units_per_cta": "U", "k_split": "ks", "rows_per_thread": "r",
-                                  "batch_tile": "bt", "vec": "v", "barrier": "", "k_groups": "kg", "n_tiles": "nt",
-                                  "layout": "", "m_tiles_per_warp": "mw", "k_chains": "kc", "batch_groups": "bg",
-                                  "poll_sleep": "ps", "operand_path": ""}
+    assert knob_short_names() == {
+        "units_per_cta": "U",
+        "k_split": "ks",
+        "rows_per_thread": "r",
+        "batch_tile": "bt",
+        "vec": "v",
+        "barrier": "",
+        "k_groups": "kg",
+        "n_tiles": "nt",
+        "layout": "",
+        "m_tiles_per_warp": "mw",
+        "k_chains": "kc",
+        "batch_groups": "bg",
+        "poll_sleep": "ps",
+        "operand_path": "",
+    }
     knobs = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
     assert knob_text(knobs, knob_short_names()) == "U=8 ks=16 r=2 bt=4 v=4 tags"
     split = {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "counter", "layout": "split"}
@@ -95,13 +112,16 @@ def test_a_config_dict_builds_what_its_dataclass_builds(default_knobs):
     assert as_dict.report.config_origin is ConfigOrigin.USER and as_dict.report.config_detail == "user"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"bogus": 1}, r"unknown knob\(s\) bogus for PersistentConfig; its knobs are units_per_cta, k_split"),
-    ({"vec": "4"}, r"knob vec='4': expected a whole number"),
-    ({"vec": 4.0}, r"knob vec=4.0: expected a whole number"),
-    ({"vec": True}, r"knob vec=True: expected a whole number"),
-    ({"barrier": 1}, r"knob barrier=1: expected a string"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"bogus": 1}, r"unknown knob\(s\) bogus for PersistentConfig; its knobs are units_per_cta, k_split"),
+        ({"vec": "4"}, r"knob vec='4': expected a whole number"),
+        ({"vec": 4.0}, r"knob vec=4.0: expected a whole number"),
+        ({"vec": True}, r"knob vec=True: expected a whole number"),
+        ({"barrier": 1}, r"knob barrier=1: expected a string"),
+    ],
+)
 def test_bad_config_dicts_are_refused_with_the_knob_named(default_knobs, change, message):
     with pytest.raises(ConfigError, match=message):
         prnn_tvm.compile_cell("gru", 64, 3, target="cuda", arch="sm_90", config={**default_knobs, **change})
@@ -132,8 +152,11 @@ def test_the_signature_derives_inputs_outputs_and_intermediates(lstm_cuda):
     assert x.shape == ("T", 2, 24) and w_ih.shape == (256, 24) and x.role is ArgRole.INPUT
     rec = sig.launch("recurrent")
     assert [a.role for a in rec.args][-5:] == [ArgRole.WORKSPACE, ArgRole.SYNC, *[ArgRole.SCALAR] * 3]
-    assert [(a.name, a.dtype) for a in rec.args][-3:] == [("timeout_us", "int32"), ("stall_step", "int32"),
-                                                          ("error_host", "int64")]
+    assert [(a.name, a.dtype) for a in rec.args][-3:] == [
+        ("timeout_us", "int32"),
+        ("stall_step", "int32"),
+        ("error_host", "int64"),
+    ]
     assert rec.grid.ctas == lstm_cuda.report.ctas and rec.grid.registers == lstm_cuda.report.registers
     assert rec.sync.kind == lstm_cuda.report.config["barrier"] and rec.sync.state_words == 4
 
@@ -155,9 +178,21 @@ def test_kernels_declare_exactly_the_signature_arguments(target):
 
 
 def test_where_a_timeout_happened_is_told_from_the_sync_description():
-    sync = prnn_tvm.compile_cell("gru_cho", 64, 2, target="cuda", arch="sm_90",
-                                 config={"units_per_cta": 1, "k_split": 32, "rows_per_thread": 1, "batch_tile": 2,
-                                         "vec": 4, "barrier": "counter"}).kernel.launch.sync
+    sync = prnn_tvm.compile_cell(
+        "gru_cho",
+        64,
+        2,
+        target="cuda",
+        arch="sm_90",
+        config={
+            "units_per_cta": 1,
+            "k_split": 32,
+            "rows_per_thread": 1,
+            "batch_tile": 2,
+            "vec": 4,
+            "barrier": "counter",
+        },
+    ).kernel.launch.sync
     assert (sync.counts, sync.phases) == ("barriers", 2)
     assert sync.where(7) == "after phase 1 of step 3"
 
@@ -220,10 +255,13 @@ def test_the_choice_considers_every_template_that_accepts_the_plan(monkeypatch):
     assert kernel == "x" and choice.template is first
     with pytest.raises(ConfigError, match="no template that places this cell takes the config fake: .*; second: "):
         choose_and_build(plan, [first, second], None, GPU, build, config={"other": 1})
-    tuned = [ConfigChoice("t", ConfigOrigin.TUNED, "2.00 us/step", template=first),
-             ConfigChoice(5, ConfigOrigin.TUNED, "1.00 us/step", template=second)]
-    monkeypatch.setattr(prnn_tvm.choice, "tuned_configs", lambda p, templates, *a: (
-        sorted(tuned, key=lambda c: c.reason), ""))
+    tuned = [
+        ConfigChoice("t", ConfigOrigin.TUNED, "2.00 us/step", template=first),
+        ConfigChoice(5, ConfigOrigin.TUNED, "1.00 us/step", template=second),
+    ]
+    monkeypatch.setattr(
+        prnn_tvm.choice, "tuned_configs", lambda p, templates, *a: (sorted(tuned, key=lambda c: c.reason), "")
+    )
     kernel, _, choice = choose_and_build(plan, [first, second], None, GPU, build)
     assert kernel == 5 and choice.template is second
     monkeypatch.setattr(prnn_tvm.choice, "tuned_configs", lambda *a: ([], "no tuning record"))
@@ -231,8 +269,9 @@ def test_the_choice_considers_every_template_that_accepts_the_plan(monkeypatch):
     monkeypatch.setattr(prnn_tvm.choice, "unlaunchable", too_large)
     kernel, _, choice = choose_and_build(plan, [first, second], None, GPU, build)
     assert kernel == 1 and choice.template is second and choice.origin is ConfigOrigin.DEFAULT
-    assert choice.describe() == ("default: no tuning record; 3 ranked before it cannot be co-resident with ptxas's "
-                                 "registers")
+    assert choice.describe() == (
+        "default: no tuning record; 3 ranked before it cannot be co-resident with ptxas's registers"
+    )
 
 
 def test_the_default_ladder_records_what_it_passed_over(monkeypatch):
@@ -255,24 +294,29 @@ def test_a_tuned_config_that_spills_or_does_not_fit_falls_back(monkeypatch):
     # ptxas's registers make its grid too large to be co-resident: never kept, whatever its origin
     monkeypatch.setattr(prnn_tvm.choice, "unlaunchable", lambda kernel, built, gpu: "too large" * (kernel in "ta"))
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}), tuned)
-    assert kernel == "b" and choice.describe() == ("default: the tuned config too large here; 1 ranked before it "
-                                                   "cannot be co-resident with ptxas's registers")
+    assert kernel == "b" and choice.describe() == (
+        "default: the tuned config too large here; 1 ranked before it cannot be co-resident with ptxas's registers"
+    )
 
 
 def test_a_tuned_config_that_spills_gives_way_to_the_next_fastest(monkeypatch):
     """Records outlive kernel changes: where the fastest tuned config now spills, the next record is built
     before the defaults, and the report says why."""
-    tuned = [ConfigChoice(name, ConfigOrigin.TUNED, f"{us} us/step measured on test GPU")
-             for name, us in (("t", "1.00"), ("u", "1.10"), ("v", "1.20"))]
+    tuned = [
+        ConfigChoice(name, ConfigOrigin.TUNED, f"{us} us/step measured on test GPU")
+        for name, us in (("t", "1.00"), ("u", "1.10"), ("v", "1.20"))
+    ]
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 12}), tuned)
     assert kernel == "u" and choice.origin is ConfigOrigin.TUNED
     assert choice.describe() == "tuned: 1.10 us/step measured on test GPU; the faster one: spills 12 B here"
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 12}, fits=lambda c: c != "u"), tuned)
-    assert kernel == "v" and choice.describe() == ("tuned: 1.20 us/step measured on test GPU; the 2 faster ones: "
-                                                   "spills 12 B here, does not fit this GPU")
+    assert kernel == "v" and choice.describe() == (
+        "tuned: 1.20 us/step measured on test GPU; the 2 faster ones: spills 12 B here, does not fit this GPU"
+    )
     kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 12, "u": 8, "v": 4}), tuned)
-    assert kernel == "a" and choice.describe() == ("default: the 3 fastest tuned configs: spills 12 B here, spills "
-                                                   "8 B here, spills 4 B here")
+    assert kernel == "a" and choice.describe() == (
+        "default: the 3 fastest tuned configs: spills 12 B here, spills 8 B here, spills 4 B here"
+    )
 
 
 # ---------------------------------------------------------------- dtypes
@@ -286,8 +330,9 @@ def test_the_dtype_policy():
         assert (policy(half).storage, policy(half).accumulate, policy(half).compute) == (half, "float32", "float32")
     assert tolerance("float16", 256) == pytest.approx(1e-2) and tolerance("bfloat16", 256) == pytest.approx(4e-2)
     assert tolerance("float16", 1) == 2.0**-9  # the floor: half an ulp of an output of 4
-    with pytest.raises(ConfigError, match="dtype int8 is not supported yet; supported: float32, float16, bfloat16, "
-                                          "float64"):
+    with pytest.raises(
+        ConfigError, match="dtype int8 is not supported yet; supported: float32, float16, bfloat16, float64"
+    ):
         policy("int8")
     assert (policy("float64").storage, policy("float64").compute) == ("float64", "float64")
     assert prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8).policy == p
@@ -301,8 +346,10 @@ def test_a_stage_outside_the_compute_type_is_refused():
         return {"h": c.pointwise(lambda n, j: te.tanh(wide[n, j].astype("float32")), "h_new")}
 
     cell = Cell("wide", step, lambda x, s, p: {"h": np.tanh(x + s["h"] @ p["W"].T)})
-    with pytest.raises(CellError, match="computes float64; every stage of a cell computes in float32, the compute "
-                                        "type of a float32 layer"):
+    with pytest.raises(
+        CellError,
+        match="computes float64; every stage of a cell computes in float32, the compute type of a float32 layer",
+    ):
         prnn_tvm.analyze(cell, 2, 8)
 
 

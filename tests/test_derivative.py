@@ -56,11 +56,14 @@ def test_step_adjoints_match_finite_differences(cell):
             with np.errstate(invalid="ignore", divide="ignore"):
                 if all(np.isfinite(v) for v in _forward(plan, leaves).values()):
                     break
-        weights = {name: float(rng.normal())
-                   for name in (*adjoints.incoming, *adjoints.operands, *adjoints.unit_sums)}
+        weights = {name: float(rng.normal()) for name in (*adjoints.incoming, *adjoints.operands, *adjoints.unit_sums)}
         env = {plan.leaf_vars[leaf]: v for leaf, v in _forward(plan, leaves).items() if leaf in plan.leaf_vars}
-        env.update({var: weights[name] for name, var in (*adjoints.incoming.items(), *adjoints.operands.items(),
-                                                         *adjoints.unit_sums.items())})
+        env.update(
+            {
+                var: weights[name]
+                for name, var in (*adjoints.incoming.items(), *adjoints.operands.items(), *adjoints.unit_sums.items())
+            }
+        )
         for leaf in read:
             up, down = dict(leaves), dict(leaves)
             up[leaf] += STEP
@@ -87,8 +90,12 @@ def test_every_leaf_a_step_reads_gets_an_adjoint():
     (read directly); h reaches the step only through the product."""
     plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 2, 8)
     got = step_adjoints(plan).leaves
-    assert {(lf.kind, lf.name) for lf in got} == {("input", "x"), ("reduction", "hw"), ("param", "b_hh"),
-                                                   ("state", "c")}
+    assert {(lf.kind, lf.name) for lf in got} == {
+        ("input", "x"),
+        ("reduction", "hw"),
+        ("param", "b_hh"),
+        ("state", "c"),
+    }
     assert sorted(lf.slice for lf in got if lf.name == "hw") == [0, 1, 2, 3]
 
 
@@ -96,12 +103,26 @@ X, Y = tirx.Var("x", "float32"), tirx.Var("y", "float32")
 ONE = tirx.const(1.0, "float32")
 
 
-@pytest.mark.parametrize("expr", [
-    X * Y + X, X - Y * Y, X / (Y + tirx.const(3.0, "float32")), tirx.sigmoid(X * Y), tirx.tanh(X - Y),
-    tirx.exp(X) * Y, tirx.log(X * X + ONE), tirx.sqrt(Y * Y + ONE), tirx.max(X + Y, tirx.const(0.0, "float32")),
-    tirx.min(X, Y), P.Select(P.GT(X, Y), X * X, Y), tirx.if_then_else(X < Y, X * Y, Y), P.Cast("float32", X * Y),
-    tirx.abs(X - Y) * Y,
-], ids=str)
+@pytest.mark.parametrize(
+    "expr",
+    [
+        X * Y + X,
+        X - Y * Y,
+        X / (Y + tirx.const(3.0, "float32")),
+        tirx.sigmoid(X * Y),
+        tirx.tanh(X - Y),
+        tirx.exp(X) * Y,
+        tirx.log(X * X + ONE),
+        tirx.sqrt(Y * Y + ONE),
+        tirx.max(X + Y, tirx.const(0.0, "float32")),
+        tirx.min(X, Y),
+        P.Select(P.GT(X, Y), X * X, Y),
+        tirx.if_then_else(X < Y, X * Y, Y),
+        P.Cast("float32", X * Y),
+        tirx.abs(X - Y) * Y,
+    ],
+    ids=str,
+)
 def test_partial_matches_finite_differences(expr):
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -182,11 +203,15 @@ def test_gradients_through_time_match_torch_autograd(cell):
     rng = np.random.default_rng(6)
     d_out = rng.standard_normal((T, B, H))
     d_finals = {s.name: rng.standard_normal((B, H)) for s in plan.states}
-    loss = (out * torch.from_numpy(d_out)).sum() + sum((f[0] * torch.from_numpy(d_finals[s.name])).sum()
-                                                       for f, s in zip(finals, plan.states))
+    loss = (out * torch.from_numpy(d_out)).sum() + sum(
+        (f[0] * torch.from_numpy(d_finals[s.name])).sum() for f, s in zip(finals, plan.states)
+    )
     loss.backward()
     grads = plan_gradients(plan, inputs, d_out, d_finals)
-    want = {"x": x.grad, **{ours: getattr(module, t).grad for t, ours in names.items()},
-            **{f"{s.name}0": st.grad[0] for s, st in zip(plan.states, states)}}
+    want = {
+        "x": x.grad,
+        **{ours: getattr(module, t).grad for t, ours in names.items()},
+        **{f"{s.name}0": st.grad[0] for s, st in zip(plan.states, states)},
+    }
     for name, value in want.items():
         assert np.abs(grads[name] - value.numpy()).max() < 1e-12, name

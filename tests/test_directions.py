@@ -22,7 +22,7 @@ from prnn_tvm.frontend.directions import bidirectional, split_direction_name
 from prnn_tvm.frontend.registry import builtin_cells, resolve
 from prnn_tvm.frontend.stack import stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import limits
 from prnn_tvm.runtime.loading import read_metadata, signature_of
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
@@ -44,8 +44,8 @@ def as_two_layers(cell: str, inputs: dict, lengths=None):
     rows = base.input.slices * base.hidden
     directions = []
     for d, prefix in enumerate(("fwd_", "rev_")):
-        args = {"W_ih": inputs["W_ih"][d * rows:(d + 1) * rows], "b_ih": inputs["b_ih"][d * rows:(d + 1) * rows]}
-        args.update({name[len(prefix):]: value for name, value in inputs.items() if name.startswith(prefix)})
+        args = {"W_ih": inputs["W_ih"][d * rows : (d + 1) * rows], "b_ih": inputs["b_ih"][d * rows : (d + 1) * rows]}
+        args.update({name[len(prefix) :]: value for name, value in inputs.items() if name.startswith(prefix)})
         directions.append(args)
     return reference_stack(base, x, [directions], lengths)
 
@@ -156,7 +156,7 @@ def test_a_sequence_too_long_for_one_launch_is_refused(monkeypatch):
     row's end, so a bidirectional layer cannot, and says so."""
     layer = prnn_tvm.compile_cell("lstm", 4, 2, target="llvm", bidirectional=True)
     inputs = random_inputs(layer.plan, 10, 4, seed=1)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 16 * 3)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 16 * 3)
     with pytest.raises(InputError, match="reads each row from its last step, so it cannot"):
         layer(**inputs)
 
@@ -170,9 +170,16 @@ def test_the_signature_keeps_its_width_and_whole_sequence_through_a_file():
     assert "whole_sequence" not in one.as_dict()  # files of one-directional layers are as before
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype", [("lstm", 512, 4, "float32"), ("gru", 512, 8, "float32"),
-                                                        ("lstm", 1024, 16, "float16"), ("gru_cho", 256, 4, "bfloat16"),
-                                                        ("rnn_tanh", 1024, 64, "float16")])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype",
+    [
+        ("lstm", 512, 4, "float32"),
+        ("gru", 512, 8, "float32"),
+        ("lstm", 1024, 16, "float16"),
+        ("gru_cho", 256, 4, "bfloat16"),
+        ("rnn_tanh", 1024, 64, "float16"),
+    ],
+)
 def test_default_bidirectional_kernels_split_the_grid_without_spills(cell, hidden, batch, dtype):
     """ptxas's figures (no GPU needed): the default config gives each direction CTAs of its own."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, arch="sm_90", bidirectional=True, tuning_logs=[])
@@ -204,8 +211,9 @@ def test_each_part_of_a_split_grid_runs_a_time_loop_of_its_own():
     """The part is chosen once per CTA, outside the time loop (``PersistentBuilder.part_loops``): with the
     branch inside every step ptxas miscompiled a bidirectional kernel (see ``test_the_config_ptxas_miscompiled``).
     The CUDA source: one time loop per direction, each inside its direction's branch (block 57 on: reverse)."""
-    cfg = pc.PersistentConfig(units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags",
-                              layout="split")
+    cfg = pc.PersistentConfig(
+        units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags", layout="split"
+    )
     body = kernel_source(prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", bidirectional=True, config=cfg))
     branches = [body.index("if (((int)blockIdx.x) < 57) {"), body.index("if (57 <= ((int)blockIdx.x)) {")]
     loops = [start for start, _ in time_loops(body)]
@@ -220,11 +228,19 @@ def test_a_layer_whose_directions_do_not_fit_together_says_so():
 
 # ------------------------------------------------------------------ on the GPU
 
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell, hidden, batch, dtype, seq_len", [
-    ("lstm", 512, 4, "float32", 256), ("gru", 129, 1, "float32", 7), ("gru_cho", 96, 33, "float32", 30),
-    ("lstm", 1024, 16, "float16", 256), ("gru", 256, 8, "bfloat16", 64), ("rnn_tanh", 64, 3, "float16", 1),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, seq_len",
+    [
+        ("lstm", 512, 4, "float32", 256),
+        ("gru", 129, 1, "float32", 7),
+        ("gru_cho", 96, 33, "float32", 30),
+        ("lstm", 1024, 16, "float16", 256),
+        ("gru", 256, 8, "bfloat16", 64),
+        ("rnn_tanh", 64, 3, "float16", 1),
+    ],
+)
 def test_bidirectional_cuda_kernels_match_the_float64_reference(cell, hidden, batch, dtype, seq_len):
     """The default config, the first split config of each barrier (``tags`` included where it fits: the
     directions never read each other's values) and a random one (seeded), with and without ragged lengths."""
@@ -235,8 +251,7 @@ def test_bidirectional_cuda_kernels_match_the_float64_reference(cell, hidden, ba
     picks = [None, *first.values(), configs[np.random.default_rng(hidden).integers(len(configs))]]
     bound = tolerance(dtype, seq_len)
     for cfg in picks:
-        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", bidirectional=True,
-                                      config=cfg)
+        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", bidirectional=True, config=cfg)
         assert compare_with_two_layers(layer, cell, seq_len) < bound, cfg
         lengths = random_lengths(batch, seq_len, seed=1)
         assert compare_with_two_layers(layer, cell, seq_len, lengths, seed=1) < bound, cfg
@@ -247,8 +262,9 @@ def test_bidirectional_cuda_kernels_match_the_float64_reference(cell, hidden, ba
 def test_the_config_ptxas_miscompiled(seq_len):
     """With the part chosen inside every step, ptxas -O1 and above built this kernel so that the reverse
     direction's stores of step 1 never happened: every run timed out at the third step (H100)."""
-    cfg = pc.PersistentConfig(units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags",
-                              layout="split")
+    cfg = pc.PersistentConfig(
+        units_per_cta=9, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="tags", layout="split"
+    )
     layer = prnn_tvm.compile_cell("lstm", 512, 4, target="cuda", bidirectional=True, config=cfg)
     assert compare_with_two_layers(layer, "lstm", seq_len) < tolerance("float32", seq_len)
 
@@ -273,6 +289,10 @@ def test_a_bidirectional_layer_exports_and_loads_with_the_runtime_only(tmp_path)
     out, finals = layer(**inputs)
     np.savez(tmp_path / "io.npz", out=out, c_n=finals[1], **inputs)  # finals[1]: the forward direction's c
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    r = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(library), str(tmp_path / "io.npz")],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY, str(library), str(tmp_path / "io.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0 and "runtime-only ok" in r.stdout, r.stderr[-2000:]

@@ -74,8 +74,9 @@ def _run_console(block: md.Block, folder: Path) -> list[str]:
             problems.append(f"{block.where}: `{program}`: the docs test runs prnn-tvm and python commands only")
             continue
         argv = [sys.executable, "-m", "prnn_tvm.cli", *args] if program == "prnn-tvm" else [sys.executable, *args]
-        done = subprocess.run(argv, cwd=folder, env={**os.environ, **command.env}, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            argv, cwd=folder, env={**os.environ, **command.env}, capture_output=True, text=True, timeout=600
+        )
         text = " ".join(command.argv)
         fails = any(line.startswith("prnn-tvm: error:") for line in command.expected)
         if (done.returncode != 0) != fails:
@@ -102,8 +103,10 @@ def setup_problems(block: md.Block) -> list[str]:
             target = words[-1].strip("'\"")
             m = re.fullmatch(r"\.(?:\[(?P<extras>[\w,]+)\])?", target)
             if not m or not set((m.group("extras") or "").split(",")) - {""} <= set(extras):
-                problems.append(f"{block.where}: `{line.strip()}` installs {target!r}, not this repository with "
-                                f"one of its extras {sorted(extras)}")
+                problems.append(
+                    f"{block.where}: `{line.strip()}` installs {target!r}, not this repository with "
+                    f"one of its extras {sorted(extras)}"
+                )
         elif words and words[0] not in ("make", "pip"):
             problems.append(f"{block.where}: `{line.strip()}`: a ```sh block holds make and pip only")
     return problems
@@ -172,8 +175,10 @@ def test_readme_is_a_front_door():
 def test_setup_check_refuses_what_is_not_there(tmp_path):
     """The check of set-up commands can fail: a missing target, a distribution from PyPI, an unknown extra."""
     page = tmp_path / "page.md"
-    page.write_text("```sh\nmake run\nmake deploy\npip install prnn-tvm[torch]\npip install -e '.[nope]'\n"
-                    "pip install -e '.[torch]'\n```\n")
+    page.write_text(
+        "```sh\nmake run\nmake deploy\npip install prnn-tvm[torch]\npip install -e '.[nope]'\n"
+        "pip install -e '.[torch]'\n```\n"
+    )
     problems = setup_problems(md.blocks(page)[0])
     assert len(problems) == 3 and "deploy" in problems[0] and "prnn-tvm[torch]" in problems[1], problems
     assert "nope" in problems[2]
@@ -183,8 +188,10 @@ def test_shown_output_is_compared(tmp_path):
     """A page whose shown output differs from what the command prints fails, naming both; masked figures and
     elided lines do not."""
     page = tmp_path / "page.md"
-    page.write_text("```console\n$ prnn-tvm cells\ngru             GRU, as torch.nn.GRU ...\n...\n"
-                    "stacked_rnn     Two stacked ...\n```\n\n```console\n$ prnn-tvm cells\nlstm  the wrong line\n```\n")
+    page.write_text(
+        "```console\n$ prnn-tvm cells\ngru             GRU, as torch.nn.GRU ...\n...\n"
+        "stacked_rnn     Two stacked ...\n```\n\n```console\n$ prnn-tvm cells\nlstm  the wrong line\n```\n"
+    )
     (tmp_path / "run").mkdir()
     problems = run_page(page, tmp_path / "run", with_gpu_blocks=False)
     assert len(problems) == 1 and "page.md:8" in problems[0] and "lstm  the wrong line" in problems[0], problems

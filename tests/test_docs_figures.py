@@ -47,18 +47,24 @@ def test_a_figure_from_an_earlier_run_is_caught(tmp_path):
     docs.mkdir()
     (tmp_path / "bench").symlink_to(ROOT / "bench")
     page = docs / "page.md"
-    page.write_text("TVM against cuBLAS ([projection-h100.md](../bench/results/projection-h100.md)): LSTM H=1024\n"
-                    "B=1/4/16/64 1.28/1.25/1.21/1.26x, LSTM H=512 B=16 1.18x, GRU H=1024 B=4 1.30x.\n")
+    page.write_text(
+        "TVM against cuBLAS ([projection-h100.md](../bench/results/projection-h100.md)): LSTM H=1024\n"
+        "B=1/4/16/64 1.28/1.25/1.21/1.26x, LSTM H=512 B=16 1.18x, GRU H=1024 B=4 1.30x.\n"
+    )
     problems = figures.unsupported_figures(page, tmp_path)
     assert [p.split()[1] for p in problems] == ["1.28", "1.21", "1.26", "1.18", "1.30"], problems
-    page.write_text("TVM against cuBLAS ([projection-h100.md](../bench/results/projection-h100.md)): LSTM H=1024\n"
-                    "B=1/4/16/64 1.33/1.25/1.22/1.25x (0.0841 against 0.0634 ms at B=1), GRU 1.29x.\n")
+    page.write_text(
+        "TVM against cuBLAS ([projection-h100.md](../bench/results/projection-h100.md)): LSTM H=1024\n"
+        "B=1/4/16/64 1.33/1.25/1.22/1.25x (0.0841 against 0.0634 ms at B=1), GRU 1.29x.\n"
+    )
     assert figures.unsupported_figures(page, tmp_path) == []
 
 
 def test_a_changed_table_is_caught(tmp_path):
-    text = ("<!-- figures: ratio-grid bench/results/bench-h100-float16-latest.csv fp16 lstm -->\n"
-            "| fp16 | B=1 |\n<!-- /figures -->\n")
+    text = (
+        "<!-- figures: ratio-grid bench/results/bench-h100-float16-latest.csv fp16 lstm -->\n"
+        "| fp16 | B=1 |\n<!-- /figures -->\n"
+    )
     rendered = figures.rendered(text)
     assert rendered != text and "| LSTM H=1024 | 7.56x | 6.30x | 1.27x | **0.86x** | 1.46x | 1.17x |" in rendered
     assert figures.rendered(rendered) == rendered

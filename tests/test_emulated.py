@@ -33,8 +33,9 @@ T = 5  # steps: every step's exchange, and parities both ways
 def emulated(cell, hidden: int, batch: int, config: dict | None, seq_len: int = T, seed: int = 0, **options):
     """A CUDA layer's recurrent kernel emulated on random inputs with ragged lengths (a length-1 row, a full
     one): ``(its max abs error to the float64 reference, the layer)``."""
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=3, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config=config, **options)
+    layer = prnn_tvm.compile_cell(
+        cell, hidden, batch, input_size=3, target="cuda", arch="sm_90", tuning_logs=[], config=config, **options
+    )
     inputs = random_inputs(layer.plan, seq_len, 3, seed=seed)
     inputs["lengths"] = random_lengths(batch, seq_len, seed=seed + 1)
     out, finals, word = emulator.run_recurrent(layer, inputs)
@@ -43,8 +44,9 @@ def emulated(cell, hidden: int, batch: int, config: dict | None, seq_len: int = 
 
 
 def knobs(units, k_split, rows, tile, vec=2, barrier="counter", **more) -> dict:
-    return dict(units_per_cta=units, k_split=k_split, rows_per_thread=rows, batch_tile=tile, vec=vec,
-                barrier=barrier, **more)
+    return dict(
+        units_per_cta=units, k_split=k_split, rows_per_thread=rows, batch_tile=tile, vec=vec, barrier=barrier, **more
+    )
 
 
 @pytest.mark.parametrize("barrier", ["counter", "tags", "sentinel", "grid_sync"])
@@ -55,14 +57,17 @@ def test_every_exchange_and_barrier_as_emitted(barrier):
     assert err <= tolerance("float32", T), err
 
 
-@pytest.mark.parametrize("k_split, rows, tile, vec", [
-    (32, 1, 1, 1),   # one value: an all-reduce over 32 lanes
-    (32, 4, 4, 4),   # 16 values, halved to one per lane
-    (8, 3, 2, 2),    # 6 values over 8 lanes: a level with an odd count
-    (2, 5, 1, 4),    # 5 values, 2 lanes: a lane keeps 3
-    (16, 2, 3, 1),   # 6 values over 16 lanes
-    (1, 3, 2, 4),    # no reduction
-])
+@pytest.mark.parametrize(
+    "k_split, rows, tile, vec",
+    [
+        (32, 1, 1, 1),  # one value: an all-reduce over 32 lanes
+        (32, 4, 4, 4),  # 16 values, halved to one per lane
+        (8, 3, 2, 2),  # 6 values over 8 lanes: a level with an odd count
+        (2, 5, 1, 4),  # 5 values, 2 lanes: a lane keeps 3
+        (16, 2, 3, 1),  # 6 values over 16 lanes
+        (1, 3, 2, 4),  # no reduction
+    ],
+)
 def test_every_lane_reduction_as_emitted(k_split, rows, tile, vec):
     """The halving lane reduction (``RegisterWeights.lane_reduce``) and the lanes that store each total
     (``held_value``), as the kernel's shuffles run them."""
@@ -70,14 +75,21 @@ def test_every_lane_reduction_as_emitted(k_split, rows, tile, vec):
     assert err <= tolerance("float32", T), (err, layer.report.config)
 
 
-@pytest.mark.parametrize("cell, config, options", [
-    ("gru_cho", knobs(4, 8, 2, 2), {}),  # two phases: a stage exchanged between them
-    (TWO_STATE, knobs(3, 4, 3, 3, barrier="tags"), {}),  # two exchanged states, two products
-    ("lstm_peephole", knobs(5, 4, 4, 1, barrier="sentinel"), {}),
-    ("lstm", knobs(4, 4, 2, 2, barrier="sentinel"), {"layers": 3}),  # a stack: delayed states, the exchange sequence
-    ("gru", knobs(4, 8, 3, 2, layout="split"), {"layers": 2}),  # each layer on blocks of its own
-    ("lstm", knobs(4, 4, 2, 2, barrier="tags"), {"bidirectional": True}),  # two parts, their own time loops
-])
+@pytest.mark.parametrize(
+    "cell, config, options",
+    [
+        ("gru_cho", knobs(4, 8, 2, 2), {}),  # two phases: a stage exchanged between them
+        (TWO_STATE, knobs(3, 4, 3, 3, barrier="tags"), {}),  # two exchanged states, two products
+        ("lstm_peephole", knobs(5, 4, 4, 1, barrier="sentinel"), {}),
+        (
+            "lstm",
+            knobs(4, 4, 2, 2, barrier="sentinel"),
+            {"layers": 3},
+        ),  # a stack: delayed states, the exchange sequence
+        ("gru", knobs(4, 8, 3, 2, layout="split"), {"layers": 2}),  # each layer on blocks of its own
+        ("lstm", knobs(4, 4, 2, 2, barrier="tags"), {"bidirectional": True}),  # two parts, their own time loops
+    ],
+)
 def test_cells_stacks_and_directions_as_emitted(cell, config, options):
     err, layer = emulated(cell, 8, 3, config, **options)
     assert err <= tolerance("float32", T * options.get("layers", 1)), (err, layer.report.config)
@@ -91,19 +103,28 @@ def emulated_gradients(layer, seq_len: int = T, seed: int = 0) -> dict:
     plan, H, B = layer.plan, layer.plan.hidden, layer.plan.batch
     save = saving_forward(plan, layer.target, layer.gpu, layer.kernel.config)
     backward = next(iter(gpu_backward(plan, layer.gpu)))
-    source = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, layer.target,
-                             layer.gpu).source
+    source = build_functions(
+        {"recurrent_save": save.func, "recurrent_backward": backward.func}, layer.target, layer.gpu
+    ).source
     inputs = random_inputs(plan, seq_len, layer.input_size, seed=seed)
     inputs["lengths"] = random_lengths(B, seq_len, seed=seed + 1)
     rng = np.random.default_rng(seed + 2)
     d_out = rng.standard_normal((seq_len, B, H))
     d_finals = {s.name: rng.standard_normal((B, H)) for s in plan.states}
     xp = emulator.projection(inputs, "float32")
-    saved = emulator.run_launch(source, save.launch, {**inputs, "xp": xp}, seq_len, kernel=save.func,
-                                target=layer.target).buffers["saved"].astype(np.float64)
-    d = emulator.run_launch(source, backward.launch, {**inputs, "xp": xp, "saved": saved, "d_out": d_out,
-                                                      **{f"d_{s}_n": v for s, v in d_finals.items()}},
-                            seq_len, kernel=backward.func, target=layer.target).buffers
+    saved = (
+        emulator.run_launch(source, save.launch, {**inputs, "xp": xp}, seq_len, kernel=save.func, target=layer.target)
+        .buffers["saved"]
+        .astype(np.float64)
+    )
+    d = emulator.run_launch(
+        source,
+        backward.launch,
+        {**inputs, "xp": xp, "saved": saved, "d_out": d_out, **{f"d_{s}_n": v for s, v in d_finals.items()}},
+        seq_len,
+        kernel=backward.func,
+        target=layer.target,
+    ).buffers
     return gradients_from(plan, inputs, d, saved, layer.input_size), plan_gradients(plan, inputs, d_out, d_finals)
 
 
@@ -115,42 +136,56 @@ def gradients_from(plan, inputs: dict, d: dict, saved, input_size: int) -> dict:
     saved = np.asarray(saved, np.float64)
     seq_len = saved.shape[0]
     d_xp = np.asarray(d["d_xp"], np.float64)
-    got = {"x": d_xp @ inputs["W_ih"], "b_ih": d_xp.sum((0, 1)),
-           "W_ih": d_xp.reshape(-1, d_xp.shape[-1]).T @ inputs["x"].reshape(-1, input_size)}
+    got = {
+        "x": d_xp @ inputs["W_ih"],
+        "b_ih": d_xp.sum((0, 1)),
+        "W_ih": d_xp.reshape(-1, d_xp.shape[-1]).T @ inputs["x"].reshape(-1, input_size),
+    }
     got.update({f"{s.name}0": np.asarray(d[f"d_{s.name}0"]) for s in plan.states})
     got.update({q.name: np.asarray(d[f"d_{q.name}_rows"]).sum(0) for q in plan.params})
     where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
     column = 0
     for r in plan.reductions:  # each product's weights: d_gates^T operand over steps and rows (a head-wise one's heads)
-        gates = np.asarray(d["d_gates"], np.float64)[:, :, column:column + r.slices * H].reshape(seq_len * B, -1)
+        gates = np.asarray(d["d_gates"], np.float64)[:, :, column : column + r.slices * H].reshape(seq_len * B, -1)
         i = where[r.operand]
-        dense = gates.T @ saved[:, :, i * H:(i + 1) * H].reshape(seq_len * B, H)
+        dense = gates.T @ saved[:, :, i * H : (i + 1) * H].reshape(seq_len * B, H)
         got[r.weight] = got.get(r.weight, 0) + diagonal_blocks(dense, r.heads)
         column += r.slices * H
     return got
 
 
-@pytest.mark.parametrize("cell, config", [
-    ("lstm", knobs(4, 4, 2, 2)),
-    ("gru_cho", knobs(4, 8, 2, 2, barrier="tags")),  # two phases backwards: a stage's adjoint through its product
-    (TWO_STATE, knobs(3, 4, 3, 3)),
-])
+@pytest.mark.parametrize(
+    "cell, config",
+    [
+        ("lstm", knobs(4, 4, 2, 2)),
+        ("gru_cho", knobs(4, 8, 2, 2, barrier="tags")),  # two phases backwards: a stage's adjoint through its product
+        (TWO_STATE, knobs(3, 4, 3, 3)),
+    ],
+)
 def test_the_training_forward_and_the_gpu_backward_as_emitted(cell, config):
     """Every argument's gradient, against backpropagation through time in float64 NumPy."""
-    layer = prnn_tvm.compile_cell(cell, 8, 3, input_size=3, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config=config)
+    layer = prnn_tvm.compile_cell(cell, 8, 3, input_size=3, target="cuda", arch="sm_90", tuning_logs=[], config=config)
     got, want = emulated_gradients(layer)
     assert set(got) == set(want)
-    assert worst(relative_error(got[n], want[n]) for n in want) <= 1e-5, {n: relative_error(got[n], want[n])
-                                                                          for n in want}
+    assert worst(relative_error(got[n], want[n]) for n in want) <= 1e-5, {
+        n: relative_error(got[n], want[n]) for n in want
+    }
 
 
 @pytest.mark.parametrize("barrier", ["counter", "tags", "sentinel"])
 def test_a_stalled_block_times_out_and_every_output_is_nan(barrier):
     """Block 0 skips its part of step 2 (the ``stall_step`` knob): every waiter gives up after the kernel's own
     timeout, the error word records the step, every output and final state is NaN."""
-    layer = prnn_tvm.compile_cell("lstm", 8, 2, input_size=3, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config=knobs(4, 4, 2, 2, barrier=barrier))
+    layer = prnn_tvm.compile_cell(
+        "lstm",
+        8,
+        2,
+        input_size=3,
+        target="cuda",
+        arch="sm_90",
+        tuning_logs=[],
+        config=knobs(4, 4, 2, 2, barrier=barrier),
+    )
     inputs = random_inputs(layer.plan, T, 3)
     out, finals, word = emulator.run_recurrent(layer, inputs, timeout_us=100_000, stall_step=2)
     assert layer.signature.launch("recurrent").sync.where(word - 1) == "after step 2", word
@@ -164,13 +199,15 @@ def test_a_kernel_the_host_cannot_run_is_refused_naming_what():
 
 
 # ---------------------------------------------------------------- the emulator itself, on kernels written here
-PREAMBLE = '#include <cstdint>\n'
+PREAMBLE = "#include <cstdint>\n"
 
 
 def tiny(body: str, threads: int = 64, blocks: int = 1, n: int = 64) -> np.ndarray:
     """Run ``body`` as a kernel over ``out`` (``n`` floats, NaN before) on ``blocks`` x ``threads``."""
-    source = (PREAMBLE + 'extern "C" __global__ void __launch_bounds__(64) probe_kernel(float* __restrict__ out_ptr, '
-              f"int seq_len) {{\n{body}\n}}\n")
+    source = (
+        PREAMBLE + 'extern "C" __global__ void __launch_bounds__(64) probe_kernel(float* __restrict__ out_ptr, '
+        f"int seq_len) {{\n{body}\n}}\n"
+    )
     launch = Launch("probe", (Arg("out", ArgRole.OUTPUT, (n,), "float32"),), Grid(blocks, threads, 16, False))
     out = np.full(n, np.nan, np.float32)
     return emulator.emulate(source, launch, {"out": out}, {"seq_len": 1}).buffers["out"]
@@ -194,13 +231,18 @@ def test_shuffles_block_barriers_and_shared_memory_behave_as_cuda_says():
 def test_a_barrier_that_not_every_thread_reaches_is_a_deadlock_not_a_hang():
     """Half a warp shuffles (with the whole warp's mask) while the rest of the block waits at a block barrier."""
     with pytest.raises(emulator.EmulationError, match="barriers that cannot complete"):
-        tiny("if (threadIdx.x < 16) out_ptr[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1, 32);\n"
-             "__syncthreads();\nout_ptr[threadIdx.x] = 0.0f;")
+        tiny(
+            "if (threadIdx.x < 16) out_ptr[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1, 32);\n"
+            "__syncthreads();\nout_ptr[threadIdx.x] = 0.0f;"
+        )
 
 
 def test_an_access_past_a_buffer_names_it():
     with pytest.raises(emulator.EmulationError, match=r"access 0 bytes past the end of argument out \(256 bytes\)"):
         tiny("out_ptr[threadIdx.x + 1] = 0.0f;")
     with pytest.raises(emulator.EmulationError, match=r"past the end of the dynamic shared memory of block 1 \(16"):
-        tiny("extern __shared__ __align__(16) float tile[];\nif (blockIdx.x == 1) tile[threadIdx.x] = 0.0f;",
-             blocks=2, n=128)
+        tiny(
+            "extern __shared__ __align__(16) float tile[];\nif (blockIdx.x == 1) tile[threadIdx.x] = 0.0f;",
+            blocks=2,
+            n=128,
+        )

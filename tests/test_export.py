@@ -64,13 +64,14 @@ def test_schema_1_metadata_reads_as_the_same_signature():
     ``tags`` barrier, weights declared out of alphabetical order, input size != hidden).
     """
     old = json.loads((DATA / "schema1-gru_cho-sm_90.json").read_text())
-    layer = prnn_tvm.compile_cell("gru_cho", 256, 4, input_size=100, target="cuda", arch="sm_90",
-                                  config=old["config"])
+    layer = prnn_tvm.compile_cell("gru_cho", 256, 4, input_size=100, target="cuda", arch="sm_90", config=old["config"])
     now = layer.signature.launch("recurrent")  # the same but for the host error word and lengths (not in 0.1.0)
-    old_launch = dataclasses.replace(now, args=tuple(a for a in now.args if a.name not in ("error_host", "lengths")),
-                                     grid=dataclasses.replace(now.grid, registers=old["launch"]["registers"]))
-    assert signature_of(old) == dataclasses.replace(layer.signature, launches=(layer.signature.launches[0],
-                                                                               old_launch))
+    old_launch = dataclasses.replace(
+        now,
+        args=tuple(a for a in now.args if a.name not in ("error_host", "lengths")),
+        grid=dataclasses.replace(now.grid, registers=old["launch"]["registers"]),
+    )
+    assert signature_of(old) == dataclasses.replace(layer.signature, launches=(layer.signature.launches[0], old_launch))
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +79,13 @@ def layer_without_lengths():
     """The cpu layer as prnn-tvm built it before per-row lengths: its kernel does not take them."""
     with pytest.MonkeyPatch.context() as mp:
         made = kernel_module.recurrent_args
-        mp.setattr(kernel_module, "recurrent_args",
-                   lambda *a, **kw: tuple(arg for arg in made(*a, **kw) if arg.name != "lengths"))
-        layer = prnn_tvm.compile_cell("lstm", 16, 3, input_size=12, seq_len=7, target="llvm")
+        mp.setattr(
+            kernel_module,
+            "recurrent_args",
+            lambda *a, **kw: tuple(arg for arg in made(*a, **kw) if arg.name != "lengths"),
+        )
+        # a patched compiler: build the layer here, whatever the layer cache holds for this shape
+        layer = prnn_tvm.compile_cell("lstm", 16, 3, input_size=12, seq_len=7, target="llvm", cache=False)
     assert "lengths" not in layer.arg_names
     return layer
 
@@ -137,8 +142,12 @@ def test_load_with_the_runtime_only(cpu_layer, cpu_library, tmp_path):
     out, (h_n, c_n) = cpu_layer(**inputs)
     np.savez(tmp_path / "io.npz", out=out, c_n=c_n, **inputs)
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    r = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(cpu_library), str(tmp_path / "io.npz")],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY, str(cpu_library), str(tmp_path / "io.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0 and "runtime-only ok" in r.stdout, r.stderr[-2000:]
 
 
@@ -152,16 +161,23 @@ def test_a_stack_exports_and_loads_with_the_runtime_only(tmp_path):
     out, finals = layer(**inputs)
     np.savez(tmp_path / "io.npz", out=out, c_n=finals[1], **inputs)  # finals[1]: layer 0's c
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    r = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(library), str(tmp_path / "io.npz")],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY, str(library), str(tmp_path / "io.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0 and "runtime-only ok" in r.stdout, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda a: a.update(x=a["x"][:, :2]), r"x has shape \(5, 2, 12\), expected \(5, 3, 12\)"),
-    (lambda a: a.update(W_ih=a["W_ih"][:, :8]), r"W_ih has shape \(64, 8\), expected \(64, 12\)"),
-    (lambda a: a.update(W_hh=a["W_hh"].astype(np.float64)), "W_hh has dtype float64"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda a: a.update(x=a["x"][:, :2]), r"x has shape \(5, 2, 12\), expected \(5, 3, 12\)"),
+        (lambda a: a.update(W_ih=a["W_ih"][:, :8]), r"W_ih has shape \(64, 8\), expected \(64, 12\)"),
+        (lambda a: a.update(W_hh=a["W_hh"].astype(np.float64)), "W_hh has dtype float64"),
+    ],
+)
 def test_wrong_inputs_are_refused(cpu_library, mutate, message):
     loaded = prnn_tvm.load(cpu_library)
     inputs = random_inputs(_plan(), 5, 12)
@@ -179,7 +195,7 @@ def test_non_contiguous_dlpack_input_is_refused(cpu_library):
     inputs = random_inputs(_plan(), 5, 12)
     buf = np.empty(2 * inputs["W_hh"].size + 64, np.float32)  # 64-byte aligned start, strided view
     start = (-buf.ctypes.data % 64) // 4
-    view = buf[start:start + 2 * inputs["W_hh"].size].reshape(64, 32)[:, ::2]
+    view = buf[start : start + 2 * inputs["W_hh"].size].reshape(64, 32)[:, ::2]
     view[...] = inputs["W_hh"]
     inputs["W_hh"] = _DLPack(view)  # anything with __dlpack__ is wrapped without a copy
     with pytest.raises(InputError, match="W_hh.*contiguous"):
@@ -207,7 +223,7 @@ def test_files_that_are_not_layers_are_refused(cpu_layer, cpu_library, tmp_path)
     with pytest.raises(LoadError, match="cut.so is not a loadable shared library"):
         prnn_tvm.load(cut)
     plain = tmp_path / "plain.so"
-    cpu_layer.module.export_library(str(plain))  # a TVM library without prnn-tvm's metadata
+    cpu_layer.compiled_module().export_library(str(plain))  # a TVM library without prnn-tvm's metadata
     with pytest.raises(LoadError, match="plain.so is not a prnn-tvm layer library"):
         prnn_tvm.load(plain)
     with pytest.raises(LoadError, match="no such file"):
@@ -267,8 +283,24 @@ def test_cuda_library_without_gpu_says_so(cuda_export):
 
 def test_cli_export(tmp_path):
     out = tmp_path / "rnn.so"
-    r = subprocess.run([sys.executable, "-m", "prnn_tvm.cli", "export", "rnn_tanh", "--hidden", "8", "--batch", "2",
-                        "--cpu", "-o", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prnn_tvm.cli",
+            "export",
+            "rnn_tanh",
+            "--hidden",
+            "8",
+            "--batch",
+            "2",
+            "--cpu",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "exported" in r.stdout and read_metadata(out)["cell"] == "rnn_tanh"
 
@@ -276,7 +308,7 @@ def test_cli_export(tmp_path):
 def readme_block(heading: str) -> str:
     """The first Python block of the README section ``heading`` (the README's examples run as written)."""
     text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index(heading):]
+    section = text[text.index(heading) :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 

@@ -85,8 +85,9 @@ def test_many_launches_need_no_reset(barrier):
         assert run_and_compare(layer, seq_len, seed=seq_len) <= tolerance("float32", seq_len)
 
 
-@pytest.mark.parametrize("barrier, bidirectional", [(b, both) for b in STATEFUL for both in (False, True)
-                                                    if not (both and b == "sentinel")])
+@pytest.mark.parametrize(
+    "barrier, bidirectional", [(b, both) for b in STATEFUL for both in (False, True) if not (both and b == "sentinel")]
+)
 def test_the_last_block_out_advances_the_base(barrier, bidirectional):
     """After each launch the state reads: no error, the base advanced by the launch's barriers (``counter``; one
     for ``sentinel``) or steps (``tags``), no block counted out (the last one reset the count). A bidirectional

@@ -15,10 +15,14 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh", "lstm_peephole"])
 @pytest.mark.parametrize("barrier", ["sentinel", "tags"])
-@pytest.mark.parametrize("hidden, batch, knobs", [
-    (133, 2, {"units_per_cta": 8, "k_groups": 2, "batch_groups": 2}),  # groups of one row, partial CTAs, odd rows
-    (256, 16, {"units_per_cta": 16, "k_groups": 2, "k_chains": 4, "batch_groups": 4}),  # groups of 4 rows
-    (64, 24, {"units_per_cta": 4, "batch_groups": 2})])  # groups of 12: two passes, the second of 4 rows
+@pytest.mark.parametrize(
+    "hidden, batch, knobs",
+    [
+        (133, 2, {"units_per_cta": 8, "k_groups": 2, "batch_groups": 2}),  # groups of one row, partial CTAs, odd rows
+        (256, 16, {"units_per_cta": 16, "k_groups": 2, "k_chains": 4, "batch_groups": 4}),  # groups of 4 rows
+        (64, 24, {"units_per_cta": 4, "batch_groups": 2}),
+    ],
+)  # groups of 12: two passes, the second of 4 rows
 def test_batch_groups_change_no_bit(dtype, cell, barrier, hidden, batch, knobs):
     """Rows never read each other, so a group's rows get exactly the values the whole batch's launch gives
     them: at T=1, 7 and 64, with rows stopping at their own lengths; and within the float64 bound."""
@@ -40,8 +44,9 @@ def test_a_torch_module_with_batch_groups():
     torch.manual_seed(5)
     half = torch.nn.GRU(80, 256).cuda().half().eval()
     exact = copy.deepcopy(half).double()
-    fast = pt.from_torch(half, config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "sentinel",
-                                       "batch_groups": 2})
+    fast = pt.from_torch(
+        half, config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "sentinel", "batch_groups": 2}
+    )
     x = torch.randn(48, 16, 80, device="cuda").half()
     module_matches_float64(fast, exact, x, 3)
     assert fast.layer_for(16, x.device).report.config["batch_groups"] == 2

@@ -23,19 +23,26 @@ from .test_gpu_half import error_of
 from .test_sentinel import sentinel_layer
 
 pytestmark = pytest.mark.gpu
-DIRECT_CELLS = [c for c in sorted(prnn_tvm.builtin_cells())
-                if "direct" in mc.paths_for(analyze(resolve(c), 4, 64, "float16"), "sentinel")]
+DIRECT_CELLS = [
+    c
+    for c in sorted(prnn_tvm.builtin_cells())
+    if "direct" in mc.paths_for(analyze(resolve(c), 4, 64, "float16"), "sentinel")
+]
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("cell", DIRECT_CELLS)
-@pytest.mark.parametrize("hidden, batch, knobs", [
-    (1024, 16, {"units_per_cta": 16, "n_tiles": 2}),  # cuDNN's layout: 8 warps, each with every row tile it can
-    (512, 16, {"units_per_cta": 8, "k_groups": 4, "batch_groups": 2, "poll_sleep": 256}),
-    (264, 19, {"units_per_cta": 16, "n_tiles": 1}),  # tile by tile: three passes, the last of 3 rows
-    (1000, 5, {"units_per_cta": 16}),  # hidden past the last full k tile, partial last CTA
-    (136, 3, {"units_per_cta": 8, "k_groups": 3}),  # odd k tiles per warp: 8-byte loads
-    (8, 1, {"units_per_cta": 8, "k_groups": 1})])  # one k tile: half of it past hidden
+@pytest.mark.parametrize(
+    "hidden, batch, knobs",
+    [
+        (1024, 16, {"units_per_cta": 16, "n_tiles": 2}),  # cuDNN's layout: 8 warps, each with every row tile it can
+        (512, 16, {"units_per_cta": 8, "k_groups": 4, "batch_groups": 2, "poll_sleep": 256}),
+        (264, 19, {"units_per_cta": 16, "n_tiles": 1}),  # tile by tile: three passes, the last of 3 rows
+        (1000, 5, {"units_per_cta": 16}),  # hidden past the last full k tile, partial last CTA
+        (136, 3, {"units_per_cta": 8, "k_groups": 3}),  # odd k tiles per warp: 8-byte loads
+        (8, 1, {"units_per_cta": 8, "k_groups": 1}),
+    ],
+)  # one k tile: half of it past hidden
 def test_direct_fragments_match_the_reference(dtype, cell, hidden, batch, knobs):
     if "k_groups" not in knobs:
         knobs = eight_warps(cell, hidden, batch, knobs)
@@ -57,8 +64,14 @@ def eight_warps(cell: str, hidden: int, batch: int, knobs: dict) -> dict:
     per_warp = tiles if tiles in mc.M_TILES_PER_WARP else 1
     for n_tiles in sorted({knobs.get("n_tiles", 1), 1}, reverse=True):
         for k_groups in (kg for kg in mc.K_GROUPS if kg * tiles // per_warp >= 8):
-            cfg = {**knobs, "k_groups": k_groups, "n_tiles": n_tiles, "m_tiles_per_warp": per_warp,
-                   "barrier": "sentinel", "operand_path": "direct"}
+            cfg = {
+                **knobs,
+                "k_groups": k_groups,
+                "n_tiles": n_tiles,
+                "m_tiles_per_warp": per_warp,
+                "barrier": "sentinel",
+                "operand_path": "direct",
+            }
             try:
                 mc.validate(mc.MmaConfig(**cfg), plan, gpu_spec("sm_90"))
             except ConfigError:
@@ -85,7 +98,17 @@ def test_random_direct_configs_of_the_space_are_right(cell, hidden, batch):
 def test_a_direct_wait_still_gives_up_in_time():
     """Block 0 never publishes step 3: every polling lane gives up within the 20 ms bound, the whole block leaves
     its loop (the flag made block-uniform), the timeout is raised, and the next call is right."""
-    layer = sentinel_layer("lstm", 512, 16, "float16", units_per_cta=16, k_groups=8, m_tiles_per_warp=4,
-                           operand_path="direct", poll_sleep=256, batch_groups=2)
+    layer = sentinel_layer(
+        "lstm",
+        512,
+        16,
+        "float16",
+        units_per_cta=16,
+        k_groups=8,
+        m_tiles_per_warp=4,
+        operand_path="direct",
+        poll_sleep=256,
+        batch_groups=2,
+    )
     assert_a_stall_gives_up(layer)
     assert error_of(layer, 16) <= tolerance("float16", 16)

@@ -33,8 +33,9 @@ RUNTIME_ONLY = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("cell, dtype", [("lstm", "float32"), ("gru", "float32"), ("mgu", "float32"),
-                                         ("lstm", "float16")])
+@pytest.mark.parametrize(
+    "cell, dtype", [("lstm", "float32"), ("gru", "float32"), ("mgu", "float32"), ("lstm", "float16")]
+)
 def test_exported_cubin_runs_with_the_runtime_only(cell, dtype, tmp_path):
     arch = gpu_spec().arch
     layer = prnn_tvm.compile_cell(cell, 256, 4, seq_len=64, dtype=dtype, target="cuda", arch=arch)
@@ -48,13 +49,25 @@ def test_exported_cubin_runs_with_the_runtime_only(cell, dtype, tmp_path):
 def test_an_exported_sentinel_stack_runs_with_the_runtime_only(tmp_path):
     """A wavefront stack with ``sentinel``: its exchange sequence is a scratch argument that the runtime-only
     process allocates with each call (two calls: the slots of the first must not leak into the second)."""
-    layer = prnn_tvm.compile_cell("lstm", 256, 8, seq_len=64, dtype="float16", target="cuda", arch=gpu_spec().arch,
-                                  layers=3, config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1,
-                                                    "layout": "split", "barrier": "sentinel"})
+    layer = prnn_tvm.compile_cell(
+        "lstm",
+        256,
+        8,
+        seq_len=64,
+        dtype="float16",
+        target="cuda",
+        arch=gpu_spec().arch,
+        layers=3,
+        config={"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "layout": "split", "barrier": "sentinel"},
+    )
     assert layer.kernel.config.barrier == "sentinel" and layer.signature.scratch
     path = prnn_tvm.export(layer, tmp_path / "stack.so")
-    assert [a["name"] for launch in read_metadata(path)["signature"]["launches"] for a in launch["args"]
-            if a["role"] == "scratch"] == ["exchange"]
+    assert [
+        a["name"]
+        for launch in read_metadata(path)["signature"]["launches"]
+        for a in launch["args"]
+        if a["role"] == "scratch"
+    ] == ["exchange"]
     assert_runs_with_the_runtime_only(layer, path, tmp_path)
 
 
@@ -65,8 +78,12 @@ def assert_runs_with_the_runtime_only(layer, path, tmp_path):
     out, finals = layer(**inputs)
     np.savez(tmp_path / "io.npz", out=out, **{f"final{i}": f for i, f in enumerate(finals)}, **inputs)
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    r = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(path), str(tmp_path / "io.npz")],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY, str(path), str(tmp_path / "io.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0 and "runtime-only gpu ok" in r.stdout, r.stdout[-1000:] + r.stderr[-3000:]
 
 

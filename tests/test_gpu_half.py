@@ -78,8 +78,9 @@ def test_two_items_per_thread_in_a_two_phase_cell(barrier):
     wrong (0.16 max abs error): ptxas let a warp reach a block barrier diverged (see
     ``persistent_fragments._weight_or``)."""
     for dtype in TENSOR_CORE_DTYPES:
-        layer = layer_for("gru_cho", 133, 11, dtype, {"units_per_cta": 8, "k_groups": 1, "n_tiles": 1,
-                                                       "barrier": barrier})
+        layer = layer_for(
+            "gru_cho", 133, 11, dtype, {"units_per_cta": 8, "k_groups": 1, "n_tiles": 1, "barrier": barrier}
+        )
         assert error_of(layer, 9) <= tolerance(dtype, 9)
         assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
 
@@ -140,13 +141,17 @@ def test_half_back_to_back_launches_are_bitwise_identical():
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
-@pytest.mark.parametrize("cell, hidden, batch, input_size, seq_len", [
-    ("lstm", 1024, 16, 1024, 256),  # whole tiles
-    ("gru", 33, 3, 5, 7),  # every dimension short of a tile; K of 5: one-element loads
-    ("rnn_tanh", 1, 1, 1, 1),
-    ("lstm", 64, 4, 6, 33),  # two-element loads
-    ("gru", 512, 33, 300, 50),  # four-element loads, 1650 rows: a part tile of rows
-    ("lstm", 129, 7, 200, 301)])  # a width of 516: a part tile of columns
+@pytest.mark.parametrize(
+    "cell, hidden, batch, input_size, seq_len",
+    [
+        ("lstm", 1024, 16, 1024, 256),  # whole tiles
+        ("gru", 33, 3, 5, 7),  # every dimension short of a tile; K of 5: one-element loads
+        ("rnn_tanh", 1, 1, 1, 1),
+        ("lstm", 64, 4, 6, 33),  # two-element loads
+        ("gru", 512, 33, 300, 50),  # four-element loads, 1650 rows: a part tile of rows
+        ("lstm", 129, 7, 200, 301),
+    ],
+)  # a width of 516: a part tile of columns
 def test_tensor_core_projection_matches_float64(dtype, cell, hidden, batch, input_size, seq_len):
     """The input projection of a compiled half layer (``codegen.projection.tensor_core_projection``) against
     float64 on the same half inputs: it accumulates in float32, so only float32 rounding of the sums remains."""

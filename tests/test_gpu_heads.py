@@ -30,11 +30,24 @@ def error_of(layer, seq_len, seed=0, lengths=None):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("cell, hidden, batch", [
-    ("lstm_h48", 768, 16), ("lstm_h24", 768, 16), ("lstm_h12", 768, 16), ("lstm_h6", 768, 16), ("lstm_h3", 768, 16),
-    ("slstm_h12", 768, 16), ("slstm_h4", 512, 4), ("slstm", 256, 8), ("gru_cho_h4", 512, 5), ("lstm_h7", 7, 3),
-    ("lstm_layernorm", 1024, 8), ("lstm_layernorm", 256, 1), ("lstm_layernorm", 33, 3),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch",
+    [
+        ("lstm_h48", 768, 16),
+        ("lstm_h24", 768, 16),
+        ("lstm_h12", 768, 16),
+        ("lstm_h6", 768, 16),
+        ("lstm_h3", 768, 16),
+        ("slstm_h12", 768, 16),
+        ("slstm_h4", 512, 4),
+        ("slstm", 256, 8),
+        ("gru_cho_h4", 512, 5),
+        ("lstm_h7", 7, 3),
+        ("lstm_layernorm", 1024, 8),
+        ("lstm_layernorm", 256, 1),
+        ("lstm_layernorm", 33, 3),
+    ],
+)
 def test_defaults_match_the_reference(cell, hidden, batch, dtype):
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda")
     assert layer.report.spill_bytes == 0, layer.report.format()
@@ -70,8 +83,9 @@ def test_the_training_kernels_of_heads(cell, hidden, batch, dtype):
     args = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
     xp = projection(inputs, "float32")
     _, (*_, saved) = training.forward(xp=xp, **args)
-    first, rest = training.backward(xp=xp, saved=saved, d_out=d_out, **{f"d_{s}_n": v for s, v in d_finals.items()},
-                                    **args)
+    first, rest = training.backward(
+        xp=xp, saved=saved, d_out=d_out, **{f"d_{s}_n": v for s, v in d_finals.items()}, **args
+    )
     written = [a.name for a in training.backward.signature.launches[0].args if a.role.written]
     got = gradients_from(layer.plan, inputs, dict(zip(written, (first, *rest))), saved, layer.input_size)
     want = plan_gradients(layer.plan, inputs, d_out, d_finals)
@@ -85,11 +99,16 @@ def test_a_head_a_block_against_the_grid(dtype, capsys):
     placement the template ranks, timed (recurrent kernel, us per step); printed for the run's notes."""
     plan_layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype=dtype, target="cuda")
     template = by_name(plan_layer.report.template)
-    grid = next(cfg for cfg in template.default_configs(plan_layer.plan, plan_layer.target, plan_layer.gpu)
-                if cfg.barrier != "block")
+    grid = next(
+        cfg
+        for cfg in template.default_configs(plan_layer.plan, plan_layer.target, plan_layer.gpu)
+        if cfg.barrier != "block"
+    )
     grid_layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype=dtype, target="cuda", config=grid)
     local, wide = (time_layer(layer, 256).per_step_s * 1e6 for layer in (plan_layer, grid_layer))
     with capsys.disabled():
-        print(f"\nlstm_h12 768x16 {dtype}: block {local:.2f} us/step ({plan_layer.report.config}), grid {wide:.2f} "
-              f"us/step ({grid_layer.report.config})")
+        print(
+            f"\nlstm_h12 768x16 {dtype}: block {local:.2f} us/step ({plan_layer.report.config}), grid {wide:.2f} "
+            f"us/step ({grid_layer.report.config})"
+        )
     assert local > 0 and wide > 0

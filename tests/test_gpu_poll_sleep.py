@@ -16,9 +16,13 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("barrier", ["sentinel", "tags"])
-@pytest.mark.parametrize("hidden, batch, knobs", [
-    (256, 16, {"units_per_cta": 16, "k_groups": 2, "batch_groups": 2, "poll_sleep": 512}),
-    (133, 9, {"units_per_cta": 8, "k_groups": 2, "poll_sleep": 256})])  # odd rows, partial CTAs
+@pytest.mark.parametrize(
+    "hidden, batch, knobs",
+    [
+        (256, 16, {"units_per_cta": 16, "k_groups": 2, "batch_groups": 2, "poll_sleep": 512}),
+        (133, 9, {"units_per_cta": 8, "k_groups": 2, "poll_sleep": 256}),
+    ],
+)  # odd rows, partial CTAs
 def test_a_poll_sleep_changes_no_bit(dtype, cell, barrier, hidden, batch, knobs):
     layer = sentinel_layer(cell, hidden, batch, dtype, barrier=barrier, **knobs)
     awake = sentinel_layer(cell, hidden, batch, dtype, barrier=barrier, **dict(knobs, poll_sleep=0))

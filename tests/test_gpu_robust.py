@@ -35,9 +35,21 @@ def test_a_grid_just_under_48_kb_of_shared_memory_runs():
     """Regression, found by the fuzz test of torch modules below: 49,096 B of dynamic shared memory plus the
     barrier's 64 B of static failed at launch (TVM lifts the 48 KB limit only where the dynamic part reaches
     it); such a kernel now allocates 48 KB (``prnn_tvm.target.launchable_smem``)."""
-    layer = prnn_tvm.compile_cell("rnn_tanh", 289, 38, input_size=1, target="cuda",
-                                  config={"units_per_cta": 3, "k_split": 32, "rows_per_thread": 1, "batch_tile": 38,
-                                          "vec": 2, "barrier": "counter"})
+    layer = prnn_tvm.compile_cell(
+        "rnn_tanh",
+        289,
+        38,
+        input_size=1,
+        target="cuda",
+        config={
+            "units_per_cta": 3,
+            "k_split": 32,
+            "rows_per_thread": 1,
+            "batch_tile": 38,
+            "vec": 2,
+            "barrier": "counter",
+        },
+    )
     assert layer.report.dynamic_smem_bytes == 48 * 1024, layer.report.format()
     for seq_len in (1, 30):
         assert run_and_compare(layer, seq_len, seed=seq_len) <= tolerance("float32", seq_len)
@@ -61,7 +73,7 @@ def test_sequences_past_2_31_elements_run_in_chunks(kind, hidden, batch, seq_len
         got, got_h = fast(x)
         want, state = [], None
         for t0 in range(0, seq_len, 10_000):
-            out, state = ref(x[t0:t0 + 10_000], state)
+            out, state = ref(x[t0 : t0 + 10_000], state)
             want.append(out)
         want = torch.cat(want)
     err = max_error([(got, want), *zip(*((got_h, state) if kind == "lstm" else ((got_h,), (state,))))])
@@ -79,6 +91,7 @@ def test_a_sequence_that_does_not_fit_is_refused_before_launch():
 
 # ---------------------------------------------------------------- fuzz: any config the tuner may pick
 STACKS = ["lstm_x2", "gru_x3", "gru_cho_x2"]  # wavefront stacks: their space holds the split layout too
+
 
 @st.composite
 def cases(draw):
@@ -99,8 +112,15 @@ def cases(draw):
 def test_fuzz_cells_sizes_and_tuning_configs(case):
     cell, hidden, batch, input_size, seq_len, pick, dtype, lengths = case
     try:
-        layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="cuda",
-                                      config=config_at(pick, cell, hidden, batch, dtype, gpu_spec()))
+        layer = prnn_tvm.compile_cell(
+            cell,
+            hidden,
+            batch,
+            input_size=input_size,
+            dtype=dtype,
+            target="cuda",
+            config=config_at(pick, cell, hidden, batch, dtype, gpu_spec()),
+        )
     except ConfigError as err:  # a refusal with its reason is allowed where nothing fits; a wrong answer never
         assert "fit" in str(err) or "registers" in str(err), err
         return
@@ -111,11 +131,18 @@ def test_fuzz_cells_sizes_and_tuning_configs(case):
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["lstm", "gru", "rnn_tanh", "rnn_relu"]), hidden=st.integers(1, 600),
-       input_size=st.integers(1, 600), batch=st.integers(1, 40), seq_len=st.integers(1, 100),
-       batch_first=st.booleans(), with_state=st.booleans())
-def test_fuzz_torch_modules_against_torch_nn(no_tf32, kind, hidden, input_size, batch, seq_len, batch_first,
-                                             with_state):
+@given(
+    kind=st.sampled_from(["lstm", "gru", "rnn_tanh", "rnn_relu"]),
+    hidden=st.integers(1, 600),
+    input_size=st.integers(1, 600),
+    batch=st.integers(1, 40),
+    seq_len=st.integers(1, 100),
+    batch_first=st.booleans(),
+    with_state=st.booleans(),
+)
+def test_fuzz_torch_modules_against_torch_nn(
+    no_tf32, kind, hidden, input_size, batch, seq_len, batch_first, with_state
+):
     """Modules on the GPU (cuDNN flattens their parameters: views, biases not 64-byte aligned)."""
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt

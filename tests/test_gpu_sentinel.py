@@ -21,11 +21,15 @@ CELLS = ["lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_peephole"]
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("hidden, batch, knobs", [
-    (1, 1, {"units_per_cta": 1}),
-    (133, 11, {"units_per_cta": 8, "k_groups": 2}),  # partial CTAs, rows of 133 (2-byte polls), two batch passes
-    (256, 16, {"units_per_cta": 16, "k_groups": 4, "n_tiles": 2}),  # 16-byte polls, one pass
-    (64, 33, {"units_per_cta": 4, "n_tiles": 2})])  # three passes, the last of one row
+@pytest.mark.parametrize(
+    "hidden, batch, knobs",
+    [
+        (1, 1, {"units_per_cta": 1}),
+        (133, 11, {"units_per_cta": 8, "k_groups": 2}),  # partial CTAs, rows of 133 (2-byte polls), two batch passes
+        (256, 16, {"units_per_cta": 16, "k_groups": 4, "n_tiles": 2}),  # 16-byte polls, one pass
+        (64, 33, {"units_per_cta": 4, "n_tiles": 2}),
+    ],
+)  # three passes, the last of one row
 def test_the_sentinel_exchange_changes_no_bit(dtype, cell, hidden, batch, knobs):
     """Outputs and final states equal, bit for bit, those of the same config with ``counter`` (the exchange
     moves the same rounded values), at T=1 (no poll), 7 and 64, and with rows that stop at their own lengths
@@ -85,11 +89,15 @@ def module_matches_float64(fast, exact, x, short: int) -> None:
     fast.check()
 
 
-@pytest.mark.parametrize("dtype, cell, hidden, batch, layers, knobs", [
-    ("float16", "lstm", 512, 8, 4, {"units_per_cta": 16}),  # issue 16's stack
-    ("bfloat16", "gru", 133, 5, 3, {"units_per_cta": 8, "k_groups": 2}),  # odd sizes, a partial last CTA
-    ("float16", "rnn_tanh", 64, 33, 2, {"units_per_cta": 4, "n_tiles": 2, "layout": "shared"}),  # 3 passes
-    ("float32", "lstm", 256, 4, 3, {})])
+@pytest.mark.parametrize(
+    "dtype, cell, hidden, batch, layers, knobs",
+    [
+        ("float16", "lstm", 512, 8, 4, {"units_per_cta": 16}),  # issue 16's stack
+        ("bfloat16", "gru", 133, 5, 3, {"units_per_cta": 8, "k_groups": 2}),  # odd sizes, a partial last CTA
+        ("float16", "rnn_tanh", 64, 33, 2, {"units_per_cta": 4, "n_tiles": 2, "layout": "shared"}),  # 3 passes
+        ("float32", "lstm", 256, 4, 3, {}),
+    ],
+)
 def test_a_sentinel_stack_changes_no_bit(dtype, cell, hidden, batch, layers, knobs):
     """Each layer's state through a sequence of its own (the lower layers' the call's exchange sequence): the
     same bits as the same stack across a ``counter`` barrier each step, at T=1, 7, 64 and with rows that stop
@@ -122,8 +130,13 @@ def test_a_torch_stack_with_the_sentinel_exchange(monkeypatch):
 
     def sentinel_stacks(*args, **kwargs):
         if kwargs.get("layers", 1) > 1:
-            kwargs["config"] = {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "layout": "split",
-                                "barrier": "sentinel"}
+            kwargs["config"] = {
+                "units_per_cta": 16,
+                "k_groups": 1,
+                "n_tiles": 1,
+                "layout": "split",
+                "barrier": "sentinel",
+            }
         return compile_cell(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "compile_cell", sentinel_stacks)  # where the modules compile their layers

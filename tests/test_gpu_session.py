@@ -47,13 +47,16 @@ def _reference(plan, inputs, xs, states=None):
     return found, state
 
 
-@pytest.mark.parametrize("cell, hidden, batch, input_size, dtype", [
-    ("lstm", 256, 4, 128, "float32"),
-    ("lstm_d2", 128, 1, 64, "float32"),   # a market model: two layers, batch 1
-    ("lstm", 640, 8, 640, "float16"),     # an RNN-T prediction network
-    ("gru_d3", 96, 4, 80, "bfloat16"),
-    ("rnn_tanh", 1, 1, 1, "float32"),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, input_size, dtype",
+    [
+        ("lstm", 256, 4, 128, "float32"),
+        ("lstm_d2", 128, 1, 64, "float32"),  # a market model: two layers, batch 1
+        ("lstm", 640, 8, 640, "float16"),  # an RNN-T prediction network
+        ("gru_d3", 96, 4, 80, "bfloat16"),
+        ("rnn_tanh", 1, 1, 1, "float32"),
+    ],
+)
 def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, batch, input_size, dtype):
     layer, inputs = _layer(cell, hidden, batch, input_size, dtype)
     T = 40
@@ -256,7 +259,7 @@ def test_a_million_steps_equal_the_sequence_call():
                 for i in range(chunk):
                     x.copy_(xs[start + i])
                     session.post(x, got[i])
-                worst = max(worst, (got[:, k] - out[start:start + chunk]).abs().max().item())
+                worst = max(worst, (got[:, k] - out[start : start + chunk]).abs().max().item())
     finally:
         session.close()
     assert session.steps == T

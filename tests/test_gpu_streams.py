@@ -35,9 +35,11 @@ def _modules(H=256, n_in=64):
 
 def _model(lstm, gru):
     """Two modules in a row, the GRU on the LSTM's output."""
+
     def run(x):
         out, _ = lstm(x)
         return gru(out)[0]
+
     return run
 
 
@@ -121,11 +123,15 @@ def test_a_bidirectional_call_from_another_stream_and_a_graph(one_launch):
     fast.check()
 
 
-@pytest.mark.parametrize("kind, dtype, bidirectional, bias_in_gemm", [
-    ("lstm", torch.float16, False, None),  # b_ih folded into b_hh
-    ("rnn_tanh", torch.bfloat16, True, None),  # folded, both directions' W_ih joined
-    ("gru", torch.float16, True, 0),  # [W_ih | b_ih] the GEMM operand
-    ("lstm", torch.float32, False, None)])
+@pytest.mark.parametrize(
+    "kind, dtype, bidirectional, bias_in_gemm",
+    [
+        ("lstm", torch.float16, False, None),  # b_ih folded into b_hh
+        ("rnn_tanh", torch.bfloat16, True, None),  # folded, both directions' W_ih joined
+        ("gru", torch.float16, True, 0),  # [W_ih | b_ih] the GEMM operand
+        ("lstm", torch.float32, False, None),
+    ],
+)
 def test_graph_replays_follow_in_place_parameter_updates(kind, dtype, bidirectional, bias_in_gemm, monkeypatch):
     """What a call derives from the parameters and keeps between eager calls (the folded bias, joined and
     aligned copies, the biased GEMM operand) is made inside a graph being captured: after in-place updates

@@ -32,6 +32,7 @@ def test_a_headed_weight_is_block_diagonal_and_its_product_reads_only_its_head()
 
 def test_a_hand_written_head_wise_product_is_the_same_plan():
     """``te.sum`` over a head's units, written out, is what ``c.matvec`` makes over a weight of heads."""
+
     def step(c):
         H, D = c.hidden, c.hidden // 3
         x, h = c.input(), c.state("h")
@@ -45,29 +46,37 @@ def test_a_hand_written_head_wise_product_is_the_same_plan():
     assert by_hand.reductions[0].heads == made.reductions[0].heads == 3
 
 
-@pytest.mark.parametrize("index, message", [
-    (lambda n, j, k, D: k, r"'h' is indexed \[n, hw_k\]; the recurrent product reads its operand as \[n, \(j % "
-                           r"hidden\) // D \* D \+ k\], the head of row j"),
-    (lambda n, j, k, D: (j // D + 1) % 3 * D + k, "the head of row j"),  # the next head's units
-])
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        (
+            lambda n, j, k, D: k,
+            r"'h' is indexed \[n, hw_k\]; the recurrent product reads its operand as \[n, \(j % "
+            r"hidden\) // D \* D \+ k\], the head of row j",
+        ),
+        (lambda n, j, k, D: (j // D + 1) % 3 * D + k, "the head of row j"),  # the next head's units
+    ],
+)
 def test_a_product_that_reads_another_head_is_refused(index, message):
     def step(c):
         D = c.hidden // 3
         x, h = c.input(), c.state("h")
         W = c.weight("W_hh", heads=3)
         k = te.reduce_axis((0, D), name="hw_k")
-        hw = te.compute((c.batch, c.hidden), lambda n, j: te.sum(h[n, index(n, j, k, D)] * W[j, k], axis=k),
-                        name="hw")
+        hw = te.compute((c.batch, c.hidden), lambda n, j: te.sum(h[n, index(n, j, k, D)] * W[j, k], axis=k), name="hw")
         return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")}
 
     with pytest.raises(CellError, match=message):
         prnn_tvm.analyze(Cell("wrong_head", step, None), 2, 6)
 
 
-@pytest.mark.parametrize("spec, hidden, message", [
-    ("lstm_h4", 6, "weight 'W_hh': hidden=6 does not split into 4 heads of equal size"),
-    ("lstm_h3", 1, "weight 'W_hh': hidden=1 does not split into 3 heads"),
-])
+@pytest.mark.parametrize(
+    "spec, hidden, message",
+    [
+        ("lstm_h4", 6, "weight 'W_hh': hidden=6 does not split into 4 heads of equal size"),
+        ("lstm_h3", 1, "weight 'W_hh': hidden=1 does not split into 3 heads"),
+    ],
+)
 def test_a_hidden_size_that_does_not_split_into_the_heads_is_refused(spec, hidden, message):
     with pytest.raises(CellError, match=message):
         prnn_tvm.compile_cell(spec, hidden, 2, target="llvm")
@@ -86,8 +95,15 @@ def test_heads_are_the_weights_and_a_product_cannot_say_otherwise():
 
 
 def test_a_cell_with_heads_of_its_own_is_not_split_again():
-    base = Cell("own", lambda c: {"h": c.pointwise(lambda n, j: c.input()[n, j] + c.matvec(
-        c.state("h"), c.weight("W", heads=2), "hw")[n, j], "h_new")}, None)
+    base = Cell(
+        "own",
+        lambda c: {
+            "h": c.pointwise(
+                lambda n, j: c.input()[n, j] + c.matvec(c.state("h"), c.weight("W", heads=2), "hw")[n, j], "h_new"
+            )
+        },
+        None,
+    )
     with pytest.raises(CellError, match="declares weight 'W' with heads=2 itself"):
         prnn_tvm.analyze(headed(base, 2), 1, 4)
 
@@ -110,13 +126,19 @@ def test_the_plan_and_the_cells_own_reference_agree():
         inputs = random_inputs(plan, 6, 5, seed=1)
         out, finals = reference_layer(plan, inputs)
         got, got_finals, _ = plan_layer(plan, inputs)
-        assert np.abs(out - got).max() < 1e-12 and all(np.abs(finals[s] - got_finals[s]).max() < 1e-12
-                                                        for s in finals)
+        assert np.abs(out - got).max() < 1e-12 and all(np.abs(finals[s] - got_finals[s]).max() < 1e-12 for s in finals)
 
 
 # awkward sizes: heads of one unit (hidden 7, prime), odd heads, a batch of one, input size apart from hidden
-SIZES = [("rnn_tanh_h7", 7, 1, 3), ("lstm_h7", 7, 2, 7), ("gru_h3", 9, 3, 4), ("gru_cho_h2", 6, 1, 11),
-         ("lstm_peephole_h4", 16, 5, 3), ("mgu_h5", 5, 2, 2), ("stacked_rnn_h2", 4, 3, 1)]
+SIZES = [
+    ("rnn_tanh_h7", 7, 1, 3),
+    ("lstm_h7", 7, 2, 7),
+    ("gru_h3", 9, 3, 4),
+    ("gru_cho_h2", 6, 1, 11),
+    ("lstm_peephole_h4", 16, 5, 3),
+    ("mgu_h5", 5, 2, 2),
+    ("stacked_rnn_h2", 4, 3, 1),
+]
 
 
 def assert_cpu_build_matches(spec, hidden: int, batch: int, input_size: int, dtype: str, steps: int = 9) -> None:

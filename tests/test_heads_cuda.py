@@ -33,22 +33,25 @@ def plan(cell, batch, hidden, dtype="float32"):
 
 
 @emulates
-@pytest.mark.parametrize("cell, hidden, batch, config", [
-    ("lstm_h4", 16, 3, knobs(8, 4, 2, 2)),                        # a CTA holds two heads
-    ("lstm_h2", 16, 4, knobs(4, 4, 2, 3, vec=4)),                 # two CTAs share a head
-    ("lstm_h4", 16, 3, knobs(4, 2, 4, 3, barrier="block")),       # one head a CTA: no grid barrier
-    ("rnn_tanh_h7", 7, 2, knobs(1, 1, 1, 2, vec=1)),              # heads of one unit (hidden 7, prime)
-    ("rnn_tanh_h7", 7, 2, knobs(7, 2, 1, 1, vec=1, barrier="block")),  # one CTA holds every head
-    ("lstm_h3", 9, 3, knobs(6, 2, 3, 2, vec=1)),                  # odd heads; the last CTA half past hidden
-    ("lstm_h3", 9, 3, knobs(3, 8, 3, 3, vec=1, barrier="tags")),  # more lanes than a head has units
-    ("lstm_h2", 16, 4, knobs(4, 4, 2, 3, vec=4, barrier="tags")),  # tags wait for the head's CTAs only
-    ("gru_cho_h2", 12, 3, knobs(6, 2, 3, 2, barrier="block")),    # a stage exchanged between phases, in-block
-    ("gru_cho_h2", 12, 3, knobs(3, 2, 3, 2, vec=1, barrier="tags")),
-    ("lstm_h4_x2", 8, 3, knobs(2, 2, 2, 2, layout="split")),      # layer 1: a dense W_ih beside a head-wise W_hh
-    ("lstm_h4_x2", 8, 3, knobs(2, 2, 2, 2, barrier="tags")),
-    ("gru_h2_bi", 8, 2, knobs(4, 2, 2, 2, barrier="block")),      # both directions, each head in its block
-    ("lstm_peephole_h4", 16, 5, knobs(8, 4, 4, 2, vec=4, barrier="block")),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, config",
+    [
+        ("lstm_h4", 16, 3, knobs(8, 4, 2, 2)),  # a CTA holds two heads
+        ("lstm_h2", 16, 4, knobs(4, 4, 2, 3, vec=4)),  # two CTAs share a head
+        ("lstm_h4", 16, 3, knobs(4, 2, 4, 3, barrier="block")),  # one head a CTA: no grid barrier
+        ("rnn_tanh_h7", 7, 2, knobs(1, 1, 1, 2, vec=1)),  # heads of one unit (hidden 7, prime)
+        ("rnn_tanh_h7", 7, 2, knobs(7, 2, 1, 1, vec=1, barrier="block")),  # one CTA holds every head
+        ("lstm_h3", 9, 3, knobs(6, 2, 3, 2, vec=1)),  # odd heads; the last CTA half past hidden
+        ("lstm_h3", 9, 3, knobs(3, 8, 3, 3, vec=1, barrier="tags")),  # more lanes than a head has units
+        ("lstm_h2", 16, 4, knobs(4, 4, 2, 3, vec=4, barrier="tags")),  # tags wait for the head's CTAs only
+        ("gru_cho_h2", 12, 3, knobs(6, 2, 3, 2, barrier="block")),  # a stage exchanged between phases, in-block
+        ("gru_cho_h2", 12, 3, knobs(3, 2, 3, 2, vec=1, barrier="tags")),
+        ("lstm_h4_x2", 8, 3, knobs(2, 2, 2, 2, layout="split")),  # layer 1: a dense W_ih beside a head-wise W_hh
+        ("lstm_h4_x2", 8, 3, knobs(2, 2, 2, 2, barrier="tags")),
+        ("gru_h2_bi", 8, 2, knobs(4, 2, 2, 2, barrier="block")),  # both directions, each head in its block
+        ("lstm_peephole_h4", 16, 5, knobs(8, 4, 4, 2, vec=4, barrier="block")),
+    ],
+)
 def test_head_wise_kernels_as_emitted(cell, hidden, batch, config):
     err, layer = emulated(cell, hidden, batch, config)
     assert err <= tolerance("float32", T * (2 if "_x2" in cell else 1)), (err, layer.report.config)
@@ -62,13 +65,16 @@ def test_head_wise_kernels_as_emitted(cell, hidden, batch, config):
 
 
 @emulates
-@pytest.mark.parametrize("cell, hidden, batch, backward", [
-    ("lstm_h4", 8, 3, pc.PersistentConfig(4, 4, 2, 2, 2, "block")),   # a CTA per head, no grid barrier
-    ("lstm_h4", 16, 3, pc.PersistentConfig(8, 2, 2, 3, 2, "counter")),  # two heads a CTA
-    ("lstm_h2", 8, 3, pc.PersistentConfig(2, 4, 1, 2, 4, "counter")),  # CTAs sharing a head
-    ("gru_cho_h2", 6, 3, pc.PersistentConfig(6, 2, 3, 2, 1, "counter")),  # two phases backwards
-    ("lstm_h3", 9, 3, pc.PersistentConfig(6, 2, 3, 2, 1, "grid_sync")),  # heads past hidden in the last CTA
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, backward",
+    [
+        ("lstm_h4", 8, 3, pc.PersistentConfig(4, 4, 2, 2, 2, "block")),  # a CTA per head, no grid barrier
+        ("lstm_h4", 16, 3, pc.PersistentConfig(8, 2, 2, 3, 2, "counter")),  # two heads a CTA
+        ("lstm_h2", 8, 3, pc.PersistentConfig(2, 4, 1, 2, 4, "counter")),  # CTAs sharing a head
+        ("gru_cho_h2", 6, 3, pc.PersistentConfig(6, 2, 3, 2, 1, "counter")),  # two phases backwards
+        ("lstm_h3", 9, 3, pc.PersistentConfig(6, 2, 3, 2, 1, "grid_sync")),  # heads past hidden in the last CTA
+    ],
+)
 def test_the_training_kernels_of_head_wise_products_as_emitted(cell, hidden, batch, backward, monkeypatch):
     """The saving forward and the GPU backward (its transposed rows over the gate rows of their head), every
     argument's gradient against the plan's in float64 (a head-wise weight's from its dense gradient's blocks)."""
@@ -86,20 +92,30 @@ def test_a_block_holds_only_its_heads_weights_and_state():
     assert heads.weights_per_thread * 4 == dense.weights_per_thread
     assert (dense.stride, heads.stride) == (256, 64) and heads.smem_hs * 4 == dense.smem_hs
     half = mc.MmaConfig(64, 1, 2, "counter")
-    dense, heads = mc.geometry(half, plan("lstm", 16, 768, "float16")), mc.validate(
-        half, plan("lstm_h12", 16, 768, "float16"), GPU)
+    dense, heads = (
+        mc.geometry(half, plan("lstm", 16, 768, "float16")),
+        mc.validate(half, plan("lstm_h12", 16, 768, "float16"), GPU),
+    )
     assert (dense.k_tiles_per_warp, heads.k_tiles_per_warp) == (48, 4)
     assert heads.weights_per_thread * 12 == dense.weights_per_thread and heads.stride == 64 + mc.ROW_SKEW
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype, block", [
-    # FlashRNN's shapes: hidden 768, batch 16, heads of 16 to 256 units
-    ("lstm_h48", 768, 16, "bfloat16", True), ("lstm_h24", 768, 16, "bfloat16", True),
-    ("lstm_h12", 768, 16, "bfloat16", True), ("lstm_h6", 768, 16, "bfloat16", True),
-    ("lstm_h3", 768, 16, "bfloat16", False),  # heads of 256 do not fit a CTA: CTAs share one
-    ("lstm_h12", 768, 16, "float32", True), ("lstm_h4", 256, 4, "float16", True), ("gru_h4", 1024, 4, "float32", False),
-    ("lstm_h7", 7, 3, "float16", True), ("gru_cho_h2", 130, 5, "float32", True),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, block",
+    [
+        # FlashRNN's shapes: hidden 768, batch 16, heads of 16 to 256 units
+        ("lstm_h48", 768, 16, "bfloat16", True),
+        ("lstm_h24", 768, 16, "bfloat16", True),
+        ("lstm_h12", 768, 16, "bfloat16", True),
+        ("lstm_h6", 768, 16, "bfloat16", True),
+        ("lstm_h3", 768, 16, "bfloat16", False),  # heads of 256 do not fit a CTA: CTAs share one
+        ("lstm_h12", 768, 16, "float32", True),
+        ("lstm_h4", 256, 4, "float16", True),
+        ("gru_h4", 1024, 4, "float32", False),
+        ("lstm_h7", 7, 3, "float16", True),
+        ("gru_cho_h2", 130, 5, "float32", True),
+    ],
+)
 def test_head_wise_defaults_build_without_spills(cell, hidden, batch, dtype, block):
     """Where whole heads fit a block, the default takes the ``block`` barrier (no grid barrier)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
@@ -111,26 +127,71 @@ def test_head_wise_defaults_build_without_spills(cell, hidden, batch, dtype, blo
     assert layer.plan.local_to(rep.config["units_per_cta"]) == block
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype, config, message", [
-    ("lstm_h4", 16, 2, "float32", pc.PersistentConfig(3, 4, 1, 2, 1), "units_per_cta=3: with heads of 4 units a CTA "
-     "holds whole heads"),
-    ("lstm_h4", 16, 2, "float32", pc.PersistentConfig(8, 4, 8, 2, 1), "a thread's rows .* must lie in one head"),
-    ("lstm_h8", 8, 2, "float32", pc.PersistentConfig(1, 4, 1, 2, 2), "vec=2: a head-wise product's rows read"),
-    ("lstm_h2", 16, 2, "float32", pc.PersistentConfig(4, 4, 2, 2, 4, "block"), "units_per_cta=4 must be a multiple "
-     "of the head size of every product"),
-    ("lstm", 16, 2, "float32", pc.PersistentConfig(8, 4, 2, 2, 4, "block"), r"the hidden size for a dense one"),
-    ("lstm_h2", 16, 2, "float32", pc.PersistentConfig(8, 4, 2, 2, 4, "sentinel"), "has head-wise products"),
-    ("lstm_h3", 9, 2, "float32", pc.PersistentConfig(6, 2, 3, 2, 1, "tags"), "the last block's span runs past "
-     "hidden=9"),
-    ("lstm_h4", 64, 8, "float16", mc.MmaConfig(16, 1, 1, "tags", batch_groups=2), "head-wise products exchange by "
-     "span"),
-    ("lstm_h8", 16, 8, "float16", mc.MmaConfig(4, 1, 1, "counter"), "a warp's row tiles of 16 rows .* must lie in "
-     "one head"),
-    ("lstm_h4", 64, 8, "float16", mc.MmaConfig(32, 1, 1, "counter", m_tiles_per_warp=2),
-     r"a warp's row tiles of 16 rows \(32 rows\) .* must lie in one head"),
-    ("lstm_h4_x2", 48, 8, "float16", mc.MmaConfig(4, 1, 1, "counter"), "heads of 12 units .* of 'l0_h', which a dense "
-     "product reads whole too"),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, config, message",
+    [
+        (
+            "lstm_h4",
+            16,
+            2,
+            "float32",
+            pc.PersistentConfig(3, 4, 1, 2, 1),
+            "units_per_cta=3: with heads of 4 units a CTA holds whole heads",
+        ),
+        ("lstm_h4", 16, 2, "float32", pc.PersistentConfig(8, 4, 8, 2, 1), "a thread's rows .* must lie in one head"),
+        ("lstm_h8", 8, 2, "float32", pc.PersistentConfig(1, 4, 1, 2, 2), "vec=2: a head-wise product's rows read"),
+        (
+            "lstm_h2",
+            16,
+            2,
+            "float32",
+            pc.PersistentConfig(4, 4, 2, 2, 4, "block"),
+            "units_per_cta=4 must be a multiple of the head size of every product",
+        ),
+        ("lstm", 16, 2, "float32", pc.PersistentConfig(8, 4, 2, 2, 4, "block"), r"the hidden size for a dense one"),
+        ("lstm_h2", 16, 2, "float32", pc.PersistentConfig(8, 4, 2, 2, 4, "sentinel"), "has head-wise products"),
+        (
+            "lstm_h3",
+            9,
+            2,
+            "float32",
+            pc.PersistentConfig(6, 2, 3, 2, 1, "tags"),
+            "the last block's span runs past hidden=9",
+        ),
+        (
+            "lstm_h4",
+            64,
+            8,
+            "float16",
+            mc.MmaConfig(16, 1, 1, "tags", batch_groups=2),
+            "head-wise products exchange by span",
+        ),
+        (
+            "lstm_h8",
+            16,
+            8,
+            "float16",
+            mc.MmaConfig(4, 1, 1, "counter"),
+            "a warp's row tiles of 16 rows .* must lie in one head",
+        ),
+        (
+            "lstm_h4",
+            64,
+            8,
+            "float16",
+            mc.MmaConfig(32, 1, 1, "counter", m_tiles_per_warp=2),
+            r"a warp's row tiles of 16 rows \(32 rows\) .* must lie in one head",
+        ),
+        (
+            "lstm_h4_x2",
+            48,
+            8,
+            "float16",
+            mc.MmaConfig(4, 1, 1, "counter"),
+            "heads of 12 units .* of 'l0_h', which a dense product reads whole too",
+        ),
+    ],
+)
 def test_configs_that_do_not_fit_the_heads_are_refused(cell, hidden, batch, dtype, config, message):
     with pytest.raises(ConfigError, match=message):
         prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", config=config)
@@ -162,10 +223,12 @@ def test_the_tuning_space_places_heads_and_records_key_the_placement():
 
 def test_a_head_wise_exchange_lays_the_workspace_out_by_span():
     """A block's part of a tile is one contiguous run per batch row: span-major, then batch rows."""
-    layer = prnn_tvm.compile_cell("lstm_h2", 16, 3, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config=pc.PersistentConfig(4, 4, 2, 3, 4, "tags"))
+    layer = prnn_tvm.compile_cell(
+        "lstm_h2", 16, 3, target="cuda", arch="sm_90", tuning_logs=[], config=pc.PersistentConfig(4, 4, 2, 3, 4, "tags")
+    )
     assert layer.kernel.launch.arg("workspace").shape == (1, 2, 3 * 16)
-    dense = prnn_tvm.compile_cell("lstm", 16, 3, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config=pc.PersistentConfig(4, 4, 2, 3, 4, "tags"))
+    dense = prnn_tvm.compile_cell(
+        "lstm", 16, 3, target="cuda", arch="sm_90", tuning_logs=[], config=pc.PersistentConfig(4, 4, 2, 3, 4, "tags")
+    )
     assert dense.kernel.launch.arg("workspace").shape == (1, 2, 3, 16)
     assert np.prod(layer.kernel.launch.arg("workspace").shape) == np.prod(dense.kernel.launch.arg("workspace").shape)

@@ -25,7 +25,7 @@ from prnn_tvm.schedules.persistent_weights import (
 def halves(acc: list[float], level) -> tuple[list[float], list[float]]:
     """The sums a lane keeps or sends at a halving level: the lower and upper half, the upper one padded with a
     zero where the lane held an odd number."""
-    return acc[:level.half], acc[level.half:level.held] + [0.0] * (2 * level.half - level.held)
+    return acc[: level.half], acc[level.half : level.held] + [0.0] * (2 * level.half - level.held)
 
 
 def reduce_like_the_kernel(parts: np.ndarray) -> list[list[float]]:
@@ -55,8 +55,9 @@ def test_every_total_is_stored_once_by_a_lane_that_holds_it(values, k_split):
     acc = reduce_like_the_kernel(parts)
     an, stored = Analyzer(), {}
     for lane in range(k_split):
-        builder = types.SimpleNamespace(ks=tirx.const(lane, "int32"), c=types.SimpleNamespace(
-            rows_per_thread=values, batch_tile=1, k_split=k_split))
+        builder = types.SimpleNamespace(
+            ks=tirx.const(lane, "int32"), c=types.SimpleNamespace(rows_per_thread=values, batch_tile=1, k_split=k_split)
+        )
         for slot in range(held_after_halving(values, k_split)):
             index, stores = RegisterWeights.held_value(builder, slot)
             if bool(an.simplify(stores)):
@@ -77,7 +78,14 @@ def test_each_level_shuffles_half_of_what_the_one_before_did():
 
 
 def test_the_kernel_issues_the_halving_shuffles():
-    layer = prnn_tvm.compile_cell("lstm", 1024, 4, target="cuda", arch="sm_90", tuning_logs=[], config=dict(
-        units_per_cta=8, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="sentinel"))
+    layer = prnn_tvm.compile_cell(
+        "lstm",
+        1024,
+        4,
+        target="cuda",
+        arch="sm_90",
+        tuning_logs=[],
+        config=dict(units_per_cta=8, k_split=32, rows_per_thread=4, batch_tile=4, vec=4, barrier="sentinel"),
+    )
     assert layer.report.spill_store_bytes == 0
     assert layer.cuda_source.count("__shfl_xor_sync") == lane_shuffles(16, 32)

@@ -9,7 +9,7 @@ import tvm
 import prnn_tvm
 from prnn_tvm.errors import InputError, LaunchError
 from prnn_tvm.reference import random_inputs
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import limits
 from prnn_tvm.runtime.launcher import Launcher
 
 T, B, H = 5, 2, 8
@@ -51,7 +51,7 @@ def test_a_launch_gives_the_layers_own_results_in_torch_tensors(layer):
 
 def test_a_sequence_past_the_element_limit_runs_as_the_layers_chunked_call(layer, monkeypatch):
     data, want = _recurrent_inputs(layer, steps=40)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 4 * H * B * 7)  # seven steps of xp per launch
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 4 * H * B * 7)  # seven steps of xp per launch
     launcher = Launcher(layer)
     assert launcher.max_steps == 7
     got = launcher([tvm.runtime.tensor(a) for a in data])

@@ -39,16 +39,19 @@ def test_dlpack_inputs_give_tvm_tensors(lstm, inputs):
     assert np.abs(out.numpy() - ref).max() < 1e-5
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda a: a.update(x=a["x"][:, :1]), r"x has shape \(3, 1, 8\), expected \(3, 2, 8\)"),
-    (lambda a: a.update(W_hh=a["W_hh"].astype(np.float64)), "W_hh has dtype float64, expected float32"),
-    (lambda a: a.update(b_hh=a["b_hh"][:4]), r"b_hh has shape \(4,\)"),
-    (lambda a: a.update(x=a["x"][:0]), "at least one"),
-    (lambda a: a.update(x=a["x"][0]), "3-d array"),
-    (lambda a: a.update(h0=[[0.0] * 8] * 2), "must be a NumPy array or a DLPack tensor"),
-    (lambda a: a.pop("W_hh"), "missing argument.*W_hh"),
-    (lambda a: a.update(bias=a["b_hh"]), "unknown argument 'bias'"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda a: a.update(x=a["x"][:, :1]), r"x has shape \(3, 1, 8\), expected \(3, 2, 8\)"),
+        (lambda a: a.update(W_hh=a["W_hh"].astype(np.float64)), "W_hh has dtype float64, expected float32"),
+        (lambda a: a.update(b_hh=a["b_hh"][:4]), r"b_hh has shape \(4,\)"),
+        (lambda a: a.update(x=a["x"][:0]), "at least one"),
+        (lambda a: a.update(x=a["x"][0]), "3-d array"),
+        (lambda a: a.update(h0=[[0.0] * 8] * 2), "must be a NumPy array or a DLPack tensor"),
+        (lambda a: a.pop("W_hh"), "missing argument.*W_hh"),
+        (lambda a: a.update(bias=a["b_hh"]), "unknown argument 'bias'"),
+    ],
+)
 def test_bad_inputs_are_refused(lstm, inputs, mutate, message):
     mutate(inputs)
     with pytest.raises(InputError, match=message):
@@ -65,14 +68,17 @@ def test_same_argument_twice(lstm, inputs):
         lstm(inputs["x"], x=inputs["x"], W_ih=inputs["W_ih"])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(hidden=0), "hidden must be a positive integer"),
-    (dict(batch=-2), "batch must be a positive integer"),
-    (dict(dtype="float8"), "float8 is not supported yet"),
-    (dict(dtype="float64", target="cuda", arch="sm_90"), "float64 is for the CPU build"),
-    (dict(target="vulkan"), "unknown target"),
-    (dict(target="cuda", arch="sm_99"), "unknown GPU architecture"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(hidden=0), "hidden must be a positive integer"),
+        (dict(batch=-2), "batch must be a positive integer"),
+        (dict(dtype="float8"), "float8 is not supported yet"),
+        (dict(dtype="float64", target="cuda", arch="sm_90"), "float64 is for the CPU build"),
+        (dict(target="vulkan"), "unknown target"),
+        (dict(target="cuda", arch="sm_99"), "unknown GPU architecture"),
+    ],
+)
 def test_compile_arguments_are_checked(kwargs, message):
     args = dict(cell="lstm", hidden=8, batch=2, target="llvm") | kwargs
     with pytest.raises(ConfigError, match=message):

@@ -16,8 +16,19 @@ from prnn_tvm.dtypes import tolerance
 from prnn_tvm.frontend.cell import Cell
 
 # the default name of every named thing of the cell below: two of each kind (one input)
-NAMES = {"input": "x", "state": "h", "state2": "g", "weight": "W", "weight2": "U", "param": "b", "param2": "a",
-         "product": "hw", "product2": "gu", "stage": "s", "stage2": "t"}
+NAMES = {
+    "input": "x",
+    "state": "h",
+    "state2": "g",
+    "weight": "W",
+    "weight2": "U",
+    "param": "b",
+    "param2": "a",
+    "product": "hw",
+    "product2": "gu",
+    "stage": "s",
+    "stage2": "t",
+}
 KINDS = ["input", "state", "weight", "param", "stage", "product"]
 
 
@@ -38,8 +49,10 @@ def two_state_cell(**renamed) -> Cell:
 
     def reference(x, state, p):
         H = state[n["state"]].shape[1]
-        return {n["state"]: np.tanh(x[:, :H] + state[n["state"]] @ p[n["weight"]].T + p[n["param"]]),
-                n["state2"]: np.tanh(x[:, H:] + state[n["state2"]] @ p[n["weight2"]].T + p[n["param2"]])}
+        return {
+            n["state"]: np.tanh(x[:, :H] + state[n["state"]] @ p[n["weight"]].T + p[n["param"]]),
+            n["state2"]: np.tanh(x[:, H:] + state[n["state2"]] @ p[n["weight2"]].T + p[n["param2"]]),
+        }
 
     return Cell("names", step, reference, output=n["state"])
 
@@ -69,8 +82,24 @@ def test_two_things_of_one_name_are_refused(first, second):
 
 
 # the layer's own arguments, as a user reads them in its signature and exports (the spec: names.py derives them)
-OWN = ["x", "W_ih", "b_ih", "xp", "lengths", "out", "exchange", "workspace", "sync", "timeout_us", "stall_step",
-       "error_host", "saved", "d_out", "d_xp", "d_gates"]
+OWN = [
+    "x",
+    "W_ih",
+    "b_ih",
+    "xp",
+    "lengths",
+    "out",
+    "exchange",
+    "workspace",
+    "sync",
+    "timeout_us",
+    "stall_step",
+    "error_host",
+    "saved",
+    "d_out",
+    "d_xp",
+    "d_gates",
+]
 
 
 @pytest.mark.parametrize("kind", [k for k in NAMES if k != "input"])
@@ -85,10 +114,18 @@ def test_the_input_may_be_named_x_or_anything_free():
     assert prnn_tvm.analyze(two_state_cell(input="lengths"), 2, 4).input.name == "lengths"  # it is no argument
 
 
-@pytest.mark.parametrize("maker, made, word", [
-    ("state", "h0", "initial state"), ("state", "h_n", "final state"), ("state", "d_h0", "gradient"),
-    ("state", "d_h_n", "gradient"),
-    ("weight", "d_W", "gradient"), ("param", "d_b", "gradient"), ("param", "d_b_rows", "gradient")])
+@pytest.mark.parametrize(
+    "maker, made, word",
+    [
+        ("state", "h0", "initial state"),
+        ("state", "h_n", "final state"),
+        ("state", "d_h0", "gradient"),
+        ("state", "d_h_n", "gradient"),
+        ("weight", "d_W", "gradient"),
+        ("param", "d_b", "gradient"),
+        ("param", "d_b_rows", "gradient"),
+    ],
+)
 @pytest.mark.parametrize("taker", ["state2", "weight2", "param2", "stage", "product"])
 def test_names_made_from_other_names_are_refused(maker, made, word, taker):
     """State ``h`` makes ``h0`` and ``h_n`` (and their gradients), weight ``W`` makes ``d_W``, param ``b`` makes
@@ -113,6 +150,7 @@ def test_names_that_are_no_identifiers_are_refused(kind, name):
 def test_a_hand_written_stage_is_in_the_namespace_too():
     """A stage written with te.compute (not c.pointwise) is checked by its op's name: te.compute's default name
     'compute' twice is two stages of one name."""
+
     def step(c):
         x, h, W = c.input(), c.state("h"), c.weight("W")
         hw = c.matvec(h, W, "hw")

@@ -18,10 +18,17 @@ from .test_batch_groups import plan_of
 SM90 = gpu_spec("sm_90")
 
 
-@pytest.mark.parametrize("cfg, why", [
-    (mc.MmaConfig(16, 1, 1, "sentinel", poll_sleep=100), "poll_sleep=100: must be one of 0, 256, 512"),
-    (mc.MmaConfig(16, 1, 1, "counter", poll_sleep=256), "poll_sleep=256 paces the polls .* 'counter' does not poll"),
-    (mc.MmaConfig(16, 1, 1, "grid_sync", poll_sleep=512), "'grid_sync' does not poll values")])
+@pytest.mark.parametrize(
+    "cfg, why",
+    [
+        (mc.MmaConfig(16, 1, 1, "sentinel", poll_sleep=100), "poll_sleep=100: must be one of 0, 256, 512"),
+        (
+            mc.MmaConfig(16, 1, 1, "counter", poll_sleep=256),
+            "poll_sleep=256 paces the polls .* 'counter' does not poll",
+        ),
+        (mc.MmaConfig(16, 1, 1, "grid_sync", poll_sleep=512), "'grid_sync' does not poll values"),
+    ],
+)
 def test_poll_sleep_is_refused_with_the_reason(cfg, why):
     with pytest.raises(ConfigError, match=why):
         mc.validate(cfg, plan_of(batch=16), SM90)
@@ -46,20 +53,40 @@ def _ptx(source: str) -> str:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not installed")
-    proc = subprocess.run([nvcc, "-ptx", "-arch=sm_90", "-std=c++17", "-x", "cu", "-", "-o", "-"], input=source,
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [nvcc, "-ptx", "-arch=sm_90", "-std=c++17", "-x", "cu", "-", "-o", "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return proc.stdout
 
 
-@pytest.mark.parametrize("barrier, copy", [("sentinel", r"prnn_sentinel_copy<[^>]*, (\d+), \d+>\("),
-                                           ("tags", r"prnn_tag_copy<[^>]*, (\d+)>\(")])
+@pytest.mark.parametrize(
+    "barrier, copy",
+    [("sentinel", r"prnn_sentinel_copy<[^>]*, (\d+), \d+>\("), ("tags", r"prnn_tag_copy<[^>]*, (\d+)>\(")],
+)
 @pytest.mark.parametrize("sleep", [0, 512])
 def test_a_sleeping_poll_sleeps_between_polls_only(barrier, copy, sleep):
     """The poll's sleep template argument (nanoseconds: the last, the sentinel's last but one, before its count
     of sources), and the PTX holds a ``nanosleep`` only where it is set; the kernel still has no spills."""
-    layer = prnn_tvm.compile_cell("lstm", 256, 16, dtype="float16", target="cuda", arch="sm_90",
-                                  config={"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "barrier": barrier,
-                                          "batch_groups": 2, "poll_sleep": sleep})
+    layer = prnn_tvm.compile_cell(
+        "lstm",
+        256,
+        16,
+        dtype="float16",
+        target="cuda",
+        arch="sm_90",
+        config={
+            "units_per_cta": 16,
+            "k_groups": 2,
+            "n_tiles": 1,
+            "barrier": barrier,
+            "batch_groups": 2,
+            "poll_sleep": sleep,
+        },
+    )
     calls = re.findall(copy, layer.cuda_source)
     assert calls and set(calls) == {str(sleep)}
     assert layer.report.spill_bytes == 0

@@ -61,12 +61,18 @@ def test_default_configs_have_no_spills(cell, hidden, batch, arch):
     assert ("spilled:" in rep.config_detail) == bool(passed_over)
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype, arch", [
-    ("lstm", 1024, 4, "float32", "sm_90"), ("lstm", 1024, 4, "float32", "sm_80"),  # 128x128 k-major tiles
-    ("lstm", 1024, 1, "float32", "sm_90"),  # 64x128 k-major tiles
-    ("gru", 512, 64, "float32", "sm_90"),  # 128x128 k-major tiles, a width of 3 x 512
-    ("lstm", 256, 1, "float32", "sm_90"),  # 64x64 k-major tiles (batch x width 1024 < 4096)
-    ("lstm", 1024, 16, "float16", "sm_90"), ("gru", 33, 3, "bfloat16", "sm_80")])  # tensor cores
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, arch",
+    [
+        ("lstm", 1024, 4, "float32", "sm_90"),
+        ("lstm", 1024, 4, "float32", "sm_80"),  # 128x128 k-major tiles
+        ("lstm", 1024, 1, "float32", "sm_90"),  # 64x128 k-major tiles
+        ("gru", 512, 64, "float32", "sm_90"),  # 128x128 k-major tiles, a width of 3 x 512
+        ("lstm", 256, 1, "float32", "sm_90"),  # 64x64 k-major tiles (batch x width 1024 < 4096)
+        ("lstm", 1024, 16, "float16", "sm_90"),
+        ("gru", 33, 3, "bfloat16", "sm_80"),
+    ],
+)  # tensor cores
 def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch):
     """The input projection's kernel, for each tiling ``codegen/projection.py`` picks (its ptxas figures, as
     the report gives them)."""
@@ -82,8 +88,9 @@ def test_the_projection_compiles_without_spills(cell, hidden, batch, dtype, arch
 def test_a_half_projection_multiplies_on_tensor_cores(dtype, ptx, input_size):
     """Half layers' input projection is the hand-placed mma.sync GEMM (float32 accumulators), with 16-byte
     global loads where the input size allows them and element loads where it does not."""
-    layer = prnn_tvm.compile_cell("lstm", 256, 4, input_size=input_size, dtype=dtype, target="cuda", arch="sm_90",
-                                  tuning_logs=[])
+    layer = prnn_tvm.compile_cell(
+        "lstm", 256, 4, input_size=input_size, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[]
+    )
     body = projection_body(layer)
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32" in body
     assert ("uint4 condval" in body) == (input_size % 8 == 0)  # a predicated 16-byte load
@@ -117,8 +124,11 @@ def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(mo
 
     cfg = mc.MmaConfig(8, 4, 2, "counter", "split")
     assert mc.validate(cfg, prnn_tvm.analyze(prnn_tvm.resolve("lstm_bi"), 16, 1024, "float16"), gpu_spec("sm_90"))
-    with pytest.raises(ConfigError, match=r"grid of 256 CTAs cannot be co-resident on sm_90: ptxas gives \d+ "
-                                          r"registers .* so 132 fit"):
+    with pytest.raises(
+        ConfigError,
+        match=r"grid of 256 CTAs cannot be co-resident on sm_90: ptxas gives \d+ "
+        r"registers .* so 132 fit",
+    ):
         prnn_tvm.compile_cell("lstm", 1024, 16, dtype="float16", arch="sm_90", bidirectional=True, config=cfg)
     first = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[]).report.config
     seen = []
@@ -127,13 +137,13 @@ def test_a_config_whose_real_grid_cannot_be_co_resident_is_refused_at_compile(mo
         seen.append(kernel.config.as_dict())
         return "its grid cannot be co-resident" if len(seen) == 1 else ""
 
-    monkeypatch.setattr(choice, "unlaunchable", fits_after_the_first)
-    rep = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[]).report
+    monkeypatch.setattr(choice, "unlaunchable", fits_after_the_first)  # a patched choice: build, whatever is cached
+    rep = prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[], cache=False).report
     assert seen[0] == first and rep.config == seen[1] != first
     assert "1 ranked before it cannot be co-resident with ptxas's registers" in rep.config_detail
     monkeypatch.setattr(choice, "unlaunchable", lambda kernel, built, gpu: "its grid cannot be co-resident")
     with pytest.raises(ConfigError, match="no default config of cell 'lstm' can launch"):
-        prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[])
+        prnn_tvm.compile_cell("lstm", 512, 4, arch="sm_90", tuning_logs=[], cache=False)
 
 
 def assert_launchable(layer):
@@ -144,14 +154,20 @@ def assert_launchable(layer):
     static part counts too."""
     rep = layer.report
     assert not bounds.launch_problems(layer.kernel.func, layer.kernel.launch.grid), rep.format()
-    allocated = sum(int(n) * itemsize(dtype or "float32") for n, dtype in re.findall(
-        r'T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?, scope="shared\.dyn"\)', layer.kernel.func.script()))
+    allocated = sum(
+        int(n) * itemsize(dtype or "float32")
+        for n, dtype in re.findall(
+            r'T\.alloc_buffer\(\((\d+),\)(?:, "(\w+)")?, scope="shared\.dyn"\)', layer.kernel.func.script()
+        )
+    )
     assert allocated == rep.dynamic_smem_bytes, (allocated, rep.format())
     assert smem_launch_problem(rep.dynamic_smem_bytes, rep.static_smem_bytes) is None, rep.format()
 
 
-@pytest.mark.parametrize("dynamic, allocated", [(0, 0), (47 * 1024, 47 * 1024), (48 * 1024 - 56, 48 * 1024),
-                                                (48 * 1024, 48 * 1024), (60_000, 60_000)])
+@pytest.mark.parametrize(
+    "dynamic, allocated",
+    [(0, 0), (47 * 1024, 47 * 1024), (48 * 1024 - 56, 48 * 1024), (48 * 1024, 48 * 1024), (60_000, 60_000)],
+)
 def test_dynamic_shared_memory_just_under_48_kb_is_rounded_up(dynamic, allocated):
     assert launchable_smem(dynamic) == allocated
 
@@ -163,8 +179,11 @@ def test_a_layer_that_could_not_launch_is_refused_with_the_reason():
     layer = prnn_tvm.compile_cell("lstm", 64, 4, target="cuda", arch="sm_90", tuning_logs=[])
     launch = layer.signature.launch("recurrent")
     bad = layer.signature.with_grid("recurrent", dynamic_smem_bytes=48 * 1024 - 56, static_smem_bytes=64)
-    with pytest.raises(LaunchError, match=r"recurrent of lstm cannot launch: its 49096 B of dynamic and 64 B of "
-                                          r"static shared memory pass the default limit of 49152 B"):
+    with pytest.raises(
+        LaunchError,
+        match=r"recurrent of lstm cannot launch: its 49096 B of dynamic and 64 B of "
+        r"static shared memory pass the default limit of 49152 B",
+    ):
         RuntimeLayer(bad, None, True)._check_coresidency()
     assert launch.grid.dynamic_smem_bytes < 48 * 1024 - 1024  # the layer itself is fine
 
@@ -172,22 +191,49 @@ def test_a_layer_that_could_not_launch_is_refused_with_the_reason():
 def test_a_grid_just_under_48_kb_of_shared_memory_can_launch():
     # Found by the GPU fuzz test: 49,096 B of dynamic shared memory plus the barrier's 64 B static failed at
     # launch (TVM sets the kernel's limit only from 48 KB of dynamic memory up); now it allocates 48 KB.
-    layer = prnn_tvm.compile_cell("rnn_tanh", 289, 38, input_size=1, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config={"units_per_cta": 3, "k_split": 32, "rows_per_thread": 1, "batch_tile": 38,
-                                          "vec": 2, "barrier": "counter"})
+    layer = prnn_tvm.compile_cell(
+        "rnn_tanh",
+        289,
+        38,
+        input_size=1,
+        target="cuda",
+        arch="sm_90",
+        tuning_logs=[],
+        config={
+            "units_per_cta": 3,
+            "k_split": 32,
+            "rows_per_thread": 1,
+            "batch_tile": 38,
+            "vec": 2,
+            "barrier": "counter",
+        },
+    )
     assert layer.report.dynamic_smem_bytes == DEFAULT_SMEM_PER_BLOCK and layer.report.static_smem_bytes > 0
     assert_launchable(layer)
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(cell=st.sampled_from(CELLS), hidden=st.integers(1, 1100), batch=st.integers(1, 70),
-       dtype=st.sampled_from(["float32", "float16", "bfloat16"]), pick=st.floats(0, 1, exclude_max=True) | st.none())
+@given(
+    cell=st.sampled_from(CELLS),
+    hidden=st.integers(1, 1100),
+    batch=st.integers(1, 70),
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+    pick=st.floats(0, 1, exclude_max=True) | st.none(),
+)
 def test_fuzz_any_size_and_tuning_config_builds_a_launchable_kernel(cell, hidden, batch, dtype, pick):
     """Any config the tuner may pick (None: the default), at any size: the kernel allocates the shared memory its
     grid declares and can launch with it (the GPU fuzz found one that could not; this needs no GPU)."""
     try:
-        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[],
-                                      config=config_at(pick, cell, hidden, batch, dtype, gpu_spec("sm_90")))
+        layer = prnn_tvm.compile_cell(
+            cell,
+            hidden,
+            batch,
+            dtype=dtype,
+            target="cuda",
+            arch="sm_90",
+            tuning_logs=[],
+            config=config_at(pick, cell, hidden, batch, dtype, gpu_spec("sm_90")),
+        )
     except ConfigError as err:  # a refusal with its reason is allowed where nothing fits
         assert "fit" in str(err) or "registers" in str(err), err
         return
@@ -211,13 +257,13 @@ def default_configs(layer):
 def kernel_source(layer):
     src = layer.cuda_source
     start = src.index("recurrent_kernel(", src.index("recurrent_kernel(") + 1)  # the definition, not the declaration
-    return src[start:src.index("\n}\n", start)]
+    return src[start : src.index("\n}\n", start)]
 
 
 def time_loops(body: str) -> list:
     """``(start, end)`` of each time loop in a kernel's body: one, or one per part of a split grid (the NaN fills
     after ``prnn_report`` are not time loops)."""
-    head = body[:body.index("prnn_report(")] if "prnn_report(" in body else body
+    head = body[: body.index("prnn_report(")] if "prnn_report(" in body else body
     spans = []
     for m in re.finditer(r"for \(int (v\w*) = 0; \1 < seq_len; \+\+\1\) \{", head):
         depth, i = 1, m.end()
@@ -226,7 +272,6 @@ def time_loops(body: str) -> list:
             i += 1
         spans.append((m.start(), i))
     return spans
-
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -271,7 +316,7 @@ def test_a_timed_out_launch_fills_its_outputs_with_nan_and_tells_the_host(barrie
     fill = body[report:]
     nan = "2143289344"  # 0x7fc00000: a float32 quiet NaN, cast to the storage type
     assert fill.count(nan) == 3 and "out_ptr[" in fill and "h_n_ptr[" in fill and "c_n_ptr[" in fill
-    assert "for (int" in fill[:fill.index("out_ptr[")]  # out: every step
+    assert "for (int" in fill[: fill.index("out_ptr[")]  # out: every step
     assert fill.index("prnn_barrier_end") > fill.index("c_n_ptr[")
 
 
@@ -303,7 +348,7 @@ def test_every_barrier_variant_compiles_without_spills(barrier, arch):
 def test_private_state_stays_in_registers():
     """LSTM's c never goes to the workspace: only h (the exchanged state) is written there."""
     body = kernel_source(prnn_tvm.compile_cell("lstm", 256, 4, target="cuda", arch="sm_90"))
-    loop = body[body.index("< seq_len;"):]
+    loop = body[body.index("< seq_len;") :]
     assert "c0_ptr[" not in loop and "workspace_ptr[" in loop
     assert re.search(r"c_n_ptr\[.*\] = ", loop)
 
@@ -321,8 +366,13 @@ ptxas info    : Used 64 registers, used 1 barriers, 6912 bytes smem, 400 bytes c
 """
     rep = parse_report(log, "sm_90")
     r = rep.function("recurrent")
-    assert (r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, r.static_smem_bytes) == \
-        (168, 8, 12, 16, 400)
+    assert (r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, r.static_smem_bytes) == (
+        168,
+        8,
+        12,
+        16,
+        400,
+    )
     assert rep.function("projection").registers == 64 and r.spills == 28
 
 
@@ -351,7 +401,7 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     assert (f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in body) == products
     start, loops = body.index("{"), time_loops(body)
     for w in layer.plan.weights:  # fragments loaded once (half2 loads where hidden is even), before the time loops
-        assert f"{w.name}_ptr" in body[start:loops[0][0]]
+        assert f"{w.name}_ptr" in body[start : loops[0][0]]
         assert all(f"{w.name}_ptr" not in body[begin:end] for begin, end in loops)
     # exp and sigmoid on the approximate exp2 and reciprocal units, tanh on the tanh unit: no exact form is left
     assert "tanhf(" not in body and "expf(" not in body.replace("__expf(", "")
@@ -359,8 +409,15 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
     assert ("prnn_tanh_approx(" in body) == (cell not in TANH_FREE_CELLS)
 
 
-@pytest.mark.parametrize("cell, dtype, training", [("lstm", "float16", False), ("gru_cho", "float32", False),
-                                                    ("lstm_x2", "bfloat16", False), ("gru", "float32", True)])
+@pytest.mark.parametrize(
+    "cell, dtype, training",
+    [
+        ("lstm", "float16", False),
+        ("gru_cho", "float32", False),
+        ("lstm_x2", "bfloat16", False),
+        ("gru", "float32", True),
+    ],
+)
 def test_only_read_only_arguments_are_restrict(monkeypatch, cell, dtype, training):
     """What nvcc compiles: no ``__restrict__`` on the exchange, the barrier's words and the initial states, which
     the launch's blocks write, or which a kernel reads through one load with the exchange, while it runs (nvcc
@@ -370,13 +427,17 @@ def test_only_read_only_arguments_are_restrict(monkeypatch, cell, dtype, trainin
 
     compiled, compile_cuda = [], ptxas.compile_cuda
     monkeypatch.setattr(ptxas, "_CACHE", {})
-    monkeypatch.setattr(ptxas, "compile_cuda",
-                        lambda source, arch: compiled.append(source) or compile_cuda(source, arch))
+    monkeypatch.setattr(
+        ptxas, "compile_cuda", lambda source, arch: compiled.append(source) or compile_cuda(source, arch)
+    )
     layer = prnn_tvm.compile_cell(cell, 133, 11, dtype=dtype, target="cuda", arch="sm_90")
     if training:
         prnn_tvm.compile_training(layer)
-    kernels = [params for src in compiled
-               for params in re.findall(r'extern "C" __global__ void[^{;]*recurrent\w*\(([^)]*)\) \{', src)]
+    kernels = [
+        params
+        for src in compiled
+        for params in re.findall(r'extern "C" __global__ void[^{;]*recurrent\w*\(([^)]*)\) \{', src)
+    ]
     assert len(kernels) >= (3 if training else 1)
     states = [s.name for s in layer.plan.states]
     plain = ("workspace", "sync", *(f"{s}0" for s in states), *(f"d_{s}_n" for s in states))
@@ -394,8 +455,15 @@ def test_half_weight_prologue_loads_unconditionally(dtype):
     weight load of the tensor-core prologue is its own statement, clamped into the matrix and kept or dropped
     after (``persistent_fragments._weight_or``); guarded loads made ptxas reach a block barrier with a diverged
     warp. ptxas's registers for that kernel fell from 242 to 184."""
-    layer = prnn_tvm.compile_cell("gru_cho", 133, 11, dtype=dtype, target="cuda", arch="sm_90",
-                                  config={"units_per_cta": 8, "k_groups": 1, "n_tiles": 1, "barrier": "counter"})
+    layer = prnn_tvm.compile_cell(
+        "gru_cho",
+        133,
+        11,
+        dtype=dtype,
+        target="cuda",
+        arch="sm_90",
+        config={"units_per_cta": 8, "k_groups": 1, "n_tiles": 1, "barrier": "counter"},
+    )
     body = kernel_source(layer)
     loads = [ln.strip() for ln in body.splitlines() if re.search(r"\bU_(rz|n)_ptr\[", ln)]
     assert loads and all(re.match(r"\w+ w\w* = U_(rz|n)_ptr\[.*\];$", ln) for ln in loads), loads[:3]
@@ -409,8 +477,15 @@ def test_two_row_tiles_per_warp_share_each_b_fragment():
 
     counts = {}
     for mw in (1, 2):
-        layer = prnn_tvm.compile_cell("lstm", 1024, 16, dtype="float16", target="cuda", arch="sm_90",
-                                      config=MmaConfig(8, 8, 2, "counter", "shared", mw))
+        layer = prnn_tvm.compile_cell(
+            "lstm",
+            1024,
+            16,
+            dtype="float16",
+            target="cuda",
+            arch="sm_90",
+            config=MmaConfig(8, 8, 2, "counter", "shared", mw),
+        )
         rep = layer.report
         assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
         assert rep.threads == 512 // mw
@@ -420,16 +495,28 @@ def test_two_row_tiles_per_warp_share_each_b_fragment():
     assert counts[2][0] == 2 * counts[1][0] and counts[2][1] == counts[1][1] > 0, counts
 
 
-@pytest.mark.parametrize("cell, layers, knobs", [
-    ("lstm", 4, {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "counter", "layout": "split"}),
-    ("gru_cho", 1, {"units_per_cta": 8, "k_groups": 4, "n_tiles": 1, "barrier": "tags"})])
+@pytest.mark.parametrize(
+    "cell, layers, knobs",
+    [
+        ("lstm", 4, {"units_per_cta": 16, "k_groups": 1, "n_tiles": 1, "barrier": "counter", "layout": "split"}),
+        ("gru_cho", 1, {"units_per_cta": 8, "k_groups": 4, "n_tiles": 1, "barrier": "tags"}),
+    ],
+)
 def test_accumulator_chains_keep_the_mma_steps_without_spills(cell, layers, knobs):
     """``k_chains``: the same mma steps over more accumulator sets (the four-layer LSTM fp16 512x8 stack's tuned
     shape holds 128 KB of weights per CTA: 250 registers before), no spills, the sets added up once per pass."""
     counts = {}
     for chains in (1, 4):
-        layer = prnn_tvm.compile_cell(cell, 512, 8, dtype="float16", target="cuda", arch="sm_90", layers=layers,
-                                      config={**knobs, "k_chains": chains})
+        layer = prnn_tvm.compile_cell(
+            cell,
+            512,
+            8,
+            dtype="float16",
+            target="cuda",
+            arch="sm_90",
+            layers=layers,
+            config={**knobs, "k_chains": chains},
+        )
         rep = layer.report
         assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
         assert layer.report.config.get("k_chains", 1) == chains
@@ -443,8 +530,9 @@ def test_b_fragments_of_two_batch_tiles_per_ldmatrix(n_tiles):
     batch tile keeps two 32-bit shared loads (H100: ``.x2`` was no faster there)."""
     from prnn_tvm.schedules.persistent_mma_config import MmaConfig
 
-    layer = prnn_tvm.compile_cell("lstm", 256, 32, dtype="float16", target="cuda", arch="sm_90",
-                                  config=MmaConfig(4, 2, n_tiles, "counter"))
+    layer = prnn_tvm.compile_cell(
+        "lstm", 256, 32, dtype="float16", target="cuda", arch="sm_90", config=MmaConfig(4, 2, n_tiles, "counter")
+    )
     rep = layer.report
     assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
     body = kernel_source(layer)

@@ -15,8 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_builtin_cells_are_the_files_in_cells():
     files = {p.stem for p in (ROOT / "cells").glob("*.py") if p.stem != "__init__"}
     assert set(prnn_tvm.builtin_cells()) == files
-    assert {"rnn_tanh", "rnn_relu", "lstm", "gru", "lstm_peephole", "mgu", "gru_cho", "indrnn",
-            "stacked_rnn"} <= files
+    assert {"rnn_tanh", "rnn_relu", "lstm", "gru", "lstm_peephole", "mgu", "gru_cho", "indrnn", "stacked_rnn"} <= files
 
 
 @pytest.mark.parametrize("name", sorted(prnn_tvm.builtin_cells()))
@@ -29,7 +28,8 @@ def test_resolve_name_object_and_file(tmp_path):
     lstm = prnn_tvm.resolve("lstm")
     assert prnn_tvm.resolve(lstm) is lstm
     path = tmp_path / "my_cell.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         import numpy as np
         from tvm import te
         from prnn_tvm import Cell
@@ -40,15 +40,17 @@ def test_resolve_name_object_and_file(tmp_path):
             return {"h": c.pointwise(lambda n, j: te.tanh(x[n, j] + hw[n, j]), "h_new")}
 
         MINE = Cell("mine", step, lambda x, s, p: {"h": np.tanh(x + s["h"] @ p["W"].T)})
-    """))
+    """)
+    )
     cell = prnn_tvm.resolve(f"{path}:MINE")
     assert isinstance(cell, Cell) and cell.name == "mine"
     with pytest.raises(CellError, match="defines no Cell named CELL"):
         prnn_tvm.resolve(str(path))
 
 
-@pytest.mark.parametrize("spec, message", [("lstmm", "unknown cell 'lstmm'"), ("nope.py", "does not exist"),
-                                           (3, "a Cell object")])
+@pytest.mark.parametrize(
+    "spec, message", [("lstmm", "unknown cell 'lstmm'"), ("nope.py", "does not exist"), (3, "a Cell object")]
+)
 def test_resolve_errors(spec, message):
     with pytest.raises(CellError, match=message):
         prnn_tvm.resolve(spec)
@@ -56,10 +58,14 @@ def test_resolve_errors(spec, message):
 
 def _code_strings_and_imports(path: pathlib.Path):
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             yield "string", node.value

@@ -13,7 +13,7 @@ import prnn_tvm
 from prnn_tvm import records
 from prnn_tvm.records import Record, TuneKey
 from prnn_tvm.reference import random_inputs, reference_layer
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import binding, limits
 from prnn_tvm.runtime.loading import CHECKSUM_BYTES, CHECKSUM_MAGIC, read_metadata
 
 
@@ -28,7 +28,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
     out, finals = layer(**inputs)
     xp = (inputs["x"] @ inputs["W_ih"].T + inputs["b_ih"]).astype(np.float32)
     whole, _ = layer.recurrent(xp, *[inputs.get(n) for n in layer.arg_names[3:]])
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", limit)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", limit)
     call = layer.bind(**inputs)
     per_step = 3 * layer.plan.input.slices * 8  # the projection's row is the largest
     assert call.chunks == math.ceil(1000 / (limit // per_step))
@@ -40,7 +40,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
     # per-row lengths count from each chunk's start: rows that end in an early, a middle or the last chunk
     lengths = np.array([1, 517, 1000], np.int32)
     out3, finals3 = layer(**inputs, lengths=lengths)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2**31 - 1)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2**31 - 1)
     out4, finals4 = layer(**inputs, lengths=lengths)
     assert np.array_equal(out3, out4) and all(np.array_equal(a, b) for a, b in zip(finals3, finals4))
     ref, ref_finals = reference_layer(layer.plan, {**inputs, "lengths": lengths})
@@ -50,7 +50,7 @@ def test_a_chunked_sequence_is_bitwise_one_launch(cell, limit, monkeypatch):
 
 def test_one_launch_up_to_the_limit(monkeypatch):
     layer = prnn_tvm.compile_cell("rnn_tanh", 4, 2, target="llvm")
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 10)
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 4 * 10)
     assert layer.bind(**random_inputs(layer.plan, 10, 4)).chunks == 1
     assert layer.bind(**random_inputs(layer.plan, 11, 4)).chunks == 2
 
@@ -59,30 +59,69 @@ def test_one_launch_up_to_the_limit(monkeypatch):
 KEY = TuneKey("abc", 4, 64, "float32", "sm_90", 132, "persistent_cuda", "0.27.0.post1")
 
 
-@pytest.mark.parametrize("record, reason", [
-    (Record(KEY, {}, (math.nan,), 1), "times must be positive"),
-    (Record(KEY, {}, (math.inf,), 1), "times must be positive"),
-    (Record(KEY, {}, (0.0,), 1), "times must be positive"),
-    (Record(KEY, {}, (1.0,), 0), "sequence length"),
-    (Record(TuneKey("abc", 0, 64, "float32", "sm_90", 132, "t", "v"), {}, (1.0,), 1), "positive integers"),
-    (Record(KEY, [1, 2], (1.0,), 1), "a config is a dict"),
-])
+@pytest.mark.parametrize(
+    "record, reason",
+    [
+        (Record(KEY, {}, (math.nan,), 1), "times must be positive"),
+        (Record(KEY, {}, (math.inf,), 1), "times must be positive"),
+        (Record(KEY, {}, (0.0,), 1), "times must be positive"),
+        (Record(KEY, {}, (1.0,), 0), "sequence length"),
+        (Record(TuneKey("abc", 0, 64, "float32", "sm_90", 132, "t", "v"), {}, (1.0,), 1), "positive integers"),
+        (Record(KEY, [1, 2], (1.0,), 1), "a config is a dict"),
+    ],
+)
 def test_records_no_measurement_gives_are_refused(record, reason):
     with pytest.raises(ValueError, match=reason):
         Record.from_json(record.to_json())
 
 
-GOOD = json.loads(Record(KEY, {"vec": 4, "barrier": "tags"}, (1e-3,), 256, cell="lstm", registers=80,
-                         spill_bytes=0, max_abs_error=1e-6, device="H100").to_json())
+GOOD = json.loads(
+    Record(
+        KEY,
+        {"vec": 4, "barrier": "tags"},
+        (1e-3,),
+        256,
+        cell="lstm",
+        registers=80,
+        spill_bytes=0,
+        max_abs_error=1e-6,
+        device="H100",
+    ).to_json()
+)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("costs", "123"), ("costs", [True]), ("costs", ["1e-3"]), ("costs", 1e-3), ("seq_len", 1e18), ("seq_len", True),
-    ("seq_len", "256"), ("seq_len", 10**18), ("error", "exploded"), ("error", 3), ("detail", 3), ("cell", None),
-    ("device", ["H100"]), ("config", {"vec": [4]}), ("config", {"vec": {"a": 1}}), ("registers", -1),
-    ("registers", 8.5), ("spill_bytes", "0"), ("max_abs_error", "small"), ("build_s", None), ("timestamp", "now"),
-    ("key", "abc"), ("key", {**vars(KEY), "batch": "4"}), ("key", {**vars(KEY), "arch": 90}),
-    ("key", {**vars(KEY), "extra": 1}), ("unknown", 1), ("schema", None)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("costs", "123"),
+        ("costs", [True]),
+        ("costs", ["1e-3"]),
+        ("costs", 1e-3),
+        ("seq_len", 1e18),
+        ("seq_len", True),
+        ("seq_len", "256"),
+        ("seq_len", 10**18),
+        ("error", "exploded"),
+        ("error", 3),
+        ("detail", 3),
+        ("cell", None),
+        ("device", ["H100"]),
+        ("config", {"vec": [4]}),
+        ("config", {"vec": {"a": 1}}),
+        ("registers", -1),
+        ("registers", 8.5),
+        ("spill_bytes", "0"),
+        ("max_abs_error", "small"),
+        ("build_s", None),
+        ("timestamp", "now"),
+        ("key", "abc"),
+        ("key", {**vars(KEY), "batch": "4"}),
+        ("key", {**vars(KEY), "arch": 90}),
+        ("key", {**vars(KEY), "extra": 1}),
+        ("unknown", 1),
+        ("schema", None),
+    ],
+)
 def test_every_record_field_is_typed(field, value):
     """A field of the wrong type is no record: refused with its name, never read as something else (a string of
     costs was three times, a float sequence length a step of 0.00 us)."""
@@ -116,26 +155,30 @@ def test_the_input_size_1_projection_adds_the_bias_once():
     """TVM's dlight fallback turned a reduction of extent 1 into bias + (bias + x * W)."""
     layer = prnn_tvm.compile_cell("lstm", 5, 3, input_size=1, target="cuda", arch="sm_90")
     src = layer.cuda_source
-    body = src[src.index("projection_kernel(", src.index("projection_kernel(") + 1):]
-    body = body[:body.index("\n}\n")]
+    body = src[src.index("projection_kernel(", src.index("projection_kernel(") + 1) :]
+    body = body[: body.index("\n}\n")]
     assert body.count("b_ih_ptr[") == 1, body
 
 
-@pytest.mark.parametrize("hidden, batch, dtype, threads, tiles", [
-    (1024, 4, "float32", 256, [8 * 132, 8 * 132]),  # 128x128, k steps of 8, rows padded by 4
-    (1000, 3, "float32", 256, [8 * 132, 8 * 132]),  # padded to the tile: any size
-    (1024, 1, "float32", 256, [16 * 68, 16 * 132]),  # 64x128, k steps of 16
-    (256, 1, "float32", 256, [16 * 68, 16 * 68]),  # batch x width 1024 < 4096: 64x64, k steps of 16
-    (512, 1, "float32", 256, [16 * 68, 16 * 68]),
-    (1024, 4, "float16", 128, None)])
+@pytest.mark.parametrize(
+    "hidden, batch, dtype, threads, tiles",
+    [
+        (1024, 4, "float32", 256, [8 * 132, 8 * 132]),  # 128x128, k steps of 8, rows padded by 4
+        (1000, 3, "float32", 256, [8 * 132, 8 * 132]),  # padded to the tile: any size
+        (1024, 1, "float32", 256, [16 * 68, 16 * 132]),  # 64x128, k steps of 16
+        (256, 1, "float32", 256, [16 * 68, 16 * 68]),  # batch x width 1024 < 4096: 64x64, k steps of 16
+        (512, 1, "float32", 256, [16 * 68, 16 * 68]),
+        (1024, 4, "float16", 128, None),
+    ],
+)
 def test_the_projection_takes_the_tiles_measured_fastest(hidden, batch, dtype, threads, tiles):
     """float32 projections use 16x16-thread blocks and k-major shared tiles (``[k][row]``) sized by batch x
     width; half precision is the tensor-core GEMM, with no k-major tile (see ``prnn_tvm.codegen.projection``)."""
     layer = prnn_tvm.compile_cell("lstm", hidden, batch, dtype=dtype, target="cuda", arch="sm_90")
     src = layer.cuda_source
     assert re.search(rf"__launch_bounds__\({threads}\b[^)]*\) projection_kernel", src)
-    body = src[src.index("projection_kernel(", src.index("projection_kernel(") + 1):]
-    shared = [int(n) for n in re.findall(r"__shared__[^;]*\[(\d+)\];", body[:body.index("\n}\n")])]
+    body = src[src.index("projection_kernel(", src.index("projection_kernel(") + 1) :]
+    shared = [int(n) for n in re.findall(r"__shared__[^;]*\[(\d+)\];", body[: body.index("\n}\n")])]
     if tiles is not None:
         assert shared == tiles
     else:  # row-major tiles, never a k-major [k][row] one

@@ -22,7 +22,7 @@ def _reference_steps(plan, inputs):
     steps = {s.name: [] for s in plan.states}
     state = dict(inputs)
     for t in range(len(inputs["x"])):
-        one = {**state, "x": inputs["x"][t:t + 1]}
+        one = {**state, "x": inputs["x"][t : t + 1]}
         _, finals = reference_layer(plan, one)
         for name, value in finals.items():
             steps[name].append(value)
@@ -31,10 +31,13 @@ def _reference_steps(plan, inputs):
 
 
 @pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
-@pytest.mark.parametrize("cell, hidden, batch, input_size", [
-    ("lstm", 12, 2, 5),     # input size != hidden
-    ("gru_d2", 13, 3, 5),   # a deep stack (two phases a step), prime hidden and batch
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, input_size",
+    [
+        ("lstm", 12, 2, 5),  # input size != hidden
+        ("gru_d2", 13, 3, 5),  # a deep stack (two phases a step), prime hidden and batch
+    ],
+)
 def test_a_session_serves_every_step_as_the_reference_computes_it(cell, hidden, batch, input_size):
     """Each step posted (publish), the close mark, the resident kernel over every request, each step collected:
     every state at every step and the final states equal the float64 reference; the kernel stops at the close."""
@@ -51,12 +54,15 @@ def test_a_session_serves_every_step_as_the_reference_computes_it(cell, hidden, 
         assert np.abs(finals[name] - want[name][-1]).max() < 1e-5, name
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype", [
-    ("lstm_d2", 128, 1, "float32"),    # a two-layer market model
-    ("lstm", 640, 8, "float16"),       # an RNN-T prediction network
-    ("gru_d3", 96, 4, "bfloat16"),
-    ("rnn_tanh", 1, 1, "float32"),     # the smallest
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype",
+    [
+        ("lstm_d2", 128, 1, "float32"),  # a two-layer market model
+        ("lstm", 640, 8, "float16"),  # an RNN-T prediction network
+        ("gru_d3", 96, 4, "bfloat16"),
+        ("rnn_tanh", 1, 1, "float32"),  # the smallest
+    ],
+)
 def test_session_kernels_build_without_spills_and_leave_sms_free(cell, hidden, batch, dtype):
     layer = prnn_tvm.compile_cell(cell, hidden, batch, target="cuda", arch="sm_90", dtype=dtype)
     kernels = compile_session(layer)
@@ -67,23 +73,35 @@ def test_session_kernels_build_without_spills_and_leave_sms_free(cell, hidden, b
     names = [a.name for a in kernels.resident.args]
     assert REQUESTS in names and RESPONSES in names and "xp" not in names and "lengths" not in names
     mailbox = kernels.resident.arg(REQUESTS)
-    assert mailbox.shape[1:] == (kernels.resident.grid.ctas, batch,
-                                 layer.plan.input.slices * kernels.config.units_per_cta)
+    assert mailbox.shape[1:] == (
+        kernels.resident.grid.ctas,
+        batch,
+        layer.plan.input.slices * kernels.config.units_per_cta,
+    )
 
 
 def test_the_session_kernel_is_the_layers_kernel_but_for_its_input_and_outputs():
     """A layer's session kernel keeps its config where that config runs ``tags`` in the shared layout."""
-    layer = prnn_tvm.compile_cell("lstm", 256, 4, target="cuda", arch="sm_90", config={
-        "units_per_cta": 4, "k_split": 8, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"})
+    layer = prnn_tvm.compile_cell(
+        "lstm",
+        256,
+        4,
+        target="cuda",
+        arch="sm_90",
+        config={"units_per_cta": 4, "k_split": 8, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"},
+    )
     kernels = compile_session(layer)
     assert kernels.config == layer.kernel.config
     assert_launchable(layer)
 
 
-@pytest.mark.parametrize("cell, options, message", [
-    ("lstm", {"bidirectional": True}, "both directions"),
-    ("lstm_x2", {}, "deep stack"),
-])
+@pytest.mark.parametrize(
+    "cell, options, message",
+    [
+        ("lstm", {"bidirectional": True}, "both directions"),
+        ("lstm_x2", {}, "deep stack"),
+    ],
+)
 def test_what_cannot_run_as_a_session_is_refused_with_the_reason(cell, options, message):
     layer = prnn_tvm.compile_cell(cell, 16, 2, target="cuda", arch="sm_90", **options)
     with pytest.raises(ConfigError, match=message):
@@ -96,8 +114,16 @@ def test_a_cpu_layer_has_no_session():
         layer.session()
 
 
-@pytest.mark.parametrize("option, value", [("release_after", -1.0), ("free_sms", 1.5), ("idle_timeout_s", 0.01),
-                                           ("barrier_timeout_us", 0), ("release_after", float("nan"))])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("release_after", -1.0),
+        ("free_sms", 1.5),
+        ("idle_timeout_s", 0.01),
+        ("barrier_timeout_us", 0),
+        ("release_after", float("nan")),
+    ],
+)
 def test_bad_session_options_are_refused_before_anything_runs(option, value):
     layer = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")
     with pytest.raises(InputError, match=option):

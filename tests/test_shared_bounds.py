@@ -18,18 +18,27 @@ from .two_state_cell import TWO_STATE
 CUDA = dict(target="cuda", arch="sm_90", tuning_logs=[])
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype, options", [
-    ("lstm", 10, 3, "float32", {"config": dict(units_per_cta=4, k_split=4, rows_per_thread=3, batch_tile=2, vec=2)}),
-    ("gru_cho", 64, 8, "float32", {}),
-    (TWO_STATE, 33, 5, "float32", {}),
-    ("lstm", 512, 4, "float32", {}),
-    ("lstm", 24, 3, "float32", {"layers": 3}),
-    ("gru", 40, 2, "float32", {"bidirectional": True}),
-    ("lstm", 64, 8, "float16", {}),
-    ("gru", 256, 16, "bfloat16", {}),
-    ("lstm", 128, 24, "float16", {"layers": 2}),
-    ("rnn_tanh", 96, 16, "float16", {"bidirectional": True}),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, options",
+    [
+        (
+            "lstm",
+            10,
+            3,
+            "float32",
+            {"config": dict(units_per_cta=4, k_split=4, rows_per_thread=3, batch_tile=2, vec=2)},
+        ),
+        ("gru_cho", 64, 8, "float32", {}),
+        (TWO_STATE, 33, 5, "float32", {}),
+        ("lstm", 512, 4, "float32", {}),
+        ("lstm", 24, 3, "float32", {"layers": 3}),
+        ("gru", 40, 2, "float32", {"bidirectional": True}),
+        ("lstm", 64, 8, "float16", {}),
+        ("gru", 256, 16, "bfloat16", {}),
+        ("lstm", 128, 24, "float16", {"layers": 2}),
+        ("rnn_tanh", 96, 16, "float16", {"bidirectional": True}),
+    ],
+)
 def test_every_shared_access_is_inside_what_the_launch_allocates(cell, hidden, batch, dtype, options):
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, **CUDA, **options)
     uses = bounds.shared_uses(layer.kernel.func)
@@ -56,6 +65,7 @@ def test_an_access_past_a_buffer_and_a_launch_short_of_the_buffers_are_problems(
             smem[tx + 8] = T.float32(0)  # block 1's threads 24..31 reach element 39: inside
         if tx < 8:
             out[tx] = smem[tx * 5 + 5]  # element 40: one past the end
+
     found = bounds.launch_problems(kernel, Grid(2, 32, 120, True))
     assert len(found) == 2, found
     assert "is 160 bytes and accessed up to byte 164" in found[0]
@@ -70,5 +80,6 @@ def test_an_index_that_reads_data_is_refused_not_guessed():
         tx = T.launch_thread("threadIdx.x", 32)
         smem = T.alloc_buffer((32,), scope="shared.dyn")
         smem[where[0] + tx] = T.float32(0)
+
     with pytest.raises(PrnnError, match="reads data"):
         bounds.shared_uses(kernel)

@@ -57,8 +57,15 @@ def test_the_cell_is_flashrnns_slstm_on_its_layouts(heads, D, batch):
     want = flashrnn_slstm(Wx, R, b)
     layer = prnn_tvm.compile_cell(f"slstm_h{heads}", hidden, batch, dtype="float64", target="llvm")
     zeros = np.zeros((batch, hidden))
-    out, finals = layer.recurrent(np.ascontiguousarray(flashrnn.projection(Wx)), R=flashrnn.recurrent(R),
-                                  b_hh=flashrnn.bias(b), h0=zeros, c0=zeros, n0=zeros, m0=zeros)
+    out, finals = layer.recurrent(
+        np.ascontiguousarray(flashrnn.projection(Wx)),
+        R=flashrnn.recurrent(R),
+        b_hh=flashrnn.bias(b),
+        h0=zeros,
+        c0=zeros,
+        n0=zeros,
+        m0=zeros,
+    )
     assert np.abs(out - flashrnn.states(want, 0)).max() < 1e-12
     for k, final in enumerate(finals):  # h, c, n, m: FlashRNN's y, c, n, m
         assert np.abs(final - flashrnn.states(want, k)[-1]).max() < 1e-12
@@ -103,31 +110,42 @@ def test_the_derived_backward_matches_central_differences(cell, hidden):
 
 
 @emulates
-@pytest.mark.parametrize("cell, hidden, batch, config", [
-    ("slstm", 8, 3, knobs(4, 4, 2, 2)),
-    ("slstm_h4", 16, 3, knobs(4, 4, 4, 3, barrier="block")),  # a head a block
-    ("slstm_h2", 16, 2, knobs(4, 2, 2, 2, vec=4, barrier="tags")),  # two blocks a head
-    ("slstm_h7", 7, 1, knobs(7, 1, 1, 1, vec=1, barrier="block")),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, config",
+    [
+        ("slstm", 8, 3, knobs(4, 4, 2, 2)),
+        ("slstm_h4", 16, 3, knobs(4, 4, 4, 3, barrier="block")),  # a head a block
+        ("slstm_h2", 16, 2, knobs(4, 2, 2, 2, vec=4, barrier="tags")),  # two blocks a head
+        ("slstm_h7", 7, 1, knobs(7, 1, 1, 1, vec=1, barrier="block")),
+    ],
+)
 def test_the_kernels_as_emitted(cell, hidden, batch, config):
     err, layer = emulated(cell, hidden, batch, config)
     assert err <= tolerance("float32", T), (err, layer.report.config)
 
 
 @emulates
-@pytest.mark.parametrize("cell, hidden, config", [("slstm", 8, knobs(4, 4, 2, 2)),
-                                                  ("slstm_h4", 16, knobs(4, 4, 4, 3, barrier="block"))])
+@pytest.mark.parametrize(
+    "cell, hidden, config", [("slstm", 8, knobs(4, 4, 2, 2)), ("slstm_h4", 16, knobs(4, 4, 4, 3, barrier="block"))]
+)
 def test_the_training_kernels_as_emitted(cell, hidden, config):
-    layer = prnn_tvm.compile_cell(cell, hidden, 3, input_size=3, target="cuda", arch="sm_90", tuning_logs=[],
-                                  config=config)
+    layer = prnn_tvm.compile_cell(
+        cell, hidden, 3, input_size=3, target="cuda", arch="sm_90", tuning_logs=[], config=config
+    )
     got, want = test_emulated.emulated_gradients(layer)
     assert set(got) == set(want)
     assert worst(relative_error(got[n], want[n]) for n in want) <= 1e-5
 
 
-@pytest.mark.parametrize("cell, hidden, batch, dtype", [("slstm_h12", 768, 16, "bfloat16"), ("slstm_h12", 768, 16,
-                                                                                                   "float32"),
-                                                        ("slstm_h4", 1024, 8, "float16"), ("slstm", 256, 4, "float32")])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype",
+    [
+        ("slstm_h12", 768, 16, "bfloat16"),
+        ("slstm_h12", 768, 16, "float32"),
+        ("slstm_h4", 1024, 8, "float16"),
+        ("slstm", 256, 4, "float32"),
+    ],
+)
 def test_defaults_build_without_spills(cell, hidden, batch, dtype):
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     rep = layer.report

@@ -18,7 +18,11 @@ RECORDED = ROOT / "tests" / "data" / "source_hashes.json"
 def test_the_smoke_kernels_are_the_recorded_ones():
     recorded = json.loads(RECORDED.read_text())
     assert len(recorded) >= 20 and not any(v.startswith("refused") for v in recorded.values())
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "source_hashes.py"), "--only", "smoke", "--compare",
-                           str(RECORDED)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "source_hashes.py"), "--only", "smoke", "--compare", str(RECORDED)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"{len(recorded)} compared with" in done.stdout and ": 0 differ" in done.stdout

@@ -17,7 +17,7 @@ from prnn_tvm.frontend.cell import Cell
 from prnn_tvm.frontend.registry import builtin_cells, resolve
 from prnn_tvm.frontend.stack import MAX_LAYERS, split_layer_name, stacked
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer, reference_stack
-from prnn_tvm.runtime import binding
+from prnn_tvm.runtime import binding, limits
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec
@@ -35,8 +35,11 @@ def one_by_one(base_cell, inputs: dict, layers: int, lengths=None):
     base = analyze(base_cell, x.shape[1], inputs["l0_" + next(iter(_states(base_cell))) + "0"].shape[1])
     per_layer = []
     for layer in range(layers):
-        args = {"W_ih": inputs["W_ih"], "b_ih": inputs["b_ih"]} if layer == 0 else \
-            {"W_ih": inputs[f"l{layer}_W_ih"], "b_ih": inputs[f"l{layer}_b_ih"]}
+        args = (
+            {"W_ih": inputs["W_ih"], "b_ih": inputs["b_ih"]}
+            if layer == 0
+            else {"W_ih": inputs[f"l{layer}_W_ih"], "b_ih": inputs[f"l{layer}_b_ih"]}
+        )
         args.update({s.name: inputs[f"l{layer}_{s.name}"] for s in (*base.weights, *base.params)})
         args.update({f"{s.name}0": inputs[f"l{layer}_{s.name}0"] for s in base.states})
         per_layer.append([args])
@@ -79,11 +82,14 @@ def test_every_cell_stacked_in_one_launch_equals_its_layers_one_by_one(cell):
     assert compare_with_one_by_one(layer, cell, layers, seq_len) < 1e-5
 
 
-@pytest.mark.parametrize("layers, hidden, batch, seq_len, input_size", [
-    (2, 1, 1, 1, 1),    # the smallest everything; T=1: the stack runs one step more than the sequence
-    (4, 3, 2, 2, 5),    # more layers than steps: the last layer starts after the input has ended
-    (2, 7, 3, 11, 2),   # odd and prime sizes
-])
+@pytest.mark.parametrize(
+    "layers, hidden, batch, seq_len, input_size",
+    [
+        (2, 1, 1, 1, 1),  # the smallest everything; T=1: the stack runs one step more than the sequence
+        (4, 3, 2, 2, 5),  # more layers than steps: the last layer starts after the input has ended
+        (2, 7, 3, 11, 2),  # odd and prime sizes
+    ],
+)
 def test_awkward_stacks_equal_their_layers_one_by_one(layers, hidden, batch, seq_len, input_size):
     layer = prnn_tvm.compile_cell("lstm", hidden, batch, input_size=input_size, target="llvm", layers=layers)
     assert compare_with_one_by_one(layer, "lstm", layers, seq_len) < 1e-5
@@ -160,7 +166,7 @@ def test_a_stack_in_chunks_equals_it_in_one_launch(monkeypatch):
     inputs = random_inputs(layer.plan, 10, 4, seed=1)
     inputs["lengths"] = np.array([10, 6], np.int32)
     whole = layer(**inputs)
-    monkeypatch.setattr(binding, "MAX_ELEMENTS", 2 * 4 * 4 * 3)  # the widest step (4 gates) x 3 steps
+    monkeypatch.setattr(limits, "MAX_ELEMENTS", 2 * 4 * 4 * 3)  # the widest step (4 gates) x 3 steps
     assert layer.bind(**inputs).chunks == 4
     chunked = layer(**inputs)
     assert max_abs_error(layer.plan, chunked, (np.asarray(whole[0]), finals_of(layer, whole[1]))) < 1e-6
@@ -186,8 +192,10 @@ def test_a_stacks_pointwise_work_splits_by_layer():
     it splits too (Cho's GRU: the reset-gated operand of its second phase, and the new state)."""
     plan = analyze(stacked(resolve("lstm"), 3), 2, 8)
     assert [g.states for g in plan.pointwise_groups] == [("l0_h", "l0_c"), ("l1_h", "l1_c"), ("l2_h", "l2_c")]
-    assert all(all(leaf.name.startswith(f"l{i}_") for leaf in g.leaves if leaf.kind != "input")
-               for i, g in enumerate(plan.pointwise_groups))
+    assert all(
+        all(leaf.name.startswith(f"l{i}_") for leaf in g.leaves if leaf.kind != "input")
+        for i, g in enumerate(plan.pointwise_groups)
+    )
     assert plan.item_values == analyze(resolve("lstm"), 2, 8).item_values  # an item holds one layer's values
     assert len(analyze(resolve("lstm"), 2, 8).pointwise_groups) == 1
     cho = analyze(resolve("gru_cho"), 2, 8).pointwise_groups
@@ -201,7 +209,10 @@ def test_a_stack_splits_into_parts_that_ctas_of_their_own_can_run():
     plan = analyze(stacked(resolve("lstm"), 3), 2, 8)
     parts = plan.cta_parts
     assert [[r.name for r in part.reductions] for part in parts] == [
-        ["l0_hw"], ["l1_input_product", "l1_hw"], ["l2_input_product", "l2_hw"]]
+        ["l0_hw"],
+        ["l1_input_product", "l1_hw"],
+        ["l2_input_product", "l2_hw"],
+    ]
     assert [part.operands for part in parts] == [("l0_h",), ("l0_h", "l1_h"), ("l1_h", "l2_h")]
     assert [part.groups for part in parts] == [(g,) for g in plan.pointwise_groups]
     cho = analyze(stacked(resolve("gru_cho"), 2), 2, 8)
@@ -243,12 +254,15 @@ def test_a_stack_trains_layer_by_layer_only():
         prnn_tvm.compiler.compile_training(cuda)
 
 
-@pytest.mark.parametrize("cell, hidden, batch, layers, dtype", [
-    ("lstm", 256, 4, 2, "float32"),
-    ("gru", 512, 4, 2, "float16"),
-    ("lstm", 512, 8, 3, "float16"),
-    ("rnn_tanh", 100, 3, 3, "float32"),
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, layers, dtype",
+    [
+        ("lstm", 256, 4, 2, "float32"),
+        ("gru", 512, 4, 2, "float16"),
+        ("lstm", 512, 8, 3, "float16"),
+        ("rnn_tanh", 100, 3, 3, "float32"),
+    ],
+)
 def test_stacked_cuda_kernels_build_without_spills(cell, hidden, batch, layers, dtype):
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, arch="sm_90", layers=layers, tuning_logs=[])
     assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
@@ -271,9 +285,16 @@ def split_configs(cell: str, hidden: int, batch: int, layers: int, dtype: str) -
     return found
 
 
-SPLIT_CASES = [("lstm", 512, 8, 4, "float16"), ("gru", 256, 16, 2, "bfloat16"), ("gru_cho", 96, 4, 2, "float16"),
-               ("rnn_tanh", 129, 1, 3, "float16"), ("lstm", 64, 33, 5, "float16"), ("lstm", 512, 4, 2, "float32"),
-               ("gru_cho", 96, 3, 2, "float32"), ("rnn_tanh", 129, 1, 3, "float32")]
+SPLIT_CASES = [
+    ("lstm", 512, 8, 4, "float16"),
+    ("gru", 256, 16, 2, "bfloat16"),
+    ("gru_cho", 96, 4, 2, "float16"),
+    ("rnn_tanh", 129, 1, 3, "float16"),
+    ("lstm", 64, 33, 5, "float16"),
+    ("lstm", 512, 4, 2, "float32"),
+    ("gru_cho", 96, 3, 2, "float32"),
+    ("rnn_tanh", 129, 1, 3, "float32"),
+]
 
 
 @pytest.mark.parametrize("cell, hidden, batch, layers, dtype", SPLIT_CASES)
@@ -284,8 +305,9 @@ def test_split_layout_kernels_build(cell, hidden, batch, layers, dtype):
     configs = split_configs(cell, hidden, batch, layers, dtype)
     first = next(cfg for cfg in configs if cfg.barrier == "counter")
     for cfg in (first, configs[np.random.default_rng(layers).integers(len(configs))]):
-        layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, arch="sm_90", layers=layers,
-                                      tuning_logs=[], config=cfg)
+        layer = prnn_tvm.compile_cell(
+            cell, hidden, batch, dtype=dtype, arch="sm_90", layers=layers, tuning_logs=[], config=cfg
+        )
         if cfg == first:
             assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
         assert layer.kernel.launch.grid.ctas == layers * -(-hidden // cfg.units_per_cta)
@@ -350,15 +372,19 @@ def test_a_stack_that_does_not_fit_on_chip_says_so():
 
 # ------------------------------------------------------------------ on the GPU
 
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell, hidden, batch, layers, dtype, seq_len", [
-    ("lstm", 512, 8, 4, "float16", 256),
-    ("lstm", 256, 4, 2, "float32", 256),
-    ("gru", 512, 16, 2, "bfloat16", 64),
-    ("rnn_tanh", 129, 1, 3, "float32", 7),
-    ("lstm", 64, 33, 5, "float16", 1),
-    ("gru_cho", 96, 4, 2, "float32", 30),  # a two-phase cell: two barriers per wavefront step
-])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, layers, dtype, seq_len",
+    [
+        ("lstm", 512, 8, 4, "float16", 256),
+        ("lstm", 256, 4, 2, "float32", 256),
+        ("gru", 512, 16, 2, "bfloat16", 64),
+        ("rnn_tanh", 129, 1, 3, "float32", 7),
+        ("lstm", 64, 33, 5, "float16", 1),
+        ("gru_cho", 96, 4, 2, "float32", 30),  # a two-phase cell: two barriers per wavefront step
+    ],
+)
 def test_stacked_cuda_kernels_match_the_float64_reference(cell, hidden, batch, layers, dtype, seq_len):
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", layers=layers)
     bound = tolerance(dtype, seq_len)
@@ -368,16 +394,20 @@ def test_stacked_cuda_kernels_match_the_float64_reference(cell, hidden, batch, l
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell, hidden, batch, layers, dtype, seq_len", [
-    (*case, seq_len) for case, seq_len in zip(SPLIT_CASES, (256, 64, 30, 7, 1, 256, 30, 7))])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, layers, dtype, seq_len",
+    [(*case, seq_len) for case, seq_len in zip(SPLIT_CASES, (256, 64, 30, 7, 1, 256, 30, 7))],
+)
 def test_split_layout_kernels_match_the_float64_reference(cell, hidden, batch, layers, dtype, seq_len):
     """Each layer on CTAs of its own: the first split config with the counter barrier, one with grid_sync, a
     random one (seeded), the first with sentinel (one-phase cells) and, in half precision, the first with four
     accumulator chains, against the layers one by one in float64, with and without ragged lengths."""
     configs = split_configs(cell, hidden, batch, layers, dtype)
-    picks = {next(cfg for cfg in configs if cfg.barrier == "counter"),
-             next(cfg for cfg in configs if cfg.barrier == "grid_sync"),
-             configs[np.random.default_rng(hidden).integers(len(configs))]}
+    picks = {
+        next(cfg for cfg in configs if cfg.barrier == "counter"),
+        next(cfg for cfg in configs if cfg.barrier == "grid_sync"),
+        configs[np.random.default_rng(hidden).integers(len(configs))],
+    }
     picks |= set([cfg for cfg in configs if getattr(cfg, "k_chains", 1) == 4][:1])  # tensor cores: four chains
     picks |= set([cfg for cfg in configs if cfg.barrier == "sentinel"][:1])  # one-phase stacks: sentinel
     bound = tolerance(dtype, seq_len)

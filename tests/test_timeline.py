@@ -1,20 +1,31 @@
 """The timeline tool (``prnn_tvm.bench.timeline``, ``bench/timeline.py``): its rewrite of the generated CUDA still
 finds its anchors and compiles, it refuses layers it cannot read, and its summary measures what it says."""
+
 import numpy as np
 import pytest
 
 from prnn_tvm.bench import timeline
 
 # 16 units on 8 warps with every row tile each, two batch tiles of 8 rows in turn, one item per thread
-DIRECT = {"units_per_cta": 16, "k_groups": 8, "m_tiles_per_warp": 4, "n_tiles": 1, "barrier": "sentinel",
-          "operand_path": "direct"}
+DIRECT = {
+    "units_per_cta": 16,
+    "k_groups": 8,
+    "m_tiles_per_warp": 4,
+    "n_tiles": 1,
+    "barrier": "sentinel",
+    "operand_path": "direct",
+}
 
 
-@pytest.mark.parametrize("batch, knobs, tiles", [
-    (16, {}, 2),  # direct fragments, two tiles in turn: stamps per tile
-    (8, {}, 1),  # direct fragments, one tile: per step
-    (8, {"operand_path": "shared"}, 1),  # the shared operand tile (prnn_sentinel_copy), one pass: per step
-    (16, {"operand_path": "shared", "batch_groups": 2}, 1)])  # two groups of one pass each
+@pytest.mark.parametrize(
+    "batch, knobs, tiles",
+    [
+        (16, {}, 2),  # direct fragments, two tiles in turn: stamps per tile
+        (8, {}, 1),  # direct fragments, one tile: per step
+        (8, {"operand_path": "shared"}, 1),  # the shared operand tile (prnn_sentinel_copy), one pass: per step
+        (16, {"operand_path": "shared", "batch_groups": 2}, 1),
+    ],
+)  # two groups of one pass each
 def test_the_rewrite_applies_and_compiles(batch, knobs, tiles):
     layer, g, stamped = timeline.instrumented_layer("lstm", 128, batch, "float16", {**DIRECT, **knobs}, arch="sm_90")
     source = layer.cuda_source
@@ -24,15 +35,20 @@ def test_the_rewrite_applies_and_compiles(batch, knobs, tiles):
     assert "threadIdx.x % 128 == 0" in source  # the first item of each 8 x 16 tile records it
     # ptxas read the rewritten kernel: the stamps' shared words are its static shared memory
     report = layer.report
-    assert report.spill_bytes == 0 and report.static_smem_bytes >= 8 * timeline.STEPS * tiles * timeline.SLOTS, \
+    assert report.spill_bytes == 0 and report.static_smem_bytes >= 8 * timeline.STEPS * tiles * timeline.SLOTS, (
         report.format()
+    )
 
 
-@pytest.mark.parametrize("dtype, knobs, why", [
-    ("float16", {"operand_path": "shared"}, "more than one batch tile per pass"),  # two passes of 8 rows
-    ("float16", {"barrier": "counter", "operand_path": "shared"}, "not the sentinel exchange"),
-    ("float16", {"k_groups": 2}, "more than one item per thread"),  # 2 warps, 256 items
-    ("float32", None, "not the tensor-core template")])
+@pytest.mark.parametrize(
+    "dtype, knobs, why",
+    [
+        ("float16", {"operand_path": "shared"}, "more than one batch tile per pass"),  # two passes of 8 rows
+        ("float16", {"barrier": "counter", "operand_path": "shared"}, "not the sentinel exchange"),
+        ("float16", {"k_groups": 2}, "more than one item per thread"),  # 2 warps, 256 items
+        ("float32", None, "not the tensor-core template"),
+    ],
+)
 def test_layers_it_cannot_read_are_refused(dtype, knobs, why):
     with pytest.raises(ValueError, match=why):
         timeline.instrumented_layer("lstm", 128, 16, dtype, knobs and {**DIRECT, **knobs}, arch="sm_90")

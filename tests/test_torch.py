@@ -28,14 +28,33 @@ def _lengths(B, T, seed=0):
     """Unsorted per-row lengths with a full-length row and, from two rows up, a length-1 row."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[torch.randperm(B, generator=g)[:2]] = torch.tensor([T, 1])[:min(B, 2)]
+    lengths[torch.randperm(B, generator=g)[:2]] = torch.tensor([T, 1])[: min(B, 2)]
     return lengths
 
 
-def _compare(kind, device, batch_first=False, bias=True, T=6, B=3, n_in=10, H=16, hx=True, layers=1,
-             bidirectional=False, packed=False):
-    ref = _reference(kind, input_size=n_in, hidden_size=H, batch_first=batch_first, bias=bias, num_layers=layers,
-                     bidirectional=bidirectional).to(device)
+def _compare(
+    kind,
+    device,
+    batch_first=False,
+    bias=True,
+    T=6,
+    B=3,
+    n_in=10,
+    H=16,
+    hx=True,
+    layers=1,
+    bidirectional=False,
+    packed=False,
+):
+    ref = _reference(
+        kind,
+        input_size=n_in,
+        hidden_size=H,
+        batch_first=batch_first,
+        bias=bias,
+        num_layers=layers,
+        bidirectional=bidirectional,
+    ).to(device)
     fast = pt.from_torch(ref)
     assert all(p is q for p, q in zip(fast.parameters(), ref.parameters()))  # shared, not copied
     assert [n for n, _ in fast.named_parameters()] == [n for n, _ in ref.named_parameters()]
@@ -74,24 +93,30 @@ def test_batch_first_no_bias_and_zero_state():
     _compare("gru", "cpu", batch_first=True, bias=False, hx=False)
 
 
-@pytest.mark.parametrize("kind, layers, bidirectional, kw", [
-    ("lstm", 3, False, {}),
-    ("lstm", 2, True, {"batch_first": True}),
-    ("gru", 1, True, {"hx": False, "B": 1, "T": 1}),
-    ("rnn_relu", 2, True, {"bias": False, "n_in": 5, "H": 7}),
-])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional, kw",
+    [
+        ("lstm", 3, False, {}),
+        ("lstm", 2, True, {"batch_first": True}),
+        ("gru", 1, True, {"hx": False, "B": 1, "T": 1}),
+        ("rnn_relu", 2, True, {"bias": False, "n_in": 5, "H": 7}),
+    ],
+)
 def test_stacked_and_bidirectional_match_torch(kind, layers, bidirectional, kw):
     """One launch per layer and direction, each on the one before; outputs and h_n laid out as PyTorch's."""
     _compare(kind, "cpu", layers=layers, bidirectional=bidirectional, **kw)
 
 
-@pytest.mark.parametrize("kind, layers, bidirectional, kw", [
-    ("lstm", 1, False, {}),
-    ("lstm", 2, True, {"B": 5, "T": 9}),
-    ("gru", 1, True, {"hx": False, "batch_first": True}),
-    ("rnn_tanh", 2, False, {"B": 1}),
-    ("rnn_relu", 1, True, {"bias": False, "B": 2, "T": 1}),
-])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional, kw",
+    [
+        ("lstm", 1, False, {}),
+        ("lstm", 2, True, {"B": 5, "T": 9}),
+        ("gru", 1, True, {"hx": False, "batch_first": True}),
+        ("rnn_tanh", 2, False, {"B": 1}),
+        ("rnn_relu", 1, True, {"bias": False, "B": 2, "T": 1}),
+    ],
+)
 def test_packed_sequences_match_torch(kind, layers, bidirectional, kw):
     """Unsorted lengths (a full-length row, a length-1 row): each row stops at its length, the reverse
     direction reads each row from its own end, h_n holds each row's state at its length."""
@@ -119,10 +144,15 @@ def test_two_grids_fit_together_only_where_the_gpu_holds_both(hidden, batch, fit
     assert layer.grids_that_fit(gpu=gpu_spec("sm_90")) == fit, layer.signature.launch("recurrent").grid
 
 
-@pytest.mark.parametrize("hidden, batch, dtype, picks", [
-    (512, 8, torch.float32, "one launch: 128 CTAs"), (1024, 16, torch.float16, "one launch: 128 CTAs"),
-    (512, 4, torch.float32, "one launch: 128 CTAs"),
-    (1024, 4, torch.float32, "a launch per direction: no persistent config fits cell 'lstm_bi'")])
+@pytest.mark.parametrize(
+    "hidden, batch, dtype, picks",
+    [
+        (512, 8, torch.float32, "one launch: 128 CTAs"),
+        (1024, 16, torch.float16, "one launch: 128 CTAs"),
+        (512, 4, torch.float32, "one launch: 128 CTAs"),
+        (1024, 4, torch.float32, "a launch per direction: no persistent config fits cell 'lstm_bi'"),
+    ],
+)
 def test_both_directions_run_in_one_launch_where_they_fit_on_chip(hidden, batch, dtype, picks, monkeypatch):
     """Measured on the H100 (bench/results/bidirectional-h100.md): one launch of both directions is 1.07-1.91x
     the two launches in float32 and 1.60-1.71x where one direction's grid takes every SM, 0.97x at two float16
@@ -174,9 +204,14 @@ def test_unbatched_input_and_batch_cache():
     assert len(fast._layers) == 1  # one batch size, compiled once
 
 
-@pytest.mark.parametrize("device, dtype, bound, bias_in_gemm", [
-    ("cpu", torch.float32, 1e-5, None), pytest.param("cuda", torch.float32, 1e-5, None, marks=pytest.mark.gpu),
-    *(pytest.param("cuda", torch.float16, 4e-3, at, marks=pytest.mark.gpu) for at in (0, pt.BIAS_IN_GEMM))])
+@pytest.mark.parametrize(
+    "device, dtype, bound, bias_in_gemm",
+    [
+        ("cpu", torch.float32, 1e-5, None),
+        pytest.param("cuda", torch.float32, 1e-5, None, marks=pytest.mark.gpu),
+        *(pytest.param("cuda", torch.float16, 4e-3, at, marks=pytest.mark.gpu) for at in (0, pt.BIAS_IN_GEMM)),
+    ],
+)
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, bidirectional, no_tf32, monkeypatch):
     """Inference calls keep each parameter's detached view (or, where it is not 64-byte aligned, a
@@ -187,7 +222,7 @@ def test_calls_follow_parameter_updates(device, dtype, bound, bias_in_gemm, bidi
         monkeypatch.setattr("prnn_tvm.torch.projection.BIAS_IN_GEMM", bias_in_gemm)  # where the projection reads it
     ref = _reference("gru", input_size=6, hidden_size=8, bidirectional=bidirectional).to(device, dtype)
     flat = torch.zeros(3 * 8 + 1, device=device, dtype=dtype)  # a bias one element into a buffer, as cuDNN's
-    flat[1:] = ref.bias_hh_l0.detach()                         # flat weights give
+    flat[1:] = ref.bias_hh_l0.detach()  # flat weights give
     ref.bias_hh_l0 = torch.nn.Parameter(flat[1:])
     fast = pt.from_torch(ref)
     x = torch.randn(5, 2, 6, device=device, dtype=dtype)
@@ -233,23 +268,31 @@ def test_the_biased_gemm_operand_is_kept_while_its_tensors_live(monkeypatch):
     assert len(module._derived) == 1  # the operand of the joined W_ih remade above
 
 
-@pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 1, False), ("lstm", 2, False), ("rnn_tanh", 1, True),
-                                                         ("gru", 1, False)])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional", [("lstm", 1, False), ("lstm", 2, False), ("rnn_tanh", 1, True), ("gru", 1, False)]
+)
 def test_a_half_call_folds_the_input_bias_into_the_recurrent_one(kind, layers, bidirectional, monkeypatch):
     """LSTM and RNN only ever add ``b_ih`` and ``b_hh``: a half inference call on the GPU passes their sum as the
     recurrent bias, for every direction whose projection torch makes (a stack's upper layers project in the
     kernel: theirs stay), and runs the projection without one. GRU keeps both (its n gate multiplies
     ``b_hn`` by r). No GPU needed: the layers are the CPU build's, whose launches have the same arguments."""
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    module = pt.from_torch(_reference(kind, input_size=3, hidden_size=4, num_layers=layers,
-                                      bidirectional=bidirectional))
+    module = pt.from_torch(
+        _reference(kind, input_size=3, hidden_size=4, num_layers=layers, bidirectional=bidirectional)
+    )
     cpu = torch.device("cpu")
-    launch = (module.stack_for(2, cpu, torch.float32) if layers > 1 else
-              module.directions_for(2, cpu, torch.float32, 3) if bidirectional else module.layer_for(2, cpu))
+    launch = (
+        module.stack_for(2, cpu, torch.float32)
+        if layers > 1
+        else module.directions_for(2, cpu, torch.float32, 3)
+        if bidirectional
+        else module.layer_for(2, cpu)
+    )
     suffix = None if layers > 1 else "_l0"
     entries = module._parameter_arguments(launch, suffix)
-    weights = [module._aligned(name) if isinstance(name, str) else module._joined_parameters(name)
-               for _, name, _ in entries]
+    weights = [
+        module._aligned(name) if isinstance(name, str) else module._joined_parameters(name) for _, name, _ in entries
+    ]
     if kind == "gru":
         assert not module._FOLDS_INPUT_BIAS
         return
@@ -293,23 +336,36 @@ def test_new_module_has_torch_layout():
     m.load_state_dict(torch.nn.LSTM(10, 16).state_dict())
 
 
-@pytest.mark.parametrize("module, message", [
-    (torch.nn.LSTM(4, 8, proj_size=4), "proj_size=4"),
-    (torch.nn.Linear(4, 8), "takes a torch.nn.LSTM, GRU or RNN"),
-])
+@pytest.mark.parametrize(
+    "module, message",
+    [
+        (torch.nn.LSTM(4, 8, proj_size=4), "proj_size=4"),
+        (torch.nn.Linear(4, 8), "takes a torch.nn.LSTM, GRU or RNN"),
+    ],
+)
 def test_unsupported_modules_are_refused(module, message):
     with pytest.raises(ConfigError, match=message):
         pt.from_torch(module)
 
 
-@pytest.mark.parametrize("kind, layers, bidirectional, packed", [
-    ("lstm", 1, False, False), ("gru", 1, False, False), ("rnn_tanh", 2, True, False), ("rnn_relu", 1, False, False),
-    ("lstm", 2, True, False), ("lstm", 2, True, True), ("gru", 1, True, True)])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional, packed",
+    [
+        ("lstm", 1, False, False),
+        ("gru", 1, False, False),
+        ("rnn_tanh", 2, True, False),
+        ("rnn_relu", 1, False, False),
+        ("lstm", 2, True, False),
+        ("lstm", 2, True, True),
+        ("gru", 1, True, True),
+    ],
+)
 def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional, packed):
     """Gradients of input, initial states and every parameter: the derived backward against torch's
     numerical differentiation of the compiled float64 forward (packed: rows of lengths 3 and 1)."""
-    fast = pt.from_torch(_reference(kind, input_size=3, hidden_size=4, num_layers=layers,
-                                    bidirectional=bidirectional).double())
+    fast = pt.from_torch(
+        _reference(kind, input_size=3, hidden_size=4, num_layers=layers, bidirectional=bidirectional).double()
+    )
     slots, names = layers * (2 if bidirectional else 1), [n for n, _ in fast.named_parameters()]
     x = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
     states = [0.5 * torch.randn(slots, 2, 4, dtype=torch.float64) for _ in range(2 if kind == "lstm" else 1)]
@@ -317,7 +373,7 @@ def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional, packed)
         s.requires_grad_()
 
     def run(x, *flat):
-        params, hx = dict(zip(names, flat[:len(names)])), flat[len(names):]
+        params, hx = dict(zip(names, flat[: len(names)])), flat[len(names) :]
         sequence = pack_padded_sequence(x, [1, 3], enforce_sorted=False) if packed else x
         out, finals = torch.func.functional_call(fast, params, (sequence, tuple(hx) if kind == "lstm" else hx[0]))
         return (out.data if packed else out, *(finals if kind == "lstm" else (finals,)))
@@ -326,8 +382,9 @@ def test_gradcheck_on_the_float64_cpu_build(kind, layers, bidirectional, packed)
     assert torch.autograd.gradcheck(run, (x, *params, *states), eps=1e-6, atol=1e-8)
 
 
-@pytest.mark.parametrize("kind, layers, T, H", [("lstm", 2, 16, 6), ("lstm", 1, 256, 16), ("gru", 1, 256, 16),
-                                               ("rnn_tanh", 1, 256, 16)])
+@pytest.mark.parametrize(
+    "kind, layers, T, H", [("lstm", 2, 16, 6), ("lstm", 1, 256, 16), ("gru", 1, 256, 16), ("rnn_tanh", 1, 256, 16)]
+)
 def test_float32_gradients_match_torch_nn(kind, layers, T, H):
     """Within 1e-4 of torch.nn's gradients for input, states and every parameter at T=256, relative to a
     gradient's largest entry where that passes 1 (the loss sums T steps: W_hh's gradient reaches ~500, where
@@ -389,14 +446,20 @@ def test_half_modules_train_on_the_cpu(dtype, bound):
 
 def _any_cell_inputs(module, x, hx, layer_suffix="_l0"):
     """A generic module's first layer's arguments by name, as NumPy (what ``reference_layer`` takes)."""
-    return {"x": x.numpy(), **_parameters_of(module, layer_suffix),
-            **{f"{s}0": h[0].numpy() for s, h in zip(module._states, hx)}}
+    return {
+        "x": x.numpy(),
+        **_parameters_of(module, layer_suffix),
+        **{f"{s}0": h[0].numpy() for s, h in zip(module._states, hx)},
+    }
 
 
 def _parameters_of(module, layer_suffix: str) -> dict:
     """One layer and direction's parameters (``_l1``, ``_l1_reverse``), named as the cell's arguments, as NumPy."""
-    return {name[:-len(layer_suffix)]: p.detach().cpu().numpy() for name, p in module.named_parameters()
-            if name.endswith(layer_suffix)}
+    return {
+        name[: -len(layer_suffix)]: p.detach().cpu().numpy()
+        for name, p in module.named_parameters()
+        if name.endswith(layer_suffix)
+    }
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -420,9 +483,16 @@ def test_every_cell_stacked_bidirectional_and_packed_matches_its_float64_referen
         out, finals = module(packed, tuple(h.to(device) for h in hx) if len(hx) > 1 else hx[0].to(device))
     out = pad_packed_sequence(out)[0].cpu()  # zeros past each row's length, in the caller's batch order
     finals = [f.cpu() for f in (finals if len(hx) > 1 else (finals,))]
-    arguments = [[{**_parameters_of(module, f"_l{layer}" + ("_reverse" if d else "")),
-                   **{f"{s.name}0": h[2 * layer + d].numpy() for s, h in zip(plan.states, hx)}} for d in range(2)]
-                 for layer in range(layers)]
+    arguments = [
+        [
+            {
+                **_parameters_of(module, f"_l{layer}" + ("_reverse" if d else "")),
+                **{f"{s.name}0": h[2 * layer + d].numpy() for s, h in zip(plan.states, hx)},
+            }
+            for d in range(2)
+        ]
+        for layer in range(layers)
+    ]
     want, want_finals = reference_stack(plan, x.numpy(), arguments, lengths)
     notes = module.direction_notes.values()  # one per input width (layer 0's, the later layers')
     assert len(notes) == 2 * one_launch and all(note.startswith("one launch") for note in notes), notes
@@ -465,8 +535,9 @@ def test_a_generic_lstm_equals_torch_nn_stacked_and_bidirectional():
     assert max_error([(out, want), (h, wh), (c, wc)]) <= tolerance("float32", 8)
 
 
-@pytest.mark.parametrize("cell, layers, bidirectional", [(TWO_STATE, 1, False), ("gru_cho", 2, True),
-                                                         ("lstm_h2", 2, False)])  # head-wise weights
+@pytest.mark.parametrize(
+    "cell, layers, bidirectional", [(TWO_STATE, 1, False), ("gru_cho", 2, True), ("lstm_h2", 2, False)]
+)  # head-wise weights
 def test_a_user_defined_cell_trains_with_no_extra_code(cell, layers, bidirectional):
     """gradcheck of input, states and every parameter through the backward derived from the cell's plan."""
     torch.manual_seed(5)
@@ -477,7 +548,7 @@ def test_a_user_defined_cell_trains_with_no_extra_code(cell, layers, bidirection
     states = [(0.5 * torch.randn(slots, 2, 4, dtype=torch.float64)).requires_grad_() for _ in module._states]
 
     def run(x, *flat):
-        params, hx = dict(zip(names, flat[:len(names)])), flat[len(names):]
+        params, hx = dict(zip(names, flat[: len(names)])), flat[len(names) :]
         out, finals = torch.func.functional_call(module, params, (x, tuple(hx) if len(hx) > 1 else hx[0]))
         return (out, *(finals if len(hx) > 1 else (finals,)))
 
@@ -564,19 +635,27 @@ def _gradient_error(want, got) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind, layers, bidirectional, packed, T, B, H, n_in", [
-    ("lstm", 1, False, False, 256, 4, 1024, 64), ("lstm", 1, False, False, 1, 1, 1, 3),
-    ("gru", 1, False, False, 33, 5, 127, 9), ("rnn_tanh", 2, True, False, 17, 3, 64, 8),
-    ("rnn_relu", 1, False, False, 256, 2, 256, 16), ("lstm", 2, True, True, 40, 6, 96, 12),
-    ("gru", 1, False, True, 256, 16, 512, 32)])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional, packed, T, B, H, n_in",
+    [
+        ("lstm", 1, False, False, 256, 4, 1024, 64),
+        ("lstm", 1, False, False, 1, 1, 1, 3),
+        ("gru", 1, False, False, 33, 5, 127, 9),
+        ("rnn_tanh", 2, True, False, 17, 3, 64, 8),
+        ("rnn_relu", 1, False, False, 256, 2, 256, 16),
+        ("lstm", 2, True, True, 40, 6, 96, 12),
+        ("gru", 1, False, True, 256, 16, 512, 32),
+    ],
+)
 def test_cuda_gradients_match_torch_nn(kind, layers, bidirectional, packed, T, B, H, n_in):
     """The persistent backward through prnn_tvm.torch on the GPU (float32) against torch.nn's autograd in
     float64 on the CPU, same weights: input, initial states and every parameter, within 1e-4 (relative to
     a gradient's largest entry where that passes 1); stacked, bidirectional, packed with unsorted lengths."""
     torch.manual_seed(7)
     ref = _reference(kind, input_size=n_in, hidden_size=H, num_layers=layers, bidirectional=bidirectional).double()
-    fast = pt.from_torch(_reference(kind, input_size=n_in, hidden_size=H, num_layers=layers,
-                                    bidirectional=bidirectional).cuda().train())
+    fast = pt.from_torch(
+        _reference(kind, input_size=n_in, hidden_size=H, num_layers=layers, bidirectional=bidirectional).cuda().train()
+    )
     with torch.no_grad():
         for p, q in zip(ref.parameters(), fast.parameters()):
             p.copy_(q)
@@ -593,9 +672,18 @@ def test_cuda_gradients_match_torch_nn(kind, layers, bidirectional, packed, T, B
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell, packed", [(TWO_STATE, False), ("lstm_peephole", False), ("indrnn", False),
-                                          ("gru_cho", False), ("mgu", False), ("stacked_rnn", False),
-                                          ("gru_cho", True)])
+@pytest.mark.parametrize(
+    "cell, packed",
+    [
+        (TWO_STATE, False),
+        ("lstm_peephole", False),
+        ("indrnn", False),
+        ("gru_cho", False),
+        ("mgu", False),
+        ("stacked_rnn", False),
+        ("gru_cho", True),
+    ],
+)
 def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell, packed):
     """A user-defined cell (two exchanged states, two products), one with params (peepholes), one without a
     product, and the cells of two phases per step (a product over a stage of the same step; the stacked RNN
@@ -611,16 +699,24 @@ def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell, packed):
     hx = [0.5 * torch.randn(1, 3, 37, dtype=torch.float64) for _ in fast._states]
     lengths = _lengths(3, 50) if packed else None
     want = _gradients(ref, x.requires_grad_(), [h.requires_grad_() for h in hx], list(ref.parameters()), lengths)
-    got = _gradients(fast, x.detach().float().cuda().requires_grad_(),
-                     [h.detach().float().cuda().requires_grad_() for h in hx], list(fast.parameters()), lengths)
+    got = _gradients(
+        fast,
+        x.detach().float().cuda().requires_grad_(),
+        [h.detach().float().cuda().requires_grad_() for h in hx],
+        list(fast.parameters()),
+        lengths,
+    )
     assert _gradient_error(want, got) <= 1e-4
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)])
-@pytest.mark.parametrize("config", [None, {"units_per_cta": 8, "k_groups": 2, "n_tiles": 1, "barrier": "counter",
-                                           "m_tiles_per_warp": 2}], ids=["default", "two_row_tiles_per_warp"])
+@pytest.mark.parametrize(
+    "config",
+    [None, {"units_per_cta": 8, "k_groups": 2, "n_tiles": 1, "barrier": "counter", "m_tiles_per_warp": 2}],
+    ids=["default", "two_row_tiles_per_warp"],
+)
 def test_cuda_half_modules_train(kind, dtype, bound, config):
     """Half storage on the GPU (the forward on tensor cores, saving in float32; the backward in float32):
     gradients against torch.nn's float64 autograd on the same half-rounded weights, inputs and states,
@@ -634,8 +730,9 @@ def test_cuda_half_modules_train(kind, dtype, bound, config):
             p.copy_(q)
     x = torch.randn(64, 5, 24).to(dtype)
     hx = [(0.5 * torch.randn(1, 5, 128)).to(dtype) for _ in range(2 if kind == "lstm" else 1)]
-    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
-                      list(ref.parameters()))
+    want = _gradients(
+        ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx], list(ref.parameters())
+    )
     params = list(fast.parameters())
     got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx], params)
     assert all(p.grad.dtype == dtype for p in params)
@@ -643,8 +740,13 @@ def test_cuda_half_modules_train(kind, dtype, bound, config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("module, where", [(lambda: pt.from_torch(torch.nn.GRU(8, 64)), "after step 5"),
-                                           (lambda: pt.Recurrent("gru_cho", 8, 64), "after phase 0 of step 5")])
+@pytest.mark.parametrize(
+    "module, where",
+    [
+        (lambda: pt.from_torch(torch.nn.GRU(8, 64)), "after step 5"),
+        (lambda: pt.Recurrent("gru_cho", 8, 64), "after phase 0 of step 5"),
+    ],
+)
 def test_a_cuda_backward_that_times_out_fills_nan_and_raises(module, where):
     """A stalled barrier (backward step 5, counted from the end; of a two-phase cell its first barrier)."""
     fast = module().cuda()
@@ -666,16 +768,21 @@ def test_a_cuda_backward_that_times_out_fills_nan_and_raises(module, where):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kind, layers, bidirectional", [("lstm", 1, False), ("lstm", 2, False), ("lstm", 1, True),
-                                                         ("rnn_tanh", 2, True), ("gru", 1, True)])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional",
+    [("lstm", 1, False), ("lstm", 2, False), ("lstm", 1, True), ("rnn_tanh", 2, True), ("gru", 1, True)],
+)
 def test_cuda_half_modules_match_float64(kind, layers, bidirectional, dtype):
     """Half inference calls, stacked and bidirectional, against torch.nn in float64 on the same half-rounded
     parameters and inputs; LSTM and RNN run with the input bias folded into the recurrent one."""
     import copy
 
     T, B, H, n_in = 64, 8, 256, 96
-    half = _reference(kind, input_size=n_in, hidden_size=H, num_layers=layers,
-                      bidirectional=bidirectional).cuda().to(dtype)
+    half = (
+        _reference(kind, input_size=n_in, hidden_size=H, num_layers=layers, bidirectional=bidirectional)
+        .cuda()
+        .to(dtype)
+    )
     exact = copy.deepcopy(half).double()
     fast = pt.from_torch(half)
     x = torch.randn(T, B, n_in, device="cuda").to(dtype)
@@ -693,16 +800,19 @@ def test_cuda_stacked_and_bidirectional_match_torch(kind, layers, bidirectional,
     _compare(kind, "cuda", T=32, B=4, n_in=100, H=256, layers=layers, bidirectional=bidirectional)
 
 
-@pytest.mark.parametrize("device, kind, layers, hidden, batch, packed, fits", [
-    ("cpu", "lstm", 3, 16, 4, False, True), ("cpu", "gru", 4, 8, 5, True, True),
-    pytest.param("cuda", "lstm", 3, 256, 4, False, True, marks=pytest.mark.gpu),
-    pytest.param("cuda", "gru", 4, 128, 5, True, True, marks=pytest.mark.gpu),
-    pytest.param("cuda", "rnn_relu", 2, 64, 1, True, True, marks=pytest.mark.gpu),
-    # 50 MB of float32 weights: more than the registers hold
-    pytest.param("cuda", "lstm", 2, 1024, 4, False, False, marks=pytest.mark.gpu),
-])
-def test_stacks_run_as_one_wavefront_launch_where_they_fit(device, kind, layers, hidden, batch, packed, fits,
-                                                           no_tf32):
+@pytest.mark.parametrize(
+    "device, kind, layers, hidden, batch, packed, fits",
+    [
+        ("cpu", "lstm", 3, 16, 4, False, True),
+        ("cpu", "gru", 4, 8, 5, True, True),
+        pytest.param("cuda", "lstm", 3, 256, 4, False, True, marks=pytest.mark.gpu),
+        pytest.param("cuda", "gru", 4, 128, 5, True, True, marks=pytest.mark.gpu),
+        pytest.param("cuda", "rnn_relu", 2, 64, 1, True, True, marks=pytest.mark.gpu),
+        # 50 MB of float32 weights: more than the registers hold
+        pytest.param("cuda", "lstm", 2, 1024, 4, False, False, marks=pytest.mark.gpu),
+    ],
+)
+def test_stacks_run_as_one_wavefront_launch_where_they_fit(device, kind, layers, hidden, batch, packed, fits, no_tf32):
     """A one-directional stack in inference: one launch (initial states given, lengths in no order), equal to
     torch.nn; where it does not fit, layer by layer, and the module says why."""
     fast = _compare(kind, device, T=40, B=batch, n_in=100, H=hidden, layers=layers, packed=packed)
@@ -712,8 +822,9 @@ def test_stacks_run_as_one_wavefront_launch_where_they_fit(device, kind, layers,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind, layers, bidirectional, B", [("lstm", 2, True, 5), ("gru", 1, False, 1),
-                                                            ("rnn_relu", 1, True, 33)])
+@pytest.mark.parametrize(
+    "kind, layers, bidirectional, B", [("lstm", 2, True, 5), ("gru", 1, False, 1), ("rnn_relu", 1, True, 33)]
+)
 def test_cuda_packed_sequences_match_torch(kind, layers, bidirectional, B, no_tf32):
     _compare(kind, "cuda", T=40, B=B, n_in=100, H=256, layers=layers, bidirectional=bidirectional, packed=True)
 
@@ -726,8 +837,12 @@ def test_custom_cell_example_trains_like_the_same_cell_in_torch_ops():
     import sys
 
     script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "custom_cell.py"
-    run = subprocess.run([sys.executable, str(script), "--steps", "10", "--hidden", "16", "--seq", "8",
-                          "--tolerance", "1e-4"], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(script), "--steps", "10", "--hidden", "16", "--seq", "8", "--tolerance", "1e-4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
 
@@ -741,8 +856,25 @@ def test_char_model_example_trains_like_torch(device):
     import sys
 
     script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "char_lstm.py"
-    run = subprocess.run([sys.executable, str(script), "--steps", "10", "--hidden", "16", "--seq", "8",
-                          "--tolerance", "1e-4", "--device", device], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--steps",
+            "10",
+            "--hidden",
+            "16",
+            "--seq",
+            "8",
+            "--tolerance",
+            "1e-4",
+            "--device",
+            device,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
 
@@ -797,6 +929,7 @@ def test_torch_compile_runs_a_module_as_it_is(device, no_tf32):
     they are (a graph break: it does not trace into TVM calls); outputs and gradients equal the eager model's,
     call after call. On the CPU the eager backend (inductor's C++ code generation takes a minute here and is not
     what is tested); on the GPU the default one."""
+
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()

@@ -79,8 +79,16 @@ def test_features_are_stable_and_ptxas_figures_replace_estimates(lstm_space):
 
 # ---------------------------------------------------------------- records
 def key(batch=4, hidden=1024, **kw):
-    fields = dict(fingerprint="abc", batch=batch, hidden=hidden, dtype="float32", arch="sm_90", sms=132,
-                  template="persistent_cuda", tvm="0.27.0.post1")
+    fields = dict(
+        fingerprint="abc",
+        batch=batch,
+        hidden=hidden,
+        dtype="float32",
+        arch="sm_90",
+        sms=132,
+        template="persistent_cuda",
+        tvm="0.27.0.post1",
+    )
     return TuneKey(**{**fields, **kw})
 
 
@@ -135,12 +143,14 @@ def test_concurrent_appends_from_two_processes_do_not_interleave(tmp_path):
 
 
 def test_best_picks_the_fastest_successful_record_of_the_exact_key():
-    recs = [Record(key(), {**CFG, "vec": 1}, (3.0,), 10),
-            Record(key(), {**CFG, "vec": 2}, (2.0, 9.0, 2.0), 10),              # median 2.0
-            Record(key(), CFG, (), 10, ErrorKind.WRONG, "max abs error 1"),   # failed: never best
-            Record(key(batch=8), CFG, (0.5,), 10),                            # another key
-            Record(key(tvm="0.28"), CFG, (0.5,), 10),
-            Record(key(), {**CFG, "vec": 4}, (25.0,), 100)]                   # 0.25 s/step: per step wins
+    recs = [
+        Record(key(), {**CFG, "vec": 1}, (3.0,), 10),
+        Record(key(), {**CFG, "vec": 2}, (2.0, 9.0, 2.0), 10),  # median 2.0
+        Record(key(), CFG, (), 10, ErrorKind.WRONG, "max abs error 1"),  # failed: never best
+        Record(key(batch=8), CFG, (0.5,), 10),  # another key
+        Record(key(tvm="0.28"), CFG, (0.5,), 10),
+        Record(key(), {**CFG, "vec": 4}, (25.0,), 100),
+    ]  # 0.25 s/step: per step wins
     best = records.best(recs, key())
     assert best.config["vec"] == 2 and best.per_step_s == pytest.approx(0.2)
     assert records.best(recs, key(hidden=512)) is None
@@ -149,14 +159,19 @@ def test_best_picks_the_fastest_successful_record_of_the_exact_key():
 def test_ranked_gives_each_configs_fastest_record_fastest_first():
     """Per step, over records of different sequence lengths: ranked per sequence, the order (1, 4, 2) and vec 1's
     record (the 1.0 s one) would differ."""
-    recs = [Record(key(), {**CFG, "vec": 1}, (1.0,), 10),                      # 0.1 s per step
-            Record(key(), {**CFG, "vec": 2}, (8.0,), 100),                     # 0.08: slower per sequence
-            Record(key(), {**CFG, "vec": 1}, (5.0,), 100),                     # measured again: 0.05 per step
-            Record(key(), {**CFG, "vec": 4}, (), 10, ErrorKind.WRONG, "max abs error 1"),
-            Record(key(), {**CFG, "vec": 4}, (4.0,), 10)]                      # 0.4
+    recs = [
+        Record(key(), {**CFG, "vec": 1}, (1.0,), 10),  # 0.1 s per step
+        Record(key(), {**CFG, "vec": 2}, (8.0,), 100),  # 0.08: slower per sequence
+        Record(key(), {**CFG, "vec": 1}, (5.0,), 100),  # measured again: 0.05 per step
+        Record(key(), {**CFG, "vec": 4}, (), 10, ErrorKind.WRONG, "max abs error 1"),
+        Record(key(), {**CFG, "vec": 4}, (4.0,), 10),
+    ]  # 0.4
     ranked = records.ranked(recs, key())
-    assert [(r.config["vec"], r.per_step_s) for r in ranked] == [(1, pytest.approx(0.05)), (2, pytest.approx(0.08)),
-                                                                (4, pytest.approx(0.4))]
+    assert [(r.config["vec"], r.per_step_s) for r in ranked] == [
+        (1, pytest.approx(0.05)),
+        (2, pytest.approx(0.08)),
+        (4, pytest.approx(0.4)),
+    ]
     assert records.ranked(recs, key(), 2) == ranked[:2] and records.best(recs, key()) == ranked[0]
 
 
@@ -171,8 +186,14 @@ def test_compile_uses_the_best_record_and_says_so(tmp_path, small_lstm):
     other = next(c for c in space(small_lstm, GPU) if c != default and _valid(c, small_lstm))
     k = records.key_for(small_lstm, GPU, "persistent_cuda")
     path = tmp_path / "log.jsonl"
-    records.append(path, [Record(k, default.as_dict(), (2.0,), 1), Record(k, other.as_dict(), (1.0,), 1),
-                          Record(k, {**other.as_dict(), "vec": 1}, (), 1, ErrorKind.TIMEOUT)])
+    records.append(
+        path,
+        [
+            Record(k, default.as_dict(), (2.0,), 1),
+            Record(k, other.as_dict(), (1.0,), 1),
+            Record(k, {**other.as_dict(), "vec": 1}, (), 1, ErrorKind.TIMEOUT),
+        ],
+    )
     layer = prnn_tvm.compile_cell("lstm", 64, 2, target="cuda", arch="sm_90", tuning_logs=[path])
     assert layer.report.config == other.as_dict()
     assert layer.report.config_origin is ConfigOrigin.TUNED and "(tuned: " in layer.report.format()
@@ -203,8 +224,14 @@ def _valid(cfg, plan):
 # ---------------------------------------------------------------- search against known costs
 def synthetic_cost(cfg) -> float:
     """A smooth cost over the knobs with one optimum, unrelated to the analytic estimate."""
-    return 1e-6 * (2 + 0.3 * (math.log2(cfg.k_split) - 3.5) ** 2 + 0.2 * (cfg.rows_per_thread - 2) ** 2
-                   + 0.5 * (cfg.barrier != "tags") + 0.3 * (cfg.vec != 4) + 0.2 * abs(cfg.batch_tile - 2))
+    return 1e-6 * (
+        2
+        + 0.3 * (math.log2(cfg.k_split) - 3.5) ** 2
+        + 0.2 * (cfg.rows_per_thread - 2) ** 2
+        + 0.5 * (cfg.barrier != "tags")
+        + 0.3 * (cfg.vec != 4)
+        + 0.2 * abs(cfg.batch_tile - 2)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -244,12 +271,23 @@ def test_grid_search_measures_every_config_once(lstm_space, synthetic):
 # ---------------------------------------------------------------- the real loop, built and run on the CPU
 def test_tune_builds_runs_records_and_resumes(tmp_path):
     path = tmp_path / "sm_90.jsonl"
-    first = tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=3, batch_size=2, log_path=path,
-                 runner=CpuRunner(), progress=False)
+    first = tune(
+        "rnn_tanh",
+        32,
+        2,
+        seq_len=4,
+        arch="sm_90",
+        trials=3,
+        batch_size=2,
+        log_path=path,
+        runner=CpuRunner(),
+        progress=False,
+    )
     assert len(first.new) == 3 and all(r.ok for r in first.new), [r.detail for r in first.new]
     assert all(r.registers and r.spill_bytes == 0 and r.max_abs_error < 1e-5 for r in first.new)
-    again = tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=2, log_path=path, runner=CpuRunner(),
-                 progress=False)
+    again = tune(
+        "rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=2, log_path=path, runner=CpuRunner(), progress=False
+    )
     configs = [json.dumps(r.config, sort_keys=True) for r in records.load(path)]
     assert len(configs) == 5 and len(set(configs)) == 5  # the second run measured new configs only
     assert again.best == records.best(records.load(path), first.key)
@@ -273,8 +311,13 @@ def test_cli_tune_without_gpu_exits_with_a_clear_message(tmp_path):
 
 def test_cli_records_show_and_best(tmp_path):
     path = tmp_path / "log.jsonl"
-    records.append(path, [Record(key(), CFG, (2e-3,), 256, cell="lstm"),
-                          Record(key(), {**CFG, "vec": 2}, (), 256, ErrorKind.SPILL, cell="lstm")])
+    records.append(
+        path,
+        [
+            Record(key(), CFG, (2e-3,), 256, cell="lstm"),
+            Record(key(), {**CFG, "vec": 2}, (), 256, ErrorKind.SPILL, cell="lstm"),
+        ],
+    )
     show = cli("records", "show", "--log", str(path))
     assert show.returncode == 0 and "lstm" in show.stdout and "2 trials, 1 errors, best 7.81 us/step" in show.stdout
     best = cli("records", "best", "--log", str(path))
@@ -311,13 +354,17 @@ def test_a_half_dtypes_own_record_comes_first(tmp_path):
     key = records.key_for(plan, gpu_spec("sm_90"), "persistent_mma")
     records.append(log_path, [Record(key=key, config=own, costs=(1e-4,) * 3, seq_len=64, cell="gru")])
     shipped = records.default_log("sm_90")
-    rep = prnn_tvm.compile_cell("gru", 256, 4, dtype="bfloat16", target="cuda", arch="sm_90",
-                                tuning_logs=[shipped, log_path]).report
+    rep = prnn_tvm.compile_cell(
+        "gru", 256, 4, dtype="bfloat16", target="cuda", arch="sm_90", tuning_logs=[shipped, log_path]
+    ).report
     assert rep.config == own and "measured for" not in rep.format()
 
 
-@pytest.mark.parametrize("key", list(dict.fromkeys(r.key for r in SHIPPED)),
-                         ids=lambda k: f"{k.fingerprint}-{k.dtype}-h{k.hidden}-b{k.batch}")
+@pytest.mark.parametrize(
+    "key",
+    list(dict.fromkeys(r.key for r in SHIPPED)),
+    ids=lambda k: f"{k.fingerprint}-{k.dtype}-h{k.hidden}-b{k.batch}",
+)
 def test_shipped_records_compile_to_tuned_spill_free_kernels(key):
     """Each key's best record, or where the kernels changed since it was measured and it spills now (the
     report says so), one of the next fastest."""
@@ -354,11 +401,34 @@ def test_the_given_configs_are_measured_first_in_their_order(tmp_path):
     plan = analyze(resolve("rnn_tanh"), 2, 32, "float32")
     configs = ConfigSpace(plan, GPU, PERSISTENT).configs
     path = tmp_path / "sm_90.jsonl"
-    tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=1, log_path=path, runner=CpuRunner(), progress=False,
-         strategy="grid", first=[configs[7]])
+    tune(
+        "rnn_tanh",
+        32,
+        2,
+        seq_len=4,
+        arch="sm_90",
+        trials=1,
+        log_path=path,
+        runner=CpuRunner(),
+        progress=False,
+        strategy="grid",
+        first=[configs[7]],
+    )
     outside = dict(configs[3].as_dict(), units_per_cta=1000)
-    res = tune("rnn_tanh", 32, 2, seq_len=4, arch="sm_90", trials=3, batch_size=2, log_path=path, runner=CpuRunner(),
-               progress=False, strategy="grid", first=[configs[5], outside, configs[7], configs[2].as_dict()])
+    res = tune(
+        "rnn_tanh",
+        32,
+        2,
+        seq_len=4,
+        arch="sm_90",
+        trials=3,
+        batch_size=2,
+        log_path=path,
+        runner=CpuRunner(),
+        progress=False,
+        strategy="grid",
+        first=[configs[5], outside, configs[7], configs[2].as_dict()],
+    )
     assert [r.config for r in res.new] == [configs[5].as_dict(), configs[2].as_dict(), configs[0].as_dict()]
 
 
@@ -382,18 +452,30 @@ def test_with_knob_takes_the_fastest_distinct_configs_that_stay_valid_with_the_k
     space = ConfigSpace(plan, GPU, by_name("persistent_mma"))
     k = key()
     sentinel = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "barrier": "sentinel", "batch_groups": 2}
-    recs = [Record(k, {"units_per_cta": 16, "k_groups": 2, "n_tiles": 2, "barrier": "counter"}, (1e-4,), 256),
-            Record(k, sentinel, (2e-4,), 256), Record(k, sentinel, (3e-4,), 256),  # measured twice: one config
-            Record(k, dict(sentinel, k_groups=4), (4e-4,), 256),
-            Record(k, dict(sentinel, k_groups=1), (5e-4,), 256),
-            Record(k, dict(sentinel, k_groups=8), (1e-5,), 256, error=ErrorKind.RUNTIME)]
+    recs = [
+        Record(k, {"units_per_cta": 16, "k_groups": 2, "n_tiles": 2, "barrier": "counter"}, (1e-4,), 256),
+        Record(k, sentinel, (2e-4,), 256),
+        Record(k, sentinel, (3e-4,), 256),  # measured twice: one config
+        Record(k, dict(sentinel, k_groups=4), (4e-4,), 256),
+        Record(k, dict(sentinel, k_groups=1), (5e-4,), 256),
+        Record(k, dict(sentinel, k_groups=8), (1e-5,), 256, error=ErrorKind.RUNTIME),
+    ]
     seeds = with_knob(space, recs, "poll_sleep", (256, 512), top=2)
     # counter cannot sleep, the failed record is not a base, the second measurement of a config adds nothing
-    assert seeds == [dict(sentinel, poll_sleep=256), dict(sentinel, poll_sleep=512),
-                     dict(sentinel, k_groups=4, poll_sleep=256), dict(sentinel, k_groups=4, poll_sleep=512)]
+    assert seeds == [
+        dict(sentinel, poll_sleep=256),
+        dict(sentinel, poll_sleep=512),
+        dict(sentinel, k_groups=4, poll_sleep=256),
+        dict(sentinel, k_groups=4, poll_sleep=512),
+    ]
     assert with_knob(space, recs, "poll_sleep", (256,), top=0) == []
     # two configs that differ in the knob alone are one seed, and the next distinct config fills the top
-    slept = [Record(k, dict(sentinel, poll_sleep=512), (1e-4,), 256), Record(k, sentinel, (2e-4,), 256),
-             Record(k, dict(sentinel, k_groups=4), (4e-4,), 256)]
+    slept = [
+        Record(k, dict(sentinel, poll_sleep=512), (1e-4,), 256),
+        Record(k, sentinel, (2e-4,), 256),
+        Record(k, dict(sentinel, k_groups=4), (4e-4,), 256),
+    ]
     assert with_knob(space, slept, "poll_sleep", (256,), top=2) == [
-        dict(sentinel, poll_sleep=256), dict(sentinel, k_groups=4, poll_sleep=256)]
+        dict(sentinel, poll_sleep=256),
+        dict(sentinel, k_groups=4, poll_sleep=256),
+    ]

@@ -7,11 +7,7 @@
   :mod:`.baselines`: the PyTorch side (cuDNN modules, the graph loop, CUDA-event timing);
 - :mod:`.table`, :mod:`.plot`, :mod:`.outputs`: the pure part (CSV, ratios, Markdown, PNG),
   usable without a GPU or PyTorch.
+
+The submodules are imported by name (``from prnn_tvm.bench import matrix``): the command line reads
+:mod:`.matrix`'s defaults for its help without the compiler, the plot or PyTorch.
 """
-
-from .matrix import DEFAULT_BATCHES, DEFAULT_CELLS, DEFAULT_DTYPES, DEFAULT_HIDDEN, DEFAULT_SEQ_LEN, LARGEST, Case
-from .outputs import render_csv, write_outputs
-from .table import COLUMNS, markdown, ratios, read_csv, write_csv
-
-__all__ = ["COLUMNS", "DEFAULT_BATCHES", "DEFAULT_CELLS", "DEFAULT_DTYPES", "DEFAULT_HIDDEN", "DEFAULT_SEQ_LEN",
-           "LARGEST", "Case", "markdown", "ratios", "read_csv", "render_csv", "write_csv", "write_outputs"]

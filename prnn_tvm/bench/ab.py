@@ -39,9 +39,11 @@ class SourceChange:
         named after the file (all but ``replace`` optional)."""
         data = json.loads(Path(path).read_text())
         pairs = data.get("replace")
-        if (not isinstance(pairs, list) or not pairs
-                or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) and s for s in p)
-                           for p in pairs)):
+        if (
+            not isinstance(pairs, list)
+            or not pairs
+            or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) and s for s in p) for p in pairs)
+        ):
             raise ValueError(f"{path}: 'replace' must be a non-empty list of [old, new] pairs of non-empty strings")
         cases = data.get("cases", [])
         for spec in cases:
@@ -49,14 +51,15 @@ class SourceChange:
         config = data.get("config")
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"{path}: 'config' must be an object of knobs")
-        return cls(Path(path).stem, tuple((old, new) for old, new in pairs), data.get("why", ""), tuple(cases),
-                   config)
+        return cls(Path(path).stem, tuple((old, new) for old, new in pairs), data.get("why", ""), tuple(cases), config)
 
     def apply(self, source: str) -> str:
         for i, (old, new) in enumerate(self.pairs):
             if old not in source:
-                raise ValueError(f"change '{self.name}': text {i + 1} of {len(self.pairs)} is not in the generated "
-                                 f"source (the code generator moved on?): {old[:80]!r}")
+                raise ValueError(
+                    f"change '{self.name}': text {i + 1} of {len(self.pairs)} is not in the generated "
+                    f"source (the code generator moved on?): {old[:80]!r}"
+                )
             source = source.replace(old, new)
         return source
 
@@ -117,10 +120,14 @@ def line(case: Case, built, changed, found: Comparison | None) -> str:
     """One line for a case: its config, both kernels' registers and spills, and the times where measured."""
     rb, rc = built.report, changed.report
     knobs = " ".join(f"{k}={v}" for k, v in rb.config.items())
-    head = (f"{case.label} ({knobs}; {rb.config_detail}): registers {rb.registers} -> {rc.registers}, spill bytes "
-            f"{rb.spill_bytes} -> {rc.spill_bytes}")
+    head = (
+        f"{case.label} ({knobs}; {rb.config_detail}): registers {rb.registers} -> {rc.registers}, spill bytes "
+        f"{rb.spill_bytes} -> {rc.spill_bytes}"
+    )
     if found is None:
         return head + " (built only)"
-    return (f"{head}; us per step, as built {min(found.built_us):.3f}-{max(found.built_us):.3f}, changed "
-            f"{min(found.changed_us):.3f}-{max(found.changed_us):.3f} ({found.ratio:.3f}x); outputs "
-            f"{'bitwise equal' if found.bitwise_equal else f'differ, by up to {found.max_abs_diff:.3g}'}")
+    return (
+        f"{head}; us per step, as built {min(found.built_us):.3f}-{max(found.built_us):.3f}, changed "
+        f"{min(found.changed_us):.3f}-{max(found.changed_us):.3f} ({found.ratio:.3f}x); outputs "
+        f"{'bitwise equal' if found.bitwise_equal else f'differ, by up to {found.max_abs_diff:.3g}'}"
+    )

@@ -46,8 +46,14 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("barrier_probe")
-            T.func_attr({"tirx.noalias": True, HAND_PLACED: True, PLAIN_ARGS: ["buf", "errors", "sync"],
-                         "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"]})
+            T.func_attr(
+                {
+                    "tirx.noalias": True,
+                    HAND_PLACED: True,
+                    PLAIN_ARGS: ["buf", "errors", "sync"],
+                    "tirx.kernel_launch_params": ["tirx.use_cooperative_launch"],
+                }
+            )
             buf = T.arg("buf", T.buffer((2, ctas), bar.exchange_dtype("int32"), buffer_name="buf"))
             errors = T.arg("errors", T.buffer((1,), "uint32", buffer_name="errors"))
             launch_id = T.arg("launch_id", tirx.Var("launch_id", "int32"))
@@ -60,8 +66,9 @@ def probe_func(barrier: str, ctas: int, threads: int, all_to_all: bool) -> tirx.
                     if bar.polls_values:
                         _tagged_step(bar, buf, errors, seen, sync, base, t, bx, tx, ctas, threads)
                     else:
-                        _plain_step(bar, buf, errors, sync, base, launch_id, steps, t, bx, tx, ctas, threads,
-                                    all_to_all)
+                        _plain_step(
+                            bar, buf, errors, sync, base, launch_id, steps, t, bx, tx, ctas, threads, all_to_all
+                        )
                 bar.end(sync, base, steps, steps - 1)
     return ib.get()
 
@@ -83,8 +90,19 @@ def _tagged_step(bar, buf, errors, seen, sync, base, t, bx, tx, ctas, threads):
     """Poll every block's tagged value of step t - 1, check them, write this step's."""
     with T.If(t > 0):
         with T.Then():
-            abort = bar.poll_copy(threads, T.address_of(buf[t % 2, 0]), T.address_of(seen[0]), "float32", ctas,
-                                  ctas, ctas, ctas, base, t, sync)
+            abort = bar.poll_copy(
+                threads,
+                T.address_of(buf[t % 2, 0]),
+                T.address_of(seen[0]),
+                "float32",
+                ctas,
+                ctas,
+                ctas,
+                ctas,
+                base,
+                t,
+                sync,
+            )
             with T.If(abort != 0):
                 with T.Then():
                     T.Break()
@@ -135,8 +153,7 @@ class Probe:
 
     def _args(self, steps: int) -> list:
         args = [self.buf, self.errors, self.launch_id, steps]
-        return args + ([self.sync, self.timeout_us, self.stall_step, 0] if self.barrier.state_words is not None
-                       else [])
+        return args + ([self.sync, self.timeout_us, self.stall_step, 0] if self.barrier.state_words is not None else [])
 
     def run(self, steps: int, launches: int = 1) -> int:
         """Launch ``launches`` times (fresh launch id each); return the wrong values counted."""

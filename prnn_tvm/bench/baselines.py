@@ -25,6 +25,7 @@ def _rnn_step(act):
     def step(xp, gh, state):
         h = act(xp + gh)
         return h, (h,)
+
     return step
 
 
@@ -68,8 +69,15 @@ BASELINES = {
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The layer's weights as fresh, compact tensors (DLPack-ready): W_ih, b_ih, W_hh, b_hh."""
-    return {name: getattr(module, attr).detach().clone() for name, attr in
-            (("W_ih", "weight_ih_l0"), ("b_ih", "bias_ih_l0"), ("W_hh", "weight_hh_l0"), ("b_hh", "bias_hh_l0"))}
+    return {
+        name: getattr(module, attr).detach().clone()
+        for name, attr in (
+            ("W_ih", "weight_ih_l0"),
+            ("b_ih", "bias_ih_l0"),
+            ("W_hh", "weight_hh_l0"),
+            ("b_hh", "bias_hh_l0"),
+        )
+    }
 
 
 def hx(states: list[torch.Tensor]):
@@ -91,8 +99,9 @@ def project(w: dict[str, torch.Tensor], x: torch.Tensor, xp: torch.Tensor) -> No
     torch.addmm(w["b_ih"], x.view(T * B, n_in), w["W_ih"].t(), out=xp.view(T * B, -1))
 
 
-def recur(baseline: Baseline, w: dict[str, torch.Tensor], xp: torch.Tensor, states: list[torch.Tensor],
-          out: torch.Tensor) -> None:
+def recur(
+    baseline: Baseline, w: dict[str, torch.Tensor], xp: torch.Tensor, states: list[torch.Tensor], out: torch.Tensor
+) -> None:
     """The recurrence, one GEMM and the cell's pointwise math per step, writing h of every step into ``out``."""
     state = tuple(states)
     w_hh_t = w["W_hh"].t()
@@ -109,8 +118,7 @@ class GraphLoop:
     run a captured graph; ``out`` holds the last output sequence (T, B, H).
     """
 
-    def __init__(self, baseline: Baseline, w: dict[str, torch.Tensor], x: torch.Tensor,
-                 states: list[torch.Tensor]):
+    def __init__(self, baseline: Baseline, w: dict[str, torch.Tensor], x: torch.Tensor, states: list[torch.Tensor]):
         x, states = x.clone(), [s.clone() for s in states]
         T, B, _ = x.shape
         xp = torch.empty(T, B, w["W_ih"].shape[0], device=x.device, dtype=x.dtype)
@@ -201,4 +209,3 @@ def script_arguments(number: int, **sizes: int) -> argparse.Namespace:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     return p.parse_args()
-

@@ -15,14 +15,14 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..dtypes import GPU_DTYPES
 from ..errors import ConfigError
-from ..frontend.analysis import analyze
-from ..frontend.plan import CellPlan
-from ..frontend.registry import resolve
-from ..schedules import template_for
 from ..target import GpuSpec
+
+if TYPE_CHECKING:
+    from ..frontend.plan import CellPlan
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,10 @@ _CASE = re.compile(r"(?P<cell>[^:\s]+):(?P<hidden>[1-9]\d*)x(?P<batch>[1-9]\d*)"
 
 def config_fits(cell: str, hidden: int, batch: int, gpu: GpuSpec, dtype: str = "float32") -> bool:
     """Whether the cell's CUDA template has at least one valid config for this shape on ``gpu``."""
+    from ..frontend.analysis import analyze  # the compiler when asked (the command line reads this module's
+    from ..frontend.registry import resolve  # defaults for its help)
+    from ..schedules import template_for
+
     target = gpu.target()
     try:
         plan = analyze(resolve(cell), batch, hidden, dtype)
@@ -73,8 +77,14 @@ def config_fits(cell: str, hidden: int, batch: int, gpu: GpuSpec, dtype: str = "
     return True
 
 
-def largest_hidden(cell: str, gpu: GpuSpec, batches: Sequence[int], dtype: str = "float32",
-                   step: int = HIDDEN_STEP, compiles_clean: Callable[[int], bool] | None = None) -> int:
+def largest_hidden(
+    cell: str,
+    gpu: GpuSpec,
+    batches: Sequence[int],
+    dtype: str = "float32",
+    step: int = HIDDEN_STEP,
+    compiles_clean: Callable[[int], bool] | None = None,
+) -> int:
     """The largest multiple of ``step`` that the compiler supports for ``cell`` at every batch.
 
     Parameters
@@ -93,6 +103,9 @@ def largest_hidden(cell: str, gpu: GpuSpec, batches: Sequence[int], dtype: str =
     """
     if dtype not in GPU_DTYPES:
         raise ConfigError(f"dtype {dtype} has no GPU kernel: no largest hidden size")
+    from ..frontend.analysis import analyze
+    from ..frontend.registry import resolve
+
     plan = analyze(resolve(cell), 1, step, dtype)
     rows = sum(r.slices for r in plan.reductions) or 1
     bound = int(math.sqrt(gpu.sms * gpu.regs_per_sm / rows)) // step * step
@@ -106,9 +119,15 @@ def largest_hidden(cell: str, gpu: GpuSpec, batches: Sequence[int], dtype: str =
     raise ConfigError(f"no hidden size (multiple of {step}) fits cell '{cell}' on {gpu.arch}")
 
 
-def build_cases(cells: Sequence[str], hiddens: Sequence[int | str], batches: Sequence[int], seq_len: int,
-                dtypes: Sequence[str], gpu: GpuSpec,
-                compiles_clean: Callable[[str, str, int], bool] | None = None) -> list[Case]:
+def build_cases(
+    cells: Sequence[str],
+    hiddens: Sequence[int | str],
+    batches: Sequence[int],
+    seq_len: int,
+    dtypes: Sequence[str],
+    gpu: GpuSpec,
+    compiles_clean: Callable[[str, str, int], bool] | None = None,
+) -> list[Case]:
     """The cases of a run, in cell, dtype, hidden, batch order.
 
     ``hiddens`` may contain :data:`LARGEST`, resolved per cell with :func:`largest_hidden`

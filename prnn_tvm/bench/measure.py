@@ -84,8 +84,9 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
         # The two launches with every argument bound once, so only the kernels run between events.
         funcs = {name: (layer.module[name], a) for name, a in layer.bind(*args).launches}
         proj, rec = funcs["projection"], funcs["recurrent"]
-        row["prnn_layer_ms"], row["prnn_layer_min_ms"] = _ms(lambda: (proj[0](*proj[1]), rec[0](*rec[1])),
-                                                             repeats, number)
+        row["prnn_layer_ms"], row["prnn_layer_min_ms"] = _ms(
+            lambda: (proj[0](*proj[1]), rec[0](*rec[1])), repeats, number
+        )
         row["prnn_kernel_ms"], row["prnn_kernel_min_ms"] = _ms(lambda: rec[0](*rec[1]), repeats, number)
         again = _check(layer, args, ref_out, ref_finals, tolerance(case.dtype, T))
         row["max_abs_err"] = worst([row["max_abs_err"], again])
@@ -127,8 +128,12 @@ def _check(layer: Layer, args: list, ref_out: torch.Tensor, ref_finals: list[tor
     """Run the layer through its public call and return the max abs difference to cuDNN (at most ``bound``)."""
     out, finals = layer(*args)
     layer.check()  # a timed-out launch (of this call or a timed one before) is a timeout, not a mismatch
-    return worst([_differs(torch.from_dlpack(out), ref_out, bound),
-                  *(_differs(torch.from_dlpack(got), ref, bound) for got, ref in zip(finals, ref_finals))])
+    return worst(
+        [
+            _differs(torch.from_dlpack(out), ref_out, bound),
+            *(_differs(torch.from_dlpack(got), ref, bound) for got, ref in zip(finals, ref_finals)),
+        ]
+    )
 
 
 def _differs(got: torch.Tensor, ref: torch.Tensor, bound: float) -> float:

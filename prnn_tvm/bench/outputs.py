@@ -56,8 +56,10 @@ def render_csv(csv_path: str | Path, out_dir: str | Path, name: str | None = Non
     if not out_dir.is_dir():
         raise InputError(f"{out_dir} is not a folder; --out names an existing folder for the re-rendered files")
     if (out_dir / name).resolve() == csv_path.with_suffix("").resolve():
-        raise InputError(f"re-rendering {csv_path} would overwrite {csv_path.with_suffix('.md')} and its plot, the "
-                         "run's own files; pass --out DIR (another folder) or --name NAME")
+        raise InputError(
+            f"re-rendering {csv_path} would overwrite {csv_path.with_suffix('.md')} and its plot, the "
+            "run's own files; pass --out DIR (another folder) or --name NAME"
+        )
     return render(rows, out_dir, name, command or _command_beside(csv_path))
 
 

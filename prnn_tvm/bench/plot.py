@@ -84,8 +84,16 @@ def _panel(ax, key: tuple, rows: list[dict]) -> None:
             plotted = True
     failed = [r["batch"] for r in rows if r.get("status") != "ok"]
     if failed:
-        ax.plot(failed, [0.02] * len(failed), "x", color="red", markersize=9, transform=ax.get_xaxis_transform(),
-                clip_on=False, label="error")
+        ax.plot(
+            failed,
+            [0.02] * len(failed),
+            "x",
+            color="red",
+            markersize=9,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+            label="error",
+        )
     ax.set_xscale("log", base=2)
     if plotted:  # a log axis needs a positive value; a panel of failed cases only has none
         ax.set_yscale("log")

@@ -27,9 +27,14 @@ log = logging.getLogger(__name__)
 
 def missing_requirements() -> str | None:
     """None when a measuring run can start here, else one line saying what is missing."""
-    missing = [f"{what} ({hint})" for module, what, hint in (
-        ("torch", "PyTorch", "pip install torch"), ("matplotlib", "matplotlib", "pip install matplotlib"))
-        if importlib.util.find_spec(module) is None]
+    missing = [
+        f"{what} ({hint})"
+        for module, what, hint in (
+            ("torch", "PyTorch", "pip install torch"),
+            ("matplotlib", "matplotlib", "pip install matplotlib"),
+        )
+        if importlib.util.find_spec(module) is None
+    ]
     if local_gpu() is None:
         missing.append("a CUDA GPU")
     elif not missing:
@@ -45,16 +50,29 @@ def environment(gpu: GpuSpec) -> dict:
     import torch
     import tvm
 
-    return {"gpu": gpu.device_name or torch.cuda.get_device_name(), "sms": gpu.sms, "arch": gpu.arch,
-            "peak_fp32_tflops": round(gpu.peak_fp32_flops / 1e12, 2), "driver": _driver_version(),
-            "cuda": torch.version.cuda, "tvm": tvm.__version__, "torch": torch.__version__,
-            "cudnn": str(torch.backends.cudnn.version()), "prnn_tvm": _version("prnn-tvm")}
+    return {
+        "gpu": gpu.device_name or torch.cuda.get_device_name(),
+        "sms": gpu.sms,
+        "arch": gpu.arch,
+        "peak_fp32_tflops": round(gpu.peak_fp32_flops / 1e12, 2),
+        "driver": _driver_version(),
+        "cuda": torch.version.cuda,
+        "tvm": tvm.__version__,
+        "torch": torch.__version__,
+        "cudnn": str(torch.backends.cudnn.version()),
+        "prnn_tvm": _version("prnn-tvm"),
+    }
 
 
 def _driver_version() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.strip().splitlines()[0] if out.strip() else "unknown"
@@ -91,17 +109,27 @@ class _Layers:
 
     def compiles_clean(self, batches: Sequence[int], seq_len: int):
         """The spill check for :func:`~prnn_tvm.bench.matrix.largest_hidden`, building through this cache."""
+
         def check(cell: str, dtype: str, hidden: int) -> bool:
             for batch in sorted(batches, reverse=True):
                 built, _ = self.get(cell, dtype, hidden, batch, seq_len)
                 if isinstance(built, Layer) and built.report.spill_bytes:
                     return False
             return True
+
         return check
 
 
-def run(cells: Sequence[str], hiddens: Sequence[int | str], batches: Sequence[int], seq_len: int,
-        dtypes: Sequence[str], repeats: int = 5, number: int = 3, progress: bool = True) -> list[dict]:
+def run(
+    cells: Sequence[str],
+    hiddens: Sequence[int | str],
+    batches: Sequence[int],
+    seq_len: int,
+    dtypes: Sequence[str],
+    repeats: int = 5,
+    number: int = 3,
+    progress: bool = True,
+) -> list[dict]:
     """Measure every case of the matrix on the local GPU; one row per case, in order.
 
     Parameters
@@ -135,15 +163,27 @@ def run(cells: Sequence[str], hiddens: Sequence[int | str], batches: Sequence[in
     last = ""
     for case in bar:
         bar.set_postfix_str(case.label + (f" | last: {last}" if last else ""))
-        row = {"cell": case.cell, "dtype": case.dtype, "hidden": case.hidden, "batch": case.batch,
-               "seq_len": case.seq_len, **env}
+        row = {
+            "cell": case.cell,
+            "dtype": case.dtype,
+            "hidden": case.hidden,
+            "batch": case.batch,
+            "seq_len": case.seq_len,
+            **env,
+        }
         try:
             layer, row["compile_s"] = layers.take(case)
             if isinstance(layer, Exception):
                 raise layer
             rep = layer.report
-            row.update(config=json.dumps(rep.config), config_origin=rep.config_detail, ctas=rep.ctas,
-                       threads=rep.threads, registers=rep.registers, spill_bytes=rep.spill_bytes)
+            row.update(
+                config=json.dumps(rep.config),
+                config_origin=rep.config_detail,
+                ctas=rep.ctas,
+                threads=rep.threads,
+                registers=rep.registers,
+                spill_bytes=rep.spill_bytes,
+            )
             row.update(measure(case, layer, gpu, repeats, number, probes))
             row["status"] = "ok"
             log.info("%s: %s", case.label, _summary(row))
@@ -161,8 +201,13 @@ def run(cells: Sequence[str], hiddens: Sequence[int | str], batches: Sequence[in
 def _summary(row: dict) -> str:
     """One line of per-step figures for the log (missing figures left out)."""
     parts = []
-    for label, column in (("ours", "prnn_layer_ms"), ("kernel", "prnn_kernel_ms"), ("cuDNN", "cudnn_ms"),
-                          ("graph", "graph_layer_ms"), ("floor", "floor_step_us")):
+    for label, column in (
+        ("ours", "prnn_layer_ms"),
+        ("kernel", "prnn_kernel_ms"),
+        ("cuDNN", "cudnn_ms"),
+        ("graph", "graph_layer_ms"),
+        ("floor", "floor_step_us"),
+    ):
         us = per_step_us(row, column)
         if us is not None:
             parts.append(f"{label} {us:.2f}")

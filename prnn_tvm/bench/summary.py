@@ -53,12 +53,17 @@ def ratio_grid(rows: list[dict], label: str, cells: Iterable[str] = ()) -> str:
 
 def case_table(rows: list[dict], cases: list[str]) -> str:
     """The chosen cases (``lstm:1024x4``) with every time per step of the run and the host time per call."""
-    lines = ["| case | public call | call in a CUDA graph | kernels pre-bound | kernel alone | cuDNN | cuDNN / call "
-             "| host us per call, ours / cuDNN |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | public call | call in a CUDA graph | kernels pre-bound | kernel alone | cuDNN | cuDNN / call "
+        "| host us per call, ours / cuDNN |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for case in cases:
         row = find(rows, case)
-        us = [f"{per_step_us(row, c):.2f} us" for c in ("prnn_call_ms", "prnn_graph_ms", "prnn_layer_ms",
-                                                          "prnn_kernel_ms", "cudnn_ms")]
+        us = [
+            f"{per_step_us(row, c):.2f} us"
+            for c in ("prnn_call_ms", "prnn_graph_ms", "prnn_layer_ms", "prnn_kernel_ms", "cudnn_ms")
+        ]
         host = f"{row['prnn_host_us']:.0f} / {row['cudnn_host_us']:.0f}"
         lines.append(f"| {case_name(row)} | " + " | ".join(us) + f" | {_x(ratio(row))} | {host} |")
     return "\n".join(lines)
@@ -87,21 +92,27 @@ def summary(rows: list[dict], floor: bool = False) -> str:
     by_ratio = sorted(ok, key=ratio)
     failed = len(rows) - len(ok)
     losses = [f"{case_name(r, dtype=True)} ({_x(ratio(r))})" for r in by_ratio if ratio(r) < 1]
-    lines = [f"- {len(ok)} cases measured, {failed} failed; cuDNN / our call from {_x(ratio(by_ratio[0]))} "
-             f"({case_name(by_ratio[0], dtype=True)}) to {_x(ratio(by_ratio[-1]))} "
-             f"({case_name(by_ratio[-1], dtype=True)}), median {_x(statistics.median(map(ratio, ok)))}.",
-             "- cuDNN is faster in " + (", ".join(losses) if losses else "no case") + "."]
+    lines = [
+        f"- {len(ok)} cases measured, {failed} failed; cuDNN / our call from {_x(ratio(by_ratio[0]))} "
+        f"({case_name(by_ratio[0], dtype=True)}) to {_x(ratio(by_ratio[-1]))} "
+        f"({case_name(by_ratio[-1], dtype=True)}), median {_x(statistics.median(map(ratio, ok)))}.",
+        "- cuDNN is faster in " + (", ".join(losses) if losses else "no case") + ".",
+    ]
     host = [r for r in ok if r.get("prnn_host_us") is not None and r.get("cudnn_host_us") is not None]
     if host:
-        lines.append(f"- Host time per call, GPU work excluded: ours {_span([r['prnn_host_us'] for r in host], '.0f')}"
-                     f" us, cuDNN's {_span([r['cudnn_host_us'] for r in host], '.0f')} us.")
+        lines.append(
+            f"- Host time per call, GPU work excluded: ours {_span([r['prnn_host_us'] for r in host], '.0f')}"
+            f" us, cuDNN's {_span([r['cudnn_host_us'] for r in host], '.0f')} us."
+        )
     floor = [r for r in ok if ratios(r)["prnn_over_floor"]] if floor else []
     if floor:
         over = sorted(floor, key=lambda r: ratios(r)["prnn_over_floor"])
-        lines.append(f"- Our kernel alone over the floor (one barrier plus the recurrent FLOPs at peak): "
-                     f"{_x(ratios(over[0])['prnn_over_floor'])} ({case_name(over[0], dtype=True)}) to "
-                     f"{_x(ratios(over[-1])['prnn_over_floor'])} ({case_name(over[-1], dtype=True)}) in the "
-                     f"{len(floor)} cases that cross a barrier per step.")
+        lines.append(
+            f"- Our kernel alone over the floor (one barrier plus the recurrent FLOPs at peak): "
+            f"{_x(ratios(over[0])['prnn_over_floor'])} ({case_name(over[0], dtype=True)}) to "
+            f"{_x(ratios(over[-1])['prnn_over_floor'])} ({case_name(over[-1], dtype=True)}) in the "
+            f"{len(floor)} cases that cross a barrier per step."
+        )
     return "\n".join(lines)
 
 
@@ -109,31 +120,43 @@ def call_ratio_between(rows: list[dict], other: list[dict], name: str, other_nam
     """Our public call in one run over the same case's in another (e.g. bfloat16 over float16): the range, the
     median, and every case more than 10% away from 1."""
     theirs = {(r["cell"], r["hidden"], r["batch"]): r for r in measured(other)}
-    pairs = [(r, r["prnn_call_ms"] / theirs[r["cell"], r["hidden"], r["batch"]]["prnn_call_ms"])
-             for r in measured(rows) if (r["cell"], r["hidden"], r["batch"]) in theirs]
+    pairs = [
+        (r, r["prnn_call_ms"] / theirs[r["cell"], r["hidden"], r["batch"]]["prnn_call_ms"])
+        for r in measured(rows)
+        if (r["cell"], r["hidden"], r["batch"]) in theirs
+    ]
     values = [v for _, v in pairs]
     far = [f"{case_name(r)} {v:.2f}x" for r, v in sorted(pairs, key=lambda p: p[1]) if abs(v - 1) > 0.1]
-    return (f"Our {name} call over our {other_name} call, case by case ({len(pairs)} cases): "
-            f"{_span(values, '.2f')}x, median {statistics.median(values):.2f}x; more than 10% away from 1: "
-            + (", ".join(far) if far else "none") + ".")
+    return (
+        f"Our {name} call over our {other_name} call, case by case ({len(pairs)} cases): "
+        f"{_span(values, '.2f')}x, median {statistics.median(values):.2f}x; more than 10% away from 1: "
+        + (", ".join(far) if far else "none")
+        + "."
+    )
 
 
 def overview(runs: list[tuple[str, list[dict]]]) -> str:
     """One row per run (label, rows): cases, cuDNN / our call at its lowest, median and highest, and the
     cases where cuDNN is faster."""
-    lines = ["| dtype | cases | cuDNN / our call: lowest | median | highest | cuDNN faster in |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| dtype | cases | cuDNN / our call: lowest | median | highest | cuDNN faster in |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, rows in runs:
         ok = sorted(measured(rows), key=ratio)
         losses = ", ".join(f"{case_name(r)} ({_x(ratio(r))})" for r in ok if ratio(r) < 1) or "none"
-        lines.append(f"| {label} | {len(ok)} | {_x(ratio(ok[0]))} ({case_name(ok[0])}) | "
-                     f"{_x(statistics.median(map(ratio, ok)))} | {_x(ratio(ok[-1]))} ({case_name(ok[-1])}) | "
-                     f"{losses} |")
+        lines.append(
+            f"| {label} | {len(ok)} | {_x(ratio(ok[0]))} ({case_name(ok[0])}) | "
+            f"{_x(statistics.median(map(ratio, ok)))} | {_x(ratio(ok[-1]))} ({case_name(ok[-1])}) | "
+            f"{losses} |"
+        )
     return "\n".join(lines)
 
 
 def environment(rows: list[dict]) -> str:
     """The machine and software a run measured on, from its rows."""
     env = next(r for r in rows if r.get("gpu"))
-    return (f"{env['gpu']} ({env['arch']}, {env['sms']} SMs), driver {env['driver']}, CUDA {env['cuda']}, "
-            f"cuDNN {env['cudnn']}, torch {env['torch']}, TVM {env['tvm']}")
+    return (
+        f"{env['gpu']} ({env['arch']}, {env['sms']} SMs), driver {env['driver']}, CUDA {env['cuda']}, "
+        f"cuDNN {env['cudnn']}, torch {env['torch']}, TVM {env['tvm']}"
+    )

@@ -23,16 +23,32 @@ from ..schedules import knob_short_names, knob_text
 CASE_COLUMNS = ["cell", "dtype", "hidden", "batch", "seq_len", "status", "error"]
 CONFIG_COLUMNS = ["config", "config_origin", "ctas", "threads", "registers", "spill_bytes", "compile_s"]
 TIMED = ["prnn_call", "prnn_graph", "prnn_layer", "prnn_kernel", "cudnn", "graph_layer", "graph_recurrent"]
-FIGURE_COLUMNS = (["max_abs_err", "graph_max_err", "repeats"]
-                  + [f"{name}{suffix}" for name in TIMED for suffix in ("_ms", "_min_ms")]
-                  + ["prnn_host_us", "cudnn_host_us"]  # host time of one call, GPU work excluded
-                  + ["barrier_us", "flop_layer_ms", "flop_recurrent_ms", "floor_step_us"])
+FIGURE_COLUMNS = (
+    ["max_abs_err", "graph_max_err", "repeats"]
+    + [f"{name}{suffix}" for name in TIMED for suffix in ("_ms", "_min_ms")]
+    + ["prnn_host_us", "cudnn_host_us"]  # host time of one call, GPU work excluded
+    + ["barrier_us", "flop_layer_ms", "flop_recurrent_ms", "floor_step_us"]
+)
 ENV_COLUMNS = ["gpu", "sms", "arch", "peak_fp32_tflops", "driver", "cuda", "tvm", "torch", "cudnn", "prnn_tvm"]
 COLUMNS = CASE_COLUMNS + CONFIG_COLUMNS + FIGURE_COLUMNS + ENV_COLUMNS
 
 _INT = {"hidden", "batch", "seq_len", "ctas", "threads", "registers", "spill_bytes", "repeats", "sms"}
-_TEXT = {"cell", "dtype", "status", "error", "config", "config_origin", "gpu", "arch", "driver", "cuda", "tvm",
-         "torch", "cudnn", "prnn_tvm"}
+_TEXT = {
+    "cell",
+    "dtype",
+    "status",
+    "error",
+    "config",
+    "config_origin",
+    "gpu",
+    "arch",
+    "driver",
+    "cuda",
+    "tvm",
+    "torch",
+    "cudnn",
+    "prnn_tvm",
+}
 
 # The plot's lines: label -> column (per sequence in ms, or per step in us for ``*_us``)
 SERIES = {
@@ -75,8 +91,10 @@ def read_csv(path: str | Path) -> list[dict]:
         reader = csv.DictReader(f)
         missing = [c for c in CASE_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
-            raise InputError(f"{path} is not a benchmark CSV: it has no column(s) {', '.join(missing)} (written by "
-                             "prnn-tvm bench, it has the columns of prnn_tvm.bench.table.COLUMNS)")
+            raise InputError(
+                f"{path} is not a benchmark CSV: it has no column(s) {', '.join(missing)} (written by "
+                "prnn-tvm bench, it has the columns of prnn_tvm.bench.table.COLUMNS)"
+            )
         try:
             rows = [{k: _parse(k, v) for k, v in row.items()} for row in reader]
         except ValueError as err:
@@ -136,8 +154,9 @@ def _config_text(row: dict) -> str:
     return f"{text} ({origin})" if origin else text
 
 
-def markdown(rows: list[dict], title: str = "prnn-tvm benchmark", command: str | None = None,
-             notes: list[str] | None = None) -> str:
+def markdown(
+    rows: list[dict], title: str = "prnn-tvm benchmark", command: str | None = None, notes: list[str] | None = None
+) -> str:
     """The report a reader sees: environment, then one table per cell and dtype.
 
     Each row gives time per step (us) of prnn-tvm's public call (``prnn_tvm.torch``), eager and
@@ -148,41 +167,68 @@ def markdown(rows: list[dict], title: str = "prnn-tvm benchmark", command: str |
     lines = [f"# {title}", ""]
     env = next((r for r in rows if r.get("gpu")), rows[0] if rows else {})
     if env:
-        lines += [f"GPU {env.get('gpu')} ({env.get('arch')}, {env.get('sms')} SMs, peak fp32 "
-                  f"{_fmt(env.get('peak_fp32_tflops'), '.1f')} TFLOP/s), driver {env.get('driver')}, CUDA "
-                  f"{env.get('cuda')}, cuDNN {env.get('cudnn')}, torch {env.get('torch')}, TVM {env.get('tvm')}, "
-                  f"prnn-tvm {env.get('prnn_tvm')}. TF32 off everywhere.", ""]
+        lines += [
+            f"GPU {env.get('gpu')} ({env.get('arch')}, {env.get('sms')} SMs, peak fp32 "
+            f"{_fmt(env.get('peak_fp32_tflops'), '.1f')} TFLOP/s), driver {env.get('driver')}, CUDA "
+            f"{env.get('cuda')}, cuDNN {env.get('cudnn')}, torch {env.get('torch')}, TVM {env.get('tvm')}, "
+            f"prnn-tvm {env.get('prnn_tvm')}. TF32 off everywhere.",
+            "",
+        ]
     if command:
         lines += ["    " + command, ""]
     lines += [f"- {n}" for n in notes or []] + ([""] if notes else [])
-    lines += ["Times are microseconds per step (median over repeats, T steps per sequence). *ours call* is "
-              "`prnn_tvm.torch.from_torch(m)(x)`, timed exactly like cuDNN's `m(x)`; *in graph* that call captured "
-              "in a CUDA graph and replayed; *ours layer* the two kernels with pre-bound arguments. Ratios above 1 "
-              "under *cuDNN/call*, *cuDNN/ours* and *graph/ours* mean prnn-tvm is faster; *ours/floor* compares the "
-              "persistent kernel with one barrier plus the recurrent FLOPs at peak. *host us* is the CPU time of "
-              "one call, ours / cuDNN's, in microseconds per call (not per step).", ""]
+    lines += [
+        "Times are microseconds per step (median over repeats, T steps per sequence). *ours call* is "
+        "`prnn_tvm.torch.from_torch(m)(x)`, timed exactly like cuDNN's `m(x)`; *in graph* that call captured "
+        "in a CUDA graph and replayed; *ours layer* the two kernels with pre-bound arguments. Ratios above 1 "
+        "under *cuDNN/call*, *cuDNN/ours* and *graph/ours* mean prnn-tvm is faster; *ours/floor* compares the "
+        "persistent kernel with one barrier plus the recurrent FLOPs at peak. *host us* is the CPU time of "
+        "one call, ours / cuDNN's, in microseconds per call (not per step).",
+        "",
+    ]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["cell"], row["dtype"]), []).append(row)
     for (cell, dtype), group in groups.items():
-        lines += [f"## {cell} {dtype}", "",
-                  "| H | B | ours call | in graph | ours layer | ours kernel | cuDNN | graph loop | floor | cuDNN/call "
-                  "| cuDNN/ours | graph/ours | ours/floor | host us | max err vs cuDNN | config |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {cell} {dtype}",
+            "",
+            "| H | B | ours call | in graph | ours layer | ours kernel | cuDNN | graph loop | floor | cuDNN/call "
+            "| cuDNN/ours | graph/ours | ours/floor | host us | max err vs cuDNN | config |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for row in sorted(group, key=lambda r: (r["hidden"], r["batch"])):
             head = f"| {row['hidden']} | {row['batch']} "
             if row.get("status") != "ok":
                 lines.append(head + f"| error: {_short(row.get('error'))} |" + " |" * 13)
                 continue
-            us = [_fmt(per_step_us(row, c)) for c in ("prnn_call_ms", "prnn_graph_ms", "prnn_layer_ms",
-                                                        "prnn_kernel_ms", "cudnn_ms", "graph_layer_ms",
-                                                        "floor_step_us")]
+            us = [
+                _fmt(per_step_us(row, c))
+                for c in (
+                    "prnn_call_ms",
+                    "prnn_graph_ms",
+                    "prnn_layer_ms",
+                    "prnn_kernel_ms",
+                    "cudnn_ms",
+                    "graph_layer_ms",
+                    "floor_step_us",
+                )
+            ]
             r = ratios(row)
-            host = (f"{_fmt(row.get('prnn_host_us'), '.0f')} / {_fmt(row.get('cudnn_host_us'), '.0f')}"
-                    if row.get("prnn_host_us") is not None else "")
-            cells = us + [_fmt(r["cudnn_over_call"]), _fmt(r["cudnn_over_prnn"]), _fmt(r["graph_over_prnn"]),
-                          _fmt(r["prnn_over_floor"]), host,
-                          _fmt(row.get("max_abs_err"), ".1e"), _config_text(row)]
+            host = (
+                f"{_fmt(row.get('prnn_host_us'), '.0f')} / {_fmt(row.get('cudnn_host_us'), '.0f')}"
+                if row.get("prnn_host_us") is not None
+                else ""
+            )
+            cells = us + [
+                _fmt(r["cudnn_over_call"]),
+                _fmt(r["cudnn_over_prnn"]),
+                _fmt(r["graph_over_prnn"]),
+                _fmt(r["prnn_over_floor"]),
+                host,
+                _fmt(row.get("max_abs_err"), ".1e"),
+                _config_text(row),
+            ]
             lines.append(head + "| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

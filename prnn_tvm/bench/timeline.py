@@ -26,33 +26,39 @@ import numpy as np
 # %globaltimer before the poll, after the barrier, after the publish; the SM
 SLOTS = 8
 STEPS = 256  # steps recorded (the first ones)
-_CLOCK_NS = ('__device__ __forceinline__ unsigned long long prnn_timeline_ns() { unsigned long long t; '
-             'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n')
+_CLOCK_NS = (
+    "__device__ __forceinline__ unsigned long long prnn_timeline_ns() { unsigned long long t; "
+    'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n'
+)
 
 
 def _find(pattern: str, source: str, what: str, start: int = 0) -> re.Match:
     found = re.compile(pattern, re.M).search(source, start)
     if found is None:
-        raise ValueError(f"timeline: no {what} in the kernel source (the generated code changed: update "
-                         f"prnn_tvm/bench/timeline.py)")
+        raise ValueError(
+            f"timeline: no {what} in the kernel source (the generated code changed: update prnn_tvm/bench/timeline.py)"
+        )
     return found
 
 
 def instrument(source: str, tiles: int, tile_items: int) -> str:
     """``source`` (a layer's CUDA) with the timeline's stamps in its recurrent kernel: ``tiles`` batch tiles per
     step, ``tile_items`` pointwise items per tile (the thread of item ``j * tile_items`` publishes tile ``j``)."""
-    kernel = _find(r'^extern "C" __global__ void __launch_bounds__\(\d+, 1\) recurrent_kernel\(.*\{$', source,
-                   "recurrent kernel").start()
+    kernel = _find(
+        r'^extern "C" __global__ void __launch_bounds__\(\d+, 1\) recurrent_kernel\(.*\{$', source, "recurrent kernel"
+    ).start()
     source = source[:kernel] + _CLOCK_NS + source[kernel:]
     kernel += len(_CLOCK_NS)
     shared = _find(r"extern __shared__ __align__\(\d+\) float \w+\[\];\n", source, "dynamic shared buffer", kernel)
     words = STEPS * tiles * SLOTS
-    source = (source[:shared.end()] + f"  __shared__ unsigned long long prnn_timeline[{words}];\n"
-              + source[shared.end():])
+    source = (
+        source[: shared.end()] + f"  __shared__ unsigned long long prnn_timeline[{words}];\n" + source[shared.end() :]
+    )
     polls = list(re.finditer(r"prnn_sentinel_(?:frags|copy)<[^;]*, (\w+), sync_ptr, timeout_us\);", source))
     if not polls:
-        raise ValueError("timeline: no sentinel poll in the kernel source (a one-phase layer with the sentinel "
-                         "exchange is needed)")
+        raise ValueError(
+            "timeline: no sentinel poll in the kernel source (a one-phase layer with the sentinel exchange is needed)"
+        )
     step = polls[-1][1]
     if tiles > 1:  # the batch-tile loop of tile_by_tile: stamps per tile
         tile = _find(r"^(\s*)int b0 = \((\w+) \* \d+\);$", source, "batch-tile loop", kernel)
@@ -63,28 +69,43 @@ def instrument(source: str, tiles: int, tile_items: int) -> str:
         bc, loop, before = "0", rf"^\s*for \(int {step} = 0; {step} < seq_len; \+\+{step}\) \{{\n", polls[-1].start()
     headers = list(re.finditer(loop, source[:before], re.M))
     if not headers:
-        raise ValueError(f"timeline: no loop over {'tiles' if tiles > 1 else 'steps'} before the poll in the kernel "
-                         "source")
+        raise ValueError(
+            f"timeline: no loop over {'tiles' if tiles > 1 else 'steps'} before the poll in the kernel source"
+        )
     header = headers[-1]
-    source = (source[:header.end()] + "      unsigned long long prnn_c0 = clock64(), prnn_g0 = prnn_timeline_ns();\n"
-              + source[header.end():])
+    source = (
+        source[: header.end()]
+        + "      unsigned long long prnn_c0 = clock64(), prnn_g0 = prnn_timeline_ns();\n"
+        + source[header.end() :]
+    )
     polls = list(re.finditer(r"prnn_sentinel_(?:frags|copy)<[^;]*, sync_ptr, timeout_us\);", source))
     after = _find(r"^\s*\w+\[0\] = 0x0p\+0f", source, "accumulator reset after the poll", polls[-1].end())
-    source = source[:after.start()] + "      unsigned long long prnn_c1 = clock64();\n" + source[after.start():]
-    barrier = _find(r"^\s*(?:(\w+)\[0\] = prnn_block_or\(\1\[0\]\);|__syncthreads\(\);)\n", source,
-                    "block barrier after the products", after.start())
-    source = (source[:barrier.end()] + "      unsigned long long prnn_c2 = clock64(), prnn_g2 = prnn_timeline_ns();\n"
-              + source[barrier.end():])
+    source = source[: after.start()] + "      unsigned long long prnn_c1 = clock64();\n" + source[after.start() :]
+    barrier = _find(
+        r"^\s*(?:(\w+)\[0\] = prnn_block_or\(\1\[0\]\);|__syncthreads\(\);)\n",
+        source,
+        "block barrier after the products",
+        after.start(),
+    )
+    source = (
+        source[: barrier.end()]
+        + "      unsigned long long prnn_c2 = clock64(), prnn_g2 = prnn_timeline_ns();\n"
+        + source[barrier.end() :]
+    )
     publish = _find(r"^(\s*)prnn_sentinel_store<\w+>\(.*\);\n", source, "publish", barrier.end())
-    record = (f"{publish[1]}if (threadIdx.x % {tile_items} == 0 && {step} < {STEPS}) {{ unsigned long long* r = "
-              f"prnn_timeline + ({step} * {tiles} + {bc}) * {SLOTS}; unsigned sm; asm volatile(\"mov.u32 %0, "
-              "%%smid;\" : \"=r\"(sm)); r[0] = prnn_c0; r[1] = prnn_c1; r[2] = prnn_c2; r[3] = clock64(); "
-              "r[4] = prnn_g0; r[5] = prnn_g2; r[6] = prnn_timeline_ns(); r[7] = sm; }\n")
-    source = source[:publish.end()] + record + source[publish.end():]
+    record = (
+        f"{publish[1]}if (threadIdx.x % {tile_items} == 0 && {step} < {STEPS}) {{ unsigned long long* r = "
+        f'prnn_timeline + ({step} * {tiles} + {bc}) * {SLOTS}; unsigned sm; asm volatile("mov.u32 %0, '
+        '%%smid;" : "=r"(sm)); r[0] = prnn_c0; r[1] = prnn_c1; r[2] = prnn_c2; r[3] = clock64(); '
+        "r[4] = prnn_g0; r[5] = prnn_g2; r[6] = prnn_timeline_ns(); r[7] = sm; }\n"
+    )
+    source = source[: publish.end()] + record + source[publish.end() :]
     end = _find(r"^  int barrier_error = ", source, "end of the time loop", publish.end())
-    dump = (f"  __syncthreads();\n  for (int i = threadIdx.x; i < {words}; i += blockDim.x) "
-            f"((unsigned long long*)xp_ptr)[blockIdx.x * {words} + i] = prnn_timeline[i];\n")
-    return source[:end.start()] + dump + source[end.start():]
+    dump = (
+        f"  __syncthreads();\n  for (int i = threadIdx.x; i < {words}; i += blockDim.x) "
+        f"((unsigned long long*)xp_ptr)[blockIdx.x * {words} + i] = prnn_timeline[i];\n"
+    )
+    return source[: end.start()] + dump + source[end.start() :]
 
 
 def instrumented_layer(cell: str, hidden: int, batch: int, dtype: str, config: dict, arch: str | None = None):
@@ -99,12 +120,19 @@ def instrumented_layer(cell: str, hidden: int, batch: int, dtype: str, config: d
     plain = compile_cell(cell, hidden, batch, dtype=dtype, config=config or None, arch=arch)
     cfg, plan = plain.kernel.config, plain.plan
     g = by_name(plain.kernel.template).geometry(cfg, plan) if plain.kernel.template == "persistent_mma" else None
-    why = ("not the tensor-core template" if g is None else
-           "not the sentinel exchange" if cfg.barrier != "sentinel" else
-           "more than one phase or part" if plan.phases > 1 or (cfg.layout == "split" and plan.cta_parts) else
-           "more than one item per thread" if g.items_per_thread > 1 else
-           "more than one batch tile per pass of a shared operand tile" if not cfg.direct and g.batch_chunks > 1
-           else None)
+    why = (
+        "not the tensor-core template"
+        if g is None
+        else "not the sentinel exchange"
+        if cfg.barrier != "sentinel"
+        else "more than one phase or part"
+        if plan.phases > 1 or (cfg.layout == "split" and plan.cta_parts)
+        else "more than one item per thread"
+        if g.items_per_thread > 1
+        else "more than one batch tile per pass of a shared operand tile"
+        if not cfg.direct and g.batch_chunks > 1
+        else None
+    )
     if why:
         raise ValueError(f"timeline: {cell} {hidden}x{batch} {dtype} with {plain.report.config}: {why}")
     tiles = g.batch_chunks if cfg.direct else 1
@@ -139,8 +167,10 @@ def summary(stamps: np.ndarray, groups: int = 1, skip: int = 8) -> list[str]:
     c0, c1, c2, c3, g0, g2, g3, sm = (stamps[..., i] for i in range(SLOTS))
     s = slice(skip, stamps.shape[1] - skip)
     per_ns = np.median((c3 - c0)[:, s] / np.maximum(1, g3 - g0)[:, s])  # clock cycles per ns
-    lines = [f"step {np.median(np.diff(g0[:, :, 0], axis=1)[:, s]):.0f} ns (median over blocks and steps); "
-             f"clock {per_ns:.2f} GHz"]
+    lines = [
+        f"step {np.median(np.diff(g0[:, :, 0], axis=1)[:, s]):.0f} ns (median over blocks and steps); "
+        f"clock {per_ns:.2f} GHz"
+    ]
     parts = np.split(np.arange(stamps.shape[0]), groups)
     for j in range(stamps.shape[2]):
         skew, start, have = [], [], []
@@ -157,7 +187,8 @@ def summary(stamps: np.ndarray, groups: int = 1, skip: int = 8) -> list[str]:
             f"{np.median((c3 - c2)[:, s, j]) / per_ns:.0f}; publish skew across blocks {np.median(skew):.0f} "
             f"(p90 {np.percentile(skew, 90):.0f}); poll start - last publish {np.median(start):.0f} "
             f"(p10 {np.percentile(start, 10):.0f}); block barrier - last publish {np.median(have):.0f} "
-            f"(p10 {np.percentile(have, 10):.0f})")
+            f"(p10 {np.percentile(have, 10):.0f})"
+        )
     late = np.zeros(stamps.shape[0])  # tile 0's publish against its group's median block, mean over steps
     for blocks in parts:
         pub = g3[blocks, s, 0]

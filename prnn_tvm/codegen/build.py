@@ -88,6 +88,11 @@ def rewriting_sources(rewrite):
         _REWRITES.remove(rewrite)
 
 
+def rewriting() -> bool:
+    """Whether a :func:`rewriting_sources` block is running (builds are instrumented, not what TVM generated)."""
+    return bool(_REWRITES)
+
+
 def _compiled_source(code: str, plain: set[str]) -> str:
     """What a build compiles of TVM's CUDA ``code``: :func:`coherent_exchange`, then any :func:`rewriting_sources`."""
     code = coherent_exchange(code, plain)
@@ -143,12 +148,14 @@ class Built:
         return self.recurrent.spills if self.recurrent is not None else 0
 
 
-def build_module(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target,
-                 gpu: GpuSpec | None) -> Built:
+def build_module(
+    plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target, gpu: GpuSpec | None
+) -> Built:
     """Compile the layer's functions (input projection, recurrent kernel) into one module (see
     :func:`build_functions`)."""
-    return build_functions({"recurrent": kernel.func, "projection": projection_func(plan, input_size, target)},
-                           target, gpu)
+    return build_functions(
+        {"recurrent": kernel.func, "projection": projection_func(plan, input_size, target)}, target, gpu
+    )
 
 
 def generated_source(funcs: dict, target: tvm.target.Target) -> str:

@@ -53,16 +53,32 @@ class Kernel:
     config: object | None = None
 
 
-def recurrent_launch(plan: CellPlan, workspace: tuple | None = None, workspace_dtype: str | None = None,
-                     grid: Grid | None = None, sync: GridSync | None = None, exchanged: int = 0) -> Launch:
+def recurrent_launch(
+    plan: CellPlan,
+    workspace: tuple | None = None,
+    workspace_dtype: str | None = None,
+    grid: Grid | None = None,
+    sync: GridSync | None = None,
+    exchanged: int = 0,
+) -> Launch:
     """The ``recurrent`` launch of ``plan``: the arguments every template's kernel takes, in order (and an
     ``exchange`` sequence of ``exchanged`` states where a kernel needs one)."""
     H = plan.hidden
     args = recurrent_args(
-        plan.batch, H, plan.input.slices * H, plan.weight_shapes(),
-        {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states), plan.dtype,
-        workspace, workspace_dtype, sync.state_words if sync is not None else None, plan.policy.accumulate,
-        len(plan.outputs), exchanged)
+        plan.batch,
+        H,
+        plan.input.slices * H,
+        plan.weight_shapes(),
+        {p.name: (p.slices * H,) for p in plan.params},
+        tuple(s.name for s in plan.states),
+        plan.dtype,
+        workspace,
+        workspace_dtype,
+        sync.state_words if sync is not None else None,
+        plan.policy.accumulate,
+        len(plan.outputs),
+        exchanged,
+    )
     return Launch("recurrent", args, grid, sync)
 
 
@@ -70,19 +86,35 @@ def backward_launch(plan: CellPlan) -> Launch:
     """The ``recurrent_backward`` launch of ``plan``: the recurrent kernel's gradients (every template's
     backward takes these arguments, in this order)."""
     H = plan.hidden
-    args = backward_args(plan.batch, H, plan.input.slices * H, plan.weight_shapes(),
-                         {p.name: (p.slices * H,) for p in plan.params}, tuple(s.name for s in plan.states),
-                         plan.dtype, plan.policy.compute, plan.policy.accumulate)
+    args = backward_args(
+        plan.batch,
+        H,
+        plan.input.slices * H,
+        plan.weight_shapes(),
+        {p.name: (p.slices * H,) for p in plan.params},
+        tuple(s.name for s in plan.states),
+        plan.dtype,
+        plan.policy.compute,
+        plan.policy.accumulate,
+    )
     return Launch("recurrent_backward", args)
 
 
 def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = None) -> Signature:
     """The layer a compile makes: the input projection, then the recurrent kernel (``recurrent``:
     the template's launch; by default the arguments alone, which every template shares)."""
-    projection = projection_launch(plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype,
-                                   plan.policy.accumulate)
-    return Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype,
-                     (projection, recurrent or recurrent_launch(plan)), bool(plan.reversed_states))
+    projection = projection_launch(
+        plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype, plan.policy.accumulate
+    )
+    return Signature(
+        plan.cell.name,
+        plan.batch,
+        plan.hidden,
+        input_size,
+        plan.dtype,
+        (projection, recurrent or recurrent_launch(plan)),
+        bool(plan.reversed_states),
+    )
 
 
 def declare_args(launch: Launch) -> SimpleNamespace:
@@ -104,15 +136,26 @@ def declare_args(launch: Launch) -> SimpleNamespace:
             declared[a.name] = T.arg(a.name, T.buffer(shape, a.dtype, buffer_name=a.name))
 
     def by_role(role, strip=""):
-        return {a.name[:len(a.name) - len(strip)] if strip else a.name: declared[a.name]
-                for a in launch.args if a.role is role and a.name.endswith(strip)}
+        return {
+            a.name[: len(a.name) - len(strip)] if strip else a.name: declared[a.name]
+            for a in launch.args
+            if a.role is role and a.name.endswith(strip)
+        }
 
-    ns = SimpleNamespace(seq_len=seq_len, xp=declared.get("xp"), out=declared.get("out"), ws=declared.get("workspace"),
-                         lengths=declared.get("lengths"), exchange=declared.get("exchange"), named=declared)
+    ns = SimpleNamespace(
+        seq_len=seq_len,
+        xp=declared.get("xp"),
+        out=declared.get("out"),
+        ws=declared.get("workspace"),
+        lengths=declared.get("lengths"),
+        exchange=declared.get("exchange"),
+        named=declared,
+    )
     ns.weight, ns.param = by_role(ArgRole.WEIGHT), by_role(ArgRole.PARAM)
     ns.init, ns.final = by_role(ArgRole.STATE, strip="0"), by_role(ArgRole.FINAL, strip="_n")
-    ns.sync = (SyncArgs(declared["sync"], *(declared.get(name) for name in SYNC_SCALARS)) if "sync" in declared
-               else None)  # a launch that only reads the barrier's words takes none of its scalars
+    ns.sync = (
+        SyncArgs(declared["sync"], *(declared.get(name) for name in SYNC_SCALARS)) if "sync" in declared else None
+    )  # a launch that only reads the barrier's words takes none of its scalars
     return ns
 
 
@@ -192,8 +235,11 @@ def persistent_frame(launch: Launch, plain: tuple = ()):
     CTA of the grid and one thread per thread. Yields ``(arguments, blockIdx.x, threadIdx.x)``. ``plain``:
     more arguments to declare without ``__restrict__`` (what other blocks write while this one reads)."""
     grid = launch.grid
-    attrs = {"tirx.noalias": True, HAND_PLACED: True,
-             PLAIN_ARGS: [a.name for a in launch.args if not a.role.restrict or a.name in plain]}
+    attrs = {
+        "tirx.noalias": True,
+        HAND_PLACED: True,
+        PLAIN_ARGS: [a.name for a in launch.args if not a.role.restrict or a.name in plain],
+    }
     if grid.cooperative:
         attrs["tirx.kernel_launch_params"] = ["tirx.use_cooperative_launch"]
     with T.prim_func():
@@ -202,7 +248,9 @@ def persistent_frame(launch: Launch, plain: tuple = ()):
         args = declare_args(launch)
         # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
         # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
-        with T.launch_thread("blockIdx.x", grid.ctas) as bx, T.launch_thread("threadIdx.x", grid.threads) as tx, \
-                T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}):
+        with (
+            T.launch_thread("blockIdx.x", grid.ctas) as bx,
+            T.launch_thread("threadIdx.x", grid.threads) as tx,
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}),
+        ):
             yield args, bx, tx
-

@@ -20,9 +20,14 @@ from ..frontend.plan import CellPlan, Leaf
 from ..frontend.texpr import free_vars, rebuild, substitute
 
 
-def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
-               bind: Callable[[object, str], object], live_outs: tuple | None = None,
-               sums: tuple = ()) -> dict[Leaf, object]:
+def emit_phase(
+    plan: CellPlan,
+    phase: int,
+    load: Callable[[Leaf], object],
+    bind: Callable[[object, str], object],
+    live_outs: tuple | None = None,
+    sums: tuple = (),
+) -> dict[Leaf, object]:
     """Bind the stages of ``phase`` that the step needs; return ``{leaf: variable}`` for its live-outs.
 
     ``load(leaf)`` gives the value of an input, state, param, product or sum-over-units leaf, and of a
@@ -53,9 +58,15 @@ def emit_phase(plan: CellPlan, phase: int, load: Callable[[Leaf], object],
     return found
 
 
-def adjoint_values(plan: CellPlan, adjoints, forward: Callable[[Leaf], object], incoming: Callable[[str], object],
-                   operand: Callable[[str], object], bind: Callable[[object, str], object],
-                   unit_sum: Callable[[str], object] | None = None) -> Callable[[Leaf], object]:
+def adjoint_values(
+    plan: CellPlan,
+    adjoints,
+    forward: Callable[[Leaf], object],
+    incoming: Callable[[str], object],
+    operand: Callable[[str], object],
+    bind: Callable[[object, str], object],
+    unit_sum: Callable[[str], object] | None = None,
+) -> Callable[[Leaf], object]:
     """``value(leaf)``: the adjoint of a leaf of one (step, row, unit) as an expression, zero where the step
     does not depend on it, from the derived ``adjoints`` (``frontend.derivative.step_adjoints``).
 
@@ -159,6 +170,7 @@ def fast_transcendentals(expr):
     """``expr`` with its float32 exp, sigmoid and tanh on the GPU's approximate units (exp and sigmoid:
     relative error about 2^-21; tanh: 2^-16.6): the pointwise math of layers whose dtype policy says
     ``fast_math`` (half precision, where every stored value is rounded to 2^-11 or coarser)."""
+
     def replace(node):
         if isinstance(node, TensorLoad):  # a register or shared-memory value: nothing below it
             return node

@@ -38,19 +38,22 @@ def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) 
         # No reduction for a single input feature: with one, dlight's fallback rule inlines the
         # bias into a reduction of extent 1 as its init *and* its update, adding it twice
         # (TVM 0.27; every cell at input_size=1 was wrong on the GPU through it).
-        xp = te.compute((seq_len, B, N), lambda t, n, j: x[t, n, 0].astype(acc) * w[j, 0].astype(acc)
-                        + b[j].astype(acc), name="xp")
+        xp = te.compute(
+            (seq_len, B, N), lambda t, n, j: x[t, n, 0].astype(acc) * w[j, 0].astype(acc) + b[j].astype(acc), name="xp"
+        )
     else:
         k = te.reduce_axis((0, input_size), name="k")
-        xw = te.compute((seq_len, B, N), lambda t, n, j: te.sum(x[t, n, k].astype(acc) * w[j, k].astype(acc),
-                                                                 axis=k), name="xw")
+        xw = te.compute(
+            (seq_len, B, N), lambda t, n, j: te.sum(x[t, n, k].astype(acc) * w[j, k].astype(acc), axis=k), name="xw"
+        )
         xp = te.compute((seq_len, B, N), lambda t, n, j: xw[t, n, j] + b[j].astype(acc), name="xp")
     func = te.create_prim_func([x, w, b, xp]).with_attr("global_symbol", "projection")
     mod = tvm.IRModule({"projection": func})
     if target.kind.name == "cuda":
         with target:
-            mod = dl.ApplyDefaultSchedule(_ProjectionMatmul(B, small=B * N < LARGE_TILE_MIN_ROW_WORK), dl.gpu.GEMV(),
-                                          dl.gpu.Fallback())(mod)
+            mod = dl.ApplyDefaultSchedule(
+                _ProjectionMatmul(B, small=B * N < LARGE_TILE_MIN_ROW_WORK), dl.gpu.GEMV(), dl.gpu.Fallback()
+            )(mod)
     else:
         mod = _cpu_schedule(mod, "xp" if input_size == 1 else "xw")
     return mod["projection"]
@@ -90,9 +93,20 @@ class _ProjectionMatmul(dl.gpu.Matmul):
 
     def get_configs(self, target: tvm.target.Target) -> dl.gpu.Matmul.Config:
         vthreads, micro_x, micro_k = (1, 4, 16) if self.small else (2, 2, 16) if self.batch == 1 else (2, 4, 8)
-        return dl.gpu.Matmul.Config(block_size_x=16, block_size_y=16, vthread_x=vthreads, vthread_y=vthreads,
-                                    micro_size_x=micro_x, micro_size_y=4, micro_size_k=micro_k, vector_size=4,
-                                    unroll=256, use_shared=True, storage_align=False, inner_x=False)
+        return dl.gpu.Matmul.Config(
+            block_size_x=16,
+            block_size_y=16,
+            vthread_x=vthreads,
+            vthread_y=vthreads,
+            micro_size_x=micro_x,
+            micro_size_y=4,
+            micro_size_k=micro_k,
+            vector_size=4,
+            unroll=256,
+            use_shared=True,
+            storage_align=False,
+            inner_x=False,
+        )
 
     def apply(self, func, target, tunable):
         sch = super().apply(func, target, tunable)
@@ -140,8 +154,9 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
     accumulator ``i`` of row ``grp + 8 * (i // 2)``, column ``2 * quad + i % 2``."""
     dtype, acc, mma = policy.storage, policy.accumulate, policy.mma
     if mma.shape != M16N8K16:  # its fragments, tiles and ldmatrix addressing are that shape's
-        raise ConfigError(f"the tensor-core projection is laid out for mma.sync {M16N8K16}, not {mma.shape} "
-                          f"({policy.storage})")
+        raise ConfigError(
+            f"the tensor-core projection is laid out for mma.sync {M16N8K16}, not {mma.shape} ({policy.storage})"
+        )
     K, stride = input_size, TILE_K + SKEW
     lanes = next(v for v in (VECTOR, 4, 2, 1) if K % v == 0)  # a vector never straddles a row's end
     with IRBuilder() as ib:
@@ -158,9 +173,11 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
             wf = T.decl_buffer((width * K,), dtype, data=w.data)
             xpf = T.decl_buffer((rows * width,), acc, data=xp.data)
             threads = 32 * WARPS_M * WARPS_N
-            with T.launch_thread("blockIdx.x", tirx.floordiv(rows + TILE_ROWS - 1, TILE_ROWS)) as bx, \
-                    T.launch_thread("blockIdx.y", -(-width // TILE_COLS)) as by, \
-                    T.launch_thread("threadIdx.x", threads) as tx:
+            with (
+                T.launch_thread("blockIdx.x", tirx.floordiv(rows + TILE_ROWS - 1, TILE_ROWS)) as bx,
+                T.launch_thread("blockIdx.y", -(-width // TILE_COLS)) as by,
+                T.launch_thread("threadIdx.x", threads) as tx,
+            ):
                 # two k blocks of each tile: block kb + 1 is fetched into registers while kb multiplies
                 a_tile = T.alloc_buffer((2 * TILE_ROWS * stride,), dtype, scope="shared")
                 b_tile = T.alloc_buffer((2 * TILE_COLS * stride,), dtype, scope="shared")
@@ -201,9 +218,23 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
                             _ldmatrix_x4(bfrag, n * 4, b_tile, b0 + col * stride + ks * 16 + 8 * (lane // 8 % 2))
                         for m in range(M_TILES):
                             for n in range(N_TILES):
-                                T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
-                                                            afrag.data, m * 8, bfrag.data, n * 4, c.data,
-                                                            (m * N_TILES + n) * 4, False))
+                                T.evaluate(
+                                    T.ptx_legacy.mma(
+                                        mma.shape,
+                                        "row",
+                                        "col",
+                                        mma.ptx,
+                                        mma.ptx,
+                                        mma.accumulator,
+                                        afrag.data,
+                                        m * 8,
+                                        bfrag.data,
+                                        n * 4,
+                                        c.data,
+                                        (m * N_TILES + n) * 4,
+                                        False,
+                                    )
+                                )
                     with T.If(kb + 1 < blocks):  # the other buffer: last read before the previous sync
                         with T.Then():
                             put((kb + 1) % 2)
@@ -226,8 +257,11 @@ def _store_pair(xpf, c, at, b, row, col, rows, width: int, acc: str):
     if width % 2 == 0:  # col is even, so is width: col < width means both columns are inside
         with T.If(tirx.all(row < rows, col < width)):
             with T.Then():
-                T.buffer_store(xpf, c[T.ramp(at, 1, 2)] + b[T.ramp(col, 1, 2)].astype(f"{acc}x2"),
-                               [T.ramp(row * width + col, 1, 2)])
+                T.buffer_store(
+                    xpf,
+                    c[T.ramp(at, 1, 2)] + b[T.ramp(col, 1, 2)].astype(f"{acc}x2"),
+                    [T.ramp(row * width + col, 1, 2)],
+                )
         return
     for i in range(2):
         with T.If(tirx.all(row < rows, col + i < width)):

@@ -70,8 +70,14 @@ def parse_report(log: str, arch: str) -> PtxasReport:
         elif current and (m := _PROPS.search(line)):
             fields.update(stack=int(m.group(1)), st=int(m.group(2)), ld=int(m.group(3)))
         elif current and (m := _USED.search(line)):
-            functions[current] = FunctionReport(current, int(m.group(1)), fields.get("stack", 0),
-                                                fields.get("st", 0), fields.get("ld", 0), int(m.group(2) or 0))
+            functions[current] = FunctionReport(
+                current,
+                int(m.group(1)),
+                fields.get("stack", 0),
+                fields.get("st", 0),
+                fields.get("ld", 0),
+                int(m.group(2) or 0),
+            )
             current = None
     return PtxasReport(arch, functions, log)
 
@@ -90,14 +96,26 @@ def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
         return _CACHE[key]
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        raise NvccNotFound("nvcc not found on PATH: the CUDA toolkit (12 or newer) is needed to compile "
-                        "and inspect kernels")
+        raise NvccNotFound(
+            "nvcc not found on PATH: the CUDA toolkit (12 or newer) is needed to compile and inspect kernels"
+        )
     with tempfile.TemporaryDirectory(prefix="prnn_tvm_") as tmp:
         src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
         src.write_text(source)
         # 177: TVM's common-subexpression pass leaves unused temporaries; they are not our problem.
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-diag-suppress=177", "-Xptxas", "-v",
-               str(src), "-o", str(cubin)]
+        cmd = [
+            nvcc,
+            "-cubin",
+            f"-arch={arch}",
+            "-O3",
+            "-std=c++17",
+            "-diag-suppress=177",
+            "-Xptxas",
+            "-v",
+            str(src),
+            "-o",
+            str(cubin),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()

@@ -41,8 +41,10 @@ def grids(ctas: int, units: int, slices: int, batch: int, values: int) -> dict:
     close enough CTAs for one word each."""
     columns = slices * ctas * units
     if values > COLLECT_THREADS * MAX_POLLED:
-        raise ConfigError(f"a session collects at most {COLLECT_THREADS * MAX_POLLED} state values a step (one CTA); "
-                          f"this layer makes {values} (states x batch x hidden): use a smaller batch")
+        raise ConfigError(
+            f"a session collects at most {COLLECT_THREADS * MAX_POLLED} state values a step (one CTA); "
+            f"this layer makes {values} (states x batch x hidden): use a smaller batch"
+        )
     warps = PUBLISH_THREADS // 32
     return {
         "session_publish": Grid(min(-(-columns // warps), 264), PUBLISH_THREADS, 0, False),
@@ -63,10 +65,26 @@ def publish_func(launch: Launch, hidden: int, slices: int, units: int, ctas: int
     x = launch.arg("x")
     batch, k = x.shape
     ctype = policy(x.dtype).c_type
-    return _kernel(launch, lambda a: T.cuda.func_call(
-        f"prnn_session_publish<{ctype}, {batch}>", a.named["x"].data, a.named["W_ih"].data, a.named["b_ih"].data,
-        a.named[REQUESTS].data, a.named["control"].data, a.sync.sync.data, k, hidden, slices, units, ctas,
-        a.seq_len, source_code=_source(), return_type="void"))
+    return _kernel(
+        launch,
+        lambda a: T.cuda.func_call(
+            f"prnn_session_publish<{ctype}, {batch}>",
+            a.named["x"].data,
+            a.named["W_ih"].data,
+            a.named["b_ih"].data,
+            a.named[REQUESTS].data,
+            a.named["control"].data,
+            a.sync.sync.data,
+            k,
+            hidden,
+            slices,
+            units,
+            ctas,
+            a.seq_len,
+            source_code=_source(),
+            return_type="void",
+        ),
+    )
 
 
 def collect_func(launch: Launch) -> tirx.PrimFunc:
@@ -75,19 +93,41 @@ def collect_func(launch: Launch) -> tirx.PrimFunc:
     n = math.prod(states.shape)
     per = -(-n // launch.grid.threads)
     ctype = policy(states.dtype).c_type
-    return _kernel(launch, lambda a: T.cuda.func_call(
-        f"prnn_session_collect<{ctype}, {per}>", a.named[RESPONSES].data, a.named["states"].data, n,
-        a.named["control"].data, a.sync.sync.data, a.sync.timeout_us, a.seq_len, T.Cast("uint64", a.sync.error_host),
-        source_code=_source(), return_type="void"))
+    return _kernel(
+        launch,
+        lambda a: T.cuda.func_call(
+            f"prnn_session_collect<{ctype}, {per}>",
+            a.named[RESPONSES].data,
+            a.named["states"].data,
+            n,
+            a.named["control"].data,
+            a.sync.sync.data,
+            a.sync.timeout_us,
+            a.seq_len,
+            T.Cast("uint64", a.sync.error_host),
+            source_code=_source(),
+            return_type="void",
+        ),
+    )
 
 
 def close_func(launch: Launch) -> tirx.PrimFunc:
     """``session_close``: the close mark in every word of the next step's request slot."""
     mailbox = launch.arg(REQUESTS)
     words = mailbox.shape[1] * mailbox.shape[2] * mailbox.shape[3]
-    return _kernel(launch, lambda a: T.cuda.func_call(
-        "prnn_session_close", a.named[REQUESTS].data, a.named["control"].data, a.sync.sync.data, words, a.seq_len,
-        source_code=_source(), return_type="void"))
+    return _kernel(
+        launch,
+        lambda a: T.cuda.func_call(
+            "prnn_session_close",
+            a.named[REQUESTS].data,
+            a.named["control"].data,
+            a.sync.sync.data,
+            words,
+            a.seq_len,
+            source_code=_source(),
+            return_type="void",
+        ),
+    )
 
 
 def take(src, dst, words: int, threads: int, tag, step, sync, idle_us):
@@ -96,9 +136,21 @@ def take(src, dst, words: int, threads: int, tag, step, sync, idle_us):
     out (recorded in the error word), 2 the close mark."""
     per = -(-words // threads)
     if per > MAX_POLLED:
-        raise ConfigError(f"a session kernel's CTA takes at most {MAX_POLLED * threads} request values a step "
-                          f"({threads} threads); this config's CTA takes {words}: fewer units per CTA or a smaller "
-                          "batch")
-    call = T.cuda.func_call(f"prnn_session_take<{per}>", src, dst, words, T.Cast("uint32", tag), step, sync.sync.data,
-                            idle_us, source_code=_source(), return_type="int32")
+        raise ConfigError(
+            f"a session kernel's CTA takes at most {MAX_POLLED * threads} request values a step "
+            f"({threads} threads); this config's CTA takes {words}: fewer units per CTA or a smaller "
+            "batch"
+        )
+    call = T.cuda.func_call(
+        f"prnn_session_take<{per}>",
+        src,
+        dst,
+        words,
+        T.Cast("uint32", tag),
+        step,
+        sync.sync.data,
+        idle_us,
+        source_code=_source(),
+        return_type="int32",
+    )
     return T.bind(call, var=tirx.Var("request", "int32"))

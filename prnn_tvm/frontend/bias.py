@@ -56,9 +56,17 @@ def bias_carriers(plan) -> tuple:
         holding = [terms for terms in sums if x in terms]
         if any(sum(n for leaf, n in terms.items() if leaf.kind == "input") != 1 for terms in holding):
             return ()  # read twice in a sum, with another input slice, or outside any sum
-        param = next((p for p, n in holding[0].items() if p.kind == "param" and n == 1
-                      and all(terms.get(p) == 1 for terms in holding)
-                      and all(x in terms for terms in sums if p in terms)), None)
+        param = next(
+            (
+                p
+                for p, n in holding[0].items()
+                if p.kind == "param"
+                and n == 1
+                and all(terms.get(p) == 1 for terms in holding)
+                and all(x in terms for terms in sums if p in terms)
+            ),
+            None,
+        )
         if param is None:
             return ()
         pairs[x.slice] = param

@@ -48,10 +48,10 @@ MAX_DELAY = 15  # a state's delay: at most the last layer's of the deepest wavef
 class Role(enum.Enum):
     """What a declared tensor is to the compiler."""
 
-    INPUT = "input"    # x_t W_ih^T + b_ih for this step, shape (batch, slices*hidden)
-    STATE = "state"    # carried from step to step, shape (batch, hidden)
+    INPUT = "input"  # x_t W_ih^T + b_ih for this step, shape (batch, slices*hidden)
+    STATE = "state"  # carried from step to step, shape (batch, hidden)
     WEIGHT = "weight"  # recurrent weight, shape (slices*hidden, hidden / heads), PyTorch layout
-    PARAM = "param"    # per-unit vector (biases, peepholes), shape (slices*hidden,)
+    PARAM = "param"  # per-unit vector (biases, peepholes), shape (slices*hidden,)
 
 
 @dataclass(frozen=True)
@@ -139,17 +139,19 @@ class CellBuilder:
         _check_name(name, "product")
         declared = next((s.heads for s in self.slots if s.tensor.same_as(weight)), None)
         if heads is not None and heads != (declared or 1):
-            raise CellError(f"product '{name}': heads={heads!r}, but its weight was declared with {declared or 1}; "
-                            "declare the heads with c.weight(name, slices, heads=...) and leave them out here")
+            raise CellError(
+                f"product '{name}': heads={heads!r}, but its weight was declared with {declared or 1}; "
+                "declare the heads with c.weight(name, slices, heads=...) and leave them out here"
+            )
         rows, H = int(weight.shape[0]), self.hidden
         D = int(weight.shape[1])
         if D == H:
             k = te.reduce_axis((0, H), name=f"{name}_k")
-            return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, k] * weight[j, k], axis=k),
-                              name=name)
+            return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, k] * weight[j, k], axis=k), name=name)
         k = te.reduce_axis((0, D), name=f"{name}_k")
-        return te.compute((self.batch, rows), lambda n, j: te.sum(state[n, (j % H) // D * D + k] * weight[j, k],
-                                                                  axis=k), name=name)
+        return te.compute(
+            (self.batch, rows), lambda n, j: te.sum(state[n, (j % H) // D * D + k] * weight[j, k], axis=k), name=name
+        )
 
     def sum(self, value: te.Tensor, name: str, columns: int | None = None) -> te.Tensor:
         """Each batch row's sum over every column of ``value`` (a (batch, slices*hidden) tensor: a stage, the input,
@@ -179,16 +181,19 @@ class CellBuilder:
 
 def _check_name(name, kind: str) -> None:
     if not isinstance(name, str) or not name.isidentifier():
-        raise CellError(f"{kind} names must be Python identifiers (letters, digits and _, not starting with a "
-                        f"digit), got {name!r}")
+        raise CellError(
+            f"{kind} names must be Python identifiers (letters, digits and _, not starting with a digit), got {name!r}"
+        )
 
 
 def _check_heads(name: str, heads, hidden: int) -> None:
     if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
         raise CellError(f"weight '{name}' needs a positive whole number of heads, got {heads!r}")
     if hidden % heads:
-        raise CellError(f"weight '{name}': hidden={hidden} does not split into {heads} heads of equal size; "
-                        f"give a hidden size that is a multiple of {heads}, or fewer heads")
+        raise CellError(
+            f"weight '{name}': hidden={hidden} does not split into {heads} heads of equal size; "
+            f"give a hidden size that is a multiple of {heads}, or fewer heads"
+        )
 
 
 def _check_slices(name: str, slices) -> None:
@@ -260,33 +265,44 @@ class Cell:
             raise CellError(f"a cell's name is a non-empty printable string, got {self.name!r}")
         where = f"cell '{self.name}'"
         if not callable(self.step):
-            raise CellError(f"{where}: step must be a function step(c) -> {{state: new value}}, got "
-                            f"{type(self.step).__name__}")
+            raise CellError(
+                f"{where}: step must be a function step(c) -> {{state: new value}}, got {type(self.step).__name__}"
+            )
         if self.reference is not None and not callable(self.reference):
-            raise CellError(f"{where}: reference must be a function reference(x, state, params) -> {{state: new "
-                            f"value}} (or None for a cell that is only analysed), got {type(self.reference).__name__}")
-        if not (isinstance(self.output, str) or (isinstance(self.output, (tuple, list)) and self.output
-                                                 and _names(self.output))):
+            raise CellError(
+                f"{where}: reference must be a function reference(x, state, params) -> {{state: new "
+                f"value}} (or None for a cell that is only analysed), got {type(self.reference).__name__}"
+            )
+        if not (
+            isinstance(self.output, str)
+            or (isinstance(self.output, (tuple, list)) and self.output and _names(self.output))
+        ):
             raise CellError(f"{where}: output is a state's name or a tuple of them, got {self.output!r}")
         if not isinstance(self.doc, str):
             raise CellError(f"{where}: doc is a string, got {type(self.doc).__name__}")
         pairs = self.delays
-        if not (isinstance(pairs, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs)
-                and _names(p[0] for p in pairs) and all(_whole(p[1]) for p in pairs)):
+        if not (
+            isinstance(pairs, (tuple, list))
+            and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs)
+            and _names(p[0] for p in pairs)
+            and all(_whole(p[1]) for p in pairs)
+        ):
             raise CellError(f"{where}: delays is a tuple of (state name, steps) pairs, got {pairs!r}")
         bad = [(n, d) for n, d in pairs if not 0 <= d <= MAX_DELAY]
         if bad:
-            raise CellError(f"{where}: delay {bad[0][1]} of state '{bad[0][0]}' is not in [0, {MAX_DELAY}]; a "
-                            "state starts at most that many steps late, never early")
+            raise CellError(
+                f"{where}: delay {bad[0][1]} of state '{bad[0][0]}' is not in [0, {MAX_DELAY}]; a "
+                "state starts at most that many steps late, never early"
+            )
         twice = sorted({n for n, _ in pairs if sum(m == n for m, _ in pairs) > 1})
         if twice:
             raise CellError(f"{where}: delays names state(s) {', '.join(twice)} more than once")
         if not (isinstance(self.reversed_states, (tuple, list)) and _names(self.reversed_states)):
             raise CellError(f"{where}: reversed_states is a tuple of state names, got {self.reversed_states!r}")
-        if not (isinstance(self.reversed_slices, (tuple, list)) and all(_whole(s) and s >= 0
-                                                                        for s in self.reversed_slices)):
-            raise CellError(f"{where}: reversed_slices is a tuple of input slice numbers, got "
-                            f"{self.reversed_slices!r}")
+        if not (
+            isinstance(self.reversed_slices, (tuple, list)) and all(_whole(s) and s >= 0 for s in self.reversed_slices)
+        ):
+            raise CellError(f"{where}: reversed_slices is a tuple of input slice numbers, got {self.reversed_slices!r}")
 
     @property
     def outputs(self) -> tuple:
@@ -300,8 +316,10 @@ class Cell:
         builder = CellBuilder(batch, hidden, dtype, declarations_only)
         updates = self._user_call("step function", self.step, builder)
         if not isinstance(updates, Mapping):
-            raise CellError(f"cell '{self.name}': the step function must return a dict "
-                            f"{{state name: new value}}, got {type(updates).__name__}")
+            raise CellError(
+                f"cell '{self.name}': the step function must return a dict "
+                f"{{state name: new value}}, got {type(updates).__name__}"
+            )
         check_names(self.name, builder.slots, updates)
         return TracedCell(self, batch, hidden, dtype, tuple(builder.slots), dict(updates))
 
@@ -320,8 +338,9 @@ class Cell:
         except PrnnError:
             raise
         except (Exception, SystemExit) as err:
-            raise CellError(f"cell '{self.name}': its {what} raised {type(err).__name__}: {_first_line(err)} "
-                            f"({user_frame(err)})") from err
+            raise CellError(
+                f"cell '{self.name}': its {what} raised {type(err).__name__}: {_first_line(err)} ({user_frame(err)})"
+            ) from err
 
 
 def _names(values) -> bool:
@@ -338,8 +357,9 @@ def _first_line(err: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-_LIBRARY_DIRS = tuple(str(Path(p).resolve()) for p in {sysconfig.get_path(k) for k in ("stdlib", "purelib",
-                                                                                       "platlib")} if p)
+_LIBRARY_DIRS = tuple(
+    str(Path(p).resolve()) for p in {sysconfig.get_path(k) for k in ("stdlib", "purelib", "platlib")} if p
+)
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + "/"  # prnn_tvm/, whose frames are never the user's
 
 

@@ -67,8 +67,10 @@ def partial(e, var):
         if name in _UNARY:
             (u,) = e.args
             return _mul(_outer(name, e, u), partial(u, var))
-        raise CellError(f"cannot differentiate {name or e.op} (in {e}): training supports +, -, *, /, min, max, "
-                        "select, casts, sigmoid, tanh, exp, log, sqrt and abs")
+        raise CellError(
+            f"cannot differentiate {name or e.op} (in {e}): training supports +, -, *, /, min, max, "
+            "select, casts, sigmoid, tanh, exp, log, sqrt and abs"
+        )
     raise CellError(f"cannot differentiate a {type(e).__name__} expression ({e})")
 
 
@@ -138,8 +140,9 @@ def step_adjoints(plan: CellPlan) -> StepAdjoints:
                 continue
             for var in free_vars(expr):
                 _accumulate(adjoint, var_leaf[var], _mul(seed, partial(expr, var)))
-    return StepAdjoints(incoming, operands, {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"},
-                        sums)
+    return StepAdjoints(
+        incoming, operands, {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"}, sums
+    )
 
 
 def _accumulate(adjoint: dict, leaf: Leaf, value) -> None:

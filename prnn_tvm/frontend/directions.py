@@ -48,8 +48,9 @@ def split_direction_name(name: str) -> tuple[int, str]:
 def bidirectional(cell: Cell) -> Cell:
     """Both directions of ``cell`` as one cell named ``<cell>_bi`` (see the module's doc)."""
     if cell.delays or cell.reversed_states or len(cell.outputs) > 1:
-        raise CellError(f"cell '{cell.name}' is already a stack or has two directions; make a bidirectional "
-                        "layer of its base cell")
+        raise CellError(
+            f"cell '{cell.name}' is already a stack or has two directions; make a bidirectional layer of its base cell"
+        )
     slots = declared_slots(cell)
     states = [s.name for s in slots if s.role.value == "state"]
     slices = next((s.slices for s in slots if s.role.value == "input"), 1)
@@ -67,16 +68,22 @@ def bidirectional(cell: Cell) -> Cell:
         new, width = {}, x.shape[1] // 2
         for direction in range(2):
             prefix = direction_name(direction, "")
-            mine = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
-            params = {name[len(prefix):]: value for name, value in p.items() if name.startswith(prefix)}
-            found = cell.step_reference(x[:, direction * width:(direction + 1) * width], mine, params)
+            mine = {name[len(prefix) :]: value for name, value in state.items() if name.startswith(prefix)}
+            params = {name[len(prefix) :]: value for name, value in p.items() if name.startswith(prefix)}
+            found = cell.step_reference(x[:, direction * width : (direction + 1) * width], mine, params)
             new.update({prefix + name: value for name, value in found.items()})
         return new
 
     doc = f"Both directions of '{cell.name}' in one launch (prnn_tvm.frontend.directions).\n\n" + cell.doc
-    return Cell(f"{cell.name}_bi", step, reference, output=tuple(direction_name(d, cell.output) for d in range(2)),
-                doc=doc, reversed_states=tuple(direction_name(1, name) for name in states),
-                reversed_slices=tuple(range(slices, 2 * slices)))
+    return Cell(
+        f"{cell.name}_bi",
+        step,
+        reference,
+        output=tuple(direction_name(d, cell.output) for d in range(2)),
+        doc=doc,
+        reversed_states=tuple(direction_name(1, name) for name in states),
+        reversed_slices=tuple(range(slices, 2 * slices)),
+    )
 
 
 class _DirectionBuilder(Renamed):

@@ -35,13 +35,26 @@ def headed(cell: Cell, heads: int) -> Cell:
         return cell.step(_HeadedBuilder(c, heads, cell.name))
 
     def reference(x, state, p):  # the weights are the matrices among the params (the others are vectors)
-        return cell.step_reference(x, state, {name: block_diagonal(value, heads) if np.ndim(value) == 2 else value
-                                              for name, value in p.items()})
+        return cell.step_reference(
+            x,
+            state,
+            {name: block_diagonal(value, heads) if np.ndim(value) == 2 else value for name, value in p.items()},
+        )
 
-    doc = (f"'{cell.name}' with {heads} heads: each recurrent product block-diagonal, a head's units reading only "
-           f"its own (prnn_tvm.frontend.heads).\n\n" + cell.doc)
-    return Cell(f"{cell.name}_h{heads}", step, reference, output=cell.output, doc=doc, delays=cell.delays,
-                reversed_states=cell.reversed_states, reversed_slices=cell.reversed_slices)
+    doc = (
+        f"'{cell.name}' with {heads} heads: each recurrent product block-diagonal, a head's units reading only "
+        f"its own (prnn_tvm.frontend.heads).\n\n" + cell.doc
+    )
+    return Cell(
+        f"{cell.name}_h{heads}",
+        step,
+        reference,
+        output=cell.output,
+        doc=doc,
+        delays=cell.delays,
+        reversed_states=cell.reversed_states,
+        reversed_slices=cell.reversed_slices,
+    )
 
 
 class _HeadedBuilder(Renamed):
@@ -57,8 +70,10 @@ class _HeadedBuilder(Renamed):
 
     def weight(self, name: str, slices: int = 1, heads: int = 1):
         if heads != 1:
-            raise CellError(f"cell '{self._base}' declares weight '{name}' with heads={heads} itself; <cell>_h<N> "
-                            "splits the weights of a cell without heads")
+            raise CellError(
+                f"cell '{self._base}' declares weight '{name}' with heads={heads} itself; <cell>_h<N> "
+                "splits the weights of a cell without heads"
+            )
         return self._c.weight(name, slices, self._heads)
 
 

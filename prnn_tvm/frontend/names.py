@@ -24,8 +24,12 @@ from tvm import te, tirx
 from ..errors import CellError
 from ..signature import ArgRole, Launch, backward_args, gpu_backward_args, projection_launch, recurrent_args, with_saved
 
-_ROLE_WORDS = {ArgRole.STATE: "initial state", ArgRole.FINAL: "final state", ArgRole.OUTPUT: "output",
-               ArgRole.LENGTHS: "row lengths"}
+_ROLE_WORDS = {
+    ArgRole.STATE: "initial state",
+    ArgRole.FINAL: "final state",
+    ArgRole.OUTPUT: "output",
+    ArgRole.LENGTHS: "row lengths",
+}
 
 
 def check_names(cell_name: str, slots: Iterable, updates) -> None:
@@ -37,8 +41,10 @@ def check_names(cell_name: str, slots: Iterable, updates) -> None:
 
     def claim(name, kind: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
-            raise CellError(f"cell '{cell_name}': {kind} name {name!r} is not an identifier; name every state, "
-                            "weight, param, stage and product with letters, digits and _ (not starting with a digit)")
+            raise CellError(
+                f"cell '{cell_name}': {kind} name {name!r} is not an identifier; name every state, "
+                "weight, param, stage and product with letters, digits and _ (not starting with a digit)"
+            )
         if name in kinds:
             raise CellError(f"cell '{cell_name}': {same_name(kinds[name], kind, name)}")
         kinds[name] = kind
@@ -51,24 +57,31 @@ def check_names(cell_name: str, slots: Iterable, updates) -> None:
             claim(op.name, "stage")
             continue  # a product reads a weight; a sum over units does not
         claim(op.name, "product" if any(t.same_as(w) for t in op.input_tensors for w in weights) else "sum")
-    _check_arguments(cell_name, slots, {name: f"{kind} '{name}'" for name, kind in kinds.items()
-                                        if kind != "input"})  # the input is no argument: x is the layer's
+    _check_arguments(
+        cell_name, slots, {name: f"{kind} '{name}'" for name, kind in kinds.items() if kind != "input"}
+    )  # the input is no argument: x is the layer's
 
 
 def same_name(first: str, second: str, name: str) -> str:
     """The words for two things of one name (kinds ``first`` and ``second``: "state", "stage", ...)."""
+
     def a(kind: str) -> str:
         return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
     which = f"two {first}s" if first == second else f"{a(first)} and {a(second)}"
-    return (f"{which} are named '{name}'; every input, state, weight, param, stage and product of a cell needs a "
-            "name of its own (rename one)")
+    return (
+        f"{which} are named '{name}'; every input, state, weight, param, stage and product of a cell needs a "
+        "name of its own (rename one)"
+    )
 
 
 def _graph_ops(updates) -> list:
     """The compute ops of the step's graph (each once), in no particular order."""
-    seen, todo, found = set(), [t for t in (updates.values() if hasattr(updates, "values") else ())
-                                if isinstance(t, te.Tensor)], []
+    seen, todo, found = (
+        set(),
+        [t for t in (updates.values() if hasattr(updates, "values") else ()) if isinstance(t, te.Tensor)],
+        [],
+    )
     while todo:
         op = todo.pop().op
         if op in seen:
@@ -87,23 +100,31 @@ def _check_arguments(cell_name: str, slots: tuple, named: dict) -> None:
     own = _own_arguments(slices)
     for name, what in named.items():
         if name in own:
-            raise CellError(f"cell '{cell_name}': {what} has the name of the layer's own argument '{name}' "
-                            f"({own[name]}); rename it (the layer's own arguments: {', '.join(sorted(own))})")
+            raise CellError(
+                f"cell '{cell_name}': {what} has the name of the layer's own argument '{name}' "
+                f"({own[name]}); rename it (the layer's own arguments: {', '.join(sorted(own))})"
+            )
     made = {s.name: _made_arguments(s.role.value, s.name, slices) for s in slots if s.role.value != "input"}
     for name, what in named.items():
         for other, arguments in made.items():
             if other != name and name in arguments:
-                raise CellError(f"cell '{cell_name}': {what} has the name of the {arguments[name]} argument "
-                                f"'{name}' of {named[other]}; rename one")
+                raise CellError(
+                    f"cell '{cell_name}': {what} has the name of the {arguments[name]} argument "
+                    f"'{name}' of {named[other]}; rename one"
+                )
     claimed: dict[str, str] = {}
     for name, arguments in made.items():
         for argument, word in arguments.items():
             if argument in claimed and claimed[argument] != name:
-                raise CellError(f"cell '{cell_name}': {named[claimed[argument]]} and {named[name]} both make the "
-                                f"argument '{argument}'; rename one")
+                raise CellError(
+                    f"cell '{cell_name}': {named[claimed[argument]]} and {named[name]} both make the "
+                    f"argument '{argument}'; rename one"
+                )
             if argument != name and argument in own:
-                raise CellError(f"cell '{cell_name}': {named[name]} makes the {word} argument '{argument}', which "
-                                f"is the layer's own ({own[argument]}); rename it")
+                raise CellError(
+                    f"cell '{cell_name}': {named[name]} makes the {word} argument '{argument}', which "
+                    f"is the layer's own ({own[argument]}); rename it"
+                )
             claimed[argument] = name
 
 
@@ -112,19 +133,31 @@ def _launches(slices: int, weights: tuple = (), params: tuple = (), states: tupl
     (with every optional argument), the training forward and both backwards."""
     w = {name: (slices, 1) for name in weights}
     p = {name: (slices,) for name in params}
-    recurrent = Launch("recurrent", recurrent_args(1, 1, slices, w, p, states, "float32", workspace=(1,), sync_words=1,
-                                                   exchanged=1))
-    return [projection_launch(1, 1, slices, "float32"), recurrent, with_saved(recurrent, 1, "float32"),
-            Launch("recurrent_backward", backward_args(1, 1, slices, w, p, states, "float32", "float32")),
-            Launch("recurrent_backward", gpu_backward_args(1, 1, slices, w, p, states, 1, 1, "float32", "float32",
-                                                           (1,), 1))]
+    recurrent = Launch(
+        "recurrent", recurrent_args(1, 1, slices, w, p, states, "float32", workspace=(1,), sync_words=1, exchanged=1)
+    )
+    return [
+        projection_launch(1, 1, slices, "float32"),
+        recurrent,
+        with_saved(recurrent, 1, "float32"),
+        Launch("recurrent_backward", backward_args(1, 1, slices, w, p, states, "float32", "float32")),
+        Launch(
+            "recurrent_backward", gpu_backward_args(1, 1, slices, w, p, states, 1, 1, "float32", "float32", (1,), 1)
+        ),
+    ]
 
 
 def _described(launches: list[Launch]) -> dict[str, str]:
     """Argument name -> what it is, in words."""
-    return {a.name: ("gradient" if a.name.startswith("d_") and a.role is not ArgRole.INPUT else
-                     _ROLE_WORDS.get(a.role, a.role.value))
-            for launch in launches for a in launch.args}
+    return {
+        a.name: (
+            "gradient"
+            if a.name.startswith("d_") and a.role is not ArgRole.INPUT
+            else _ROLE_WORDS.get(a.role, a.role.value)
+        )
+        for launch in launches
+        for a in launch.args
+    }
 
 
 @lru_cache(maxsize=None)

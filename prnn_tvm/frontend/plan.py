@@ -93,8 +93,9 @@ class PointwiseGroup:
         """All of a step's pointwise work as one group."""
         stages = {Leaf("stage", st.name, i) for st in plan.stages for i in range(len(st.exprs))}
         states = {Leaf("state", s.name, 0) for s in plan.states}
-        return cls(tuple(s.name for s in plan.states), plan.exchanged_stages,
-                   frozenset(plan.leaf_vars) | stages | states)
+        return cls(
+            tuple(s.name for s in plan.states), plan.exchanged_stages, frozenset(plan.leaf_vars) | stages | states
+        )
 
 
 @dataclass(frozen=True)
@@ -186,11 +187,15 @@ class CellPlan:
         """Why no backward differentiates this cell, or None: a wavefront stack and both directions of a
         layer in one launch train their layers and directions one by one (``prnn_tvm.torch`` does)."""
         if self.lag:
-            return (f"'{self.cell.name}' is a wavefront stack, which has no backward: train its layers one by one "
-                    "(prnn_tvm.torch does)")
+            return (
+                f"'{self.cell.name}' is a wavefront stack, which has no backward: train its layers one by one "
+                "(prnn_tvm.torch does)"
+            )
         if self.reversed_states:
-            return (f"'{self.cell.name}' runs both directions of a layer in one launch, which has no backward: train "
-                    "each direction as a layer of its own (prnn_tvm.torch does)")
+            return (
+                f"'{self.cell.name}' runs both directions of a layer in one launch, which has no backward: train "
+                "each direction as a layer of its own (prnn_tvm.torch does)"
+            )
         return None
 
     @property
@@ -253,16 +258,22 @@ class CellPlan:
         for us in self.unit_sums:  # added up in the phase before its own
             if us.phase - 1 > phase:
                 needed |= {inverse[v] for e in us.exprs for v in free_vars(e)}
-        return tuple(sorted((lf for lf in needed if lf.kind == "stage" and self.phase_of(lf) == phase),
-                            key=lambda lf: (lf.name, lf.slice)))
+        return tuple(
+            sorted(
+                (lf for lf in needed if lf.kind == "stage" and self.phase_of(lf) == phase),
+                key=lambda lf: (lf.name, lf.slice),
+            )
+        )
 
     def saved_leaves(self) -> tuple:
         """What a training forward saves per step, in column order (``hidden`` columns each): every state at
         the step's start, every product's gate slices, then every stage a later phase multiplies (as it
         multiplied it). The GPU backward recomputes the other stages from these."""
-        return (*(Leaf("state", s.name, 0) for s in self.states),
-                *(Leaf("reduction", r.name, i) for r in self.reductions for i in range(r.slices)),
-                *(Leaf("stage", name, 0) for name in self.exchanged_stages))
+        return (
+            *(Leaf("state", s.name, 0) for s in self.states),
+            *(Leaf("reduction", r.name, i) for r in self.reductions for i in range(r.slices)),
+            *(Leaf("stage", name, 0) for name in self.exchanged_stages),
+        )
 
     @cached_property  # a frozen instance: derived once (cached_property writes its __dict__ directly)
     def pointwise_groups(self) -> tuple:
@@ -286,18 +297,24 @@ class CellPlan:
         roots = [("state", s.name, closure(self.updates[s.name], set())) for s in self.states]
         roots += [("stage", name, closure(Leaf("stage", name, 0), set())) for name in self.exchanged_stages]
         # what only one item may hold: stages and private states (a private state's own root holds it too)
-        owned = [{lf for lf in leaves if lf.kind in ("stage", "unit_sum")
-                  or (lf.kind == "state" and lf.name in private)}
-                 | ({Leaf("state", name, 0)} if kind == "state" and name in private else set())
-                 for kind, name, leaves in roots]
+        owned = [
+            {lf for lf in leaves if lf.kind in ("stage", "unit_sum") or (lf.kind == "state" and lf.name in private)}
+            | ({Leaf("state", name, 0)} if kind == "state" and name in private else set())
+            for kind, name, leaves in roots
+        ]
         groups: list[list[int]] = []  # root indices; a root joins every group it shares an owned leaf with
         for i in range(len(roots)):
             joined = [g for g in groups if any(owned[i] & owned[j] for j in g)]
             groups = [g for g in groups if g not in joined] + [sorted([i, *(j for g in joined for j in g)])]
         groups.sort()
-        return tuple(PointwiseGroup(tuple(roots[i][1] for i in g if roots[i][0] == "state"),
-                                    tuple(roots[i][1] for i in g if roots[i][0] == "stage"),
-                                    frozenset().union(*(roots[i][2] for i in g))) for g in groups)
+        return tuple(
+            PointwiseGroup(
+                tuple(roots[i][1] for i in g if roots[i][0] == "state"),
+                tuple(roots[i][1] for i in g if roots[i][0] == "stage"),
+                frozenset().union(*(roots[i][2] for i in g)),
+            )
+            for g in groups
+        )
 
     @cached_property
     def cta_parts(self) -> tuple:
@@ -305,9 +322,14 @@ class CellPlan:
         pointwise groups, joined where their math reads the same product; () when that leaves one part. The
         parts meet only through the exchanged operands, so a template may give each its own CTAs."""
         groups = self.pointwise_groups
-        readers = {r.name: {i for i, g in enumerate(groups) if any(Leaf("reduction", r.name, s) in g.leaves
-                                                                   for s in range(r.slices))}
-                   for r in self.reductions}
+        readers = {
+            r.name: {
+                i
+                for i, g in enumerate(groups)
+                if any(Leaf("reduction", r.name, s) in g.leaves for s in range(r.slices))
+            }
+            for r in self.reductions
+        }
         parts: list[set] = []  # group indices; a product's readers all join one part
         for members in [{i} for i in range(len(groups))] + list(readers.values()):
             joined = [part for part in parts if part & members]
@@ -318,8 +340,13 @@ class CellPlan:
         for part in sorted(parts, key=min):
             reductions = tuple(r for r in self.reductions if readers[r.name] & part)
             read = {r.operand for r in reductions}
-            found.append(CtaPart(tuple(groups[i] for i in sorted(part)), reductions,
-                                 tuple(name for name in self.operands if name in read)))
+            found.append(
+                CtaPart(
+                    tuple(groups[i] for i in sorted(part)),
+                    reductions,
+                    tuple(name for name in self.operands if name in read),
+                )
+            )
         return tuple(found)
 
     @cached_property
@@ -330,15 +357,18 @@ class CellPlan:
         other's values (the ``tags`` exchange) is a barrier within each part."""
         return bool(self.cta_parts) and all(
             set(part.operands) <= {name for g in part.groups for name in (*g.states, *g.exchanged_stages)}
-            for part in self.cta_parts)
+            for part in self.cta_parts
+        )
 
     @cached_property
     def item_values(self) -> int:
         """Values a pointwise item keeps in registers through a step: its group's private states and
         live-outs (the most any group keeps)."""
         private = set(self.private_states)
-        return max(len(private & set(g.states)) + sum(len(g.live_outs(self, p)) for p in range(self.phases))
-                   for g in self.pointwise_groups)
+        return max(
+            len(private & set(g.states)) + sum(len(g.live_outs(self, p)) for p in range(self.phases))
+            for g in self.pointwise_groups
+        )
 
     @cached_property
     def input_bias(self) -> tuple:
@@ -357,8 +387,9 @@ class CellPlan:
         its products read: each product's heads are whole within it (its head size divides ``units``; a dense
         product's head is the whole hidden size). Heads never read each other, so such blocks need no grid
         barrier."""
-        return (all(units % r.head_size(self.hidden) == 0 for r in self.reductions)
-                and (not self.unit_sums or units >= self.hidden))  # a sum over units reads every one
+        return all(units % r.head_size(self.hidden) == 0 for r in self.reductions) and (
+            not self.unit_sums or units >= self.hidden
+        )  # a sum over units reads every one
 
     @property
     def heads(self) -> int:
@@ -373,10 +404,14 @@ class CellPlan:
 
     def fingerprint(self) -> str:
         """A hash of the cell's math (not its name or sizes): keys tuning records."""
-        parts = [f"{s.role.value}:{s.name}:{s.slices}" + (f"/h{s.heads}" if s.heads > 1 else "")
-                 for s in (self.input, *self.states, *self.weights, *self.params)]
-        parts += [f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" + (f"/h{r.heads}" if r.heads > 1 else "")
-                  for r in self.reductions]
+        parts = [
+            f"{s.role.value}:{s.name}:{s.slices}" + (f"/h{s.heads}" if s.heads > 1 else "")
+            for s in (self.input, *self.states, *self.weights, *self.params)
+        ]
+        parts += [
+            f"red:{r.name}={r.operand}*{r.weight}:{r.slices}@{r.phase}" + (f"/h{r.heads}" if r.heads > 1 else "")
+            for r in self.reductions
+        ]
         parts += [f"stage:{st.name}@{st.phase}=" + ";".join(str(e) for e in st.exprs) for st in self.stages]
         parts += [f"unit_sum:{us.name}@{us.phase}=" + ";".join(str(e) for e in us.exprs) for us in self.unit_sums]
         parts += [f"update:{k}={v.kind}.{v.name}.{v.slice}" for k, v in sorted(self.updates.items())]

@@ -60,10 +60,12 @@ def resolve(spec: str | Cell) -> Cell:
         return headed(resolve(base), int(heads))
     if spec.endswith("_bi") and len(spec) > 3:  # both directions, as compile_cell(..., bidirectional=True)
         return bidirectional(resolve(spec[:-3]))
-    raise CellError(f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
-                    "(or give a path/to/cell.py defining CELL; <cell>_x<layers> for a wavefront stack of it, "
-                    "<cell>_d<layers> for a deep stack, <cell>_h<heads> for head-wise products, <cell>_bi for both "
-                    "directions of it)")
+    raise CellError(
+        f"unknown cell '{spec}'; built-in cells: {', '.join(cells)} "
+        "(or give a path/to/cell.py defining CELL; <cell>_x<layers> for a wavefront stack of it, "
+        "<cell>_d<layers> for a deep stack, <cell>_h<heads> for head-wise products, <cell>_bi for both "
+        "directions of it)"
+    )
 
 
 MAX_CELL_FILE_BYTES = 16 * MiB  # a cell file is a page of Python
@@ -79,11 +81,17 @@ def _from_file(path: Path, attr: str) -> Cell:
     except SyntaxError as err:
         raise CellError(f"{path}, line {err.lineno}: {err.msg}; the cell file is not valid Python") from err
     except (Exception, SystemExit) as err:  # the user's module failed (or exited) while importing: say where
-        what = (f"called sys.exit({err.code!r}) while being imported" if isinstance(err, SystemExit) else
-                f"raised {type(err).__name__} while being imported: {err}")
+        what = (
+            f"called sys.exit({err.code!r}) while being imported"
+            if isinstance(err, SystemExit)
+            else f"raised {type(err).__name__} while being imported: {err}"
+        )
         raise CellError(f"{path} {what} ({user_frame(err)}); a cell file only defines its cell") from err
     cell = getattr(module, attr, None)
     if not isinstance(cell, Cell):
-        raise CellError(f"{path} defines no Cell named {attr} (it has {type(cell).__name__} there)"
-                        if cell is not None else f"{path} defines no Cell named {attr}")
+        raise CellError(
+            f"{path} defines no Cell named {attr} (it has {type(cell).__name__} there)"
+            if cell is not None
+            else f"{path} defines no Cell named {attr}"
+        )
     return cell

@@ -64,13 +64,17 @@ def stacked(cell: Cell, layers: int, wavefront: bool = True) -> Cell:
     if cell.delays:
         raise CellError(f"cell '{cell.name}' is already a stack; stack its base cell with layers= instead")
     if cell.reversed_states or len(cell.outputs) > 1:
-        raise CellError(f"cell '{cell.name}' runs both directions of a layer; a bidirectional stack cannot run as one "
-                        "cell (layer l + 1 reads the whole of both directions of layer l): compile each layer "
-                        "with bidirectional=True (prnn_tvm.torch's bidirectional modules do)")
+        raise CellError(
+            f"cell '{cell.name}' runs both directions of a layer; a bidirectional stack cannot run as one "
+            "cell (layer l + 1 reads the whole of both directions of layer l): compile each layer "
+            "with bidirectional=True (prnn_tvm.torch's bidirectional modules do)"
+        )
     if layers > MAX_LAYERS:
-        raise ConfigError(f"a stack of {layers} layers: one launch runs at most {MAX_LAYERS} (its kernel "
-                          "holds every layer, and compile time grows faster than the layers); compile fewer layers "
-                          "and run the rest as further layers (prnn_tvm.torch runs deeper stacks layer by layer)")
+        raise ConfigError(
+            f"a stack of {layers} layers: one launch runs at most {MAX_LAYERS} (its kernel "
+            "holds every layer, and compile time grows faster than the layers); compile fewer layers "
+            "and run the rest as further layers (prnn_tvm.torch runs deeper stacks layer by layer)"
+        )
 
     def step(c: CellBuilder):
         updates, below = {}, None
@@ -86,10 +90,16 @@ def stacked(cell: Cell, layers: int, wavefront: bool = True) -> Cell:
     def reference(x, state, p):
         new, below = {}, None
         for layer in range(layers):
-            mine = {name[len(layer_name(layer, "")):]: value for name, value in state.items()
-                    if name.startswith(layer_name(layer, ""))}
-            params = {name[len(layer_name(layer, "")):]: value for name, value in p.items()
-                      if name.startswith(layer_name(layer, ""))}
+            mine = {
+                name[len(layer_name(layer, "")) :]: value
+                for name, value in state.items()
+                if name.startswith(layer_name(layer, ""))
+            }
+            params = {
+                name[len(layer_name(layer, "")) :]: value
+                for name, value in p.items()
+                if name.startswith(layer_name(layer, ""))
+            }
             xin = x if layer == 0 else (below @ params.pop(INPUT_WEIGHT).T + params.pop(INPUT_BIAS))
             found = cell.step_reference(xin, mine, params)
             new.update({layer_name(layer, name): value for name, value in found.items()})
@@ -102,8 +112,7 @@ def stacked(cell: Cell, layers: int, wavefront: bool = True) -> Cell:
         doc = f"{layers} stacked layers of '{cell.name}', one after another in each step (prnn_tvm.frontend.stack).\n\n"
         return Cell(f"{cell.name}_d{layers}", step, reference, output=output, doc=doc + cell.doc)
     delays = tuple((layer_name(layer, name), layer) for layer in range(layers) for name in _state_names(cell))
-    doc = (f"{layers} stacked layers of '{cell.name}', run as a wavefront (prnn_tvm.frontend.stack).\n\n"
-           + cell.doc)
+    doc = f"{layers} stacked layers of '{cell.name}', run as a wavefront (prnn_tvm.frontend.stack).\n\n" + cell.doc
     return Cell(f"{cell.name}_x{layers}", step, reference, output=output, doc=doc, delays=delays)
 
 

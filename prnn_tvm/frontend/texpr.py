@@ -16,8 +16,23 @@ from tvm.ir import expr as E
 from tvm.ir.prim import expr as P
 
 _BINARY = (
-    P.Add, P.Sub, P.Mul, P.Div, P.Mod, P.FloorDiv, P.FloorMod, P.Min, P.Max,
-    P.EQ, P.NE, P.LT, P.LE, P.GT, P.GE, P.And, P.Or,
+    P.Add,
+    P.Sub,
+    P.Mul,
+    P.Div,
+    P.Mod,
+    P.FloorDiv,
+    P.FloorMod,
+    P.Min,
+    P.Max,
+    P.EQ,
+    P.NE,
+    P.LT,
+    P.LE,
+    P.GT,
+    P.GE,
+    P.And,
+    P.Or,
 )
 _LEAVES = (P.IntImm, P.FloatImm, E.StringImm, E.Var)
 
@@ -55,8 +70,7 @@ def rebuild(e, replace: Callable[[object], object | None]):
     if isinstance(e, P.Cast):
         return P.Cast(e.ty, rebuild(e.value, replace))
     if isinstance(e, P.Select):
-        return P.Select(rebuild(e.condition, replace), rebuild(e.true_value, replace),
-                        rebuild(e.false_value, replace))
+        return P.Select(rebuild(e.condition, replace), rebuild(e.true_value, replace), rebuild(e.false_value, replace))
     if isinstance(e, P.Let):
         return P.Let(e.var, rebuild(e.value, replace), rebuild(e.body, replace))
     if isinstance(e, E.Call) and not is_tensor_load(e):
@@ -84,12 +98,29 @@ def substitute(e, mapping: dict):
 
 
 _NUMPY_BINARY = {
-    P.Add: "add", P.Sub: "subtract", P.Mul: "multiply", P.Div: "divide", P.Max: "maximum", P.Min: "minimum",
-    P.GT: "greater", P.GE: "greater_equal", P.LT: "less", P.LE: "less_equal", P.EQ: "equal", P.NE: "not_equal",
-    P.And: "logical_and", P.Or: "logical_or",
+    P.Add: "add",
+    P.Sub: "subtract",
+    P.Mul: "multiply",
+    P.Div: "divide",
+    P.Max: "maximum",
+    P.Min: "minimum",
+    P.GT: "greater",
+    P.GE: "greater_equal",
+    P.LT: "less",
+    P.LE: "less_equal",
+    P.EQ: "equal",
+    P.NE: "not_equal",
+    P.And: "logical_and",
+    P.Or: "logical_or",
 }
-_NUMPY_CALLS = {"tirx.sigmoid": lambda u: 1.0 / (1.0 + np.exp(-u)), "tirx.tanh": np.tanh, "tirx.exp": np.exp,
-                "tirx.log": np.log, "tirx.sqrt": np.sqrt, "tirx.fabs": np.abs}
+_NUMPY_CALLS = {
+    "tirx.sigmoid": lambda u: 1.0 / (1.0 + np.exp(-u)),
+    "tirx.tanh": np.tanh,
+    "tirx.exp": np.exp,
+    "tirx.log": np.log,
+    "tirx.sqrt": np.sqrt,
+    "tirx.fabs": np.abs,
+}
 # CUDA's approximate intrinsics that half-precision kernels compute with (``codegen.pointwise.fast_transcendentals``),
 # as the exact functions they approximate
 _NUMPY_EXTERNS = {"__expf": np.exp, "__fdividef": np.divide}
@@ -126,5 +157,13 @@ def const_int(e) -> int | None:
     return int(e.value) if isinstance(e, P.IntImm) else None
 
 
-__all__ = ["rebuild", "free_vars", "substitute", "evaluate", "const_int", "is_tensor_load",
-           "tensor_load_parts", "UnsupportedExpr"]
+__all__ = [
+    "rebuild",
+    "free_vars",
+    "substitute",
+    "evaluate",
+    "const_int",
+    "is_tensor_load",
+    "tensor_load_parts",
+    "UnsupportedExpr",
+]

@@ -112,14 +112,18 @@ class RuntimeLayer:
     @barrier_timeout_us.setter
     def barrier_timeout_us(self, value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**31 - 1:
-            raise ConfigError(f"barrier_timeout_us must be a whole number of microseconds from 1 to {2**31 - 1}, got "
-                              f"{value!r} (the kernels read it as unsigned: a negative one would never time out)")
+            raise ConfigError(
+                f"barrier_timeout_us must be a whole number of microseconds from 1 to {2**31 - 1}, got "
+                f"{value!r} (the kernels read it as unsigned: a negative one would never time out)"
+            )
         self._barrier_timeout_us = value
 
     def __reduce__(self):
-        raise UnsupportedError(f"a compiled layer of '{self.signature.cell}' cannot be pickled or copied: it holds TVM "
-                               "modules, which do not serialize; write it with prnn_tvm.export(layer, 'layer.so') and "
-                               "read it with prnn_tvm.load, or keep the arguments of compile_cell and compile again")
+        raise UnsupportedError(
+            f"a compiled layer of '{self.signature.cell}' cannot be pickled or copied: it holds TVM "
+            "modules, which do not serialize; write it with prnn_tvm.export(layer, 'layer.so') and "
+            "read it with prnn_tvm.load, or keep the arguments of compile_cell and compile again"
+        )
 
     @property
     def is_cuda(self) -> bool:
@@ -185,8 +189,11 @@ class RuntimeLayer:
 
     def scalars(self) -> dict:
         """The scalar arguments the layer passes its kernels, by name."""
-        return {"timeout_us": self.barrier_timeout_us, "stall_step": self.debug_stall_step,
-                "error_host": self.error_address}
+        return {
+            "timeout_us": self.barrier_timeout_us,
+            "stall_step": self.debug_stall_step,
+            "error_host": self.error_address,
+        }
 
     def time(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> dict[str, float]:
         """Seconds per launch of each kernel (minimum over ``repeat`` runs of ``number`` launches).
@@ -284,7 +291,8 @@ class RuntimeLayer:
         raise BarrierTimeout(
             f"{self.signature.cell}: the grid synchronization {launch.sync.where(recorded)}{of}{within} timed out "
             f"({self.barrier_timeout_us} us per wait): some thread block never arrived. The outputs of that call "
-            f"{outputs}; the barrier state was reset and the next call starts clean.")
+            f"{outputs}; the barrier state was reset and the next call starts clean."
+        )
 
     def grids_that_fit(self, function: str = "recurrent", gpu=None) -> int:
         """How many grids of launch ``function`` the GPU (default: this one) holds resident at once, each
@@ -312,10 +320,10 @@ class RuntimeLayer:
             gpu = gpu_spec()
             fit = resident_ctas(grid, gpu)
             if grid.ctas > fit:
-                raise LaunchError(f"the grid of {grid.ctas} CTAs cannot be co-resident on this "
-                                  f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {grid.threads} "
-                                  f"threads, {grid.registers} registers, {grid.smem_bytes} bytes of shared memory "
-                                  "each); recompile for this GPU")
+                raise LaunchError(
+                    f"the grid of {grid.ctas} CTAs cannot be co-resident on this "
+                    f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {grid.threads} "
+                    f"threads, {grid.registers} registers, {grid.smem_bytes} bytes of shared memory "
+                    "each); recompile for this GPU"
+                )
         self._coresident = True
-
-

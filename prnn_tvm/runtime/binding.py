@@ -24,15 +24,12 @@ import tvm_ffi
 from ..dtypes import itemsize
 from ..errors import InputError
 from ..signature import SEQ, Arg, ArgRole, Launch, Signature
+from . import limits
+from .limits import ALIGNMENT, chunk_length
 
-# Kernels index their buffers with 32-bit integers (TVM's default) and take buffers that start
-# at their allocation, so no launch may see a sequence buffer of 2^31 elements or more: a
-# longer sequence runs as several launches over consecutive pieces of it, each starting from
-# the states the one before ended with. Its pieces are copied into (inputs) and out of
+# A sequence past MAX_ELEMENTS runs in pieces (prnn_tvm.runtime.limits): they are copied into (inputs) and out of
 # (outputs) buffers of one piece's length, which also bounds the intermediates' memory.
-MAX_ELEMENTS = 2**31 - 1
 COPY = "copy"  # a step of a chunked call that is a copy, ``(COPY, (destination, source))``
-ALIGNMENT = 64  # bytes: what TVM allocates with and its kernels may assume of a buffer's start
 
 
 @dataclass(frozen=True)
@@ -68,17 +65,22 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     chunk = chunk_length(signature, seq_len)
     chunks = -(-seq_len // chunk)
     if chunks > 1 and signature.whole_sequence:
-        raise InputError(f"{seq_len} steps of '{signature.cell}' need buffers past {MAX_ELEMENTS} elements, which "
-                         f"runs in consecutive launches of {chunk} steps; its reverse direction reads each row "
-                         "from its last step, so it cannot: run the directions as layers of their own, or shorter "
-                         "sequences")
+        raise InputError(
+            f"{seq_len} steps of '{signature.cell}' need buffers past {limits.MAX_ELEMENTS} elements, "
+            f"which runs in consecutive launches of {chunk} steps; its reverse direction reads each row "
+            "from its last step, so it cannot: run the directions as layers of their own, or shorter "
+            "sequences"
+        )
     per_call = (*signature.intermediates, *signature.scratch)  # a piece's length when chunked
     sequences = [a for a in (*inputs, *per_call, *signature.outputs) if SEQ in a.shape]
     finals = [a for a in signature.outputs if a.role is ArgRole.FINAL]
     copied = [a for a in inputs if isinstance(values.get(a.name), np.ndarray)]  # NumPy goes to the device
-    check_memory([(a, seq_len) for a in (*copied, *signature.outputs)]
-                 + [(a, chunk) for a in (per_call if chunks == 1 else sequences)]
-                 + [(a, 1) for a in (finals if chunks > 1 else ())], device)
+    check_memory(
+        [(a, seq_len) for a in (*copied, *signature.outputs)]
+        + [(a, chunk) for a in (per_call if chunks == 1 else sequences)]
+        + [(a, 1) for a in (finals if chunks > 1 else ())],
+        device,
+    )
     tensors, from_numpy = {}, True
     for arg in inputs:
         given = values.get(arg.name)
@@ -104,18 +106,23 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     for c in range(chunks):
         t0, t1 = c * chunk, min(seq_len, (c + 1) * chunk)
         piece = {a.name: _steps(pieces[a.name], a, 0, t1 - t0) for a in sequences}
-        piece.update({name: tvm.runtime.tensor(np.clip(n - t0, 0, t1 - t0).astype(np.int32), device)
-                      for name, n in full.items()})
+        piece.update(
+            {name: tvm.runtime.tensor(np.clip(n - t0, 0, t1 - t0).astype(np.int32), device) for name, n in full.items()}
+        )
         steps += [(COPY, (piece[a.name], _steps(tensors[a.name], a, t0, t1))) for a in sequences if a in inputs]
         for launch in signature.launches:
-            own = {a.name: (tensors if (chunks - 1 - c) % 2 == 0 else spare)[a.name]
-                   for a in launch.args if a.role is ArgRole.FINAL}
+            own = {
+                a.name: (tensors if (chunks - 1 - c) % 2 == 0 else spare)[a.name]
+                for a in launch.args
+                if a.role is ArgRole.FINAL
+            }
             states = [a.name for a in launch.args if a.role is ArgRole.STATE]
             here = {**tensors, **piece, **own, **(dict(zip(states, carried[launch.function])) if c else {})}
             steps.append((launch.function, _values(launch, here, owned, scalars)))
             carried[launch.function] = list(own.values())  # the k-th final state is the k-th next initial one
-        steps += [(COPY, (_steps(tensors[a.name], a, t0, t1), piece[a.name])) for a in signature.outputs
-                  if SEQ in a.shape]
+        steps += [
+            (COPY, (_steps(tensors[a.name], a, t0, t1), piece[a.name])) for a in signature.outputs if SEQ in a.shape
+        ]
     return BoundCall(seq_len, tuple(steps), tuple(tensors[a.name] for a in signature.outputs), from_numpy, chunks)
 
 
@@ -142,8 +149,10 @@ class Slots:
         dtype as the caller's array library names it."""
         found = self._sized.get(seq_len)
         if found is None:
-            found = self._sized[seq_len] = tuple([(i, a.concrete_shape(seq_len), self._dtype(a.dtype)) for i, a in g]
-                                                 for g in (self.written, self.scratch))
+            found = self._sized[seq_len] = tuple(
+                [(i, a.concrete_shape(seq_len), self._dtype(a.dtype)) for i, a in g]
+                for g in (self.written, self.scratch)
+            )
         return found
 
     def with_owned(self, owned: dict) -> list:
@@ -156,15 +165,10 @@ class Slots:
 
 def _values(launch, tensors: dict, owned, scalars: dict) -> list:
     """A launch's argument values: the layer's own buffers and scalars, else the named tensors."""
-    return [owned(a) if a.role.owned else scalars[a.name] if a.role is ArgRole.SCALAR else tensors[a.name]
-            for a in launch.args]
-
-
-def chunk_length(signature: Signature, seq_len: int) -> int:
-    """Steps per launch: all of them, unless a sequence buffer would reach :data:`MAX_ELEMENTS`."""
-    per_step = max((math.prod(int(d) for d in a.shape if d != SEQ) for x in signature.launches for a in x.args
-                    if SEQ in a.shape), default=1)
-    return min(seq_len, max(1, MAX_ELEMENTS // per_step))
+    return [
+        owned(a) if a.role.owned else scalars[a.name] if a.role is ArgRole.SCALAR else tensors[a.name]
+        for a in launch.args
+    ]
 
 
 def check_memory(buffers: list, device) -> None:
@@ -175,9 +179,11 @@ def check_memory(buffers: list, device) -> None:
     if free is not None and needed > free:
         names = ", ".join(dict.fromkeys(a.name for a, _ in buffers))
         longest = max(steps for _, steps in buffers)
-        raise InputError(f"a sequence of {longest} steps needs {needed / 2**30:.2f} GiB on {device} for its "
-                         f"inputs, outputs and intermediates ({names}), and {free / 2**30:.2f} GiB are free: run it in "
-                         "shorter pieces, each starting from the final states of the one before")
+        raise InputError(
+            f"a sequence of {longest} steps needs {needed / 2**30:.2f} GiB on {device} for its "
+            f"inputs, outputs and intermediates ({names}), and {free / 2**30:.2f} GiB are free: run it in "
+            "shorter pieces, each starting from the final states of the one before"
+        )
 
 
 def _free_memory(device) -> int | None:
@@ -218,8 +224,9 @@ def sequence_length(value, name: str) -> int:
     """The T of a (T, batch, features) argument; InputError for anything else."""
     shape = getattr(value, "shape", None)
     if shape is None or len(shape) != 3:
-        raise InputError(f"{name} must be a 3-d array (T, batch, features), got {type(value).__name__} "
-                         f"of shape {shape}")
+        raise InputError(
+            f"{name} must be a 3-d array (T, batch, features), got {type(value).__name__} of shape {shape}"
+        )
     T = int(shape[0])
     if T < 1:
         raise InputError(f"{name} has {T} timesteps; a sequence needs at least one")
@@ -255,8 +262,10 @@ def _on_host(value) -> bool:
 
 def _check_lengths(arg: Arg, value: np.ndarray, seq_len: int) -> None:
     if value.size and value.dtype.kind in "iu" and (value.min() < 0 or value.max() > seq_len):
-        raise InputError(f"{arg.name} must lie in [0, {seq_len}] (the sequence's {seq_len} steps), got values from "
-                         f"{value.min()} to {value.max()}")
+        raise InputError(
+            f"{arg.name} must lie in [0, {seq_len}] (the sequence's {seq_len} steps), got values from "
+            f"{value.min()} to {value.max()}"
+        )
 
 
 def place(arg: Arg, value, seq_len: int, device) -> tuple:

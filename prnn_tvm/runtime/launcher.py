@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 
 from ..errors import InputError
-from . import binding
+from . import limits
 from .base import RuntimeLayer
 from .binding import Slots
 
@@ -44,9 +44,12 @@ class Arrays:
 
 def tvm_arrays(device: tvm.runtime.Device) -> Arrays:
     """TVM tensors on ``device``."""
-    return Arrays(empty=lambda *shape, dtype: tvm.runtime.empty(shape, dtype, device), dtype=str,
-                  zeros=lambda a: tvm.runtime.tensor(np.zeros(a.shape, a.dtype), device),
-                  adopt=lambda tensor: tensor)
+    return Arrays(
+        empty=lambda *shape, dtype: tvm.runtime.empty(shape, dtype, device),
+        dtype=str,
+        zeros=lambda a: tvm.runtime.tensor(np.zeros(a.shape, a.dtype), device),
+        adopt=lambda tensor: tensor,
+    )
 
 
 class Launcher:
@@ -64,14 +67,19 @@ class Launcher:
     2^31 elements runs as the layer's chunked call (:meth:`RuntimeLayer.recurrent`; its arrays adopted).
     """
 
-    def __init__(self, layer: RuntimeLayer, function: str = "recurrent", arrays: Arrays | None = None,
-                 device: tvm.runtime.Device | None = None):
+    def __init__(
+        self,
+        layer: RuntimeLayer,
+        function: str = "recurrent",
+        arrays: Arrays | None = None,
+        device: tvm.runtime.Device | None = None,
+    ):
         device = layer.device if device is None else device
         arrays = tvm_arrays(device) if arrays is None else arrays
         self.layer, self.name, self.arrays = layer, function, arrays
         self.slots = Slots(layer.signature.launch(function), arrays.dtype)
         self.function = layer.function(function)  # co-residency checked here, once
-        self.max_steps = binding.chunk_length(layer.signature, binding.MAX_ELEMENTS)  # more: launches over pieces
+        self.max_steps = limits.chunk_length(layer.signature, limits.MAX_ELEMENTS)  # more: launches over pieces
         self._device = device
         self._stream = tvm_ffi.use_raw_stream if layer.is_cuda else None  # TVM's current stream while launching
         self._placed: dict = {}  # stream -> (its launch state, an argument list with that state in place)
@@ -121,10 +129,12 @@ class Launcher:
     def _in_pieces(self, data: list, stream: int, T: int) -> list:
         """The recurrent launch over a sequence past 2^31 elements: the layer's chunked call (not capturable)."""
         if self.name != "recurrent":
-            raise InputError(f"{T} steps of {self.name} of '{self.layer.signature.cell}' need buffers past "
-                             f"{binding.MAX_ELEMENTS} elements, and kernels index with 32-bit integers; only the "
-                             "recurrent launch runs in pieces: run shorter pieces of the sequence (to train, truncated "
-                             "backpropagation through time)")
+            raise InputError(
+                f"{T} steps of {self.name} of '{self.layer.signature.cell}' need buffers past "
+                f"{limits.MAX_ELEMENTS} elements, and kernels index with 32-bit integers; only the "
+                "recurrent launch runs in pieces: run shorter pieces of the sequence (to train, truncated "
+                "backpropagation through time)"
+            )
         with self._stream(self._device, stream) if self._stream else _NOTHING:
             out, finals = self.layer.recurrent(*data)
         adopt = self.arrays.adopt

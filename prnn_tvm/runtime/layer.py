@@ -10,6 +10,8 @@ tensors, which speak DLPack, come back).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import tvm
 
 from ..codegen.build import Built
@@ -18,6 +20,7 @@ from ..errors import PrnnError
 from ..frontend.plan import CellPlan
 from ..report import CompileReport
 from ..session_build import compile_session
+from ..signature import Signature
 from ..target import GpuSpec, local_gpu
 from .base import RuntimeLayer
 from .session import FREE_SMS, RELEASE_AFTER_S, Session
@@ -36,22 +39,100 @@ class Layer(RuntimeLayer):
     returns NumPy, else by the next call or :meth:`check` (see :class:`RuntimeLayer`);
     ``debug_stall_step`` (tests only) makes block 0 skip its arrival at that step, forcing the
     timeout path.
+
+    A layer from the layer cache (:meth:`restored`) runs its cached library's module, and ``library`` is that
+    library's path, written with ``library_metadata`` (None for a layer built in this process, or cached where
+    it cannot run); its ``kernel`` is made again when first asked for. ``cache_key`` is its key in the cache
+    (None for a layer compiled without it).
     """
 
-    def __init__(self, plan: CellPlan, kernel: Kernel, built: Built, input_size: int, target: tvm.target.Target,
-                 gpu: GpuSpec | None, report: CompileReport):
-        self.plan, self.kernel = plan, kernel
-        self.target, self.gpu = target, gpu
-        self.report, self.cuda_source = report, built.source
-        self._backward = None  # its backward, once compiled (prnn_tvm.compiler.compile_backward)
-        self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
-        self._session = None  # a CUDA layer's session kernels, once compiled (prnn_tvm.compiler.compile_session)
+    def __init__(
+        self,
+        plan: CellPlan,
+        kernel: Kernel,
+        built: Built,
+        input_size: int,
+        target: tvm.target.Target,
+        gpu: GpuSpec | None,
+        report: CompileReport,
+    ):
         signature = layer_signature(plan, input_size, kernel.launch)
         if kernel.launch.grid is not None:  # the co-residency check wants ptxas's figures where there are any
             grid = kernel.launch.grid
-            signature = signature.with_grid(kernel.launch.function, registers=report.registers or grid.registers,
-                                            static_smem_bytes=report.static_smem_bytes or 0)
-        super().__init__(signature, built.module, target.kind.name == "cuda")
+            signature = signature.with_grid(
+                kernel.launch.function,
+                registers=report.registers or grid.registers,
+                static_smem_bytes=report.static_smem_bytes or 0,
+            )
+        imports = built.module.imports
+        self._setup(
+            plan,
+            signature,
+            built.module,
+            report,
+            built.source,
+            target,
+            gpu,
+            bool(imports) and imports[0].kind == "cuda",
+        )
+        self._kernel = kernel
+
+    @classmethod
+    def restored(
+        cls,
+        plan: CellPlan,
+        signature: Signature,
+        module,
+        report: CompileReport,
+        cuda_source: str | None,
+        target: tvm.target.Target,
+        gpu: GpuSpec | None,
+        library: Path | None,
+        metadata: dict,
+        rebuild,
+    ) -> Layer:
+        """A layer of the layer cache: ``library`` is the library of an equal layer, written with ``metadata``, and
+        ``module`` its module, loaded; both None where it cannot run here (a CUDA layer for another GPU, or
+        none). ``rebuild`` makes what the entry does not hold, when asked: ``rebuild.kernel()`` the template's
+        kernel, ``rebuild.module()`` the compiled module."""
+        layer = cls.__new__(cls)
+        layer._setup(plan, signature, module, report, cuda_source, target, gpu, module is not None)
+        layer.library, layer.library_metadata, layer._rebuild = library, metadata, rebuild
+        return layer
+
+    def _setup(self, plan, signature, module, report, cuda_source, target, gpu, loaded: bool) -> None:
+        self.plan, self.target, self.gpu = plan, target, gpu
+        self.report, self.cuda_source = report, cuda_source
+        self.library, self.library_metadata, self._rebuild, self._kernel = None, None, None, None
+        self._backward = None  # its backward, once compiled (prnn_tvm.compiler.compile_backward)
+        self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
+        self._session = None  # a CUDA layer's session kernels, once compiled (prnn_tvm.compiler.compile_session)
+        self.cache_key = None  # its key in the layer cache (prnn_tvm.cache), which its backward's extends
+        self._gpu_code = loaded  # a CUDA layer whose module holds code this process can launch
+        super().__init__(signature, module, target.kind.name == "cuda")
+
+    @property
+    def kernel(self) -> Kernel:
+        """The schedule template's kernel (PrimFunc, launch, config)."""
+        if self._kernel is None:
+            self._kernel = self._rebuild.kernel()
+        return self._kernel
+
+    @property
+    def module(self):
+        """The TVM runtime module holding the layer's functions."""
+        if self._module is None:
+            self._module = self._rebuild.module()
+        return self._module
+
+    @module.setter
+    def module(self, value) -> None:
+        self._module = value
+
+    def compiled_module(self):
+        """The module as TVM compiled it, which ``export_library`` can write (a module loaded from a library is
+        built again)."""
+        return self.module if self.library is None else self._rebuild.module()
 
     def session(self, *, release_after: float = RELEASE_AFTER_S, free_sms: int = FREE_SMS, **arrays):
         """A resident session of this CUDA layer (:mod:`prnn_tvm.runtime.session`): its kernel launched once, one
@@ -62,16 +143,18 @@ class Layer(RuntimeLayer):
         :class:`~prnn_tvm.runtime.session.Session` pass through. A stack serves a step per call as a deep stack
         (compile ``"<cell>_d<layers>"``)."""
         kernels = compile_session(self)
-        options = {k: arrays.pop(k) for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us")
-                   if k in arrays}
+        options = {
+            k: arrays.pop(k) for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us") if k in arrays
+        }
         initial = {name[:-1]: arrays.pop(name) for name in [f"{s.name}0" for s in self.plan.states] if name in arrays}
         self.device  # noqa: B018 - refuses a layer that holds CUDA source only, saying so
         return Session(kernels, arrays, initial, release_after=release_after, free_sms=free_sms, **options)
 
     @property
     def device(self) -> tvm.runtime.Device:
-        if self.is_cuda and (local_gpu() is None or not self.module.imports
-                             or self.module.imports[0].kind != "cuda"):
-            raise PrnnError("this layer was compiled for CUDA on a machine without a usable GPU, so it holds "
-                            "CUDA source only; compile it where the GPU is (or use target='llvm' to run on the CPU)")
+        if self.is_cuda and (local_gpu() is None or not self._gpu_code):
+            raise PrnnError(
+                "this layer was compiled for CUDA on a machine without a usable GPU, so it holds "
+                "CUDA source only; compile it where the GPU is (or use target='llvm' to run on the CPU)"
+            )
         return super().device

@@ -73,8 +73,10 @@ class LoadedLayer(RuntimeLayer):
     def __repr__(self) -> str:
         m = self.metadata
         where = f"cuda {m['arch']}" if m["target"] == "cuda" else "cpu"
-        return (f"<LoadedLayer {m['cell']} batch={m['batch']} hidden={m['hidden']} input={m['input_size']} "
-                f"{m['dtype']} {where} from {self.path.name}>")
+        return (
+            f"<LoadedLayer {m['cell']} batch={m['batch']} hidden={m['hidden']} input={m['input_size']} "
+            f"{m['dtype']} {where} from {self.path.name}>"
+        )
 
 
 def read_metadata(path: str | Path) -> dict:
@@ -89,17 +91,22 @@ def _opened(path: Path) -> tuple[dict, Path]:
     data = path.read_bytes()
     problem = _checksum_problem(path, data) or _elf_problem(data)
     if problem:
-        raise LoadError(f"{path.name} is not a loadable shared library ({problem}); "
-                        "export the layer again with prnn-tvm export")
+        raise LoadError(
+            f"{path.name} is not a loadable shared library ({problem}); export the layer again with prnn-tvm export"
+        )
     mapped = _private_copy(path, data)
     try:
         lib = _dlopen(mapped, path)
     except LoadError as err:
         if mapped == path.resolve():
             raise
-        log.warning("%s: its copy %s cannot be mapped (%s; a folder mounted noexec?): loading it from its own path, "
-                    "where a library exported again to that path in this process loads the first one", path.name,
-                    mapped, err.__cause__)
+        log.warning(
+            "%s: its copy %s cannot be mapped (%s; a folder mounted noexec?): loading it from its own path, "
+            "where a library exported again to that path in this process loads the first one",
+            path.name,
+            mapped,
+            err.__cause__,
+        )
         mapped = path.resolve()
         lib = _dlopen(mapped, path)
     return _metadata(path, lib), mapped
@@ -110,8 +117,10 @@ def _dlopen(file: Path, path: Path):
     try:
         return ctypes.CDLL(str(file), mode=ctypes.RTLD_LOCAL)
     except OSError as err:
-        raise LoadError(f"{path.name} is not a loadable shared library ({first_line(err)}); "
-                        "export the layer again with prnn-tvm export") from err
+        raise LoadError(
+            f"{path.name} is not a loadable shared library ({first_line(err)}); "
+            "export the layer again with prnn-tvm export"
+        ) from err
 
 
 def _metadata(path: Path, lib) -> dict:
@@ -120,8 +129,10 @@ def _metadata(path: Path, lib) -> dict:
     try:
         fn = getattr(lib, METADATA_SYMBOL)
     except AttributeError:
-        raise LoadError(f"{path.name} is not a prnn-tvm layer library (it has no {METADATA_SYMBOL}); "
-                        "export one with prnn-tvm export") from None
+        raise LoadError(
+            f"{path.name} is not a prnn-tvm layer library (it has no {METADATA_SYMBOL}); "
+            "export one with prnn-tvm export"
+        ) from None
     fn.restype = ctypes.c_char_p
     try:
         metadata = json.loads(fn().decode())
@@ -130,19 +141,26 @@ def _metadata(path: Path, lib) -> dict:
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise LoadError(f"{path.name}: its metadata does not describe a prnn-tvm layer; export the layer again")
     if metadata.get("schema") not in READABLE_SCHEMAS:
-        raise LoadError(f"{path.name} was written with metadata schema {metadata.get('schema')}, this prnn-tvm "
-                        f"reads schemas {', '.join(map(str, READABLE_SCHEMAS))}; export it again with this version")
+        raise LoadError(
+            f"{path.name} was written with metadata schema {metadata.get('schema')}, this prnn-tvm "
+            f"reads schemas {', '.join(map(str, READABLE_SCHEMAS))}; export it again with this version"
+        )
     required = {**REQUIRED, ("launch" if metadata["schema"] == 1 else "signature"): dict}
     for key, kind in required.items():
         value = metadata.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             problem = "has no" if key not in metadata else f"has a {type(value).__name__} as its"
-            raise LoadError(f"{path.name}: its metadata {problem} '{key}' (a {kind.__name__}); it is damaged or was "
-                            "not written by prnn-tvm export: export the layer again")
-    if metadata["target"] not in ("cuda", "llvm") or (metadata["target"] == "cuda"
-                                                       and not isinstance(metadata.get("arch"), str)):
-        raise LoadError(f"{path.name}: its metadata's target {metadata['target']!r} (arch {metadata.get('arch')!r}) "
-                        "is neither 'llvm' nor 'cuda' with an arch; export the layer again")
+            raise LoadError(
+                f"{path.name}: its metadata {problem} '{key}' (a {kind.__name__}); it is damaged or was "
+                "not written by prnn-tvm export: export the layer again"
+            )
+    if metadata["target"] not in ("cuda", "llvm") or (
+        metadata["target"] == "cuda" and not isinstance(metadata.get("arch"), str)
+    ):
+        raise LoadError(
+            f"{path.name}: its metadata's target {metadata['target']!r} (arch {metadata.get('arch')!r}) "
+            "is neither 'llvm' nor 'cuda' with an arch; export the layer again"
+        )
     return metadata
 
 
@@ -199,19 +217,38 @@ def _schema_1_signature(spec: dict, config: dict) -> Signature:
     params = {n: tuple(shapes[n]) for n in declared if len(shapes[n]) == 1}
     launch, grid, sync = spec.get("launch") or {}, None, None
     if "ctas" in launch:
-        grid = Grid(launch["ctas"], launch["threads"], launch["smem_bytes"], bool(launch.get("cooperative")),
-                    spec.get("registers"), spec.get("static_smem_bytes") or 0)
+        grid = Grid(
+            launch["ctas"],
+            launch["threads"],
+            launch["smem_bytes"],
+            bool(launch.get("cooperative")),
+            spec.get("registers"),
+            spec.get("static_smem_bytes") or 0,
+        )
     if launch.get("cooperative"):
-        sync = GridSync(config.get("barrier", "grid_sync"), spec.get("sync_words"),
-                        launch.get("sync_counts", "barriers"), launch.get("phases", 1))
+        sync = GridSync(
+            config.get("barrier", "grid_sync"),
+            spec.get("sync_words"),
+            launch.get("sync_counts", "barriers"),
+            launch.get("phases", 1),
+        )
     workspace = tuple(spec["workspace"]) if spec.get("workspace") else None
-    args = recurrent_args(B, H, spec["proj_width"], weights, params, states, dtype, workspace,
-                          spec.get("workspace_dtype"), spec.get("sync_words"))
+    args = recurrent_args(
+        B,
+        H,
+        spec["proj_width"],
+        weights,
+        params,
+        states,
+        dtype,
+        workspace,
+        spec.get("workspace_dtype"),
+        spec.get("sync_words"),
+    )
     # its kernels report timeouts on the device alone and run every row the whole sequence
     args = tuple(a for a in args if a.name not in ("error_host", "lengths"))
     projection = projection_launch(B, spec["input_size"], spec["proj_width"], dtype)
-    return Signature(spec["cell"], B, H, spec["input_size"], dtype,
-                     (projection, Launch("recurrent", args, grid, sync)))
+    return Signature(spec["cell"], B, H, spec["input_size"], dtype, (projection, Launch("recurrent", args, grid, sync)))
 
 
 def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLayer:
@@ -234,8 +271,9 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
     try:
         signature = signature_of(metadata)
     except (KeyError, TypeError, ValueError) as err:
-        raise LoadError(f"{path.name}: its metadata is damaged ({type(err).__name__}: {err}); export the layer "
-                        "again") from err
+        raise LoadError(
+            f"{path.name}: its metadata is damaged ({type(err).__name__}: {err}); export the layer again"
+        ) from err
     if metadata["target"] == "cuda":
         _ensure_cuda_runtime()
         device = device if device is not None else tvm.cuda(0)
@@ -245,16 +283,16 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
         if device.dlpack_device_type() != tvm.cpu(0).dlpack_device_type():
             raise LoadError(f"{path.name} holds a CPU build; it cannot run on {device}")
     if metadata.get("tvm_version") != tvm.__version__:
-        log.warning("%s was exported with TVM %s, this is TVM %s", path.name, metadata.get("tvm_version"),
-                    tvm.__version__)
+        log.warning(
+            "%s was exported with TVM %s, this is TVM %s", path.name, metadata.get("tvm_version"), tvm.__version__
+        )
     try:
         module = tvm.runtime.load_module(str(mapped))
     except Exception as err:  # TVM's loader error: keep its first line
         raise LoadError(f"TVM cannot load {path.name}: {first_line(err)}") from err
     for launch in signature.launches:
         if not module.implements_function(launch.function, True):
-            raise LoadError(f"{path.name} has no '{launch.function}' function; it is damaged or not a prnn-tvm "
-                            "layer")
+            raise LoadError(f"{path.name} has no '{launch.function}' function; it is damaged or not a prnn-tvm layer")
     layer = LoadedLayer(path, metadata, signature, module, device)
     log.info("loaded %r", layer)
     return layer
@@ -292,7 +330,7 @@ def _elf_problem(data: bytes) -> str | None:
         return f"truncated: {size} bytes, its headers need {end}"
     if phentsize < 40:
         return f"program headers of {phentsize} bytes"
-    table = data[phoff:phoff + phnum * phentsize]
+    table = data[phoff : phoff + phnum * phentsize]
     for i in range(phnum):
         offset, _, _, filesz = struct.unpack_from("<QQQQ", table, i * phentsize + 8)
         if offset + filesz > size:
@@ -308,8 +346,9 @@ def _ensure_cuda_runtime() -> None:
     try:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except OSError as err:
-        raise LoadError(f"cannot load TVM's CUDA runtime ({first_line(err)}): a CUDA layer needs a GPU and "
-                        "its driver") from err
+        raise LoadError(
+            f"cannot load TVM's CUDA runtime ({first_line(err)}): a CUDA layer needs a GPU and its driver"
+        ) from err
 
 
 def _check_arch(path: Path, arch: str, device) -> None:
@@ -319,11 +358,18 @@ def _check_arch(path: Path, arch: str, device) -> None:
         raise LoadError(f"{path.name} holds CUDA kernels for {arch}, and there is no usable GPU here")
     here = "sm_" + gpu.compute_version.replace(".", "")
     if not arch_runs_on(arch, here):
-        raise LoadError(f"{path.name} holds kernels compiled for {arch}; this GPU ({gpu.device_name}) is {here}: "
-                        f"export the layer again with --arch {here}")
+        raise LoadError(
+            f"{path.name} holds kernels compiled for {arch}; this GPU ({gpu.device_name}) is {here}: "
+            f"export the layer again with --arch {here}"
+        )
     if here != arch:
-        log.warning("%s was compiled for %s and runs on this %s GPU; tuning and grid were chosen for %s",
-                    path.name, arch, here, arch)
+        log.warning(
+            "%s was compiled for %s and runs on this %s GPU; tuning and grid were chosen for %s",
+            path.name,
+            arch,
+            here,
+            arch,
+        )
 
 
 def arch_runs_on(built: str, here: str) -> bool:

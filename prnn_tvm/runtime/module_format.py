@@ -35,7 +35,7 @@ class _Reader:
     def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.data):
             raise ValueError("truncated")
-        chunk = self.data[self.pos:self.pos + n]
+        chunk = self.data[self.pos : self.pos + n]
         self.pos += n
         return chunk
 
@@ -72,8 +72,10 @@ def replace_cuda_payload(blob: bytes, cubin: bytes) -> bytes:
                 payloads[i] = _cubin_payload(payloads[i], cubin)
                 found += 1
     except ValueError as err:
-        raise ExportError(f"TVM {tvm.__version__} serialized the module's imports in a layout this prnn-tvm "
-                          f"does not know ({err}); export with the pinned apache-tvm") from err
+        raise ExportError(
+            f"TVM {tvm.__version__} serialized the module's imports in a layout this prnn-tvm "
+            f"does not know ({err}); export with the pinned apache-tvm"
+        ) from err
     if not found:
         raise ExportError("the layer's module has no CUDA kernels to replace with a cubin")
     body = b"".join(struct.pack("<Q", len(a)) + b"".join(struct.pack("<Q", v) for v in a) for a in tree)
@@ -88,13 +90,13 @@ def _cubin_payload(payload: bytes, cubin: bytes) -> bytes:
         raise ValueError(f"CUDA code format {fmt!r}")
     start = r.pos
     for _ in range(r.u64()):
-        r.string(), r.string()                                  # key, name
-        r.take(4 * r.u64())                                     # argument dtypes
+        r.string(), r.string()  # key, name
+        r.take(4 * r.u64())  # argument dtypes
         for _ in range(r.u64()):
-            r.string()                                          # launch parameter tags
-        r.take(4 * r.u64())                                     # argument tags
-    table = payload[start:r.pos]
-    r.string()                                                  # the code: source, PTX or cubin
+            r.string()  # launch parameter tags
+        r.take(4 * r.u64())  # argument tags
+    table = payload[start : r.pos]
+    r.string()  # the code: source, PTX or cubin
     if r.pos != len(payload):
         raise ValueError("CUDA payload has bytes after its code")
     return _string(b"cubin") + table + _string(cubin)
@@ -110,8 +112,9 @@ def pack_with_cubin(mod, prefix: str, workdir: str, cubin: bytes) -> str:
 
 
 def _c_array(symbol: str, data: bytes) -> str:
-    rows = (",".join(str(b) for b in data[i:i + 40]) for i in range(0, len(data), 40))
+    rows = (",".join(str(b) for b in data[i : i + 40]) for i in range(0, len(data), 40))
     # extern first: in C++ a namespace-scope const would otherwise have internal linkage
-    return (f'#ifdef __cplusplus\nextern "C" {{\n#endif\nextern const unsigned char {symbol}[];\n'
-            f"const unsigned char {symbol}[{len(data)}] = {{\n" + ",\n".join(rows) +
-            "\n};\n#ifdef __cplusplus\n}\n#endif\n")
+    return (
+        f'#ifdef __cplusplus\nextern "C" {{\n#endif\nextern const unsigned char {symbol}[];\n'
+        f"const unsigned char {symbol}[{len(data)}] = {{\n" + ",\n".join(rows) + "\n};\n#ifdef __cplusplus\n}\n#endif\n"
+    )

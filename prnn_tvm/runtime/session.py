@@ -74,28 +74,47 @@ class Session:
         which its collect then reports as a timeout).
     """
 
-    def __init__(self, kernels, weights: dict, initial: dict | None = None, *, release_after: float = RELEASE_AFTER_S,
-                 idle_timeout_s: float = IDLE_TIMEOUT_S, barrier_timeout_us: int = DEFAULT_TIMEOUT_US,
-                 collect_timeout_us: int = COLLECT_TIMEOUT_US, free_sms: int = FREE_SMS):
-        for name, value, low, whole in (("release_after", release_after or 0, 0, False),
-                                        ("idle_timeout_s", idle_timeout_s, 0, False),
-                                        ("barrier_timeout_us", barrier_timeout_us, 1, True),
-                                        ("collect_timeout_us", collect_timeout_us, 1, True),
-                                        ("free_sms", free_sms, 0, True)):
+    def __init__(
+        self,
+        kernels,
+        weights: dict,
+        initial: dict | None = None,
+        *,
+        release_after: float = RELEASE_AFTER_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        barrier_timeout_us: int = DEFAULT_TIMEOUT_US,
+        collect_timeout_us: int = COLLECT_TIMEOUT_US,
+        free_sms: int = FREE_SMS,
+    ):
+        for name, value, low, whole in (
+            ("release_after", release_after or 0, 0, False),
+            ("idle_timeout_s", idle_timeout_s, 0, False),
+            ("barrier_timeout_us", barrier_timeout_us, 1, True),
+            ("collect_timeout_us", collect_timeout_us, 1, True),
+            ("free_sms", free_sms, 0, True),
+        ):
             _check_number(name, value, low, whole)
         if idle_timeout_s <= (release_after or 0) or idle_timeout_s * 1e6 > 2**31 - 1:
-            raise InputError(f"idle_timeout_s must exceed release_after ({release_after} s) and be at most 2147 s, "
-                             f"got {idle_timeout_s!r}")
+            raise InputError(
+                f"idle_timeout_s must exceed release_after ({release_after} s) and be at most 2147 s, "
+                f"got {idle_timeout_s!r}"
+            )
         self.kernels, self.plan = kernels, kernels.plan
         self.release_after = None if release_after is None else float(release_after)
         self.free_sms = int(free_sms)
-        self._scalars = {"timeout_us": int(barrier_timeout_us), "stall_step": -1, "idle_us": int(idle_timeout_s * 1e6),
-                         "capacity": CAPACITY}
+        self._scalars = {
+            "timeout_us": int(barrier_timeout_us),
+            "stall_step": -1,
+            "idle_us": int(idle_timeout_s * 1e6),
+            "capacity": CAPACITY,
+        }
         self._collect_timeout_us = int(collect_timeout_us)
         self.device = tvm.cuda(0)
         self._lock = threading.RLock()
-        self._functions = {launch.function: kernels.module[launch.function]
-                           for launch in (kernels.resident, kernels.publish, kernels.collect, kernels.close)}
+        self._functions = {
+            launch.function: kernels.module[launch.function]
+            for launch in (kernels.resident, kernels.publish, kernels.collect, kernels.close)
+        }
         resident = kernels.resident
         self.state_names = tuple(a.name[:-2] for a in resident.args if a.role is ArgRole.FINAL)
         self.output_index = self.state_names.index(self.plan.outputs[0])
@@ -105,8 +124,11 @@ class Session:
                 if a.name not in weights:
                     raise InputError(f"the session needs weight '{a.name}' ({' x '.join(map(str, a.shape))})")
                 self._weights[a.name] = place(a, weights[a.name], 0, self.device)[0]
-        self._owned = {a.name: self._zeros(a) for a in (*resident.args, kernels.publish.arg("control"))
-                       if a.role in (ArgRole.WORKSPACE, ArgRole.SYNC)}
+        self._owned = {
+            a.name: self._zeros(a)
+            for a in (*resident.args, kernels.publish.arg("control"))
+            if a.role in (ArgRole.WORKSPACE, ArgRole.SYNC)
+        }
         self._running = self._closed = self._loaded = False
         shape = (self.plan.batch, self.plan.hidden)
         self._init = {n: tvm.runtime.tensor(np.zeros(shape, self.plan.dtype), self.device) for n in self.state_names}
@@ -154,8 +176,9 @@ class Session:
         stream)."""
         arg = self.kernels.publish.arg("x")
         if not isinstance(x, np.ndarray):
-            raise InputError(f"step takes a NumPy array (batch, input); for GPU tensors use post(x, out), got "
-                             f"{type(x).__name__}")
+            raise InputError(
+                f"step takes a NumPy array (batch, input); for GPU tensors use post(x, out), got {type(x).__name__}"
+            )
         check("x", tuple(x.shape), str(x.dtype), arg.shape, arg.dtype)
         with self._lock:
             self._copy_in(self._x, x)
@@ -192,8 +215,12 @@ class Session:
     def reorder(self, index) -> None:
         """Row ``b`` of every state becomes row ``index[b]``'s (beam search's reordering of hypotheses)."""
         index = np.asarray(index)
-        if index.shape != (self.plan.batch,) or index.dtype.kind not in "iu" or index.min(initial=0) < 0 \
-                or index.max(initial=0) >= self.plan.batch:
+        if (
+            index.shape != (self.plan.batch,)
+            or index.dtype.kind not in "iu"
+            or index.min(initial=0) < 0
+            or index.max(initial=0) >= self.plan.batch
+        ):
             raise InputError(f"index must hold {self.plan.batch} row numbers in [0, {self.plan.batch}), got {index!r}")
         self._edit(lambda value: value[index])
 
@@ -240,13 +267,18 @@ class Session:
         dtype = value.dtype if isinstance(value, tvm.runtime.Tensor) else str(value.dtype).removeprefix("torch.")
         check(name, tuple(int(d) for d in value.shape), str(dtype), arg.shape, arg.dtype)
         device = getattr(value, "device", None)
-        on_gpu = (device.dlpack_device_type() == self.device.dlpack_device_type() if isinstance(
-            value, tvm.runtime.Tensor) else getattr(device, "type", None) == "cuda")
+        on_gpu = (
+            device.dlpack_device_type() == self.device.dlpack_device_type()
+            if isinstance(value, tvm.runtime.Tensor)
+            else getattr(device, "type", None) == "cuda"
+        )
         if not on_gpu or not value.is_contiguous():
             raise InputError(f"{name} must be a compact tensor on the GPU (step takes NumPy), got one on {device}")
         if value.data_ptr() % ALIGNMENT:
-            raise InputError(f"{name} must start at a multiple of {ALIGNMENT} bytes (a session copies nothing per "
-                             "step): pass a tensor of its own, not a slice at an odd offset")
+            raise InputError(
+                f"{name} must start at a multiple of {ALIGNMENT} bytes (a session copies nothing per "
+                "step): pass a tensor of its own, not a slice at an odd offset"
+            )
         return value
 
     def _prepared(self) -> tuple:
@@ -262,8 +294,9 @@ class Session:
         try:
             self._functions[launch.function](*values)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
-            raise SessionError(f"launching '{launch.function}' of a {self.plan.cell.name} session failed: {err}") \
-                from err
+            raise SessionError(
+                f"launching '{launch.function}' of a {self.plan.cell.name} session failed: {err}"
+            ) from err
 
     def _values(self, launch, given: dict) -> list:
         scalars = {**self._scalars, "error_host": self._error.address}
@@ -305,7 +338,8 @@ class Session:
                 f"a {self.plan.cell.name} session needs {grid.ctas} SMs (a CTA each) and leaves {self.free_sms} free; "
                 f"this {gpu.device_name or gpu.arch} has {gpu.sms} and open sessions of this process hold {held}: "
                 f"{max(0, min(room, fit))} are left. Close a session, lower free_sms, or compile a layer over fewer "
-                "CTAs (a config with more units per CTA)")
+                "CTAs (a config with more units per CTA)"
+            )
         if not self._loaded:
             self._load_small_kernels()
         with tvm_ffi.use_raw_stream(self.device, self._stream):
@@ -318,14 +352,20 @@ class Session:
     def _load_small_kernels(self) -> None:
         """Launch each small kernel once on scratch words before the resident kernel starts: under CUDA's lazy
         module loading a kernel's first launch waits for every running kernel, the resident one included."""
-        scratch = {name: tvm.runtime.tensor(np.zeros(t.shape, t.dtype), self.device) for name, t in self._owned.items()
-                   if name in (REQUESTS, RESPONSES, "control", "sync")}
+        scratch = {
+            name: tvm.runtime.tensor(np.zeros(t.shape, t.dtype), self.device)
+            for name, t in self._owned.items()
+            if name in (REQUESTS, RESPONSES, "control", "sync")
+        }
         sync = np.zeros(scratch["sync"].shape, "uint32")
         sync[2] = 0xFFFFFFFF  # base + step 0 + 1 == 0: the zero response words carry the tag the collect wants
         self._copy_in(scratch["sync"], sync)
         states = self._zeros(self.kernels.collect.arg("states"))
-        for launch, given in ((self.kernels.publish, {"x": self._x}), (self.kernels.collect, {"states": states}),
-                              (self.kernels.close, {})):
+        for launch, given in (
+            (self.kernels.publish, {"x": self._x}),
+            (self.kernels.collect, {"states": states}),
+            (self.kernels.close, {}),
+        ):
             mine = {a.name: scratch[a.name] for a in launch.args if a.name in scratch}
             self._call(launch, {**mine, **given})
         self.device.sync(tvm_ffi.get_raw_stream(self.device))  # not the device: other sessions may be running
@@ -373,11 +413,13 @@ class Session:
                 "was held meanwhile: a kernel launched for the first time (CUDA loads modules lazily, and a load "
                 "waits for every running kernel: launch what you need once before the session starts, or run with "
                 "CUDA_MODULE_LOADING=EAGER), a device-wide synchronization or a free of device memory. The session "
-                "is closed; open a new one")
+                "is closed; open a new one"
+            )
         raise SessionError(
             f"a {self.plan.cell.name} session timed out at step {step} of its launch: a block of the resident kernel "
             "or the collect waited longer than its bound (a block that never ran, or a resident kernel that could "
-            "not start beside other kernels). That step's states are NaN and the session is closed; open a new one")
+            "not start beside other kernels). That step's states are NaN and the session is closed; open a new one"
+        )
 
 
 class _Reaper:
@@ -423,8 +465,12 @@ def _close_all() -> None:
 
 
 def _check_number(name: str, value, low, whole: bool) -> None:
-    if not isinstance(value, int if whole else (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-            or value < low:
+    if (
+        not isinstance(value, int if whole else (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < low
+    ):
         raise InputError(f"{name} must be {'an integer' if whole else 'a number'} of at least {low}, got {value!r}")
 
 

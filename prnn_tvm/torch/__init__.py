@@ -53,6 +53,16 @@ parameters, and what is kept of them), :mod:`~prnn_tvm.torch.projection` (the in
 reversed sequences).
 """
 
+try:
+    import torch  # noqa: F401 - PyTorch itself; say how to install it where it is missing
+except ModuleNotFoundError as err:
+    if err.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "prnn_tvm.torch needs PyTorch: pip install 'prnn-tvm[torch]' (from the repository: pip install -e '.[torch]')",
+        name="torch",
+    ) from err
+
 from .dispatch import DTYPES
 from .modules import GRU, LSTM, RNN, Recurrent, from_torch
 from .projection import BIAS_IN_GEMM

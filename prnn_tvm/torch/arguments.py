@@ -13,11 +13,10 @@ import weakref
 
 import torch  # PyTorch itself: absolute import
 
+from prnn_tvm.deferred import split_direction_name, split_layer_name
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import InputError
-from prnn_tvm.frontend.directions import split_direction_name
-from prnn_tvm.frontend.stack import split_layer_name
-from prnn_tvm.runtime.binding import ALIGNMENT
+from prnn_tvm.runtime.limits import ALIGNMENT
 from prnn_tvm.signature import ArgRole
 
 from .projection import biased, summed
@@ -58,8 +57,13 @@ class LaunchArguments:
         copy is made once per weight update. ``fresh`` (a CUDA graph being captured): made anew and not
         kept, so that the graph makes it in every replay from the parameter as it is then."""
         p, cached = self._parameters[name], self._aligned_copies.get(name)
-        if not fresh and cached is not None and cached[0] is p and cached[1] == p.data_ptr() and cached[2] in (
-                None, p._version):
+        if (
+            not fresh
+            and cached is not None
+            and cached[0] is p
+            and cached[1] == p.data_ptr()
+            and cached[2] in (None, p._version)
+        ):
             return cached[3]
         self._check_parameter(name, p)
         # torch's allocators align blocks; a strided parameter (torch.nn takes one) is copied compact, as is one
@@ -85,9 +89,11 @@ class LaunchArguments:
         if made is not None and tuple(p.shape) != made:
             raise InputError(f"{kind}: parameter {name} has shape {tuple(p.shape)}, expected {made}")
         if p.dtype != first.dtype or p.device != first.device:
-            raise InputError(f"{kind}: parameter {name} is {p.dtype} on {p.device}, the module's parameters are "
-                             f"{first.dtype} on {first.device} (its first, {next(iter(self._parameters))}); convert "
-                             "it (.to(dtype, device))")
+            raise InputError(
+                f"{kind}: parameter {name} is {p.dtype} on {p.device}, the module's parameters are "
+                f"{first.dtype} on {first.device} (its first, {next(iter(self._parameters))}); convert "
+                "it (.to(dtype, device))"
+            )
 
     def _constant(self, shape: tuple, device: torch.device, dtype: torch.dtype, value=0) -> torch.Tensor:
         """A constant the kernels only read (zeros for omitted initial states and absent biases, the
@@ -158,8 +164,9 @@ class LaunchArguments:
             share = layer.plan.input.slices // len(projected)  # input slices per parameter of the bias
             carriers = layer.plan.input_bias
             lined_up = carriers and all(c.slices == share and c.first % share == 0 for c in carriers)
-            self._arguments[key] = (at, [(names.index(c.param), projected[c.first // share]) for c in carriers]
-                                    ) if lined_up else None
+            self._arguments[key] = (
+                (at, [(names.index(c.param), projected[c.first // share]) for c in carriers]) if lined_up else None
+            )
         plan = self._arguments[key]
         if plan is None:
             return weights
@@ -170,8 +177,15 @@ class LaunchArguments:
             folded[i] = self._derived_from("folded", summed, weights[i], self._aligned(partner, fresh), fresh=fresh)
         return folded
 
-    def _launch_arguments(self, layer, x: torch.Tensor, suffix: str | None, initial: list,
-                          lengths: torch.Tensor | None = None, grad: bool = False) -> list:
+    def _launch_arguments(
+        self,
+        layer,
+        x: torch.Tensor,
+        suffix: str | None,
+        initial: list,
+        lengths: torch.Tensor | None = None,
+        grad: bool = False,
+    ) -> list:
         """``layer``'s arguments in its signature's order (``x``, weights, params, initial states, lengths), made
         ready on the current stream (aligned copies, constants). ``suffix``: the layer and direction of the
         parameters (None: ``layer`` is a wavefront stack of every layer, :meth:`stack_for`; for both directions
@@ -215,9 +229,15 @@ class LaunchArguments:
                 if a.role not in (ArgRole.WEIGHT, ArgRole.PARAM):
                     continue
                 if both and a.name in ("W_ih", "b_ih"):  # stacked: the forward direction's rows first
-                    found.append((a.name, None if not self.bias and a.name in BIASES else
-                                  tuple(self._names[a.name] + suffix + own for own in ("", REVERSE)),
-                                  a.concrete_shape(1)))
+                    found.append(
+                        (
+                            a.name,
+                            None
+                            if not self.bias and a.name in BIASES
+                            else tuple(self._names[a.name] + suffix + own for own in ("", REVERSE)),
+                            a.concrete_shape(1),
+                        )
+                    )
                     continue
                 if both:
                     direction, base = split_direction_name(a.name)
@@ -229,8 +249,8 @@ class LaunchArguments:
                 else:
                     index, base = split_layer_name(a.name)
                     own = parameter_suffix(index, 0)
-                found.append((a.name, None if not self.bias and base in BIASES else self._names[base] + own,
-                              a.concrete_shape(1)))
+                found.append(
+                    (a.name, None if not self.bias and base in BIASES else self._names[base] + own, a.concrete_shape(1))
+                )
             self._arguments[key] = found
         return self._arguments[key]
-

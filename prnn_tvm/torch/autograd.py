@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch  # PyTorch itself: absolute import
 
-from prnn_tvm.compiler import compile_backward
+from prnn_tvm.deferred import compile_backward
 from prnn_tvm.errors import UnsupportedError
 
 from .arguments import aligned_state
@@ -34,9 +34,11 @@ class CpuBackprop(torch.autograd.Function):
         grads = [g.to(grad_dtype).contiguous() for g in (d_out, *d_finals)]
         d_xp, d_inputs = backward(xp.detach(), *[None if a is None else a.detach() for a in args], *grads)
         d_inputs = [torch.from_dlpack(g) for g in d_inputs]  # weights, params, initial states: as in args
-        return (None, torch.from_dlpack(d_xp).to(xp.dtype),
-                *(None if a is None or a.dtype == torch.int32 else g.to(a.dtype)
-                  for a, g in zip(args, [*d_inputs, None])))
+        return (
+            None,
+            torch.from_dlpack(d_xp).to(xp.dtype),
+            *(None if a is None or a.dtype == torch.int32 else g.to(a.dtype) for a, g in zip(args, [*d_inputs, None])),
+        )
 
 
 class CudaBackprop(torch.autograd.Function):
@@ -66,17 +68,18 @@ class CudaBackprop(torch.autograd.Function):
         # the backward computes in float32 (a half layer's outputs come back as float32 gradients)
         given = dict(zip(names, args), saved=saved, d_out=d_out.float().contiguous())
         given.update({f"d_{s.name}_n": d.float().contiguous() for s, d in zip(plan.states, d_finals)})
-        launched = module._run_cuda(training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]],
-                                    "recurrent_backward")
+        launched = module._run_cuda(
+            training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]], "recurrent_backward"
+        )
         d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))
         T, B, _ = d_out.shape
         # each operand's column in ``saved`` (CellPlan.saved_leaves: states and stages are one slice wide)
         where = {leaf.name: i for i, leaf in enumerate(plan.saved_leaves()) if leaf.kind in ("state", "stage")}
         column = 0
         for r in plan.reductions:  # each product's weights: sum over steps and rows of d_gates^T operand
-            gates = d["d_gates"][:, :, column:column + r.slices * H].reshape(T * B, r.slices * H)
+            gates = d["d_gates"][:, :, column : column + r.slices * H].reshape(T * B, r.slices * H)
             i = where[r.operand]
-            dW = gates.t() @ saved[:, :, i * H:(i + 1) * H].reshape(T * B, H)
+            dW = gates.t() @ saved[:, :, i * H : (i + 1) * H].reshape(T * B, H)
             if r.heads > 1:  # a head-wise weight: each row's head's columns of the dense gradient
                 D = H // r.heads
                 rows = torch.arange(dW.shape[0], device=dW.device)
@@ -93,10 +96,12 @@ def refuse_double_backward(cell: str) -> None:
     (``create_graph=True``): the kernels' backward is not differentiable, so that result would miss every term
     through the kernel (a gradient penalty's gradient on ``weight_hh`` and the biases would be zero)."""
     if torch.is_grad_enabled():
-        raise UnsupportedError(f"double backward through '{cell}': the backward of a prnn_tvm.torch module is not "
-                               "differentiable (create_graph=True, as a gradient penalty asks, would give second "
-                               "derivatives without the kernel's terms); compute that loss with torch.nn's module, or "
-                               "without create_graph")
+        raise UnsupportedError(
+            f"double backward through '{cell}': the backward of a prnn_tvm.torch module is not "
+            "differentiable (create_graph=True, as a gradient penalty asks, would give second "
+            "derivatives without the kernel's terms); compute that loss with torch.nn's module, or "
+            "without create_graph"
+        )
 
 
 def _data_names(layer) -> list:

@@ -15,14 +15,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import torch  # PyTorch itself: absolute import
 import tvm_ffi
 
-from prnn_tvm.compiler import compile_cell, compile_training
+from prnn_tvm.deferred import compile_cell, compile_training
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError, InputError
-from prnn_tvm.runtime.launcher import Arrays, Launcher
+
+if TYPE_CHECKING:
+    from prnn_tvm.runtime.launcher import Arrays
 
 from .arguments import parameter_suffix
 from .autograd import CpuBackprop, CudaBackprop
@@ -47,11 +50,18 @@ def current_stream(device: torch.device) -> int:
 def torch_arrays(device: torch.device) -> Arrays:
     """A launch's buffers from torch's caching allocator on ``device``; a launch state's unsigned words zeroed as
     signed ones (whose kernels torch has everywhere), then viewed."""
+    from prnn_tvm.runtime.launcher import Arrays  # TVM's runtime, at the first launch
+
     def zeros(a):
         dtype = getattr(torch, a.dtype)
         return torch.zeros(a.shape, dtype=_UNSIGNED.get(dtype, dtype), device=device).view(dtype)
-    return Arrays(empty=functools.partial(torch.empty, device=device), dtype=functools.partial(getattr, torch),
-                  zeros=zeros, adopt=torch.from_dlpack)
+
+    return Arrays(
+        empty=functools.partial(torch.empty, device=device),
+        dtype=functools.partial(getattr, torch),
+        zeros=zeros,
+        adopt=torch.from_dlpack,
+    )
 
 
 class Dispatch:
@@ -61,8 +71,9 @@ class Dispatch:
     ``_captured``; it reads the module's options (``cell``, ``hidden_size``, ``arch``, ``config``,
     ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``, ``concurrent_directions``)."""
 
-    def layer_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None,
-                  input_size: int | None = None):
+    def layer_for(
+        self, batch: int, device: torch.device, dtype: torch.dtype | None = None, input_size: int | None = None
+    ):
         """The compiled layer for ``batch`` on ``device`` in ``dtype`` (the parameters'; compiled on
         first use, then kept), taking ``input_size`` features (the module's; a stack's later layers take
         hidden x directions)."""
@@ -74,14 +85,23 @@ class Dispatch:
             if device.type not in ("cuda", "cpu"):
                 raise InputError(f"{type(self).__name__}: tensors on {device} are not supported; use cuda or cpu")
             if dtype not in DTYPES:
-                raise ConfigError(f"{type(self).__name__}: parameters of {dtype} are not supported; use one of "
-                                  f"{', '.join(map(str, DTYPES))}")
-            log.info("compiling %s hidden=%d batch=%d %s for %s", self.cell, self.hidden_size, batch, DTYPES[dtype],
-                     target)
-            self._layers[key] = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size,
-                                             dtype=DTYPES[dtype], target=target,
-                                             arch=self.arch if target == "cuda" else None,
-                                             config=self.config if target == "cuda" else None)
+                raise ConfigError(
+                    f"{type(self).__name__}: parameters of {dtype} are not supported; use one of "
+                    f"{', '.join(map(str, DTYPES))}"
+                )
+            log.info(
+                "compiling %s hidden=%d batch=%d %s for %s", self.cell, self.hidden_size, batch, DTYPES[dtype], target
+            )
+            self._layers[key] = compile_cell(
+                self.cell,
+                self.hidden_size,
+                batch,
+                input_size=input_size,
+                dtype=DTYPES[dtype],
+                target=target,
+                arch=self.arch if target == "cuda" else None,
+                config=self.config if target == "cuda" else None,
+            )
         return self._layers[key]
 
     def stack_for(self, batch: int, device: torch.device, dtype: torch.dtype | None = None):
@@ -92,9 +112,18 @@ class Dispatch:
         if not (self.wavefront and self.num_layers > 1 and not self.bidirectional):
             return None
         dtype = self.dtype if dtype is None else dtype
-        return self._one_launch((batch, device.type, device.index, dtype, "stack"), self.stack_notes,
-                                (batch, str(device), dtype), batch, device, dtype, self.input_size,
-                                "one wavefront launch", "layer by layer", layers=self.num_layers)
+        return self._one_launch(
+            (batch, device.type, device.index, dtype, "stack"),
+            self.stack_notes,
+            (batch, str(device), dtype),
+            batch,
+            device,
+            dtype,
+            self.input_size,
+            "one wavefront launch",
+            "layer by layer",
+            layers=self.num_layers,
+        )
 
     def directions_for(self, batch: int, device: torch.device, dtype: torch.dtype, input_size: int):
         """A bidirectional layer's two directions compiled as one launch (``compile_cell(...,
@@ -105,28 +134,65 @@ class Dispatch:
         if not (self.bidirectional and self.one_launch_directions):
             return None
         key, notes_key = (batch, device.type, device.index, dtype, input_size), (batch, str(device), dtype, input_size)
-        return self._one_launch((*key, "bidirectional"), self.direction_notes, notes_key, batch, device, dtype,
-                                input_size, "one launch", "a launch per direction", bidirectional=True)
+        return self._one_launch(
+            (*key, "bidirectional"),
+            self.direction_notes,
+            notes_key,
+            batch,
+            device,
+            dtype,
+            input_size,
+            "one launch",
+            "a launch per direction",
+            bidirectional=True,
+        )
 
-    def _one_launch(self, key: tuple, notes: dict, notes_key: tuple, batch: int, device: torch.device,
-                    dtype: torch.dtype, input_size: int, done: str, otherwise: str, **options):
+    def _one_launch(
+        self,
+        key: tuple,
+        notes: dict,
+        notes_key: tuple,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        input_size: int,
+        done: str,
+        otherwise: str,
+        **options,
+    ):
         """The module's cell compiled with ``options`` (``layers``, ``bidirectional``) for ``batch`` on ``device``
         once, then kept as ``_layers[key]``; None where it does not fit (not tried again). ``notes[notes_key]``
         says which: ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal."""
         if key not in self._launch_notes:
             cuda = device.type == "cuda"
             try:
-                layer = compile_cell(self.cell, self.hidden_size, batch, input_size=input_size, dtype=DTYPES[dtype],
-                                     target="cuda" if cuda else "llvm", arch=self.arch if cuda else None, **options)
+                layer = compile_cell(
+                    self.cell,
+                    self.hidden_size,
+                    batch,
+                    input_size=input_size,
+                    dtype=DTYPES[dtype],
+                    target="cuda" if cuda else "llvm",
+                    arch=self.arch if cuda else None,
+                    **options,
+                )
             except ConfigError as err:
                 self._launch_notes[key] = f"{otherwise}: {err}"
-                log.info("%s of hidden %d at batch %d: %s", type(self).__name__, self.hidden_size, batch,
-                         self._launch_notes[key])
+                log.info(
+                    "%s of hidden %d at batch %d: %s",
+                    type(self).__name__,
+                    self.hidden_size,
+                    batch,
+                    self._launch_notes[key],
+                )
             else:
                 rep = layer.report
                 self._launch_notes[key] = done + (
                     f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, "
-                    f"{rep.spill_store_bytes} B spills" if cuda else " (the CPU build)")
+                    f"{rep.spill_store_bytes} B spills"
+                    if cuda
+                    else " (the CPU build)"
+                )
                 self._layers[key] = layer
         notes[notes_key] = self._launch_notes[key]
         return self._layers.get(key)
@@ -149,8 +215,13 @@ class Dispatch:
         states, directions = len(self._states), 2 if self.bidirectional else 1
         out, finals = x, [[None] * (self.num_layers * directions) for _ in range(states)]
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
-        backwards = (None if directions == 1 else (lambda s: s.flip(0)) if lengths is None
-                     else reversal_within(lengths, x.shape[0]))
+        backwards = (
+            None
+            if directions == 1
+            else (lambda s: s.flip(0))
+            if lengths is None
+            else reversal_within(lengths, x.shape[0])
+        )
         # where a layer runs a launch per direction, an inference call on the GPU runs the reverse one on a stream
         # of its own, beside the forward one, where the two grids fit on the GPU together (measured: else the
         # second waits, and it costs 5-9%)
@@ -166,16 +237,24 @@ class Dispatch:
             both = None if grad else self.directions_for(x.shape[1], x.device, x.dtype, out.shape[2])
             if both is not None:  # the layer's directions in one launch: its output in torch's order
                 pairs = [t[layer * directions + direction] for direction in range(directions) for t in initial]
-                out, ends = self._run(both, self._launch_arguments(both, out, parameter_suffix(layer, 0), pairs,
-                                                                   lengths))
+                out, ends = self._run(
+                    both, self._launch_arguments(both, out, parameter_suffix(layer, 0), pairs, lengths)
+                )
                 for i, end in enumerate(ends):  # direction-major, the cell's states in order within one
                     finals[i % states][layer * directions + i // states] = end
             else:
                 # every direction's inputs are made ready on the caller's stream (aligned copies, constants),
                 # then the directions run: one after the other, or side by side (joined before the next layer)
-                ready = [self._inputs(out if direction == 0 else backwards(out), parameter_suffix(layer, direction),
-                                      [t[layer * directions + direction] for t in initial], lengths, grad)
-                         for direction in range(directions)]
+                ready = [
+                    self._inputs(
+                        out if direction == 0 else backwards(out),
+                        parameter_suffix(layer, direction),
+                        [t[layer * directions + direction] for t in initial],
+                        lengths,
+                        grad,
+                    )
+                    for direction in range(directions)
+                ]
                 side = self._side_stream(x.device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
                 if side is not None:
                     side.wait_stream(torch.cuda.current_stream(x.device))
@@ -202,8 +281,9 @@ class Dispatch:
             self._side_streams[key] = torch.cuda.Stream(device)
         return self._side_streams[key]
 
-    def _inputs(self, x: torch.Tensor, suffix: str, initial: list, lengths: torch.Tensor | None = None,
-                grad: bool = False) -> tuple:
+    def _inputs(
+        self, x: torch.Tensor, suffix: str, initial: list, lengths: torch.Tensor | None = None, grad: bool = False
+    ) -> tuple:
         """One layer and direction's compiled layer and arguments: ``(layer, args)`` (:meth:`_launch_arguments`).
         ``x``: time-major; parameters ``*{suffix}``; ``initial``: its initial states, or [] for zeros."""
         layer = self.layer_for(x.shape[1], x.device, x.dtype, x.shape[2])
@@ -232,9 +312,12 @@ class Dispatch:
         recurrent weights, params, initial states and lengths). Returns what it writes, in its order."""
         launcher = self._launchers.get((id(layer), function))
         if launcher is None:
+            from prnn_tvm.runtime.launcher import Launcher  # TVM's runtime, at the first launch
+
             device = xp.device
             launcher = self._launchers[id(layer), function] = Launcher(
-                layer, function, torch_arrays(device), tvm_ffi.device("cuda", device.index))
+                layer, function, torch_arrays(device), tvm_ffi.device("cuda", device.index)
+            )
         state = None
         if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
             state = launcher.new_state()
@@ -247,5 +330,6 @@ class Dispatch:
         try:
             return compile_training(layer)
         except ConfigError as err:
-            raise InputError(f"{type(self).__name__}: gradients on the GPU: {err}; or call it under torch.no_grad() "
-                             "(inference)") from None
+            raise InputError(
+                f"{type(self).__name__}: gradients on the GPU: {err}; or call it under torch.no_grad() (inference)"
+            ) from None

@@ -10,9 +10,8 @@ import math
 import torch  # PyTorch itself: absolute import
 from torch.nn.utils.rnn import PackedSequence
 
+from prnn_tvm.deferred import analyze, resolve
 from prnn_tvm.errors import ConfigError, InputError, UnsupportedError
-from prnn_tvm.frontend.analysis import analyze
-from prnn_tvm.frontend.registry import resolve
 
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .dispatch import DTYPES, Dispatch
@@ -24,8 +23,9 @@ from .session import ModuleSession
 _TORCH_NAMES = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh"}
 _EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.export tracing (torch 2.5 and later)
 # what Dynamo must not trace into (TVM calls, caches keyed by ids): called only while torch.compile traces a call,
-# as the wrapper costs a third of a microsecond a call
-_run_uncompiled = torch.compiler.disable(Dispatch._run_layers)
+# as the wrapper costs a third of a microsecond a call. torch's own lazy form of torch.compiler.disable, which
+# imports Dynamo at the first call rather than here (a second of CPU at ``import prnn_tvm.torch``).
+_run_uncompiled = torch._disable_dynamo(Dispatch._run_layers)
 _COMPILING = torch.compiler.is_compiling
 
 
@@ -35,16 +35,36 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
     (:class:`~prnn_tvm.torch.dispatch.Dispatch`), the launches' arguments
     (:class:`~prnn_tvm.torch.arguments.LaunchArguments`)."""
 
-    def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-                 device=None, dtype=None, arch: str | None = None, config=None, names: dict | None = None):
+    def __init__(
+        self,
+        cell,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        device=None,
+        dtype=None,
+        arch: str | None = None,
+        config=None,
+        names: dict | None = None,
+    ):
         super().__init__()
         kind = type(self).__name__
-        for name, value, least in (("input_size", input_size, 1), ("hidden_size", hidden_size, 1),
-                                   ("num_layers", num_layers, 1), ("proj_size", proj_size, 0)):
+        for name, value, least in (
+            ("input_size", input_size, 1),
+            ("hidden_size", hidden_size, 1),
+            ("num_layers", num_layers, 1),
+            ("proj_size", proj_size, 0),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ConfigError(f"{kind}: {name} must be {'a positive' if least else 'a'} whole number (an int"
-                                  f"{'' if least else ' of at least 0'}), got {value!r}")
+                raise ConfigError(
+                    f"{kind}: {name} must be {'a positive' if least else 'a'} whole number (an int"
+                    f"{'' if least else ' of at least 0'}), got {value!r}"
+                )
         if proj_size:
             raise ConfigError(f"{kind}: proj_size={proj_size} is not supported")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
@@ -87,8 +107,11 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
                 for arg, name in self._names.items():
                     if bias or arg not in BIASES:
                         self._shapes[name + parameter_suffix(layer, direction)] = shapes[arg]
-                        setattr(self, name + parameter_suffix(layer, direction),
-                                torch.nn.Parameter(torch.empty(*shapes[arg], **kw)))
+                        setattr(
+                            self,
+                            name + parameter_suffix(layer, direction),
+                            torch.nn.Parameter(torch.empty(*shapes[arg], **kw)),
+                        )
         self.reset_parameters()
         self._layers: dict = {}
         self._launchers: dict = {}
@@ -101,9 +124,20 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what runs, and why
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
 
-    _COMPILED = ("_layers", "_launchers", "_arguments", "_side_streams", "_aligned_copies", "_constants",
-                 "_derived", "_joined", "_launch_notes", "_captured", "stack_notes",
-                 "direction_notes")
+    _COMPILED = (
+        "_layers",
+        "_launchers",
+        "_arguments",
+        "_side_streams",
+        "_aligned_copies",
+        "_constants",
+        "_derived",
+        "_joined",
+        "_launch_notes",
+        "_captured",
+        "stack_notes",
+        "direction_notes",
+    )
 
     def __getstate__(self) -> dict:
         """Copies and pickles (``copy.deepcopy``, ``torch.save``) keep the parameters and options but
@@ -120,8 +154,10 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
             torch.nn.init.uniform_(p, -bound, bound)
 
     def extra_repr(self) -> str:
-        return (f"{self.input_size}, {self.hidden_size}, cell={self.cell}, num_layers={self.num_layers}, "
-                f"bias={self.bias}, batch_first={self.batch_first}, bidirectional={self.bidirectional}")
+        return (
+            f"{self.input_size}, {self.hidden_size}, cell={self.cell}, num_layers={self.num_layers}, "
+            f"bias={self.bias}, batch_first={self.batch_first}, bidirectional={self.bidirectional}"
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -152,10 +188,12 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         kind, H = type(self).__name__, self.hidden_size
         if torch.jit.is_tracing() or _EXPORTING():
             tracer = "torch.jit.trace" if torch.jit.is_tracing() else "torch.export"
-            raise UnsupportedError(f"{kind}: {tracer} cannot record a prnn_tvm.torch module (its kernels are TVM "
-                                   "calls, and its kernels' sizes would be traced as constants); call it eagerly, or "
-                                   "under torch.compile, which runs it as it is (torch.cuda.graph captures its CUDA "
-                                   "calls)")
+            raise UnsupportedError(
+                f"{kind}: {tracer} cannot record a prnn_tvm.torch module (its kernels are TVM "
+                "calls, and its kernels' sizes would be traced as constants); call it eagerly, or "
+                "under torch.compile, which runs it as it is (torch.cuda.graph captures its CUDA "
+                "calls)"
+            )
         states = len(self._states)
         directions = 2 if self.bidirectional else 1
         slots = self.num_layers * directions  # the initial and final states of each layer and direction
@@ -166,8 +204,10 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
             input, lengths, sorted_steps = unpacked(packed)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self._parameters.values()))
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
-            raise InputError(f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
-                             f"got shape {tuple(input.shape)}")
+            raise InputError(
+                f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
+                f"got shape {tuple(input.shape)}"
+            )
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(1)
         if self.batch_first and batched and packed is None:
@@ -185,14 +225,19 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         dtype, where = first.dtype, first.device
         for what, t in (("input", x), *(("initial state", t) for t in hx)):
             if t.dtype != dtype:
-                raise InputError(f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
-                                 "of them (.to(dtype))")
+                raise InputError(
+                    f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
+                    "of them (.to(dtype))"
+                )
             if t.device != where:
-                raise InputError(f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
-                                 "of them (.to(device))")
+                raise InputError(
+                    f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
+                    "of them (.to(device))"
+                )
         if x.shape[0] == 0:
-            raise InputError(f"{kind}: the input has no timesteps (shape {tuple(input.shape)}); a sequence needs "
-                             "at least one")
+            raise InputError(
+                f"{kind}: the input has no timesteps (shape {tuple(input.shape)}); a sequence needs at least one"
+            )
         if B == 0:  # nothing to run: empty results, shaped as torch.nn's
             out = x.new_empty(x.shape[0], 0, H * directions)
             ends = [x.new_empty(slots, 0, H) for _ in range(states)]
@@ -215,35 +260,115 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
 class LSTM(_Recurrent):
     """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-                 device=None, dtype=None, *, arch: str | None = None, config=None):
-        super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         proj_size, device, dtype, arch, config, _TORCH_NAMES)
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        device=None,
+        dtype=None,
+        *,
+        arch: str | None = None,
+        config=None,
+    ):
+        super().__init__(
+            "lstm",
+            input_size,
+            hidden_size,
+            num_layers,
+            bias,
+            batch_first,
+            dropout,
+            bidirectional,
+            proj_size,
+            device,
+            dtype,
+            arch,
+            config,
+            _TORCH_NAMES,
+        )
 
 
 class GRU(_Recurrent):
     """``torch.nn.GRU`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
-                 dtype=None, *, arch: str | None = None, config=None):
-        super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         0, device, dtype, arch, config, _TORCH_NAMES)
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        arch: str | None = None,
+        config=None,
+    ):
+        super().__init__(
+            "gru",
+            input_size,
+            hidden_size,
+            num_layers,
+            bias,
+            batch_first,
+            dropout,
+            bidirectional,
+            0,
+            device,
+            dtype,
+            arch,
+            config,
+            _TORCH_NAMES,
+        )
 
 
 class RNN(_Recurrent):
     """``torch.nn.RNN`` (tanh or relu) on persistent kernels (one launch per layer and direction); gradients
     on the CPU."""
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
-                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 device=None, dtype=None, *, arch: str | None = None, config=None):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        nonlinearity: str = "tanh",
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        arch: str | None = None,
+        config=None,
+    ):
         if nonlinearity not in ("tanh", "relu"):
             raise ConfigError(f"RNN: unknown nonlinearity '{nonlinearity}'; use 'tanh' or 'relu'")
         self.nonlinearity = nonlinearity
-        super().__init__(f"rnn_{nonlinearity}", input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, arch, config, _TORCH_NAMES)
+        super().__init__(
+            f"rnn_{nonlinearity}",
+            input_size,
+            hidden_size,
+            num_layers,
+            bias,
+            batch_first,
+            dropout,
+            bidirectional,
+            0,
+            device,
+            dtype,
+            arch,
+            config,
+            _TORCH_NAMES,
+        )
 
 
 class Recurrent(_Recurrent):
@@ -257,15 +382,42 @@ class Recurrent(_Recurrent):
     written for the cell: the backward is derived from its plan.
     """
 
-    def __init__(self, cell, input_size: int, hidden_size: int, num_layers: int = 1, batch_first: bool = False,
-                 bidirectional: bool = False, device=None, dtype=None, *, arch: str | None = None, config=None):
-        super().__init__(cell, input_size, hidden_size, num_layers, True, batch_first, 0.0, bidirectional, 0,
-                         device, dtype, arch, config)
+    def __init__(
+        self,
+        cell,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        batch_first: bool = False,
+        bidirectional: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        arch: str | None = None,
+        config=None,
+    ):
+        super().__init__(
+            cell,
+            input_size,
+            hidden_size,
+            num_layers,
+            True,
+            batch_first,
+            0.0,
+            bidirectional,
+            0,
+            device,
+            dtype,
+            arch,
+            config,
+        )
 
     def extra_repr(self) -> str:
         name = getattr(self.cell, "name", self.cell)
-        return (f"{self.input_size}, {self.hidden_size}, cell={name}, num_layers={self.num_layers}, "
-                f"batch_first={self.batch_first}, bidirectional={self.bidirectional}")
+        return (
+            f"{self.input_size}, {self.hidden_size}, cell={name}, num_layers={self.num_layers}, "
+            f"batch_first={self.batch_first}, bidirectional={self.bidirectional}"
+        )
 
 
 def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None) -> _Recurrent:
@@ -281,9 +433,17 @@ def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None)
     if not isinstance(module, torch.nn.RNNBase) or mode not in kinds:
         raise ConfigError(f"from_torch takes a torch.nn.LSTM, GRU or RNN, got {type(module).__name__}")
     p = module.weight_ih_l0
-    kw = dict(num_layers=module.num_layers, bias=module.bias, batch_first=module.batch_first,
-              dropout=module.dropout, bidirectional=module.bidirectional, device=p.device, dtype=p.dtype, arch=arch,
-              config=config)
+    kw = dict(
+        num_layers=module.num_layers,
+        bias=module.bias,
+        batch_first=module.batch_first,
+        dropout=module.dropout,
+        bidirectional=module.bidirectional,
+        device=p.device,
+        dtype=p.dtype,
+        arch=arch,
+        config=config,
+    )
     if mode == "LSTM":
         kw["proj_size"] = module.proj_size
     if mode.startswith("RNN"):

@@ -13,8 +13,9 @@ import torch  # PyTorch itself: absolute import
 BIAS_IN_GEMM = 1 << 24
 
 
-def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, differentiable: bool = False,
-            biased_weight=None) -> torch.Tensor:
+def project(
+    x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, differentiable: bool = False, biased_weight=None
+) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
     type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
     (widened first where autograd must differentiate it).

@@ -16,6 +16,7 @@ def reversal_within(lengths: torch.Tensor, steps: int):
 
     def reverse(sequence: torch.Tensor) -> torch.Tensor:
         return sequence.gather(0, index[:, :, None].expand_as(sequence))
+
     return reverse
 
 

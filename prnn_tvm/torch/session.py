@@ -12,11 +12,9 @@ from __future__ import annotations
 import torch  # PyTorch itself: absolute import
 import tvm_ffi
 
-from prnn_tvm.compiler import compile_cell
+from prnn_tvm.deferred import compile_cell, resolve, stacked
 from prnn_tvm.errors import ConfigError, InputError
-from prnn_tvm.frontend.registry import resolve
-from prnn_tvm.frontend.stack import stacked
-from prnn_tvm.runtime.binding import ALIGNMENT
+from prnn_tvm.runtime.limits import ALIGNMENT
 
 from .arguments import parameter_suffix
 from .dispatch import DTYPES
@@ -30,8 +28,9 @@ class ModuleSession:
     def __init__(self, module, batch: int, **options):
         kind = type(module).__name__
         if module.bidirectional:
-            raise ConfigError(f"{kind}: a session serves one step at a time in order, so a bidirectional module "
-                              "cannot have one")
+            raise ConfigError(
+                f"{kind}: a session serves one step at a time in order, so a bidirectional module cannot have one"
+            )
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise InputError(f"{kind}.session: batch must be a positive integer, got {batch!r}")
         parameter = next(module.parameters())
@@ -39,13 +38,22 @@ class ModuleSession:
             raise InputError(f"{kind}.session: a session runs on the GPU; move the module there (.cuda()) first")
         self.module, self.batch, self.layers = module, batch, module.num_layers
         cell = stacked(resolve(module.cell), self.layers, wavefront=False)
-        self.layer = compile_cell(cell, module.hidden_size, batch, input_size=module.input_size,
-                                  dtype=DTYPES[parameter.dtype], arch=module.arch)
+        self.layer = compile_cell(
+            cell,
+            module.hidden_size,
+            batch,
+            input_size=module.input_size,
+            dtype=DTYPES[parameter.dtype],
+            arch=module.arch,
+        )
         suffix = None if self.layers > 1 else parameter_suffix(0, 0)
         weights = {}
         for arg, name, shape in module._parameter_arguments(self.layer, suffix):
-            weights[arg] = (getattr(module, name).detach() if name is not None
-                            else torch.zeros(*shape, device=parameter.device, dtype=parameter.dtype))
+            weights[arg] = (
+                getattr(module, name).detach()
+                if name is not None
+                else torch.zeros(*shape, device=parameter.device, dtype=parameter.dtype)
+            )
         self._keep = weights  # the session reads them in place
         self.session = self.layer.session(**weights, **options)
         self._x = torch.empty(batch, module.input_size, device=parameter.device, dtype=parameter.dtype)
@@ -54,8 +62,10 @@ class ModuleSession:
         """One step: ``x`` (batch, input) on the GPU in the module's dtype. Returns ``(y, states)`` (see the
         module's doc), fresh tensors, without waiting for the GPU."""
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != (self.batch, self.module.input_size):
-            raise InputError(f"step takes a tensor of shape ({self.batch}, {self.module.input_size}), got "
-                             f"{getattr(x, 'shape', type(x).__name__)}")
+            raise InputError(
+                f"step takes a tensor of shape ({self.batch}, {self.module.input_size}), got "
+                f"{getattr(x, 'shape', type(x).__name__)}"
+            )
         if not x.is_contiguous() or x.data_ptr() % ALIGNMENT:  # the publish reads it in place: a copy of ours
             self._x.copy_(x)
             x = self._x
@@ -81,8 +91,10 @@ class ModuleSession:
         given = {}
         for name, value in zip(names, states):
             if tuple(value.shape) != (self.layers, self.batch, self.module.hidden_size):
-                raise InputError(f"{name}: shape {tuple(value.shape)}, expected "
-                                 f"({self.layers}, {self.batch}, {self.module.hidden_size})")
+                raise InputError(
+                    f"{name}: shape {tuple(value.shape)}, expected "
+                    f"({self.layers}, {self.batch}, {self.module.hidden_size})"
+                )
             for layer in range(self.layers):
                 given[self._state_name(layer, name)] = value[layer].detach().cpu().numpy()
         self.session.set_state(given)
@@ -117,4 +129,3 @@ class ModuleSession:
         for name in self.module._states:
             found.append(torch.stack([by_name[self._state_name(layer, name)] for layer in range(self.layers)]))
         return found[0] if len(found) == 1 else tuple(found)
-

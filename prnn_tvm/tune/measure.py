@@ -84,8 +84,9 @@ class Measured:
 class Builder:
     """Compiles configs of one task with nvcc; ``workers`` processes (0: in this process)."""
 
-    def __init__(self, task: TuneTask, out_dir: str | Path, workers: int = 0, export: bool = True,
-                 max_spill_bytes: int = 0):
+    def __init__(
+        self, task: TuneTask, out_dir: str | Path, workers: int = 0, export: bool = True, max_spill_bytes: int = 0
+    ):
         self.task, self.out_dir, self.export = task, Path(out_dir), export
         self.workers, self.max_spill_bytes = workers, max_spill_bytes
 
@@ -140,8 +141,9 @@ class GpuRunner:
             err = max_abs_error(plan, (out.numpy(), [f.numpy() for f in finals]), self._expected, BOUND_MAGNITUDE)
             if not err <= self.tolerance:  # also catches NaN
                 return Measured((), err, ErrorKind.WRONG, f"max abs error {err:.3g} > {self.tolerance:.1e}")
-            costs = tuple(layer.time(number=self.number, repeat=1, **self._inputs)["recurrent"]
-                          for _ in range(self.repeat))
+            costs = tuple(
+                layer.time(number=self.number, repeat=1, **self._inputs)["recurrent"] for _ in range(self.repeat)
+            )
             return Measured(costs, err)
         except BarrierTimeout as e:
             return Measured((), None, ErrorKind.TIMEOUT, str(e))
@@ -182,22 +184,38 @@ class CpuRunner:
         return True
 
 
-def _build(task: TuneTask, index: int, cfg, out_dir: str, export: bool,
-           max_spill_bytes: int) -> Built:
+def _build(task: TuneTask, index: int, cfg, out_dir: str, export: bool, max_spill_bytes: int) -> Built:
     start = time.perf_counter()
     done = functools.partial(Built, index, cfg)
     try:
-        layer = compile_cell(task.cell, task.hidden, task.batch, seq_len=task.seq_len, dtype=task.dtype,
-                             target="cuda", arch=task.gpu, config=cfg)
+        layer = compile_cell(
+            task.cell,
+            task.hidden,
+            task.batch,
+            seq_len=task.seq_len,
+            dtype=task.dtype,
+            target="cuda",
+            arch=task.gpu,
+            config=cfg,
+            cache=False,
+        )  # a trial: not for the cache
     except Exception as e:  # noqa: BLE001 -- one config's failed build (TVM raises builtin types) is its record
         return done(error=ErrorKind.BUILD, detail=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - start)
     report = layer.report
     if report.template != task.template:
-        return done(report, error=ErrorKind.BUILD, detail=f"built with template {report.template}, tuning "
-                    f"{task.template}", seconds=time.perf_counter() - start)
+        return done(
+            report,
+            error=ErrorKind.BUILD,
+            detail=f"built with template {report.template}, tuning {task.template}",
+            seconds=time.perf_counter() - start,
+        )
     if report.spill_bytes and report.spill_bytes > max_spill_bytes:
-        return done(report, error=ErrorKind.SPILL, detail=f"ptxas spills {report.spill_bytes} bytes",
-                    seconds=time.perf_counter() - start)
+        return done(
+            report,
+            error=ErrorKind.SPILL,
+            detail=f"ptxas spills {report.spill_bytes} bytes",
+            seconds=time.perf_counter() - start,
+        )
     library = None
     if export:
         library = str(exporting.export(layer, Path(out_dir, f"config{index}.so")))
@@ -207,6 +225,3 @@ def _build(task: TuneTask, index: int, cfg, out_dir: str, export: bool,
 @functools.lru_cache(maxsize=8)
 def _plan(cell: str, batch: int, hidden: int, dtype: str) -> CellPlan:
     return analyze(resolve(cell), batch, hidden, dtype)
-
-
-

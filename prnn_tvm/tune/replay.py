@@ -37,8 +37,14 @@ class ReplayResult:
         return (self.fractions >= at_least).mean(axis=0)
 
 
-def replay(space: ConfigSpace, per_step: dict[int, float], make_search, budgets=(16, 32, 64), seeds=range(10),
-           batch_size: int = 16) -> ReplayResult:
+def replay(
+    space: ConfigSpace,
+    per_step: dict[int, float],
+    make_search,
+    budgets=(16, 32, 64),
+    seeds=range(10),
+    batch_size: int = 16,
+) -> ReplayResult:
     """Run ``make_search()`` against known per-step times (index -> seconds, ``inf`` = failed)."""
     optimum = min(per_step.values())
     budgets = tuple(budgets)

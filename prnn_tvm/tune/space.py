@@ -41,8 +41,10 @@ class ConfigSpace:
             self.configs.append(cfg)
             rows.append({**template.features(cfg, plan, gpu), SPILLS: 0.0})
         if not self.configs:
-            raise ConfigError(f"no {template.name} config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
-                              f"batch={plan.batch} on {gpu.arch}: nothing to tune")
+            raise ConfigError(
+                f"no {template.name} config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
+                f"batch={plan.batch} on {gpu.arch}: nothing to tune"
+            )
         self.feature_names = tuple(rows[0])
         self.features = np.asarray([[row[k] for k in self.feature_names] for row in rows], dtype=np.float64)
         self._index = {cfg: i for i, cfg in enumerate(self.configs)}

@@ -52,10 +52,26 @@ class TuneResult:
         return sum(not r.ok for r in self.new)
 
 
-def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str = "float32",
-         arch: str | None = None, trials: int = 64, batch_size: int = 16, strategy: str = "xgb",
-         log_path: str | Path | None = None, runner=None, workers: int = 0, max_spill_bytes: int = 0,
-         seed: int = 0, progress: bool = True, first=(), remeasure: bool = False) -> TuneResult:
+def tune(
+    cell: str,
+    hidden: int,
+    batch: int,
+    *,
+    seq_len: int = 256,
+    dtype: str = "float32",
+    arch: str | None = None,
+    trials: int = 64,
+    batch_size: int = 16,
+    strategy: str = "xgb",
+    log_path: str | Path | None = None,
+    runner=None,
+    workers: int = 0,
+    max_spill_bytes: int = 0,
+    seed: int = 0,
+    progress: bool = True,
+    first=(),
+    remeasure: bool = False,
+) -> TuneResult:
     """Tune the kernel of ``cell`` at (hidden, batch) and append the trials to a log.
 
     The template is the one ``compile_cell`` picks for this cell, dtype and GPU; its knobs
@@ -70,7 +86,9 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     strategy : str
         ``"xgb"`` (cost-model search), ``"random"`` or ``"grid"`` (every config in order).
     log_path : path, optional
-        Where records are appended; default ``tuning_logs/<arch>.jsonl`` in the package.
+        Where records are appended; default the user's log (:func:`prnn_tvm.records.user_log`:
+        ``$XDG_DATA_HOME/prnn-tvm/tuning_logs/<arch>.jsonl``), which compiles read after the shipped one. The
+        shipped logs in the package are never written.
     runner : optional
         Default: a :class:`~prnn_tvm.tune.measure.GpuRunner` on the local GPU (tuning
         needs one; without it this raises ``PrnnError``).
@@ -90,8 +108,10 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
         raise PrnnError(f"search strategy '{strategy}' unknown; use one of {', '.join(STRATEGIES)}")
     if runner is None:
         if local_gpu() is None:
-            raise PrnnError("tuning measures kernels on a GPU and there is none here; run it on the machine "
-                            "with the GPU (records then ship in tuning_logs/ for every machine of that GPU)")
+            raise PrnnError(
+                "tuning measures kernels on a GPU and there is none here; run it on the machine "
+                "with the GPU (records then ship in tuning_logs/ for every machine of that GPU)"
+            )
         runner = GpuRunner()
     start = time.perf_counter()
     gpu = gpu_spec(arch)
@@ -101,14 +121,20 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
         raise PrnnError(f"the {template.name} template has no knobs to tune")
     space = ConfigSpace(plan, gpu, template)
     key = key_for(plan, gpu, template.name)
-    log_path = Path(log_path) if log_path is not None else records.default_log(gpu.arch)
+    log_path = Path(log_path) if log_path is not None else records.user_log(gpu.arch)
     result = TuneResult(key, log_path, len(space))
     measured = known_times(space, records.for_key(records.load(log_path), key))
     firsts = list(dict.fromkeys(i for c in first if (i := space.index(c)) is not None))
     if remeasure:
         measured = {i: t for i, t in measured.items() if i not in firsts}
-    log.info("tuning %s: %d valid configs (%d pruned), %d already in %s", cell, len(space), space.rejected,
-             len(measured), log_path)
+    log.info(
+        "tuning %s: %d valid configs (%d pruned), %d already in %s",
+        cell,
+        len(space),
+        space.rejected,
+        len(measured),
+        log_path,
+    )
     task = TuneTask(cell, hidden, batch, seq_len, dtype, gpu, template.name)
     runner.setup(task)
     budget = min(trials, len(space) - len(measured))
@@ -124,15 +150,25 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
             records.append(log_path, batch_records)  # each round lands before the next starts
             result.new += batch_records
             if any(r.error == records.ErrorKind.RUNTIME for r in batch_records) and not runner.healthy():
-                raise PrnnError(f"the GPU stopped working during tuning (see the runtime errors in {log_path}); "
-                                "the records so far are kept: restart to resume")
+                raise PrnnError(
+                    f"the GPU stopped working during tuning (see the runtime errors in {log_path}); "
+                    "the records so far are kept: restart to resume"
+                )
             return batch_records
 
         search = STRATEGIES[strategy]()
         if firsts:
             search = FirstThen(firsts, search)
-        search_loop(space, search, measure, budget, batch_size, np.random.default_rng(seed),
-                    measured, desc=f"tune {plan.cell.name}" if progress else None)
+        search_loop(
+            space,
+            search,
+            measure,
+            budget,
+            batch_size,
+            np.random.default_rng(seed),
+            measured,
+            desc=f"tune {plan.cell.name}" if progress else None,
+        )
     everything = records.for_key(records.load(log_path), key)
     result.best = records.best(everything, key)
     defaults = [space.configs[i].as_dict() for i in space.defaults()[:1]]
@@ -141,8 +177,16 @@ def tune(cell: str, hidden: int, batch: int, *, seq_len: int = 256, dtype: str =
     return result
 
 
-def search_loop(space: ConfigSpace, search, measure, budget: int, batch_size: int, rng: np.random.Generator,
-                measured: dict | None = None, desc: str | None = None) -> dict[int, float]:
+def search_loop(
+    space: ConfigSpace,
+    search,
+    measure,
+    budget: int,
+    batch_size: int,
+    rng: np.random.Generator,
+    measured: dict | None = None,
+    desc: str | None = None,
+) -> dict[int, float]:
     """Propose, measure, repeat until ``budget`` new configs are measured; return index -> s/step.
 
     ``measure(indices)`` returns a :class:`Record` per index (failed ones count as
@@ -168,9 +212,20 @@ def search_loop(space: ConfigSpace, search, measure, budget: int, batch_size: in
 def _record(key: TuneKey, plan: CellPlan, task: TuneTask, built: Built, runner, gpu: GpuSpec) -> Record:
     rep = built.report
     m = runner.run(built) if built.error is None else Measured(error=built.error, detail=built.detail)
-    return Record(key, built.config.as_dict(), m.costs, task.seq_len, m.error, m.detail, plan.cell.name,
-                  rep and rep.registers, rep and rep.spill_bytes, m.max_abs_error, round(built.seconds, 3),
-                  gpu.device_name)
+    return Record(
+        key,
+        built.config.as_dict(),
+        m.costs,
+        task.seq_len,
+        m.error,
+        m.detail,
+        plan.cell.name,
+        rep and rep.registers,
+        rep and rep.spill_bytes,
+        m.max_abs_error,
+        round(built.seconds, 3),
+        gpu.device_name,
+    )
 
 
 def with_knob(space: ConfigSpace, recs: list[Record], knob: str, values, top: int) -> list[dict]:

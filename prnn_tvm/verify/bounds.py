@@ -44,8 +44,9 @@ class SharedUse:
         if self.lowest < 0:
             return f"{self.name} ({self.scope}) is accessed at byte {self.lowest}, before its start"
         if self.end > self.declared:
-            return (f"{self.name} ({self.scope}) is {self.declared} bytes and accessed up to byte {self.end}: "
-                    f"{self.worst}")
+            return (
+                f"{self.name} ({self.scope}) is {self.declared} bytes and accessed up to byte {self.end}: {self.worst}"
+            )
         return None
 
 
@@ -63,8 +64,10 @@ def launch_problems(func: tirx.PrimFunc, grid, seq_len: int = 3) -> list[str]:
     dynamic = [use for use in uses if use.scope == "shared.dyn"]
     needed = sum(use.declared for use in dynamic) if any(use.end is not None for use in dynamic) else 0
     if needed > grid.dynamic_smem_bytes:
-        problems.append(f"the kernel declares {needed} bytes of dynamic shared memory, the launch allocates "
-                        f"{grid.dynamic_smem_bytes}")
+        problems.append(
+            f"the kernel declares {needed} bytes of dynamic shared memory, the launch allocates "
+            f"{grid.dynamic_smem_bytes}"
+        )
     return problems
 
 
@@ -280,13 +283,31 @@ def _trunc_div(a, b):
 
 
 _BINARY = {
-    tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply,
-    tirx.FloorDiv: np.floor_divide, tirx.FloorMod: np.mod, tirx.Div: _trunc_div,
-    tirx.Mod: lambda a, b: a - _trunc_div(a, b) * b, tirx.Min: np.minimum, tirx.Max: np.maximum,
-    tirx.EQ: np.equal, tirx.NE: np.not_equal, tirx.LT: np.less, tirx.LE: np.less_equal,
-    tirx.GT: np.greater, tirx.GE: np.greater_equal,
-    tirx.BitwiseAnd: np.bitwise_and, tirx.BitwiseOr: np.bitwise_or, tirx.BitwiseXor: np.bitwise_xor,
-    tirx.LShift: np.left_shift, tirx.RShift: np.right_shift,
+    tirx.Add: np.add,
+    tirx.Sub: np.subtract,
+    tirx.Mul: np.multiply,
+    tirx.FloorDiv: np.floor_divide,
+    tirx.FloorMod: np.mod,
+    tirx.Div: _trunc_div,
+    tirx.Mod: lambda a, b: a - _trunc_div(a, b) * b,
+    tirx.Min: np.minimum,
+    tirx.Max: np.maximum,
+    tirx.EQ: np.equal,
+    tirx.NE: np.not_equal,
+    tirx.LT: np.less,
+    tirx.LE: np.less_equal,
+    tirx.GT: np.greater,
+    tirx.GE: np.greater_equal,
+    tirx.BitwiseAnd: np.bitwise_and,
+    tirx.BitwiseOr: np.bitwise_or,
+    tirx.BitwiseXor: np.bitwise_xor,
+    tirx.LShift: np.left_shift,
+    tirx.RShift: np.right_shift,
 }
-_CALLS = {"shift_left": np.left_shift, "shift_right": np.right_shift, "bitwise_and": np.bitwise_and,
-          "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor}
+_CALLS = {
+    "shift_left": np.left_shift,
+    "shift_right": np.right_shift,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+}

@@ -59,8 +59,9 @@ def available() -> bool:
 
 def kernel_parameters(source: str, function: str) -> list[tuple[str, str]]:
     """``(C type, name)`` of each parameter of ``function``'s kernel in ``source``, in order."""
-    m = re.search(rf'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?{function}_kernel\(([^)]*)\) \{{',
-                  source)
+    m = re.search(
+        rf'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?{function}_kernel\(([^)]*)\) \{{', source
+    )
     if m is None:
         raise EmulationError(f"no definition of kernel '{function}_kernel' in the source")
     params = []
@@ -74,14 +75,21 @@ def host_source(source: str, function: str) -> str:
     """The translation unit the emulator compiles: the header, ``source`` translated, a launcher for
     ``function``'s kernel and ``main``."""
     body = ptx.translate_source(source)
-    body = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
-                      r"\1* \2 = (\1*)prnn_emu::block->dynamic_shared;", body)
+    body = re.sub(
+        r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
+        r"\1* \2 = (\1*)prnn_emu::block->dynamic_shared;",
+        body,
+    )
     body = re.sub(r"__shared__ (alignas\(\d+\)) ", r"\1 __shared__ ", body)  # C++: the attribute first
-    args = ", ".join(f"*({ctype}*)args[{i}]" if not ctype.endswith("*") else f"({ctype})*(void**)args[{i}]"
-                     for i, (ctype, _) in enumerate(kernel_parameters(source, function)))
-    return (f'#include "{HEADER.name}"\n{body}\n'
-            f"void prnn_emu::call_kernel(void** args) {{ {function}_kernel({args}); }}\n"
-            "int main(int argc, char** argv) { return prnn_emu::main(argc, argv); }\n")
+    args = ", ".join(
+        f"*({ctype}*)args[{i}]" if not ctype.endswith("*") else f"({ctype})*(void**)args[{i}]"
+        for i, (ctype, _) in enumerate(kernel_parameters(source, function))
+    )
+    return (
+        f'#include "{HEADER.name}"\n{body}\n'
+        f"void prnn_emu::call_kernel(void** args) {{ {function}_kernel({args}); }}\n"
+        "int main(int argc, char** argv) { return prnn_emu::main(argc, argv); }\n"
+    )
 
 
 def build(source: str, function: str) -> Path:
@@ -101,11 +109,23 @@ def build(source: str, function: str) -> Path:
         Path(where, "include", stub).write_text("// the emulator's stand-in: emulator.h defines what is used\n")
     (where / "kernel.cpp").write_text(text)
     partial = where / f"kernel.{os.getpid()}"
-    done = subprocess.run(["g++", *CXX_FLAGS, f"-I{HEADER.parent}", f"-I{where / 'include'}", str(where / "kernel.cpp"),
-                           "-o", str(partial)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "g++",
+            *CXX_FLAGS,
+            f"-I{HEADER.parent}",
+            f"-I{where / 'include'}",
+            str(where / "kernel.cpp"),
+            "-o",
+            str(partial),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        raise EmulationError(f"g++ could not build the emulated kernel ({where / 'kernel.cpp'}):\n"
-                             f"{done.stderr[-4000:]}")
+        raise EmulationError(
+            f"g++ could not build the emulated kernel ({where / 'kernel.cpp'}):\n{done.stderr[-4000:]}"
+        )
     os.replace(partial, program)  # whole, or not there: another process may be building the same
     return program
 
@@ -140,16 +160,24 @@ def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s:
                 lines.append(f"{'int64' if wide else 'int32'} {name} {int(scalars[name])}")
         Path(tmp, "manifest").write_text("\n".join(lines) + "\n")
         try:
-            done = subprocess.run([str(program), str(Path(tmp, "manifest"))], capture_output=True, text=True,
-                                  timeout=timeout_s)
+            done = subprocess.run(
+                [str(program), str(Path(tmp, "manifest"))], capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired as e:
-            raise EmulationError(f"the emulated '{launch.function}' kernel did not finish in {timeout_s:.0f} s "
-                                 "(a barrier or poll that never completes)") from e
+            raise EmulationError(
+                f"the emulated '{launch.function}' kernel did not finish in {timeout_s:.0f} s "
+                "(a barrier or poll that never completes)"
+            ) from e
         if done.returncode != 0:
-            raise EmulationError(f"the emulated '{launch.function}' kernel failed: "
-                                 f"{done.stderr.strip() or f'exit status {done.returncode}'}")
-        out = {name: np.fromfile(path, dtype=np.asarray(arrays[name]).dtype).reshape(np.shape(arrays[name]))
-               for name, path in files.items() if name != "error_host"}
+            raise EmulationError(
+                f"the emulated '{launch.function}' kernel failed: "
+                f"{done.stderr.strip() or f'exit status {done.returncode}'}"
+            )
+        out = {
+            name: np.fromfile(path, dtype=np.asarray(arrays[name]).dtype).reshape(np.shape(arrays[name]))
+            for name, path in files.items()
+            if name != "error_host"
+        }
         word = int(np.fromfile(files["error_host"], np.uint32)[0]) if "error_host" in files else 0
     return Emulated(out, word)
 
@@ -170,7 +198,7 @@ def host_values(func, target, seq_len: int) -> dict:
             bindings.append((stmt.var, stmt.value))
         for field in ("seq", "body", "then_case", "else_case"):
             inner = getattr(stmt, field, None)
-            for s in (inner if field == "seq" and inner is not None else [inner]):
+            for s in inner if field == "seq" and inner is not None else [inner]:
                 if isinstance(s, tirx.Stmt):
                     walk(s)
 
@@ -178,8 +206,16 @@ def host_values(func, target, seq_len: int) -> dict:
     return bounds.bound_values(bindings, seq_len)
 
 
-def run_launch(source: str, launch: Launch, given: dict, seq_len: int, timeout_us: int = TIMEOUT_US,
-               stall_step: int = -1, kernel=None, target=None) -> Emulated:
+def run_launch(
+    source: str,
+    launch: Launch,
+    given: dict,
+    seq_len: int,
+    timeout_us: int = TIMEOUT_US,
+    stall_step: int = -1,
+    kernel=None,
+    target=None,
+) -> Emulated:
     """``launch`` of ``source`` emulated with the arrays ``given`` by argument name (NumPy, converted to each
     argument's dtype) over ``seq_len`` steps; of the others, ``lengths`` are the whole sequence, initial states,
     workspace and barrier state zero, and what the kernel writes has every bit set before the run (NaN in every
@@ -197,8 +233,9 @@ def run_launch(source: str, launch: Launch, given: dict, seq_len: int, timeout_u
         elif arg.role in (ArgRole.STATE, ArgRole.WORKSPACE, ArgRole.SYNC):
             arrays[arg.name] = np.zeros(shape, arg.dtype)
         else:
-            arrays[arg.name] = np.full(math.prod(shape) * np.dtype(arg.dtype).itemsize, 0xFF, np.uint8).view(
-                arg.dtype).reshape(shape)
+            arrays[arg.name] = (
+                np.full(math.prod(shape) * np.dtype(arg.dtype).itemsize, 0xFF, np.uint8).view(arg.dtype).reshape(shape)
+            )
     scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
     wanted = {name for ctype, name in kernel_parameters(source, launch.function) if not ctype.endswith("*")}
     if kernel is not None and wanted - set(scalars) - {"error_host"}:
@@ -212,8 +249,16 @@ def run_recurrent(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step:
     the projection ``xp`` from NumPy. Returns ``(out, [finals in signature order], error word)``."""
     launch = layer.signature.launch("recurrent")
     seq_len = int(np.shape(inputs["x"])[0])
-    run = run_launch(layer.cuda_source, launch, {**inputs, "xp": projection(inputs, launch.arg("xp").dtype)},
-                     seq_len, timeout_us, stall_step, layer.kernel.func, layer.target)
+    run = run_launch(
+        layer.cuda_source,
+        launch,
+        {**inputs, "xp": projection(inputs, launch.arg("xp").dtype)},
+        seq_len,
+        timeout_us,
+        stall_step,
+        layer.kernel.func,
+        layer.target,
+    )
     written = [a.name for a in launch.args if a.role in (ArgRole.OUTPUT, ArgRole.FINAL)]
     return run.buffers[written[0]], [run.buffers[name] for name in written[1:]], run.error_word
 

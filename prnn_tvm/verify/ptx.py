@@ -12,17 +12,33 @@ import re
 
 from prnn_tvm.errors import PrnnError
 
-ORDERS = {"acquire": "__ATOMIC_ACQUIRE", "relaxed": "__ATOMIC_RELAXED", "volatile": "__ATOMIC_RELAXED",
-          "release": "__ATOMIC_RELEASE", "acq_rel": "__ATOMIC_ACQ_REL", "": "__ATOMIC_RELAXED"}
-WORDS = {"u16": ("uint16_t", 2), "b16": ("uint16_t", 2), "u32": ("uint32_t", 4), "b32": ("uint32_t", 4),
-         "u64": ("uint64_t", 8), "b64": ("uint64_t", 8)}
+ORDERS = {
+    "acquire": "__ATOMIC_ACQUIRE",
+    "relaxed": "__ATOMIC_RELAXED",
+    "volatile": "__ATOMIC_RELAXED",
+    "release": "__ATOMIC_RELEASE",
+    "acq_rel": "__ATOMIC_ACQ_REL",
+    "": "__ATOMIC_RELAXED",
+}
+WORDS = {
+    "u16": ("uint16_t", 2),
+    "b16": ("uint16_t", 2),
+    "u32": ("uint32_t", 4),
+    "b32": ("uint32_t", 4),
+    "u64": ("uint64_t", 8),
+    "b64": ("uint64_t", 8),
+}
 _SCOPE = r"(?:\.(?:cta|gpu|sys))?"
-LOAD = re.compile(rf"ld\.(acquire|relaxed|volatile){_SCOPE}\.global\.(?:v(\d)\.)?(\w+) (\{{[^}}]*\}}|%\d+), "
-                  r"\[%(\d+)\];")
+LOAD = re.compile(
+    rf"ld\.(acquire|relaxed|volatile){_SCOPE}\.global\.(?:v(\d)\.)?(\w+) (\{{[^}}]*\}}|%\d+), "
+    r"\[%(\d+)\];"
+)
 STORE = re.compile(rf"st\.(relaxed|release|volatile){_SCOPE}\.global\.(\w+) \[%(\d+)\], %(\d+);")
 REDUCE = re.compile(rf"red\.(release|relaxed|acq_rel|){_SCOPE}\.?global\.add\.(u32) \[%(\d+)\], (\d+|%\d+);")
-ATOMIC = re.compile(rf"atom\.(acquire|release|relaxed|acq_rel){_SCOPE}\.global\.add\.(u32) %(\d+), \[%(\d+)\], "
-                    r"(\d+|%\d+);")
+ATOMIC = re.compile(
+    rf"atom\.(acquire|release|relaxed|acq_rel){_SCOPE}\.global\.add\.(u32) %(\d+), \[%(\d+)\], "
+    r"(\d+|%\d+);"
+)
 TIMER = re.compile(r"mov\.u64 %(\d+), %%globaltimer;")
 
 
@@ -35,7 +51,7 @@ def translate_source(source: str) -> str:
             continue
         end = _closing(source, source.index("(", start))
         semicolon = source.index(";", end)
-        out += [source[at:start], translate(source[source.index("(", start) + 1:end])]
+        out += [source[at:start], translate(source[source.index("(", start) + 1 : end])]
         at = semicolon + 1
     return "".join(out) + source[at:]
 
@@ -56,8 +72,10 @@ def translate(body: str) -> str:
         refs = re.findall(r"%\d+", targets)
         if len(refs) != int(lanes or 1):
             raise PrnnError(f"PTX '{instruction}': {len(refs)} registers for {lanes or 1} lanes")
-        loads = " ".join(f"{op(r)} = prnn_emu::load<{ctype}>((const char*){op('%' + address)} + {i * size}, "
-                         f"{ORDERS[order]});" for i, r in enumerate(refs))
+        loads = " ".join(
+            f"{op(r)} = prnn_emu::load<{ctype}>((const char*){op('%' + address)} + {i * size}, {ORDERS[order]});"
+            for i, r in enumerate(refs)
+        )
         return "{ " + loads + " }"
     if m := STORE.fullmatch(instruction):
         order, word, address, value = m.groups()
@@ -70,12 +88,15 @@ def translate(body: str) -> str:
     if m := ATOMIC.fullmatch(instruction):
         order, word, result, address, value = m.groups()
         ctype = WORDS[word][0]
-        return (f"{op('%' + result)} = __atomic_fetch_add(({ctype}*){op('%' + address)}, ({ctype}){op(value)}, "
-                f"{ORDERS[order]});")
+        return (
+            f"{op('%' + result)} = __atomic_fetch_add(({ctype}*){op('%' + address)}, ({ctype}){op(value)}, "
+            f"{ORDERS[order]});"
+        )
     if m := TIMER.fullmatch(instruction):
         return f"{op('%' + m.group(1))} = prnn_emu::globaltimer();"
-    raise PrnnError(f"the emulator has no host translation of the PTX '{instruction}': this kernel runs on the GPU "
-                    "only")
+    raise PrnnError(
+        f"the emulator has no host translation of the PTX '{instruction}': this kernel runs on the GPU only"
+    )
 
 
 def _operands(section: str) -> list[str]:
@@ -85,7 +106,7 @@ def _operands(section: str) -> list[str]:
         part = part.strip()
         if part:
             paren = part.index("(")
-            out.append(part[paren + 1:_closing(part, paren)])
+            out.append(part[paren + 1 : _closing(part, paren)])
     return out
 
 
@@ -118,4 +139,4 @@ def _closing(text: str, opening: int) -> int:
             depth -= 1
             if depth == 0:
                 return i
-    raise PrnnError(f"unbalanced parentheses in CUDA source from {text[opening:opening + 60]!r}")
+    raise PrnnError(f"unbalanced parentheses in CUDA source from {text[opening : opening + 60]!r}")

@@ -25,8 +25,17 @@ from .tags import Tags
 
 BARRIERS = {kind.name: kind for kind in (Tags(), Sentinel(), Counter(), GridSyncBarrier(), Block())}
 
-__all__ = ["BARRIERS", "SYNC_WORDS", "Barrier", "SyncArgs", "block_or", "by_name", "declare_sync_args", "of_launch",
-           "row_lanes"]
+__all__ = [
+    "BARRIERS",
+    "SYNC_WORDS",
+    "Barrier",
+    "SyncArgs",
+    "block_or",
+    "by_name",
+    "declare_sync_args",
+    "of_launch",
+    "row_lanes",
+]
 
 
 def by_name(name: str) -> Barrier:

@@ -190,8 +190,10 @@ class Barrier:
 
     def fragments_problem(self) -> str | None:
         """Why a lane cannot poll its tensor-core fragments straight from this kind's exchange, or None."""
-        return ("polls each lane's fragments from the output sequence, which only the 'sentinel' exchange writes a "
-                f"slot per step of; not '{self.name}'")
+        return (
+            "polls each lane's fragments from the output sequence, which only the 'sentinel' exchange writes a "
+            f"slot per step of; not '{self.name}'"
+        )
 
     def probe_problem(self, all_to_all: bool) -> str | None:
         """Why the barrier probe (``prnn_tvm.bench.barrier_probe``) cannot run this kind, or None."""
@@ -208,24 +210,38 @@ class Barrier:
         ``sync``)."""
         if args is None or self.state_words is None:
             return None
-        call = T.cuda.func_call("prnn_barrier_begin", args.sync.data, source_code=cuda_source("common.cuh"),
-                                return_type="int32")
+        call = T.cuda.func_call(
+            "prnn_barrier_begin", args.sync.data, source_code=cuda_source("common.cuh"), return_type="int32"
+        )
         return T.bind(call, var=tirx.Var("barrier_base", "int32"))
 
     def end(self, args: SyncArgs | None, base, steps, barriers) -> None:
         """At kernel end: advance the base past this launch (:meth:`advance`)."""
         if args is None or self.state_words is None:
             return
-        T.evaluate(T.cuda.func_call("prnn_barrier_end", args.sync.data, base, self.advance(steps, barriers),
-                                    source_code=cuda_source("common.cuh"), return_type="void"))
+        T.evaluate(
+            T.cuda.func_call(
+                "prnn_barrier_end",
+                args.sync.data,
+                base,
+                self.advance(steps, barriers),
+                source_code=cuda_source("common.cuh"),
+                return_type="void",
+            )
+        )
 
     def report(self, args: SyncArgs | None):
         """At kernel end: the error word, copied to the host word when set (an int32 bound to a var), or None
         for a kind that cannot time out."""
         if args is None or self.state_words is None:
             return None
-        call = T.cuda.func_call("prnn_report", args.sync.data, T.Cast("uint64", args.error_host),
-                                source_code=cuda_source("common.cuh"), return_type="uint32")
+        call = T.cuda.func_call(
+            "prnn_report",
+            args.sync.data,
+            T.Cast("uint64", args.error_host),
+            source_code=cuda_source("common.cuh"),
+            return_type="uint32",
+        )
         return T.bind(T.Cast("int32", call), var=tirx.Var("barrier_error", "int32"))
 
     # ------------------------------------------------------------------ device code: between steps

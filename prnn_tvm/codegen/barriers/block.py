@@ -22,10 +22,12 @@ class Block(Barrier):
     def placement_problem(self, plan, units: int) -> str | None:
         if plan.reductions and not plan.local_to(units):
             sizes = sorted({r.head_size(plan.hidden) for r in plan.reductions})
-            return (f"barrier '{self.name}' synchronizes each block with itself alone, so a block must hold every unit "
-                    f"its products read: units_per_cta={units} must be a multiple of the head size of every product "
-                    f"({', '.join(map(str, sizes))} units; the hidden size for a dense one); use counter, tags or "
-                    "grid_sync")
+            return (
+                f"barrier '{self.name}' synchronizes each block with itself alone, so a block must hold every unit "
+                f"its products read: units_per_cta={units} must be a multiple of the head size of every product "
+                f"({', '.join(map(str, sizes))} units; the hidden size for a dense one); use counter, tags or "
+                "grid_sync"
+            )
         return None
 
     def probe_problem(self, all_to_all: bool) -> str | None:

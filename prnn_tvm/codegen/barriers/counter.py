@@ -21,8 +21,16 @@ class Counter(Barrier):
 
     def emit_wait(self, ordinal, base, args, stall) -> None:
         stall = args.stall_step if stall is None else stall
-        call = T.cuda.func_call(self.function, args.sync.data, base, ordinal, args.timeout_us, stall,
-                                source_code=cuda_source("counter.cuh"), return_type="int32")
+        call = T.cuda.func_call(
+            self.function,
+            args.sync.data,
+            base,
+            ordinal,
+            args.timeout_us,
+            stall,
+            source_code=cuda_source("counter.cuh"),
+            return_type="int32",
+        )
         abort = T.bind(call, var=tirx.Var("barrier_abort", "int32"))
         with T.If(abort != 0):
             with T.Then():

@@ -46,8 +46,10 @@ def sentinel_problem(plan) -> str | None:
             return f"outputs {', '.join(plan.outputs)}, which no layer multiplies"
         return None
     if tuple(plan.operands) != tuple(plan.outputs):
-        return (f"multiplies {', '.join(plan.operands) or 'no state'} and outputs {', '.join(plan.outputs)}: its "
-                "exchanged states are not its output")
+        return (
+            f"multiplies {', '.join(plan.operands) or 'no state'} and outputs {', '.join(plan.outputs)}: its "
+            "exchanged states are not its output"
+        )
     return None
 
 
@@ -69,8 +71,10 @@ class Sentinel(Barrier):
     def problem(self, plan, layout: str) -> str | None:
         problem = sentinel_problem(plan)
         if problem:
-            return (f"barrier '{self.name}' exchanges each step's state through the output sequence, and cell "
-                    f"'{plan.cell.name}' {problem}: use tags, counter or grid_sync")
+            return (
+                f"barrier '{self.name}' exchanges each step's state through the output sequence, and cell "
+                f"'{plan.cell.name}' {problem}: use tags, counter or grid_sync"
+            )
         return None
 
     def polled_loads(self, values: int, threads: int, hidden: int, itemsize: int, operands: int = 1) -> tuple:
@@ -83,8 +87,10 @@ class Sentinel(Barrier):
         return None
 
     def probe_problem(self, all_to_all: bool) -> str | None:
-        return ("'sentinel' exchanges through a layer's output sequence, which the probe does not have: "
-                "bench/probes/sentinel_exchange.cu measures it")
+        return (
+            "'sentinel' exchanges through a layer's output sequence, which the probe does not have: "
+            "bench/probes/sentinel_exchange.cu measures it"
+        )
 
     def training_kind(self) -> str:
         return "counter"
@@ -95,16 +101,35 @@ class Sentinel(Barrier):
     # ------------------------------------------------------------------ device code
     def fill(self, ptr, dtype: str):
         """Mark the slot at ``ptr`` not written yet (before the launch's one barrier)."""
-        return T.cuda.func_call(f"prnn_sentinel_fill<{payload_type(dtype, self.name)}>", ptr,
-                                source_code=cuda_source("sentinel.cuh"), return_type="void")
+        return T.cuda.func_call(
+            f"prnn_sentinel_fill<{payload_type(dtype, self.name)}>",
+            ptr,
+            source_code=cuda_source("sentinel.cuh"),
+            return_type="void",
+        )
 
     def store(self, ptr, value, dtype: str):
         """Publish ``value`` at ``ptr`` (an expression to evaluate)."""
-        return T.cuda.func_call(f"prnn_sentinel_store<{payload_type(dtype, self.name)}>", ptr, value,
-                                source_code=cuda_source("sentinel.cuh"), return_type="void")
+        return T.cuda.func_call(
+            f"prnn_sentinel_store<{payload_type(dtype, self.name)}>",
+            ptr,
+            value,
+            source_code=cuda_source("sentinel.cuh"),
+            return_type="void",
+        )
 
-    def poll_copy(self, threads: int, sources: list, dtype: str, max_n: int, row: int, row_pad: int, step,
-                  args: SyncArgs, sleep_ns: int = 0):
+    def poll_copy(
+        self,
+        threads: int,
+        sources: list,
+        dtype: str,
+        max_n: int,
+        row: int,
+        row_pad: int,
+        step,
+        args: SyncArgs,
+        sleep_ns: int = 0,
+    ):
         """One poll-and-copy of up to :data:`SOURCES` sources ``(src, dst, n)``: ``n`` (at most ``max_n``; 0: none)
         ``dtype`` values written at ``step - 1``, rows of ``row``, from ``src`` into shared memory at ``dst``, rows
         of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none); returns the block-uniform abort
@@ -115,30 +140,69 @@ class Sentinel(Barrier):
         width = row_lanes(row, size) * size
         src, dst, _ = sources[0]
         second = sources[1] if len(sources) > 1 else (src, dst, 0)  # SOURCES = 1 never reads it
-        call = T.cuda.func_call(f"prnn_sentinel_copy<{payload_type(dtype, self.name)}, {per}, {width}, {row}, "
-                                f"{row_pad}, {sleep_ns}, {len(sources)}>",
-                                *sources[0], *second, step, args.sync.data, args.timeout_us,
-                                source_code=cuda_source("sentinel.cuh"), return_type="int32")
+        call = T.cuda.func_call(
+            f"prnn_sentinel_copy<{payload_type(dtype, self.name)}, {per}, {width}, {row}, "
+            f"{row_pad}, {sleep_ns}, {len(sources)}>",
+            *sources[0],
+            *second,
+            step,
+            args.sync.data,
+            args.timeout_us,
+            source_code=cuda_source("sentinel.cuh"),
+            return_type="int32",
+        )
         return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
-    def poll_fragments(self, src, row_step, rows, pieces, frag, dtype: str, tiles: int, loads: int, width: int,
-                       poll: bool, step, args: SyncArgs, sleep_ns: int = 0):
+    def poll_fragments(
+        self,
+        src,
+        row_step,
+        rows,
+        pieces,
+        frag,
+        dtype: str,
+        tiles: int,
+        loads: int,
+        width: int,
+        poll: bool,
+        step,
+        args: SyncArgs,
+        sleep_ns: int = 0,
+    ):
         """A lane's own tensor-core fragments: ``tiles`` batch rows ``row_step`` values apart from ``src``, ``loads``
         loads of ``width`` bytes each per row, ``4 * width`` bytes apart, into the registers at ``frag``; rows from
         ``rows`` on and loads from ``pieces`` on read as zero. ``poll``: values written at ``step - 1``, polled
         until none holds the sentinel (sleeping about ``sleep_ns`` between polls); else loaded once (an initial
         state). Returns this thread's abort flag (not block-uniform)."""
-        call = T.cuda.func_call(f"prnn_sentinel_frags<{payload_type(dtype, self.name)}, {tiles}, {loads}, {width}, "
-                                f"{sleep_ns}, {int(poll)}>", src, T.Cast("int64", row_step), rows, pieces, frag, step,
-                                args.sync.data, args.timeout_us, source_code=cuda_source("sentinel.cuh"),
-                                return_type="int32")
+        call = T.cuda.func_call(
+            f"prnn_sentinel_frags<{payload_type(dtype, self.name)}, {tiles}, {loads}, {width}, "
+            f"{sleep_ns}, {int(poll)}>",
+            src,
+            T.Cast("int64", row_step),
+            rows,
+            pieces,
+            frag,
+            step,
+            args.sync.data,
+            args.timeout_us,
+            source_code=cuda_source("sentinel.cuh"),
+            return_type="int32",
+        )
         return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
     def start_barrier(self, base, args: SyncArgs):
         """The launch's one barrier, after every block filled its slots (barrier ordinal 0, never stalled by the
         test knob); returns the abort flag."""
-        call = T.cuda.func_call("prnn_barrier_counter", args.sync.data, base, 0, args.timeout_us, -1,
-                                source_code=cuda_source("sentinel.cuh"), return_type="int32")
+        call = T.cuda.func_call(
+            "prnn_barrier_counter",
+            args.sync.data,
+            base,
+            0,
+            args.timeout_us,
+            -1,
+            source_code=cuda_source("sentinel.cuh"),
+            return_type="int32",
+        )
         return T.bind(call, var=tirx.Var("start_abort", "int32"))
 
     # ------------------------------------------------------------------ the exchange
@@ -168,7 +232,7 @@ class Sentinel(Barrier):
                 with T.Then():
                     site.copy_tile(name, t, b0, 0, initial=True)
         for first in range(0, len(names), SOURCES):
-            group = names[first:first + SOURCES]
+            group = names[first : first + SOURCES]
             # where the group polls all its operands (every step but a layer's first and those past the sequence),
             # the counts are the tile's, constants to the compiler: a count it must read at run time made a
             # single layer's step 1.24x slower (H100, LSTM fp16 512x8, 8 warps)
@@ -198,12 +262,15 @@ class Sentinel(Barrier):
         leave_on_abort(site)
 
     def publish(self, site: ExchangeSite, name: str, t, b, unit, value) -> None:
-        raise NotImplementedError("the sentinel exchange publishes states through their sequences (write_outputs) "
-                                  "and exchanges no stage (sentinel_problem refuses plans that would)")
+        raise NotImplementedError(
+            "the sentinel exchange publishes states through their sequences (write_outputs) "
+            "and exchanges no stage (sentinel_problem refuses plans that would)"
+        )
 
     def previous(self, site: ExchangeSite, name: str, t, b, unit):
-        raise NotImplementedError("a thread keeps the states it publishes through the sentinel exchange in "
-                                  "registers (kept_states)")
+        raise NotImplementedError(
+            "a thread keeps the states it publishes through the sentinel exchange in registers (kept_states)"
+        )
 
     def write_outputs(self, site: ExchangeSite, t, timing, stored: dict, b, unit) -> None:
         """The sequences are the exchange (the outputs among them). Store each exchanged state of ``stored`` at its

@@ -23,5 +23,5 @@ def cuda_source(name: str) -> str:
     includes = []
     while found := _INCLUDE.match(text):
         includes.append(found[1])
-        text = text[found.end():]
+        text = text[found.end() :]
     return "".join(cuda_source(dep) for dep in includes) + "\n" + text

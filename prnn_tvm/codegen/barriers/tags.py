@@ -35,14 +35,18 @@ class Tags(Barrier):
 
     def problem(self, plan, layout: str) -> str | None:
         if plan.unit_sums:
-            return (f"barrier '{self.name}' moves the values products multiply; cell '{plan.cell.name}' sums over "
-                    "units, whose blocks' partial sums meet through the plain exchange: use counter, grid_sync or "
-                    "block")
+            return (
+                f"barrier '{self.name}' moves the values products multiply; cell '{plan.cell.name}' sums over "
+                "units, whose blocks' partial sums meet through the plain exchange: use counter, grid_sync or "
+                "block"
+            )
         if layout == "split" and plan.cta_parts and not plan.independent_parts:
-            return (f"barrier '{self.name}' synchronizes only blocks that read each other's values, and the split "
-                    f"parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read the upper "
-                    "ones, would run ahead and overwrite values not yet read): use counter or grid_sync with layout "
-                    "'split', or sentinel (a slot per step) for a one-phase cell")
+            return (
+                f"barrier '{self.name}' synchronizes only blocks that read each other's values, and the split "
+                f"parts of cell '{plan.cell.name}' do not all do (a stack's lower layers never read the upper "
+                "ones, would run ahead and overwrite values not yet read): use counter or grid_sync with layout "
+                "'split', or sentinel (a slot per step) for a one-phase cell"
+            )
         return None
 
     def placement_problem(self, plan, units: int) -> str | None:
@@ -50,9 +54,11 @@ class Tags(Barrier):
         write: where a block holds whole heads, the last block's span must end at ``hidden``."""
         H = plan.hidden
         if any(r.heads > 1 and units % r.head_size(H) == 0 and H % units for r in plan.reductions):
-            return (f"barrier '{self.name}' polls a block's whole span of each head-wise operand, and at "
-                    f"units_per_cta={units} the last block's span runs past hidden={H}: take units_per_cta dividing "
-                    "the hidden size, or counter")
+            return (
+                f"barrier '{self.name}' polls a block's whole span of each head-wise operand, and at "
+                f"units_per_cta={units} the last block's span runs past hidden={H}: take units_per_cta dividing "
+                "the hidden size, or counter"
+            )
         return None
 
     def polled_loads(self, values: int, threads: int, hidden: int, itemsize: int, operands: int = 1) -> tuple:
@@ -64,8 +70,10 @@ class Tags(Barrier):
     def probe_problem(self, all_to_all: bool) -> str | None:
         if all_to_all:
             return None
-        return ("'tags' synchronizes through data every block reads: a probe reading one neighbour lets blocks "
-                "run two steps apart and overwrite a slot before it is read")
+        return (
+            "'tags' synchronizes through data every block reads: a probe reading one neighbour lets blocks "
+            "run two steps apart and overwrite a slot before it is read"
+        )
 
     def wait(self, ordinal, base, args, stall=None, when=None) -> None:
         """Nothing: a block waits on the values it reads (:meth:`load_operands`)."""
@@ -73,16 +81,39 @@ class Tags(Barrier):
     # ------------------------------------------------------------------ device code
     def store(self, ptr, value, base, step):
         """Store ``value`` written at ``step`` with its tag (an expression to evaluate)."""
-        return T.cuda.func_call("prnn_tag_store", ptr, value, T.Cast("uint32", base + step + 1),
-                                source_code=cuda_source("tags.cuh"), return_type="void")
+        return T.cuda.func_call(
+            "prnn_tag_store",
+            ptr,
+            value,
+            T.Cast("uint32", base + step + 1),
+            source_code=cuda_source("tags.cuh"),
+            return_type="void",
+        )
 
     def value(self, ptr, dtype: str):
         """The ``dtype`` value part of a tagged word (the caller's own earlier store: no polling)."""
-        return T.cuda.func_call(f"prnn_tag_value<{payload_type(dtype, self.name)}>", ptr,
-                                source_code=cuda_source("tags.cuh"), return_type=dtype)
+        return T.cuda.func_call(
+            f"prnn_tag_value<{payload_type(dtype, self.name)}>",
+            ptr,
+            source_code=cuda_source("tags.cuh"),
+            return_type=dtype,
+        )
 
-    def poll_copy(self, threads: int, src, dst, dtype: str, n, max_n: int, row: int, row_pad: int, base, step,
-                  args: SyncArgs, sleep_ns: int = 0):
+    def poll_copy(
+        self,
+        threads: int,
+        src,
+        dst,
+        dtype: str,
+        n,
+        max_n: int,
+        row: int,
+        row_pad: int,
+        base,
+        step,
+        args: SyncArgs,
+        sleep_ns: int = 0,
+    ):
         """Poll-and-copy ``n`` (at most ``max_n``) tagged ``dtype`` values, rows of ``row``, into shared memory
         rows of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none); returns the block-uniform abort
         flag."""
@@ -90,8 +121,16 @@ class Tags(Barrier):
         per, _ = self.polled_loads(max_n, threads, row, itemsize(dtype))  # as the config's validate counts them
         call = T.cuda.func_call(
             f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>",
-            src, dst, n, base, step, args.sync.data, args.timeout_us, source_code=cuda_source("tags.cuh"),
-            return_type="int32")
+            src,
+            dst,
+            n,
+            base,
+            step,
+            args.sync.data,
+            args.timeout_us,
+            source_code=cuda_source("tags.cuh"),
+            return_type="int32",
+        )
         return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
     # ------------------------------------------------------------------ the exchange
@@ -114,8 +153,20 @@ class Tags(Barrier):
         for name in names:
             dst, n, most, sleep_ns, row = site.polled_tile(name, b0)
             first = site.cols.first_column(name, site.cta)  # the block's span of a head-wise operand
-            abort = self.poll_copy(site.g.threads, T.address_of(site.a.ws[site.ws_at(name, parity, b0, first)]), dst,
-                                   site.dt, n, most, row, site.stride, site.barrier_base, step, site.sync, sleep_ns)
+            abort = self.poll_copy(
+                site.g.threads,
+                T.address_of(site.a.ws[site.ws_at(name, parity, b0, first)]),
+                dst,
+                site.dt,
+                n,
+                most,
+                row,
+                site.stride,
+                site.barrier_base,
+                step,
+                site.sync,
+                sleep_ns,
+            )
             abort_on(site, abort)
 
     def after_products(self, site: ExchangeSite) -> None:
