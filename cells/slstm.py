@@ -67,4 +67,7 @@ def reference(x, state, p):
     return {"h": 1.0 / (1.0 + np.exp(-o)) * c / n, "c": c, "n": n, "m": m}
 
 
-CELL = Cell("slstm", step, reference, output="h", doc=__doc__)
+# An exponential gate's output moves by its pre-activation's error times itself (a sigmoid's by at most a quarter
+# of it), and h divides by the normalizer: an H200 measured float16 kernels at 1.01-1.07x the LSTM's bound at T=7
+# (hidden 128-1024, batch 4-33), bfloat16 at 1.02x.
+CELL = Cell("slstm", step, reference, output="h", doc=__doc__, error_gain=2.0)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compiler import compile_backward, compile_cell
-from .dtypes import BOUND_MAGNITUDE
+from .dtypes import BOUND_MAGNITUDE, tolerance
 from .reference import random_inputs, reference_layer
 from .runtime.layer import Layer
 
@@ -49,6 +49,12 @@ class Timing:
     def per_step_s(self) -> float:
         """The recurrent kernel's time per step."""
         return self.recurrent_s / self.seq_len
+
+
+def plan_tolerance(plan, seq_len: int) -> float:
+    """The max abs error a layer of ``plan`` may have against the float64 reference after ``seq_len`` steps: its
+    dtype's bound (:func:`prnn_tvm.dtypes.tolerance`) times its cell's ``error_gain``."""
+    return tolerance(plan.dtype, seq_len) * plan.cell.error_gain
 
 
 def check_against_reference(

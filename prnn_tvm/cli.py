@@ -19,7 +19,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from .dtypes import GPU_DTYPES, tolerance
+from .dtypes import GPU_DTYPES
 from .errors import CellError, ConfigError, PrnnError
 from .target import known_archs, local_gpu, parse_arch
 
@@ -203,7 +203,7 @@ def _spec(args) -> str:
 
 
 def cmd_compile(args) -> int:
-    from .checks import check_against_reference, check_gradients, gradient_check_hidden, time_layer
+    from .checks import check_against_reference, check_gradients, gradient_check_hidden, plan_tolerance, time_layer
     from .compiler import compile_cell
 
     args.cell = _spec(args)
@@ -227,7 +227,7 @@ def cmd_compile(args) -> int:
         cpu = compile_cell(
             args.cell, args.hidden, args.batch, input_size=args.input_size, dtype=args.dtype, target="llvm"
         )
-        res = check_against_reference(cpu, args.seq, tolerance=tolerance(cpu.plan.dtype, args.seq))
+        res = check_against_reference(cpu, args.seq, tolerance=plan_tolerance(cpu.plan, args.seq))
         print(
             f"cpu check   max abs error {res.max_abs_error:.2e} vs float64 NumPy (tolerance "
             f"{res.tolerance:.1e}): {'ok' if res.ok else 'FAILED'} [{res.seconds:.2f} s]"
@@ -250,7 +250,7 @@ def cmd_compile(args) -> int:
     if gpu is None:
         print("gpu         none here: CUDA source generated and inspected with ptxas, not run")
         return 0 if ok else 1
-    res = check_against_reference(layer, args.seq, tolerance=tolerance(layer.plan.dtype, args.seq))
+    res = check_against_reference(layer, args.seq, tolerance=plan_tolerance(layer.plan, args.seq))
     print(
         f"gpu check   max abs error {res.max_abs_error:.2e} vs float64 NumPy (tolerance {res.tolerance:.1e}): "
         f"{'ok' if res.ok else 'FAILED'}"

@@ -358,6 +358,9 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
 REQUESTS = "mailbox"  # (depth, ctas, B, slices x units) tagged words: each CTA's part of a request, contiguous
 RESPONSES = "resp"  # (depth, states, B, H) tagged words: each step's new states
 CONTROL_WORDS = 4  # control[0]: the steps requested of the running launch
+# In a session's recorded timeout (the error word's 1 + step): the resident kernel's wait for a request, not for a
+# block or a response, at that step (session.cuh's PRNN_SESSION_IDLE). It takes nothing, so loses no state.
+SESSION_IDLE = 0x40000000
 FREE_SMS = 4  # SMs a session leaves to other kernels by default (its own publish and collect among them)
 
 

@@ -397,7 +397,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         checks looks valid, and copy the error word to the host's."""
         error = self.barrier.report(self.sync)
         nan = as_type(T.reinterpret("float32", tirx.const(0x7FC00000, "uint32")), self.dt)
-        with T.If(error != 0):
+        with T.If(self.states_lost(error)):
             with T.Then():
                 for _it, group, item in self.items():
                     with item as (b, unit, _ul):
@@ -408,6 +408,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                         for name, final in self.a.final.items():
                             if name in group.states:
                                 T.buffer_store(final, nan, [b, unit])
+
+    def states_lost(self, error):
+        """Whether the launch's error word ``error`` means its outputs and final states cannot be trusted."""
+        return error != 0
 
     def products(self, t, phase: int):
         """This phase's recurrent products, for every batch tile, into the shared gate sums."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barriers, session
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.signature import FREE_SMS, REQUESTS, RESPONSES, with_session
+from prnn_tvm.signature import FREE_SMS, REQUESTS, RESPONSES, SESSION_IDLE, with_session
 
 SESSION_BARRIER = "tags"
 
@@ -122,6 +123,11 @@ class SessionMode:
             with item as (b, _unit, ul):
                 for i, leaf in enumerate(self.slots[group].x):
                     T.buffer_store(self.xreg, self.request[(b * S + leaf.slice) * U + ul], [it * self.width.x + i])
+
+    def states_lost(self, error):
+        """An idle exit (no request within ``idle_us``, recorded with the IDLE bit) took no request: the final
+        states are the last step's, and the host relaunches from them. Every other timeout loses them."""
+        return tirx.all(error != 0, tirx.bitwise_and(error - 1, SESSION_IDLE) == 0)
 
     def write_outputs(self, t, timing, stored: dict, b, unit):
         """The step's new states (the outputs among them), tagged, into its response slot, and the final states

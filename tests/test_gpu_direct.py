@@ -8,6 +8,8 @@ import random
 import pytest
 
 import prnn_tvm
+from prnn_tvm.checks import plan_tolerance
+from prnn_tvm.codegen import barriers
 from prnn_tvm.dtypes import TENSOR_CORE_DTYPES, tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.analysis import analyze
@@ -27,7 +29,8 @@ DIRECT_CELLS = [
     c
     for c in sorted(prnn_tvm.builtin_cells())
     if "direct" in mc.paths_for(analyze(resolve(c), 4, 64, "float16"), "sentinel")
-]
+    and not barriers.by_name("sentinel").problem(analyze(resolve(c), 4, 64, "float16"), "shared")
+]  # the direct path runs on the sentinel exchange: cells it takes (not one that sums over units inside a step)
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
@@ -50,9 +53,9 @@ def test_direct_fragments_match_the_reference(dtype, cell, hidden, batch, knobs)
     assert layer.report.spill_bytes == 0, layer.report.format()
     for seq_len in (1, 7, 64):
         err = error_of(layer, seq_len, seed=seq_len)
-        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
     lengths = random_lengths(batch, 40, seed=2)
-    assert error_of(layer, 40, lengths=lengths) <= tolerance(dtype, 40)
+    assert error_of(layer, 40, lengths=lengths) <= plan_tolerance(layer.plan, 40)
 
 
 def eight_warps(cell: str, hidden: int, batch: int, knobs: dict) -> dict:

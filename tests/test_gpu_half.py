@@ -7,7 +7,7 @@ import pytest
 import tvm
 
 import prnn_tvm
-from prnn_tvm.checks import max_abs_error
+from prnn_tvm.checks import max_abs_error, plan_tolerance
 from prnn_tvm.dtypes import TENSOR_CORE_DTYPES, tolerance
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 
@@ -43,7 +43,9 @@ def test_half_matches_reference(dtype, cell, hidden, batch):
     assert layer.report.spill_bytes == 0, layer.report.format()
     for seq_len in (1, 7, 256):
         err = error_of(layer, seq_len, seed=seq_len)
-        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: max abs error {err:.2e}\n{layer.report.format()}"
+        assert err <= plan_tolerance(layer.plan, seq_len), (
+            f"T={seq_len}: max abs error {err:.2e}\n{layer.report.format()}"
+        )
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
@@ -53,8 +55,8 @@ def test_every_barrier_odd_sizes(dtype, barrier, cell):
     """Partial CTAs, a k range that ends inside a k tile, a partial last batch tile, two passes."""
     cfg = {"units_per_cta": 3, "k_groups": 2, "n_tiles": 1, "barrier": barrier}
     layer = layer_for(cell, 133, 11, dtype, cfg)
-    assert error_of(layer, 9) <= tolerance(dtype, 9)
-    assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+    assert error_of(layer, 9) <= plan_tolerance(layer.plan, 9)
+    assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= plan_tolerance(layer.plan, 9)
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
@@ -66,8 +68,8 @@ def test_two_row_tiles_per_warp_odd_sizes(dtype, barrier, cell):
     cfg = {"units_per_cta": 8, "k_groups": 2, "n_tiles": 1, "barrier": barrier, "m_tiles_per_warp": 2}
     layer = layer_for(cell, 133, 11, dtype, cfg)
     assert layer.report.config["m_tiles_per_warp"] == 2
-    assert error_of(layer, 9) <= tolerance(dtype, 9)
-    assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+    assert error_of(layer, 9) <= plan_tolerance(layer.plan, 9)
+    assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= plan_tolerance(layer.plan, 9)
 
 
 @pytest.mark.parametrize("barrier", ["counter", "tags", "grid_sync"])
@@ -81,8 +83,8 @@ def test_two_items_per_thread_in_a_two_phase_cell(barrier):
         layer = layer_for(
             "gru_cho", 133, 11, dtype, {"units_per_cta": 8, "k_groups": 1, "n_tiles": 1, "barrier": barrier}
         )
-        assert error_of(layer, 9) <= tolerance(dtype, 9)
-        assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+        assert error_of(layer, 9) <= plan_tolerance(layer.plan, 9)
+        assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= plan_tolerance(layer.plan, 9)
 
 
 @pytest.mark.parametrize("chains", [2, 4])
@@ -96,15 +98,15 @@ def test_accumulator_chains_odd_sizes(chains, barrier, cell, units):
         cfg = {"units_per_cta": units, "k_groups": 1, "n_tiles": 1, "barrier": barrier, "k_chains": chains}
         layer = layer_for(cell, 133, 11, dtype, cfg)
         assert layer.report.config["k_chains"] == chains
-        assert error_of(layer, 9) <= tolerance(dtype, 9)
-        assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= tolerance(dtype, 9)
+        assert error_of(layer, 9) <= plan_tolerance(layer.plan, 9)
+        assert error_of(layer, 9, lengths=random_lengths(11, 9, seed=1)) <= plan_tolerance(layer.plan, 9)
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize("cell", CELLS)
 def test_half_rows_stop_at_their_lengths(dtype, cell):
     layer = layer_for(cell, 512, 33, dtype)
-    assert error_of(layer, 64, lengths=random_lengths(33, 64, seed=4)) <= tolerance(dtype, 64)
+    assert error_of(layer, 64, lengths=random_lengths(33, 64, seed=4)) <= plan_tolerance(layer.plan, 64)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

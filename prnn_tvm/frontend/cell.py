@@ -247,6 +247,10 @@ class Cell:
         (:mod:`prnn_tvm.frontend.directions` makes these: a bidirectional layer's reverse direction):
         at step ``t`` a row of length ``n`` reads those slices of the input projection at step
         ``n - 1 - t``, and a reversed output state's value of step ``t`` is the output at ``n - 1 - t``.
+    error_gain : float
+        How many times an LSTM's error against the float64 reference the cell's half-precision kernels may have
+        (at least 1; :func:`prnn_tvm.checks.plan_tolerance`): a cell whose output moves more with a rounding
+        error of a pre-activation than a sigmoid gate's output does (sLSTM's exponential gates: 2).
     """
 
     name: str
@@ -257,6 +261,7 @@ class Cell:
     delays: tuple = ()
     reversed_states: tuple = ()
     reversed_slices: tuple = ()
+    error_gain: float = 1.0
 
     def __post_init__(self):
         """Each field's type and range, so that a wrong one is refused where the cell is made (states named
@@ -280,6 +285,12 @@ class Cell:
             raise CellError(f"{where}: output is a state's name or a tuple of them, got {self.output!r}")
         if not isinstance(self.doc, str):
             raise CellError(f"{where}: doc is a string, got {type(self.doc).__name__}")
+        if (
+            isinstance(self.error_gain, bool)
+            or not isinstance(self.error_gain, (int, float))
+            or not (1 <= self.error_gain <= 64)
+        ):
+            raise CellError(f"{where}: error_gain is a number in [1, 64], got {self.error_gain!r}")
         pairs = self.delays
         if not (
             isinstance(pairs, (tuple, list))

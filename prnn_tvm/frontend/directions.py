@@ -83,6 +83,7 @@ def bidirectional(cell: Cell) -> Cell:
         doc=doc,
         reversed_states=tuple(direction_name(1, name) for name in states),
         reversed_slices=tuple(range(slices, 2 * slices)),
+        error_gain=cell.error_gain,
     )
 
 

@@ -54,6 +54,7 @@ def headed(cell: Cell, heads: int) -> Cell:
         delays=cell.delays,
         reversed_states=cell.reversed_states,
         reversed_slices=cell.reversed_slices,
+        error_gain=cell.error_gain,
     )
 
 

@@ -110,10 +110,14 @@ def stacked(cell: Cell, layers: int, wavefront: bool = True) -> Cell:
     output = layer_name(layers - 1, cell.output)
     if not wavefront:
         doc = f"{layers} stacked layers of '{cell.name}', one after another in each step (prnn_tvm.frontend.stack).\n\n"
-        return Cell(f"{cell.name}_d{layers}", step, reference, output=output, doc=doc + cell.doc)
+        return Cell(
+            f"{cell.name}_d{layers}", step, reference, output=output, doc=doc + cell.doc, error_gain=cell.error_gain
+        )
     delays = tuple((layer_name(layer, name), layer) for layer in range(layers) for name in _state_names(cell))
     doc = f"{layers} stacked layers of '{cell.name}', run as a wavefront (prnn_tvm.frontend.stack).\n\n" + cell.doc
-    return Cell(f"{cell.name}_x{layers}", step, reference, output=output, doc=doc, delays=delays)
+    return Cell(
+        f"{cell.name}_x{layers}", step, reference, output=output, doc=doc, delays=delays, error_gain=cell.error_gain
+    )
 
 
 def declared_slots(cell: Cell) -> list:

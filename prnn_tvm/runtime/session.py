@@ -12,15 +12,17 @@ The GPU stays shared: the resident grid holds at most the SMs the session leaves
 every open session of this process), and an idle session lets the GPU go. A background thread closes a session
 ``release_after`` seconds after its last step (the close is stream-ordered after that step's collect); the next
 step relaunches the kernel from the final states the last launch wrote, which the caller does not see. Every wait
-is bounded: the resident kernel's wait for a request (``idle_timeout_s``, against a caller that went away), its
-exchange between blocks (``barrier_timeout_us``) and the collect's (``collect_timeout_us``); a session that timed
-out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open when the process exits are
-closed then.
+is bounded: the resident kernel's wait for a request (``idle_timeout_s``, against a caller that went away or a host
+thread held in CUDA: the kernel took no request, so it leaves and the next step relaunches, as after a release),
+its exchange between blocks (``barrier_timeout_us``) and the collect's (``collect_timeout_us``); a session whose
+exchange or collect timed out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open
+when the process exits are closed then.
 
 Two facts of CUDA a session lives with (``bench/results/session-transport-h100.md``): under lazy module loading
 (CUDA's default) the first launch of a kernel waits for every running kernel, so a session loads its own small
 kernels before its resident kernel starts, and a kernel first launched elsewhere while it runs waits until the
-session is released (``release_after``; or run the process with ``CUDA_MODULE_LOADING=EAGER``); and freeing
+resident kernel leaves (``idle_timeout_s``: the reaper's ``release_after`` cannot act while the host thread is
+held in CUDA; or run the process with ``CUDA_MODULE_LOADING=EAGER``); and freeing
 device memory (``cudaFree``) waits for the resident kernel likewise, which is why a session allocates nothing per
 step.
 """
@@ -40,6 +42,7 @@ import tvm_ffi
 
 from ..errors import InputError, PrnnError, SessionError
 from ..signature import FREE_SMS, REQUESTS, RESPONSES, ArgRole
+from ..signature import SESSION_IDLE as IDLE
 from ..target import gpu_spec, resident_ctas
 from .base import DEFAULT_TIMEOUT_US, HostWord
 from .binding import ALIGNMENT, check, place
@@ -49,9 +52,8 @@ log = logging.getLogger(__name__)
 DEPTH = 2  # request and response slots: step t + 2 is requested only after step t was collected (stream order)
 CAPACITY = 2**31 - 1  # steps one launch of the resident kernel may serve
 RELEASE_AFTER_S = 0.05
-IDLE_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 1.0
 COLLECT_TIMEOUT_US = 1_000_000
-IDLE = 0x40000000  # in a recorded step: the resident kernel's wait for a request (session.cuh's PRNN_SESSION_IDLE)
 
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # sessions of this process whose resident kernel runs
 
@@ -144,6 +146,7 @@ class Session:
         self._last_step = 0.0
         self.steps = 0  # steps posted by this session's host calls
         self.launches = 0  # launches of the resident kernel (the first, and one per release)
+        self.idle_exits = 0  # launches that ended idle (idle_timeout_s), resumed by the next step
 
     @property
     def debug_stall_step(self) -> int:
@@ -325,6 +328,7 @@ class Session:
         """Launch the resident kernel if it is not running (the lock is held)."""
         if self._closed:
             raise SessionError("this session is closed; open a new one")
+        self._let_go_if_idle()
         self._raise_on_error()
         if self._running:
             return
@@ -374,7 +378,7 @@ class Session:
     def _stop(self) -> None:
         """Close the resident kernel, stream-ordered after the last step, and wait until it left (bounded by its
         own wait for requests); its final states become the next launch's initial ones (the lock is held)."""
-        if not self._running:
+        if not self._running or self._let_go_if_idle():
             return
         try:
             with tvm_ffi.use_raw_stream(self.device, self._last_stream or 0):
@@ -386,6 +390,31 @@ class Session:
         self._init, self._final = self._final, self._init
         self._copy_in(self._owned["control"], np.zeros(self._owned["control"].shape, "uint32"))
         self._raise_on_error()
+
+    def _let_go_if_idle(self) -> bool:
+        """Whether the resident kernel left by itself, idle: it waited ``idle_timeout_s`` for the request of the
+        step after the last one published to it, so it took none, and its final states are the last step's (the
+        host was held meanwhile: see the module's doc). Then the session is released as :meth:`_stop` releases it,
+        and the next step relaunches. An idle exit while a request was on its way lost that step: the error stays,
+        for :meth:`_raise_on_error` (the lock is held)."""
+        recorded = self._error.read()
+        if not (self._running and recorded and (recorded - 1) & IDLE):
+            return False
+        self.device.sync(self._stream)  # the resident kernel has left: it wrote the error word at its end
+        control = self._owned["control"].numpy()  # the legacy stream: after publishes still queued, if any
+        if int(control[1]) != (recorded - 1) & ~IDLE:
+            return False
+        self._running = False
+        _OPEN.discard(self)
+        if control[1]:  # the final states were written at least once by this launch
+            self._init, self._final = self._final, self._init
+        self._copy_in(self._owned["control"], np.zeros(control.shape, control.dtype))
+        sync = self._owned["sync"].numpy()
+        sync[0] = 0  # the error word
+        self._copy_in(self._owned["sync"], sync)
+        self._error.clear()
+        self.idle_exits += 1
+        return True
 
     def _copy_in(self, tensor, value: np.ndarray) -> None:
         """``value`` into the device ``tensor``, landed before anything launched after this returns: a copy from
@@ -409,11 +438,11 @@ class Session:
         if step & IDLE:
             raise SessionError(
                 f"a {self.plan.cell.name} session's resident kernel waited {self._scalars['idle_us'] / 1e6:g} s "
-                f"(idle_timeout_s) for the request of step {step & ~IDLE} of its launch and gave up. Usually the host "
-                "was held meanwhile: a kernel launched for the first time (CUDA loads modules lazily, and a load "
-                "waits for every running kernel: launch what you need once before the session starts, or run with "
-                "CUDA_MODULE_LOADING=EAGER), a device-wide synchronization or a free of device memory. The session "
-                "is closed; open a new one"
+                f"(idle_timeout_s) for the request of step {step & ~IDLE} of its launch and left just as that request "
+                "was on its way, so the step was lost. The host was held meanwhile: a kernel launched for the first "
+                "time (CUDA loads modules lazily, and a load waits for every running kernel: launch what you need "
+                "once before the session starts, or run with CUDA_MODULE_LOADING=EAGER), a device-wide "
+                "synchronization or a free of device memory. The session is closed; open a new one"
             )
         raise SessionError(
             f"a {self.plan.cell.name} session timed out at step {step} of its launch: a block of the resident kernel "

@@ -57,6 +57,13 @@ class ModuleSession:
         self._keep = weights  # the session reads them in place
         self.session = self.layer.session(**weights, **options)
         self._x = torch.empty(batch, module.input_size, device=parameter.device, dtype=parameter.dtype)
+        # the torch kernels a step launches, once before the resident kernel starts: under CUDA's lazy loading a
+        # kernel's first launch waits for every running kernel (the resident one would leave, idle, to let it)
+        states = torch.zeros(
+            len(self.session.state_names), batch, module.hidden_size, device=parameter.device, dtype=parameter.dtype
+        )
+        self._torch_states(dict(zip(self.session.state_names, states)))
+        self._x.copy_(states[0, :, :1].expand(batch, module.input_size))
 
     def step(self, x: torch.Tensor) -> tuple:
         """One step: ``x`` (batch, input) on the GPU in the module's dtype. Returns ``(y, states)`` (see the

@@ -9,7 +9,8 @@
 // set: a NaN no projection carries, the publisher writes the canonical NaN instead) closes the kernel. The
 // kernel stores each step's outputs tagged in the response slot; prnn_session_collect, on the caller's stream
 // after the publish, polls them. control[0] counts the steps requested of the running launch (the host
-// zeroes it before each launch); the collect advances it. Every wait is bounded.
+// zeroes it before each launch); the collect advances it. control[1] counts the requests published to it (the
+// host tells an idle exit that took no request by it). Every wait is bounded.
 #define PRNN_SESSION_CLOSE 0xffffffffu
 // In the error word (1 + what timed out): a wait for a request, not for a block or a response, at that step.
 #define PRNN_SESSION_IDLE 0x40000000
@@ -88,9 +89,10 @@ __device__ __forceinline__ long long prnn_session_word(int slot, int b, int s, i
 // (S slices of ctas * U units, units past H zero), a warp per column, into the request slot of the next step.
 template <typename V, int B>
 __device__ __forceinline__ void prnn_session_publish(const V* x, const V* W, const V* bias, uint64_t* mailbox,
-                                                     const unsigned* control, const unsigned* sync, int K, int H,
+                                                     unsigned* control, const unsigned* sync, int K, int H,
                                                      int S, int U, int ctas, int depth) {
   const unsigned step = prnn_session_step(control), tag = prnn_session_tag(sync, step);
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(control + 1, 1u);
   const int slot = (int)(step % (unsigned)depth), lane = threadIdx.x % 32, padded = ctas * U;
   const int warps = gridDim.x * blockDim.x / 32;
   for (int j = (blockIdx.x * blockDim.x + threadIdx.x) / 32; j < S * padded; j += warps) {
