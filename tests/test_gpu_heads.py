@@ -2,7 +2,7 @@
 reference under the GPU's own memory order, each kind of synchronization a head-wise layer takes (``block``:
 none between blocks; ``tags``: a block waits for its head's blocks only), the GPU training kernels of heads, and
 a timing that says whether a block-local step beats the grid-synchronized one (printed; the targets are the
-benchmark's, ``bench/flashrnn.py``)."""
+benchmark's, ``bench/against_flashrnn.py``)."""
 
 import dataclasses
 

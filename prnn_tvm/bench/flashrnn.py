@@ -42,7 +42,7 @@ def states(result, index: int = 0):
 def call(cell: str, Wx, R, b, backend: str, dtype: str):
     """FlashRNN's forward of ``cell`` (``lstm``, ``slstm``) on its own layouts, from zero states: ``[states, B, T,
     heads, D]`` (torch tensors on the GPU; ``flashrnn`` is imported here, where it is installed)."""
-    from flashrnn import flashrnn  # a GPU machine's: bench/flashrnn.py says how to install it
+    from flashrnn import flashrnn  # a GPU machine's: bench/against_flashrnn.py says how to install it
 
     out, _ = flashrnn(Wx, R, b, function=FUNCTIONS[cell], backend=backend, dtype=dtype)
     return out

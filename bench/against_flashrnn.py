@@ -17,7 +17,7 @@ Setup (../shared/device/README.md, "FlashRNN as a baseline"): on this machine
         --implementation cp -d .peers ninja
 (``.peers`` git-ignored through .git/info/exclude), carry ``.peers``, and on the GPU machine
     python3 -m pip install -q --no-index --no-deps .peers/*.whl && bash ../shared/device/flashrnn-cuda13.sh
-    python3 bench/flashrnn.py [--cases heads slstm layernorm] [--out $OUT/flashrnn-h100.md]
+    python3 bench/against_flashrnn.py [--cases heads slstm layernorm] [--out $OUT/flashrnn-h100.md]
 FlashRNN builds its kernels with nvcc on first use (1-3 minutes per shape and backend). Every figure is the median
 of CUDA-event runs (``prnn_tvm.bench.baselines.cuda_event_times``) in one process, milliseconds per sequence.
 """
@@ -207,6 +207,9 @@ def case_slstm():
     say("")
 
 
+LAYERNORM_AGREE_STEPS = 16  # steps over which the outputs are compared (see case_layernorm)
+
+
 def case_layernorm():
     hidden, batch, steps = 1024, 8, 256
     say(f"## Layer-normalized LSTM: hidden {hidden}, batch {batch}, T={steps}, fp16")
@@ -256,11 +259,14 @@ def case_layernorm():
     graph_ms = ms(graph.replay)
     got, _ = layer(x, **params)
     torch_loop()
+    # this layer is chaotic at this shape: in float64, a 1e-6 change of h at step 0 grows to 1e-4 by step 64 and to
+    # 0.94 by step 255, so two half-precision runs agree only over the first steps
+    early = LAYERNORM_AGREE_STEPS
     say(
         f"prnn-tvm {ours_ms:.3f} ms; torch LayerNorm + LSTM step loop as a CUDA graph {graph_ms:.3f} ms "
         f"({graph_ms / ours_ms:.2f}x); prnn-tvm plain LSTM {plain_ms:.3f} ms ({ours_ms / plain_ms:.2f}x of it); "
-        f"outputs against the loop's: max abs difference "
-        f"{(torch.from_dlpack(got).float() - out.float()).abs().max().item():.2e}"
+        f"outputs of the first {early} steps against the loop's: max abs difference "
+        f"{(torch.from_dlpack(got)[:early].float() - out[:early].float()).abs().max().item():.2e}"
     )
     say("")
 
