@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument("--cpu", action="store_true", help="export the CPU (llvm) build instead of the CUDA one")
     e.add_argument("-o", "--output", type=Path, required=True, help="the library to write (.so)")
+    e.add_argument(
+        "--session",
+        action="store_true",
+        help="also carry a resident session's kernels (CUDA), so that the loaded layer offers .session()",
+    )
     e.set_defaults(func=cmd_export)
 
     cells = sub.add_parser("cells", help="list the built-in cells")
@@ -486,6 +491,8 @@ def cmd_export(args) -> int:
 
     args.cell = _spec(args)
     target = "llvm" if args.cpu else "cuda"
+    if args.session and args.cpu:
+        raise PrnnError("--session exports a resident session's kernels, which run on the GPU: drop --cpu or --session")
     if target == "cuda" and args.arch is None and local_gpu() is None:
         raise PrnnError("no GPU here: name the inference GPU's architecture with --arch (e.g. --arch sm_90)")
     layer = compile_cell(
@@ -498,7 +505,7 @@ def cmd_export(args) -> int:
         target=target,
         arch=args.arch,
     )
-    path = export(layer, args.output)
+    path = export(layer, args.output, session=args.session)
     print(layer.report.format())
     print(f"exported    {path} ({path.stat().st_size} bytes; load it with prnn_tvm.load)")
     return 0
