@@ -355,7 +355,7 @@ def _show_records(args, path) -> None:
 
 
 def _add_bench_parser(sub) -> None:
-    from .bench import matrix
+    from .bench import matrix, step_cases
 
     def hidden(text: str):
         return matrix.LARGEST if text == matrix.LARGEST else _positive(text)
@@ -424,12 +424,59 @@ def _add_bench_parser(sub) -> None:
         "over the files beside the CSV",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    steps = b.add_argument_group("one timestep per call")
+    steps.add_argument(
+        "--step-latency",
+        action="store_true",
+        help="time LSTMs one step per call instead: a resident session's latency per step (p50, p99, a "
+        "histogram), input on the host and on the GPU, against cuDNN's eager call and its step replayed from a "
+        "CUDA graph (default --name step-latency)",
+    )
+    steps.add_argument(
+        "--model",
+        nargs=4,
+        action="append",
+        default=None,
+        metavar=("LAYERS", "HIDDEN", "BATCH", "DTYPE"),
+        help="with --step-latency, repeatable: an LSTM of LAYERS x HIDDEN at BATCH in DTYPE (float32 or float16; "
+        f"default: {'; '.join(' '.join(map(str, vars(m).values())) for m in step_cases.DEFAULT_MODELS)})",
+    )
+    steps.add_argument(
+        "--steps",
+        type=_positive,
+        default=step_cases.DEFAULT_STEPS,
+        help=f"with --step-latency: steps timed per mode (default {step_cases.DEFAULT_STEPS})",
+    )
+    steps.add_argument(
+        "--chain",
+        type=_positive,
+        default=step_cases.DEFAULT_CHAIN,
+        help=f"with --step-latency: dependent steps in one CUDA graph (default {step_cases.DEFAULT_CHAIN})",
+    )
     b.set_defaults(func=cmd_bench, parser=b)
+
+
+SEQUENCE_OPTIONS = ("cells", "hidden", "batch", "seq", "dtype", "repeats")
+STEP_OPTIONS = ("model", "steps", "chain")
+
+
+def _given(args, dests) -> list[str]:
+    """The options among ``dests`` given other values than their defaults, as the command line spells them."""
+    return [
+        a.option_strings[0]
+        for a in args.parser._actions
+        if a.option_strings and a.dest in dests and getattr(args, a.dest) != a.default
+    ]
 
 
 def cmd_bench(args) -> int:
     from .bench import matrix, outputs, runner, table
 
+    if args.step_latency:
+        return _bench_steps(args)
+    wrong = _given(args, STEP_OPTIONS)
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)} choose what --step-latency times: add --step-latency, or drop them")
     if args.from_csv is not None:
         given = [
             a.option_strings[0]
@@ -480,6 +527,39 @@ def cmd_bench(args) -> int:
     failed = sum(r.get("status") != "ok" for r in rows)
     print(
         f"{len(rows) - failed} of {len(rows)} cases measured, {failed} failed (error rows); wrote "
+        f"{', '.join(str(p) for p in paths.values())}"
+    )
+    return 0
+
+
+def _bench_steps(args) -> int:
+    """``prnn-tvm bench --step-latency``: measure (a GPU), or re-render a run's CSV (``--from-csv``)."""
+    from .bench import runner, step_cases, step_outputs
+
+    wrong = _given(args, SEQUENCE_OPTIONS + (STEP_OPTIONS if args.from_csv is not None else ()))
+    if wrong:
+        what = "re-renders a run's table and plot" if args.from_csv is not None else "times the models of --model"
+        raise ConfigError(f"--step-latency {what}; {', '.join(wrong)} do not apply: drop them")
+    if args.from_csv is not None:
+        paths = step_outputs.render_csv(args.from_csv, args.out or Path("."), args.name)
+        print(f"wrote {paths['md']} and {paths['png']}")
+        return 0
+    models, steps = step_cases.models_from(args.model), step_cases.check_steps(args.steps)
+    args.out, args.name = args.out or Path("bench/results"), args.name or "step-latency"
+    problem = runner.missing_requirements()
+    if problem:
+        print(f"prnn-tvm: error: {problem}", file=sys.stderr)
+        return 1
+    chosen = " ".join(f"--model {m.layers} {m.hidden} {m.batch} {m.dtype}" for m in models)
+    command = f"prnn-tvm bench --step-latency {chosen} --steps {steps} --chain {args.chain} --name {args.name}"
+    from .bench import step_latency
+
+    rows, histograms = step_latency.run(models, steps, args.chain, progress=not args.no_progress)
+    paths = step_outputs.write_outputs(rows, histograms, args.out, args.name, command)
+    print(paths["md"].read_text())
+    failed = sum(r.get("status") != "ok" for r in rows)
+    print(
+        f"{len(rows) - failed} of {len(rows)} rows measured, {failed} not (error rows); wrote "
         f"{', '.join(str(p) for p in paths.values())}"
     )
     return 0
