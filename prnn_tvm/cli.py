@@ -478,13 +478,7 @@ def cmd_bench(args) -> int:
     if wrong:
         raise ConfigError(f"{', '.join(wrong)} choose what --step-latency times: add --step-latency, or drop them")
     if args.from_csv is not None:
-        given = [
-            a.option_strings[0]
-            for a in args.parser._actions
-            if a.option_strings
-            and a.dest not in ("help", "from_csv", "out", "name")
-            and getattr(args, a.dest) != a.default
-        ]
+        given = _given(args, {a.dest for a in args.parser._actions} - {"help", "from_csv", "out", "name"})
         if given:
             raise ConfigError(
                 f"--from-csv re-renders the table and plot of a CSV into --out (as --name), with "
