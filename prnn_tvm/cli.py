@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument("--cpu", action="store_true", help="export the CPU (llvm) build instead of the CUDA one")
     e.add_argument("-o", "--output", type=Path, required=True, help="the library to write (.so)")
+    e.add_argument(
+        "--session",
+        action="store_true",
+        help="also carry a resident session's kernels (CUDA), so that the loaded layer offers .session()",
+    )
     e.set_defaults(func=cmd_export)
 
     cells = sub.add_parser("cells", help="list the built-in cells")
@@ -350,7 +355,7 @@ def _show_records(args, path) -> None:
 
 
 def _add_bench_parser(sub) -> None:
-    from .bench import matrix
+    from .bench import matrix, step_cases
 
     def hidden(text: str):
         return matrix.LARGEST if text == matrix.LARGEST else _positive(text)
@@ -419,20 +424,61 @@ def _add_bench_parser(sub) -> None:
         "over the files beside the CSV",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    steps = b.add_argument_group("one timestep per call")
+    steps.add_argument(
+        "--step-latency",
+        action="store_true",
+        help="time LSTMs one step per call instead: a resident session's latency per step (p50, p99, a "
+        "histogram), input on the host and on the GPU, against cuDNN's eager call and its step replayed from a "
+        "CUDA graph (default --name step-latency)",
+    )
+    steps.add_argument(
+        "--model",
+        nargs=4,
+        action="append",
+        default=None,
+        metavar=("LAYERS", "HIDDEN", "BATCH", "DTYPE"),
+        help="with --step-latency, repeatable: an LSTM of LAYERS x HIDDEN at BATCH in DTYPE (float32 or float16; "
+        f"default: {'; '.join(' '.join(map(str, vars(m).values())) for m in step_cases.DEFAULT_MODELS)})",
+    )
+    steps.add_argument(
+        "--steps",
+        type=_positive,
+        default=step_cases.DEFAULT_STEPS,
+        help=f"with --step-latency: steps timed per mode (default {step_cases.DEFAULT_STEPS})",
+    )
+    steps.add_argument(
+        "--chain",
+        type=_positive,
+        default=step_cases.DEFAULT_CHAIN,
+        help=f"with --step-latency: dependent steps in one CUDA graph (default {step_cases.DEFAULT_CHAIN})",
+    )
     b.set_defaults(func=cmd_bench, parser=b)
+
+
+SEQUENCE_OPTIONS = ("cells", "hidden", "batch", "seq", "dtype", "repeats")
+STEP_OPTIONS = ("model", "steps", "chain")
+
+
+def _given(args, dests) -> list[str]:
+    """The options among ``dests`` given other values than their defaults, as the command line spells them."""
+    return [
+        a.option_strings[0]
+        for a in args.parser._actions
+        if a.option_strings and a.dest in dests and getattr(args, a.dest) != a.default
+    ]
 
 
 def cmd_bench(args) -> int:
     from .bench import matrix, outputs, runner, table
 
+    if args.step_latency:
+        return _bench_steps(args)
+    wrong = _given(args, STEP_OPTIONS)
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)} choose what --step-latency times: add --step-latency, or drop them")
     if args.from_csv is not None:
-        given = [
-            a.option_strings[0]
-            for a in args.parser._actions
-            if a.option_strings
-            and a.dest not in ("help", "from_csv", "out", "name")
-            and getattr(args, a.dest) != a.default
-        ]
+        given = _given(args, {a.dest for a in args.parser._actions} - {"help", "from_csv", "out", "name"})
         if given:
             raise ConfigError(
                 f"--from-csv re-renders the table and plot of a CSV into --out (as --name), with "
@@ -480,12 +526,47 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _bench_steps(args) -> int:
+    """``prnn-tvm bench --step-latency``: measure (a GPU), or re-render a run's CSV (``--from-csv``)."""
+    from .bench import runner, step_cases, step_outputs
+
+    wrong = _given(args, SEQUENCE_OPTIONS + (STEP_OPTIONS if args.from_csv is not None else ()))
+    if wrong:
+        what = "re-renders a run's table and plot" if args.from_csv is not None else "times the models of --model"
+        raise ConfigError(f"--step-latency {what}; {', '.join(wrong)} do not apply: drop them")
+    if args.from_csv is not None:
+        paths = step_outputs.render_csv(args.from_csv, args.out or Path("."), args.name)
+        print(f"wrote {paths['md']} and {paths['png']}")
+        return 0
+    models, steps = step_cases.models_from(args.model), step_cases.check_steps(args.steps)
+    args.out, args.name = args.out or Path("bench/results"), args.name or "step-latency"
+    problem = runner.missing_requirements()
+    if problem:
+        print(f"prnn-tvm: error: {problem}", file=sys.stderr)
+        return 1
+    chosen = " ".join(f"--model {m.layers} {m.hidden} {m.batch} {m.dtype}" for m in models)
+    command = f"prnn-tvm bench --step-latency {chosen} --steps {steps} --chain {args.chain} --name {args.name}"
+    from .bench import step_latency
+
+    rows, histograms = step_latency.run(models, steps, args.chain, progress=not args.no_progress)
+    paths = step_outputs.write_outputs(rows, histograms, args.out, args.name, command)
+    print(paths["md"].read_text())
+    failed = sum(r.get("status") != "ok" for r in rows)
+    print(
+        f"{len(rows) - failed} of {len(rows)} rows measured, {failed} not (error rows); wrote "
+        f"{', '.join(str(p) for p in paths.values())}"
+    )
+    return 0
+
+
 def cmd_export(args) -> int:
     from .compiler import compile_cell
     from .runtime.exporting import export
 
     args.cell = _spec(args)
     target = "llvm" if args.cpu else "cuda"
+    if args.session and args.cpu:
+        raise PrnnError("--session exports a resident session's kernels, which run on the GPU: drop --cpu or --session")
     if target == "cuda" and args.arch is None and local_gpu() is None:
         raise PrnnError("no GPU here: name the inference GPU's architecture with --arch (e.g. --arch sm_90)")
     layer = compile_cell(
@@ -498,7 +579,7 @@ def cmd_export(args) -> int:
         target=target,
         arch=args.arch,
     )
-    path = export(layer, args.output)
+    path = export(layer, args.output, session=args.session)
     print(layer.report.format())
     print(f"exported    {path} ({path.stat().st_size} bytes; load it with prnn_tvm.load)")
     return 0

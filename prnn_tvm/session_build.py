@@ -12,7 +12,7 @@ from .codegen.build import build_functions
 from .errors import ConfigError
 from .frontend.plan import CellPlan
 from .schedules import session_kernel
-from .signature import session_launches
+from .signature import SessionSignature, session_launches
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,8 @@ class SessionKernels:
     """What a session of a CUDA layer runs (:func:`compile_session`), four launches of one module: ``resident``
     (``recurrent_session``, the layer's recurrent kernel in session mode: ``schedules/session.py``) and, on the
     caller's stream, ``publish``, ``collect`` and ``close`` (``prnn_tvm.codegen.session``). ``report``: the resident
-    kernel's config and ptxas figures, one line; ``source``: the module's CUDA source."""
+    kernel's config and ptxas figures, one line; ``source``: the module's CUDA source; ``functions``: the PrimFuncs
+    built into it, by name (an export with the session builds them into the layer's library)."""
 
     plan: CellPlan
     input_size: int
@@ -34,6 +35,15 @@ class SessionKernels:
     close: object
     config: object
     report: str
+    functions: dict
+
+    @property
+    def signature(self) -> SessionSignature:
+        """The session's launches as plain data (what :class:`~prnn_tvm.runtime.session.Session` runs)."""
+        p = self.plan
+        return SessionSignature(
+            p.cell.name, p.batch, p.hidden, p.dtype, p.outputs[0], self.resident, self.publish, self.collect, self.close
+        )
 
 
 def compile_session(layer) -> SessionKernels:
@@ -76,7 +86,17 @@ def compile_session(layer) -> SessionKernels:
             f"({' '.join(f'{k}={v}' for k, v in resident.config.as_dict().items())})"
         )
         layer._session = SessionKernels(
-            plan, layer.input_size, built.module, built.source, launch, publish, collect, close, resident.config, report
+            plan,
+            layer.input_size,
+            built.module,
+            built.source,
+            launch,
+            publish,
+            collect,
+            close,
+            resident.config,
+            report,
+            funcs,
         )
         log.info("session kernels of %s: %s", plan.cell.name, report)
     return layer._session

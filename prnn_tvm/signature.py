@@ -419,6 +419,43 @@ def session_launches(resident: Launch, input_size: int, width: int, dtype: str, 
     )
 
 
+@dataclass(frozen=True)
+class SessionSignature:
+    """A resident session's interface as plain data: what :class:`prnn_tvm.runtime.session.Session` runs, and what an
+    exported library carries for one (``prnn_tvm.export(..., session=True)``). The layer's ``cell``, shapes and
+    ``dtype``, ``output`` (the state a step returns as its output) and the four launches: ``resident``
+    (:func:`with_session`), ``publish``, ``collect`` and ``close`` (:func:`session_launches`)."""
+
+    cell: str
+    batch: int
+    hidden: int
+    dtype: str
+    output: str
+    resident: Launch
+    publish: Launch
+    collect: Launch
+    close: Launch
+
+    ROLES = ("resident", "publish", "collect", "close")
+
+    @property
+    def launches(self) -> tuple:
+        return tuple(getattr(self, role) for role in self.ROLES)
+
+    @property
+    def input_size(self) -> int:
+        return int(self.publish.arg("x").shape[1])
+
+    def as_dict(self) -> dict:
+        found = {"cell": self.cell, "batch": self.batch, "hidden": self.hidden, "dtype": self.dtype}
+        return {**found, "output": self.output, **{role: getattr(self, role).as_dict() for role in self.ROLES}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SessionSignature:
+        launches = (Launch.from_dict(d[role]) for role in cls.ROLES)
+        return cls(d["cell"], int(d["batch"]), int(d["hidden"]), d["dtype"], d["output"], *launches)
+
+
 def gpu_backward_args(
     batch: int,
     hidden: int,

@@ -47,3 +47,28 @@ def test_tiny_run_measures_checks_and_writes_outputs(tmp_path):
     assert [r["status"] for r in back] == ["ok", "ok", "error", "ok", "ok", "error"]
     assert back[0]["cudnn_ms"] == pytest.approx(rows[0]["cudnn_ms"])
     assert "## lstm float32" in paths["md"].read_text() and paths["png"].stat().st_size > 10_000
+
+
+def test_a_tiny_step_latency_run_measures_every_mode_and_writes_its_files(tmp_path, capsys):
+    """``prnn-tvm bench --step-latency`` at a tiny size: every mode of each model measured in one run (ours and
+    cuDNN's, input on the host and on the GPU, the chains), and its four files written."""
+    pytest.importorskip("torch", reason="the benchmark's baselines need PyTorch")
+    if runner.missing_requirements():
+        pytest.skip(runner.missing_requirements())
+    from prnn_tvm.bench import step_table
+    from prnn_tvm.cli import main
+
+    argv = ["bench", "--step-latency", "--model", "2", "64", "1", "float32", "--model", "1", "128", "8", "float16"]
+    assert main([*argv, "--steps", "300", "--chain", "10", "--out", str(tmp_path), "--name", "t", "--no-progress"]) == 0
+    rows, histograms = step_table.read(tmp_path / "t.csv")
+    assert [(r["model"], r["mode"], r["status"]) for r in rows] == [
+        (model, mode, "ok")
+        for model in ("LSTM 2x64 B=1 float32", "LSTM 1x128 B=8 float16")
+        for mode in step_table.MODES
+    ]
+    for row in rows:
+        assert 0 < row["min_us"] <= row["p50_us"] <= row["p99_us"], row
+        assert row["samples"] == (300 if row["input"] != "graph" else 50)
+        assert row["session"].startswith("recurrent_session")
+    assert sum(b["count"] for b in histograms) == 300 * 6 * 2
+    assert (tmp_path / "t.png").is_file() and "| LSTM 2x64 B=1 float32 |" in (tmp_path / "t.md").read_text()

@@ -2,6 +2,7 @@
 steps, releases and relaunches, the state operations, the caller's stream and CUDA graphs, bounded waits, the
 SMs a session holds, a process that exits with a session open, and 10^6 steps against the sequence call."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -208,7 +209,7 @@ def test_sessions_hold_sms_and_the_next_is_refused_with_what_fits():
     layer, inputs = _layer("lstm", 1024, 4, 64)
     first = _session(layer, inputs, release_after=None)  # resident until closed, however slow the host
     first.step(np.zeros((4, 64), "float32"))
-    ctas = first.kernels.resident.grid.ctas
+    ctas = first.signature.resident.grid.ctas
     second = _session(layer, inputs, release_after=None)
     try:
         if 2 * ctas <= 132 - 4:
@@ -299,3 +300,51 @@ def test_a_torch_modules_session_steps_as_torch_nn_runs_the_sequence():
         assert (c - c_n).abs().max().item() <= tolerance("float32", 10)
         state = session.state
         assert (state[0] - h_n).abs().max().item() <= tolerance("float32", 10)
+
+
+LOADED_SESSION = textwrap.dedent("""
+    import sys, numpy as np, tvm
+    import prnn_tvm
+    layer = prnn_tvm.load(sys.argv[1])
+    data = np.load(sys.argv[2])
+    weights = {k[2:]: data[k] for k in data.files if k.startswith("w_")}
+    names = [k[5:] for k in data.files if k.startswith("want_")]
+    with layer.session(**weights, collect_timeout_us=10_000_000, barrier_timeout_us=10_000_000) as session:
+        for t, x in enumerate(data["xs"]):
+            y, states = session.step(x)
+            worst = max(float(np.abs(states[n] - data["want_" + n][t]).max()) for n in names)
+            assert worst <= float(data["tolerance"]), f"step {t}: error {worst}"
+        assert session.launches == 1
+    maps = open("/proc/self/maps").read()
+    assert tvm.base._RUNTIME_ONLY and "libtvm_compiler" not in maps, "the TVM compiler was loaded"
+    print("loaded session ok", len(data["xs"]))
+""")
+
+
+@pytest.mark.parametrize(
+    "cell, hidden, batch, input_size, dtype", [("lstm_d2", 128, 1, 64, "float32"), ("gru", 96, 4, 40, "float16")]
+)
+def test_an_exported_session_runs_with_the_runtime_only(cell, hidden, batch, input_size, dtype, tmp_path):
+    """export(session=True), then load in a fresh process with TVM's runtime alone: the loaded layer's session
+    serves each step as the float64 reference computes it, in one launch."""
+    layer, inputs = _layer(cell, hidden, batch, input_size, dtype)
+    path = prnn_tvm.export(layer, tmp_path / f"{cell}.so", session=True)
+    T = 30
+    xs = np.random.default_rng(5).standard_normal((T, batch, input_size)).astype(dtype)
+    want, _ = _reference(layer.plan, inputs, xs)
+    np.savez(
+        tmp_path / "io.npz",
+        xs=xs,
+        tolerance=tolerance(dtype, T),
+        **{f"w_{k}": v for k, v in inputs.items() if k != "x"},
+        **{f"want_{n}": np.stack([w[n] for w in want]) for n in want[0]},
+    )
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_SESSION, str(path), str(tmp_path / "io.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "loaded session ok 30" in done.stdout, done.stderr[-2000:]

@@ -127,7 +127,8 @@ def test_a_cpu_layer_has_no_session():
 def test_bad_session_options_are_refused_before_anything_runs(option, value):
     layer = prnn_tvm.compile_cell("lstm", 8, 2, target="cuda", arch="sm_90")
     with pytest.raises(InputError, match=option):
-        Session(compile_session(layer), {}, **{option: value})
+        kernels = compile_session(layer)
+        Session(kernels.signature, kernels.module, {}, **{option: value})
 
 
 def test_a_torch_modules_session_is_refused_where_it_cannot_run():

@@ -52,6 +52,13 @@ def render_csv(csv_path: str | Path, out_dir: str | Path, name: str | None = Non
     it): writing over them is refused, as is a folder that does not exist."""
     csv_path, out_dir = Path(csv_path), Path(out_dir)
     rows = read_csv(csv_path)
+    name = rendered_name(csv_path, out_dir, name)
+    return render(rows, out_dir, name, command or command_beside(csv_path))
+
+
+def rendered_name(csv_path: Path, out_dir: Path, name: str | None) -> str:
+    """The stem the files re-rendered from ``csv_path`` into ``out_dir`` get (``name``, default the CSV's); InputError
+    where the folder does not exist or they would overwrite the run's own files beside the CSV."""
     name = name or csv_path.stem
     if not out_dir.is_dir():
         raise InputError(f"{out_dir} is not a folder; --out names an existing folder for the re-rendered files")
@@ -60,10 +67,10 @@ def render_csv(csv_path: str | Path, out_dir: str | Path, name: str | None = Non
             f"re-rendering {csv_path} would overwrite {csv_path.with_suffix('.md')} and its plot, the "
             "run's own files; pass --out DIR (another folder) or --name NAME"
         )
-    return render(rows, out_dir, name, command or _command_beside(csv_path))
+    return name
 
 
-def _command_beside(csv_path: Path) -> str | None:
+def command_beside(csv_path: Path) -> str | None:
     """The command a run's own table names (its indented ``prnn-tvm bench`` line), if the table is there."""
     md = csv_path.with_suffix(".md")
     lines = md.read_text(errors="replace").splitlines() if md.is_file() else []

@@ -193,7 +193,7 @@ def run(
             row.update(status="error", error=f"{type(err).__name__}: {err}")
             log.warning("%s: %s", case.label, row["error"].splitlines()[0])
             last = f"{case.label} error"
-            _recover(torch)
+            recover(torch)
         rows.append(row)
     return rows
 
@@ -214,7 +214,7 @@ def _summary(row: dict) -> str:
     return "us/step: " + ", ".join(parts)
 
 
-def _recover(torch) -> None:
+def recover(torch) -> None:
     """After a failed case: wait for the GPU and free cached memory, so the next case starts clean."""
     try:
         torch.cuda.synchronize()

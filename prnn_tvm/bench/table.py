@@ -11,14 +11,12 @@ times (``*_host_us``) microseconds per call.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
 
-from ..errors import InputError
-from ..files import MiB, regular_file
 from ..schedules import knob_short_names, knob_text
+from .csv_rows import CsvSchema
 
 CASE_COLUMNS = ["cell", "dtype", "hidden", "batch", "seq_len", "status", "error"]
 CONFIG_COLUMNS = ["config", "config_origin", "ctas", "threads", "registers", "spill_bytes", "compile_s"]
@@ -63,19 +61,19 @@ SERIES = {
 }
 
 
+SCHEMA = CsvSchema(
+    "benchmark CSV",
+    tuple(COLUMNS),
+    tuple(CASE_COLUMNS),
+    frozenset(_INT),
+    frozenset(_TEXT),
+    "prnn_tvm.bench.table.COLUMNS",
+)
+
+
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     """Write rows with exactly :data:`COLUMNS` (missing values as empty cells; unknown keys are refused)."""
-    for row in rows:
-        unknown = set(row) - set(COLUMNS)
-        if unknown:
-            raise ValueError(f"not benchmark columns: {', '.join(sorted(unknown))}")
-    path = Path(path)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in COLUMNS})
-    return path
+    return SCHEMA.write(rows, path)
 
 
 def read_csv(path: str | Path) -> list[dict]:
@@ -84,32 +82,7 @@ def read_csv(path: str | Path) -> list[dict]:
     InputError when the file is missing, has no rows, lacks a case column or holds a
     value that is not a number where a number belongs.
     """
-    path = Path(path)
-    if regular_file(path, "benchmark CSV", "a .csv file written by prnn-tvm bench", 64 * MiB, InputError) is None:
-        raise InputError(f"{path}: no such benchmark CSV")
-    with path.open(newline="", errors="replace") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in CASE_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise InputError(
-                f"{path} is not a benchmark CSV: it has no column(s) {', '.join(missing)} (written by "
-                "prnn-tvm bench, it has the columns of prnn_tvm.bench.table.COLUMNS)"
-            )
-        try:
-            rows = [{k: _parse(k, v) for k, v in row.items()} for row in reader]
-        except ValueError as err:
-            raise InputError(f"{path}, line {reader.line_num}: {err}") from err
-    if not rows:
-        raise InputError(f"{path} has a header but no benchmark rows")
-    return rows
-
-
-def _parse(key: str, text: str | None):
-    if text is None or text == "":
-        return None
-    if key in _TEXT or key not in COLUMNS:
-        return text
-    return int(float(text)) if key in _INT else float(text)
+    return SCHEMA.read(path)
 
 
 def per_step_us(row: dict, column: str) -> float | None:

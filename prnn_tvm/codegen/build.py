@@ -153,9 +153,12 @@ def build_module(
 ) -> Built:
     """Compile the layer's functions (input projection, recurrent kernel) into one module (see
     :func:`build_functions`)."""
-    return build_functions(
-        {"recurrent": kernel.func, "projection": projection_func(plan, input_size, target)}, target, gpu
-    )
+    return build_functions(layer_functions(plan, kernel, input_size, target), target, gpu)
+
+
+def layer_functions(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target) -> dict:
+    """A layer's functions by name, as its module holds them: the recurrent kernel and the input projection."""
+    return {"recurrent": kernel.func, "projection": projection_func(plan, input_size, target)}
 
 
 def generated_source(funcs: dict, target: tvm.target.Target) -> str:

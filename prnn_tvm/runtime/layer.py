@@ -23,7 +23,7 @@ from ..session_build import compile_session
 from ..signature import Signature
 from ..target import GpuSpec, local_gpu
 from .base import RuntimeLayer
-from .session import FREE_SMS, RELEASE_AFTER_S, Session
+from .session import FREE_SMS, RELEASE_AFTER_S, open_session
 
 
 class Layer(RuntimeLayer):
@@ -143,12 +143,8 @@ class Layer(RuntimeLayer):
         :class:`~prnn_tvm.runtime.session.Session` pass through. A stack serves a step per call as a deep stack
         (compile ``"<cell>_d<layers>"``)."""
         kernels = compile_session(self)
-        options = {
-            k: arrays.pop(k) for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us") if k in arrays
-        }
-        initial = {name[:-1]: arrays.pop(name) for name in [f"{s.name}0" for s in self.plan.states] if name in arrays}
         self.device  # noqa: B018 - refuses a layer that holds CUDA source only, saying so
-        return Session(kernels, arrays, initial, release_after=release_after, free_sms=free_sms, **options)
+        return open_session(kernels.signature, kernels.module, arrays, release_after=release_after, free_sms=free_sms)
 
     @property
     def device(self) -> tvm.runtime.Device:

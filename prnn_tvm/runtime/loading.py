@@ -29,8 +29,9 @@ import tvm_ffi
 
 from ..errors import LoadError
 from ..files import MiB, regular_file
-from ..signature import Grid, GridSync, Launch, Signature, projection_launch, recurrent_args
+from ..signature import Grid, GridSync, Launch, SessionSignature, Signature, projection_launch, recurrent_args
 from .base import RuntimeLayer
+from .session import FREE_SMS, RELEASE_AFTER_S, Session, open_session
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,38 @@ class LoadedLayer(RuntimeLayer):
     ``layer(x, W_ih, b_ih, W_hh, b_hh, h0, c0)`` returns ``(out, (h_n, c_n))``; the
     weights are arguments, not part of the library. ``metadata`` is the library's
     description (cell and math hash, shapes, arch, config, versions, argument layout).
+    ``session_signature``: the launches of a resident session, where the library carries them
+    (exported with ``session=True``), else None.
     """
 
-    def __init__(self, path: Path, metadata: dict, signature: Signature, module, device: tvm.runtime.Device):
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict,
+        signature: Signature,
+        module,
+        device: tvm.runtime.Device,
+        session_signature: SessionSignature | None = None,
+    ):
         self.path, self.metadata = path, metadata
         self._device = device
         super().__init__(signature, module, metadata["target"] == "cuda")
         self.cell, self.batch, self.hidden = metadata["cell"], metadata["batch"], metadata["hidden"]
+        self.session_signature = session_signature
+
+    def session(self, *, release_after: float = RELEASE_AFTER_S, free_sms: int = FREE_SMS, **arrays) -> Session:
+        """A resident session of this layer, as a compiled layer's ``session()`` opens it (same arguments, same
+        :class:`~prnn_tvm.runtime.session.Session`), from the session kernels the library carries: a library
+        exported with ``session=True`` (``prnn-tvm export --session``) for CUDA."""
+        if self.session_signature is None:
+            what = "CUDA" if self.is_cuda else "CPU"
+            fix = (
+                "export the layer again with prnn_tvm.export(layer, path, session=True) (prnn-tvm export --session)"
+                if self.is_cuda
+                else "a session runs on the GPU: export the CUDA layer with session=True"
+            )
+            raise LoadError(f"{self.path.name} holds a {what} layer without session kernels; {fix}")
+        return open_session(self.session_signature, self.module, arrays, release_after=release_after, free_sms=free_sms)
 
     @property
     def device(self) -> tvm.runtime.Device:
@@ -251,6 +277,28 @@ def _schema_1_signature(spec: dict, config: dict) -> Signature:
     return Signature(spec["cell"], B, H, spec["input_size"], dtype, (projection, Launch("recurrent", args, grid, sync)))
 
 
+def session_signature_of(path: Path, metadata: dict) -> SessionSignature | None:
+    """The session launches the library at ``path`` carries (its metadata's ``session``), None where it carries
+    none; LoadError where they are damaged or do not belong to the layer."""
+    found = metadata.get("session")
+    if found is None:
+        return None
+    try:
+        session = SessionSignature.from_dict(found)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise LoadError(
+            f"{path.name}: its session metadata is damaged ({type(err).__name__}: {err}); export the layer again"
+        ) from err
+    theirs = (session.cell, session.batch, session.hidden, session.dtype)
+    ours = (metadata["cell"], metadata["batch"], metadata["hidden"], metadata["dtype"])
+    if theirs != ours or metadata["target"] != "cuda":
+        raise LoadError(
+            f"{path.name}: its session kernels are for {theirs} on CUDA, the layer is {ours} on "
+            f"{metadata['target']}; it is damaged: export the layer again"
+        )
+    return session
+
+
 def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLayer:
     """Load an exported layer for inference; needs only the TVM runtime (and a GPU for a CUDA layer).
 
@@ -274,6 +322,7 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
         raise LoadError(
             f"{path.name}: its metadata is damaged ({type(err).__name__}: {err}); export the layer again"
         ) from err
+    session = session_signature_of(path, metadata)
     if metadata["target"] == "cuda":
         _ensure_cuda_runtime()
         device = device if device is not None else tvm.cuda(0)
@@ -290,10 +339,10 @@ def load(path: str | Path, device: tvm.runtime.Device | None = None) -> LoadedLa
         module = tvm.runtime.load_module(str(mapped))
     except Exception as err:  # TVM's loader error: keep its first line
         raise LoadError(f"TVM cannot load {path.name}: {first_line(err)}") from err
-    for launch in signature.launches:
+    for launch in (*signature.launches, *(session.launches if session else ())):
         if not module.implements_function(launch.function, True):
             raise LoadError(f"{path.name} has no '{launch.function}' function; it is damaged or not a prnn-tvm layer")
-    layer = LoadedLayer(path, metadata, signature, module, device)
+    layer = LoadedLayer(path, metadata, signature, module, device, session)
     log.info("loaded %r", layer)
     return layer
 

@@ -41,7 +41,7 @@ import tvm
 import tvm_ffi
 
 from ..errors import InputError, PrnnError, SessionError
-from ..signature import FREE_SMS, REQUESTS, RESPONSES, ArgRole
+from ..signature import FREE_SMS, REQUESTS, RESPONSES, ArgRole, SessionSignature
 from ..signature import SESSION_IDLE as IDLE
 from ..target import gpu_spec, resident_ctas
 from .base import DEFAULT_TIMEOUT_US, HostWord
@@ -59,12 +59,15 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()  # sessions of this process whose res
 
 
 class Session:
-    """A resident session of a compiled CUDA layer; see the module's doc. Make one with ``layer.session()``.
+    """A resident session of a CUDA layer; see the module's doc. Make one with ``layer.session()`` (a compiled
+    layer's, or a loaded one's: :func:`open_session`).
 
     Parameters
     ----------
-    kernels : prnn_tvm.compiler.SessionKernels
-        The session's kernels (``compile_session``).
+    signature : prnn_tvm.signature.SessionSignature
+        The session's launches (``compile_session(layer).signature``, or an exported library's).
+    module : tvm.runtime.Module
+        The module holding them.
     weights : dict
         ``W_ih``, ``b_ih`` and the cell's recurrent weights and params by name: NumPy arrays (copied to the GPU
         once) or DLPack tensors on it (used in place: keep them unchanged while the session is open).
@@ -78,7 +81,8 @@ class Session:
 
     def __init__(
         self,
-        kernels,
+        signature: SessionSignature,
+        module,
         weights: dict,
         initial: dict | None = None,
         *,
@@ -101,7 +105,7 @@ class Session:
                 f"idle_timeout_s must exceed release_after ({release_after} s) and be at most 2147 s, "
                 f"got {idle_timeout_s!r}"
             )
-        self.kernels, self.plan = kernels, kernels.plan
+        self.signature = sig = signature
         self.release_after = None if release_after is None else float(release_after)
         self.free_sms = int(free_sms)
         self._scalars = {
@@ -113,32 +117,29 @@ class Session:
         self._collect_timeout_us = int(collect_timeout_us)
         self.device = tvm.cuda(0)
         self._lock = threading.RLock()
-        self._functions = {
-            launch.function: kernels.module[launch.function]
-            for launch in (kernels.resident, kernels.publish, kernels.collect, kernels.close)
-        }
-        resident = kernels.resident
+        self._functions = {launch.function: module[launch.function] for launch in sig.launches}
+        resident = sig.resident
         self.state_names = tuple(a.name[:-2] for a in resident.args if a.role is ArgRole.FINAL)
-        self.output_index = self.state_names.index(self.plan.outputs[0])
+        self.output_index = self.state_names.index(sig.output)
         self._weights = {}
-        for a in (*kernels.publish.args, *resident.args):
+        for a in (*sig.publish.args, *resident.args):
             if a.role in (ArgRole.WEIGHT, ArgRole.PARAM):
                 if a.name not in weights:
                     raise InputError(f"the session needs weight '{a.name}' ({' x '.join(map(str, a.shape))})")
                 self._weights[a.name] = place(a, weights[a.name], 0, self.device)[0]
         self._owned = {
             a.name: self._zeros(a)
-            for a in (*resident.args, kernels.publish.arg("control"))
+            for a in (*resident.args, sig.publish.arg("control"))
             if a.role in (ArgRole.WORKSPACE, ArgRole.SYNC)
         }
         self._running = self._closed = self._loaded = False
-        shape = (self.plan.batch, self.plan.hidden)
-        self._init = {n: tvm.runtime.tensor(np.zeros(shape, self.plan.dtype), self.device) for n in self.state_names}
-        self._final = {n: tvm.runtime.tensor(np.zeros(shape, self.plan.dtype), self.device) for n in self.state_names}
+        shape = (sig.batch, sig.hidden)
+        self._init = {n: tvm.runtime.tensor(np.zeros(shape, sig.dtype), self.device) for n in self.state_names}
+        self._final = {n: tvm.runtime.tensor(np.zeros(shape, sig.dtype), self.device) for n in self.state_names}
         if initial:
             self.set_state(initial)
-        self._x = self._zeros(kernels.publish.arg("x"))
-        self._states = self._zeros(kernels.collect.arg("states"))
+        self._x = self._zeros(sig.publish.arg("x"))
+        self._states = self._zeros(sig.collect.arg("states"))
         self._error = HostWord(self.device)
         self._stream = self.device.create_raw_stream()
         self._last_stream: int | None = None
@@ -165,11 +166,11 @@ class Session:
         :attr:`output_index`) GPU tensors (TVM's, or torch's and others' through DLPack), used in place."""
         with self._lock:
             publish, collect = self._prepared()
-            publish[self._x_at] = self._in_place("x", self.kernels.publish, x)
-            collect[self._out_at] = self._in_place("states", self.kernels.collect, out)
+            publish[self._x_at] = self._in_place("x", self.signature.publish, x)
+            collect[self._out_at] = self._in_place("states", self.signature.collect, out)
             self._start()
-            self._launch(self.kernels.publish, publish)
-            self._launch(self.kernels.collect, collect)
+            self._launch(self.signature.publish, publish)
+            self._launch(self.signature.collect, collect)
             self._last_stream, self._last_step = tvm_ffi.get_raw_stream(self.device), time.monotonic()
             self.steps += 1
 
@@ -177,7 +178,7 @@ class Session:
         """One step from the host: ``x`` a NumPy array (batch, input). Returns ``(y, states)``, NumPy: the output
         (batch, hidden) and every new state by name. Waits for the step (its own launches run on TVM's current
         stream)."""
-        arg = self.kernels.publish.arg("x")
+        arg = self.signature.publish.arg("x")
         if not isinstance(x, np.ndarray):
             raise InputError(
                 f"step takes a NumPy array (batch, input); for GPU tensors use post(x, out), got {type(x).__name__}"
@@ -206,25 +207,28 @@ class Session:
             raise InputError(f"unknown state(s) {sorted(unknown)}; this session's: {', '.join(self.state_names)}")
         with self._lock:
             self._stop()
+            sig = self.signature
             for name, value in states.items():
                 value = np.asarray(value)
-                check(name, tuple(value.shape), str(value.dtype), (self.plan.batch, self.plan.hidden), self.plan.dtype)
+                check(name, tuple(value.shape), str(value.dtype), (sig.batch, sig.hidden), sig.dtype)
                 self._copy_in(self._init[name], value)
 
     def reset(self, rows=None) -> None:
         """Zero every state of the batch rows ``rows`` (all rows when None): a new utterance or episode there."""
-        self._edit(lambda value: _zero_rows(value, rows, self.plan.batch))
+        self._edit(lambda value: _zero_rows(value, rows, self.signature.batch))
 
     def reorder(self, index) -> None:
         """Row ``b`` of every state becomes row ``index[b]``'s (beam search's reordering of hypotheses)."""
         index = np.asarray(index)
         if (
-            index.shape != (self.plan.batch,)
+            index.shape != (self.signature.batch,)
             or index.dtype.kind not in "iu"
             or index.min(initial=0) < 0
-            or index.max(initial=0) >= self.plan.batch
+            or index.max(initial=0) >= self.signature.batch
         ):
-            raise InputError(f"index must hold {self.plan.batch} row numbers in [0, {self.plan.batch}), got {index!r}")
+            raise InputError(
+                f"index must hold {self.signature.batch} row numbers in [0, {self.signature.batch}), got {index!r}"
+            )
         self._edit(lambda value: value[index])
 
     def close(self) -> None:
@@ -287,7 +291,7 @@ class Session:
     def _prepared(self) -> tuple:
         """The publish's and the collect's arguments, but for ``x`` and ``states`` (made once)."""
         if self._arguments is None:
-            publish, collect = self.kernels.publish, self.kernels.collect
+            publish, collect = self.signature.publish, self.signature.collect
             self._x_at = [a.name for a in publish.args].index("x")
             self._out_at = [a.name for a in collect.args].index("states")
             self._arguments = (self._values(publish, {"x": None}), self._values(collect, {"states": None}))
@@ -298,12 +302,12 @@ class Session:
             self._functions[launch.function](*values)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
             raise SessionError(
-                f"launching '{launch.function}' of a {self.plan.cell.name} session failed: {err}"
+                f"launching '{launch.function}' of a {self.signature.cell} session failed: {err}"
             ) from err
 
     def _values(self, launch, given: dict) -> list:
         scalars = {**self._scalars, "error_host": self._error.address}
-        if launch is self.kernels.collect:
+        if launch is self.signature.collect:
             scalars["timeout_us"] = self._collect_timeout_us
         values = []
         for a in launch.args:
@@ -332,14 +336,14 @@ class Session:
         self._raise_on_error()
         if self._running:
             return
-        grid = self.kernels.resident.grid
+        grid = self.signature.resident.grid
         gpu = gpu_spec()
-        held = sum(s.kernels.resident.grid.ctas for s in list(_OPEN) if s is not self and s._running)
+        held = sum(s.signature.resident.grid.ctas for s in list(_OPEN) if s is not self and s._running)
         room = gpu.sms - self.free_sms - held
         fit = resident_ctas(grid, gpu)
         if grid.ctas > min(room, fit):
             raise SessionError(
-                f"a {self.plan.cell.name} session needs {grid.ctas} SMs (a CTA each) and leaves {self.free_sms} free; "
+                f"a {self.signature.cell} session needs {grid.ctas} SMs (a CTA each) and leaves {self.free_sms} free; "
                 f"this {gpu.device_name or gpu.arch} has {gpu.sms} and open sessions of this process hold {held}: "
                 f"{max(0, min(room, fit))} are left. Close a session, lower free_sms, or compile a layer over fewer "
                 "CTAs (a config with more units per CTA)"
@@ -347,7 +351,7 @@ class Session:
         if not self._loaded:
             self._load_small_kernels()
         with tvm_ffi.use_raw_stream(self.device, self._stream):
-            self._call(self.kernels.resident, {})
+            self._call(self.signature.resident, {})
         self._running = True
         self.launches += 1
         _OPEN.add(self)
@@ -364,11 +368,11 @@ class Session:
         sync = np.zeros(scratch["sync"].shape, "uint32")
         sync[2] = 0xFFFFFFFF  # base + step 0 + 1 == 0: the zero response words carry the tag the collect wants
         self._copy_in(scratch["sync"], sync)
-        states = self._zeros(self.kernels.collect.arg("states"))
+        states = self._zeros(self.signature.collect.arg("states"))
         for launch, given in (
-            (self.kernels.publish, {"x": self._x}),
-            (self.kernels.collect, {"states": states}),
-            (self.kernels.close, {}),
+            (self.signature.publish, {"x": self._x}),
+            (self.signature.collect, {"states": states}),
+            (self.signature.close, {}),
         ):
             mine = {a.name: scratch[a.name] for a in launch.args if a.name in scratch}
             self._call(launch, {**mine, **given})
@@ -382,7 +386,7 @@ class Session:
             return
         try:
             with tvm_ffi.use_raw_stream(self.device, self._last_stream or 0):
-                self._call(self.kernels.close, {})
+                self._call(self.signature.close, {})
             self.device.sync(self._stream)
         finally:
             self._running = False
@@ -437,7 +441,7 @@ class Session:
         step = recorded - 1
         if step & IDLE:
             raise SessionError(
-                f"a {self.plan.cell.name} session's resident kernel waited {self._scalars['idle_us'] / 1e6:g} s "
+                f"a {self.signature.cell} session's resident kernel waited {self._scalars['idle_us'] / 1e6:g} s "
                 f"(idle_timeout_s) for the request of step {step & ~IDLE} of its launch and left just as that request "
                 "was on its way, so the step was lost. The host was held meanwhile: a kernel launched for the first "
                 "time (CUDA loads modules lazily, and a load waits for every running kernel: launch what you need "
@@ -445,10 +449,39 @@ class Session:
                 "synchronization or a free of device memory. The session is closed; open a new one"
             )
         raise SessionError(
-            f"a {self.plan.cell.name} session timed out at step {step} of its launch: a block of the resident kernel "
+            f"a {self.signature.cell} session timed out at step {step} of its launch: a block of the resident kernel "
             "or the collect waited longer than its bound (a block that never ran, or a resident kernel that could "
             "not start beside other kernels). That step's states are NaN and the session is closed; open a new one"
         )
+
+
+def open_session(
+    signature: SessionSignature,
+    module,
+    arrays: dict,
+    *,
+    release_after: float = RELEASE_AFTER_S,
+    free_sms: int = FREE_SMS,
+) -> Session:
+    """A :class:`Session` of ``signature``'s launches in ``module`` (what ``layer.session(**arrays)`` opens, for a
+    compiled layer and a loaded one alike). ``arrays``: ``W_ih``, ``b_ih`` and the cell's weights and params by the
+    names a call takes, optionally the initial states by the names a call takes them (``h0``, ``c0``, ...), and
+    :class:`Session`'s keyword options; any other name is refused, listing the accepted ones."""
+    arrays = dict(arrays)
+    options = {k: arrays.pop(k) for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us") if k in arrays}
+    states = [a.name for a in signature.resident.args if a.role is ArgRole.STATE]
+    initial = {name[:-1]: arrays.pop(name) for name in states if name in arrays}
+    weights = [
+        a.name for a in (*signature.publish.args, *signature.resident.args) if a.role in (ArgRole.WEIGHT, ArgRole.PARAM)
+    ]
+    unknown = sorted(set(arrays) - set(weights))
+    if unknown:
+        raise InputError(
+            f"a {signature.cell} session takes no {', '.join(map(repr, unknown))}; it takes the weights "
+            f"{', '.join(dict.fromkeys(weights))}, the initial states {', '.join(states)} and the options "
+            "release_after, free_sms, idle_timeout_s, barrier_timeout_us, collect_timeout_us"
+        )
+    return Session(signature, module, arrays, initial, release_after=release_after, free_sms=free_sms, **options)
 
 
 class _Reaper:
