@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 from .arguments import parameter_suffix
 from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
+from .fallback import refusal, run_in_torch
 from .projection import project
 from .sequences import reversal_within
 
@@ -69,11 +70,12 @@ class Dispatch(BatchBuckets):
     """The part of a prnn_tvm.torch module that picks and runs compiled layers. It keeps, on the module:
     ``_layers`` (``(batch, device type, index, dtype, input size or "stack" / "bidirectional")`` -> layer),
     ``_kept`` (the batch sizes whose layers are kept, :class:`~prnn_tvm.torch.buckets.KeptShapes`),
-    ``_launch_notes``, ``stack_notes``, ``direction_notes``, ``_launchers``,
+    ``_launch_notes``, ``stack_notes``, ``direction_notes``, ``_fallbacks``, ``fallback_notes``, ``_launchers``,
     ``_side_streams`` and ``_captured``; it reads the module's options (``cell``, ``hidden_size``, ``arch``,
     ``config``, ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``,
     ``concurrent_directions``, ``batch_buckets``, ``kept_batch_sizes``). A call pads its rows to the batch size
-    of a bucket (:class:`~prnn_tvm.torch.buckets.BatchBuckets`)."""
+    of a bucket (:class:`~prnn_tvm.torch.buckets.BatchBuckets`); a layer that no config of prnn-tvm's places runs
+    on torch.nn's kernels where the cell is one of torch.nn's (:mod:`~prnn_tvm.torch.fallback`)."""
 
     def layer_for(
         self, batch: int, device: torch.device, dtype: torch.dtype | None = None, input_size: int | None = None
@@ -249,7 +251,12 @@ class Dispatch(BatchBuckets):
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
             both = None if grad else self.directions_for(x.shape[1], x.device, x.dtype, out.shape[2])
-            if both is not None:  # the layer's directions in one launch: its output in torch's order
+            if both is None and refusal(self, layer, x.shape[1], x.device, x.dtype, out.shape[2], grad):
+                out, ends = run_in_torch(self, layer, out, initial, lengths, padding)  # no prnn-tvm config fits
+                for k, end in enumerate(ends):
+                    for direction in range(directions):
+                        finals[k][layer * directions + direction] = end[direction]
+            elif both is not None:  # the layer's directions in one launch: its output in torch's order
                 pairs = [t[layer * directions + direction] for direction in range(directions) for t in initial]
                 out, ends = self._run(
                     both, self._launch_arguments(both, out, parameter_suffix(layer, 0), pairs, lengths)
