@@ -3,15 +3,18 @@ bounded set of batch sizes whose compiled layers a module keeps.
 
 Batch is a compile-time constant of a kernel, so without buckets every new batch size compiles a layer (seconds:
 TVM, and nvcc on the GPU) and keeps it. With them a call of ``B`` rows runs the layers compiled for the smallest
-bucket of at least ``B`` rows: its input and initial states are padded with zero rows, the padded rows get length
-0 (the kernels keep a row past its length at its initial state and write zeros: nothing of it reaches a real row,
-a product or a weight's gradient), and only the caller's rows come back.
+bucket of at least ``B`` rows: its input and initial states are padded with zero rows and only the caller's rows
+come back. Rows never meet in a kernel (each row's recurrence reads its own state alone), so the padded rows cannot
+change the caller's; where autograd tracks the call, or rows have lengths, the padded rows get length 0 (the kernels
+keep a row past its length at its initial state and write zeros), so that nothing of them reaches a product or a
+weight's gradient either; an inference call without lengths runs them on zeros and slices them off.
 
 The default buckets: powers of two up to 64, then multiples of 64 (a batch of 1..64 compiles at most 7 layers).
-Below 64 rows a persistent step costs its barrier and the on-chip weights' reads, nearly flat in the rows (the
-exchanged state is ``rows x hidden``), so a padded row costs little, and halving the kernels per doubling keeps
-their number logarithmic; from 64 rows up the products grow with the rows, and multiples of 64 waste at most 63
-rows (under half from 65 rows, under a quarter from 256). On the GPU a half layer's products run on tensor cores,
+At small batch a persistent step is its barrier and the reads of weights that stay on chip, and a padded row adds
+only its share of the exchanged state (``rows x hidden``) and of the products, so padding up to the next power of
+two costs little while halving the kernels per doubling; from 64 rows up the products dominate and grow with the
+rows, and multiples of 64 waste at most 63 rows (under half from 65 rows, under a quarter from 256). (Reasoned, not
+yet measured per row on the GPU.) On the GPU a half layer's products run on tensor cores,
 whose tile takes 8 rows (``mma`` m16n8k16's N): its kernel already pads the batch to 8, so its buckets start at 8.
 """
 
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 
 POWERS_UP_TO = 64  # the default buckets: powers of two up to this, then its multiples
 KEPT_BATCH_SIZES = 8  # the default bound on the batch sizes (with device and dtype) a module keeps layers for
+_POLICY_OF = {getattr(torch, p.torch_type): p for p in POLICIES.values()}  # a torch dtype's policy
 
 
 class Padding(NamedTuple):
@@ -68,7 +72,7 @@ def checked_bound(value, kind: str = "module") -> int:
 def row_tile(device: torch.device, dtype: torch.dtype) -> int:
     """The rows a kernel's products take at once on ``device`` in ``dtype``: a tensor-core tile's columns (N of
     the dtype's ``mma`` shape) for a half layer on the GPU, else 1."""
-    policy = POLICIES.get(str(dtype).removeprefix("torch."))
+    policy = _POLICY_OF.get(dtype)
     if device.type != "cuda" or policy is None or policy.mma is None:
         return 1
     return mma_dims(policy.mma.shape)[1]
@@ -90,12 +94,16 @@ def bucket(batch: int, buckets, tile: int = 1) -> int:
     return -(-batch // buckets[-1]) * buckets[-1]
 
 
-def padded(x: torch.Tensor, initial: list, lengths: torch.Tensor | None, rows: int) -> tuple:
+def padded(x: torch.Tensor, initial: list, lengths: torch.Tensor | None, rows: int, stop: bool) -> tuple:
     """``(x, initial, lengths)`` with zero rows appended up to ``rows``: ``x`` (T, B, F), each initial state
-    (slots, B, H); the lengths of the caller's rows as given (None: the whole sequence), the padded rows' 0."""
+    (slots, B, H). ``stop``: the padded rows get length 0 (the caller's rows theirs, or the whole sequence), so that
+    nothing of them reaches a product or a weight's gradient (a call autograd tracks, or one with lengths); else
+    they run the whole sequence on zeros, to be sliced off (rows never meet in a kernel: no lengths to make)."""
     extra = rows - x.shape[1]
     x = torch.nn.functional.pad(x, (0, 0, 0, extra))
     initial = [torch.nn.functional.pad(t, (0, 0, 0, extra)) for t in initial]
+    if not stop:
+        return x, initial, None
     steps = torch.full((rows,), x.shape[0], dtype=torch.int32, device=x.device)
     if lengths is not None:
         steps[: rows - extra] = lengths
@@ -191,7 +199,8 @@ class BatchBuckets:
         self._keep((rows, device.type, device.index, x.dtype), pinned=capturing)
         if rows == B:
             return self._run_rows(x, initial, lengths, grad)
-        out, finals = self._run_rows(*padded(x, initial, lengths, rows), grad, Padding(B, lengths))
+        stop = grad or lengths is not None
+        out, finals = self._run_rows(*padded(x, initial, lengths, rows, stop), grad, Padding(B, lengths))
         return out[:, :B].contiguous(), [[f[:B] for f in state] for state in finals]
 
     def _keep(self, group: tuple, pinned: bool = False) -> None:
