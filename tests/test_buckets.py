@@ -122,23 +122,6 @@ def test_training_with_buckets_matches_torch_nn(packed):
     assert _gradient_error(want, got) <= 1e-5
 
 
-def test_dropout_draws_the_callers_rows_masks():
-    """Dropout between layers of a padded call (3 rows as 4): from one seed torch.nn's masks, so its outputs and
-    gradients."""
-    ref = _reference("lstm", input_size=4, hidden_size=6, num_layers=3, dropout=0.5).train()
-    fast = pt.from_torch(ref)
-    x = torch.randn(5, 3, 4, requires_grad=True)
-    results = []
-    for module in (ref, fast):
-        for t in (x, *ref.parameters()):
-            t.grad = None
-        torch.manual_seed(11)
-        out, _ = module(x)
-        out.square().sum().backward()
-        results.append([out.detach(), x.grad.clone(), *(p.grad.clone() for p in ref.parameters())])
-    assert max_error(zip(*results)) <= 1e-5
-
-
 def test_the_least_recently_called_batch_sizes_are_dropped(compiles):
     """Two batch sizes kept: a third drops the least recently called one's layers (their memory with them), and
     calling it again compiles it again."""
