@@ -4,6 +4,7 @@ a bounded number of batch sizes kept (CPU build here; CUDA with ``-m gpu``)."""
 import gc
 import random
 import weakref
+from types import SimpleNamespace
 
 import pytest
 
@@ -140,6 +141,22 @@ def test_the_least_recently_called_batch_sizes_are_dropped(compiles):
         x = torch.randn(2, 2, 3)
         assert max_error([(fast(x)[0], ref(x)[0])]) <= tolerance("float32", 2)
     assert compiles == [1, 2, 4, 2] and sorted(key[0] for key in fast._layers) == [2, 4]
+
+
+def test_a_dropped_batch_size_takes_its_training_kernels_launchers_along():
+    """The launchers of a dropped layer's training kernels (keyed by their own ids) go with it; another batch
+    size's stay."""
+    module = pt.LSTM(3, 4)
+    layers = {}
+    for batch in (1, 2):
+        training = SimpleNamespace(forward=object(), backward=object())
+        layers[batch] = SimpleNamespace(_training=training)
+        module._layers[batch, "cpu", None, torch.float32, 3] = layers[batch]
+        for kernel, function in ((training.forward, "recurrent_save"), (training.backward, "recurrent_backward")):
+            module._launchers[id(kernel), function] = object()
+    module._forget((1, "cpu", None, torch.float32))
+    assert list(module._layers) == [(2, "cpu", None, torch.float32, 3)]
+    assert {key[0] for key in module._launchers} == {id(layers[2]._training.forward), id(layers[2]._training.backward)}
 
 
 def test_kept_shapes_keep_pinned_and_recent_ones():

@@ -144,7 +144,9 @@ class KeptShapes:
         self._order[group] = self._order.get(group, False) or pinned
         self._order.move_to_end(group)
         excess = len(self._order) - bound
-        gone = [g for g, pin in self._order.items() if not pin and g != group][: max(excess, 0)]
+        if excess <= 0:
+            return []
+        gone = [g for g, pin in self._order.items() if not pin and g != group][:excess]
         for g in gone:
             del self._order[g]
         return gone
@@ -215,8 +217,10 @@ class BatchBuckets:
         and refusals, and constants of its rows (unless a CUDA graph may read one)."""
         batch, kind, index, dtype = group
         device = torch.device(kind, index)
-        layers = [key for key in self._layers if key[:4] == group]
-        ids = {id(self._layers.pop(key)) for key in layers}
+        dropped = [self._layers.pop(key) for key in [key for key in self._layers if key[:4] == group]]
+        trained = [layer._training for layer in dropped if layer._training is not None]
+        # the layers' ids, and their training kernels' (which launch by their own)
+        ids = {id(kernel) for kernel in (*dropped, *(t.forward for t in trained), *(t.backward for t in trained))}
         for kept in (self._launch_notes, self._fallbacks):
             for key in [key for key in kept if key[:4] == group]:
                 del kept[key]
@@ -232,7 +236,7 @@ class BatchBuckets:
         log.info(
             "%s: dropped the %d compiled layers of batch %d on %s (%s)",
             type(self).__name__,
-            len(ids),
+            len(dropped),
             batch,
             device,
             dtype,
