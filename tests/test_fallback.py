@@ -87,7 +87,7 @@ def test_only_the_layers_that_do_not_fit_run_on_torch_nns(refused):
 
 def test_any_module_of_torch_nns_cells_falls_back_and_others_keep_the_error(refused):
     """A Recurrent of a torch.nn cell (its own parameter names), bias=False, unbatched: torch.nn's results; a cell
-    torch.nn does not have keeps the compile's error."""
+    torch.nn does not have, or a module made with a config, keeps the compile's error."""
     torch.manual_seed(3)
     ref = torch.nn.LSTM(3, 6, bias=False)
     ours = pt.Recurrent("lstm", 3, 6)
@@ -100,6 +100,8 @@ def test_any_module_of_torch_nns_cells_falls_back_and_others_keep_the_error(refu
         assert max_error([(ours(x)[0], ref(x)[0]), (pt.from_torch(ref)(x)[0], ref(x)[0])]) <= 1e-6
     with pytest.raises(ConfigError, match="no persistent config fits"):
         pt.Recurrent("gru_cho", 3, 6)(torch.randn(5, 2, 3))
+    with pytest.raises(ConfigError, match="no persistent config fits"):  # the caller chose the kernel's config
+        pt.from_torch(ref, config={"units_per_cta": 2})(torch.randn(5, 2, 3))
 
 
 def test_a_fallback_is_decided_once_per_shape(refused, monkeypatch):

@@ -5,7 +5,8 @@ Where no config of prnn-tvm's places a layer (``ConfigError`` from the compile: 
 backward that does not fit), a module of a cell torch.nn has (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) runs
 that layer through torch's ``_VF`` functions, the ones ``torch.nn.LSTM``/``GRU``/``RNN`` call (cuDNN on the GPU),
 on the module's own Parameters: no copy, and gradients reach them. It logs the first such layer (WARNING) and
-notes each in ``module.fallback_notes[(batch, device, dtype, layer)]``. Other cells keep the compile's error.
+notes each in ``module.fallback_notes[(batch, device, dtype, layer)]``. Other cells, and modules made with a
+``config`` (the caller's choice of kernel), keep the compile's error.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ _TORCH_ORDER = ("W_ih", "W_hh", "b_ih", "b_hh")  # a layer and direction's weigh
 def refusal(module, layer: int, batch: int, device: torch.device, dtype: torch.dtype, input_size: int, grad: bool):
     """Why layer ``layer`` of ``module`` runs on torch.nn's kernels for ``batch`` rows on ``device`` in ``dtype``
     taking ``input_size`` features, or None where prnn-tvm's kernels run it (compiled here on first use, and the
-    answer kept). Only for a cell torch.nn has; any other lets the compile's error reach the caller."""
-    if not (isinstance(module.cell, str) and module.cell in TORCH_CELLS):
+    answer kept). Only for a cell torch.nn has, and a module without a config of the caller's (who asked for that
+    config: its refusal is theirs to see); any other lets the compile's error reach the caller."""
+    if not (isinstance(module.cell, str) and module.cell in TORCH_CELLS) or module.config is not None:
         return None
     training = grad and device.type == "cuda"  # the CPU build trains every layer it compiles
     key = (batch, device.type, device.index, dtype, input_size, training)
