@@ -70,7 +70,7 @@ def run_in_torch(module, layer: int, x: torch.Tensor, initial: list, lengths, pa
     padded rows come back as a row of length 0 does from the kernels (zeros, their zero initial states)."""
     rows, directions = x.shape[1], 2 if module.bidirectional else 1
     if padding is not None:  # torch packs no row of length 0: the caller's rows alone
-        x, lengths = x[:, : padding.rows], padding.lengths
+        x, lengths = x[:, : padding.rows].contiguous(), padding.lengths
         initial = [t[:, : padding.rows] for t in initial]
     B, H = x.shape[1], module.hidden_size
     slots = slice(layer * directions, (layer + 1) * directions)
