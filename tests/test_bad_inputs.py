@@ -827,6 +827,16 @@ def _(lstm, good, tmp_path):
     _pt().RNN(0, 8)
 
 
+@case("`batch_buckets=[0, 8]`")
+def _(lstm, good, tmp_path):
+    _pt().LSTM(4, 8).batch_buckets = [0, 8]
+
+
+@case("`kept_batch_sizes=0`")
+def _(lstm, good, tmp_path):
+    _pt().GRU(4, 8).kept_batch_sizes = 0
+
+
 @case("a module parameter replaced by one of another shape")
 def _(lstm, good, tmp_path):
     torch, pt = _torch(), _pt()

@@ -93,6 +93,7 @@ def measure(case: Case, layer: Layer, gpu: GpuSpec, repeats: int, number: int, p
         initial = baselines.hx(states)
         row["cudnn_ms"], row["cudnn_min_ms"] = _ms(lambda: module(x, initial), repeats, number)
         public = prnn_torch.from_torch(module, arch=gpu.arch)  # what a user calls: module call for module call
+        public.batch_buckets = False  # the layer above's batch itself, not its bucket's (no padded rows)
         public.layer_for(B, dev)  # compiled once, outside the timing (as the layer above)
         row["prnn_call_ms"], row["prnn_call_min_ms"] = _ms(lambda: public(x, initial), repeats, number)
         row["prnn_host_us"] = baselines.host_seconds(lambda: public(x, initial), repeats, number) * 1e6

@@ -10,11 +10,15 @@ Drop-in for ``torch.nn.LSTM``/``GRU``/``RNN`` (stacked and bidirectional too; tr
 Parameters have PyTorch's names, layout and gate order (``weight_ih_l0``, ``bias_hh_l0``,
 ...), so ``state_dict`` loads either way. Tensors reach the kernels through DLPack, without
 copies (``batch_first`` input is made time-major: one copy). Batch and hidden size are
-compile-time constants of a kernel: a module compiles its layer the first time it sees a
+compile-time constants of a kernel: a module compiles its layer the first time it needs a
 batch size, device and dtype (the parameters': float32, float16 or bfloat16), logs it, and
-keeps it for later calls. On CUDA the input projection is torch's own GEMM (cuBLAS), then the
-persistent kernel runs (half precision on tensor cores); CPU tensors run the CPU build. A
-one-directional stack (``num_layers``) runs, in an inference call, as one persistent launch where
+keeps it for later calls; a call's rows are padded up to a bucket (``batch_buckets``: powers of
+two up to 64, then multiples of 64), and the layers of ``kept_batch_sizes`` batch sizes are kept
+(:mod:`~prnn_tvm.torch.buckets`). A layer no prnn-tvm config places runs on torch.nn's own
+kernels where its cell is one of torch.nn's (:mod:`~prnn_tvm.torch.fallback`). On CUDA the
+input projection is torch's own GEMM (cuBLAS), then the persistent kernel runs (half precision
+on tensor cores); CPU tensors run the CPU build. A one-directional stack (``num_layers``) runs, in
+an inference call, as one persistent launch where
 its layers' weights fit on chip together (the CPU build: always): a wavefront in which layer ``l`` computes
 step ``t`` while layer ``l + 1`` computes step ``t - 1`` (:mod:`prnn_tvm.frontend.stack`;
 :attr:`stack_notes` says, per compiled shape, whether it does and why not). Otherwise a stack runs
@@ -50,7 +54,8 @@ The package: :mod:`~prnn_tvm.torch.modules` (the modules, torch.nn's manners), :
 :class:`~prnn_tvm.runtime.launcher.Launcher`), :mod:`~prnn_tvm.torch.arguments` (a launch's arguments from the
 parameters, and what is kept of them), :mod:`~prnn_tvm.torch.projection` (the input projection),
 :mod:`~prnn_tvm.torch.autograd` (the ``torch.autograd.Function`` s), :mod:`~prnn_tvm.torch.sequences` (packed and
-reversed sequences).
+reversed sequences), :mod:`~prnn_tvm.torch.buckets` (batch buckets), :mod:`~prnn_tvm.torch.fallback` (torch.nn's
+kernels where nothing fits).
 """
 
 try:

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 from .arguments import parameter_suffix
 from .autograd import CpuBackprop, CudaBackprop
+from .buckets import BatchBuckets, Padding, rows_dropout
+from .fallback import refusal, run_in_torch
 from .projection import project
 from .sequences import reversal_within
 
@@ -64,12 +66,16 @@ def torch_arrays(device: torch.device) -> Arrays:
     )
 
 
-class Dispatch:
+class Dispatch(BatchBuckets):
     """The part of a prnn_tvm.torch module that picks and runs compiled layers. It keeps, on the module:
     ``_layers`` (``(batch, device type, index, dtype, input size or "stack" / "bidirectional")`` -> layer),
-    ``_launch_notes``, ``stack_notes``, ``direction_notes``, ``_launchers``, ``_side_streams`` and
-    ``_captured``; it reads the module's options (``cell``, ``hidden_size``, ``arch``, ``config``,
-    ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``, ``concurrent_directions``)."""
+    ``_kept`` (the batch sizes whose layers are kept, :class:`~prnn_tvm.torch.buckets.KeptShapes`),
+    ``_launch_notes``, ``stack_notes``, ``direction_notes``, ``_fallbacks``, ``fallback_notes``, ``_launchers``,
+    ``_side_streams`` and ``_captured``; it reads the module's options (``cell``, ``hidden_size``, ``arch``,
+    ``config``, ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``,
+    ``concurrent_directions``, ``batch_buckets``, ``kept_batch_sizes``). A call pads its rows to the batch size
+    of a bucket (:class:`~prnn_tvm.torch.buckets.BatchBuckets`); a layer that no config of prnn-tvm's places runs
+    on torch.nn's kernels where the cell is one of torch.nn's (:mod:`~prnn_tvm.torch.fallback`)."""
 
     def layer_for(
         self, batch: int, device: torch.device, dtype: torch.dtype | None = None, input_size: int | None = None
@@ -92,6 +98,7 @@ class Dispatch:
             log.info(
                 "compiling %s hidden=%d batch=%d %s for %s", self.cell, self.hidden_size, batch, DTYPES[dtype], target
             )
+            self._keep(key[:4])
             self._layers[key] = compile_cell(
                 self.cell,
                 self.hidden_size,
@@ -164,6 +171,7 @@ class Dispatch:
         once, then kept as ``_layers[key]``; None where it does not fit (not tried again). ``notes[notes_key]``
         says which: ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal."""
         if key not in self._launch_notes:
+            self._keep(key[:4])
             cuda = device.type == "cuda"
             try:
                 layer = compile_cell(
@@ -209,9 +217,17 @@ class Dispatch:
                 layer._training.forward.check(wait=False)
                 layer._training.backward.check(wait=False)
 
-    def _run_layers(self, x: torch.Tensor, initial: list, lengths: torch.Tensor | None, grad: bool) -> tuple:
-        """Every layer and direction on ``x`` (time-major, compact) from ``initial`` (per state, (slots, B, H), or
-        [] for zeros): ``(out, finals)``, finals per state a list of (B, H) per layer and direction."""
+    def _run_rows(
+        self,
+        x: torch.Tensor,
+        initial: list,
+        lengths: torch.Tensor | None,
+        grad: bool,
+        padding: Padding | None = None,
+    ) -> tuple:
+        """Every layer and direction on ``x`` (time-major, compact; the rows of its layers' batch) from ``initial``
+        (per state, (slots, B, H), or [] for zeros): ``(out, finals)``, finals per state a list of (B, H) per layer
+        and direction. ``padding``: where the rows were padded up to a bucket, the caller's rows and lengths."""
         states, directions = len(self._states), 2 if self.bidirectional else 1
         out, finals = x, [[None] * (self.num_layers * directions) for _ in range(states)]
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
@@ -235,7 +251,12 @@ class Dispatch:
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
             both = None if grad else self.directions_for(x.shape[1], x.device, x.dtype, out.shape[2])
-            if both is not None:  # the layer's directions in one launch: its output in torch's order
+            if both is None and refusal(self, layer, x.shape[1], x.device, x.dtype, out.shape[2], grad):
+                out, ends = run_in_torch(self, layer, out, initial, lengths, padding)  # no prnn-tvm config fits
+                for k, end in enumerate(ends):
+                    for direction in range(directions):
+                        finals[k][layer * directions + direction] = end[direction]
+            elif both is not None:  # the layer's directions in one launch: its output in torch's order
                 pairs = [t[layer * directions + direction] for direction in range(directions) for t in initial]
                 out, ends = self._run(
                     both, self._launch_arguments(both, out, parameter_suffix(layer, 0), pairs, lengths)
@@ -269,7 +290,7 @@ class Dispatch:
                     torch.cuda.current_stream(x.device).wait_stream(side)
                 out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
             if self.training and self.dropout and layer < self.num_layers - 1:  # between layers, as torch.nn
-                out = torch.nn.functional.dropout(out, self.dropout, training=True)
+                out = rows_dropout(out, self.dropout, padding)
         return out, finals
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:

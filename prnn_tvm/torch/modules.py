@@ -14,6 +14,7 @@ from prnn_tvm.deferred import analyze, resolve
 from prnn_tvm.errors import ConfigError, InputError, UnsupportedError
 
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
+from .buckets import KeptShapes
 from .dispatch import DTYPES, Dispatch
 from .sequences import packed_like, unpacked
 from .session import ModuleSession
@@ -123,6 +124,10 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         self._joined: dict = {}
         self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what runs, and why
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
+        # batch buckets (options batch_buckets, kept_batch_sizes) and torch.nn's kernels where nothing fits
+        self._kept = KeptShapes()  # the batch sizes whose layers are kept, least recently called first
+        self._fallbacks: dict = {}  # (batch, device type, index, dtype, input size, training) -> refusal or None
+        self.fallback_notes: dict = {}  # (batch, device, dtype, layer) -> which layer runs on torch.nn's, and why
 
     _COMPILED = (
         "_layers",
@@ -135,6 +140,9 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         "_joined",
         "_launch_notes",
         "_captured",
+        "_kept",
+        "_fallbacks",
+        "fallback_notes",
         "stack_notes",
         "direction_notes",
     )
