@@ -168,3 +168,138 @@ def test_the_operator_compiles_at_run_time_and_serves_a_configuration():
 def test_jit_trace_is_refused_with_the_alternatives():
     with pytest.raises(Exception, match="torch.jit.trace cannot record.*torch.export or torch.compile"):
         torch.jit.trace(_module("lstm", "cpu"), (torch.randn(5, 2, 4),))
+
+
+# torch.nn.RNNBase's manners
+
+
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        (lambda: pt.LSTM(4, 8, num_layers=2, bidirectional=True), lambda: torch.nn.LSTM(4, 8, 2, bidirectional=True)),
+        (lambda: pt.GRU(4, 8, bias=False), lambda: torch.nn.GRU(4, 8, bias=False)),
+        (lambda: pt.RNN(4, 8, nonlinearity="relu"), lambda: torch.nn.RNN(4, 8, nonlinearity="relu")),
+    ],
+)
+def test_modules_are_rnnbase_with_torch_nns_bookkeeping(ours, theirs):
+    """``isinstance(m, nn.RNNBase)``, ``mode``, ``proj_size``, ``all_weights`` and the state dict as torch.nn's;
+    ``flatten_parameters`` leaves the parameters where they are."""
+    m, ref = ours(), theirs()
+    assert isinstance(m, torch.nn.RNNBase) and not isinstance(m, (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN))
+    assert (m.mode, m.proj_size, m._all_weights) == (ref.mode, ref.proj_size, ref._all_weights)
+    assert [[w.shape for w in ws] for ws in m.all_weights] == [[w.shape for w in ws] for ws in ref.all_weights]
+    assert list(m.state_dict()) == list(ref.state_dict())
+    m.load_state_dict(ref.state_dict())
+    pointers = [p.data_ptr() for p in m.parameters()]
+    m.flatten_parameters()
+    assert [p.data_ptr() for p in m.parameters()] == pointers
+    assert pt.Recurrent("gru_cho", 4, 8).mode == "gru_cho"
+
+
+def test_proj_size_is_refused_with_the_way_out():
+    with pytest.raises(ConfigError, match=r"proj_size=4 \(an LSTM with projections, LSTMP\).*torch.nn.LSTM"):
+        pt.LSTM(4, 8, proj_size=4)
+
+
+def _scaled(w):
+    return 0.5 * w
+
+
+class _Half(torch.nn.Module):
+    def forward(self, w):
+        return _scaled(w)
+
+
+@pytest.mark.parametrize(
+    "apply",
+    [
+        lambda m: torch.nn.utils.parametrize.register_parametrization(m, "weight_hh_l0", _Half()),
+        lambda m: torch.nn.utils.parametrizations.weight_norm(m, "weight_hh_l0"),
+        lambda m: torch.nn.utils.weight_norm(m, "weight_hh_l0"),
+    ],
+    ids=["register_parametrization", "parametrizations.weight_norm", "weight_norm"],
+)
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*deprecated")
+def test_parametrized_weights_run_and_train_as_torch_nns(apply):
+    """A parametrization or weight norm on ``weight_hh_l0``: the module reads the parametrized weight (by
+    attribute), and outputs and the gradients of every parameter (the originals too) equal torch.nn's."""
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(4, 8, num_layers=2)
+    m = pt.LSTM(4, 8, num_layers=2)
+    m.load_state_dict(ref.state_dict())
+    apply(ref), apply(m)
+    x = torch.randn(5, 3, 4)
+    got, want = m(x)[0], ref(x)[0]
+    _close(got.detach(), want.detach(), 5)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    names = dict(ref.named_parameters())
+    assert sorted(names) == sorted(n for n, _ in m.named_parameters())
+    for name, p in m.named_parameters():
+        _close(p.grad, names[name].grad, 5)
+
+
+@pytest.mark.parametrize("kind, follows", [("lstm", True), ("rnn_tanh", True), ("gru", False)])
+def test_cpu_autocast_runs_where_torch_nn_runs(kind, follows):
+    """Under ``torch.autocast("cpu", bfloat16)`` a float32 module runs in bfloat16 where torch.nn's does (LSTM,
+    RNN), in float32 where it does not (GRU: torch.nn's returns float32, its composite GEMMs autocast to bfloat16
+    inside, so the answers agree to bfloat16's bound), with torch.nn's answer; gradients reach the float32
+    parameters."""
+    torch.manual_seed(0)
+    ref = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[kind](4, 8)
+    m = pt.from_torch(ref)
+    x = torch.randn(6, 3, 4)
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = m(x)[0], ref(x)[0]
+        got.float().square().sum().backward()
+    assert got.dtype == want.dtype == (torch.bfloat16 if follows else torch.float32)
+    _close(got.detach().float(), want.detach().float(), 6, "bfloat16")
+    grads = [p.grad.clone() for p in m.parameters()]
+    ref.zero_grad()
+    with torch.autocast("cpu", torch.bfloat16):
+        ref(x)[0].float().square().sum().backward()
+    for p, g in zip(ref.parameters(), grads):
+        assert g.dtype == torch.float32
+        err = (p.grad - g).abs().max().item() / max(1.0, p.grad.abs().max().item())
+        assert err <= 4 * tolerance("bfloat16", 6), f"{kind}: relative gradient error {err:.2e}"
+
+
+def test_autocast_under_compile_is_one_graph():
+    m = _module("lstm", "cpu").eval()
+    x = torch.randn(5, 2, 4)
+    with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
+        assert torch._dynamo.explain(m)(x).graph_break_count == 0
+        got = torch.compile(m, fullgraph=True, backend="eager")(x)[0]
+        want = m(x)[0]
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_quantize_dynamic_leaves_the_module_unchanged():
+    """``quantize_dynamic`` swaps torch.nn's classes by exact type: a module here keeps its float kernels (asked
+    for by name too), the model's Linear layers are quantized, and the model runs."""
+    model = Model(_module("lstm", "cpu"), 4)
+    x = torch.randn(5, 2, 3)
+    for spec in (None, {torch.nn.Linear, torch.nn.LSTM, pt.LSTM}):
+        quantized = torch.ao.quantization.quantize_dynamic(model, spec)
+        assert type(quantized.rnn) is pt.LSTM and type(quantized.head) is not torch.nn.Linear
+        with torch.no_grad():
+            assert quantized(x).shape == model(x).shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_autocast_runs_in_the_autocast_dtype_as_cudnn_does(kind, dtype):
+    """Under ``torch.autocast("cuda", dtype)`` torch.nn's RNNs (cuDNN) run in ``dtype``, and so does a module
+    here (the half kernels), with torch.nn's answer; gradients reach the float32 parameters."""
+    torch.manual_seed(0)
+    ref = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[kind](16, 32).cuda()
+    m = pt.from_torch(ref)
+    x = torch.randn(8, 4, 16, device="cuda")
+    with torch.autocast("cuda", dtype):
+        got, want = m(x)[0], ref(x)[0]
+        got.float().sum().backward()
+    assert got.dtype == want.dtype == dtype
+    _close(got.detach().float(), want.detach().float(), 8, str(dtype).removeprefix("torch."))
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in m.parameters())
