@@ -861,10 +861,12 @@ def _(lstm, good, tmp_path):
     torch.jit.trace(pt.LSTM(4, 8), torch.randn(3, 2, 4))
 
 
-@case("`torch.export.export` of a module")
+@case("`torch.export.export` of a module whose cell is a `Cell` object")
 def _(lstm, good, tmp_path):
+    from prnn_tvm.deferred import resolve
+
     torch, pt = _torch(), _pt()
-    torch.export.export(pt.LSTM(4, 8), (torch.randn(3, 2, 4),))
+    torch.export.export(pt.Recurrent(resolve("gru_cho"), 4, 8), (torch.randn(3, 2, 4),))
 
 
 @case("double backward (`create_graph=True`, then a gradient of the gradient)")

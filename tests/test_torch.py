@@ -926,10 +926,10 @@ def test_double_backward_is_refused_on_the_gpu():
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_torch_compile_runs_a_module_as_it_is(device, no_tf32):
-    """``torch.compile`` of a model holding a module: Dynamo compiles the layers around it and runs its layers as
-    they are (a graph break: it does not trace into TVM calls); outputs and gradients equal the eager model's,
-    call after call. On the CPU the eager backend (inductor's C++ code generation takes a minute here and is not
-    what is tested); on the GPU the default one."""
+    """``torch.compile`` of a model holding a module: Dynamo records its layers as the operator ``prnn_tvm::layers``
+    (tests/test_torch_op.py: no graph break); outputs and gradients equal the eager model's, call after call. On the
+    CPU the eager backend (inductor's C++ code generation takes a minute here and is not what is tested); on the
+    GPU the default one."""
 
     class Model(torch.nn.Module):
         def __init__(self):

@@ -45,9 +45,11 @@ kernel saving each step's states and products, the backward the persistent backw
 then torch's GEMMs for the weights' gradients (:func:`prnn_tvm.compiler.compile_training`), in
 float32 for half layers too. Gradients are first derivatives: a backward that would itself be
 differentiated (``create_graph=True``, as a gradient penalty asks) is refused
-(:class:`~prnn_tvm.errors.UnsupportedError`), never computed without the kernel's terms. A module's calls
-cannot be recorded by ``torch.jit.trace`` or ``torch.export`` (they are TVM calls) and are refused under
-them; ``torch.compile`` runs them as they are.
+(:class:`~prnn_tvm.errors.UnsupportedError`), never computed without the kernel's terms. Under
+``torch.compile`` and ``torch.export`` a call is the operator ``prnn_tvm::layers`` (:mod:`~prnn_tvm.torch.ops`:
+no graph break, an exported program that runs anywhere); ``torch.jit.trace`` is refused. The modules are
+``torch.nn.RNNBase`` s with its bookkeeping; parameters are read by attribute (parametrizations, ``weight_norm``);
+under ``torch.autocast`` a module runs in its dtype where torch.nn's would.
 
 The package: :mod:`~prnn_tvm.torch.modules` (the modules, torch.nn's manners), :mod:`~prnn_tvm.torch.dispatch`
 (which compiled layer serves a call, and running it: the CUDA kernels through the runtime's
@@ -55,7 +57,8 @@ The package: :mod:`~prnn_tvm.torch.modules` (the modules, torch.nn's manners), :
 parameters, and what is kept of them), :mod:`~prnn_tvm.torch.projection` (the input projection),
 :mod:`~prnn_tvm.torch.autograd` (the ``torch.autograd.Function`` s), :mod:`~prnn_tvm.torch.sequences` (packed and
 reversed sequences), :mod:`~prnn_tvm.torch.buckets` (batch buckets), :mod:`~prnn_tvm.torch.fallback` (torch.nn's
-kernels where nothing fits).
+kernels where nothing fits), :mod:`~prnn_tvm.torch.ops` (the torch operators), :mod:`~prnn_tvm.torch.amp`
+(autocast).
 """
 
 try:

@@ -47,8 +47,8 @@ class LaunchArguments:
     """The part of a prnn_tvm.torch module that makes a launch's arguments from its parameters. It keeps, on the
     module: ``_aligned_copies`` (parameter name -> ``(parameter, data_ptr, version or None, tensor)``),
     ``_constants``, ``_joined``, ``_derived`` and ``_arguments`` (a compiled layer's arguments as parameter
-    names); it reads ``_parameters``, ``_shapes``, ``_names``, ``_states``, ``hidden_size``, ``num_layers`` and
-    ``bias``."""
+    names); it reads the parameters through :meth:`_parameter`, and ``_shapes``, ``_names``, ``_states``,
+    ``hidden_size``, ``num_layers`` and ``bias``."""
 
     def _aligned(self, name: str, fresh: bool = False) -> torch.Tensor:
         """Parameter ``name`` detached (DLPack refuses tensors that track gradients), or an aligned copy of
@@ -56,7 +56,7 @@ class LaunchArguments:
         Kept while the parameter and its storage stay the same (a copy: and its version counter), so the
         copy is made once per weight update. ``fresh`` (a CUDA graph being captured): made anew and not
         kept, so that the graph makes it in every replay from the parameter as it is then."""
-        p, cached = self._parameters[name], self._aligned_copies.get(name)
+        p, cached = self._parameter(name), self._aligned_copies.get(name)
         if (
             not fresh
             and cached is not None
@@ -77,7 +77,7 @@ class LaunchArguments:
     def _tracked(self, name: str) -> torch.Tensor:
         """Parameter ``name`` as a differentiable call passes it: checked, and compact (a strided one through
         ``contiguous``, which autograd differentiates)."""
-        p = self._parameters[name]
+        p = self._parameter(name)
         self._check_parameter(name, p)
         return p if p.is_contiguous() else p.contiguous()
 
@@ -91,7 +91,7 @@ class LaunchArguments:
         if p.dtype != first.dtype or p.device != first.device:
             raise InputError(
                 f"{kind}: parameter {name} is {p.dtype} on {p.device}, the module's parameters are "
-                f"{first.dtype} on {first.device} (its first, {next(iter(self._parameters))}); convert "
+                f"{first.dtype} on {first.device} (its first, {next(iter(self._shapes))}); convert "
                 "it (.to(dtype, device))"
             )
 

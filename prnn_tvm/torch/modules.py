@@ -6,6 +6,7 @@ through :class:`~prnn_tvm.torch.dispatch.Dispatch` with the arguments
 from __future__ import annotations
 
 import math
+import threading
 
 import torch  # PyTorch itself: absolute import
 from torch.nn.utils.rnn import PackedSequence
@@ -13,9 +14,11 @@ from torch.nn.utils.rnn import PackedSequence
 from prnn_tvm.deferred import analyze, resolve
 from prnn_tvm.errors import ConfigError, InputError, UnsupportedError
 
+from . import ops
+from .amp import autocast_dtype
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .buckets import KeptShapes
-from .dispatch import DTYPES, Dispatch
+from .dispatch import _NOTHING, DTYPES, Dispatch
 from .sequences import packed_like, unpacked
 from .session import ModuleSession
 
@@ -23,18 +26,24 @@ from .session import ModuleSession
 # ``_l1_reverse``), in torch.nn's order (the cells take PyTorch's layout and gate order)
 _TORCH_NAMES = {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih", "b_hh": "bias_hh"}
 _EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.export tracing (torch 2.5 and later)
-# what Dynamo must not trace into (TVM calls, caches keyed by ids): called only while torch.compile traces a call,
-# as the wrapper costs a third of a microsecond a call. torch's own lazy form of torch.compiler.disable, which
-# imports Dynamo at the first call rather than here (a second of CPU at ``import prnn_tvm.torch``).
-_run_uncompiled = torch._disable_dynamo(Dispatch._run_layers)
 _COMPILING = torch.compiler.is_compiling
 
 
-class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
+class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
     """What every prnn_tvm.torch module is: its options and parameters (made from the cell's plan), torch.nn's
     checks and conventions around a call (:meth:`forward`), the compiled layers and their launches
     (:class:`~prnn_tvm.torch.dispatch.Dispatch`), the launches' arguments
-    (:class:`~prnn_tvm.torch.arguments.LaunchArguments`)."""
+    (:class:`~prnn_tvm.torch.arguments.LaunchArguments`).
+
+    A ``torch.nn.RNNBase`` (``isinstance`` holds, as code that looks for recurrent modules asks) with RNNBase's
+    bookkeeping (``mode``, ``proj_size``, ``all_weights``, ``_flat_weights_names``): its constructor is not run,
+    as it makes torch.nn's parameters, and these come from the cell's plan (the same names and layout for
+    torch.nn's cells). Parameters are read by attribute (:meth:`_parameter`), so parametrizations and
+    ``weight_norm`` apply."""
+
+    # torch.autocast on the CPU runs torch.nn's LSTM and RNN in its dtype (``lstm``, ``rnn_tanh``, ``rnn_relu`` are
+    # lower-precision ops there) but not GRU; on CUDA cuDNN's RNNs always (:meth:`_autocast`)
+    _AUTOCAST_CPU = False
 
     def __init__(
         self,
@@ -53,7 +62,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         config=None,
         names: dict | None = None,
     ):
-        super().__init__()
+        torch.nn.Module.__init__(self)  # not RNNBase's: it makes torch.nn's parameters (the class docstring)
         kind = type(self).__name__
         for name, value, least in (
             ("input_size", input_size, 1),
@@ -67,7 +76,10 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
                     f"{'' if least else ' of at least 0'}), got {value!r}"
                 )
         if proj_size:
-            raise ConfigError(f"{kind}: proj_size={proj_size} is not supported")
+            raise ConfigError(
+                f"{kind}: proj_size={proj_size} (an LSTM with projections, LSTMP) is not supported; use "
+                "torch.nn.LSTM for it, or proj_size=0"
+            )
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
             raise ConfigError(f"{kind}: dropout must be a number in [0, 1], got {dropout!r}")
         for name, value in (("bias", bias), ("batch_first", batch_first), ("bidirectional", bidirectional)):
@@ -79,6 +91,8 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
         self.num_layers, self.bidirectional, self.dropout = num_layers, bool(bidirectional), float(dropout)
         self.bias, self.batch_first, self.arch, self.config = bool(bias), bool(batch_first), arch, config
+        # torch.nn's mode for its cells ("LSTM", "GRU", "RNN_TANH"), else the cell's name
+        self.mode, self.proj_size = cell.upper() if names is _TORCH_NAMES else getattr(cell, "name", str(cell)), 0
         # a bidirectional inference call runs a layer's two directions as one launch where both fit on chip
         # together (False: a launch per direction); direction_notes says per compiled shape which and why
         # a launch per direction on the GPU runs the reverse one on a stream of its own, beside the forward
@@ -99,14 +113,17 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         directions = 2 if self.bidirectional else 1
         kw = {"device": device, "dtype": dtype}
         self._shapes: dict = {}  # each parameter's shape, as made: what a call checks a replaced one against
+        self._all_weights: list = []  # RNNBase's: the parameter names of each layer and direction
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size * directions
             shapes = {"W_ih": (plan.input.slices * hidden_size, width), "b_ih": (plan.input.slices * hidden_size,)}
             shapes.update(plan.weight_shapes())  # (slices * hidden, hidden / heads): a head-wise weight's blocks
             shapes.update({s.name: (s.slices * hidden_size,) for s in plan.params})
             for direction in range(directions):
+                self._all_weights.append([])
                 for arg, name in self._names.items():
                     if bias or arg not in BIASES:
+                        self._all_weights[-1].append(name + parameter_suffix(layer, direction))
                         self._shapes[name + parameter_suffix(layer, direction)] = shapes[arg]
                         setattr(
                             self,
@@ -128,6 +145,9 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         self._kept = KeptShapes()  # the batch sizes whose layers are kept, least recently called first
         self._fallbacks: dict = {}  # (batch, device type, index, dtype, input size, training) -> refusal or None
         self.fallback_notes: dict = {}  # (batch, device, dtype, layer) -> which layer runs on torch.nn's, and why
+        self._given = threading.local()  # a call's parameters where they are not the module's (_run_given)
+        self._flat_weights_names = list(self._shapes)
+        self._init_flat_weights()  # RNNBase's _flat_weights, which its __setattr__ keeps up to date
 
     _COMPILED = (
         "_layers",
@@ -153,7 +173,41 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         first use, for its own device."""
         state = self.__dict__.copy()
         state.update({name: type(state[name])() for name in self._COMPILED})
+        del state["_given"], state["_flat_weight_refs"]  # a thread's, and weak references: made anew by __setstate__
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Not RNNBase's (which reads torch.nn's layouts): a thread's parameters made anew, and RNNBase's
+        bookkeeping made from the parameters for a module pickled before it was one."""
+        torch.nn.Module.__setstate__(self, state)
+        self._given = threading.local()
+        if "_all_weights" not in state:
+            self._shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}
+            self._all_weights, self._flat_weights_names = [list(self._shapes)], list(self._shapes)
+            self.mode, self.proj_size = str(self.cell).upper(), 0
+        self._init_flat_weights()
+
+    def flatten_parameters(self) -> None:
+        """Nothing to do: torch.nn's makes the parameters views of one cuDNN buffer, and the kernels here take
+        each parameter where it is (kept as they are, so that a bias stays on a 64-byte boundary)."""
+
+    def _parameter(self, name: str) -> torch.Tensor:
+        """Parameter ``name`` as a call reads it: by attribute (a parametrization's or ``weight_norm``'s
+        weight included), or the call's own (:meth:`_run_given`)."""
+        given = getattr(self._given, "params", None)
+        return getattr(self, name) if given is None else given[name]
+
+    def _run_given(self, x: torch.Tensor, params: list, initial: list, lengths, grad: bool) -> tuple:
+        """The layers on ``x`` with ``params`` (every parameter, in the module's order) in place of the
+        module's: ``(out, finals)``, each final state (layers x directions, B, H). For a call in another dtype
+        (autocast) and for the operator (:mod:`~prnn_tvm.torch.ops`), whose parameters are tensors it is given."""
+        previous = getattr(self._given, "params", None)
+        self._given.params = dict(zip(self._shapes, params))
+        try:
+            out, finals = self._run_layers(x, initial, lengths, grad)
+        finally:
+            self._given.params = previous
+        return out, _stacked(finals)
 
     def reset_parameters(self) -> None:
         """PyTorch's initialization: U(-1/sqrt(hidden), 1/sqrt(hidden))."""
@@ -174,7 +228,20 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
 
     def _first_parameter(self) -> torch.Tensor:
         """The first parameter (``self.parameters()`` walks the module tree: microseconds a call)."""
-        return next(iter(self._parameters.values()))
+        return self._parameter(self._flat_weights_names[0])
+
+    def _leaves(self):
+        """The tensors a call's gradients reach: the parameters, and a parametrization's originals (held by a
+        submodule of its own)."""
+        return self.parameters() if self._modules else self._parameters.values()
+
+    def _autocast(self, device_type: str, dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype a call runs in under ``torch.autocast`` where torch.nn's module would (on CUDA every cell,
+        cuDNN's RNNs; on the CPU where :attr:`_AUTOCAST_CPU`), None otherwise; float64 modules never (autocast
+        leaves float64 alone)."""
+        if device_type == "cpu" and not self._AUTOCAST_CPU or dtype == torch.float64:
+            return None
+        return autocast_dtype(device_type)
 
     @property
     def _FOLDS_INPUT_BIAS(self) -> bool:
@@ -194,13 +261,11 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         """As torch.nn's: ``input`` (T, B, F), (B, T, F) with ``batch_first``, unbatched (T, F) or a
         ``PackedSequence``; ``hx`` the initial states (omitted: zeros). Returns ``(output, final states)``."""
         kind, H = type(self).__name__, self.hidden_size
-        if torch.jit.is_tracing() or _EXPORTING():
-            tracer = "torch.jit.trace" if torch.jit.is_tracing() else "torch.export"
+        if torch.jit.is_tracing():
             raise UnsupportedError(
-                f"{kind}: {tracer} cannot record a prnn_tvm.torch module (its kernels are TVM "
-                "calls, and its kernels' sizes would be traced as constants); call it eagerly, or "
-                "under torch.compile, which runs it as it is (torch.cuda.graph captures its CUDA "
-                "calls)"
+                f"{kind}: torch.jit.trace cannot record a prnn_tvm.torch module (its kernels are TVM calls, and "
+                "its kernels' sizes would be traced as constants); use torch.export or torch.compile, or call "
+                "it eagerly (torch.cuda.graph captures its CUDA calls)"
             )
         states = len(self._states)
         directions = 2 if self.bidirectional else 1
@@ -210,7 +275,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
         lengths = None
         if packed is not None:  # padded, time-major, in the caller's batch order (as are hx and h_n)
             input, lengths, sorted_steps = unpacked(packed)
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self._parameters.values()))
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hx, *self._leaves()))
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             raise InputError(
                 f"{kind}: input must be (T, B, {self.input_size}) or unbatched (T, {self.input_size}), "
@@ -231,8 +296,9 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
                 raise InputError(f"{kind}: initial state has shape {tuple(t.shape)}, expected {want}")
         first = self._first_parameter()
         dtype, where = first.dtype, first.device
+        cast = self._autocast(where.type, dtype)  # torch.autocast's dtype, where torch.nn's module follows it
         for what, t in (("input", x), *(("initial state", t) for t in hx)):
-            if t.dtype != dtype:
+            if t.dtype != dtype and not (cast is not None and t.is_floating_point() and t.dtype != torch.float64):
                 raise InputError(
                     f"{kind}: {what} is {t.dtype}, the module's parameters are {dtype}; convert one "
                     "of them (.to(dtype))"
@@ -242,6 +308,8 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
                     f"{kind}: {what} is on {t.device}, the module's parameters on {where}; move one "
                     "of them (.to(device))"
                 )
+        if cast is not None:  # autocast: the call in its dtype, as torch.nn's (parameters cast in _call_layers)
+            x, hx = x.to(cast), tuple(t.to(cast) for t in hx)
         if x.shape[0] == 0:
             raise InputError(
                 f"{kind}: the input has no timesteps (shape {tuple(input.shape)}); a sequence needs at least one"
@@ -251,11 +319,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
             ends = [x.new_empty(slots, 0, H) for _ in range(states)]
             return (out.transpose(0, 1) if self.batch_first else out), (tuple(ends) if states > 1 else ends[0])
         initial = [detached(t, grad) if batched else detached(t, grad).unsqueeze(1) for t in hx]  # (slots, B, H)
-        if _COMPILING():  # torch.compile: Dynamo runs the layers as they are (a graph break)
-            out, finals = _run_uncompiled(self, x, initial, lengths, grad)
-        else:
-            out, finals = self._run_layers(x, initial, lengths, grad)
-        finals = [f[0].unsqueeze(0) if slots == 1 else torch.stack(f) for f in finals]
+        out, finals = self._call_layers(x, initial, lengths, grad, None if cast == dtype else cast)
         if packed is not None:
             out = packed_like(packed, out, sorted_steps)
         elif not batched:
@@ -264,9 +328,84 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.Module):
             out = out.transpose(0, 1)
         return out, (tuple(finals) if states > 1 else finals[0])
 
+    def _call_layers(self, x: torch.Tensor, initial: list, lengths, grad: bool, cast: torch.dtype | None) -> tuple:
+        """The layers on ``x`` (time-major, compact) from ``initial`` (per state, (slots, B, H), or [] for zeros):
+        ``(out, finals)``, finals per state (slots, B, H); the parameters cast to ``cast`` (autocast) unless
+        None. Eagerly: the layers themselves. Under torch.compile and torch.export: the operator
+        ``prnn_tvm::layers`` (:mod:`~prnn_tvm.torch.ops`), which they record; where it cannot serve the
+        module (:meth:`_operator_refusal`), torch.compile runs the layers as they are (a graph break) and
+        torch.export refuses."""
+        tracing = _COMPILING() or _EXPORTING()
+        refusal = self._operator_refusal() if tracing else None
+        if tracing and refusal is None:
+            params = [getattr(self, name) for name in self._flat_weights_names]
+            if cast is not None:
+                params = [p.to(cast) for p in params]
+            out, *finals = torch.ops.prnn_tvm.layers(
+                x,
+                params,
+                initial,
+                lengths,
+                cell=self.cell,
+                hidden_size=self.hidden_size,
+                num_layers=self.num_layers,
+                bidirectional=self.bidirectional,
+                bias=self.bias,
+                torch_names=self._names is _TORCH_NAMES,
+                arch=self.arch,
+                wavefront=self.wavefront,
+                one_launch=self.one_launch_directions,
+                concurrent=self.concurrent_directions,
+                states=len(self._states),
+            )
+            return out, finals
+        if _EXPORTING():
+            raise UnsupportedError(f"{type(self).__name__}: torch.export cannot record this module: {refusal}")
+        if tracing:  # torch.compile: Dynamo runs the layers as they are (a graph break)
+            return _run_uncompiled(self, x, initial, lengths, grad, cast)
+        return self._run_eagerly(x, initial, lengths, grad, cast)
+
+    def _run_eagerly(self, x: torch.Tensor, initial: list, lengths, grad: bool, cast: torch.dtype | None) -> tuple:
+        """:meth:`_call_layers` run as it is, with torch.autocast off inside (the layers pick their own dtypes:
+        a half layer's projection into float32, the CPU build's float32 math)."""
+        with torch.autocast(x.device.type, enabled=False) if autocast_dtype(x.device.type) else _NOTHING:
+            if cast is not None:
+                params = [getattr(self, name).to(cast) for name in self._flat_weights_names]
+                return self._run_given(x, params, initial, lengths, grad)
+            out, finals = self._run_layers(x, initial, lengths, grad)
+            return out, _stacked(finals)
+
+    def _operator_refusal(self) -> str | None:
+        """Why the operator ``prnn_tvm::layers`` cannot run this module, or None where it can: its plain
+        arguments name a configuration, which a cell given as an object or a template config does not, and its
+        backward runs the layers again, which dropout's masks would not repeat."""
+        if not ops.AVAILABLE:
+            return "this torch has no torch.library.custom_op (torch 2.4 and later)"
+        if not isinstance(self.cell, str):
+            return "its cell is an object, not a built-in name or a file (pass its name or path)"
+        if self.config is not None:
+            return "it has a template config (config=...), which the operator's arguments do not carry"
+        if self.training and self.dropout:
+            return "dropout in training mode (call .eval(), or dropout=0)"
+        return None
+
+
+def _stacked(finals: list) -> list:
+    """Per state, the final states of every layer and direction ((B, H) each) as one (slots, B, H) tensor."""
+    return [f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals]
+
+
+# what Dynamo must not trace into (TVM calls, caches keyed by ids): called only while torch.compile traces a call
+# that the operator cannot serve, as the wrapper costs a third of a microsecond a call. torch's own lazy form of
+# torch.compiler.disable, which imports Dynamo at the first call rather than here (a second of CPU at ``import
+# prnn_tvm.torch``).
+_run_uncompiled = torch._disable_dynamo(_Recurrent._run_eagerly)
+
 
 class LSTM(_Recurrent):
     """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
+
+    _AUTOCAST_CPU = True
 
     def __init__(
         self,
@@ -341,6 +480,8 @@ class GRU(_Recurrent):
 class RNN(_Recurrent):
     """``torch.nn.RNN`` (tanh or relu) on persistent kernels (one launch per layer and direction); gradients
     on the CPU."""
+
+    _AUTOCAST_CPU = True
 
     def __init__(
         self,
