@@ -209,3 +209,22 @@ def test_ddp_example_runs_under_torchrun(device):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rank 1:" in run.stdout and "all ranks:" in run.stdout
     assert f"final check passed: parameters identical on {WORLD} rank(s)" in run.stdout
+
+
+@pytest.mark.slow
+def test_ddp_benchmark_writes_its_table(tmp_path):
+    """bench/ddp.py on CPU processes (gloo), shortened: four runs of the example, one row per module, each with its
+    scaling and a final check that passed."""
+    script = pathlib.Path(__file__).resolve().parent.parent / "bench" / "ddp.py"
+    out = tmp_path / "ddp.md"
+    sizes = ["--hidden", "32", "--seq", "16", "--batch", "4", "--steps", "3", "--warmup", "1"]
+    run = subprocess.run(
+        [sys.executable, str(script), "--device", "cpu", *sizes, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "LSTM" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| prnn_tvm.torch.LSTM", "| torch.nn.LSTM (cuDNN on the GPU)"]
+    assert all(row.endswith("x | passed |") for row in rows), rows
