@@ -55,25 +55,26 @@ def arguments() -> argparse.Namespace:
 
 def join(args) -> tuple[str, int, int, torch.device]:
     """Join the process group (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous address): the backend,
-    this process's rank, the world size, and its device (one GPU per process with NCCL)."""
+    this process's rank, the world size, and its device (with NCCL, the GPU of its local rank)."""
     backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     if args.plain and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.exit("--plain trains in one process: run it with python, or torchrun --nproc_per_node=1")
-    if not args.plain:
-        if "RANK" not in os.environ:
-            sys.exit("run under torchrun (torchrun --nproc_per_node=N examples/ddp_train.py), or pass --plain")
-        dist.init_process_group(backend)
-    rank, world = (0, 1) if args.plain else (dist.get_rank(), dist.get_world_size())
+    if not args.plain and "RANK" not in os.environ:
+        sys.exit("run under torchrun (torchrun --nproc_per_node=N examples/ddp_train.py), or pass --plain")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend != "nccl":
-        return backend, rank, world, torch.device("cpu")
-    if local_rank >= torch.cuda.device_count():
-        sys.exit(
-            f"the nccl backend needs a GPU per process: rank {rank} has local rank {local_rank}, this machine "
-            f"{torch.cuda.device_count()} GPUs (use --backend gloo on the CPU)"
-        )
-    torch.cuda.set_device(local_rank)
-    return backend, rank, world, torch.device("cuda", local_rank)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        if local_rank >= torch.cuda.device_count():
+            sys.exit(
+                f"the nccl backend needs a GPU per process: local rank {local_rank}, {torch.cuda.device_count()} "
+                "GPUs here (use --backend gloo for CPU processes)"
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)  # before the group: NCCL's communicators live on the current device
+    if args.plain:
+        return backend, 0, 1, device
+    dist.init_process_group(backend)
+    return backend, dist.get_rank(), dist.get_world_size(), device
 
 
 class Regressor(torch.nn.Module):

@@ -86,12 +86,12 @@ def _rank(rank: int, backend: str, device_type: str, folder: str) -> None:
     logger = logging.getLogger("prnn_tvm.cache")
     logger.addHandler(hits)
     logger.setLevel(logging.INFO)
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the group: NCCL's communicators live on the current device
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=WORLD)
     try:
-        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         x, y = (t[:, rank * B : (rank + 1) * B].to(device) for t in _global_batch())
         models, result = _models(device), {}
         for name in ("prnn", "torch.nn"):
