@@ -8,6 +8,7 @@ runs under ``torchrun``, shortened.
 """
 
 import copy
+import importlib.util
 import logging
 import os
 import pathlib
@@ -27,19 +28,19 @@ from prnn_tvm.dtypes import tolerance  # noqa: E402
 
 T, B, N_IN, H = 8, 3, 5, 16  # B sequences per rank
 WORLD = 2
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
 TIMEOUT_S = 300  # two process starts (torch, TVM) on a shared 2-core machine take ~10 s
 
 
-class Regressor(torch.nn.Module):
-    """An LSTM and a linear head over every step."""
+def _example():
+    """examples/ddp_train.py as a module (its ``main`` runs only as a script)."""
+    spec = importlib.util.spec_from_file_location("ddp_train", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __init__(self, lstm: torch.nn.Module):
-        super().__init__()
-        self.lstm = lstm
-        self.head = torch.nn.Linear(lstm.hidden_size, 1)
 
-    def forward(self, x):
-        return self.head(self.lstm(x)[0]).squeeze(-1)
+Regressor = _example().Regressor  # the example's model: an LSTM and a linear head over every step
 
 
 def _models(device) -> dict:
@@ -199,12 +200,11 @@ def test_ddp_example_runs_under_torchrun(device):
     when a rank's parameters differ from rank 0's)."""
     if device == "cuda" and torch.cuda.device_count() < WORLD:
         pytest.skip(f"needs {WORLD} CUDA GPUs, found {torch.cuda.device_count()}")
-    script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
     backend = "nccl" if device == "cuda" else "gloo"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}"]
     sizes = ["--hidden", "32", "--seq", "16", "--batch", "4", "--steps", "5", "--warmup", "2"]
     run = subprocess.run(
-        [*launch, str(script), "--backend", backend, *sizes], capture_output=True, text=True, timeout=TIMEOUT_S
+        [*launch, str(EXAMPLE), "--backend", backend, *sizes], capture_output=True, text=True, timeout=TIMEOUT_S
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rank 1:" in run.stdout and "all ranks:" in run.stdout
