@@ -236,12 +236,14 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         return self.parameters() if self._modules else self._parameters.values()
 
     def _autocast(self, device_type: str, dtype: torch.dtype) -> torch.dtype | None:
-        """The dtype a call runs in under ``torch.autocast`` where torch.nn's module would (on CUDA every cell,
-        cuDNN's RNNs; on the CPU where :attr:`_AUTOCAST_CPU`), None otherwise; float64 modules never (autocast
-        leaves float64 alone)."""
+        """The dtype a call runs in under ``torch.autocast`` where torch.nn's module would, None otherwise: on CUDA
+        every cell, in float16 whatever the autocast dtype (torch's autocast casts cuDNN's RNNs to half: under
+        ``autocast("cuda", torch.bfloat16)`` torch.nn's LSTM and GRU returned float16 on the H200); on the CPU where
+        :attr:`_AUTOCAST_CPU`, in the autocast dtype; float64 modules never (autocast leaves float64 alone)."""
         if device_type == "cpu" and not self._AUTOCAST_CPU or dtype == torch.float64:
             return None
-        return autocast_dtype(device_type)
+        found = autocast_dtype(device_type)
+        return torch.float16 if found is not None and device_type == "cuda" else found
 
     @property
     def _FOLDS_INPUT_BIAS(self) -> bool:
