@@ -404,6 +404,29 @@ def _stacked(finals: list) -> list:
 _run_uncompiled = torch._disable_dynamo(_Recurrent._run_eagerly)
 
 
+def _operator_runner(cell, input_size, hidden_size, num_layers, bidirectional, bias, torch_names, arch, dtype):
+    """The parameterless module the operator runs a configuration with (:func:`prnn_tvm.torch.ops.layers_for`)."""
+    names = _TORCH_NAMES if torch_names else None
+    return _Recurrent(
+        cell,
+        input_size,
+        hidden_size,
+        num_layers,
+        bias,
+        False,
+        0.0,
+        bidirectional,
+        0,
+        device="meta",
+        dtype=dtype,
+        arch=arch,
+        names=names,
+    )
+
+
+ops.serve_with(_operator_runner)
+
+
 class LSTM(_Recurrent):
     """``torch.nn.LSTM`` on persistent kernels (one launch per layer and direction); gradients on the CPU."""
 

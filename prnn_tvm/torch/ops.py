@@ -39,6 +39,17 @@ _RUNNERS: dict = {}  # configuration -> the parameterless module that runs it (l
 _MAKING = threading.Lock()
 
 
+_MAKE_RUNNER = None  # the modules' factory of a configuration's parameterless module (serve_with)
+
+
+def serve_with(make) -> None:
+    """How the operator makes the module that runs a configuration: ``make(cell, input_size, hidden_size,
+    num_layers, bidirectional, bias, torch_names, arch, dtype)``, a module on the meta device. Called once by
+    :mod:`prnn_tvm.torch.modules`, which imports this file (so this file imports nothing of it)."""
+    global _MAKE_RUNNER
+    _MAKE_RUNNER = make
+
+
 def layers_for(
     cell: str,
     input_size: int,
@@ -60,22 +71,8 @@ def layers_for(
         with _MAKING:
             runner = _RUNNERS.get(key)
             if runner is None:
-                from .modules import _TORCH_NAMES, _Recurrent  # the modules import this file
-
-                runner = _Recurrent(
-                    cell,
-                    input_size,
-                    hidden_size,
-                    num_layers,
-                    bias,
-                    False,
-                    0.0,
-                    bidirectional,
-                    0,
-                    device="meta",
-                    dtype=dtype,
-                    arch=arch,
-                    names=_TORCH_NAMES if torch_names else None,
+                runner = _MAKE_RUNNER(
+                    cell, input_size, hidden_size, num_layers, bidirectional, bias, torch_names, arch, dtype
                 ).eval()
                 runner.wavefront, runner.one_launch_directions, runner.concurrent_directions = options
                 _RUNNERS[key] = runner
