@@ -25,12 +25,16 @@ from .test_gpu_half import error_of
 from .test_sentinel import sentinel_layer
 
 pytestmark = pytest.mark.gpu
-DIRECT_CELLS = [
-    c
-    for c in sorted(prnn_tvm.builtin_cells())
-    if "direct" in mc.paths_for(analyze(resolve(c), 4, 64, "float16"), "sentinel")
-    and not barriers.by_name("sentinel").problem(analyze(resolve(c), 4, 64, "float16"), "shared")
-]  # the direct path runs on the sentinel exchange: cells it takes (not one that sums over units inside a step)
+
+
+def _takes_the_direct_path(cell: str) -> bool:
+    """The direct path runs on the sentinel exchange: a cell it offers the path to, and that the exchange takes
+    (not one that sums over units inside a step)."""
+    plan = analyze(resolve(cell), 4, 64, "float16")
+    return "direct" in mc.paths_for(plan, "sentinel") and not barriers.by_name("sentinel").problem(plan, "shared")
+
+
+DIRECT_CELLS = [c for c in sorted(prnn_tvm.builtin_cells()) if _takes_the_direct_path(c)]
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)

@@ -248,9 +248,10 @@ class Cell:
         at step ``t`` a row of length ``n`` reads those slices of the input projection at step
         ``n - 1 - t``, and a reversed output state's value of step ``t`` is the output at ``n - 1 - t``.
     error_gain : float
-        How many times an LSTM's error against the float64 reference the cell's half-precision kernels may have
-        (at least 1; :func:`prnn_tvm.checks.plan_tolerance`): a cell whose output moves more with a rounding
-        error of a pre-activation than a sigmoid gate's output does (sLSTM's exponential gates: 2).
+        How many times the dtype's bound on the error against the float64 reference (an LSTM's) the cell's layers
+        may have, in every dtype (at least 1; :func:`prnn_tvm.checks.plan_tolerance`): a cell whose output moves
+        more with a rounding error of a pre-activation than a sigmoid gate's output does (sLSTM's exponential
+        gates: 2; measured past the bound in float16 and bfloat16).
     """
 
     name: str

@@ -22,9 +22,8 @@ Two facts of CUDA a session lives with (``bench/results/session-transport-h100.m
 (CUDA's default) the first launch of a kernel waits for every running kernel, so a session loads its own small
 kernels before its resident kernel starts, and a kernel first launched elsewhere while it runs waits until the
 resident kernel leaves (``idle_timeout_s``: the reaper's ``release_after`` cannot act while the host thread is
-held in CUDA; or run the process with ``CUDA_MODULE_LOADING=EAGER``); and freeing
-device memory (``cudaFree``) waits for the resident kernel likewise, which is why a session allocates nothing per
-step.
+held in CUDA; or run the process with ``CUDA_MODULE_LOADING=EAGER``); and freeing device memory (``cudaFree``)
+waits for the resident kernel likewise, which is why a session allocates nothing per step.
 """
 
 from __future__ import annotations
@@ -75,8 +74,9 @@ class Session:
         Initial states by name (``h``, ``c``, ...; a stack's ``l0_h``...), (batch, hidden) each; zeros otherwise.
     release_after, idle_timeout_s, barrier_timeout_us, collect_timeout_us, free_sms
         See the module's doc. ``release_after=None``: never released while open (a session whose steps replay
-        from a CUDA graph, which the host does not see, needs it: a release between replays would lose a step,
-        which its collect then reports as a timeout).
+        from a CUDA graph, which the host does not see, needs it, with an ``idle_timeout_s`` past the longest pause
+        between replays: a release or an idle exit between replays would lose a step, which its collect then
+        reports as a timeout).
     """
 
     def __init__(
