@@ -10,7 +10,8 @@ made here over the template's builder:
   whence its items' registers; the close mark ends the time loop there, after ``t`` steps (the base advances by
   ``t + 1``: the mark's tag is never a later launch's);
 - each step's new states (its outputs among them) go out tagged into the response slot of the step, where the
-  caller's collect finds them (or, under the host transport, into the page-locked host response buffer), and the final states are written every step (a relaunch starts from them);
+  caller's collect finds them (under the host transport: into the page-locked host responses, where the host
+  does), and the final states are written every step (a relaunch starts from them);
 - the time loop runs up to ``capacity`` steps and the base advances by the steps it ran.
 
 It runs the ``tags`` exchange (its words are the mailbox's format and its base the requests' tags), the shared
