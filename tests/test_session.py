@@ -97,16 +97,20 @@ def test_the_host_transports_words_carry_value_and_tag_in_one_word():
     got = session_words.request_words(x, 7)
     assert got.dtype == np.uint64 and got.shape == (6,)
     assert session_words.tagged(got, 7) and not session_words.tagged(got, 8)
+    assert np.array_equal(got >> np.uint64(32), np.full(6, 7, np.uint64))
     assert np.array_equal((got & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32), x.astype("float32").ravel(),
                           equal_nan=True)
+    staged = np.empty(6, np.uint64)
+    assert session_words.request_words(x, 7, staged) is staged and np.array_equal(staged, got)
     close = np.array([np.uint32(0xFFFFFFFF)]).view(np.float32)  # an input whose bits are the close mark's
     sent = session_words.request_words(close, 3)
     assert int(sent[0]) & 0xFFFFFFFF == session_words.CANONICAL_NAN
     assert set(session_words.close_words(4, 3).tolist()) == {(3 << 32) | session_words.CLOSE}
-    states = np.array([[0.25, -2.0]], "float16")
-    words = (np.uint64(5) << np.uint64(32)) | states.view(np.uint16).astype(np.uint64)
-    assert np.array_equal(session_words.values(words, "float16"), states)
-    assert session_words.values(words, "float16").shape == states.shape
+    for dtype, bits in (("float16", np.uint16), ("float32", np.uint32)):
+        states = np.array([[0.25, -2.0, 3.5]], dtype)
+        words = (np.uint64(5) << np.uint64(32)) | states.view(bits).astype(np.uint64)
+        assert np.array_equal(session_words.values(words, dtype), states) and session_words.tagged(words, 5)
+        assert np.array_equal(session_words.tags(words), np.full((1, 3), 5, np.uint32))
 
 
 def test_the_session_kernel_is_the_layers_kernel_but_for_its_input_and_outputs():

@@ -157,6 +157,8 @@ class Session:
         self._responses, self._response_words = host_array(resident.arg(RESPONSES).concrete_shape(DEPTH), "uint64",
                                                            self.device)
         self._request_words = self._request_words.reshape(DEPTH, -1)
+        self._staged = np.empty(self._request_words.shape[1], np.uint64)  # a request, packed before it goes out whole
+        self._response_values = words.values(self._response_words, sig.dtype)  # views of the values in place
         self._transport: str | None = None  # the running launch's
         self._host_base = 0  # the tag base of the running host launch (its requests carry base + step + 1)
         self._host_steps = 0  # the requests the host posted to the running host launch
@@ -207,11 +209,12 @@ class Session:
             self._start(HOST)
             step = self._host_steps
             tag = (self._host_base + step + 1) & 0xFFFFFFFF
-            self._request_words[step % DEPTH] = words.request_words(x, tag)
+            self._request_words[step % DEPTH] = words.request_words(x, tag, self._staged)
             self._host_steps += 1
             self._last_step = time.monotonic()
             self.steps += 1
-            states = words.values(self._host_response(step, tag), self.signature.dtype)
+            self._host_response(step, tag)
+            states = self._response_values[step % DEPTH].copy()
         return states[self.output_index], dict(zip(self.state_names, states))
 
     @property
@@ -351,16 +354,15 @@ class Session:
     def _call(self, launch, given: dict) -> None:
         self._launch(launch, self._values(launch, given))
 
-    def _host_response(self, step: int, tag: int) -> np.ndarray:
-        """The response words of host step ``step`` (tagged ``tag``) once every one carries the tag; the wait is
-        bounded by ``collect_timeout_us`` and ends early when the resident kernel left with an error (the lock is
-        held)."""
-        ring = self._response_words[step % DEPTH]
+    def _host_response(self, step: int, tag: int) -> None:
+        """Wait until every response word of host step ``step`` carries its tag ``tag`` (each word whole: its tag
+        vouches for its value); the wait is bounded by ``collect_timeout_us`` and ends early when the resident
+        kernel left with an error (the lock is held)."""
+        tags = words.tags(self._response_words[step % DEPTH])
         deadline = time.monotonic() + self._collect_timeout_us / 1e6
         while True:
-            got = ring.copy()  # each word whole: its tag vouches for its value
-            if words.tagged(got, tag):
-                return got
+            if (tags == tag).all():
+                return
             if self._error.read():
                 self._raise_on_error()
             if time.monotonic() > deadline:

@@ -57,8 +57,8 @@ def run_session(kernels, inputs: dict, seq_len: int, timeout_us: int = TIMEOUT_U
         base = int(arrays["sync"][2])
         for t in range(seq_len + 1):  # each step's request, then the close mark
             tag = (base + t + 1) & 0xFFFFFFFF
-            requests[t] = (words.request_words(xs[t], tag) if t < seq_len else words.close_words(requests[t].size, tag)
-                           ).reshape(requests[t].shape)
+            sent = words.request_words(xs[t], tag) if t < seq_len else words.close_words(requests[t].size, tag)
+            requests[t] = sent.reshape(requests[t].shape)
         responses = np.zeros(arrays[RESPONSES].shape, "uint64")
         run = emulate(kernels.source, resident, {**arrays, REQUESTS_HOST: requests, RESPONSES_HOST: responses},
                       scalars)
