@@ -106,7 +106,7 @@ def test_the_host_transports_words_carry_value_and_tag_in_one_word():
     sent = session_words.request_words(close, 3)
     assert int(sent[0]) & 0xFFFFFFFF == session_words.CANONICAL_NAN
     assert set(session_words.close_words(4, 3).tolist()) == {(3 << 32) | session_words.CLOSE}
-    for dtype, bits in (("float16", np.uint16), ("float32", np.uint32)):
+    for dtype, bits in (("float16", np.uint16), ("bfloat16", np.uint16), ("float32", np.uint32)):
         states = np.array([[0.25, -2.0, 3.5]], dtype)
         words = (np.uint64(5) << np.uint64(32)) | states.view(bits).astype(np.uint64)
         assert np.array_equal(session_words.values(words, dtype), states) and session_words.tagged(words, 5)
