@@ -12,7 +12,7 @@ from prnn_tvm.compiler import compile_session
 from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.runtime import session_words
 from prnn_tvm.runtime.session import Session
-from prnn_tvm.signature import REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST
+from prnn_tvm.signature import REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST, SESSION_IDLE
 from prnn_tvm.verify import emulator
 from prnn_tvm.verify.session import run_session
 
@@ -53,13 +53,31 @@ def test_a_session_serves_every_step_as_the_reference_computes_it(cell, hidden, 
     kernels = compile_session(layer)
     T = 5
     inputs = random_inputs(layer.plan, T, input_size, seed=1)
-    steps, finals, error = run_session(kernels, inputs, T, transport=transport)
+    steps, finals, error, sync = run_session(kernels, inputs, T, transport=transport)
     want = _reference_steps(layer.plan, inputs)
     assert error == 0
     assert set(steps) == set(want) == set(finals)
     for name in want:
         assert np.abs(steps[name] - want[name]).max() < 1e-5, name
         assert np.abs(finals[name] - want[name][-1]).max() < 1e-5, name
+    assert sync[2] == T + 1  # the base advanced by the steps and the close: the next launch's tags are new
+
+
+@pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
+def test_a_host_session_without_requests_leaves_idle_with_the_last_steps_states():
+    """Host transport, two requests and then none: every CTA (CTA 0 polling host memory, the others the device
+    mailbox) gives up after idle_us at step 2 with the idle mark in the error word, and the final states are step 1's
+    (no request was taken: the host relaunches from them)."""
+    layer = prnn_tvm.compile_cell("lstm_d2", 10, 2, input_size=3, target="cuda", arch="sm_90")
+    kernels = compile_session(layer)
+    inputs = random_inputs(layer.plan, 2, 3, seed=2)
+    steps, finals, error, sync = run_session(kernels, inputs, 2, transport="host", idle_us=300_000)
+    want = _reference_steps(layer.plan, inputs)
+    assert error == (2 | SESSION_IDLE) + 1
+    for name in want:
+        assert np.abs(steps[name] - want[name]).max() < 1e-5, name
+        assert np.abs(finals[name] - want[name][-1]).max() < 1e-5, name
+    assert sync[2] == 3  # the step that idled counts, as a close does
 
 
 @pytest.mark.parametrize(

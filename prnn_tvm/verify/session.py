@@ -20,13 +20,21 @@ from prnn_tvm.signature import REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOS
 from .emulator import TIMEOUT_US, emulate
 
 
-def run_session(kernels, inputs: dict, seq_len: int, timeout_us: int = TIMEOUT_US, transport: str = "device") -> tuple:
+def run_session(
+    kernels,
+    inputs: dict,
+    seq_len: int,
+    timeout_us: int = TIMEOUT_US,
+    transport: str = "device",
+    idle_us: int | None = None,
+) -> tuple:
     """``kernels`` (``prnn_tvm.compiler.SessionKernels``) over ``seq_len`` steps of ``inputs`` (a layer's call
     arguments by name: ``x`` (T, B, input), ``W_ih``, ``b_ih``, the weights and params, optional initial states),
-    through the ``transport`` ``"device"`` or ``"host"``. Returns ``({state: its values at every step (T, B, H)},
-    {state: final}, the resident kernel's error word)``."""
-    if transport not in ("device", "host"):
-        raise ValueError(f"transport must be 'device' or 'host', got {transport!r}")
+    through the ``transport`` ``"device"`` or ``"host"``. With ``idle_us`` (the host transport) no close mark
+    follows the requests: the kernel waits that long for the next and leaves idle. Returns ``({state: its values at
+    every step (T, B, H)}, {state: final}, the resident kernel's error word, the barrier state after the run)``."""
+    if transport not in ("device", "host") or (idle_us is not None and transport != "host"):
+        raise ValueError(f"transport must be 'device' or 'host' (with idle_us: 'host'), got {transport!r}")
     resident, depth = kernels.resident, seq_len + 1
     arrays = {
         a.name: np.zeros(a.concrete_shape(depth), a.dtype)
@@ -44,7 +52,7 @@ def run_session(kernels, inputs: dict, seq_len: int, timeout_us: int = TIMEOUT_U
         "seq_len": depth,
         "timeout_us": timeout_us,
         "stall_step": -1,
-        "idle_us": timeout_us,
+        "idle_us": timeout_us if idle_us is None else idle_us,
         "capacity": 2**31 - 1,
         REQUESTS_HOST: 0,
         RESPONSES_HOST: 0,
@@ -55,7 +63,7 @@ def run_session(kernels, inputs: dict, seq_len: int, timeout_us: int = TIMEOUT_U
     if transport == "host":
         requests = np.zeros(arrays[REQUESTS].shape, "uint64")
         base = int(arrays["sync"][2])
-        for t in range(seq_len + 1):  # each step's request, then the close mark
+        for t in range(seq_len + (idle_us is None)):  # each step's request, then the close mark
             tag = (base + t + 1) & 0xFFFFFFFF
             sent = words.request_words(xs[t], tag) if t < seq_len else words.close_words(requests[t].size, tag)
             requests[t] = sent.reshape(requests[t].shape)
@@ -71,7 +79,7 @@ def run_session(kernels, inputs: dict, seq_len: int, timeout_us: int = TIMEOUT_U
     else:
         steps, run = _device_transport(kernels, arrays, scalars, xs, seq_len)
     sequences = {name: np.stack([s[k] for s in steps]) for k, name in enumerate(names)}
-    return sequences, {name: run.buffers[f"{name}_n"] for name in names}, run.error_word
+    return sequences, {name: run.buffers[f"{name}_n"] for name in names}, run.error_word, run.buffers["sync"]
 
 
 def _device_transport(kernels, arrays: dict, scalars: dict, xs: list, seq_len: int) -> tuple:
