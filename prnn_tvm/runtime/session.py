@@ -16,12 +16,13 @@ other kind closes the running launch and relaunches in its own):
 
 The GPU stays shared: the resident grid holds at most the SMs the session leaves free (``free_sms``, counting
 every open session of this process), and an idle session lets the GPU go. A background thread closes a session
-``release_after`` seconds after its last step (the close is stream-ordered after that step's collect); the next
-step relaunches the kernel from the final states the last launch wrote, which the caller does not see. Every wait
-is bounded: the resident kernel's wait for a request (``idle_timeout_s``, against a caller that went away or a host
-thread held in CUDA: the kernel took no request, so it leaves and the next step relaunches, as after a release),
-its exchange between blocks (``barrier_timeout_us``) and the collect's (``collect_timeout_us``); a session whose
-exchange or collect timed out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open
+``release_after`` seconds after its last step (the close is stream-ordered after that step's collect, or written
+by the host after its last step); the next step relaunches the kernel from the final states the last launch wrote,
+which the caller does not see. Every wait is bounded: the resident kernel's wait for a request (``idle_timeout_s``,
+against a caller that went away or a host thread held in CUDA: the kernel took no request, so it leaves and the
+next step relaunches, as after a release), its exchange between blocks (``barrier_timeout_us``) and the wait for
+a step's states, the collect's or the host's (``collect_timeout_us``); a session whose exchange or wait for states
+timed out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open
 when the process exits are closed then.
 
 Two facts of CUDA a session lives with (``bench/results/session-transport-h100.md``): under lazy module loading
