@@ -52,19 +52,13 @@ def compile_session(layer) -> SessionKernels:
     wavefront stack: compile the deep stack, ``<cell>_d<layers>``)."""
     if layer._session is None:
         plan, target, gpu = layer.plan, layer.target, layer.gpu
-        resident = session_kernel(plan, target, gpu, layer.kernel.config)
-        launch, units = resident.launch, resident.config.units_per_cta
-        grids = session_code.grids(
-            launch.grid.ctas, units, plan.input.slices, plan.batch, len(plan.states) * plan.batch * plan.hidden
-        )
-        publish, collect, close = session_launches(
-            launch, layer.input_size, plan.input.slices * plan.hidden, plan.dtype, grids
-        )
+        resident = session_kernel(plan, target, gpu, layer.kernel.config, layer.input_size)
+        launch = resident.launch
+        grids = session_code.grids(plan.batch * layer.input_size, len(plan.states) * plan.batch * plan.hidden)
+        publish, collect, close = session_launches(launch, plan.dtype, grids)
         funcs = {
             launch.function: resident.func,
-            publish.function: session_code.publish_func(
-                publish, plan.hidden, plan.input.slices, units, launch.grid.ctas
-            ),
+            publish.function: session_code.publish_func(publish),
             collect.function: session_code.collect_func(collect),
             close.function: session_code.close_func(close),
         }

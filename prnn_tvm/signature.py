@@ -352,11 +352,17 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
 
 # ------------------------------------------------------------------ a resident session's launches
 # A session (prnn_tvm.runtime.session) launches a layer's recurrent kernel once and has it serve a step per
-# request: a launch on the caller's stream publishes a step's input projection into a mailbox, the kernel polls
-# it, and a launch on the caller's stream collects the step's outputs (prnn_tvm/codegen/barriers/session.cuh).
+# request: a step's input x_t goes tagged into a mailbox the kernel polls (a launch on the caller's stream
+# publishes it, or the host writes it into page-locked memory that the kernel relays), the kernel projects it
+# itself, and a launch on the caller's stream collects the step's outputs (or the kernel stores them into
+# page-locked host memory): prnn_tvm/codegen/barriers/session.cuh.
 
-REQUESTS = "mailbox"  # (depth, ctas, B, slices x units) tagged words: each CTA's part of a request, contiguous
+REQUESTS = "mailbox"  # (depth, B, input) tagged words: each step's input x_t
 RESPONSES = "resp"  # (depth, states, B, H) tagged words: each step's new states
+# the resident kernel's addresses of the host transport's page-locked buffers (0: the device transport): the
+# host's requests, shaped as the mailbox, and the responses, shaped as ``resp``
+REQUESTS_HOST = "requests_host"
+RESPONSES_HOST = "responses_host"
 CONTROL_WORDS = 4  # control[0]: the steps requested of the running launch
 # In a session's recorded timeout (the error word's 1 + step): the resident kernel's wait for a request, not for a
 # block or a response, at that step (session.cuh's PRNN_SESSION_IDLE). It takes nothing, so loses no state.
@@ -364,46 +370,47 @@ SESSION_IDLE = 0x40000000
 FREE_SMS = 4  # SMs a session leaves to other kernels by default (its own publish and collect among them)
 
 
-def with_session(launch: Launch, ctas: int, units: int, slices: int) -> Launch:
-    """``launch`` (a recurrent launch) as a session's resident kernel, ``recurrent_session``: the request mailbox in
-    place of ``xp``, in place of ``out`` the tagged responses (every state's new value, in the order of the final
-    states: the outputs are among them), no ``lengths`` (every row runs every step), and two
-    more scalars, ``idle_us`` (how long it waits for a request before it reports a timeout: a bound against a
-    caller that went away, not the session's release) and ``capacity`` (the most steps a launch serves). The
-    mailbox's and responses' first dimension (:data:`SEQ`) is the depth of their rings."""
+def with_session(launch: Launch, input_size: int, width: int) -> Launch:
+    """``launch`` (a recurrent launch) as a session's resident kernel, ``recurrent_session``: in place of ``xp`` the
+    input projection's ``W_ih`` (``width``, ``input_size``) and ``b_ih`` (the kernel projects each step's input
+    itself) and the request mailbox, in place of ``out`` the tagged responses (every state's new value, in the
+    order of the final states: the outputs are among them), no ``lengths`` (every row runs every step), and four
+    more scalars: ``idle_us`` (how long it waits for a request before it reports a timeout: a bound against a
+    caller that went away, not the session's release), ``capacity`` (the most steps a launch serves), and
+    :data:`REQUESTS_HOST` and :data:`RESPONSES_HOST` (the host transport's buffers, 0 for the device transport).
+    The mailbox's and responses' first dimension (:data:`SEQ`) is the depth of their rings."""
     args = []
     for a in launch.args:
         if a.name == "xp":
-            args.append(Arg(REQUESTS, ArgRole.WORKSPACE, (SEQ, ctas, a.shape[1], slices * units), "uint64"))
+            dtype = next(f.dtype for f in launch.args if f.role is ArgRole.FINAL)
+            args += [
+                Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
+                Arg("b_ih", ArgRole.PARAM, (width,), dtype),
+                Arg(REQUESTS, ArgRole.WORKSPACE, (SEQ, a.shape[1], input_size), "uint64"),
+            ]
         elif a.name == "out":
             finals = [f for f in launch.args if f.role is ArgRole.FINAL]
             args.append(Arg(RESPONSES, ArgRole.WORKSPACE, (SEQ, len(finals), *finals[0].shape), "uint64"))
         elif a.role is not ArgRole.LENGTHS:
             args.append(a)
-    args += [Arg("idle_us", ArgRole.SCALAR, (), "int32"), Arg("capacity", ArgRole.SCALAR, (), "int32")]
+    args += [
+        Arg(name, ArgRole.SCALAR, (), dtype)
+        for name, dtype in (("idle_us", "int32"), ("capacity", "int32"), (REQUESTS_HOST, "int64"),
+                            (RESPONSES_HOST, "int64"))
+    ]
     return replace(launch, function="recurrent_session", args=tuple(args))
 
 
-def session_launches(resident: Launch, input_size: int, width: int, dtype: str, grids: dict) -> tuple:
-    """The launches a session's caller makes around ``resident`` (:func:`with_session`), on ``grids`` (by
-    function): ``session_publish`` (a step's input ``x`` (B, ``input_size``) projected with ``W_ih``
-    (``width``, ``input_size``) and ``b_ih`` into the mailbox), ``session_collect`` (the step's new ``states``,
-    one (B, H) matrix per state in the order of the final states, from the responses) and ``session_close`` (the
-    close mark in the mailbox). ``control``
-    (:data:`CONTROL_WORDS` uint32) counts the steps requested; ``sync`` and the scalars are the resident
-    kernel's."""
+def session_launches(resident: Launch, dtype: str, grids: dict) -> tuple:
+    """The launches a session's caller makes around ``resident`` (:func:`with_session`) under the device transport,
+    on ``grids`` (by function): ``session_publish`` (a step's input ``x`` (B, input) tagged into the mailbox),
+    ``session_collect`` (the step's new ``states``, one (B, H) matrix per state in the order of the final states,
+    from the responses) and ``session_close`` (the close mark in the mailbox). ``control`` (:data:`CONTROL_WORDS`
+    uint32) counts the steps requested; ``sync`` and the scalars are the resident kernel's."""
     mailbox, resp = resident.arg(REQUESTS), resident.arg(RESPONSES)
     sync = (resident.arg("sync"),)
     control = Arg("control", ArgRole.WORKSPACE, (CONTROL_WORDS,), "uint32")
-    batch = mailbox.shape[2]
-    publish = (
-        Arg("x", ArgRole.INPUT, (batch, input_size), dtype),
-        Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
-        Arg("b_ih", ArgRole.PARAM, (width,), dtype),
-        mailbox,
-        control,
-        *sync,
-    )
+    publish = (Arg("x", ArgRole.INPUT, tuple(mailbox.shape[1:]), dtype), mailbox, control, *sync)
     collect = (
         resp,
         Arg("states", ArgRole.OUTPUT, resp.shape[1:], dtype),

@@ -67,10 +67,10 @@ def saving_forward(plan, target, gpu, config):
     return Kernel(builder.build(), template.name, builder.launch, config)
 
 
-def session_kernel(plan, target, gpu, config):
+def session_kernel(plan, target, gpu, config, input_size: int):
     """The resident kernel of a session of a layer built with ``config`` (``schedules.session``: the config made to
-    run the ``tags`` exchange in the shared layout, or the best untuned one that does); ConfigError with the reason
-    where ``plan`` cannot run as a session."""
+    run the ``tags`` exchange in the shared layout, or the best untuned one that does), for inputs of ``input_size``
+    values a row; ConfigError with the reason where ``plan`` cannot run as a session."""
     problem = session.session_problem(plan)
     if problem:
         raise ConfigError(problem)
@@ -79,7 +79,8 @@ def session_kernel(plan, target, gpu, config):
                           "layer for target='cuda'")
     template = next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
     config = session.session_config(config, plan, gpu, template.knobs.validate, template.knobs.ranked_configs)
-    builder = session.session_builder(template.builder)(plan, config, template.knobs.validate(config, plan, gpu))
+    geometry = template.knobs.validate(config, plan, gpu)
+    builder = session.session_builder(template.builder, input_size)(plan, config, geometry)
     return Kernel(builder.build(), template.name, builder.launch, config)
 
 

@@ -3,12 +3,15 @@
 The kernel is the template's own (same products, pointwise math and ``tags`` exchange) with three changes, all
 made here over the template's builder:
 
-- each step's input projection comes from the request mailbox (``prnn_tvm.codegen.session``): the CTA waits for
-  its part of step ``t``'s request, the words ``base + t + 1`` tags, takes them into shared memory and its items'
-  registers from there; the close mark ends the time loop there, after ``t`` steps (the base advances by
+- each step's input comes from the request mailbox (``prnn_tvm.codegen.session``): every CTA waits for step
+  ``t``'s whole input x_t (B x input values), the words ``base + t + 1`` tags, takes it into shared memory (CTA 0
+  relays it from page-locked host memory first, under the host transport), and projects it for its own units with
+  ``W_ih`` and ``b_ih`` read from global memory (float32 sums; for a stack, layer 0's units) into shared memory,
+  whence its items' registers; the close mark ends the time loop there, after ``t`` steps (the base advances by
   ``t + 1``: the mark's tag is never a later launch's);
 - each step's new states (its outputs among them) go out tagged into the response slot of the step, where the
-  caller's collect finds them, and the final states are written every step (a relaunch starts from them);
+  caller's collect finds them (under the host transport: into the page-locked host responses, where the host
+  does), and the final states are written every step (a relaunch starts from them);
 - the time loop runs up to ``capacity`` steps and the base advances by the steps it ran.
 
 It runs the ``tags`` exchange (its words are the mailbox's format and its base the requests' tags), the shared
@@ -22,9 +25,17 @@ import dataclasses
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import barriers, session
+from prnn_tvm.codegen import session
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.signature import FREE_SMS, REQUESTS, RESPONSES, SESSION_IDLE, with_session
+from prnn_tvm.signature import (
+    FREE_SMS,
+    REQUESTS,
+    REQUESTS_HOST,
+    RESPONSES,
+    RESPONSES_HOST,
+    SESSION_IDLE,
+    with_session,
+)
 
 SESSION_BARRIER = "tags"
 
@@ -68,13 +79,16 @@ def session_config(cfg, plan, gpu, validate, ranked_configs):
                       f"shared layout, {FREE_SMS} SMs left free): {reason}")
 
 
-def session_builder(builder: type) -> type:
-    """The template's kernel builder in session mode."""
-    return type(f"Session{builder.__name__}", (SessionMode, builder), {})
+def session_builder(builder: type, input_size: int) -> type:
+    """The template's kernel builder in session mode, for inputs of ``input_size`` values a row."""
+    return type(f"Session{builder.__name__}", (SessionMode, builder), {"input_size": int(input_size)})
 
 
 class SessionMode:
-    """Mixin over a persistent template's builder (see the module's doc)."""
+    """Mixin over a persistent template's builder (see the module's doc); ``input_size``: the layer's (set by
+    :func:`session_builder`)."""
+
+    input_size: int
 
     def __init__(self, plan, cfg, g, save: bool = False):
         problem = session_problem(plan)
@@ -84,10 +98,15 @@ class SessionMode:
             raise ConfigError(f"a session kernel runs the '{SESSION_BARRIER}' exchange, the shared layout and one "
                               f"batch group (session_config), not {cfg}")
         super().__init__(plan, cfg, g, save)
-        self.request_words = self.B * plan.input.slices * cfg.units_per_cta  # one CTA's part of a request
+        self.input_words = self.B * self.input_size  # a request: the step's input x_t
+        if self.input_words > session.MAX_INPUT_VALUES:
+            raise ConfigError(f"a session kernel takes a step's whole input into each CTA's shared memory, at most "
+                              f"{session.MAX_INPUT_VALUES} values; batch x input_size is {self.B} x "
+                              f"{self.input_size}: use a smaller batch or project the input before the session")
+        self.request_words = self.B * plan.input.slices * cfg.units_per_cta  # one CTA's part of the projection
 
     def _launch(self):
-        return with_session(super()._launch(), self.g.ctas, self.c.units_per_cta, self.p.input.slices)
+        return with_session(super()._launch(), self.input_size, self.p.input.slices * self.H)
 
     @property
     def steps(self):
@@ -100,15 +119,16 @@ class SessionMode:
     def alloc_loop_state(self):
         self.done = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(self.done, self.steps, [0])
+        self.x = T.alloc_buffer((self.input_words,), "float32", scope="shared")
         self.request = T.alloc_buffer((self.request_words,), "float32", scope="shared")
 
     def load_inputs(self, t):
-        """Wait for this CTA's part of step ``t``'s request; leave the time loop after ``t`` steps on the close mark
-        (or a wait that timed out); else each item's projection values from the request."""
-        mailbox = self.a.named[REQUESTS]
-        src = T.address_of(mailbox[t % self.a.seq_len, self.cta, 0, 0])
-        got = session.take(src, T.address_of(self.request[0]), self.request_words, self.g.threads,
-                           self.barrier_base + t + 1, t, self.sync, self.a.named["idle_us"])
+        """Wait for step ``t``'s input; leave the time loop after ``t`` steps on the close mark (or a wait that timed
+        out); else project it for this CTA's units and each item's projection values into its registers."""
+        a = self.a
+        src = T.address_of(a.named[REQUESTS][t % a.seq_len, 0, 0])
+        got = session.take(src, a.named[REQUESTS_HOST], t % a.seq_len, T.address_of(self.x[0]), self.input_words,
+                           self.g.threads, self.barrier_base + t + 1, t, self.sync, a.named["idle_us"])
         with T.If(got != 0):
             with T.Then():
                 # the close counts as a step: the next launch's first request is tagged past the close mark, which
@@ -119,6 +139,8 @@ class SessionMode:
                         T.buffer_store(self.aborted, 1, [0])
                 T.Break()
         S, U = self.p.input.slices, self.c.units_per_cta
+        T.evaluate(session.project(T.address_of(self.x[0]), a.named["W_ih"], a.named["b_ih"],
+                                   T.address_of(self.request[0]), self.B, self.input_size, self.H, S, U, self.cta))
         for it, group, item in self.items():
             with item as (b, _unit, ul):
                 for i, leaf in enumerate(self.slots[group].x):
@@ -132,9 +154,9 @@ class SessionMode:
     def write_outputs(self, t, timing, stored: dict, b, unit):
         """The step's new states (the outputs among them), tagged, into its response slot, and the final states
         (every step: a relaunch starts from them)."""
-        resp, tags = self.a.named[RESPONSES], barriers.by_name(SESSION_BARRIER)
+        resp, host = self.a.named[RESPONSES], self.a.named[RESPONSES_HOST]
         for k, name in enumerate(self.a.final):
             if name in stored:
-                slot = T.address_of(resp[t % self.a.seq_len, k, b, unit])
-                T.evaluate(tags.store(slot, stored[name], self.barrier_base, t))
+                index = ((t % self.a.seq_len * len(self.a.final) + k) * self.B + b) * self.H + unit
+                T.evaluate(session.respond(resp, host, index, stored[name], self.dt, self.barrier_base + t + 1))
         self.write_final(stored, b, unit)

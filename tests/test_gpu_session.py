@@ -1,6 +1,8 @@
 """Resident sessions on the GPU (``pytest -m gpu``): a step per call equal to the float64 reference of the same
-steps, releases and relaunches, the state operations, the caller's stream and CUDA graphs, bounded waits, the
-SMs a session holds, a process that exits with a session open, and 10^6 steps against the sequence call."""
+steps and to the layer's sequence call (the host transport: ``step`` with NumPy), both transports in one session,
+releases and relaunches, the state operations, the caller's stream and CUDA graphs (the device transport:
+``post``), bounded waits, the SMs a session holds, a process that exits with a session open, and 10^6 steps
+against the sequence call."""
 
 import os
 import subprocess
@@ -70,6 +72,56 @@ def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, b
             assert _error(states, expected) <= tolerance(dtype, T)
             assert np.array_equal(y, states[layer.plan.outputs[0]])
         assert session.launches == 1
+
+
+@pytest.mark.parametrize(
+    "cell, hidden, batch, input_size, dtype",
+    [
+        ("lstm_d2", 128, 1, 128, "float32"),  # the market model of the latency targets
+        ("lstm", 640, 8, 640, "float16"),  # the RNN-T prediction network: an input taken in chunks
+        ("gru", 96, 4, 40, "float16"),
+        ("lstm", 33, 3, 1, "float32"),  # an input of one value, odd sizes
+    ],
+)
+def test_host_steps_equal_the_layers_sequence_call(cell, hidden, batch, input_size, dtype):
+    """``step`` (the host transport: page-locked requests relayed by CTA 0, the kernel projecting each input, the
+    states stored into page-locked memory) returns at every step what the layer's sequence call returns for the same
+    inputs, in one launch."""
+    layer, inputs = _layer(cell, hidden, batch, input_size, dtype)
+    T = 30
+    xs = np.random.default_rng(7).standard_normal((T, batch, input_size)).astype(dtype)
+    weights = {k: v for k, v in inputs.items() if k != "x"}
+    out = np.asarray(layer(x=xs, **weights)[0], "float64")  # NumPy in, NumPy out
+    with _session(layer, inputs) as session:
+        got = np.stack([session.step(x)[0] for x in xs]).astype("float64")
+        assert session.launches == 1
+    # two kernels of different configs, each within the tolerance of the float64 reference
+    assert np.abs(got - out).max() <= 2 * tolerance(dtype, T)
+
+
+def test_host_and_device_steps_mix_in_one_session():
+    """A step of the other transport closes the running launch and relaunches in its own, from the states the last
+    step left: host, device, host steps in turn equal the reference of the whole sequence."""
+    torch = pytest.importorskip("torch")
+    import tvm_ffi
+
+    layer, inputs = _layer("lstm_d2", 64, 2, 24)
+    xs = np.random.default_rng(9).standard_normal((6, 2, 24)).astype("float32")
+    want, _ = _reference(layer.plan, inputs, xs)
+    x = torch.empty(2, 24, device="cuda")
+    out = torch.empty(len(layer.plan.states), 2, 64, device="cuda")
+    (out - 1).abs().max().item()  # torch's kernels, loaded before the session starts
+    with _session(layer, inputs, release_after=None) as session:
+        for t, xt in enumerate(xs):
+            if t % 2:
+                x.copy_(torch.from_numpy(xt))
+                with tvm_ffi.use_raw_stream(session.device, torch.cuda.current_stream().cuda_stream):
+                    session.post(x, out)
+                states = dict(zip(session.state_names, out.cpu().numpy()))
+            else:
+                states = session.step(xt)[1]
+            assert _error(states, want[t]) <= tolerance("float32", t + 1), t
+        assert session.launches == 6
 
 
 def test_an_idle_session_lets_the_gpu_go_and_resumes_where_it_was():

@@ -1,6 +1,7 @@
-"""Resident sessions on the CPU: the session kernels (the resident kernel in session mode, the caller's publish,
-collect and close) built and checked with ptxas, run as emitted on the host (``prnn_tvm.verify.session``) against
-the float64 reference of the same steps, and what a session refuses. On the GPU: ``test_gpu_session.py``."""
+"""Resident sessions on the CPU: the session kernels (the resident kernel in session mode, which projects each step's
+input itself, and the caller's publish, collect and close) built and checked with ptxas, run as emitted on the host
+(``prnn_tvm.verify.session``) through both transports against the float64 reference of the same steps, the host
+transport's words, and what a session refuses. On the GPU: ``test_gpu_session.py``."""
 
 import numpy as np
 import pytest
@@ -9,8 +10,9 @@ import prnn_tvm
 from prnn_tvm import ConfigError, InputError
 from prnn_tvm.compiler import compile_session
 from prnn_tvm.reference import random_inputs, reference_layer
+from prnn_tvm.runtime import session_words
 from prnn_tvm.runtime.session import Session
-from prnn_tvm.signature import REQUESTS, RESPONSES
+from prnn_tvm.signature import REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST, SESSION_IDLE
 from prnn_tvm.verify import emulator
 from prnn_tvm.verify.session import run_session
 
@@ -32,26 +34,50 @@ def _reference_steps(plan, inputs):
 
 @pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
 @pytest.mark.parametrize(
-    "cell, hidden, batch, input_size",
+    "cell, hidden, batch, input_size, transport",
     [
-        ("lstm", 12, 2, 5),  # input size != hidden
-        ("gru_d2", 13, 3, 5),  # a deep stack (two phases a step), prime hidden and batch
+        ("lstm", 12, 2, 5, "device"),  # input size != hidden
+        ("gru_d2", 13, 3, 5, "device"),  # a deep stack (two phases a step), prime hidden and batch
+        ("lstm", 12, 2, 5, "host"),
+        ("gru_d2", 13, 3, 5, "host"),
+        ("gru", 7, 2, 1, "host"),  # three input slices, an input of one value
+        ("lstm", 9, 3, 181, "host"),  # an input larger than one take of the CTA (in chunks), odd sizes
     ],
 )
-def test_a_session_serves_every_step_as_the_reference_computes_it(cell, hidden, batch, input_size):
-    """Each step posted (publish), the close mark, the resident kernel over every request, each step collected:
-    every state at every step and the final states equal the float64 reference; the kernel stops at the close."""
+def test_a_session_serves_every_step_as_the_reference_computes_it(cell, hidden, batch, input_size, transport):
+    """Each step's raw input posted (the publish, or the host's words in page-locked memory that CTA 0 relays), the
+    close mark, the resident kernel over every request (it projects each input itself), each step's states
+    collected (the collect, or the host's response words): every state at every step and the final states equal
+    the float64 reference; the kernel stops at the close."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, target="cuda", arch="sm_90")
     kernels = compile_session(layer)
     T = 5
     inputs = random_inputs(layer.plan, T, input_size, seed=1)
-    steps, finals, error = run_session(kernels, inputs, T)
+    steps, finals, error, sync = run_session(kernels, inputs, T, transport=transport)
     want = _reference_steps(layer.plan, inputs)
     assert error == 0
     assert set(steps) == set(want) == set(finals)
     for name in want:
         assert np.abs(steps[name] - want[name]).max() < 1e-5, name
         assert np.abs(finals[name] - want[name][-1]).max() < 1e-5, name
+    assert sync[2] == T + 1  # the base advanced by the steps and the close: the next launch's tags are new
+
+
+@pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
+def test_a_host_session_without_requests_leaves_idle_with_the_last_steps_states():
+    """Host transport, two requests and then none: every CTA (CTA 0 polling host memory, the others the device
+    mailbox) gives up after idle_us at step 2 with the idle mark in the error word, and the final states are step 1's
+    (no request was taken: the host relaunches from them)."""
+    layer = prnn_tvm.compile_cell("lstm_d2", 10, 2, input_size=3, target="cuda", arch="sm_90")
+    kernels = compile_session(layer)
+    inputs = random_inputs(layer.plan, 2, 3, seed=2)
+    steps, finals, error, sync = run_session(kernels, inputs, 2, transport="host", idle_us=300_000)
+    want = _reference_steps(layer.plan, inputs)
+    assert error == (2 | SESSION_IDLE) + 1
+    for name in want:
+        assert np.abs(steps[name] - want[name]).max() < 1e-5, name
+        assert np.abs(finals[name] - want[name][-1]).max() < 1e-5, name
+    assert sync[2] == 3  # the step that idled counts, as a close does
 
 
 @pytest.mark.parametrize(
@@ -71,13 +97,38 @@ def test_session_kernels_build_without_spills_and_leave_sms_free(cell, hidden, b
     assert kernels.resident.grid.ctas <= layer.gpu.sms - 4, kernels.report
     assert kernels.resident.grid.cooperative
     names = [a.name for a in kernels.resident.args]
-    assert REQUESTS in names and RESPONSES in names and "xp" not in names and "lengths" not in names
-    mailbox = kernels.resident.arg(REQUESTS)
-    assert mailbox.shape[1:] == (
-        kernels.resident.grid.ctas,
-        batch,
-        layer.plan.input.slices * kernels.config.units_per_cta,
-    )
+    assert {REQUESTS, RESPONSES, REQUESTS_HOST, RESPONSES_HOST, "W_ih", "b_ih"} <= set(names)
+    assert "xp" not in names and "lengths" not in names
+    assert kernels.resident.arg(REQUESTS).shape[1:] == (batch, layer.input_size)  # the raw input, not projected
+    assert kernels.resident.arg("W_ih").shape == (layer.plan.input.slices * hidden, layer.input_size)
+    assert [a.name for a in kernels.publish.args if a.role.data] == ["x"]  # a copy and tag, no projection
+
+
+def test_an_input_too_large_for_shared_memory_is_refused_with_the_fix():
+    layer = prnn_tvm.compile_cell("lstm", 16, 64, input_size=200, target="cuda", arch="sm_90")
+    with pytest.raises(ConfigError, match="64 x 200: use a smaller batch"):
+        compile_session(layer)
+
+
+def test_the_host_transports_words_carry_value_and_tag_in_one_word():
+    x = np.array([[1.5, -0.0, np.nan], [3.0, np.inf, 2.0]], "float16")
+    got = session_words.request_words(x, 7)
+    assert got.dtype == np.uint64 and got.shape == (6,)
+    assert session_words.tagged(got, 7) and not session_words.tagged(got, 8)
+    assert np.array_equal(got >> np.uint64(32), np.full(6, 7, np.uint64))
+    assert np.array_equal((got & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32), x.astype("float32").ravel(),
+                          equal_nan=True)
+    staged = np.empty(6, np.uint64)
+    assert session_words.request_words(x, 7, staged) is staged and np.array_equal(staged, got)
+    close = np.array([np.uint32(0xFFFFFFFF)]).view(np.float32)  # an input whose bits are the close mark's
+    sent = session_words.request_words(close, 3)
+    assert int(sent[0]) & 0xFFFFFFFF == session_words.CANONICAL_NAN
+    assert set(session_words.close_words(4, 3).tolist()) == {(3 << 32) | session_words.CLOSE}
+    for dtype, bits in (("float16", np.uint16), ("bfloat16", np.uint16), ("float32", np.uint32)):
+        states = np.array([[0.25, -2.0, 3.5]], dtype)
+        words = (np.uint64(5) << np.uint64(32)) | states.view(bits).astype(np.uint64)
+        assert np.array_equal(session_words.values(words, dtype), states) and session_words.tagged(words, 5)
+        assert np.array_equal(session_words.tags(words), np.full((1, 3), 5, np.uint32))
 
 
 def test_the_session_kernel_is_the_layers_kernel_but_for_its_input_and_outputs():

@@ -69,6 +69,17 @@ class HostWord:
         self._word.value = 0
 
 
+def host_array(shape: tuple, dtype: str, device: tvm.runtime.Device) -> tuple:
+    """Page-locked host memory of ``shape`` and ``dtype``, zeroed, that kernels on ``device`` reach at the same
+    address (unified addressing): ``(the TVM tensor that owns it: keep it, a NumPy view of it)``."""
+    memory = tvm.runtime.empty(shape, dtype, tvm.runtime.device(CUDA_HOST, device.index))
+    count = int(np.prod(shape))
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * (count * np.dtype(dtype).itemsize)).from_address(memory.data_ptr()))
+    view = view.view(dtype).reshape(shape)
+    view[...] = 0
+    return memory, view
+
+
 class RuntimeLayer:
     """A compiled layer's run-time half: a TVM runtime module holding the signature's functions,
     and the :class:`~prnn_tvm.signature.Signature` that says how to call them.

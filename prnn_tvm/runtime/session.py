@@ -2,20 +2,27 @@
 
 A session (``layer.session()``, or ``prnn_tvm.torch`` modules' ``session()``) launches the layer's recurrent
 kernel in session mode on a stream of its own (``schedules/session.py``). It keeps the weights in registers and the
-states on chip between steps. Each step is two small launches on the caller's stream, no host synchronization:
-``session_publish`` projects the step's input into the request mailbox, the resident kernel takes it, runs the step
-and stores every new state tagged; ``session_collect`` waits for them (bounded) and writes them to the caller's
-buffer. A step can therefore sit between other kernels of the caller's stream and inside a CUDA graph (each replay
-is the next step: the step count lives on the GPU).
+states on chip between steps; each step it takes the step's raw input x_t, projects it itself (``W_ih`` and
+``b_ih`` read from global memory) and stores every new state tagged. Two transports, one per launch (a step of the
+other kind closes the running launch and relaunches in its own):
+
+- host (:meth:`Session.step`, NumPy): no CUDA call per step. The host writes x_t as tagged 64-bit words into
+  page-locked memory, CTA 0 of the resident kernel relays them into its device mailbox, the kernel stores the new
+  states tagged into page-locked host memory, and the host spins (bounded) until every word carries the step's tag.
+- device (:meth:`Session.post`, GPU tensors): two small launches on the caller's stream, no host synchronization:
+  ``session_publish`` tags x_t into the mailbox; ``session_collect`` waits for the new states (bounded) and writes
+  them to the caller's buffer. A step can therefore sit between other kernels of the caller's stream and inside a
+  CUDA graph (each replay is the next step: the step count lives on the GPU).
 
 The GPU stays shared: the resident grid holds at most the SMs the session leaves free (``free_sms``, counting
 every open session of this process), and an idle session lets the GPU go. A background thread closes a session
-``release_after`` seconds after its last step (the close is stream-ordered after that step's collect); the next
-step relaunches the kernel from the final states the last launch wrote, which the caller does not see. Every wait
-is bounded: the resident kernel's wait for a request (``idle_timeout_s``, against a caller that went away or a host
-thread held in CUDA: the kernel took no request, so it leaves and the next step relaunches, as after a release),
-its exchange between blocks (``barrier_timeout_us``) and the collect's (``collect_timeout_us``); a session whose
-exchange or collect timed out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open
+``release_after`` seconds after its last step (the close is stream-ordered after that step's collect, or written
+by the host after its last step); the next step relaunches the kernel from the final states the last launch wrote,
+which the caller does not see. Every wait is bounded: the resident kernel's wait for a request (``idle_timeout_s``,
+against a caller that went away or a host thread held in CUDA: the kernel took no request, so it leaves and the
+next step relaunches, as after a release), its exchange between blocks (``barrier_timeout_us``) and the wait for
+a step's states, the collect's or the host's (``collect_timeout_us``); a session whose exchange or wait for states
+timed out raises :class:`~prnn_tvm.errors.SessionError` and is closed. Sessions still open
 when the process exits are closed then.
 
 Two facts of CUDA a session lives with (``bench/results/session-transport-h100.md``): under lazy module loading
@@ -40,10 +47,11 @@ import tvm
 import tvm_ffi
 
 from ..errors import InputError, PrnnError, SessionError
-from ..signature import FREE_SMS, REQUESTS, RESPONSES, ArgRole, SessionSignature
+from ..signature import FREE_SMS, REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST, ArgRole, SessionSignature
 from ..signature import SESSION_IDLE as IDLE
 from ..target import gpu_spec, resident_ctas
-from .base import DEFAULT_TIMEOUT_US, HostWord
+from . import session_words as words
+from .base import DEFAULT_TIMEOUT_US, HostWord, host_array
 from .binding import ALIGNMENT, check, place
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,8 @@ CAPACITY = 2**31 - 1  # steps one launch of the resident kernel may serve
 RELEASE_AFTER_S = 0.05
 IDLE_TIMEOUT_S = 1.0
 COLLECT_TIMEOUT_US = 1_000_000
+
+HOST, DEVICE = "host", "device"  # a launch's transport (see the module's doc)
 
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # sessions of this process whose resident kernel runs
 
@@ -113,6 +123,8 @@ class Session:
             "stall_step": -1,
             "idle_us": int(idle_timeout_s * 1e6),
             "capacity": CAPACITY,
+            REQUESTS_HOST: 0,
+            RESPONSES_HOST: 0,
         }
         self._collect_timeout_us = int(collect_timeout_us)
         self.device = tvm.cuda(0)
@@ -139,8 +151,18 @@ class Session:
         if initial:
             self.set_state(initial)
         self._x = self._zeros(sig.publish.arg("x"))
-        self._states = self._zeros(sig.collect.arg("states"))
         self._error = HostWord(self.device)
+        # the host transport's page-locked rings, shaped as the mailbox and the device responses
+        self._requests, self._request_words = host_array(resident.arg(REQUESTS).concrete_shape(DEPTH), "uint64",
+                                                         self.device)
+        self._responses, self._response_words = host_array(resident.arg(RESPONSES).concrete_shape(DEPTH), "uint64",
+                                                           self.device)
+        self._request_words = self._request_words.reshape(DEPTH, -1)
+        self._staged = np.empty(self._request_words.shape[1], np.uint64)  # a request, packed before it goes out whole
+        self._response_values = words.values(self._response_words, sig.dtype)  # views of the values in place
+        self._transport: str | None = None  # the running launch's
+        self._host_base = 0  # the tag base of the running host launch (its requests carry base + step + 1)
+        self._host_steps = 0  # the requests the host posted to the running host launch
         self._stream = self.device.create_raw_stream()
         self._last_stream: int | None = None
         self._arguments = None  # the publish's and collect's argument lists (_prepared)
@@ -168,16 +190,16 @@ class Session:
             publish, collect = self._prepared()
             publish[self._x_at] = self._in_place("x", self.signature.publish, x)
             collect[self._out_at] = self._in_place("states", self.signature.collect, out)
-            self._start()
+            self._start(DEVICE)
             self._launch(self.signature.publish, publish)
             self._launch(self.signature.collect, collect)
             self._last_stream, self._last_step = tvm_ffi.get_raw_stream(self.device), time.monotonic()
             self.steps += 1
 
     def step(self, x: np.ndarray) -> tuple:
-        """One step from the host: ``x`` a NumPy array (batch, input). Returns ``(y, states)``, NumPy: the output
-        (batch, hidden) and every new state by name. Waits for the step (its own launches run on TVM's current
-        stream)."""
+        """One step from the host, through the host transport (no CUDA call): ``x`` a NumPy array (batch, input).
+        Returns ``(y, states)``, NumPy: the output (batch, hidden) and every new state by name. Waits for the step,
+        up to ``collect_timeout_us``."""
         arg = self.signature.publish.arg("x")
         if not isinstance(x, np.ndarray):
             raise InputError(
@@ -185,10 +207,15 @@ class Session:
             )
         check("x", tuple(x.shape), str(x.dtype), arg.shape, arg.dtype)
         with self._lock:
-            self._copy_in(self._x, x)
-            self.post(self._x, self._states)
-            states = self._states.numpy()
-            self._raise_on_error()
+            self._start(HOST)
+            step = self._host_steps
+            tag = (self._host_base + step + 1) & 0xFFFFFFFF
+            self._request_words[step % DEPTH] = words.request_words(x, tag, self._staged)
+            self._host_steps += 1
+            self._last_step = time.monotonic()
+            self.steps += 1
+            self._host_response(step, tag)
+            states = self._response_values[step % DEPTH].copy()
         return states[self.output_index], dict(zip(self.state_names, states))
 
     @property
@@ -328,14 +355,31 @@ class Session:
     def _call(self, launch, given: dict) -> None:
         self._launch(launch, self._values(launch, given))
 
-    def _start(self) -> None:
-        """Launch the resident kernel if it is not running (the lock is held)."""
+    def _host_response(self, step: int, tag: int) -> None:
+        """Wait until every response word of host step ``step`` carries its tag ``tag`` (each word whole: its tag
+        vouches for its value); the wait is bounded by ``collect_timeout_us`` and ends early when the resident
+        kernel left with an error (the lock is held)."""
+        tags = words.tags(self._response_words[step % DEPTH])
+        deadline = time.monotonic() + self._collect_timeout_us / 1e6
+        while True:
+            if (tags == tag).all():
+                return
+            if self._error.read():
+                self._raise_on_error()
+            if time.monotonic() > deadline:
+                self._closed = True  # the states are lost
+                raise SessionError(self._timeout_message(step))
+
+    def _start(self, transport: str) -> None:
+        """Launch the resident kernel for ``transport`` if it is not running so (the lock is held)."""
         if self._closed:
             raise SessionError("this session is closed; open a new one")
         self._let_go_if_idle()
         self._raise_on_error()
-        if self._running:
+        if self._running and self._transport == transport:
             return
+        if self._running:  # the other transport's launch: closed, and relaunched in this one
+            self._stop()
         grid = self.signature.resident.grid
         gpu = gpu_spec()
         held = sum(s.signature.resident.grid.ctas for s in list(_OPEN) if s is not self and s._running)
@@ -350,9 +394,14 @@ class Session:
             )
         if not self._loaded:
             self._load_small_kernels()
+        host = transport == HOST
+        if host:  # the launch's requests are tagged from the base the last launch left (no kernel runs here)
+            self._host_base, self._host_steps = int(self._owned["sync"].numpy()[2]), 0
+        self._scalars[REQUESTS_HOST] = self._requests.data_ptr() if host else 0
+        self._scalars[RESPONSES_HOST] = self._responses.data_ptr() if host else 0
         with tvm_ffi.use_raw_stream(self.device, self._stream):
             self._call(self.signature.resident, {})
-        self._running = True
+        self._running, self._transport = True, transport
         self.launches += 1
         _OPEN.add(self)
         _Reaper.watch()
@@ -385,8 +434,13 @@ class Session:
         if not self._running or self._let_go_if_idle():
             return
         try:
-            with tvm_ffi.use_raw_stream(self.device, self._last_stream or 0):
-                self._call(self.signature.close, {})
+            if self._transport == HOST:  # the close mark where the next request would go: CTA 0 relays it
+                step = self._host_steps
+                slot = self._request_words[step % DEPTH]
+                slot[...] = words.close_words(slot.size, (self._host_base + step + 1) & 0xFFFFFFFF)
+            else:
+                with tvm_ffi.use_raw_stream(self.device, self._last_stream or 0):
+                    self._call(self.signature.close, {})
             self.device.sync(self._stream)
         finally:
             self._running = False
@@ -406,11 +460,13 @@ class Session:
             return False
         self.device.sync(self._stream)  # the resident kernel has left: it wrote the error word at its end
         control = self._owned["control"].numpy()  # the legacy stream: after publishes still queued, if any
-        if int(control[1]) != (recorded - 1) & ~IDLE:
+        # the requests posted to the launch: counted by the publishes, or by the host
+        posted = self._host_steps if self._transport == HOST else int(control[1])
+        if posted != (recorded - 1) & ~IDLE:
             return False
         self._running = False
         _OPEN.discard(self)
-        if control[1]:  # the final states were written at least once by this launch
+        if posted:  # the final states were written at least once by this launch
             self._init, self._final = self._final, self._init
         self._copy_in(self._owned["control"], np.zeros(control.shape, control.dtype))
         sync = self._owned["sync"].numpy()
@@ -448,7 +504,10 @@ class Session:
                 "once before the session starts, or run with CUDA_MODULE_LOADING=EAGER), a device-wide "
                 "synchronization or a free of device memory. The session is closed; open a new one"
             )
-        raise SessionError(
+        raise SessionError(self._timeout_message(step))
+
+    def _timeout_message(self, step: int) -> str:
+        return (
             f"a {self.signature.cell} session timed out at step {step} of its launch: a block of the resident kernel "
             "or the collect waited longer than its bound (a block that never ran, or a resident kernel that could "
             "not start beside other kernels). That step's states are NaN and the session is closed; open a new one"

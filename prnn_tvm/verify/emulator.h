@@ -312,6 +312,8 @@ inline void run_block(Block& b) {
 //   buffer NAME BYTES PATH   (read from PATH, written back to it after the run)
 //   int32 NAME VALUE | int64 NAME VALUE
 //   hostword NAME PATH       (an int64 argument: the address of a 32-bit host word, written to PATH after the run)
+//   hostbuffer NAME BYTES PATH  (an int64 argument: the address of a buffer read from PATH, written back after the
+//                            run: page-locked host memory a kernel reaches through its address)
 inline int main(int argc, char** argv) {
   if (argc != 2) fail("usage: emulator MANIFEST");
   struct sigaction action;
@@ -343,7 +345,7 @@ inline int main(int argc, char** argv) {
     Argument a;
     a.kind = kind;
     a.name = name;
-    if (a.kind == "buffer") {
+    if (a.kind == "buffer" || a.kind == "hostbuffer") {
       if (fscanf(manifest, " %llu %4095s", &bytes, path) != 2) fail("a buffer line without its size and path");
       a.bytes = bytes;
       a.path = path;
@@ -352,6 +354,7 @@ inline int main(int argc, char** argv) {
       if (!f || fread(a.data, 1, bytes, f) != bytes) fail("cannot read a buffer's file");
       fclose(f);
       a.pointer = a.data;
+      a.value = (long long)(uintptr_t)a.data;
     } else if (a.kind == "hostword") {
       if (fscanf(manifest, " %4095s", path) != 1) fail("a host word without its path");
       a.path = path;
@@ -383,9 +386,10 @@ inline int main(int argc, char** argv) {
   for (unsigned i = 0; i < blocks; ++i) hosts.emplace_back(run_block, std::ref(grid[i]));
   for (std::thread& h : hosts) h.join();
   for (const Argument& a : arguments) {
-    if (a.kind != "buffer" && a.kind != "hostword") continue;
+    if (a.kind != "buffer" && a.kind != "hostbuffer" && a.kind != "hostword") continue;
+    const size_t bytes_out = a.kind == "hostword" ? 4 : a.bytes;
     FILE* f = fopen(a.path.c_str(), "wb");
-    if (!f || fwrite(a.data, 1, a.kind == "buffer" ? a.bytes : 4, f) != (a.kind == "buffer" ? a.bytes : 4))
+    if (!f || fwrite(a.data, 1, bytes_out, f) != bytes_out)
       fail("cannot write a buffer back");
     fclose(f);
   }

@@ -133,7 +133,9 @@ def build(source: str, function: str) -> Path:
 def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s: float = 300.0) -> Emulated:
     """Run ``launch``'s kernel of ``source`` on the host, on ``launch.grid``: ``arrays`` (NumPy, by argument name:
     every buffer the kernel takes) are copied in and back out, ``scalars`` by name (``seq_len`` among them;
-    ``error_host`` is supplied: a host word the kernel may report to)."""
+    ``error_host`` is supplied: a host word the kernel may report to). An integer parameter named in ``arrays``
+    takes that array's address (page-locked host memory a kernel reaches through its address), copied in and out
+    likewise."""
     grid = launch.grid
     if grid is None:
         raise EmulationError(f"launch '{launch.function}' has no grid of its own (not a hand-placed kernel)")
@@ -145,14 +147,14 @@ def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s:
             if name == "error_host":
                 files[name] = Path(tmp, name)
                 lines.append(f"hostword {name} {files[name]}")
-            elif ctype.endswith("*"):
+            elif ctype.endswith("*") or name in arrays:
                 arg = name.removesuffix("_ptr")
                 if arg not in arrays:
                     raise EmulationError(f"kernel parameter {name}: no array '{arg}' given")
                 files[arg] = Path(tmp, arg)
                 data = np.ascontiguousarray(arrays[arg])
                 data.tofile(files[arg])
-                lines.append(f"buffer {arg} {data.nbytes} {files[arg]}")
+                lines.append(f"{'buffer' if ctype.endswith('*') else 'hostbuffer'} {arg} {data.nbytes} {files[arg]}")
             else:
                 if name not in scalars:
                     raise EmulationError(f"kernel parameter {name}: no scalar '{name}' given")
