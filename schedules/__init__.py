@@ -21,7 +21,8 @@ from .template import Acceptance, Template, as_config, knob_text, short_names
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
 __all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_for", "by_name", "gpu_backward",
-           "knob_short_names", "knob_text", "saving_forward", "session_kernel", "split_kernels", "template_for", "templates_for"]
+           "knob_short_names", "knob_text", "saving_forward", "session_kernel", "split_kernels", "template_for",
+           "templates_for"]
 
 
 def templates_for(plan, target) -> list:
@@ -97,16 +98,14 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
     if config is not None:
         chosen = next((t for t in cuda if isinstance(config, t.config_type)), None)
         template = chosen or cuda[0]
-        cfg = config if chosen else as_config(template, config)
-        configs = [(template, split.split_config(cfg, plan, gpu, gpus, template.knobs.validate,
-                                                 template.knobs.ranked_configs))]
+        placements = [(template, split.split_config(config if chosen else as_config(template, config), plan, gpu,
+                                                    gpus, template.knobs.validate, template.knobs.ranked_configs))]
     else:
-        configs = [(t, split.split_config(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs))
-                   for t in cuda]
-    whole = split.combined(gpu, gpus)
-    for template, cfg in configs:
-        builder = split.split_builder(template.builder, gpus)(plan, cfg, template.knobs.validate(cfg, plan, whole))
-        yield Kernel(builder.build(), template.name, builder.launch, cfg)
+        placements = [(t, split.split_config(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs))
+                      for t in cuda]
+    for template, placed in placements:
+        builder = split.split_builder(template.builder, gpus, placed.chunk_rows)(plan, placed.config, placed.geometry)
+        yield Kernel(builder.build(), template.name, builder.launch, placed.config)
 
 
 def gpu_backward(plan, gpu):

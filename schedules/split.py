@@ -21,39 +21,43 @@ poll a slot per step of the output sequence, which a peer does not hold): :func:
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from tvm import tirx
-from tvm.script.ir_builder import tirx as T
-
-from prnn_tvm.codegen.barriers.base import payload_type
-from prnn_tvm.codegen.barriers.source import cuda_source
-from prnn_tvm.codegen.pointwise import bind_value
+from prnn_tvm.codegen.barriers.peers import PeerTags
+from prnn_tvm.codegen.barriers.tags import Tags
+from prnn_tvm.dtypes import itemsize
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.signature import Arg, ArgRole
+from prnn_tvm.signature import CTA_OFFSET, split_args
+from prnn_tvm.target import max_regs_per_thread
+
+from .head_columns import OperandColumns
+
+UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
 
 SPLIT_BARRIER = "tags"
-CTA_OFFSET = "cta_offset"  # the scalar argument: the first CTA index of the whole grid that this GPU runs
-
-
-def peer_arg(k: int) -> str:
-    """The name of the scalar argument holding peer ``k``'s workspace address (peers in device order, self left out)."""
-    return f"peer_workspace_{k}"
 
 
 def split_problem(plan, gpus: int) -> str | None:
     """Why ``plan`` (a CellPlan) cannot be split over ``gpus`` GPUs, or None."""
     if not isinstance(gpus, int) or gpus < 2:
         return f"a split layer runs on 2 GPUs or more, not {gpus!r}: compile without devices for one GPU"
-    if plan.unit_sums:
-        return (f"cell '{plan.cell.name}' sums over units, whose partial sums meet through a plain exchange on one "
-                "GPU: it cannot be split over GPUs")
     if plan.hidden % 2:
         return (f"hidden={plan.hidden} is odd: a split layer polls its peers' tagged words two at a time (one "
                 "system-scope vector load), which needs an even hidden size")
-    return None
+    return Tags().problem(plan, "shared")
 
 
-def split_config(cfg, plan, gpu, gpus: int, validate, ranked_configs):
+@dataclass(frozen=True)
+class SplitPlacement:
+    """A config as a split layer runs it: the template's ``config``, its ``geometry`` (on :func:`combined`) and the
+    batch rows a poll waits for at a time (``chunk_rows``)."""
+
+    config: object
+    geometry: object
+    chunk_rows: int
+
+
+def split_config(cfg, plan, gpu, gpus: int, validate, ranked_configs) -> SplitPlacement:
     """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu``: the ``tags`` exchange, the shared layout, one
     batch group, shared operands, and a grid of a multiple of ``gpus`` CTAs that fits G GPUs (validated on
     :func:`combined`); else the best untuned config that runs so; ConfigError when none does. ``cfg`` None: the
@@ -64,11 +68,16 @@ def split_config(cfg, plan, gpu, gpus: int, validate, ranked_configs):
     def fitting(candidate):
         knobs = {f.name for f in dataclasses.fields(candidate)}
         candidate = dataclasses.replace(candidate, **{k: v for k, v in changes.items() if k in knobs})
-        ctas = validate(candidate, plan, whole).ctas
-        if ctas % gpus:
-            raise ConfigError(f"its grid of {ctas} CTAs does not divide among {gpus} GPUs: take units_per_cta so that "
-                              f"hidden / units_per_cta is a multiple of {gpus}")
-        return candidate
+        # the geometry without the poll's registers (a kind that polls no values), then the chunk of rows that fits
+        g = validate(dataclasses.replace(candidate, barrier=UNPOLLED), plan, whole)
+        if g.ctas % gpus:
+            raise ConfigError(f"its grid of {g.ctas} CTAs does not divide among {gpus} GPUs: take units_per_cta so "
+                              f"that hidden / units_per_cta is a multiple of {gpus}")
+        problem = Tags().placement_problem(plan, candidate.units_per_cta)
+        if problem:
+            raise ConfigError(problem)
+        rows, regs = poll_chunk(g, candidate, plan, whole)
+        return SplitPlacement(candidate, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows)
 
     reason = None
     if cfg is not None:
@@ -86,21 +95,38 @@ def split_config(cfg, plan, gpu, gpus: int, validate, ranked_configs):
                       f"layout, a grid of a multiple of {gpus} CTAs): {reason}")
 
 
+def poll_chunk(g, cfg, plan, gpu) -> tuple[int, int]:
+    """``(batch rows a poll waits for at a time, the registers it holds)``: the most rows of a tile whose tagged
+    loads fit the registers the geometry ``g`` leaves a thread (at most 32 loads, the poll's stale mask)."""
+    spare = max_regs_per_thread(g.threads, gpu) - g.regs_estimate
+    cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
+    row = max((cols.span(op) for op in cols.sizes), default=plan.hidden)  # a tile row's values (its CTA's span)
+    tags = Tags()
+    for rows in range(min(cfg.batch_tile, plan.batch), 0, -1):
+        loads, per_load = tags.polled_loads(rows * row, g.threads, row, itemsize(plan.dtype))
+        if loads <= 32 and loads * per_load <= spare:
+            return rows, loads * per_load
+    loads, per_load = tags.polled_loads(row, g.threads, row, itemsize(plan.dtype))
+    raise ConfigError(f"polling one batch row of {row} tagged values holds {loads * per_load} registers a thread, "
+                      f"and the {g.threads}-thread CTA leaves {spare} beside its weights: raise units_per_cta's "
+                      "threads (k_groups, k_split) or split over more GPUs")
+
+
 def combined(gpu, gpus: int):
     """``gpus`` GPUs like ``gpu`` as the config's validation sees them: one GPU of their SMs together (a CTA's
     limits are one SM's, as they are)."""
     return dataclasses.replace(gpu, sms=gpu.sms * gpus)
 
 
-def split_builder(builder: type, gpus: int) -> type:
-    """The template's kernel builder for a layer split over ``gpus`` GPUs."""
-    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder), {"gpus": gpus})
+def split_builder(builder: type, gpus: int, chunk_rows: int) -> type:
+    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time."""
+    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder), {"gpus": gpus, "chunk_rows": chunk_rows})
 
 
 class SplitMode:
     """Mixin over a persistent template's builder (see the module's doc)."""
 
-    gpus = 2
+    gpus, chunk_rows = 2, 1
 
     def __init__(self, plan, cfg, g, save: bool = False):
         problem = split_problem(plan, self.gpus)
@@ -113,14 +139,13 @@ class SplitMode:
         if g.ctas % self.gpus:
             raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_config)")
         super().__init__(plan, cfg, g, save)
+        self.barrier = PeerTags(self.gpus, self.chunk_rows)  # tags, with the peers' copies and chunked polls
 
     def _launch(self):
         """The template's launch on one GPU's run of CTAs, with the run's first CTA and the peers' workspaces."""
         launch = super()._launch()
         grid = dataclasses.replace(launch.grid, ctas=launch.grid.ctas // self.gpus)
-        more = (Arg(CTA_OFFSET, ArgRole.SCALAR, (), "int32"),
-                *(Arg(peer_arg(k), ArgRole.SCALAR, (), "int64") for k in range(self.gpus - 1)))
-        return dataclasses.replace(launch, args=(*launch.args, *more), grid=grid)
+        return dataclasses.replace(launch, args=(*launch.args, *split_args(self.gpus)), grid=grid)
 
     @property
     def bx(self):
@@ -130,20 +155,3 @@ class SplitMode:
     @bx.setter
     def bx(self, value) -> None:
         self._block = value
-
-    def publish(self, name: str, t, b, unit, value):
-        """The template's tagged store into this GPU's copy, and the same word into each peer's; CTA 0 of the whole
-        grid skips them all at ``stall_step`` (the test knob: every GPU then times out)."""
-        value = bind_value(value, "published")  # once, for every copy
-        super().publish(name, t, b, unit, value)
-        sync = self.sync
-        with T.If(tirx.Not(tirx.all(self.bx == 0, t == sync.stall_step))):
-            with T.Then():
-                slot = T.address_of(self.a.ws[self.ws_at(name, t % 2, b, unit)])
-                first = T.address_of(self.a.ws[(0,) * len(self.a.ws.shape)])
-                tag = T.Cast("uint32", self.barrier_base + t + 1)  # as the tags kind's own store
-                for k in range(self.gpus - 1):
-                    T.evaluate(T.cuda.func_call(
-                        f"prnn_tag_store_peer<{payload_type(self.dt, SPLIT_BARRIER)}>",
-                        slot, first, self.a.named[peer_arg(k)], value, tag,
-                        source_code=cuda_source("peers.cuh"), return_type="void"))

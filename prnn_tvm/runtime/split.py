@@ -20,12 +20,11 @@ import tvm
 import tvm_ffi
 
 from ..errors import BarrierTimeout, ConfigError, InputError
-from ..signature import Signature
+from ..signature import CTA_OFFSET, PEER_WORKSPACE, Signature
 from . import peers
 from .base import DEFAULT_TIMEOUT_US, RuntimeLayer
 from .binding import COPY, BoundCall
 
-CTA_OFFSET = "cta_offset"  # as schedules/split.py names it
 FIRST_TIMEOUT_US = 10_000_000  # a device's first launch loads the module there, while its peers already wait
 
 
@@ -56,7 +55,7 @@ class DevicePart(RuntimeLayer):
         found["stall_step"] = self.owner.debug_stall_step
         found[CTA_OFFSET] = self.index * self.owner.ctas_per_gpu
         others = [p for p in self.owner.parts if p is not self]
-        found.update({f"peer_workspace_{k}": p.workspace_address() for k, p in enumerate(others)})
+        found.update({PEER_WORKSPACE.format(k): p.workspace_address() for k, p in enumerate(others)})
         return found
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from prnn_tvm.runtime.split import CTA_OFFSET, gather
-from prnn_tvm.signature import ArgRole
+from prnn_tvm.runtime.split import gather
+from prnn_tvm.signature import CTA_OFFSET, PEER_WORKSPACE, ArgRole
 
 from .emulator import TIMEOUT_US, emulate_devices, host_values, kernel_parameters, launch_arrays, projection
 
@@ -22,7 +22,7 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
     given = {**inputs, "xp": projection(inputs, launch.arg("xp").dtype)}
     scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
     wanted = {name for ctype, name in kernel_parameters(layer.cuda_source, launch.function) if not ctype.endswith("*")}
-    if wanted - set(scalars) - {"error_host", CTA_OFFSET} - {n for n in wanted if n.startswith("peer_workspace_")}:
+    if wanted - set(scalars) - {"error_host", CTA_OFFSET} - {PEER_WORKSPACE.format(k) for k in range(len(layer.devices))}:
         scalars.update(host_values(layer.kernel.func, layer.target, seq_len))
     gpus = len(layer.devices)
     devices = []
@@ -30,7 +30,7 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
         others = [d for d in range(gpus) if d != g]
         mine = {**scalars, CTA_OFFSET: g * layer.ctas_per_gpu, **({"seq_len": 0} if g == absent else {})}
         devices.append((launch_arrays(launch, given, seq_len), mine,
-                        {f"peer_workspace_{k}": (d, "workspace") for k, d in enumerate(others)}))
+                        {PEER_WORKSPACE.format(k): (d, "workspace") for k, d in enumerate(others)}))
     runs = emulate_devices(layer.cuda_source, launch, devices)
     written = [a.name for a in launch.args if a.role in (ArgRole.OUTPUT, ArgRole.FINAL)]
     out, finals = gather([[run.buffers[name] for name in written] for run in runs],
