@@ -86,8 +86,9 @@ def session_kernel(plan, target, gpu, config):
 
 def split_kernels(plan, target, gpu, gpus: int, config=None):
     """The kernels of ``plan`` split over ``gpus`` GPUs like ``gpu`` (``schedules.split``), best first, each made when
-    asked for: the caller's ``config`` (an object or a dict) made to run split, else the ranked untuned configs
-    that run split. ConfigError with the reason where none does."""
+    asked for: the caller's ``config`` (an object or a dict) made to run split, else the best few ranked untuned
+    configs that run split (a build takes the first that ptxas reports without spills). ConfigError with the reason
+    where none does."""
     problem = split.split_problem(plan, gpus)
     if problem:
         raise ConfigError(problem)
@@ -98,11 +99,12 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
     if config is not None:
         chosen = next((t for t in cuda if isinstance(config, t.config_type)), None)
         template = chosen or cuda[0]
-        placements = [(template, split.split_config(config if chosen else as_config(template, config), plan, gpu,
-                                                    gpus, template.knobs.validate, template.knobs.ranked_configs))]
+        config = config if chosen else as_config(template, config)
+        placements = [(template, p) for p in split.split_configs(config, plan, gpu, gpus, template.knobs.validate,
+                                                                 template.knobs.ranked_configs)]
     else:
-        placements = [(t, split.split_config(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs))
-                      for t in cuda]
+        placements = [(t, p) for t in cuda
+                      for p in split.split_configs(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs)]
     for template, placed in placements:
         builder = split.split_builder(template.builder, gpus, placed.chunk_rows)(plan, placed.config, placed.geometry)
         yield Kernel(builder.build(), template.name, builder.launch, placed.config)

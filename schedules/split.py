@@ -1,7 +1,7 @@
 """One layer split over the GPUs of one host: each GPU runs the persistent template's kernel over a slice of the units.
 
 The G GPUs are planned as one GPU of G times the SMs: the template's config is chosen and validated for that
-(:func:`split_config`), and its grid of ``ctas`` CTAs is cut into G runs of ``ctas / G``, one per GPU. GPU ``g``
+(:func:`split_configs`), and its grid of ``ctas`` CTAs is cut into G runs of ``ctas / G``, one per GPU. GPU ``g``
 launches the same kernel with ``cta_offset = g * ctas / G``: its blocks take the CTA indices ``cta_offset + blockIdx.x``
 of the whole grid, so they own the units (weight rows, params, projection columns, outputs) that those CTAs own on
 one GPU. Every array a call takes is whole on every GPU; a GPU reads and writes only its units' part of them, and
@@ -15,7 +15,7 @@ its own error word: a GPU whose peer stalls or never started times out and fills
 blocks then stop publishing, so the peers time out too, and every GPU's call ends.
 
 It runs the ``tags`` exchange, the shared layout, one batch group and the shared operand path (direct fragments
-poll a slot per step of the output sequence, which a peer does not hold): :func:`split_config` makes a config so.
+poll a slot per step of the output sequence, which a peer does not hold): :func:`split_configs` makes a config so.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ class SplitPlacement:
     chunk_rows: int
 
 
-def split_config(cfg, plan, gpu, gpus: int, validate, ranked_configs) -> SplitPlacement:
-    """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu``: the ``tags`` exchange, the shared layout, one
-    batch group, shared operands, and a grid of a multiple of ``gpus`` CTAs that fits G GPUs (validated on
-    :func:`combined`); else the best untuned config that runs so; ConfigError when none does. ``cfg`` None: the
-    best untuned one."""
+def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: int = 4):
+    """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu`` (a :class:`SplitPlacement`: the ``tags``
+    exchange, the shared layout, one batch group, shared operands, a grid of a multiple of ``gpus`` CTAs that fits G
+    GPUs, validated on :func:`combined`), then up to ``limit`` of the best untuned configs that run so, best first
+    (the fallbacks where ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
     changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared"}
     whole = combined(gpu, gpus)
 
@@ -79,20 +79,30 @@ def split_config(cfg, plan, gpu, gpus: int, validate, ranked_configs) -> SplitPl
         rows, regs = poll_chunk(g, candidate, plan, whole)
         return SplitPlacement(candidate, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows)
 
-    reason = None
+    found, reason = [], None
     if cfg is not None:
         try:
-            return fitting(cfg)
+            return [fitting(cfg)]
         except ConfigError as err:
-            reason = err
-    for other in ranked_configs(plan, whole, limit=64):
+            raise ConfigError(f"config {cfg} cannot run split over {gpus} GPUs: {err}") from None
+    try:
+        candidates = ranked_configs(plan, whole, limit=64)
+    except ConfigError as err:
+        candidates, reason = [], err
+    for other in candidates:
         try:
-            return fitting(other)
+            placed = fitting(other)
         except ConfigError as err:
             reason = reason or err
             continue
-    raise ConfigError(f"no config of this layer splits over {gpus} GPUs (the '{SPLIT_BARRIER}' exchange, the shared "
-                      f"layout, a grid of a multiple of {gpus} CTAs): {reason}")
+        if placed not in found:
+            found.append(placed)
+        if len(found) == limit:
+            break
+    if not found:
+        raise ConfigError(f"no config of this layer splits over {gpus} GPUs (the '{SPLIT_BARRIER}' exchange, the "
+                          f"shared layout, a grid of a multiple of {gpus} CTAs): {reason}")
+    return found
 
 
 def poll_chunk(g, cfg, plan, gpu) -> tuple[int, int]:
@@ -135,9 +145,9 @@ class SplitMode:
         if save or cfg.barrier != SPLIT_BARRIER or cfg.layout != "shared" or getattr(cfg, "batch_groups", 1) > 1 \
                 or getattr(cfg, "direct", False):
             raise ConfigError(f"a split layer runs the '{SPLIT_BARRIER}' exchange, the shared layout, one batch "
-                              f"group and shared operands, inference only (split_config), not {cfg}")
+                              f"group and shared operands, inference only (split_configs), not {cfg}")
         if g.ctas % self.gpus:
-            raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_config)")
+            raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_configs)")
         super().__init__(plan, cfg, g, save)
         self.barrier = PeerTags(self.gpus, self.chunk_rows)  # tags, with the peers' copies and chunked polls
 

@@ -19,8 +19,9 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from ..errors import BarrierTimeout, ConfigError, InputError
+from ..errors import BarrierTimeout, ConfigError, InputError, LaunchError
 from ..signature import CTA_OFFSET, PEER_WORKSPACE, Signature
+from ..target import local_gpu
 from . import peers
 from .base import DEFAULT_TIMEOUT_US, RuntimeLayer
 from .binding import COPY, BoundCall
@@ -129,7 +130,10 @@ class SplitLayer:
 
     def _enable_peers(self) -> None:
         if not self._peers_enabled:
-            self.parts[0].device  # noqa: B018 - makes TVM load its CUDA runtime (and libcudart) first
+            if local_gpu() is None or not self.module.imports or self.module.imports[0].kind != "cuda":
+                raise LaunchError("this split layer was compiled on a machine without a usable GPU, so it holds CUDA "
+                                  "source only: compile it where the GPUs are (its kernels can be emulated on the "
+                                  "host: prnn_tvm.verify.split.run_split)")
             peers.enable_peer_access(self.devices)
             self._peers_enabled = True
 
