@@ -22,7 +22,8 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
     given = {**inputs, "xp": projection(inputs, launch.arg("xp").dtype)}
     scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
     wanted = {name for ctype, name in kernel_parameters(layer.cuda_source, launch.function) if not ctype.endswith("*")}
-    if wanted - set(scalars) - {"error_host", CTA_OFFSET} - {PEER_WORKSPACE.format(k) for k in range(len(layer.devices))}:
+    given_by_split = {"error_host", CTA_OFFSET, *(PEER_WORKSPACE.format(k) for k in range(len(layer.devices)))}
+    if wanted - set(scalars) - given_by_split:
         scalars.update(host_values(layer.kernel.func, layer.target, seq_len))
     gpus = len(layer.devices)
     devices = []
