@@ -8,6 +8,7 @@ one TVM's contexts (the runtime's primary contexts) see. No torch: a compiled la
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -66,9 +67,7 @@ def enable_peer_access(devices) -> None:
         raise LaunchError(f"devices {devices} asked for, but this process sees {count} GPU(s): devices {missing} "
                           "are not there (check CUDA_VISIBLE_DEVICES, or compile for fewer devices)")
     lib = cudart()
-    current = ctypes.c_int(0)
-    _check(lib.cudaGetDevice(ctypes.byref(current)), "cudaGetDevice")
-    try:
+    with _current_device_kept():
         for d in devices:
             for p in devices:
                 if p == d:
@@ -80,8 +79,52 @@ def enable_peer_access(devices) -> None:
                 _check(lib.cudaSetDevice(d), f"cudaSetDevice({d})")
                 code = lib.cudaDeviceEnablePeerAccess(p, 0)
                 if code == PEER_ALREADY_ENABLED:
-                    lib.cudaGetLastError()  # clear the sticky-free error the call left
+                    lib.cudaGetLastError()  # clear the (not sticky) error the call left
                 else:
                     _check(code, f"cudaDeviceEnablePeerAccess({p}) on GPU {d}")
+
+
+@contextlib.contextmanager
+def _current_device_kept():
+    """The CUDA runtime's current device, restored on exit (TVM sets it again before each launch anyway)."""
+    current = ctypes.c_int(0)
+    _check(cudart().cudaGetDevice(ctypes.byref(current)), "cudaGetDevice")
+    try:
+        yield
     finally:
-        lib.cudaSetDevice(current.value)
+        cudart().cudaSetDevice(current.value)
+
+
+class StreamJoin:
+    """Orders the next launches on each of ``devices``' streams after the launches already queued on all of them,
+    without the host waiting: an event recorded on every device's stream, which every other device's stream waits
+    for (``cudaStreamWaitEvent`` works across devices). A split layer's launch on one GPU must not start before
+    every peer's previous launch has ended: its first step would overwrite, in a peer's copy of the exchange, values
+    that peer still polls for."""
+
+    DISABLE_TIMING = 2  # cudaEventDisableTiming
+
+    def __init__(self, devices):
+        self.devices, self.events = list(devices), []
+        lib = cudart()
+        with _current_device_kept():
+            for d in self.devices:
+                _check(lib.cudaSetDevice(d), f"cudaSetDevice({d})")
+                event = ctypes.c_void_p()
+                _check(lib.cudaEventCreateWithFlags(ctypes.byref(event), self.DISABLE_TIMING),
+                       f"cudaEventCreateWithFlags on GPU {d}")
+                self.events.append(event)
+
+    def join(self, streams) -> None:
+        """After the launches queued on ``streams`` (one raw stream handle per device, in order)."""
+        lib = cudart()
+        with _current_device_kept():
+            for d, stream, event in zip(self.devices, streams, self.events):
+                _check(lib.cudaSetDevice(d), f"cudaSetDevice({d})")
+                _check(lib.cudaEventRecord(event, ctypes.c_void_p(stream)), f"cudaEventRecord on GPU {d}")
+            for d, stream in zip(self.devices, streams):
+                _check(lib.cudaSetDevice(d), f"cudaSetDevice({d})")
+                for other, event in zip(self.devices, self.events):
+                    if other != d:
+                        _check(lib.cudaStreamWaitEvent(ctypes.c_void_p(stream), event, 0),
+                               f"cudaStreamWaitEvent on GPU {d} for GPU {other}")

@@ -82,6 +82,7 @@ class SplitLayer:
         self.ctas_per_gpu, self.units_per_cta = grid.ctas, kernel.config.units_per_cta
         self.parts = [DevicePart(signature, module, self, i) for i in range(len(self.devices))]
         self._peers_enabled = False
+        self.join = None  # peers.StreamJoin, once peer access is enabled
 
     def units_of(self, index: int) -> range:
         """The units the CTAs of the ``index``-th GPU own."""
@@ -135,6 +136,7 @@ class SplitLayer:
                                   "source only: compile it where the GPUs are (its kernels can be emulated on the "
                                   "host: prnn_tvm.verify.split.run_split)")
             peers.enable_peer_access(self.devices)
+            self.join = peers.StreamJoin(self.devices)
             self._peers_enabled = True
 
     def check(self) -> None:
@@ -173,6 +175,7 @@ class SplitCall:
                 if name == COPY:
                     raise ConfigError("a split layer does not run chunked sequences")
                 part._launch(name, args)
+        layer.join.join([part.stream for part in layer.parts])  # the next launch anywhere after all of these
         for part in layer.parts:
             part.launched = True
 
