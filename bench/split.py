@@ -100,6 +100,12 @@ recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not
 config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
 rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
 rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check)))
+# what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
+w_slice = torch.randn(4 * H // G, H, device="cuda", dtype=torch.float16)
+b_slice = torch.randn(4 * H // G, device="cuda", dtype=torch.float32)
+rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
+    lambda: torch.nn.functional.linear(x.view(T * B, H), w_slice).float() + b_slice, torch.cuda.synchronize)))
+rows.append(row(f"prnn-tvm, {G} GPUs: recurrent + cuBLAS projection (sum)", rows[-2]["ms"] + rows[-1]["ms"]))
 
 cudnn = rows[0]["ms"]
 for r in rows[1:]:
