@@ -7,10 +7,10 @@ Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs (one H100 refuses it: its weig
 registers) and H=1024 B=8 on 1 vs 2 GPUs. ``--gpus 4 --hidden 4096 --batch 4`` is refused for now: 134 MB of
 weights are 254 KB per SM over four H100s, the whole register file; it needs the shared-memory tier.
 
-Every figure is host wall time over ``number`` calls issued back to back, then a wait for every GPU, the median of
-``repeats`` runs: a split call's time is its slowest GPU's. "layer" is the whole layer (each GPU computes the whole
-input projection: TVM's GEMM), "recurrent" the recurrent kernels alone on a given projection. Inputs are placed on
-the GPUs once (a split call's public form copies NumPy to every GPU and back; that is not timed).
+Every figure is host wall time over ``number`` calls issued back to back, then a wait for every GPU, the median
+of ``repeats`` runs: a split call's time is its slowest GPU's. "layer" is the whole layer (each GPU computes its own
+columns of the input projection: TVM's GEMM), "recurrent" the recurrent kernels alone on a given projection. Inputs
+are placed on the GPUs once (a split call's public form copies NumPy to every GPU and back; that is not timed).
 """
 
 import argparse

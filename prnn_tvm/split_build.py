@@ -8,15 +8,17 @@ did not need: compile it without ``devices`` unless it is too big for one GPU).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from .choice import ConfigChoice, ConfigOrigin
-from .codegen.build import build_module
-from .codegen.kernel import layer_signature
+from .codegen.build import build_functions
+from .codegen.projection import projection_func
 from .errors import ConfigError
 from .frontend.plan import CellPlan
 from .runtime.split import SplitLayer
 from .schedules import split_kernels
+from .signature import Signature, projection_launch
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +32,18 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
         raise ConfigError("a layer split over GPUs runs CUDA kernels: compile it for target='cuda'")
     kernel = built = None
     for kernel in split_kernels(plan, target, gpu, len(devices), config):
-        built = build_module(plan, kernel, input_size, target, gpu)
+        width = kernel.launch.arg("xp").shape[2]  # one GPU's columns of the input projection
+        funcs = {"recurrent": kernel.func, "projection": gpu_projection(plan, width, input_size, target)}
+        built = build_functions(funcs, target, gpu)
         if not built.spill_bytes:
             break
     origin = ConfigOrigin.USER if config is not None else ConfigOrigin.DEFAULT
     choice = ConfigChoice(kernel.config, origin, f"split over {len(devices)} GPUs (tags exchange, shared layout)")
     rep = report(plan, kernel, built, choice)
     log.info("compiled %s over GPUs %s: %s", plan.cell.name, devices, rep.format().replace("\n", "; "))
-    signature = layer_signature(plan, input_size, kernel.launch)
+    projection = projection_launch(plan.batch, input_size, width, plan.dtype, plan.policy.accumulate)
+    signature = Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype, (projection, kernel.launch),
+                          bool(plan.reversed_states))
     fn = built.recurrent
     if fn is not None:
         signature = signature.with_grid(kernel.launch.function, registers=fn.registers,
@@ -59,3 +65,9 @@ def _devices(devices) -> tuple:
         raise ConfigError(f"devices={list(found)}: a split layer runs on 2 GPUs or more; for one GPU compile "
                           "without devices")
     return found
+
+
+def gpu_projection(plan: CellPlan, width: int, input_size: int, target):
+    """The input projection of one GPU's ``width`` columns (its units of every input slice, ``SplitLayer`` gives it
+    those rows of ``W_ih``): the layer's projection at that width."""
+    return projection_func(dataclasses.replace(plan, hidden=width // plan.input.slices), input_size, target)

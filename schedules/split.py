@@ -151,11 +151,23 @@ class SplitMode:
         super().__init__(plan, cfg, g, save)
         self.barrier = PeerTags(self.gpus, self.chunk_rows)  # tags, with the peers' copies and chunked polls
 
+    @property
+    def gpu_units(self) -> int:
+        """Units of one GPU's run of CTAs (the last GPU's may run past ``hidden``)."""
+        return self.g.ctas // self.gpus * self.c.units_per_cta
+
     def _launch(self):
-        """The template's launch on one GPU's run of CTAs, with the run's first CTA and the peers' workspaces."""
+        """The template's launch on one GPU's run of CTAs, with the run's first CTA and the peers' workspaces; its
+        input projection is this GPU's columns alone (``xp_column``)."""
         launch = super()._launch()
         grid = dataclasses.replace(launch.grid, ctas=launch.grid.ctas // self.gpus)
-        return dataclasses.replace(launch, args=(*launch.args, *split_args(self.gpus)), grid=grid)
+        width = self.p.input.slices * self.gpu_units
+        args = tuple(dataclasses.replace(a, shape=(*a.shape[:2], width)) if a.name == "xp" else a for a in launch.args)
+        return dataclasses.replace(launch, args=(*args, *split_args(self.gpus)), grid=grid)
+
+    def xp_column(self, leaf, unit):
+        """The GPU's projection holds, per input slice, its own units alone (``split_columns``)."""
+        return leaf.slice * self.gpu_units + unit - self.a.named[CTA_OFFSET] * self.c.units_per_cta
 
     @property
     def bx(self):

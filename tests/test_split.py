@@ -36,6 +36,7 @@ def split_layer(cell: str, hidden: int, batch: int, gpus: int, units: int, tile:
         ("lstm", 12, 1, 4, 3, 4),  # a CTA a GPU, batch 1
         ("lstm", 16, 5, 4, 2, 1),  # one step: the initial states alone
         ("lstm", 10, 3, 2, 1, 4),  # units 5 and 5
+        ("lstm", 10, 3, 2, 3, 3),  # units 6 and 4: the second GPU's last CTA half past hidden
         ("gru", 12, 3, 2, 3, 4),  # torch's GRU: r * (W h + b) inside the step
     ],
 )
@@ -113,6 +114,19 @@ def test_a_cell_that_sums_over_units_is_refused():
 def test_a_layer_that_fits_one_gpu_may_be_split_all_the_same():
     layer = split_layer("lstm", 12, 2, 2, 3)
     assert isinstance(layer, prnn_tvm.runtime.split.SplitLayer) and layer.devices == (0, 1)
+
+
+def test_each_gpu_projects_its_own_units_of_every_slice():
+    layer = split_layer("lstm", 10, 3, 2, 3)
+    first, second = layer.columns_of(0), layer.columns_of(1)
+    assert list(first) == [u + 10 * s for s in range(4) for u in range(6)]
+    assert list(second) == [u + 10 * s if u < 10 else -1 for s in range(4) for u in range(6, 12)]
+    w = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    mine = layer.own_columns({"W_ih": w, "b_ih": w[:, 0], "x": w}, 1)
+    np.testing.assert_array_equal(mine["W_ih"][:4], w[6:10])
+    assert not mine["W_ih"][4:6].any() and not mine["b_ih"][4:6].any()  # the units past hidden: zero rows
+    assert mine["x"] is w
+    assert layer.signature.launch("projection").arg("W_ih").shape == (24, 3)
 
 
 def test_without_gpus_a_call_says_so_and_only_numpy_crosses():

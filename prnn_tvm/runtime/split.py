@@ -8,9 +8,10 @@ its own workspace, barrier state and host error word, whose recurrent launch als
 part's arrays first, then launches every part's projection, then every part's recurrent kernel (each on its device's
 current stream, asynchronously: all are resident at once, on different GPUs), then waits for all of them.
 
-Every array is whole on every GPU (NumPy inputs are copied to each); GPU ``g`` writes only its units of the output
-sequence and final states, which :meth:`SplitLayer.__call__` gathers into whole NumPy arrays. Each GPU computes the
-whole input projection (its own units' columns would do: a narrower projection is the next step).
+Every array is whole on every GPU (NumPy inputs are copied to each) but the input projection's: GPU ``g`` gets the
+rows of ``W_ih`` and ``b_ih`` of its own units (of every input slice, :meth:`SplitLayer.columns_of`), computes those
+columns of the projection alone and its recurrent kernel reads them. It writes only its units of the output sequence
+and final states, which :meth:`SplitLayer.__call__` gathers into whole NumPy arrays.
 """
 
 from __future__ import annotations
@@ -114,20 +115,46 @@ class SplitLayer:
     def bind_recurrent(self, xp, *args, **kwargs) -> SplitCall:
         return self._bind(self.signature.starting_at("recurrent"), (xp, *args), kwargs)
 
+    def columns_of(self, index: int) -> np.ndarray:
+        """The columns of the whole input projection (rows of ``W_ih``, entries of ``b_ih``) that the ``index``-th
+        GPU computes and reads: its units of each input slice, in order; -1 past ``hidden`` (zero rows)."""
+        H, units = self.signature.hidden, self.ctas_per_gpu * self.units_per_cta
+        slices = self.signature.launch("recurrent").arg("xp").shape[2] // units
+        own = np.arange(index * units, (index + 1) * units)
+        return np.concatenate([np.where(own < H, s * H + own, -1) for s in range(slices)])
+
     def _bind(self, signature: Signature, args: tuple, kwargs: dict) -> SplitCall:
-        arrays = [*args, *kwargs.values()]
-        if not all(isinstance(a, np.ndarray) for a in arrays):
+        names = signature.arg_names
+        if len(args) > len(names):
+            raise InputError(f"{len(args)} arguments given, the layer takes at most {len(names)}: {', '.join(names)}")
+        named = {**dict(zip(names, args)), **kwargs}
+        if not all(isinstance(a, np.ndarray) for a in named.values()):
             raise InputError("a layer split over GPUs takes NumPy arrays (copied to every GPU) and returns NumPy; "
                              "pass x.cpu().numpy() for a torch tensor")
         self._enable_peers()
         for part in self.parts:  # every workspace exists before any part's scalars name its peers'
             part._check_coresidency()
             part.launch_state(part.stream)
-        calls = [part._bind(signature, args, kwargs) for part in self.parts]
+        calls = [part._bind(signature, (), self.own_columns(named, i)) for i, part in enumerate(self.parts)]
         if calls[0].chunks > 1:
             raise InputError(f"a sequence of {calls[0].seq_len} steps runs in chunks on one GPU, which a split layer "
                              "does not do yet: call it on shorter pieces, passing each piece's final states on")
         return SplitCall(self, calls)
+
+    def own_columns(self, named: dict, index: int) -> dict:
+        """A call's arrays as the ``index``-th GPU takes them: of the input projection's (``W_ih``, ``b_ih``, or a
+        given ``xp``) its own columns (:meth:`columns_of`), the others whole."""
+        columns = self.columns_of(index)
+        inside = columns >= 0
+        mine = dict(named)
+        for name, axis in (("W_ih", 0), ("b_ih", 0), ("xp", 2)):
+            if name in named:
+                array = np.asarray(named[name])
+                picked = np.take(array, np.where(inside, columns, 0), axis=axis)
+                shape = [1] * array.ndim
+                shape[axis] = len(columns)
+                mine[name] = np.ascontiguousarray(np.where(inside.reshape(shape), picked, 0).astype(array.dtype))
+        return mine
 
     def _enable_peers(self) -> None:
         if not self._peers_enabled:

@@ -19,7 +19,7 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
     that own each unit."""
     launch = layer.signature.launch("recurrent")
     seq_len = int(np.shape(inputs["x"])[0])
-    given = {**inputs, "xp": projection(inputs, launch.arg("xp").dtype)}
+    xp = projection(inputs, launch.arg("xp").dtype)
     scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
     wanted = {name for ctype, name in kernel_parameters(layer.cuda_source, launch.function) if not ctype.endswith("*")}
     given_by_split = {"error_host", CTA_OFFSET, *(PEER_WORKSPACE.format(k) for k in range(len(layer.devices)))}
@@ -30,6 +30,7 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
     for g in range(gpus):
         others = [d for d in range(gpus) if d != g]
         mine = {**scalars, CTA_OFFSET: g * layer.ctas_per_gpu, **({"seq_len": 0} if g == absent else {})}
+        given = layer.own_columns({**inputs, "xp": xp}, g)  # the GPU's columns of the projection
         devices.append((launch_arrays(launch, given, seq_len), mine,
                         {PEER_WORKSPACE.format(k): (d, "workspace") for k, d in enumerate(others)}))
     runs = emulate_devices(layer.cuda_source, launch, devices)
