@@ -38,7 +38,8 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
         if not built.spill_bytes:
             break
     origin = ConfigOrigin.USER if config is not None else ConfigOrigin.DEFAULT
-    choice = ConfigChoice(kernel.config, origin, f"split over {len(devices)} GPUs (tags exchange, shared layout)")
+    choice = ConfigChoice(kernel.config, origin, f"split over {len(devices)} GPUs, the grid below on each (tags "
+                          "exchange, shared layout)")
     rep = report(plan, kernel, built, choice)
     log.info("compiled %s over GPUs %s: %s", plan.cell.name, devices, rep.format().replace("\n", "; "))
     projection = projection_launch(plan.batch, input_size, width, plan.dtype, plan.policy.accumulate)

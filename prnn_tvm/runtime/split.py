@@ -6,7 +6,9 @@ arrays are on. Each GPU is a :class:`DevicePart`: a :class:`~prnn_tvm.runtime.ba
 its own workspace, barrier state and host error word, whose recurrent launch also takes its run's first CTA
 (``cta_offset``) and the addresses of the other GPUs' workspaces (``peer_workspace_<k>``). A call binds every
 part's arrays first, then launches every part's projection, then every part's recurrent kernel (each on its device's
-current stream, asynchronously: all are resident at once, on different GPUs), then waits for all of them.
+current stream, asynchronously: all are resident at once, on different GPUs), then makes every GPU's stream wait for
+every other's (:class:`~prnn_tvm.runtime.peers.StreamJoin`: a GPU's next launch would otherwise overwrite, in a
+slower peer's copy of the exchange, values that peer still polls), then waits for all of them.
 
 Every array is whole on every GPU (NumPy inputs are copied to each) but the input projection's: GPU ``g`` gets the
 rows of ``W_ih`` and ``b_ih`` of its own units (of every input slice, :meth:`SplitLayer.columns_of`), computes those
@@ -15,6 +17,8 @@ and final states, which :meth:`SplitLayer.__call__` gathers into whole NumPy arr
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import tvm
@@ -196,12 +200,18 @@ class SplitCall:
         """Every GPU's launches, launch by launch across the GPUs (each GPU's projection before any recurrent
         kernel: a recurrent kernel waits for its peers' from its first step)."""
         layer = self.layer
-        for step in range(len(self.calls[0].launches)):
-            for part, call in zip(layer.parts, self.calls):
-                name, args = call.launches[step]
-                if name == COPY:
-                    raise ConfigError("a split layer does not run chunked sequences")
-                part._launch(name, args)
+        try:
+            for step in range(len(self.calls[0].launches)):
+                for part, call in zip(layer.parts, self.calls):
+                    name, args = call.launches[step]
+                    if name == COPY:
+                        raise ConfigError("a split layer does not run chunked sequences")
+                    part._launch(name, args)
+        except Exception:
+            # the GPUs launched before this one wait for it until they time out: let them, and start clean
+            with contextlib.suppress(BarrierTimeout):
+                layer.check()
+            raise
         layer.join.join([part.stream for part in layer.parts])  # the next launch anywhere after all of these
         for part in layer.parts:
             part.launched = True
