@@ -107,16 +107,20 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
 
 def poll_chunk(g, cfg, plan, gpu) -> tuple[int, int]:
     """``(batch rows a poll waits for at a time, the registers it holds)``: the most rows of a tile whose tagged
-    loads fit the registers the geometry ``g`` leaves a thread (at most 32 loads, the poll's stale mask)."""
+    loads (at most 32, the poll's stale mask) take at most half the registers the geometry ``g`` leaves a thread, else
+    one row where it fits them (the estimate is rough: LSTM fp16 hidden 2048 at k_groups 4 spilled with the three
+    rows that fit the estimate, not with one)."""
     spare = max_regs_per_thread(g.threads, gpu) - g.regs_estimate
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
     row = max((cols.span(op) for op in cols.sizes), default=plan.hidden)  # a tile row's values (its CTA's span)
     tags = Tags()
     for rows in range(min(cfg.batch_tile, plan.batch), 0, -1):
         loads, per_load = tags.polled_loads(rows * row, g.threads, row, itemsize(plan.dtype))
-        if loads <= 32 and loads * per_load <= spare:
+        if loads <= 32 and loads * per_load <= spare // 2:
             return rows, loads * per_load
     loads, per_load = tags.polled_loads(row, g.threads, row, itemsize(plan.dtype))
+    if loads <= 32 and loads * per_load <= spare:
+        return 1, loads * per_load
     raise ConfigError(f"polling one batch row of {row} tagged values holds {loads * per_load} registers a thread, "
                       f"and the {g.threads}-thread CTA leaves {spare} beside its weights: raise units_per_cta's "
                       "threads (k_groups, k_split) or split over more GPUs")
