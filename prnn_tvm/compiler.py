@@ -28,6 +28,7 @@ from .runtime.layer import Layer
 from .schedules import backward_for, gpu_backward, saving_forward, templates_for
 from .session_build import SessionKernels, compile_session  # noqa: F401 - the compiler's entry points, re-exported
 from .signature import SEQ, Signature
+from .split_build import compile_split
 from .target import GpuSpec, gpu_spec
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def compile_cell(
     layers: int = 1,
     bidirectional: bool = False,
     cache: bool = True,
+    devices=None,
 ) -> Layer:
     """Compile a recurrent cell into a layer: input projection + recurrent kernel.
 
@@ -94,6 +96,11 @@ def compile_cell(
         a later process gets it in milliseconds). False compiles it here whatever the cache holds; the
         environment turns the cache off for every compile (``PRNN_TVM_CACHE=0``) and moves it
         (``PRNN_TVM_CACHE_DIR``).
+    devices : list of int, optional
+        Split the layer's units over these GPUs of one host (``[0, 1]``; P2P between every pair, NVLink): each runs
+        the persistent kernel over its slice, the states exchanged each step through peer memory
+        (``schedules/split.py``). Returns a :class:`~prnn_tvm.runtime.split.SplitLayer` (inference, NumPy in and
+        out); not cached. For layers too big for one GPU's registers; a smaller one is split all the same.
 
     Use ``layer.report.format()`` to see the grid, registers and spills.
     """
@@ -116,6 +123,9 @@ def compile_cell(
     tgt, gpu = _target(target, arch)
     plan = analyze(cell, batch, hidden, dtype)
     _check_index_range(layer_signature(plan, input_size))
+    if devices is not None:  # one layer over several GPUs (prnn_tvm.split_build)
+        return compile_split(plan, devices, input_size, tgt, gpu, config,
+                             lambda p, k, b, c: _report(p, k, b, input_size, seq_len, gpu, c))
     key = layer_cache.key_for(plan, input_size, seq_len, tgt, gpu, config, tuning_logs, layers, bidirectional, cache)
     found = layer_cache.lookup(key, plan, tgt, gpu, input_size)
     if found is not None:

@@ -269,6 +269,16 @@ def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dt
 # The scalars a stateful barrier takes, with their types: the per-wait bound, the test knob that
 # stalls block 0 (-1: none), and the address of the page-locked host word a timeout is copied to.
 SYNC_SCALARS = {"timeout_us": "int32", "stall_step": "int32", "error_host": "int64"}
+# A layer split over GPUs (schedules/split.py): a GPU's recurrent launch also takes the first CTA of the whole grid
+# that it runs and the address of each other GPU's copy of the exchange (peers in device order, itself left out).
+CTA_OFFSET = "cta_offset"
+PEER_WORKSPACE = "peer_workspace_{}"
+
+
+def split_args(gpus: int) -> tuple:
+    """The scalars a GPU's recurrent launch of a layer split over ``gpus`` GPUs takes after the template's."""
+    return (Arg(CTA_OFFSET, ArgRole.SCALAR, (), "int32"),
+            *(Arg(PEER_WORKSPACE.format(k), ArgRole.SCALAR, (), "int64") for k in range(gpus - 1)))
 
 
 def recurrent_args(

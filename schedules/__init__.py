@@ -15,13 +15,14 @@ from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma, session
+from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma, session, split
 from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
 __all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_for", "by_name", "gpu_backward",
-           "knob_short_names", "knob_text", "saving_forward", "session_kernel", "template_for", "templates_for"]
+           "knob_short_names", "knob_text", "saving_forward", "session_kernel", "split_kernels", "template_for",
+           "templates_for"]
 
 
 def templates_for(plan, target) -> list:
@@ -82,6 +83,32 @@ def session_kernel(plan, target, gpu, config, input_size: int):
     geometry = template.knobs.validate(config, plan, gpu)
     builder = session.session_builder(template.builder, input_size)(plan, config, geometry)
     return Kernel(builder.build(), template.name, builder.launch, config)
+
+
+def split_kernels(plan, target, gpu, gpus: int, config=None):
+    """The kernels of ``plan`` split over ``gpus`` GPUs like ``gpu`` (``schedules.split``), best first, each made when
+    asked for: the caller's ``config`` (an object or a dict) made to run split, else the best few ranked untuned
+    configs that run split (a build takes the first that ptxas reports without spills). ConfigError with the reason
+    where none does."""
+    problem = split.split_problem(plan, gpus)
+    if problem:
+        raise ConfigError(problem)
+    if target.kind.name != "cuda":
+        raise ConfigError(f"a split layer runs on several GPUs; target {target.kind.name} has none: compile for "
+                          "target='cuda'")
+    cuda = [t for t in templates_for(plan, target) if t.config_type is not None]
+    if config is not None:
+        chosen = next((t for t in cuda if isinstance(config, t.config_type)), None)
+        template = chosen or cuda[0]
+        config = config if chosen else as_config(template, config)
+        placements = [(template, p) for p in split.split_configs(config, plan, gpu, gpus, template.knobs.validate,
+                                                                 template.knobs.ranked_configs)]
+    else:
+        placements = [(t, p) for t in cuda
+                      for p in split.split_configs(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs)]
+    for template, placed in placements:
+        builder = split.split_builder(template.builder, gpus, placed.chunk_rows)(plan, placed.config, placed.geometry)
+        yield Kernel(builder.build(), template.name, builder.launch, placed.config)
 
 
 def gpu_backward(plan, gpu):

@@ -351,8 +351,12 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             with item as (b, unit, _ul):
                 timing = self.timing(t, it)
                 for i, leaf in enumerate(self.slots[group].x):
-                    T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b, leaf.slice * self.H + unit],
+                    T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b, self.xp_column(leaf, unit)],
                                    [it * self.width.x + i])
+
+    def xp_column(self, leaf: Leaf, unit):
+        """The column of the input projection that input ``leaf`` of ``unit`` reads (its slice's block of units)."""
+        return leaf.slice * self.H + unit
 
     @property
     def tiles_in_turn(self) -> bool:

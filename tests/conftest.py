@@ -43,7 +43,21 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ["PRNN_TVM_CACHE_DIR"], ignore_errors=True)
 
 
+def gpu_count() -> int:
+    """The CUDA devices this process sees (0 without a GPU)."""
+    import tvm
+
+    count = 0
+    while HAS_GPU and tvm.cuda(count).exist:
+        count += 1
+    return count
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # @pytest.mark.gpus(n): n GPUs of one host (a layer split over them)
+        wanted = item.get_closest_marker("gpus")
+        if wanted is not None and gpu_count() < wanted.args[0]:
+            item.add_marker(pytest.mark.skip(reason=f"needs {wanted.args[0]} CUDA GPUs ({gpu_count()} found)"))
     if HAS_GPU:
         return
     if config.getoption("markexpr") == "gpu":  # `make gpu-test` without a GPU: nothing would run

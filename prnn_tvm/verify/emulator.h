@@ -84,6 +84,7 @@ struct Block {
   unsigned live = 0, arrived = 0, generation = 0;
   int any = 0, any_result = 0;
   unsigned char* dynamic_shared = nullptr;
+  void** args = nullptr;  // the kernel's arguments on this block's device (one set per emulated GPU)
   bool polled = false;
   unsigned long long events = 0;  // barriers completed and threads finished: a round without any is a deadlock
 };
@@ -96,7 +97,7 @@ struct Region {  // a guarded allocation, for the fault message
 struct Launch {
   dim3 blocks, threads;
   size_t shared_bytes = 0;
-  void** args = nullptr;
+  unsigned devices = 1;  // GPUs that each run the grid, sharing host memory (a layer split over GPUs)
   std::atomic<unsigned> arrived{0}, generation{0};
   std::vector<Region> regions;
 };
@@ -205,6 +206,7 @@ T shfl_xor(unsigned mask, T value, int lane_mask, int width) {
 }
 
 inline void grid_sync() {  // cooperative groups' grid.sync(): every block's threads
+  if (launch.devices > 1) fail("grid.sync() of a launch on several GPUs is not emulated (it syncs one GPU's grid)");
   block_barrier(0);
   if (block->current->linear == 0) {
     const unsigned blocks = launch.blocks.x * launch.blocks.y * launch.blocks.z;
@@ -240,7 +242,7 @@ void store(void* p, U value, int order) {
 void call_kernel(void** args);  // the launcher the emulator writes after the kernel's source
 
 inline void fiber_main() {
-  call_kernel(launch.args);
+  call_kernel(block->args);
   Block& b = *block;
   Fiber& me = *b.current;
   me.done = true;
@@ -314,6 +316,9 @@ inline void run_block(Block& b) {
 //   hostword NAME PATH       (an int64 argument: the address of a 32-bit host word, written to PATH after the run)
 //   hostbuffer NAME BYTES PATH  (an int64 argument: the address of a buffer read from PATH, written back after the
 //                            run: page-locked host memory a kernel reaches through its address)
+// Several GPUs (a split layer: each runs the grid with its own arguments, in one address space): the line
+//   devices N                after the grid's, then each GPU's argument lines after a line `device D`, where
+//   peer NAME D BUFFER       (an int64 argument) is the address of GPU D's argument BUFFER.
 inline int main(int argc, char** argv) {
   if (argc != 2) fail("usage: emulator MANIFEST");
   struct sigaction action;
@@ -331,7 +336,6 @@ inline int main(int argc, char** argv) {
     long long value = 0;
     void* pointer = nullptr;
   };
-  std::vector<Argument> arguments;
   char kind[32], name[256], path[4096];
   unsigned long long bytes;
   long long value;
@@ -341,10 +345,28 @@ inline int main(int argc, char** argv) {
   launch.blocks = dim3{bx, by, bz};
   launch.threads = dim3{tx, ty, tz};
   launch.shared_bytes = bytes;
+  std::vector<std::vector<Argument>> devices(1);  // each GPU's arguments in order
+  unsigned current = 0;  // the GPU whose lines these are
+  struct Peer {
+    unsigned device, at, of;  // argument `at` of `device` is the address of GPU `of`'s buffer `buffer`
+    std::string buffer;
+  };
+  std::vector<Peer> peers;
   while (fscanf(manifest, " %31s %255s", kind, name) == 2) {
     Argument a;
     a.kind = kind;
     a.name = name;
+    if (a.kind == "devices") {
+      launch.devices = (unsigned)atoi(name);
+      if (launch.devices < 1) fail("a manifest's devices line names no device");
+      devices.resize(launch.devices);
+      continue;
+    }
+    if (a.kind == "device") {
+      current = (unsigned)atoi(name);
+      if (current >= launch.devices || !devices[current].empty()) fail("a device line out of order");
+      continue;
+    }
     if (a.kind == "buffer" || a.kind == "hostbuffer") {
       if (fscanf(manifest, " %llu %4095s", &bytes, path) != 2) fail("a buffer line without its size and path");
       a.bytes = bytes;
@@ -361,31 +383,50 @@ inline int main(int argc, char** argv) {
       a.data = guarded(4, ("host word " + a.name).c_str());
       memset(a.data, 0, 4);
       a.value = (long long)(uintptr_t)a.data;
+    } else if (a.kind == "peer") {
+      unsigned of;
+      if (fscanf(manifest, " %u %4095s", &of, path) != 2) fail("a peer line without its device and buffer");
+      a.kind = "int64";
+      peers.push_back(Peer{current, (unsigned)devices[current].size(), of, path});
     } else if (a.kind == "int32" || a.kind == "int64") {
       if (fscanf(manifest, " %lld", &value) != 1) fail("a scalar without its value");
       a.value = value;
     } else {
       fail("an unknown kind of argument in the manifest");
     }
-    arguments.push_back(a);
+    devices[current].push_back(a);
   }
   fclose(manifest);
-  std::vector<int> ints(arguments.size());
-  std::vector<void*> args(arguments.size());
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    Argument& a = arguments[i];
-    if (a.kind == "buffer") args[i] = &a.pointer;
-    else if (a.kind == "int32") args[i] = &(ints[i] = (int)a.value);
-    else args[i] = &a.value;
+  for (const Peer& p : peers) {
+    if (p.of >= launch.devices) fail("a peer line names a device past the devices line");
+    const Argument* found = nullptr;
+    for (const Argument& b : devices[p.of]) found = b.kind == "buffer" && b.name == p.buffer ? &b : found;
+    if (!found) fail("a peer line names a buffer its device does not have");
+    devices[p.device][p.at].value = (long long)(uintptr_t)found->pointer;
   }
-  launch.args = args.data();
-  const unsigned blocks = bx * by * bz;
-  std::vector<Block> grid(blocks);
-  for (unsigned i = 0; i < blocks; ++i) prepare_block(grid[i], i);
+  const unsigned blocks = bx * by * bz, all = blocks * launch.devices;
+  std::vector<std::vector<int>> ints(launch.devices);
+  std::vector<std::vector<void*>> args(launch.devices);
+  for (unsigned d = 0; d < launch.devices; ++d) {
+    ints[d].resize(devices[d].size());
+    args[d].resize(devices[d].size());
+    for (size_t i = 0; i < devices[d].size(); ++i) {
+      Argument& a = devices[d][i];
+      if (a.kind == "buffer") args[d][i] = &a.pointer;
+      else if (a.kind == "int32") args[d][i] = &(ints[d][i] = (int)a.value);
+      else args[d][i] = &a.value;
+    }
+  }
+  std::vector<Block> grid(all);
+  for (unsigned i = 0; i < all; ++i) {
+    prepare_block(grid[i], i % blocks);
+    grid[i].args = args[i / blocks].data();
+  }
   std::vector<std::thread> hosts;
-  for (unsigned i = 0; i < blocks; ++i) hosts.emplace_back(run_block, std::ref(grid[i]));
+  for (unsigned i = 0; i < all; ++i) hosts.emplace_back(run_block, std::ref(grid[i]));
   for (std::thread& h : hosts) h.join();
-  for (const Argument& a : arguments) {
+  for (const std::vector<Argument>& on : devices)
+  for (const Argument& a : on) {
     if (a.kind != "buffer" && a.kind != "hostbuffer" && a.kind != "hostword") continue;
     const size_t bytes_out = a.kind == "hostword" ? 4 : a.bytes;
     FILE* f = fopen(a.path.c_str(), "wb");

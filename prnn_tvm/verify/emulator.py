@@ -136,30 +136,28 @@ def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s:
     ``error_host`` is supplied: a host word the kernel may report to). An integer parameter named in ``arrays``
     takes that array's address (page-locked host memory a kernel reaches through its address), copied in and out
     likewise."""
+    return emulate_devices(source, launch, [(arrays, scalars, {})], timeout_s)[0]
+
+
+def emulate_devices(source: str, launch: Launch, devices: list, timeout_s: float = 300.0) -> list:
+    """:func:`emulate` on several GPUs at once, one address space (a layer split over GPUs): each of ``devices`` is
+    ``(arrays, scalars, peers)`` for one GPU, which runs the whole ``launch.grid`` with them; ``peers`` maps an
+    int64 parameter to ``(device index, argument name)``: the address of that GPU's copy of that buffer. Returns
+    an :class:`Emulated` per GPU."""
     grid = launch.grid
     if grid is None:
         raise EmulationError(f"launch '{launch.function}' has no grid of its own (not a hand-placed kernel)")
     program = build(source, launch.function)
+    params = kernel_parameters(source, launch.function)
     with tempfile.TemporaryDirectory(prefix="prnn_emulated_") as tmp:
         lines = [f"grid {grid.ctas} 1 1 {grid.threads} 1 1 {grid.dynamic_smem_bytes}"]
-        files = {}
-        for ctype, name in kernel_parameters(source, launch.function):
-            if name == "error_host":
-                files[name] = Path(tmp, name)
-                lines.append(f"hostword {name} {files[name]}")
-            elif ctype.endswith("*") or name in arrays:
-                arg = name.removesuffix("_ptr")
-                if arg not in arrays:
-                    raise EmulationError(f"kernel parameter {name}: no array '{arg}' given")
-                files[arg] = Path(tmp, arg)
-                data = np.ascontiguousarray(arrays[arg])
-                data.tofile(files[arg])
-                lines.append(f"{'buffer' if ctype.endswith('*') else 'hostbuffer'} {arg} {data.nbytes} {files[arg]}")
-            else:
-                if name not in scalars:
-                    raise EmulationError(f"kernel parameter {name}: no scalar '{name}' given")
-                wide = ctype in ("int64_t", "uint64_t", "long long", "unsigned long long")
-                lines.append(f"{'int64' if wide else 'int32'} {name} {int(scalars[name])}")
+        if len(devices) > 1:
+            lines.append(f"devices {len(devices)} ")
+        files = []
+        for d, (arrays, scalars, peers) in enumerate(devices):
+            if len(devices) > 1:
+                lines.append(f"device {d} ")
+            files.append(_manifest_lines(params, arrays, scalars, peers, Path(tmp, f"gpu{d}"), lines))
         Path(tmp, "manifest").write_text("\n".join(lines) + "\n")
         try:
             done = subprocess.run(
@@ -175,12 +173,44 @@ def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s:
                 f"the emulated '{launch.function}' kernel failed: "
                 f"{done.stderr.strip() or f'exit status {done.returncode}'}"
             )
-        out = {
-            name: np.fromfile(path, dtype=np.asarray(arrays[name]).dtype).reshape(np.shape(arrays[name]))
-            for name, path in files.items()
-            if name != "error_host"
-        }
-        word = int(np.fromfile(files["error_host"], np.uint32)[0]) if "error_host" in files else 0
+        return [_read_back(found, arrays) for found, (arrays, _, _) in zip(files, devices)]
+
+
+def _manifest_lines(params: list, arrays: dict, scalars: dict, peers: dict, where: Path, lines: list) -> dict:
+    """Append one GPU's argument lines to the manifest ``lines``, its buffers written under ``where``; returns the
+    files by argument name."""
+    where.mkdir()
+    files = {}
+    for ctype, name in params:
+        if name == "error_host":
+            files[name] = where / name
+            lines.append(f"hostword {name} {files[name]}")
+        elif name in peers:
+            device, buffer = peers[name]
+            lines.append(f"peer {name} {device} {buffer}")
+        elif ctype.endswith("*") or name in arrays:
+            arg = name.removesuffix("_ptr")
+            if arg not in arrays:
+                raise EmulationError(f"kernel parameter {name}: no array '{arg}' given")
+            files[arg] = where / arg
+            data = np.ascontiguousarray(arrays[arg])
+            data.tofile(files[arg])
+            lines.append(f"{'buffer' if ctype.endswith('*') else 'hostbuffer'} {arg} {data.nbytes} {files[arg]}")
+        else:
+            if name not in scalars:
+                raise EmulationError(f"kernel parameter {name}: no scalar '{name}' given")
+            wide = ctype in ("int64_t", "uint64_t", "long long", "unsigned long long")
+            lines.append(f"{'int64' if wide else 'int32'} {name} {int(scalars[name])}")
+    return files
+
+
+def _read_back(files: dict, arrays: dict) -> Emulated:
+    out = {
+        name: np.fromfile(path, dtype=np.asarray(arrays[name]).dtype).reshape(np.shape(arrays[name]))
+        for name, path in files.items()
+        if name != "error_host"
+    }
+    word = int(np.fromfile(files["error_host"], np.uint32)[0]) if "error_host" in files else 0
     return Emulated(out, word)
 
 
@@ -223,6 +253,16 @@ def run_launch(
     workspace and barrier state zero, and what the kernel writes has every bit set before the run (NaN in every
     float type: what it does not write stays NaN). ``kernel`` (its PrimFunc) and ``target``: for the scalars TVM's
     host code would pass (:func:`host_values`), where the kernel takes any."""
+    arrays = launch_arrays(launch, given, seq_len)
+    scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
+    wanted = {name for ctype, name in kernel_parameters(source, launch.function) if not ctype.endswith("*")}
+    if kernel is not None and wanted - set(scalars) - {"error_host"}:
+        scalars.update(host_values(kernel, target, seq_len))
+    return emulate(source, launch, arrays, scalars)
+
+
+def launch_arrays(launch: Launch, given: dict, seq_len: int) -> dict:
+    """Every buffer argument of ``launch`` over ``seq_len`` steps, as :func:`run_launch` describes them."""
     arrays = {}
     for arg in launch.args:
         shape = arg.concrete_shape(seq_len)
@@ -238,11 +278,7 @@ def run_launch(
             arrays[arg.name] = (
                 np.full(math.prod(shape) * np.dtype(arg.dtype).itemsize, 0xFF, np.uint8).view(arg.dtype).reshape(shape)
             )
-    scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
-    wanted = {name for ctype, name in kernel_parameters(source, launch.function) if not ctype.endswith("*")}
-    if kernel is not None and wanted - set(scalars) - {"error_host"}:
-        scalars.update(host_values(kernel, target, seq_len))
-    return emulate(source, launch, arrays, scalars)
+    return arrays
 
 
 def run_recurrent(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int = -1) -> tuple:

@@ -1,0 +1,114 @@
+"""One LSTM layer split over the GPUs of one host (``compile_cell(..., devices=[0, 1])``) against the same layer on one
+GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
+
+    python bench/split.py [--hidden 2048 --batch 8 --gpus 2 --seq 256] [--config '{"k_groups": 4, ...}']
+
+Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs (one H100 refuses it: its weights do not fit one GPU's
+registers) and H=1024 B=8 on 1 vs 2 GPUs. ``--gpus 4 --hidden 4096 --batch 4`` is refused for now: 134 MB of
+weights are 254 KB per SM over four H100s, the whole register file; it needs the shared-memory tier.
+
+Every figure is host wall time over ``number`` calls issued back to back, then a wait for every GPU, the median
+of ``repeats`` runs: a split call's time is its slowest GPU's. "layer" is the whole layer (each GPU computes its own
+columns of the input projection: TVM's GEMM), "recurrent" the recurrent kernels alone on a given projection. Inputs
+are placed on the GPUs once (a split call's public form copies NumPy to every GPU and back; that is not timed).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import tvm
+
+import prnn_tvm
+from prnn_tvm.errors import ConfigError
+from prnn_tvm.reference import random_inputs
+
+p = argparse.ArgumentParser()
+for name, default in {"hidden": 2048, "batch": 8, "gpus": 2, "seq": 256, "repeats": 7, "number": 5}.items():
+    p.add_argument(f"--{name}", type=int, default=default)
+p.add_argument("--config", type=json.loads, default=None, help="the split layer's knobs (a dict, as JSON)")
+args = p.parse_args()
+H, B, T, G = args.hidden, args.batch, args.seq, args.gpus
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+torch.manual_seed(0)
+
+
+def wall_ms(fn, wait) -> float:
+    """Median milliseconds per call of ``fn`` (``wait`` waits for every GPU it used)."""
+    for _ in range(3):
+        fn()
+    wait()
+    runs = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for _ in range(args.number):
+            fn()
+        wait()
+        runs.append((time.perf_counter() - start) * 1e3 / args.number)
+    return statistics.median(runs)
+
+
+def row(what: str, ms: float | None, note: str = "") -> dict:
+    per_step = f"{ms * 1e3 / T:8.2f}" if ms is not None else "       -"
+    print(f"{what:44s} {ms if ms is not None else float('nan'):9.3f} ms {per_step} us/step  {note}")
+    return {"what": what, "ms": ms, "us_per_step": None if ms is None else ms * 1e3 / T, "note": note}
+
+
+rows = []
+print(f"LSTM fp16 H={H} B={B} T={T}; {torch.cuda.device_count()} GPUs: {torch.cuda.get_device_name(0)}; "
+      f"host CPUs (affinity) {len(os.sched_getaffinity(0))}")
+
+# cuDNN on one GPU
+lstm = torch.nn.LSTM(H, H).cuda().half().eval()
+x = torch.randn(T, B, H, device="cuda", dtype=torch.float16)
+with torch.no_grad():
+    rows.append(row("cuDNN nn.LSTM, 1 GPU", wall_ms(lambda: lstm(x), torch.cuda.synchronize)))
+
+# ours on one GPU, where it fits
+inputs = None
+try:
+    one = prnn_tvm.compile_cell("lstm", H, B, dtype="float16")
+except ConfigError as err:
+    rows.append(row("prnn-tvm, 1 GPU", None, f"refused: {str(err)[:120]}"))
+else:
+    inputs = random_inputs(one.plan, T, H)
+    dev = tvm.cuda(0)
+    bound = one.bind(**{k: tvm.runtime.tensor(v, dev) for k, v in inputs.items()})
+
+    def run_one():
+        for name, a in bound.launches:
+            one.module[name](*a)
+
+    rows.append(row("prnn-tvm, 1 GPU: layer", wall_ms(run_one, dev.sync), one.report.format().splitlines()[4]))
+    one.check()
+
+# ours split over G GPUs
+try:
+    split = prnn_tvm.compile_cell("lstm", H, B, dtype="float16", devices=list(range(G)), config=args.config)
+except ConfigError as err:
+    row(f"prnn-tvm, {G} GPUs", None, f"refused: {err}")
+    raise SystemExit(1) from None
+print(split.report.format())
+inputs = inputs if inputs is not None else random_inputs(split.plan, T, H)
+call = split.bind(**inputs)
+xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
+recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
+config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
+rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
+rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check)))
+# what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
+w_slice = torch.randn(4 * H // G, H, device="cuda", dtype=torch.float16)
+b_slice = torch.randn(4 * H // G, device="cuda", dtype=torch.float32)
+rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
+    lambda: torch.nn.functional.linear(x.view(T * B, H), w_slice).float() + b_slice, torch.cuda.synchronize)))
+rows.append(row(f"prnn-tvm, {G} GPUs: recurrent + cuBLAS projection (sum)", rows[-2]["ms"] + rows[-1]["ms"]))
+
+cudnn = rows[0]["ms"]
+for r in rows[1:]:
+    if r["ms"] is not None:
+        print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
+print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows}))

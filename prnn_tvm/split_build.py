@@ -1,0 +1,74 @@
+"""Compiling one layer split over several GPUs of one host (``compile_cell(..., devices=[0, 1])``).
+
+The kernel is the persistent template's, each GPU running a run of its CTAs and publishing its new states into
+every GPU's copy of the exchange (``schedules/split.py``); the runtime half is :class:`~prnn_tvm.runtime.split.
+SplitLayer`. A layer that would fit one GPU may be split all the same (its steps then pay NVLink latency for SMs it
+did not need: compile it without ``devices`` unless it is too big for one GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from .choice import ConfigChoice, ConfigOrigin
+from .codegen.build import build_functions
+from .codegen.projection import projection_func
+from .errors import ConfigError
+from .frontend.plan import CellPlan
+from .runtime.split import SplitLayer
+from .schedules import split_kernels
+from .signature import Signature, projection_launch
+
+log = logging.getLogger(__name__)
+
+
+def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config, report) -> SplitLayer:
+    """The layer of ``plan`` split over ``devices`` (CUDA device indices, one per GPU, distinct): the first kernel
+    of :func:`prnn_tvm.schedules.split_kernels` that ptxas builds without spills (else the last, reported);
+    ``report(plan, kernel, built, choice)`` makes the compile report."""
+    devices = _devices(devices)
+    if gpu is None:
+        raise ConfigError("a layer split over GPUs runs CUDA kernels: compile it for target='cuda'")
+    kernel = built = None
+    for kernel in split_kernels(plan, target, gpu, len(devices), config):
+        width = kernel.launch.arg("xp").shape[2]  # one GPU's columns of the input projection
+        funcs = {"recurrent": kernel.func, "projection": gpu_projection(plan, width, input_size, target)}
+        built = build_functions(funcs, target, gpu)
+        if not built.spill_bytes:
+            break
+    origin = ConfigOrigin.USER if config is not None else ConfigOrigin.DEFAULT
+    choice = ConfigChoice(kernel.config, origin, f"split over {len(devices)} GPUs, the grid below on each (tags "
+                          "exchange, shared layout)")
+    rep = report(plan, kernel, built, choice)
+    log.info("compiled %s over GPUs %s: %s", plan.cell.name, devices, rep.format().replace("\n", "; "))
+    projection = projection_launch(plan.batch, input_size, width, plan.dtype, plan.policy.accumulate)
+    signature = Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype, (projection, kernel.launch),
+                          bool(plan.reversed_states))
+    fn = built.recurrent
+    if fn is not None:
+        signature = signature.with_grid(kernel.launch.function, registers=fn.registers,
+                                        static_smem_bytes=fn.static_smem_bytes)
+    return SplitLayer(signature, built.module, devices, kernel, rep, built.source, plan, target)
+
+
+def _devices(devices) -> tuple:
+    """``devices`` as a tuple of distinct device indices, at least two; ConfigError naming the fix otherwise."""
+    try:
+        found = tuple(devices)
+    except TypeError:
+        raise ConfigError(f"devices must be a list of CUDA device indices like [0, 1], got {devices!r}") from None
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in found):
+        raise ConfigError(f"devices must be CUDA device indices (whole numbers from 0), got {devices!r}")
+    if len(set(found)) != len(found):
+        raise ConfigError(f"devices {list(found)} names a GPU twice: name each GPU once")
+    if len(found) < 2:
+        raise ConfigError(f"devices={list(found)}: a split layer runs on 2 GPUs or more; for one GPU compile "
+                          "without devices")
+    return found
+
+
+def gpu_projection(plan: CellPlan, width: int, input_size: int, target):
+    """The input projection of one GPU's ``width`` columns (its units of every input slice, ``SplitLayer`` gives it
+    those rows of ``W_ih``): the layer's projection at that width."""
+    return projection_func(dataclasses.replace(plan, hidden=width // plan.input.slices), input_size, target)

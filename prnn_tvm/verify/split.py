@@ -1,0 +1,40 @@
+"""A layer split over GPUs (``compile_cell(..., devices=...)``) emulated on the host: every GPU's recurrent launch at
+once, in one address space, each with its own copy of the exchange and barrier state and the others' copies as its
+peers (:func:`.emulator.emulate_devices`), as the GPUs run it over NVLink."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prnn_tvm.runtime.split import gather
+from prnn_tvm.signature import CTA_OFFSET, PEER_WORKSPACE, ArgRole
+
+from .emulator import TIMEOUT_US, emulate_devices, host_values, kernel_parameters, launch_arrays, projection
+
+
+def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int = -1, absent: int | None = None):
+    """The recurrent launches of a split ``layer`` (a ``SplitLayer``) emulated on ``inputs`` as a caller passes them
+    (:func:`.emulator.run_recurrent`). ``absent``: a GPU (its index in the layer's devices) that runs no step, as a
+    peer that never started. Returns ``(out, [finals], [error word per GPU])``, the outputs gathered from the GPUs
+    that own each unit."""
+    launch = layer.signature.launch("recurrent")
+    seq_len = int(np.shape(inputs["x"])[0])
+    xp = projection(inputs, launch.arg("xp").dtype)
+    scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
+    wanted = {name for ctype, name in kernel_parameters(layer.cuda_source, launch.function) if not ctype.endswith("*")}
+    given_by_split = {"error_host", CTA_OFFSET, *(PEER_WORKSPACE.format(k) for k in range(len(layer.devices)))}
+    if wanted - set(scalars) - given_by_split:
+        scalars.update(host_values(layer.kernel.func, layer.target, seq_len))
+    gpus = len(layer.devices)
+    devices = []
+    for g in range(gpus):
+        others = [d for d in range(gpus) if d != g]
+        mine = {**scalars, CTA_OFFSET: g * layer.ctas_per_gpu, **({"seq_len": 0} if g == absent else {})}
+        given = layer.own_columns({**inputs, "xp": xp}, g)  # the GPU's columns of the projection
+        devices.append((launch_arrays(launch, given, seq_len), mine,
+                        {PEER_WORKSPACE.format(k): (d, "workspace") for k, d in enumerate(others)}))
+    runs = emulate_devices(layer.cuda_source, launch, devices)
+    written = [a.name for a in launch.args if a.role in (ArgRole.OUTPUT, ArgRole.FINAL)]
+    out, finals = gather([[run.buffers[name] for name in written] for run in runs],
+                         [layer.units_of(g) for g in range(gpus)], layer.signature.hidden)
+    return out, list(finals), [run.error_word for run in runs]

@@ -1,0 +1,183 @@
+"""One layer split over the GPUs of one host: each GPU runs the persistent template's kernel over a slice of the units.
+
+The G GPUs are planned as one GPU of G times the SMs: the template's config is chosen and validated for that
+(:func:`split_configs`), and its grid of ``ctas`` CTAs is cut into G runs of ``ctas / G``, one per GPU. GPU ``g``
+launches the same kernel with ``cta_offset = g * ctas / G``: its blocks take the CTA indices ``cta_offset + blockIdx.x``
+of the whole grid, so they own the units (weight rows, params, projection columns, outputs) that those CTAs own on
+one GPU. Every array a call takes is whole on every GPU; a GPU reads and writes only its units' part of them, and
+the initial states (every unit: the first step's products read them).
+
+The exchange is ``tags`` (values that carry their step, polled until they do): every GPU holds a whole copy of the
+workspace, which its own blocks poll, and a block publishes each new value into its own GPU's copy and, as the same
+tagged word, into each peer's (``peer_workspace_<k>``: the base address of peer k's copy, a store over NVLink;
+``peers.cuh``). No barrier crosses GPUs beyond the tags. A wait is bounded (``timeout_us``) on every GPU, each with
+its own error word: a GPU whose peer stalls or never started times out and fills its outputs with NaN; its own
+blocks then stop publishing, so the peers time out too, and every GPU's call ends.
+
+It runs the ``tags`` exchange, the shared layout, one batch group and the shared operand path (direct fragments
+poll a slot per step of the output sequence, which a peer does not hold): :func:`split_configs` makes a config so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from prnn_tvm.codegen.barriers.peers import PeerTags
+from prnn_tvm.codegen.barriers.tags import Tags
+from prnn_tvm.dtypes import itemsize
+from prnn_tvm.errors import ConfigError
+from prnn_tvm.signature import CTA_OFFSET, split_args
+from prnn_tvm.target import max_regs_per_thread
+
+from .head_columns import OperandColumns
+
+UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
+
+SPLIT_BARRIER = "tags"
+
+
+def split_problem(plan, gpus: int) -> str | None:
+    """Why ``plan`` (a CellPlan) cannot be split over ``gpus`` GPUs, or None."""
+    if not isinstance(gpus, int) or gpus < 2:
+        return f"a split layer runs on 2 GPUs or more, not {gpus!r}: compile without devices for one GPU"
+    if plan.hidden % 2:
+        return (f"hidden={plan.hidden} is odd: a split layer polls its peers' tagged words two at a time (one "
+                "system-scope vector load), which needs an even hidden size")
+    return Tags().problem(plan, "shared")
+
+
+@dataclass(frozen=True)
+class SplitPlacement:
+    """A config as a split layer runs it: the template's ``config``, its ``geometry`` (on :func:`combined`) and the
+    batch rows a poll waits for at a time (``chunk_rows``)."""
+
+    config: object
+    geometry: object
+    chunk_rows: int
+
+
+def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: int = 4):
+    """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu`` (a :class:`SplitPlacement`: the ``tags``
+    exchange, the shared layout, one batch group, shared operands, a grid of a multiple of ``gpus`` CTAs that fits G
+    GPUs, validated on :func:`combined`), then up to ``limit`` of the best untuned configs that run so, best first
+    (the fallbacks where ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
+    changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared"}
+    whole = combined(gpu, gpus)
+
+    def fitting(candidate):
+        knobs = {f.name for f in dataclasses.fields(candidate)}
+        candidate = dataclasses.replace(candidate, **{k: v for k, v in changes.items() if k in knobs})
+        # the geometry without the poll's registers (a kind that polls no values), then the chunk of rows that fits
+        g = validate(dataclasses.replace(candidate, barrier=UNPOLLED), plan, whole)
+        if g.ctas % gpus:
+            raise ConfigError(f"its grid of {g.ctas} CTAs does not divide among {gpus} GPUs: take units_per_cta so "
+                              f"that hidden / units_per_cta is a multiple of {gpus}")
+        problem = Tags().placement_problem(plan, candidate.units_per_cta)
+        if problem:
+            raise ConfigError(problem)
+        rows, regs = poll_chunk(g, candidate, plan, whole)
+        return SplitPlacement(candidate, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows)
+
+    found, reason = [], None
+    if cfg is not None:
+        try:
+            return [fitting(cfg)]
+        except ConfigError as err:
+            raise ConfigError(f"config {cfg} cannot run split over {gpus} GPUs: {err}") from None
+    try:
+        candidates = ranked_configs(plan, whole, limit=64)
+    except ConfigError as err:
+        candidates, reason = [], err
+    for other in candidates:
+        try:
+            placed = fitting(other)
+        except ConfigError as err:
+            reason = reason or err
+            continue
+        if placed not in found:
+            found.append(placed)
+        if len(found) == limit:
+            break
+    if not found:
+        raise ConfigError(f"no config of this layer splits over {gpus} GPUs (the '{SPLIT_BARRIER}' exchange, the "
+                          f"shared layout, a grid of a multiple of {gpus} CTAs): {reason}")
+    return found
+
+
+def poll_chunk(g, cfg, plan, gpu) -> tuple[int, int]:
+    """``(batch rows a poll waits for at a time, the registers it holds)``: the most rows of a tile whose tagged
+    loads (at most 32, the poll's stale mask) take at most half the registers the geometry ``g`` leaves a thread, else
+    one row where it fits them (the estimate is rough: LSTM fp16 hidden 2048 at k_groups 4 spilled with the three
+    rows that fit the estimate, not with one)."""
+    spare = max_regs_per_thread(g.threads, gpu) - g.regs_estimate
+    cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
+    row = max((cols.span(op) for op in cols.sizes), default=plan.hidden)  # a tile row's values (its CTA's span)
+    tags = Tags()
+    for rows in range(min(cfg.batch_tile, plan.batch), 0, -1):
+        loads, per_load = tags.polled_loads(rows * row, g.threads, row, itemsize(plan.dtype))
+        if loads <= 32 and loads * per_load <= spare // 2:
+            return rows, loads * per_load
+    loads, per_load = tags.polled_loads(row, g.threads, row, itemsize(plan.dtype))
+    if loads <= 32 and loads * per_load <= spare:
+        return 1, loads * per_load
+    raise ConfigError(f"polling one batch row of {row} tagged values holds {loads * per_load} registers a thread, "
+                      f"and the {g.threads}-thread CTA leaves {spare} beside its weights: raise units_per_cta's "
+                      "threads (k_groups, k_split) or split over more GPUs")
+
+
+def combined(gpu, gpus: int):
+    """``gpus`` GPUs like ``gpu`` as the config's validation sees them: one GPU of their SMs together (a CTA's
+    limits are one SM's, as they are)."""
+    return dataclasses.replace(gpu, sms=gpu.sms * gpus)
+
+
+def split_builder(builder: type, gpus: int, chunk_rows: int) -> type:
+    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time."""
+    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder), {"gpus": gpus, "chunk_rows": chunk_rows})
+
+
+class SplitMode:
+    """Mixin over a persistent template's builder (see the module's doc)."""
+
+    gpus, chunk_rows = 2, 1
+
+    def __init__(self, plan, cfg, g, save: bool = False):
+        problem = split_problem(plan, self.gpus)
+        if problem:
+            raise ConfigError(problem)
+        if save or cfg.barrier != SPLIT_BARRIER or cfg.layout != "shared" or getattr(cfg, "batch_groups", 1) > 1 \
+                or getattr(cfg, "direct", False):
+            raise ConfigError(f"a split layer runs the '{SPLIT_BARRIER}' exchange, the shared layout, one batch "
+                              f"group and shared operands, inference only (split_configs), not {cfg}")
+        if g.ctas % self.gpus:
+            raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_configs)")
+        super().__init__(plan, cfg, g, save)
+        self.barrier = PeerTags(self.gpus, self.chunk_rows)  # tags, with the peers' copies and chunked polls
+
+    @property
+    def gpu_units(self) -> int:
+        """Units of one GPU's run of CTAs (the last GPU's may run past ``hidden``)."""
+        return self.g.ctas // self.gpus * self.c.units_per_cta
+
+    def _launch(self):
+        """The template's launch on one GPU's run of CTAs, with the run's first CTA and the peers' workspaces; its
+        input projection is this GPU's columns alone (``xp_column``)."""
+        launch = super()._launch()
+        grid = dataclasses.replace(launch.grid, ctas=launch.grid.ctas // self.gpus)
+        width = self.p.input.slices * self.gpu_units
+        args = tuple(dataclasses.replace(a, shape=(*a.shape[:2], width)) if a.name == "xp" else a for a in launch.args)
+        return dataclasses.replace(launch, args=(*args, *split_args(self.gpus)), grid=grid)
+
+    def xp_column(self, leaf, unit):
+        """The GPU's projection holds, per input slice, its own units alone (``split_columns``)."""
+        return leaf.slice * self.gpu_units + unit - self.a.named[CTA_OFFSET] * self.c.units_per_cta
+
+    @property
+    def bx(self):
+        """This block's CTA index in the whole grid (the template's code indexes units by it)."""
+        return self._block + self.a.named[CTA_OFFSET]
+
+    @bx.setter
+    def bx(self, value) -> None:
+        self._block = value

@@ -1,0 +1,90 @@
+"""One layer split over the GPUs of one host, on the GPUs (``pytest -m gpu``; each test says how many it needs and
+skips with fewer): peer access, each step's states stored into the peers' copies over NVLink, against the float64
+reference; calls after a timeout; the refusals that need a GPU to say. The same kernels on the CPU:
+``test_split.py``."""
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.checks import max_abs_error, plan_tolerance
+from prnn_tvm.errors import BarrierTimeout, LaunchError
+from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
+
+pytestmark = pytest.mark.gpu
+_LAYERS = {}
+
+
+def split_layer(hidden: int, batch: int, dtype: str, gpus: int, cell: str = "lstm"):
+    key = (cell, hidden, batch, dtype, gpus)
+    if key not in _LAYERS:
+        _LAYERS[key] = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, devices=list(range(gpus)), cache=False)
+    return _LAYERS[key]
+
+
+def error_of(layer, seq_len: int, seed: int = 0, lengths=None) -> float:
+    inputs = random_inputs(layer.plan, seq_len, layer.signature.input_size, seed=seed)
+    if lengths is not None:
+        inputs["lengths"] = lengths
+    return max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs))
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype",
+    [
+        ("lstm", 256, 3, "float32"),
+        ("gru", 512, 1, "float32"),
+        ("lstm", 1024, 8, "float16"),
+        ("lstm", 2048, 8, "float16"),  # refused on one H100: the layer the split is for
+        ("lstm", 1024, 5, "bfloat16"),
+    ],
+)
+def test_two_gpus_match_the_reference(cell, hidden, batch, dtype):
+    layer = split_layer(hidden, batch, dtype, 2, cell)
+    assert layer.report.spill_store_bytes == 0, layer.report.format()
+    for seq_len in (1, 7, 256):
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+    lengths = random_lengths(batch, 9, seed=1)
+    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+
+
+@pytest.mark.gpus(4)
+@pytest.mark.parametrize("hidden, batch, dtype", [(512, 3, "float32"), (2048, 4, "float16")])
+def test_four_gpus_match_the_reference(hidden, batch, dtype):
+    layer = split_layer(hidden, batch, dtype, 4)
+    for seq_len in (1, 64):
+        assert error_of(layer, seq_len) <= plan_tolerance(layer.plan, seq_len)
+
+
+@pytest.mark.gpus(2)
+def test_a_stall_raises_on_the_call_and_the_next_call_is_clean():
+    layer = split_layer(256, 3, "float32", 2)
+    first = error_of(layer, 16)
+    layer.debug_stall_step, layer.barrier_timeout_us = 3, 20_000
+    with pytest.raises(BarrierTimeout, match="GPU 0 after step 3"):
+        error_of(layer, 16)
+    layer.debug_stall_step = -1
+    assert error_of(layer, 16) == first  # every GPU's exchange was reset: the same numbers as before
+    assert error_of(layer, 16) == first  # and the step base advanced alike on both
+
+
+@pytest.mark.gpus(1)
+def test_more_gpus_than_the_host_has_is_refused_naming_them():
+    import tvm
+
+    missing = next(i for i in range(64) if not tvm.cuda(i).exist)
+    layer = prnn_tvm.compile_cell("lstm", 64, 2, devices=[0, missing], cache=False)
+    with pytest.raises(LaunchError, match=f"devices \\[{missing}\\] are not there"):
+        layer(**random_inputs(layer.plan, 2, 64))
+
+
+@pytest.mark.gpus(2)
+def test_outputs_come_back_whole_from_every_gpu():
+    layer = split_layer(256, 3, "float32", 2)
+    inputs = random_inputs(layer.plan, 5, 256)
+    out, (h_n, c_n) = layer(**inputs)
+    assert out.shape == (5, 3, 256) and h_n.shape == c_n.shape == (3, 256)
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out[-1], h_n)
