@@ -80,11 +80,23 @@ def test_more_gpus_than_the_host_has_is_refused_naming_them():
         layer(**random_inputs(layer.plan, 2, 64))
 
 
+def _current_device() -> int:
+    import ctypes
+
+    from prnn_tvm.runtime.peers import cudart
+
+    current = ctypes.c_int(-1)
+    assert cudart().cudaGetDevice(ctypes.byref(current)) == 0
+    return current.value
+
+
 @pytest.mark.gpus(2)
 def test_outputs_come_back_whole_from_every_gpu():
     layer = split_layer(256, 3, "float32", 2)
     inputs = random_inputs(layer.plan, 5, 256)
+    before = _current_device()
     out, (h_n, c_n) = layer(**inputs)
+    assert _current_device() == before  # TVM's launches set the device; the call gives the caller's back
     assert out.shape == (5, 3, 256) and h_n.shape == c_n.shape == (3, 256)
     assert np.isfinite(out).all()
     np.testing.assert_array_equal(out[-1], h_n)

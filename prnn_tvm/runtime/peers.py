@@ -67,7 +67,7 @@ def enable_peer_access(devices) -> None:
         raise LaunchError(f"devices {devices} asked for, but this process sees {count} GPU(s): devices {missing} "
                           "are not there (check CUDA_VISIBLE_DEVICES, or compile for fewer devices)")
     lib = cudart()
-    with _current_device_kept():
+    with current_device_kept():
         for d in devices:
             for p in devices:
                 if p == d:
@@ -85,8 +85,9 @@ def enable_peer_access(devices) -> None:
 
 
 @contextlib.contextmanager
-def _current_device_kept():
-    """The CUDA runtime's current device, restored on exit (TVM sets it again before each launch anyway)."""
+def current_device_kept():
+    """The CUDA runtime's current device, restored on exit: TVM sets it to each launch's device and leaves it there,
+    which would move the caller's (torch's ``device="cuda"`` among them) to the last GPU launched on."""
     current = ctypes.c_int(0)
     _check(cudart().cudaGetDevice(ctypes.byref(current)), "cudaGetDevice")
     try:
@@ -107,7 +108,7 @@ class StreamJoin:
     def __init__(self, devices):
         self.devices, self.events = list(devices), []
         lib = cudart()
-        with _current_device_kept():
+        with current_device_kept():
             for d in self.devices:
                 _check(lib.cudaSetDevice(d), f"cudaSetDevice({d})")
                 event = ctypes.c_void_p()
@@ -118,7 +119,7 @@ class StreamJoin:
     def join(self, streams) -> None:
         """After the launches queued on ``streams`` (one raw stream handle per device, in order)."""
         lib = cudart()
-        with _current_device_kept():
+        with current_device_kept():
             for d, stream, event in zip(self.devices, streams, self.events):
                 _check(lib.cudaSetDevice(d), f"cudaSetDevice({d})")
                 _check(lib.cudaEventRecord(event, ctypes.c_void_p(stream)), f"cudaEventRecord on GPU {d}")

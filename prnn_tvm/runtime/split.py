@@ -200,6 +200,13 @@ class SplitCall:
         """Every GPU's launches, launch by launch across the GPUs (each GPU's projection before any recurrent
         kernel: a recurrent kernel waits for its peers' from its first step)."""
         layer = self.layer
+        with peers.current_device_kept():
+            self._launch_all()
+        for part in layer.parts:
+            part.launched = True
+
+    def _launch_all(self) -> None:
+        layer = self.layer
         try:
             for step in range(len(self.calls[0].launches)):
                 for part, call in zip(layer.parts, self.calls):
@@ -213,8 +220,6 @@ class SplitCall:
                 layer.check()
             raise
         layer.join.join([part.stream for part in layer.parts])  # the next launch anywhere after all of these
-        for part in layer.parts:
-            part.launched = True
 
     def result(self):
         """Run, wait for every GPU (raising BarrierTimeout on a timeout), and gather ``(out, finals)``."""
