@@ -15,7 +15,16 @@ from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma, session
+from . import (
+    backward_mma,
+    backward_mma_config,
+    cpu_backward,
+    cpu_reference,
+    persistent_backward,
+    persistent_cuda,
+    persistent_mma,
+    session,
+)
 from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
@@ -85,9 +94,21 @@ def session_kernel(plan, target, gpu, config):
 
 def gpu_backward(plan, gpu):
     """The GPU backward kernels of ``plan`` (``recurrent_backward``) for its ranked default configs, best
-    first, each made when asked for: a build takes the first that ptxas reports without spills."""
-    configs = persistent_backward.ranked_configs(plan, gpu)
-    return (persistent_backward.backward_kernel(plan, gpu, cfg) for cfg in configs)
+    first, each made when asked for: a build takes the first that ptxas reports without spills. A half layer's
+    come first from the tensor-core backward (``backward_mma``), then from the float32 one (its weights widened
+    in registers), where each fits; ConfigError with every reason where none does."""
+    choices, reasons = [], []
+    tensor_cores = [(backward_mma.backward_kernel, backward_mma_config.ranked_configs)]
+    for make, ranked in (tensor_cores if plan.dtype in backward_mma_config.mc.DTYPES else []) + [
+        (persistent_backward.backward_kernel, persistent_backward.ranked_configs)
+    ]:
+        try:
+            choices += [(make, cfg) for cfg in ranked(plan, gpu)]
+        except ConfigError as err:
+            reasons.append(str(err))
+    if not choices:
+        raise ConfigError("; ".join(reasons))
+    return (make(plan, gpu, cfg) for make, cfg in choices)
 
 
 def by_name(name: str) -> Template:

@@ -147,7 +147,7 @@ class FragmentWeights:
         per_chain = C_REGS * c.n_tiles * mw  # accumulators of one chain; k tile kt adds into chain kt % k_chains
         for i in range(per_chain * c.k_chains):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
-        tiles = sum(product_tiles(self.reductions, c.units_per_cta))
+        tiles = self.filled_row_tiles()
         multiplies = self.thread_phase == phase
         if tiles < g.m_tiles:  # a part with fewer row tiles than the widest: its last warps have none
             multiplies = tirx.all(multiplies, self.mt < tiles)
@@ -180,6 +180,10 @@ class FragmentWeights:
                     self.multiply(kt, lambda nt: nt * B_REGS, per_chain)
                 self.sum_chains(per_chain)
                 self.store_partials(b0)
+
+    def filled_row_tiles(self) -> int:
+        """Row tiles that hold weights in this CTA: its products' (the widest part may have more)."""
+        return sum(product_tiles(self.reductions, self.c.units_per_cta))
 
     def multiply(self, kt: int, b_offset, per_chain: int):
         """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
