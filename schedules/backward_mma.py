@@ -19,17 +19,18 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.barriers import row_lanes
-from prnn_tvm.codegen.kernel import Kernel
+from prnn_tvm.codegen.kernel import Kernel, vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec
 
 from . import backward_mma_config as bc
+from .backward_mma_config import BackwardMmaConfig
 from .persistent_backward import _Backward
 from .persistent_exchange import ceil_div, sync_threads
 from .persistent_fragments import A_REGS, FragmentWeights, _weight_or
-from .persistent_mma_config import TILE_K, TILE_M, MmaConfig
+from .persistent_mma_config import TILE_K, TILE_M
 
 NAME = "persistent_backward_mma"
 
@@ -54,7 +55,7 @@ __device__ __forceinline__ void prnn_cp_async_wait_all() { asm volatile("cp.asyn
 """
 
 
-def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: MmaConfig) -> Kernel:
+def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: BackwardMmaConfig) -> Kernel:
     """The tensor-core backward of ``plan`` with ``config`` (see :func:`backward_mma_config.ranked_configs`)."""
     builder = _MmaBackward(plan, config, bc.validate(config, plan, gpu))
     return Kernel(builder.build(), NAME, builder.launch, config)
@@ -66,10 +67,25 @@ class _MmaBackward(FragmentWeights, _Backward):
 
     HALF_TILES = True
 
-    def __init__(self, plan: CellPlan, cfg: MmaConfig, g):
+    def __init__(self, plan: CellPlan, cfg: BackwardMmaConfig, g):
         super().__init__(plan, cfg, g)
         self.stride = g.stride
         self.U16 = bc.tiles_per_operand(cfg.units_per_cta) * TILE_M
+        self.kt_regs = g.k_tiles_per_warp - cfg.shared_k_tiles  # a warp's first k tiles: in registers
+
+    def alloc_product_buffers(self):
+        """The forward's buffers, and the A fragments of one k tile read back from shared memory."""
+        super().alloc_product_buffers()
+        self.afrag = T.alloc_buffer((A_REGS * self.c.m_tiles_per_warp,), self.dt, scope="local")
+
+    def a_fragment(self, m: int, kt: int) -> tuple:
+        """Where the A fragment of the warp's row tile ``m`` and k tile ``kt`` lives: ``(buffer, element)``, in the
+        registers or (``shared_k_tiles``) in shared memory after the gate gradients' tile, 16 bytes a lane."""
+        if kt < self.kt_regs:
+            return self.wreg, (m * self.kt_regs + kt) * A_REGS
+        warp, skt = self.tx // 32, self.c.shared_k_tiles
+        tile = (warp * self.c.m_tiles_per_warp + m) * skt + kt - self.kt_regs
+        return self.smem, self.c.batch_tile * self.stride + (tile * 32 + self.tx % 32) * A_REGS
 
     def row_of(self, e: int, ul):
         return e * self.U16 + ul
@@ -110,7 +126,18 @@ class _MmaBackward(FragmentWeights, _Backward):
                         lo = self.red_lo[red.name]
                         keep = tirx.all(ok, k >= lo, k < lo + red.slices * H)
                         value = _weight_or(keep, self.a.weight[red.weight], k - lo, unit, 1, value)
-                    T.buffer_store(self.wreg, value, [(m * kt_per + kt) * A_REGS + j])
+                    buffer, at = self.a_fragment(m, kt)
+                    T.buffer_store(buffer, value, [at + j])
+
+    def a_operand(self, m: int, kt: int, nt: int) -> tuple:
+        """The A fragment from registers, or read back from shared memory into ``afrag`` (one 16-byte load a lane,
+        at the first batch tile)."""
+        buffer, at = self.a_fragment(m, kt)
+        if buffer is self.wreg:
+            return buffer.data, at
+        if nt == 0:
+            T.buffer_store(self.afrag, self.smem[vec_index(at, A_REGS)], [vec_index(m * A_REGS, A_REGS)])
+        return self.afrag.data, m * A_REGS
 
     def products(self, t, phase: int):
         """What ``phase``'s products send back, per batch tile: the gate gradients into the shared tile (rows

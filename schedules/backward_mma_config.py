@@ -14,6 +14,7 @@ barriers (here in the half type), a CTA copying every product's into its shared 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import itemsize
@@ -27,9 +28,26 @@ from .persistent_config import REG_OVERHEAD
 from .persistent_mma_config import K_GROUPS, ROW_SKEW, TILE_K, TILE_M, TILE_N, MmaConfig, MmaGeometry
 from .ranking import RANKED_WITH, check_resources, ranked_defaults
 
+
+@dataclass(frozen=True)
+class BackwardMmaConfig(MmaConfig):
+    """The forward's knobs, and ``shared_k_tiles``: of each warp's k tiles, how many (the last) keep their A
+    fragments in shared memory rather than registers, read back (16 bytes a lane) at every product. A CTA's row
+    tile holds 16 rows of every gate row whatever its units: at fp16 LSTM 1536 that is 16 x 6144 weights, 96
+    registers per thread at 512 threads besides the ~50 the step takes, and ptxas spilled every config; with a
+    third of the k tiles in shared memory it does not."""
+
+    shared_k_tiles: int = field(default=0, metadata={"short": "skt", "quiet": True})
+
+
 # what the backward's exchange takes of the forward's knobs (anything else is refused by validate)
 FIXED = {"layout": "shared", "batch_groups": 1, "poll_sleep": 0, "operand_path": "shared"}
 L2_BYTES_PER_CYCLE = 64  # an SM's share of L2 reads (H100), for the cost of copying the gate gradients' tile
+SHARED_TILE_CYCLES = 16  # per k tile of A fragments a warp reads back from shared memory, per pass (a guess)
+# registers the backward's step takes beyond the forward's estimate: ptxas spilled fp16 LSTM 1536 x 16 at k_groups
+# 8 (192 weight registers, estimated 253 of 255) and took 52-82 registers besides the weights at LSTM 1024 x 16
+REG_MARGIN = 16
+A_TILE_BYTES = 32 * 16  # a warp's A fragments of one row tile and k tile: 16 bytes a lane
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -48,7 +66,7 @@ def tiles_per_operand(units: int) -> int:
     return math.ceil(units / TILE_M)
 
 
-def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
+def geometry(cfg: BackwardMmaConfig, plan: CellPlan) -> MmaGeometry:
     H, B, U = plan.hidden, plan.batch, cfg.units_per_cta
     K = fb.gate_rows(plan) * H
     m_tiles = len(plan.operands) * tiles_per_operand(U) if plan.reductions else 0
@@ -59,17 +77,23 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else mc._round_up(max(1, K), TILE_K)
     ipt = math.ceil(B * U / threads)
     item_regs = 2 * len(plan.states) + len(plan.exchanged_stages) + sum(p.slices for p in plan.params) + 1
-    weights = 4 * kt * mw
+    weights = 4 * (kt - cfg.shared_k_tiles) * mw
     accumulators = 4 * mw * cfg.k_chains * cfg.n_tiles
-    regs = weights + accumulators + 2 * cfg.n_tiles + ipt * item_regs + REG_OVERHEAD
-    smem_ops = itemsize(plan.dtype) * cfg.batch_tile * (k_pad + ROW_SKEW)
+    regs = weights + accumulators + 2 * cfg.n_tiles + ipt * item_regs + REG_OVERHEAD + REG_MARGIN
+    # the gate gradients' tile, then the A fragments kept in shared memory (``shared_k_tiles``)
+    smem_ops = itemsize(plan.dtype) * cfg.batch_tile * (k_pad + ROW_SKEW) + shared_fragment_bytes(cfg, threads)
     sum_stride = mc.gate_sum_stride(m_tiles * TILE_M, U)
     smem_gs = mc._round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16)
     return MmaGeometry(math.ceil(H / U), threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad,
                        weights, math.ceil(B / cfg.batch_tile), ipt, 0, smem_ops, smem_gs, regs)
 
 
-def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
+def shared_fragment_bytes(cfg: BackwardMmaConfig, threads: int) -> int:
+    """Bytes of the A fragments in shared memory: ``shared_k_tiles`` k tiles of every row tile of every warp."""
+    return threads // 32 * cfg.m_tiles_per_warp * cfg.shared_k_tiles * A_TILE_BYTES
+
+
+def validate(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     """Check a config before building; ConfigError with the reason, else its geometry."""
     reason = refusal(plan, gpu.arch)
     if reason:
@@ -102,35 +126,46 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.k_chains not in mc.K_CHAINS or cfg.k_chains > max(1, g.k_tiles_per_warp):
         raise ConfigError(f"k_chains={cfg.k_chains}: one of {mc.K_CHAINS}, at most the {g.k_tiles_per_warp} k "
                           "tiles of a warp")
+    if not 0 <= cfg.shared_k_tiles <= g.k_tiles_per_warp:
+        raise ConfigError(f"shared_k_tiles={cfg.shared_k_tiles}: between 0 and the {g.k_tiles_per_warp} k tiles of a "
+                          "warp")
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles x k_groups {cfg.k_groups}); at most "
                           "1024: lower k_groups or units_per_cta, or raise m_tiles_per_warp")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of transposed weight fragments",
-                    "raise k_groups or units_per_cta, or lower n_tiles", "lower n_tiles")
+                    "raise k_groups or shared_k_tiles, or lower n_tiles", "lower n_tiles or shared_k_tiles")
     return g
 
 
-def space(plan: CellPlan, gpu: GpuSpec) -> list[MmaConfig]:
+def space(plan: CellPlan, gpu: GpuSpec) -> list[BackwardMmaConfig]:
     """The configs the default is ranked from: units spread over the SMs (also whole row tiles of them), the
     forward's k groups, batch tiles, row tiles per warp and chains (these only where a warp has one accumulator
-    set)."""
+    set), and none, a quarter, a third or half of a warp's k tiles in shared memory."""
     H = plan.hidden
     least = math.ceil(H / gpu.sms)
     units = sorted({u for u in (least, least + 1, mc._round_up(least, TILE_M), 2 * least) if u <= H})
     most = mc._round_up(plan.batch, TILE_N) // TILE_N
-    return [MmaConfig(u, kg, nt, RANKED_WITH, m_tiles_per_warp=mw, k_chains=kc)
+    k_tiles = math.ceil(fb.gate_rows(plan) * H / TILE_K)
+
+    def shared(kg: int) -> list[int]:
+        kt = math.ceil(k_tiles / kg)
+        return sorted({0, kt // 4, kt // 3, kt // 2})
+
+    return [BackwardMmaConfig(u, kg, nt, RANKED_WITH, m_tiles_per_warp=mw, k_chains=kc, shared_k_tiles=skt)
             for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8) if nt <= most
-            for mw in mc.M_TILES_PER_WARP for kc in mc.K_CHAINS if kc == 1 or nt * mw == 1]
+            for mw in mc.M_TILES_PER_WARP for kc in mc.K_CHAINS if kc == 1 or nt * mw == 1 for skt in shared(kg)]
 
 
-def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
+def estimated_cycles(cfg: BackwardMmaConfig, g: MmaGeometry) -> float:
     """The forward's estimate (``persistent_mma_config.estimated_cycles``) plus each pass's copy of the gate
-    gradients' tile from L2 (every CTA reads all of them: ``k_pad`` columns of ``batch_tile`` rows)."""
+    gradients' tile from L2 (every CTA reads all of them: ``k_pad`` columns of ``batch_tile`` rows) and its reads
+    of the A fragments kept in shared memory."""
     copy = cfg.batch_tile * g.k_pad * 2 / L2_BYTES_PER_CYCLE
-    return mc.estimated_cycles(cfg, g) + g.batch_chunks * copy
+    fragments = cfg.shared_k_tiles * cfg.m_tiles_per_warp * SHARED_TILE_CYCLES
+    return mc.estimated_cycles(cfg, g) + g.batch_chunks * (copy + fragments)
 
 
-def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
+def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardMmaConfig]:
     """The untuned choices, best first, each later one holding fewer weight registers per thread (what a build
     falls back to when ptxas spills); ConfigError where none fits."""
     reason = refusal(plan, gpu.arch)

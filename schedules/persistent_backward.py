@@ -44,7 +44,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers import BARRIERS, row_lanes
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
-from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
+from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value, fast_transcendentals
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
@@ -445,7 +445,10 @@ class _Backward(RegisterWeights):
         def operand(name: str):  # an operand stage's adjoint, received from a later phase's products
             return self.dstage[it * len(self.stage_ops) + self.stage_ops[name]]
 
-        return adjoint_values(p, self.adj, forward, incoming, operand, bind_value)
+        def bind(expr, name: str):  # a half layer's math as its forward's: the approximate intrinsics
+            return bind_value(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
+
+        return adjoint_values(p, self.adj, forward, incoming, operand, bind)
 
     def products(self, t, phase: int):
         """What ``phase``'s transposed products send back to this CTA's units, for every batch tile, into the

@@ -188,13 +188,19 @@ class FragmentWeights:
     def multiply(self, kt: int, b_offset, per_chain: int):
         """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
         warp's row tiles, into accumulator chain ``kt % k_chains``."""
-        c, g, mma = self.c, self.g, self.p.policy.mma
+        c, mma = self.c, self.p.policy.mma
         for nt in range(c.n_tiles):
             for m in range(c.m_tiles_per_warp):  # the warp's row tiles share the B fragment
                 accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
+                a_data, a_offset = self.a_operand(m, kt, nt)
                 T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
-                                            self.wreg.data, (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
+                                            a_data, a_offset, self.bfrag.data,
                                             b_offset(nt), self.acc.data, accumulators, False))
+
+    def a_operand(self, m: int, kt: int, nt: int) -> tuple:
+        """``(data, offset)`` of the A fragment of the warp's row tile ``m`` and k tile ``kt`` (for batch tile
+        ``nt``): its registers."""
+        return self.wreg.data, (m * self.g.k_tiles_per_warp + kt) * A_REGS
 
     def sum_chains(self, per_chain: int):
         """Accumulator chains 1.. added into chain 0."""
