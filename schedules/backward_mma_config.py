@@ -42,7 +42,13 @@ class BackwardMmaConfig(MmaConfig):
 
 # what the backward's exchange takes of the forward's knobs (anything else is refused by validate)
 FIXED = {"layout": "shared", "batch_groups": 1, "poll_sleep": 0, "operand_path": "shared"}
-L2_BYTES_PER_CYCLE = 64  # an SM's share of L2 reads (H100), for the cost of copying the gate gradients' tile
+# Copying the gate gradients' tile: every CTA reads all of them (128 KB a step at LSTM 1024 x 16, 4x the forward's
+# state), bounded by an SM's share of L2 reads and by L2 itself over the grid, from the forward's figure on the
+# H100 (DESIGN.md: 4 MB of state reads a step cost about a barrier, 1.3 us, ~1750 bytes per cycle). By that
+# bound fewer CTAs of more units copy less in all: at LSTM 1024 x 16, 64 CTAs of 16 units (whose row tiles hold no
+# padding) rank before 128 of 8 (an estimate: measure both, bench/training.py).
+L2_BYTES_PER_CYCLE = 64
+L2_GRID_BYTES_PER_CYCLE = 1750
 SHARED_TILE_CYCLES = 16  # per k tile of A fragments a warp reads back from shared memory, per pass (a guess)
 # registers the backward's step takes beyond the forward's estimate: ptxas spilled fp16 LSTM 1536 x 16 at k_groups
 # 8 (192 weight registers, estimated 253 of 255) and took 52-82 registers besides the weights at LSTM 1024 x 16
@@ -160,16 +166,19 @@ def estimated_cycles(cfg: BackwardMmaConfig, g: MmaGeometry) -> float:
     """The forward's estimate (``persistent_mma_config.estimated_cycles``) plus each pass's copy of the gate
     gradients' tile from L2 (every CTA reads all of them: ``k_pad`` columns of ``batch_tile`` rows) and its reads
     of the A fragments kept in shared memory."""
-    copy = cfg.batch_tile * g.k_pad * 2 / L2_BYTES_PER_CYCLE
+    tile = cfg.batch_tile * g.k_pad * 2
+    copy = max(tile / L2_BYTES_PER_CYCLE, g.ctas * tile / L2_GRID_BYTES_PER_CYCLE)
     fragments = cfg.shared_k_tiles * cfg.m_tiles_per_warp * SHARED_TILE_CYCLES
     return mc.estimated_cycles(cfg, g) + g.batch_chunks * (copy + fragments)
 
 
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardMmaConfig]:
-    """The untuned choices, best first, each later one holding fewer weight registers per thread (what a build
-    falls back to when ptxas spills); ConfigError where none fits."""
+    """The untuned choices, least estimated cost first (not units spread over every SM first, as the forward's:
+    the copy of the gate gradients favours fewer CTAs), each later one holding fewer weight registers per thread
+    (what a build falls back to when ptxas spills); ConfigError where none fits."""
     reason = refusal(plan, gpu.arch)
     if reason:
         raise ConfigError(reason)
-    return ranked_defaults(plan, gpu, space(plan, gpu), validate, estimated_cycles, limit, "tensor-core backward")
+    return ranked_defaults(plan, gpu, space(plan, gpu), validate, estimated_cycles, limit, "tensor-core backward",
+                           spread=False)
 
