@@ -26,9 +26,10 @@ the stages pointwise. Per CTA, which owns ``units_per_cta`` hidden units:
 
 One barrier per phase, so a step of a cell of P phases waits P times, as its forward does. The
 weights' gradients are GEMMs over ``d_gates`` and the saved operands that the caller makes
-(``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer's backward reads
-its weights and params in their storage type and keeps and computes everything in float32
-(the weights widened in registers: the register budget of a float32 layer).
+(``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer trains on the tensor-core
+backward (``backward_mma``: this step with the products on mma fragments); where that refuses it (head-wise
+products) or nothing of it fits, this one reads its weights and params in their storage type and keeps and
+computes everything in float32 (the weights widened in registers: the register budget of a float32 layer).
 The thread layout of the products, the knobs and the cost model are the forward's
 (``persistent_config``), over rows of the transposed weights.
 """
