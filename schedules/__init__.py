@@ -29,7 +29,8 @@ from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
-__all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_for", "by_name", "gpu_backward",
+__all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_configs", "backward_for", "backward_kernel",
+           "by_name", "gpu_backward",
            "knob_short_names", "knob_text", "saving_forward", "session_kernel", "template_for", "templates_for"]
 
 
@@ -93,22 +94,34 @@ def session_kernel(plan, target, gpu, config):
 
 
 def gpu_backward(plan, gpu):
-    """The GPU backward kernels of ``plan`` (``recurrent_backward``) for its ranked default configs, best
-    first, each made when asked for: a build takes the first that ptxas reports without spills. A half layer's
-    come first from the tensor-core backward (``backward_mma``), then from the float32 one (its weights widened
-    in registers), where each fits; ConfigError with every reason where none does."""
+    """The GPU backward kernels of ``plan`` (``recurrent_backward``) for its ranked default configs
+    (:func:`backward_configs`), best first, each made when asked for: a build takes the first that ptxas reports
+    without spills."""
+    return (backward_kernel(plan, gpu, cfg) for cfg in backward_configs(plan, gpu))
+
+
+def backward_configs(plan, gpu) -> list:
+    """The ranked default configs of ``plan``'s GPU backward, best first: a half layer's from the tensor-core
+    backward (``backward_mma``), then from the float32 one (its weights widened in registers), where each fits;
+    ConfigError with every reason where none does."""
     choices, reasons = [], []
-    tensor_cores = [(backward_mma.backward_kernel, backward_mma_config.ranked_configs)]
-    for make, ranked in (tensor_cores if plan.dtype in backward_mma_config.mc.DTYPES else []) + [
-        (persistent_backward.backward_kernel, persistent_backward.ranked_configs)
-    ]:
+    tensor_cores = [backward_mma_config.ranked_configs] if plan.dtype in backward_mma_config.mc.DTYPES else []
+    for ranked in [*tensor_cores, persistent_backward.ranked_configs]:
         try:
-            choices += [(make, cfg) for cfg in ranked(plan, gpu)]
+            choices += ranked(plan, gpu)
         except ConfigError as err:
             reasons.append(str(err))
     if not choices:
         raise ConfigError("; ".join(reasons))
-    return (make(plan, gpu, cfg) for make, cfg in choices)
+    return choices
+
+
+def backward_kernel(plan, gpu, config):
+    """The GPU backward kernel of ``plan`` with ``config`` (one of :func:`backward_configs`' types; ConfigError
+    where it does not fit)."""
+    if isinstance(config, backward_mma_config.BackwardMmaConfig):
+        return backward_mma.backward_kernel(plan, gpu, config)
+    return persistent_backward.backward_kernel(plan, gpu, config)
 
 
 def by_name(name: str) -> Template:
