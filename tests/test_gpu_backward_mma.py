@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import prnn_tvm
+import prnn_tvm.dtypes
 import prnn_tvm.torch as pt
 from prnn_tvm.checks import plan_tolerance
 
@@ -20,12 +21,12 @@ pytestmark = pytest.mark.gpu
 NN = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}
 
 
-def modules(cell, n_in, hidden, dtype):
+def modules(cell, n_in, hidden, dtype, **shape):
     """The half module on the GPU and its float64 reference on the CPU with the same (rounded) parameters:
     torch.nn's own module for its cells, else the CPU build's in float64."""
     torch.manual_seed(3)
     if cell in NN:
-        base = NN[cell](n_in, hidden)
+        base = NN[cell](n_in, hidden, **shape)
         fast = pt.from_torch(copy.deepcopy(base).to(dtype).cuda().train())
         ref = base.double()
     else:
@@ -64,6 +65,20 @@ def test_half_gradients_on_tensor_cores_match_float64(cell, T, B, H, n_in, packe
     assert "k_groups=" in layer._training.report.splitlines()[-1], layer._training.report  # the tensor cores
     assert all(p.grad.dtype == dtype for p in params)
     assert _gradient_error(want, got) <= plan_tolerance(layer.plan, T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_stack_both_ways_trains_on_tensor_cores(dtype):
+    """Two layers, both directions: each layer and direction's backward on the tensor cores, in turn."""
+    T, B, H, n_in = 48, 8, 128, 20
+    fast, ref = modules("lstm", n_in, H, dtype, num_layers=2, bidirectional=True)
+    x = torch.randn(T, B, n_in).to(dtype)
+    hx = [(0.5 * torch.randn(4, B, H)).to(dtype) for _ in range(2)]
+    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
+                      list(ref.parameters()))
+    got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx],
+                     list(fast.parameters()))
+    assert _gradient_error(want, got) <= prnn_tvm.dtypes.tolerance(pt.DTYPES[dtype], 2 * T)
 
 
 def test_a_half_backward_that_times_out_fills_nan_and_raises():
