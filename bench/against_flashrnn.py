@@ -191,7 +191,7 @@ def case_slstm():
         )
         d = dict(zip(names, (first, *rest)))
         gates = torch.from_dlpack(d["d_gates"]).reshape(T * B, -1)
-        h = torch.from_dlpack(saved)[:, :, :H].reshape(T * B, H)
+        h = torch.from_dlpack(saved)[:, :, :H].reshape(T * B, H).to(gates.dtype)
         dense = gates.t() @ h
         rows = torch.arange(4 * H, device="cuda")
         return dense[rows[:, None], (rows % H // D * D)[:, None] + torch.arange(D, device="cuda")[None, :]]

@@ -1,7 +1,7 @@
 """A training step through the public calls on the GPU: forward, a loss over every output, and
 ``loss.backward()`` for ``prnn_tvm.torch.from_torch(m)`` (the persistent forward that saves its
 states and products, the persistent backward, torch's GEMMs for the weights' gradients) against
-``m`` itself (cuDNN) in the same dtype: fp32 with TF32 off, and fp16.
+``m`` itself (cuDNN) in the same dtype: fp32 with TF32 off, fp16 and bf16.
 
     python bench/training.py [--seq 256]
 
@@ -26,6 +26,8 @@ CASES = [
     ("LSTM", 1024, 4, torch.float16),
     ("LSTM", 1024, 16, torch.float16),
     ("GRU", 1024, 16, torch.float16),
+    ("LSTM", 1024, 16, torch.bfloat16),
+    ("LSTM", 1536, 16, torch.float16),
 ]
 
 args = baselines.script_arguments(number=10)

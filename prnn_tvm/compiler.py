@@ -212,9 +212,9 @@ class Training:
 
 def compile_training(layer: Layer) -> Training:
     """The training kernels of a CUDA ``layer`` (once per layer; see :class:`Training`). ConfigError
-    when the backward's transposed weights do not fit in registers (it keeps them in float32, so a
-    half layer needs a float32 layer's registers), saying so; the CPU build trains every layer
-    (:func:`compile_backward`)."""
+    when the backward's transposed weights do not fit in registers (a half layer's as tensor-core fragments
+    in the half type, else widened to float32 as a float32 layer's), saying so; the CPU build trains every
+    layer (:func:`compile_backward`)."""
     if layer._training is None:
         if layer.target.kind.name != "cuda":
             raise ConfigError(
@@ -244,7 +244,8 @@ def _build_training(layer: Layer) -> tuple[list, Built, str]:
         save = saving_forward(plan, target, gpu, layer.kernel.config)
         backwards = gpu_backward(plan, gpu)
     except ConfigError as err:
-        widened = f" (the backward holds the transposed weights in {plan.policy.compute})" if plan.policy.widens else ""
+        widened = (f" (the persistent backward holds the transposed weights in {plan.policy.compute})"
+                   if plan.policy.widens else "")
         raise ConfigError(f"{err}{widened}; train this layer on the CPU build (target 'llvm')") from None
     for backward in backwards:
         built = build_functions({"recurrent_save": save.func, "recurrent_backward": backward.func}, target, gpu)

@@ -486,13 +486,16 @@ def gpu_backward_args(
     storage: str,
     workspace: tuple,
     sync_words: int | None,
+    gates_dtype: str | None = None,
 ) -> tuple:
     """The GPU backward kernel's arguments, in kernel order: ``xp``, the weights and params as the forward
     takes them, ``lengths``, ``saved`` (the training forward's, ``saved`` columns), ``d_out`` and each
     ``d_<s>_n`` in; ``d_xp``, ``d_gates`` (T, B, ``gates``: every product's gate gradients, for the weight
     gradients' GEMMs), each ``d_<param>_rows`` (B, width of the param: the param's gradient per batch
     row) and each ``d_<s>0`` out; then the workspace and the barrier's state and scalars. The weights and
-    params are the layer's ``storage`` type, everything else ``dtype`` (float32)."""
+    params are the layer's ``storage`` type, ``d_gates`` and the workspace (the gate gradients the blocks
+    exchange) ``gates_dtype`` (the half type where the tensor cores multiply them), everything else ``dtype``
+    (float32)."""
     B, H = batch, hidden
     args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
     args += [Arg(n, ArgRole.WEIGHT, tuple(s), storage) for n, s in weights.items()]
@@ -505,11 +508,11 @@ def gpu_backward_args(
     args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), dtype) for s in states]
     args += [
         Arg("d_xp", ArgRole.OUTPUT, (SEQ, B, width), dtype),
-        Arg("d_gates", ArgRole.OUTPUT, (SEQ, B, gates), dtype),
+        Arg("d_gates", ArgRole.OUTPUT, (SEQ, B, gates), gates_dtype or dtype),
     ]
     args += [Arg(f"d_{n}_rows", ArgRole.OUTPUT, (B, *s), dtype) for n, s in params.items()]
     args += [Arg(f"d_{s}0", ArgRole.OUTPUT, (B, H), dtype) for s in states]
-    args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), dtype))
+    args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), gates_dtype or dtype))
     if sync_words is not None:
         args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
         args += [Arg(name, ArgRole.SCALAR, (), t) for name, t in SYNC_SCALARS.items()]

@@ -15,14 +15,24 @@ from prnn_tvm.codegen.kernel import Kernel
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError
 
-from . import cpu_backward, cpu_reference, persistent_backward, persistent_cuda, persistent_mma, session, split
+from . import (
+    backward_mma,
+    backward_mma_config,
+    cpu_backward,
+    cpu_reference,
+    persistent_backward,
+    persistent_cuda,
+    persistent_mma,
+    session,
+    split,
+)
 from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
-__all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_for", "by_name", "gpu_backward",
-           "knob_short_names", "knob_text", "saving_forward", "session_kernel", "split_kernels", "template_for",
-           "templates_for"]
+__all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_configs", "backward_for", "backward_kernel",
+           "by_name", "gpu_backward", "knob_short_names", "knob_text", "saving_forward", "session_kernel",
+           "split_kernels", "template_for", "templates_for"]
 
 
 def templates_for(plan, target) -> list:
@@ -112,10 +122,34 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
 
 
 def gpu_backward(plan, gpu):
-    """The GPU backward kernels of ``plan`` (``recurrent_backward``) for its ranked default configs, best
-    first, each made when asked for: a build takes the first that ptxas reports without spills."""
-    configs = persistent_backward.ranked_configs(plan, gpu)
-    return (persistent_backward.backward_kernel(plan, gpu, cfg) for cfg in configs)
+    """The GPU backward kernels of ``plan`` (``recurrent_backward``) for its ranked default configs
+    (:func:`backward_configs`), best first, each made when asked for: a build takes the first that ptxas reports
+    without spills."""
+    return (backward_kernel(plan, gpu, cfg) for cfg in backward_configs(plan, gpu))
+
+
+def backward_configs(plan, gpu) -> list:
+    """The ranked default configs of ``plan``'s GPU backward, best first: a half layer's from the tensor-core
+    backward (``backward_mma``), then from the float32 one (its weights widened in registers), where each fits;
+    ConfigError with every reason where none does."""
+    choices, reasons = [], []
+    tensor_cores = [backward_mma_config.ranked_configs] if plan.dtype in backward_mma_config.mc.DTYPES else []
+    for ranked in [*tensor_cores, persistent_backward.ranked_configs]:
+        try:
+            choices += ranked(plan, gpu)
+        except ConfigError as err:
+            reasons.append(str(err))
+    if not choices:
+        raise ConfigError("; ".join(reasons))
+    return choices
+
+
+def backward_kernel(plan, gpu, config):
+    """The GPU backward kernel of ``plan`` with ``config`` (one of :func:`backward_configs`' types; ConfigError
+    where it does not fit)."""
+    if isinstance(config, backward_mma_config.BackwardMmaConfig):
+        return backward_mma.backward_kernel(plan, gpu, config)
+    return persistent_backward.backward_kernel(plan, gpu, config)
 
 
 def by_name(name: str) -> Template:

@@ -26,9 +26,10 @@ the stages pointwise. Per CTA, which owns ``units_per_cta`` hidden units:
 
 One barrier per phase, so a step of a cell of P phases waits P times, as its forward does. The
 weights' gradients are GEMMs over ``d_gates`` and the saved operands that the caller makes
-(``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer's backward reads
-its weights and params in their storage type and keeps and computes everything in float32
-(the weights widened in registers: the register budget of a float32 layer).
+(``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer trains on the tensor-core
+backward (``backward_mma``: this step with the products on mma fragments); where that refuses it (head-wise
+products) or nothing of it fits, this one reads its weights and params in their storage type and keeps and
+computes everything in float32 (the weights widened in registers: the register budget of a float32 layer).
 The thread layout of the products, the knobs and the cost model are the forward's
 (``persistent_config``), over rows of the transposed weights.
 """
@@ -41,11 +42,11 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.barriers import BARRIERS
+from prnn_tvm.codegen.barriers import BARRIERS, row_lanes
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
-from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value
-from prnn_tvm.dtypes import GPU_DTYPES
+from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value, fast_transcendentals
+from prnn_tvm.dtypes import GPU_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
@@ -200,10 +201,15 @@ class _Backward(RegisterWeights):
     """Builds the kernel of one config; the products over the register weights are the forward's
     (``RegisterWeights``), with the transposed weights loaded by :meth:`load_weights`."""
 
+    HALF_TILES = False  # the weights and the gate gradients they multiply in the layer's storage type
+
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
         self.p, self.c, self.g = plan, cfg, g
         self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
-        self.dt = self.acc_dt = plan.policy.compute  # weights widen to it in registers
+        self.compute = self.acc_dt = plan.policy.compute  # the adjoints, the carried and the params' gradients
+        # the register weights and the shared tile of gate gradients (published and written in it too): float32
+        # here, the weights widened in registers; the layer's half type on the tensor cores (``backward_mma``)
+        self.dt = self.gates_dt = plan.dtype if self.HALF_TILES else self.compute
         self.storage = plan.dtype
         self.gs0 = cfg.batch_tile * g.stride  # word offset of the sums sent back, after the operand tile
         self.D, self.span = head_size(plan), head_span(plan, cfg.units_per_cta)  # hidden, hidden where dense
@@ -234,8 +240,8 @@ class _Backward(RegisterWeights):
         args = gpu_backward_args(
             self.B, H, p.input.slices * H, p.weight_shapes(),
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
-            len(p.saved_leaves()) * H, max(1, self.K), self.dt,
-            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None)
+            len(p.saved_leaves()) * H, max(1, self.K), self.compute,
+            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None, self.gates_dt)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
 
@@ -251,11 +257,11 @@ class _Backward(RegisterWeights):
                 self.d_init = {s: n[f"d_{s}0"] for s in self.si}
                 self.d_rows = {q.name: n[f"d_{q.name}_rows"] for q in p.params}
                 self.alloc_product_buffers()
-                self.carry = T.alloc_buffer((ipt * S,), self.dt, scope="local")   # dL/d state, end of step
-                self.direct = T.alloc_buffer((ipt * S,), self.dt, scope="local")  # its pointwise share
-                self.pgrad = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.dt, scope="local")
+                self.carry = T.alloc_buffer((ipt * S,), self.compute, scope="local")   # dL/d state, end of step
+                self.direct = T.alloc_buffer((ipt * S,), self.compute, scope="local")  # its pointwise share
+                self.pgrad = T.alloc_buffer((max(1, ipt * len(self.p_leaves)),), self.compute, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")
-                self.dstage = T.alloc_buffer((max(1, ipt * len(self.stage_ops)),), self.dt, scope="local")
+                self.dstage = T.alloc_buffer((max(1, ipt * len(self.stage_ops)),), self.compute, scope="local")
                 stateful = self.a.sync is not None
                 self.base = self.barrier.begin(self.a.sync)
                 self.prologue()
@@ -286,7 +292,7 @@ class _Backward(RegisterWeights):
                 for name, i in self.si.items():
                     T.buffer_store(self.carry, self.d_final[name][b, unit], [it * len(self.si) + i])
                 for i in range(len(self.p_leaves)):
-                    T.buffer_store(self.pgrad, tirx.const(0.0, self.dt), [it * len(self.p_leaves) + i])
+                    T.buffer_store(self.pgrad, tirx.const(0.0, self.compute), [it * len(self.p_leaves) + i])
                 T.buffer_store(self.lenreg, self.a.lengths[b], [it])
         pad = self.g.k_pad - self.K  # columns past the gate rows meet zero weights: keep them 0, not garbage
         if self.D != self.H:
@@ -298,7 +304,7 @@ class _Backward(RegisterWeights):
                 with T.If(idx < total):
                     with T.Then():
                         T.buffer_store(self.smem, tirx.const(0.0, self.dt),
-                                       [(idx // pad) * self.g.k_pad + self.K + idx % pad])
+                                       [(idx // pad) * self.g.stride + self.K + idx % pad])
 
     def load_weights(self):
         """Row ``(e, ul)`` of the thread holds ``W[k, unit]`` for every gate row ``k`` of the products that
@@ -378,7 +384,7 @@ class _Backward(RegisterWeights):
                             for s in range(self.p.input.slices):
                                 T.buffer_store(self.d_xp, nan, [t, b, s * H + unit])
                             for column in range(self.K // H):
-                                T.buffer_store(self.d_gates, nan, [t, b, column * H + unit])
+                                T.buffer_store(self.d_gates, as_type(nan, self.gates_dt), [t, b, column * H + unit])
 
     # ------------------------------------------------------------------ one step backwards
     def gate_gradients(self, t, phase: int, it, b, unit):
@@ -390,7 +396,7 @@ class _Backward(RegisterWeights):
         for r in (r for r in p.reductions if r.phase == phase):
             for s in range(r.slices):
                 column = self.red_lo[r.name] + s * H + unit
-                g = bind_value(value(Leaf("reduction", r.name, s)), f"d_{r.name}_{s}")
+                g = bind_value(as_type(value(Leaf("reduction", r.name, s)), self.gates_dt), f"d_{r.name}_{s}")
                 T.buffer_store(self.a.ws, g, [t % 2, b, column])
                 T.buffer_store(self.d_gates, g, [t, b, column])
         if phase:
@@ -407,7 +413,7 @@ class _Backward(RegisterWeights):
         """What ``phase``'s transposed products sent back to this item: the adjoint of an operand stage (kept
         for the earlier phases), or, in phase 0, the states' adjoints at step t-1: their own share plus
         what was sent (a row past its length at step t passes its adjoints through unchanged)."""
-        sent = {name: self.smem[self.gs0 + b * self.g.rows + e * self.U + ul] for name, e in self.ops.items()
+        sent = {name: self.gate_sum(b, self.row_of(e, ul)) for name, e in self.ops.items()
                 if self.op_phase[name] == phase}
         if phase:
             for name, value in sent.items():
@@ -428,19 +434,22 @@ class _Backward(RegisterWeights):
             if leaf.kind == "input":
                 return a.xp[t, b, leaf.slice * H + unit]
             if leaf.kind == "param":
-                return as_type(a.param[leaf.name][leaf.slice * H + unit], self.dt)
+                return as_type(a.param[leaf.name][leaf.slice * H + unit], self.compute)
             return self.saved[t, b, self.saved_column[leaf] * H + unit]
 
         def incoming(name: str):
             d = self.carry[it * S + self.si[name]]
             if name == p.output:
                 d = d + self.d_out[t, b, unit]
-            return T.if_then_else(running, d, tirx.const(0.0, self.dt))
+            return T.if_then_else(running, d, tirx.const(0.0, self.compute))
 
         def operand(name: str):  # an operand stage's adjoint, received from a later phase's products
             return self.dstage[it * len(self.stage_ops) + self.stage_ops[name]]
 
-        return adjoint_values(p, self.adj, forward, incoming, operand, bind_value)
+        def bind(expr, name: str):  # a half layer's math as its forward's: the approximate intrinsics
+            return bind_value(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
+
+        return adjoint_values(p, self.adj, forward, incoming, operand, bind)
 
     def products(self, t, phase: int):
         """What ``phase``'s transposed products send back to this CTA's units, for every batch tile, into the
@@ -452,7 +461,7 @@ class _Backward(RegisterWeights):
             if self.D != self.H:
                 self.copy_heads(t, b0)
             else:
-                lv = next(n for n in (4, 2, 1) if K % n == 0)  # 16-byte loads where the gate rows allow
+                lv = row_lanes(K, itemsize(self.gates_dt))  # 16-byte loads where the gate rows allow
                 n = c.batch_tile * K // lv
                 for i in range(ceil_div(n, g.threads)):
                     idx = i * g.threads + self.tx
@@ -460,7 +469,7 @@ class _Backward(RegisterWeights):
                     with T.If(tirx.all(idx < n, b0 + bb < self.B)):
                         with T.Then():
                             T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, vec_index(k, lv)],
-                                           [vec_index(bb * g.k_pad + k, lv)])
+                                           [vec_index(bb * g.stride + k, lv)])
             sync_threads()
             self.tile_products(b0, phase)
             sync_threads()
@@ -490,12 +499,20 @@ class _Backward(RegisterWeights):
 
     @property
     def thread_phase(self):
-        e = (self.rg * self.c.rows_per_thread) // self.U
+        e = self.operand_of(self.first_row)
         value = tirx.const(0, "int32")
         for name, i in self.ops.items():
             if self.op_phase[name]:
                 value = T.if_then_else(e == i, self.op_phase[name], value)
         return value
+
+    def row_of(self, e: int, ul):
+        """The CTA row of operand ``e``'s unit ``ul``: the operands' rows one after another."""
+        return e * self.U + ul
+
+    def operand_of(self, row):
+        """The operand of CTA row ``row`` (:meth:`row_of`)."""
+        return row // self.U
 
     def item(self, it: int):
         """Context for item ``it`` of this thread: yields (batch row, unit, unit in CTA)."""

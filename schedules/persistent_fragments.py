@@ -147,7 +147,7 @@ class FragmentWeights:
         per_chain = C_REGS * c.n_tiles * mw  # accumulators of one chain; k tile kt adds into chain kt % k_chains
         for i in range(per_chain * c.k_chains):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
-        tiles = sum(product_tiles(self.reductions, c.units_per_cta))
+        tiles = self.filled_row_tiles()
         multiplies = self.thread_phase == phase
         if tiles < g.m_tiles:  # a part with fewer row tiles than the widest: its last warps have none
             multiplies = tirx.all(multiplies, self.mt < tiles)
@@ -181,16 +181,26 @@ class FragmentWeights:
                 self.sum_chains(per_chain)
                 self.store_partials(b0)
 
+    def filled_row_tiles(self) -> int:
+        """Row tiles that hold weights in this CTA: its products' (the widest part may have more)."""
+        return sum(product_tiles(self.reductions, self.c.units_per_cta))
+
     def multiply(self, kt: int, b_offset, per_chain: int):
         """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
         warp's row tiles, into accumulator chain ``kt % k_chains``."""
-        c, g, mma = self.c, self.g, self.p.policy.mma
+        c, mma = self.c, self.p.policy.mma
         for nt in range(c.n_tiles):
             for m in range(c.m_tiles_per_warp):  # the warp's row tiles share the B fragment
                 accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
+                a_data, a_offset = self.a_operand(m, kt, nt)
                 T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
-                                            self.wreg.data, (m * g.k_tiles_per_warp + kt) * A_REGS, self.bfrag.data,
+                                            a_data, a_offset, self.bfrag.data,
                                             b_offset(nt), self.acc.data, accumulators, False))
+
+    def a_operand(self, m: int, kt: int, nt: int) -> tuple:
+        """``(data, offset)`` of the A fragment of the warp's row tile ``m`` and k tile ``kt`` (for batch tile
+        ``nt``): its registers."""
+        return self.wreg.data, (m * self.g.k_tiles_per_warp + kt) * A_REGS
 
     def sum_chains(self, per_chain: int):
         """Accumulator chains 1.. added into chain 0."""

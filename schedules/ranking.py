@@ -132,9 +132,9 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
 
 
 def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,
-                    limit: int, kind: str, runs: int = 1) -> list:
+                    limit: int, kind: str, runs: int = 1, spread: bool = True) -> list:
     """Valid ``candidates`` best first: units spread over every SM (``runs`` runs of CTAs, each over the hidden
-    units, side by side), then least ``cost(cfg, geometry)``.
+    units, side by side; not where ``spread`` is False: the cost alone decides), then least ``cost(cfg, geometry)``.
 
     Fallbacks step down in register pressure: a config that spilled is followed by one
     holding fewer weights per thread, not by a near-twin that spills the same way (the
@@ -147,7 +147,7 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
             g = validate(cfg, plan, gpu)
         except ConfigError:
             continue
-        ranked.append(((cfg.units_per_cta != min_units, cost(cfg, g), g.threads), cfg, g.weights_per_thread))
+        ranked.append(((spread and cfg.units_per_cta != min_units, cost(cfg, g), g.threads), cfg, g.weights_per_thread))
     if not ranked:
         raise ConfigError(f"no {kind} config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
                           f"batch={plan.batch} on {gpu.arch} (the weights may not fit in registers)")

@@ -11,7 +11,7 @@ from prnn_tvm.checks import check_gradients, layer_gradients, max_error
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths
 from prnn_tvm.runtime import limits
-from prnn_tvm.schedules import persistent_backward
+from prnn_tvm.schedules import backward_mma_config, persistent_backward
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 
@@ -104,6 +104,7 @@ def test_a_cuda_layer_trains_through_its_training_kernels():
         *((c, 1024, 64, "float32") for c in ("lstm", "gru", "rnn_tanh", "gru_cho")),
         ("lstm", 1024, 64, "float16"),
         ("gru", 1024, 16, "bfloat16"),
+        ("lstm", 1536, 16, "float16"),  # the tensor-core backward, a third of its fragments in shared memory
     ],
 )
 def test_training_kernels_have_no_spills(cell, hidden, batch, dtype):
@@ -133,12 +134,19 @@ def test_training_kernels_have_no_spills(cell, hidden, batch, dtype):
     assert compile_training(layer) is training  # built once per layer
 
 
-def test_training_kernels_that_do_not_fit_say_so():
-    """A float16 LSTM of hidden 1536 runs (tensor-core fragments), but its backward's float32 transposed weights
-    do not fit in the registers of the grid."""
+def test_training_kernels_that_do_not_fit_say_so(monkeypatch):
+    """A float16 LSTM of hidden 1536 runs (tensor-core fragments), and so does its backward on the tensor cores
+    (``test_backward_mma.py``), but the float32 backward's widened transposed weights do not fit in the registers
+    of the grid: where no backward fits, compile_training says why."""
     layer = prnn_tvm.compile_cell("lstm", 1536, 2, dtype="float16", target="cuda", arch="sm_90", tuning_logs=[])
+
+    def none_fits(plan, gpu, limit=4):
+        raise ConfigError("no tensor-core backward config fits (as if)")
+
+    monkeypatch.setattr(backward_mma_config, "ranked_configs", none_fits)
     with pytest.raises(
         ConfigError,
-        match="no persistent backward config fits .* transposed weights in float32.*train this layer on the CPU build",
+        match="tensor-core backward config fits .*; no persistent backward config fits .* transposed weights in "
+        "float32.*train this layer on the CPU build",
     ):
         compile_training(layer)

@@ -416,6 +416,7 @@ def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidde
         ("gru_cho", "float32", False),
         ("lstm_x2", "bfloat16", False),
         ("gru", "float32", True),
+        ("gru", "bfloat16", True),  # the tensor-core backward
     ],
 )
 def test_only_read_only_arguments_are_restrict(monkeypatch, cell, dtype, training):

@@ -719,7 +719,8 @@ def test_cuda_gradients_of_any_cell_match_the_float64_cpu_build(cell, packed):
     ids=["default", "two_row_tiles_per_warp"],
 )
 def test_cuda_half_modules_train(kind, dtype, bound, config):
-    """Half storage on the GPU (the forward on tensor cores, saving in float32; the backward in float32):
+    """Half storage on the GPU (the forward on tensor cores, saving in float32; the backward on tensor cores too,
+    its gate gradients rounded to the half type):
     gradients against torch.nn's float64 autograd on the same half-rounded weights, inputs and states,
     relative to a gradient's largest entry where that passes 1; the gradients come back in the half type.
     The saving forward takes the layer's config: a tuned one may hold two row tiles per warp."""

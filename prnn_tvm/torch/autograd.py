@@ -65,7 +65,8 @@ class CudaBackprop(torch.autograd.Function):
         xp, *args, saved = ctx.saved_tensors
         plan, H = training.plan, module.hidden_size
         names = _data_names(training.forward)[1:]  # the forward's arguments after xp
-        # the backward computes in float32 (a half layer's outputs come back as float32 gradients)
+        # the backward computes in float32 (a half layer's outputs come back as float32 gradients; its gate
+        # gradients, d_gates, may be in the half type)
         given = dict(zip(names, args), saved=saved, d_out=d_out.float().contiguous())
         given.update({f"d_{s.name}_n": d.float().contiguous() for s, d in zip(plan.states, d_finals)})
         launched = module._run_cuda(
@@ -79,7 +80,10 @@ class CudaBackprop(torch.autograd.Function):
         for r in plan.reductions:  # each product's weights: sum over steps and rows of d_gates^T operand
             gates = d["d_gates"][:, :, column : column + r.slices * H].reshape(T * B, r.slices * H)
             i = where[r.operand]
-            dW = gates.t() @ saved[:, :, i * H : (i + 1) * H].reshape(T * B, H)
+            # in the gate gradients' type: float32, or a half layer's on the tensor cores (backward_mma), where the
+            # operands are the half values the forward multiplied and cuBLAS accumulates in float32
+            operand = saved[:, :, i * H : (i + 1) * H].reshape(T * B, H).to(gates.dtype)
+            dW = gates.t() @ operand
             if r.heads > 1:  # a head-wise weight: each row's head's columns of the dense gradient
                 D = H // r.heads
                 rows = torch.arange(dW.shape[0], device=dW.device)

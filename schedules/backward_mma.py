@@ -1,0 +1,169 @@
+"""Tensor-core persistent CUDA backward for half-precision layers (float16, bfloat16) on sm_80+.
+
+The step is the float32 backward's (``persistent_backward``: the adjoints derived from the cell's plan, one
+grid barrier per phase, the last phase first); the products that send the gate gradients back through the
+recurrent weights are ``mma.sync.m16n8k16`` over the transposed weights held as A fragments in registers for
+the whole launch, in the layer's half type (half the registers of the float32 backward's widened weights),
+with float32 accumulators (``persistent_fragments``; knobs and geometry: ``backward_mma_config``).
+
+The gate gradients are computed in float32 and rounded to the half type once, where they are published: the
+blocks multiply the rounded values, and ``d_gates`` (for the weights' gradients, half GEMMs with float32
+accumulation) holds the same. That is one rounding (2^-11 relative for float16, 2^-8 for bfloat16) of each
+step's gate gradients, the backward's counterpart of the forward's rounding of each step's new state; the
+states' adjoints, the params' gradients and the pointwise math stay float32.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from prnn_tvm.codegen.barriers import row_lanes
+from prnn_tvm.codegen.kernel import Kernel, vec_index
+from prnn_tvm.codegen.pointwise import bind_value
+from prnn_tvm.dtypes import itemsize
+from prnn_tvm.frontend.plan import CellPlan
+from prnn_tvm.target import GpuSpec
+
+from . import backward_mma_config as bc
+from .backward_mma_config import BackwardMmaConfig
+from .persistent_backward import _Backward
+from .persistent_exchange import ceil_div, sync_threads
+from .persistent_fragments import A_REGS, FragmentWeights, _weight_or
+from .persistent_mma_config import TILE_K, TILE_M
+
+NAME = "persistent_backward_mma"
+
+# the gate gradients' tile goes from L2 to shared memory without registers: a CTA copies all of them every pass
+# (B x gate rows: 128 KB at LSTM 1024 x 16), which as loads into registers held 64 per thread at 512 threads and
+# spilled (ptxas, LSTM fp16 1024 x 16, every ranked config). 16 bytes a copy past L1 where the rows allow, else
+# 8 or 4 (through L1: the grid barrier's acquire orders them as it does plain loads), else plain loads.
+_CP_ASYNC = r"""
+#ifndef PRNN_CP_ASYNC
+#define PRNN_CP_ASYNC
+template <int BYTES>
+__device__ __forceinline__ void prnn_cp_async(void* dst, const void* src) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+  if (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(a), "l"(src), "n"(BYTES) : "memory");
+  }
+}
+__device__ __forceinline__ void prnn_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
+"""
+
+
+def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: BackwardMmaConfig) -> Kernel:
+    """The tensor-core backward of ``plan`` with ``config`` (see :func:`backward_mma_config.ranked_configs`)."""
+    builder = _MmaBackward(plan, config, bc.validate(config, plan, gpu))
+    return Kernel(builder.build(), NAME, builder.launch, config)
+
+
+class _MmaBackward(FragmentWeights, _Backward):
+    """The float32 backward's step with the products of ``FragmentWeights``: CTA row ``e * U16 + ul`` (``U16``:
+    the units rounded up to whole row tiles) is operand ``e``'s unit ``ul``."""
+
+    HALF_TILES = True
+
+    def __init__(self, plan: CellPlan, cfg: BackwardMmaConfig, g):
+        super().__init__(plan, cfg, g)
+        self.stride = g.stride
+        self.U16 = bc.tiles_per_operand(cfg.units_per_cta) * TILE_M
+        self.kt_regs = g.k_tiles_per_warp - cfg.shared_k_tiles  # a warp's first k tiles: in registers
+
+    def alloc_product_buffers(self):
+        """The forward's buffers, and the A fragments of one k tile read back from shared memory."""
+        super().alloc_product_buffers()
+        self.afrag = T.alloc_buffer((A_REGS * self.c.m_tiles_per_warp,), self.dt, scope="local")
+
+    def a_fragment(self, m: int, kt: int) -> tuple:
+        """Where the A fragment of the warp's row tile ``m`` and k tile ``kt`` lives: ``(buffer, element)``, in the
+        registers or (``shared_k_tiles``) in shared memory after the gate gradients' tile, 16 bytes a lane."""
+        if kt < self.kt_regs:
+            return self.wreg, (m * self.kt_regs + kt) * A_REGS
+        warp, skt = self.tx // 32, self.c.shared_k_tiles
+        tile = (warp * self.c.m_tiles_per_warp + m) * skt + kt - self.kt_regs
+        return self.smem, self.c.batch_tile * self.stride + (tile * 32 + self.tx % 32) * A_REGS
+
+    def row_of(self, e: int, ul):
+        return e * self.U16 + ul
+
+    def operand_of(self, row):
+        return row // self.U16
+
+    def filled_row_tiles(self) -> int:
+        return self.g.m_tiles
+
+    @property
+    def operand_base(self):
+        return 0  # dense products (``refusal``): the tile holds every gate row
+
+    def load_weights(self):
+        """Prologue: the A fragments of this warp, ``A[(e, unit), k] = W[k - lo, unit]`` for gate row ``k`` of a
+        product (first gate row ``lo``) that multiplies operand ``e``, zero elsewhere; each element loaded
+        unconditionally, its indices clamped into the weight (``_weight_or``)."""
+        if not self.g.m_tiles:
+            return
+        H, U, kt_per, reductions = self.H, self.U, self.g.k_tiles_per_warp, self.p.reductions
+        zero = tirx.const(0.0, self.dt)
+        for m in range(self.c.m_tiles_per_warp):
+            sources = []  # per fragment row: its unit and, per product, whether the row's operand is the product's
+            for half in range(2):
+                row = bind_value((self.mt + m) * TILE_M + self.grp + 8 * half, f"frag_row{m}_{half}")
+                ul = row % self.U16
+                unit = bind_value(self.bx * U + ul, f"frag_unit{m}_{half}")
+                oks = [bind_value(tirx.all(self.operand_of(row) == self.ops[r.operand], ul < U, unit < H),
+                                  f"frag_ok{m}_{half}_{i}") for i, r in enumerate(reductions)]
+                sources.append((unit, oks))
+            for kt in range(kt_per):
+                for j in range(A_REGS):
+                    k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
+                    unit, oks = sources[(j // 2) % 2]
+                    value = zero
+                    for red, ok in reversed(list(zip(reductions, oks))):
+                        lo = self.red_lo[red.name]
+                        keep = tirx.all(ok, k >= lo, k < lo + red.slices * H)
+                        value = _weight_or(keep, self.a.weight[red.weight], k - lo, unit, 1, value)
+                    buffer, at = self.a_fragment(m, kt)
+                    T.buffer_store(buffer, value, [at + j])
+
+    def a_operand(self, m: int, kt: int, nt: int) -> tuple:
+        """The A fragment from registers, or read back from shared memory into ``afrag`` (one 16-byte load a lane,
+        at the first batch tile)."""
+        buffer, at = self.a_fragment(m, kt)
+        if buffer is self.wreg:
+            return buffer.data, at
+        if nt == 0:
+            T.buffer_store(self.afrag, self.smem[vec_index(at, A_REGS)], [vec_index(m * A_REGS, A_REGS)])
+        return self.afrag.data, m * A_REGS
+
+    def products(self, t, phase: int):
+        """What ``phase``'s products send back, per batch tile: the gate gradients into the shared tile (rows
+        past the batch keep what they held, read only by the accumulators of rows that are never stored), then
+        the tensor cores (``FragmentWeights.tile_products``)."""
+        c, g, K = self.c, self.g, self.K
+        lanes = row_lanes(K, itemsize(self.gates_dt))
+        nbytes = lanes * itemsize(self.gates_dt)
+        per_row = K // lanes
+        with T.serial(0, g.batch_chunks) as chunk:
+            b0 = bind_value(chunk * c.batch_tile, "b0")
+            n = c.batch_tile * per_row
+            for i in range(ceil_div(n, g.threads)):
+                idx = i * g.threads + self.tx
+                bb, k = idx // per_row, idx % per_row * lanes
+                with T.If(tirx.all(idx < n, b0 + bb < self.B)):
+                    with T.Then():
+                        if nbytes < 4:  # cp.async copies 4, 8 or 16 bytes
+                            T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, k], [bb * g.stride + k])
+                        else:
+                            T.evaluate(T.cuda.func_call(f"prnn_cp_async<{nbytes}>",
+                                                        T.address_of(self.smem[bb * g.stride + k]),
+                                                        T.address_of(self.a.ws[t % 2, b0 + bb, k]),
+                                                        source_code=_CP_ASYNC, return_type="void"))
+            if nbytes >= 4:
+                T.evaluate(T.cuda.func_call("prnn_cp_async_wait_all", source_code=_CP_ASYNC, return_type="void"))
+            sync_threads()
+            self.tile_products(b0, phase)
+            sync_threads()

@@ -1,0 +1,94 @@
+"""The tensor-core backward of half layers on the GPU (``pytest -m gpu``): every gradient of a training step
+through ``prnn_tvm.torch`` (the training forward, the backward on the tensor cores, the weights' gradients as
+half GEMMs) against float64 on the same half-rounded weights, inputs and states, within the layer's tolerance
+(``checks.plan_tolerance``) relative to a gradient's largest entry where that passes 1. The gate gradients
+are rounded to the half type once per step before the tensor cores multiply them; the bound is the one the
+forward's rounding of each step's state is held to."""
+
+import copy
+
+import pytest
+import torch
+
+import prnn_tvm
+import prnn_tvm.dtypes
+import prnn_tvm.torch as pt
+from prnn_tvm.checks import plan_tolerance
+
+from .test_torch import _gradient_error, _gradients, _lengths
+
+pytestmark = pytest.mark.gpu
+NN = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}
+
+
+def modules(cell, n_in, hidden, dtype, **shape):
+    """The half module on the GPU and its float64 reference on the CPU with the same (rounded) parameters:
+    torch.nn's own module for its cells, else the CPU build's in float64."""
+    torch.manual_seed(3)
+    if cell in NN:
+        base = NN[cell](n_in, hidden, **shape)
+        fast = pt.from_torch(copy.deepcopy(base).to(dtype).cuda().train())
+        ref = base.double()
+    else:
+        fast = pt.Recurrent(cell, n_in, hidden, dtype=dtype, device="cuda")
+        ref = pt.Recurrent(cell, n_in, hidden, dtype=torch.float64)
+    with torch.no_grad():
+        for p, q in zip(ref.parameters(), fast.parameters(), strict=True):
+            p.copy_(q)
+    return fast, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "cell, T, B, H, n_in, packed",
+    [
+        ("lstm", 1, 1, 37, 5, False),  # one step, one row, odd hidden
+        ("lstm", 64, 5, 128, 24, False),
+        ("lstm", 40, 6, 96, 12, True),  # rows of their own lengths
+        ("gru", 17, 3, 33, 7, False),  # odd gate rows (3 x 33)
+        ("rnn_tanh", 32, 8, 64, 16, False),
+        ("gru_cho", 20, 4, 48, 8, False),  # two operands, two phases backwards
+        ("lstm", 256, 16, 1024, 64, False),  # the benchmark's shape
+        ("lstm", 32, 16, 1536, 32, False),  # a third of the fragments in shared memory
+    ],
+)
+def test_half_gradients_on_tensor_cores_match_float64(cell, T, B, H, n_in, packed, dtype):
+    fast, ref = modules(cell, n_in, H, dtype)
+    x = torch.randn(T, B, n_in).to(dtype)
+    hx = [(0.5 * torch.randn(1, B, H)).to(dtype) for _ in fast._states]
+    lengths = _lengths(B, T) if packed else None
+    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
+                      list(ref.parameters()), lengths)
+    params = list(fast.parameters())
+    got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx], params, lengths)
+    layer = fast.layer_for(B, torch.device("cuda"), dtype)
+    assert "k_groups=" in layer._training.report.splitlines()[-1], layer._training.report  # the tensor cores
+    assert all(p.grad.dtype == dtype for p in params)
+    assert _gradient_error(want, got) <= plan_tolerance(layer.plan, T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_stack_both_ways_trains_on_tensor_cores(dtype):
+    """Two layers, both directions: each layer and direction's backward on the tensor cores, in turn."""
+    T, B, H, n_in = 48, 8, 128, 20
+    fast, ref = modules("lstm", n_in, H, dtype, num_layers=2, bidirectional=True)
+    x = torch.randn(T, B, n_in).to(dtype)
+    hx = [(0.5 * torch.randn(4, B, H)).to(dtype) for _ in range(2)]
+    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
+                      list(ref.parameters()))
+    got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx],
+                     list(fast.parameters()))
+    assert _gradient_error(want, got) <= prnn_tvm.dtypes.tolerance(pt.DTYPES[dtype], 2 * T)
+
+
+def test_a_half_backward_that_times_out_fills_nan_and_raises():
+    """The half gate gradients of a stalled backward are NaN too, so every weight's gradient is."""
+    fast = pt.from_torch(torch.nn.LSTM(8, 64)).half().cuda()
+    x = torch.randn(20, 2, 8, device="cuda", dtype=torch.float16, requires_grad=True)
+    out, _ = fast(x)
+    backward = fast.layer_for(2, x.device, torch.float16)._training.backward
+    backward.debug_stall_step, backward.barrier_timeout_us = 5, 2000
+    out.float().sum().backward()
+    assert torch.isnan(x.grad).all() and all(torch.isnan(p.grad).all() for p in fast.parameters())
+    with pytest.raises(prnn_tvm.BarrierTimeout, match="after step 5"):
+        fast.check()
