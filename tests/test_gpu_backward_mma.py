@@ -38,6 +38,13 @@ def modules(cell, n_in, hidden, dtype, **shape):
     return fast, ref
 
 
+def _trained_layer(fast):
+    """The one compiled layer of ``fast`` that trained (its batch is the call's bucket, its device cuda:N)."""
+    found = [layer for layer in fast._layers.values() if layer._training is not None]
+    assert len(found) == 1, found
+    return found[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "cell, T, B, H, n_in, packed",
@@ -61,7 +68,7 @@ def test_half_gradients_on_tensor_cores_match_float64(cell, T, B, H, n_in, packe
                       list(ref.parameters()), lengths)
     params = list(fast.parameters())
     got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx], params, lengths)
-    layer = fast.layer_for(B, torch.device("cuda"), dtype)
+    layer = _trained_layer(fast)
     assert "k_groups=" in layer._training.report.splitlines()[-1], layer._training.report  # the tensor cores
     assert all(p.grad.dtype == dtype for p in params)
     assert _gradient_error(want, got) <= plan_tolerance(layer.plan, T)
@@ -86,7 +93,7 @@ def test_a_half_backward_that_times_out_fills_nan_and_raises():
     fast = pt.from_torch(torch.nn.LSTM(8, 64)).half().cuda()
     x = torch.randn(20, 2, 8, device="cuda", dtype=torch.float16, requires_grad=True)
     out, _ = fast(x)
-    backward = fast.layer_for(2, x.device, torch.float16)._training.backward
+    backward = _trained_layer(fast)._training.backward
     backward.debug_stall_step, backward.barrier_timeout_us = 5, 2000
     out.float().sum().backward()
     assert torch.isnan(x.grad).all() and all(torch.isnan(p.grad).all() for p in fast.parameters())
