@@ -122,7 +122,7 @@ def test_the_host_transports_words_carry_value_and_tag_in_one_word():
     assert session_words.request_words(x, 7, staged) is staged and np.array_equal(staged, got)
     close = np.array([np.uint32(0xFFFFFFFF)]).view(np.float32)  # an input whose bits are the close mark's
     sent = session_words.request_words(close, 3)
-    assert int(sent[0]) & 0xFFFFFFFF == session_words.CANONICAL_NAN
+    assert int(sent[0]) & 0xFFFFFFFF == session_words.CLOSE_SENT_AS
     assert set(session_words.close_words(4, 3).tolist()) == {(3 << 32) | session_words.CLOSE}
     for dtype, bits in (("float16", np.uint16), ("bfloat16", np.uint16), ("float32", np.uint32)):
         states = np.array([[0.25, -2.0, 3.5]], dtype)

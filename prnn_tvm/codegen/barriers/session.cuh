@@ -12,7 +12,7 @@
 // polls them there (reads of host memory are PCIe round trips: one agent) and relays them into the device
 // mailbox, and the kernel stores the new states tagged straight into a page-locked host response buffer, which
 // the host polls. A request whose values are all PRNN_SESSION_CLOSE (every bit set: a NaN no input carries, the
-// publishers write the canonical NaN instead) closes the kernel. control[0] counts the steps requested of the
+// publishers write another NaN instead) closes the kernel. control[0] counts the steps requested of the
 // running launch (the host zeroes it before each launch); the collect advances it. control[1] counts the
 // requests published to it (the host tells an idle exit that took no request by it). Every wait is bounded.
 #define PRNN_SESSION_CLOSE 0xffffffffu
