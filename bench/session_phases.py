@@ -26,6 +26,7 @@ import prnn_tvm
 from prnn_tvm.bench import baselines
 from prnn_tvm.bench.step_latency import chain_samples, latencies, session_weights
 from prnn_tvm.runtime.session_host import HostRings
+from prnn_tvm.signature import request_words
 
 args = baselines.script_arguments(number=1, hidden=640, batch=8, half=1, chain=100, steps=10_000)
 H, B, CHAIN = args.hidden, args.batch, args.chain
@@ -34,9 +35,9 @@ DTYPE = "float16" if args.half else "float32"
 
 def host_share(input_size: int, states: int = 2) -> dict:
     """Microseconds (p50 over ``--steps``) of each part of a host step's own work, on this CPU."""
-    requests = np.zeros((2, B, input_size), np.uint64)
+    requests = np.zeros((2, request_words(B * input_size, DTYPE)), np.uint64)  # two half values a word
     responses = np.zeros((2, states, B, H), np.uint64)
-    rings = HostRings(requests, responses, DTYPE, DTYPE, lambda: 0)
+    rings = HostRings(requests, responses, B * input_size, DTYPE, DTYPE, lambda: 0)
     x = np.random.default_rng(0).standard_normal((B, input_size)).astype(DTYPE)
     names = [f"s{k}" for k in range(states)]
     found = {part: np.empty(args.steps) for part in ("pack", "spin", "copy", "return", "all")}

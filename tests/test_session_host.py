@@ -17,10 +17,10 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 STATES, BATCH, HIDDEN, INPUTS = 2, 3, 5, 7
 
 
-def _rings(dtype="float32", error=lambda: 0):
-    requests = np.zeros((2, BATCH, INPUTS), np.uint64)
+def _rings(dtype="float32", error=lambda: 0, words=BATCH * INPUTS):
+    requests = np.zeros((2, words), np.uint64)
     responses = np.zeros((2, STATES, BATCH, HIDDEN), np.uint64)
-    return HostRings(requests, responses, dtype, dtype, error), requests, responses
+    return HostRings(requests, responses, BATCH * INPUTS, dtype, dtype, error), requests, responses
 
 
 def _respond(responses, slot, values, tag, skip_last=False):
@@ -39,20 +39,41 @@ def test_a_request_is_the_inputs_float32_bits_tagged_in_its_slot(dtype):
     x[0, :3] = [np.inf, -0.0, np.nan]
     rings.post(x, 3, 9)  # step 3: slot 1
     assert not requests[0].any()
-    got = requests[1].reshape(-1)
+    got = requests[1]
     assert np.array_equal(got >> np.uint64(32), np.full(x.size, 9, np.uint64))
     sent = (got & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
     assert np.array_equal(sent, x.astype(np.float32).reshape(-1), equal_nan=True)
     assert words.tagged(got, 9) and not words.tagged(got, 8) and not words.tagged(got, 10)
 
 
-def test_an_input_with_the_close_marks_bits_goes_as_another_nan():
-    rings, requests, _ = _rings()
-    x = np.zeros((BATCH, INPUTS), np.float32)
-    x.view(np.uint32)[1, 2] = words.CLOSE
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_inputs_go_two_a_word_where_the_mailbox_has_half_the_words(dtype):
+    """An odd count (21 values in 11 words): the first value of a pair in the low half, the last word's high half
+    zero; the words carry the values' own bits."""
+    count = BATCH * INPUTS
+    rings, requests, _ = _rings(dtype, words=(count + 1) // 2)
+    x = np.random.default_rng(3).standard_normal((BATCH, INPUTS)).astype(dtype)
+    x[0, :2] = [np.inf, np.nan]
+    rings.post(x, 0, 5)
+    got = requests[0]
+    assert words.tagged(got, 5) and got.shape == (11,)
+    halves = (got & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.uint16)
+    assert np.array_equal(halves[:count], x.reshape(-1).view(np.uint16)) and halves[count] == 0
+    assert np.array_equal(words.request_words(x, 5, np.empty(11, np.uint64)), got)
+    with pytest.raises(ValueError, match="do not go into"):
+        words.RequestPacker(count, "float32", 11)
+
+
+@pytest.mark.parametrize("dtype, words_", [("float32", BATCH * INPUTS), ("float16", (BATCH * INPUTS + 1) // 2)])
+def test_an_input_with_the_close_marks_bits_goes_as_other_nans(dtype, words_):
+    rings, requests, _ = _rings(dtype, words=words_)
+    x = np.zeros((BATCH, INPUTS), dtype)
+    bits = np.uint16 if dtype == "float16" else np.uint32
+    x.reshape(-1).view(bits)[:2] = np.iinfo(bits).max  # every bit set: a float32 value, or a pair of halves
     rings.post(x, 0, 4)
-    assert int(requests[0, 1, 2]) == (4 << 32) | words.CLOSE_SENT_AS
+    assert int(requests[0, 0]) == (4 << 32) | words.CLOSE_SENT_AS  # float32 NaN; or the two halves NaN, 0xfffe
     assert np.isnan(np.uint32(words.CLOSE_SENT_AS).view(np.float32))
+    assert np.isnan(np.array([words.CLOSE_SENT_AS], np.uint32).view(np.float16)).all()
 
 
 def test_the_highest_tag_is_told_from_its_neighbours():

@@ -159,7 +159,8 @@ class Session:
         self._responses, self._response_words = host_array(resident.arg(RESPONSES).concrete_shape(DEPTH), "uint64",
                                                            self.device)
         x_arg = sig.publish.arg("x")
-        self._host = HostRings(self._request_words, self._response_words, x_arg.dtype, sig.dtype, self._error.read)
+        self._host = HostRings(self._request_words, self._response_words, math.prod(x_arg.shape), x_arg.dtype,
+                               sig.dtype, self._error.read)
         self._x_shape, self._x_dtype = tuple(x_arg.shape), None  # a step's input: the dtype once one was accepted
         self._transport: str | None = None  # the running launch's
         self._host_base = 0  # the tag base of the running host launch (its requests carry base + step + 1)

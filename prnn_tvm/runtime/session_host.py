@@ -24,18 +24,18 @@ READY, FAILED, TIMED_OUT = 0, 1, 2  # how a wait ended
 
 class HostRings:
     """The request ring ``requests`` (slots x words of a request) and the response ring ``responses`` (slots x
-    states x batch x hidden words, uint64, contiguous) of a session's host transport, for inputs of ``dtype``
-    (the layer's) and states of ``state_dtype``. ``error`` reads the resident kernel's error word (non-zero: it
-    left with an error)."""
+    states x batch x hidden words, uint64, contiguous) of a session's host transport, for inputs of ``values``
+    values of ``dtype`` (the layer's: two a word where a request has fewer words) and states of ``state_dtype``.
+    ``error`` reads the resident kernel's error word (non-zero: it left with an error)."""
 
-    def __init__(self, requests: np.ndarray, responses: np.ndarray, dtype, state_dtype, error):
+    def __init__(self, requests: np.ndarray, responses: np.ndarray, values: int, dtype, state_dtype, error):
         for name, ring in (("requests", requests), ("responses", responses)):
             if ring.dtype != np.uint64 or not ring.flags.c_contiguous:
                 raise ValueError(f"{name} must be a contiguous uint64 ring, got {ring.dtype}")
         self.requests = requests.reshape(len(requests), -1)
         self.responses = responses
         self.depth = len(requests)
-        self._packer = words.RequestPacker(self.requests.shape[1], dtype)
+        self._packer = words.RequestPacker(values, dtype, self.requests.shape[1])
         self._values = words.values(responses, state_dtype)
         # the last word of each response slot: polled alone until it carries the step's tag
         last = responses.reshape(self.depth, -1)[:, -1]

@@ -1,7 +1,9 @@
 """The tagged 64-bit words a session's host transport exchanges with its resident kernel, in NumPy.
 
-A word is ``(tag << 32) | value bits`` (``prnn_tvm/codegen/barriers/session.cuh``): a request carries a step's
-input value as float32 bits, a response a new state's value as the layer dtype's bits (the low ones). A whole word
+A word is ``(tag << 32) | value bits`` (``prnn_tvm/codegen/barriers/session.cuh``): a request carries two of a
+step's 16-bit input values (the first in the low half) where its mailbox has fewer words than values
+(``prnn_tvm.signature.request_words``), else one input value as float32 bits; a response carries a new state's
+value as the layer dtype's bits (the low ones). A whole word
 is one aligned 8-byte store, so a reader that sees a word's tag sees its value: no fence between them. The views
 below read a word's halves in place (a little-endian host: the value first, the tag second); once a response word
 carries a step's tag, the kernel writes it again only for the request after next, so the host reads it in place.
@@ -28,23 +30,34 @@ if sys.byteorder != "little":  # the kernel's word layout is the GPU's (little-e
 
 
 class RequestPacker:
-    """Packs a step's input of ``count`` values of ``dtype`` (a float dtype of 2 or 4 bytes) into tagged request
-    words, allocating nothing per step: float32 values go as their bits (the close mark's bits as
-    :data:`CLOSE_SENT_AS`), 16-bit values widened to float32 through a table of all 65536 of them (exact, and faster
-    than NumPy's conversion; no 16-bit value widens to the close mark's bits)."""
+    """Packs a step's input of ``count`` values of ``dtype`` (a float dtype of 2 or 4 bytes) into ``words`` tagged
+    request words, allocating nothing per step. Two 16-bit values a word where ``words`` < ``count`` (their bits as
+    they are, a pair whose bits are the close mark's sent as :data:`CLOSE_SENT_AS`: two NaNs still); else one value
+    a word as float32 bits: float32 values as they are (the close mark's bits as :data:`CLOSE_SENT_AS`), 16-bit
+    ones widened through a table of all 65536 (exact; none widens to the close mark's bits)."""
 
-    def __init__(self, count: int, dtype):
+    def __init__(self, count: int, dtype, words: int | None = None):
         self.count, self.dtype = count, np.dtype(dtype)
+        self.words = count if words is None else words
         if self.dtype.itemsize not in (2, 4):
             raise ValueError(f"a request packs float values of 2 or 4 bytes, not {self.dtype}")
-        self._bits = np.empty(count, np.uint32)
-        self._table = _widened(self.dtype) if self.dtype.itemsize == 2 else None
+        self.pairs = self.words < count
+        if self.words != (-(-count // 2) if self.pairs and self.dtype.itemsize == 2 else count):
+            raise ValueError(f"{count} values of {self.dtype} do not go into {self.words} request words")
+        self._bits = np.empty(self.words, np.uint32)
+        self._halves = np.zeros(2 * self.words if self.pairs else 0, np.uint16)  # an odd count of pairs, padded
+        self._table = _widened(self.dtype) if self.dtype.itemsize == 2 and not self.pairs else None
 
     def pack(self, x: np.ndarray, tag: int, out: np.ndarray) -> np.ndarray:
         """``x`` (``count`` values of the packer's dtype, any shape) as words tagged ``tag`` into ``out`` (uint64,
-        ``count`` words, the ring's slot itself: each word is written whole, its tag with its value)."""
+        ``words`` words, the ring's slot itself: each word is written whole, its tag with its value)."""
         flat = x.reshape(-1)  # a view when x is contiguous
-        if self._table is None:
+        if self.pairs:
+            if self.count % 2:  # padded to whole words
+                self._halves[: self.count] = flat.view(np.uint16)
+                flat = self._halves
+            np.minimum(flat.view(np.uint32), _CLOSE_SENT_AS, out=self._bits)
+        elif self._table is None:
             np.minimum(flat.view(np.uint32), _CLOSE_SENT_AS, out=self._bits)
         else:
             np.take(self._table, flat.view(np.uint16), out=self._bits)
@@ -59,10 +72,11 @@ def _widened(dtype: np.dtype) -> np.ndarray:
 
 
 def request_words(x: np.ndarray, tag: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``x`` (any float dtype of 2 or 4 bytes) as request words tagged ``tag``, flat (uint64), into ``out`` or a
-    new array (:class:`RequestPacker` once, for a caller that packs once)."""
+    """``x`` (any float dtype of 2 or 4 bytes) as request words tagged ``tag``, flat (uint64), into ``out`` (as many
+    words as the mailbox's slot: fewer than values carries pairs) or a new array of a word per value
+    (:class:`RequestPacker` once, for a caller that packs once)."""
     out = np.empty(x.size, np.uint64) if out is None else out
-    return RequestPacker(x.size, x.dtype).pack(x, tag, out)
+    return RequestPacker(x.size, x.dtype, out.size).pack(x, tag, out)
 
 
 def close_words(count: int, tag: int) -> np.ndarray:
