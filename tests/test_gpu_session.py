@@ -81,6 +81,8 @@ def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, b
         ("lstm", 640, 8, 640, "float16"),  # the RNN-T prediction network: an input taken in chunks
         ("gru", 96, 4, 40, "float16"),
         ("lstm", 33, 3, 1, "float32"),  # an input of one value, odd sizes
+        ("gru", 96, 3, 7, "bfloat16"),  # 21 half values in 11 words: the last word's high half pads
+        ("lstm", 33, 1, 1, "float16"),  # a single half value: one word, as float32 bits
     ],
 )
 def test_host_steps_equal_the_layers_sequence_call(cell, hidden, batch, input_size, dtype):
