@@ -367,7 +367,7 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
 # itself, and a launch on the caller's stream collects the step's outputs (or the kernel stores them into
 # page-locked host memory): prnn_tvm/codegen/barriers/session.cuh.
 
-REQUESTS = "mailbox"  # (depth, B, input) tagged words: each step's input x_t
+REQUESTS = "mailbox"  # (depth, request_words(B * input, dtype)) tagged words: each step's input x_t
 RESPONSES = "resp"  # (depth, states, B, H) tagged words: each step's new states
 # the resident kernel's addresses of the host transport's page-locked buffers (0: the device transport): the
 # host's requests, shaped as the mailbox, and the responses, shaped as ``resp``
@@ -378,6 +378,13 @@ CONTROL_WORDS = 4  # control[0]: the steps requested of the running launch
 # block or a response, at that step (session.cuh's PRNN_SESSION_IDLE). It takes nothing, so loses no state.
 SESSION_IDLE = 0x40000000
 FREE_SMS = 4  # SMs a session leaves to other kernels by default (its own publish and collect among them)
+
+
+def request_words(values: int, dtype: str) -> int:
+    """The tagged words of a request of ``values`` input values of a ``dtype`` layer: a word carries 32 bits of
+    payload, two 16-bit values (the first in the low half) or one float32 value (a float32 layer's, or a single
+    value). A mailbox with fewer words than values carries pairs (libraries exported before pairs have as many)."""
+    return (values + 1) // 2 if dtype in ("float16", "bfloat16") and values > 1 else values
 
 
 def with_session(launch: Launch, input_size: int, width: int) -> Launch:
@@ -396,7 +403,7 @@ def with_session(launch: Launch, input_size: int, width: int) -> Launch:
             args += [
                 Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
                 Arg("b_ih", ArgRole.PARAM, (width,), dtype),
-                Arg(REQUESTS, ArgRole.WORKSPACE, (SEQ, a.shape[1], input_size), "uint64"),
+                Arg(REQUESTS, ArgRole.WORKSPACE, (SEQ, request_words(a.shape[1] * input_size, dtype)), "uint64"),
             ]
         elif a.name == "out":
             finals = [f for f in launch.args if f.role is ArgRole.FINAL]
@@ -420,7 +427,8 @@ def session_launches(resident: Launch, dtype: str, grids: dict) -> tuple:
     mailbox, resp = resident.arg(REQUESTS), resident.arg(RESPONSES)
     sync = (resident.arg("sync"),)
     control = Arg("control", ArgRole.WORKSPACE, (CONTROL_WORDS,), "uint32")
-    publish = (Arg("x", ArgRole.INPUT, tuple(mailbox.shape[1:]), dtype), mailbox, control, *sync)
+    x = Arg("x", ArgRole.INPUT, (resp.shape[2], resident.arg("W_ih").shape[1]), dtype)  # (B, input)
+    publish = (x, mailbox, control, *sync)
     collect = (
         resp,
         Arg("states", ArgRole.OUTPUT, resp.shape[1:], dtype),

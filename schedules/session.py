@@ -98,8 +98,8 @@ class SessionMode:
             raise ConfigError(f"a session kernel runs the '{SESSION_BARRIER}' exchange, the shared layout and one "
                               f"batch group (session_config), not {cfg}")
         super().__init__(plan, cfg, g, save)
-        self.input_words = self.B * self.input_size  # a request: the step's input x_t
-        if self.input_words > session.MAX_INPUT_VALUES:
+        self.input_values = self.B * self.input_size  # a request: the step's input x_t
+        if self.input_values > session.MAX_INPUT_VALUES:
             raise ConfigError(f"a session kernel takes a step's whole input into each CTA's shared memory, at most "
                               f"{session.MAX_INPUT_VALUES} values; batch x input_size is {self.B} x "
                               f"{self.input_size}: use a smaller batch or project the input before the session")
@@ -119,16 +119,16 @@ class SessionMode:
     def alloc_loop_state(self):
         self.done = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(self.done, self.steps, [0])
-        self.x = T.alloc_buffer((self.input_words,), "float32", scope="shared")
+        self.x = T.alloc_buffer((self.input_values,), "float32", scope="shared")
         self.request = T.alloc_buffer((self.request_words,), "float32", scope="shared")
 
     def load_inputs(self, t):
         """Wait for step ``t``'s input; leave the time loop after ``t`` steps on the close mark (or a wait that timed
         out); else project it for this CTA's units and each item's projection values into its registers."""
         a = self.a
-        src = T.address_of(a.named[REQUESTS][t % a.seq_len, 0, 0])
-        got = session.take(src, a.named[REQUESTS_HOST], t % a.seq_len, T.address_of(self.x[0]), self.input_words,
-                           self.g.threads, self.barrier_base + t + 1, t, self.sync, a.named["idle_us"])
+        src = T.address_of(a.named[REQUESTS][t % a.seq_len, 0])
+        got = session.take(src, a.named[REQUESTS_HOST], t % a.seq_len, T.address_of(self.x[0]), self.input_values,
+                           self.p.dtype, self.g.threads, self.barrier_base + t + 1, t, self.sync, a.named["idle_us"])
         with T.If(got != 0):
             with T.Then():
                 # the close counts as a step: the next launch's first request is tagged past the close mark, which

@@ -81,6 +81,8 @@ def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, b
         ("lstm", 640, 8, 640, "float16"),  # the RNN-T prediction network: an input taken in chunks
         ("gru", 96, 4, 40, "float16"),
         ("lstm", 33, 3, 1, "float32"),  # an input of one value, odd sizes
+        ("gru", 96, 3, 7, "bfloat16"),  # 21 half values in 11 words: the last word's high half pads
+        ("lstm", 33, 1, 1, "float16"),  # a single half value: one word, as float32 bits
     ],
 )
 def test_host_steps_equal_the_layers_sequence_call(cell, hidden, batch, input_size, dtype):
@@ -352,6 +354,62 @@ def test_a_torch_modules_session_steps_as_torch_nn_runs_the_sequence():
         assert (c - c_n).abs().max().item() <= tolerance("float32", 10)
         state = session.state
         assert (state[0] - h_n).abs().max().item() <= tolerance("float32", 10)
+
+
+def test_a_torch_modules_session_takes_host_inputs_through_the_host_transport():
+    """CPU tensors (pinned or not) and NumPy arrays step through the host transport and give CPU tensors, GPU
+    tensors through the device one and give GPU tensors, in one session: every step's output equals torch.nn's
+    sequence call on the same inputs (float16: two half-precision computations, each within the tolerance of the
+    float64 reference)."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    torch.manual_seed(9)
+    ref = torch.nn.LSTM(24, 48).cuda().half().eval()
+    module = pt.from_torch(ref)
+    xs = torch.randn(8, 2, 24, device="cuda").half()
+    with torch.no_grad():
+        want, (h_n, c_n) = ref(xs)
+    (want[0] - want[0]).abs().max().item()  # this test's own kernels, loaded before the session starts
+    host = xs.cpu()
+    given = [host[0], host[1].pin_memory(), host[2].numpy(), xs[3], host[4], xs[5], host[6].numpy(), host[7]]
+    with module.session(batch=2) as session:
+        for t, x in enumerate(given):
+            y, (h, c) = session.step(x)
+            on_gpu = isinstance(x, torch.Tensor) and x.is_cuda
+            assert y.device.type == h.device.type == ("cuda" if on_gpu else "cpu"), (t, y.device)
+            assert y.shape == (2, 48) and h.shape == c.shape == (1, 2, 48)
+            assert (y.cuda().float() - want[t].float()).abs().max().item() <= 2 * tolerance("float16", t + 1), t
+        assert (c.cuda().float() - c_n.float()).abs().max().item() <= 2 * tolerance("float16", 8)
+        assert session.session.launches >= 5  # a relaunch at each switch of transport
+
+
+def test_a_session_dropped_while_its_kernel_runs_is_closed_first():
+    """A session garbage-collected with its resident kernel running closes it (the kernel stops polling and writing
+    the page-locked rings before they are freed): a device-wide synchronization right after returns at once (a
+    kernel left running would hold it for its idle_timeout_s of 30 s), and a new session over the same layer steps as
+    the reference computes it."""
+    import gc
+    import weakref
+
+    import tvm
+
+    layer, inputs = _layer("lstm_d2", 128, 1, 64)
+    x = np.random.default_rng(2).standard_normal((1, 64)).astype("float32")
+    session = _session(layer, inputs, release_after=None, idle_timeout_s=30)
+    session.step(x)
+    assert session.running
+    dropped = weakref.ref(session)
+    del session
+    gc.collect()
+    assert dropped() is None
+    start = time.monotonic()
+    tvm.cuda(0).sync()
+    assert time.monotonic() - start < 5.0
+    with _session(layer, inputs) as again:
+        _, states = again.step(x)
+    want, _ = _reference(layer.plan, inputs, x[None])
+    assert _error(states, want[0]) <= tolerance("float32", 1)
 
 
 LOADED_SESSION = textwrap.dedent("""

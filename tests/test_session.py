@@ -99,7 +99,9 @@ def test_session_kernels_build_without_spills_and_leave_sms_free(cell, hidden, b
     names = [a.name for a in kernels.resident.args]
     assert {REQUESTS, RESPONSES, REQUESTS_HOST, RESPONSES_HOST, "W_ih", "b_ih"} <= set(names)
     assert "xp" not in names and "lengths" not in names
-    assert kernels.resident.arg(REQUESTS).shape[1:] == (batch, layer.input_size)  # the raw input, not projected
+    values = batch * layer.input_size  # the raw input, not projected: two half values a word
+    assert kernels.resident.arg(REQUESTS).shape[1:] == ((values + 1) // 2 if dtype != "float32" else values,)
+    assert kernels.publish.arg("x").shape == (batch, layer.input_size)
     assert kernels.resident.arg("W_ih").shape == (layer.plan.input.slices * hidden, layer.input_size)
     assert [a.name for a in kernels.publish.args if a.role.data] == ["x"]  # a copy and tag, no projection
 
@@ -122,7 +124,7 @@ def test_the_host_transports_words_carry_value_and_tag_in_one_word():
     assert session_words.request_words(x, 7, staged) is staged and np.array_equal(staged, got)
     close = np.array([np.uint32(0xFFFFFFFF)]).view(np.float32)  # an input whose bits are the close mark's
     sent = session_words.request_words(close, 3)
-    assert int(sent[0]) & 0xFFFFFFFF == session_words.CANONICAL_NAN
+    assert int(sent[0]) & 0xFFFFFFFF == session_words.CLOSE_SENT_AS
     assert set(session_words.close_words(4, 3).tolist()) == {(3 << 32) | session_words.CLOSE}
     for dtype, bits in (("float16", np.uint16), ("bfloat16", np.uint16), ("float32", np.uint32)):
         states = np.array([[0.25, -2.0, 3.5]], dtype)

@@ -24,7 +24,7 @@ from tvm.script.ir_builder import tirx as T
 
 from ..dtypes import policy
 from ..errors import ConfigError
-from ..signature import REQUESTS, RESPONSES, Grid, Launch
+from ..signature import REQUESTS, RESPONSES, Grid, Launch, request_words
 from .barriers.source import cuda_source
 from .kernel import persistent_frame
 
@@ -34,8 +34,9 @@ CLOSE_THREADS = 256
 MAX_POLLED = 32  # words one thread of a take or a collect polls at once (its stale bits)
 MAX_INPUT_VALUES = 8192  # a step's input x_t (B x input) in each CTA's shared memory: 32 KB of float32
 # words a thread of the resident kernel polls at once when it takes a request, in chunks of that many per thread:
-# 20 a thread (LSTM 640, batch 8, fp16) spilled beside the tensor-core weights, 8 builds with 236 registers
-TAKE_PER = 8
+# 20 a thread spilled beside the tensor-core weights of LSTM 640 at batch 8 (fp16, one value a word); two values a
+# word make its request 2560 words, 10 a thread: one take, 234 registers
+TAKE_PER = 10
 
 
 def _source() -> str:
@@ -65,18 +66,21 @@ def _kernel(launch: Launch, body) -> tirx.PrimFunc:
 
 
 def publish_func(launch: Launch) -> tirx.PrimFunc:
-    """``session_publish``: ``x`` (a step's input), tagged, into the next step's request slot."""
+    """``session_publish``: ``x`` (a step's input), tagged, into the next step's request slot (two half values a
+    word where the mailbox has fewer words than values)."""
     x = launch.arg("x")
     ctype = policy(x.dtype).c_type
+    values, words = math.prod(x.shape), math.prod(launch.arg(REQUESTS).shape[1:])
     return _kernel(
         launch,
         lambda a: T.cuda.func_call(
-            f"prnn_session_publish<{ctype}>",
+            f"prnn_session_publish<{ctype}, {'true' if words < values else 'false'}>",
             a.named["x"].data,
             a.named[REQUESTS].data,
             a.named["control"].data,
             a.sync.sync.data,
-            math.prod(x.shape),
+            values,
+            words,
             a.seq_len,
             source_code=_source(),
             return_type="void",
@@ -126,19 +130,22 @@ def close_func(launch: Launch) -> tirx.PrimFunc:
     )
 
 
-def take(src, host, slot, dst, words: int, threads: int, tag, step, sync, idle_us):
-    """In the resident kernel, CTA-wide: wait for the ``words`` words of a step's request at ``src`` (the mailbox's
-    slot ``slot``, tagged ``tag``; with ``host``, the host transport's requests, CTA 0 relays that slot of them into
-    ``src`` first) and put their values in shared memory at ``dst``, :data:`TAKE_PER` words a thread at a time; an
-    int32 bound to a var, block-uniform: 0 taken, 1 timed out (recorded in the error word), 2 the close mark."""
+def take(src, host, slot, dst, values: int, dtype: str, threads: int, tag, step, sync, idle_us):
+    """In the resident kernel, CTA-wide: wait for the words of a step's request of ``values`` values of ``dtype``
+    (``signature.request_words``: two a word for a half layer) at ``src`` (the mailbox's slot ``slot``, tagged
+    ``tag``; with ``host``, the host transport's requests, CTA 0 relays that slot of them into ``src`` first) and put
+    the values in shared memory at ``dst`` (float32), :data:`TAKE_PER` words a thread at a time; an int32 bound to a
+    var, block-uniform: 0 taken, 1 timed out (recorded in the error word), 2 the close mark."""
+    words = request_words(values, dtype)
     per = min(TAKE_PER, -(-words // threads))
     host_slot = T.if_then_else(host != 0, host + T.Cast("int64", slot) * (words * 8), T.int64(0))
     call = T.cuda.func_call(
-        f"prnn_session_take<{per}>",
+        f"prnn_session_take<{per}, {policy(dtype).c_type}, {'true' if words < values else 'false'}>",
         src,
         T.Cast("uint64", host_slot),
         dst,
         words,
+        values,
         T.Cast("uint32", tag),
         step,
         sync.sync.data,

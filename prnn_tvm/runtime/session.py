@@ -50,9 +50,9 @@ from ..errors import InputError, PrnnError, SessionError
 from ..signature import FREE_SMS, REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST, ArgRole, SessionSignature
 from ..signature import SESSION_IDLE as IDLE
 from ..target import gpu_spec, resident_ctas
-from . import session_words as words
 from .base import DEFAULT_TIMEOUT_US, HostWord, host_array
 from .binding import ALIGNMENT, check, place
+from .session_host import READY, HostRings
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class Session:
             RESPONSES_HOST: 0,
         }
         self._collect_timeout_us = int(collect_timeout_us)
+        self._collect_timeout_ns = self._collect_timeout_us * 1000
         self.device = tvm.cuda(0)
         self._lock = threading.RLock()
         self._functions = {launch.function: module[launch.function] for launch in sig.launches}
@@ -157,9 +158,10 @@ class Session:
                                                          self.device)
         self._responses, self._response_words = host_array(resident.arg(RESPONSES).concrete_shape(DEPTH), "uint64",
                                                            self.device)
-        self._request_words = self._request_words.reshape(DEPTH, -1)
-        self._staged = np.empty(self._request_words.shape[1], np.uint64)  # a request, packed before it goes out whole
-        self._response_values = words.values(self._response_words, sig.dtype)  # views of the values in place
+        x_arg = sig.publish.arg("x")
+        self._host = HostRings(self._request_words, self._response_words, math.prod(x_arg.shape), x_arg.dtype,
+                               sig.dtype, self._error.read)
+        self._x_shape, self._x_dtype = tuple(x_arg.shape), None  # a step's input: the dtype once one was accepted
         self._transport: str | None = None  # the running launch's
         self._host_base = 0  # the tag base of the running host launch (its requests carry base + step + 1)
         self._host_steps = 0  # the requests the host posted to the running host launch
@@ -198,25 +200,36 @@ class Session:
 
     def step(self, x: np.ndarray) -> tuple:
         """One step from the host, through the host transport (no CUDA call): ``x`` a NumPy array (batch, input).
-        Returns ``(y, states)``, NumPy: the output (batch, hidden) and every new state by name. Waits for the step,
-        up to ``collect_timeout_us``."""
+        Returns ``(y, states)``: the output (batch, hidden) and every new state by name, NumPy arrays of their own
+        (copies, the caller's to keep; ``y`` is ``states``' output). Waits for the step, up to
+        ``collect_timeout_us``."""
+        if type(x) is not np.ndarray or x.shape != self._x_shape or x.dtype is not self._x_dtype:
+            self._check_step_input(x)
+        with self._lock:
+            if self._closed or not self._running or self._transport is not HOST or self._error.read():
+                self._start(HOST)
+            step = self._host_steps
+            tag = (self._host_base + step + 1) & 0xFFFFFFFF
+            self._host.post(x, step, tag)
+            self._host_steps = step + 1
+            self.steps += 1
+            self._last_step = time.monotonic()
+            ended = self._host.wait(step, tag, self._collect_timeout_ns)
+            if ended != READY:
+                self._host_failed(step)
+            states = self._host.states(step)
+        return states[self.output_index], dict(zip(self.state_names, states))
+
+    def _check_step_input(self, x) -> None:
+        """Refuse a step's input that is not a NumPy array of the input's shape and dtype, saying why; remember the
+        dtype of one that is (the step's fast check)."""
         arg = self.signature.publish.arg("x")
         if not isinstance(x, np.ndarray):
             raise InputError(
                 f"step takes a NumPy array (batch, input); for GPU tensors use post(x, out), got {type(x).__name__}"
             )
         check("x", tuple(x.shape), str(x.dtype), arg.shape, arg.dtype)
-        with self._lock:
-            self._start(HOST)
-            step = self._host_steps
-            tag = (self._host_base + step + 1) & 0xFFFFFFFF
-            self._request_words[step % DEPTH] = words.request_words(x, tag, self._staged)
-            self._host_steps += 1
-            self._last_step = time.monotonic()
-            self.steps += 1
-            self._host_response(step, tag)
-            states = self._response_values[step % DEPTH].copy()
-        return states[self.output_index], dict(zip(self.state_names, states))
+        self._x_dtype = x.dtype
 
     @property
     def state(self) -> dict:
@@ -284,6 +297,16 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
+
+    def __del__(self):
+        """A session dropped while its kernel runs is closed first: the kernel stops writing to the page-locked
+        rings before they are freed with the session's other attributes."""
+        if getattr(self, "_closed", True) or not hasattr(self, "_stream"):  # closed, or never fully made
+            return
+        try:
+            self.close()
+        except PrnnError as err:
+            log.warning("closing a session dropped while open: %s", err)
 
     # ------------------------------------------------------------------ internals
     def _zeros(self, arg):
@@ -355,20 +378,12 @@ class Session:
     def _call(self, launch, given: dict) -> None:
         self._launch(launch, self._values(launch, given))
 
-    def _host_response(self, step: int, tag: int) -> None:
-        """Wait until every response word of host step ``step`` carries its tag ``tag`` (each word whole: its tag
-        vouches for its value); the wait is bounded by ``collect_timeout_us`` and ends early when the resident
-        kernel left with an error (the lock is held)."""
-        tags = words.tags(self._response_words[step % DEPTH])
-        deadline = time.monotonic() + self._collect_timeout_us / 1e6
-        while True:
-            if (tags == tag).all():
-                return
-            if self._error.read():
-                self._raise_on_error()
-            if time.monotonic() > deadline:
-                self._closed = True  # the states are lost
-                raise SessionError(self._timeout_message(step))
+    def _host_failed(self, step: int) -> None:
+        """Host step ``step``'s wait ended without its states: the kernel's error, or ``collect_timeout_us`` passed
+        (the states are lost: the session is closed). The lock is held."""
+        self._raise_on_error()
+        self._closed = True
+        raise SessionError(self._timeout_message(step))
 
     def _start(self, transport: str) -> None:
         """Launch the resident kernel for ``transport`` if it is not running so (the lock is held)."""
@@ -436,8 +451,7 @@ class Session:
         try:
             if self._transport == HOST:  # the close mark where the next request would go: CTA 0 relays it
                 step = self._host_steps
-                slot = self._request_words[step % DEPTH]
-                slot[...] = words.close_words(slot.size, (self._host_base + step + 1) & 0xFFFFFFFF)
+                self._host.close(step, (self._host_base + step + 1) & 0xFFFFFFFF)
             else:
                 with tvm_ffi.use_raw_stream(self.device, self._last_stream or 0):
                     self._call(self.signature.close, {})

@@ -1,7 +1,14 @@
 """``module.session(batch)``: a resident session of a module (``prnn_tvm.runtime.session``), with torch.nn's
-layout: a step takes ``x`` (batch, input) on the GPU and returns ``(y, states)``, ``y`` (batch, hidden) the last
-layer's output and ``states`` as the module returns its final states (``(h_n, c_n)`` of an LSTM, each (layers,
-batch, hidden)). Every step runs on torch's current stream without waiting for the GPU. A module of several layers
+layout: a step takes ``x`` (batch, input) and returns ``(y, states)``, ``y`` (batch, hidden) the last layer's output
+and ``states`` as the module returns its final states (``(h_n, c_n)`` of an LSTM, each (layers, batch, hidden)).
+Where ``x`` is decides the transport:
+
+- a GPU tensor: the device transport, on torch's current stream, without waiting for the GPU; the results are GPU
+  tensors;
+- a CPU tensor (pinned or not) or a NumPy array: the host transport (no CUDA call: the step's input goes through
+  page-locked memory the resident kernel polls), waiting for the step; the results are CPU tensors of their own.
+
+Mixing them in one session costs a relaunch of the resident kernel at each switch. A module of several layers
 serves a step per call as the deep stack of its cell (``<cell>_d<layers>``). The parameters are read where they
 are (no copy) when the resident kernel starts: a session opened before an in-place update keeps the old weights
 until it is released (``session.release()``, or ``release_after`` seconds without a step).
@@ -9,6 +16,7 @@ until it is released (``session.release()``, or ``release_after`` seconds withou
 
 from __future__ import annotations
 
+import numpy as np
 import torch  # PyTorch itself: absolute import
 import tvm_ffi
 
@@ -65,9 +73,12 @@ class ModuleSession:
         self._torch_states(dict(zip(self.session.state_names, states)))
         self._x.copy_(states[0, :, :1].expand(batch, module.input_size))
 
-    def step(self, x: torch.Tensor) -> tuple:
-        """One step: ``x`` (batch, input) on the GPU in the module's dtype. Returns ``(y, states)`` (see the
-        module's doc), fresh tensors, without waiting for the GPU."""
+    def step(self, x) -> tuple:
+        """One step: ``x`` (batch, input) in the module's dtype, a GPU tensor (results on the GPU, without waiting),
+        or a CPU tensor or NumPy array (results on the CPU, waiting for the step). Returns ``(y, states)`` (see the
+        module's doc), fresh tensors."""
+        if isinstance(x, np.ndarray) or (isinstance(x, torch.Tensor) and x.device.type == "cpu"):
+            return self._host_step(x)
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != (self.batch, self.module.input_size):
             raise InputError(
                 f"step takes a tensor of shape ({self.batch}, {self.module.input_size}), got "
@@ -81,6 +92,13 @@ class ModuleSession:
         with tvm_ffi.use_raw_stream(s.device, torch.cuda.current_stream(x.device).cuda_stream):
             s.post(x, out)
         return out[s.output_index], self._torch_states(dict(zip(s.state_names, out)))
+
+    def _host_step(self, x) -> tuple:
+        """A step through the host transport: ``x`` a CPU tensor or a NumPy array; CPU tensors back."""
+        if isinstance(x, torch.Tensor):
+            x = _numpy(x.detach())
+        y, states = self.session.step(x)
+        return _tensor(y), self._torch_states({name: _tensor(value) for name, value in states.items()})
 
     @property
     def state(self) -> tuple:
@@ -136,3 +154,17 @@ class ModuleSession:
         for name in self.module._states:
             found.append(torch.stack([by_name[self._state_name(layer, name)] for layer in range(self.layers)]))
         return found[0] if len(found) == 1 else tuple(found)
+
+
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as NumPy, in place where NumPy has the dtype (bfloat16: through its bits)."""
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view("bfloat16")
+    return x.numpy()
+
+
+def _tensor(x: np.ndarray) -> torch.Tensor:
+    """A NumPy array as a CPU tensor sharing its memory (bfloat16: through its bits)."""
+    if x.dtype == np.dtype("bfloat16"):
+        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(x)

@@ -65,7 +65,8 @@ def run_session(
         base = int(arrays["sync"][2])
         for t in range(seq_len + (idle_us is None)):  # each step's request, then the close mark
             tag = (base + t + 1) & 0xFFFFFFFF
-            sent = words.request_words(xs[t], tag) if t < seq_len else words.close_words(requests[t].size, tag)
+            slot = np.empty(requests[t].size, np.uint64)
+            sent = words.request_words(xs[t], tag, slot) if t < seq_len else words.close_words(slot.size, tag)
             requests[t] = sent.reshape(requests[t].shape)
         responses = np.zeros(arrays[RESPONSES].shape, "uint64")
         run = emulate(kernels.source, resident, {**arrays, REQUESTS_HOST: requests, RESPONSES_HOST: responses},

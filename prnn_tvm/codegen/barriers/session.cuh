@@ -3,16 +3,17 @@
 #ifndef PRNN_SESSION
 #define PRNN_SESSION
 // Resident sessions (prnn_tvm/codegen/session.py): a persistent kernel that serves one step per request.
-// A request is the step's raw input x_t (B x K values, row-major) as tagged words (value bits as float32, base +
-// step + 1) in the session's device mailbox ([slot][row][k]), which every CTA polls and takes whole into shared
-// memory; each CTA then projects it with W_ih and b_ih for its own units (prnn_session_project). Two transports
+// A request is the step's raw input x_t (B x K values, row-major) as tagged words (base + step + 1) in the
+// session's device mailbox ([slot][word]): a word's 32 payload bits carry two 16-bit values of a half layer (the
+// first in the low half; PAIRS) or one value as float32 bits. Every CTA polls the request and takes it whole into
+// shared memory; each CTA then projects it with W_ih and b_ih for its own units (prnn_session_project). Two transports
 // fill the mailbox. Device: prnn_session_publish (a copy and tag of x) on the caller's stream; the kernel stores
 // each step's new states tagged in the device response slot, and prnn_session_collect, on the caller's stream
 // after the publish, polls them. Host: the host writes the tagged words into page-locked host memory, CTA 0 alone
 // polls them there (reads of host memory are PCIe round trips: one agent) and relays them into the device
 // mailbox, and the kernel stores the new states tagged straight into a page-locked host response buffer, which
 // the host polls. A request whose values are all PRNN_SESSION_CLOSE (every bit set: a NaN no input carries, the
-// publishers write the canonical NaN instead) closes the kernel. control[0] counts the steps requested of the
+// publishers write another NaN instead) closes the kernel. control[0] counts the steps requested of the
 // running launch (the host zeroes it before each launch); the collect advances it. control[1] counts the
 // requests published to it (the host tells an idle exit that took no request by it). Every wait is bounded.
 #define PRNN_SESSION_CLOSE 0xffffffffu
@@ -60,13 +61,13 @@ __device__ __forceinline__ int prnn_session_poll(const uint64_t* src, int n, uns
 }
 
 // CTA-wide: wait for the n words of a request at src (the device mailbox's slot, tagged tag), PER * blockDim.x at
-// a time; their values into dst (shared). With host_src (the host request slot; 0: the device transport), CTA 0
+// a time; their values (values of them; two of V a word with PAIRS) into dst (shared, float32). With host_src (the host request slot; 0: the device transport), CTA 0
 // polls that instead and relays each word into src. Returns, for the whole block, 0 (taken), 1 (no request
 // within limit_us, recorded as (step | PRNN_SESSION_IDLE) + 1 in the error word, or another block reported a
 // timeout) or 2 (the request is the close mark).
-template <int PER>
+template <int PER, typename V, bool PAIRS>
 __device__ __forceinline__ int prnn_session_take(uint64_t* src, unsigned long long host_src, float* dst, int n,
-                                                 unsigned tag, int step, unsigned* sync, int limit_us) {
+                                                 int values, unsigned tag, int step, unsigned* sync, int limit_us) {
   const bool relay = host_src != 0ull && blockIdx.x == 0;
   int close = 0;
   for (int first = 0; first < n; first += PER * (int)blockDim.x) {
@@ -83,8 +84,14 @@ __device__ __forceinline__ int prnn_session_take(uint64_t* src, unsigned long lo
       const int i = first + threadIdx.x + j * blockDim.x;
       if (i < n) {
         if (relay) asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(src + i), "l"(v[j]) : "memory");
-        close |= (unsigned)v[j] == PRNN_SESSION_CLOSE;
-        dst[i] = __uint_as_float((unsigned)v[j]);
+        const unsigned bits = (unsigned)v[j];
+        close |= bits == PRNN_SESSION_CLOSE;
+        if (PAIRS) {
+          dst[2 * i] = (float)prnn_from_payload<V>(bits & 0xffffu);
+          if (2 * i + 1 < values) dst[2 * i + 1] = (float)prnn_from_payload<V>(bits >> 16);
+        } else {
+          dst[i] = __uint_as_float(bits);
+        }
       }
     }
   }
@@ -154,15 +161,23 @@ __device__ __forceinline__ void prnn_session_respond(uint64_t* resp, unsigned lo
   }
 }
 
-// The publish kernel's body: the n values of x (a step's input, B x K) tagged into the next step's request slot.
-template <typename V>
+// The publish kernel's body: the n values of x (a step's input, B x K) tagged into the next step's request slot of
+// words words (two values a word with PAIRS: no pair goes as the close mark, whose two halves are NaNs).
+template <typename V, bool PAIRS>
 __device__ __forceinline__ void prnn_session_publish(const V* x, uint64_t* mailbox, unsigned* control,
-                                                     const unsigned* sync, int n, int depth) {
+                                                     const unsigned* sync, int n, int words, int depth) {
   const unsigned step = prnn_session_step(control), tag = prnn_session_tag(sync, step);
   if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(control + 1, 1u);
-  uint64_t* slot = mailbox + (long long)(step % (unsigned)depth) * n;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    prnn_session_post(slot + i, (float)x[i], tag);
+  uint64_t* slot = mailbox + (long long)(step % (unsigned)depth) * words;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
+    if (PAIRS) {
+      unsigned bits = prnn_payload_bits(x[2 * i]) | (2 * i + 1 < n ? prnn_payload_bits(x[2 * i + 1]) << 16 : 0u);
+      if (bits == PRNN_SESSION_CLOSE) bits = 0xfffffffeu;
+      const unsigned long long word = ((unsigned long long)tag << 32) | bits;
+      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(slot + i), "l"(word) : "memory");
+    } else {
+      prnn_session_post(slot + i, (float)x[i], tag);
+    }
   }
 }
 

@@ -1,0 +1,131 @@
+"""Where a session step's time goes: the host's share of a host step (CPU only), and on the GPU the parts of an
+in-graph step (a chain of dependent ``session.post`` steps replayed from a CUDA graph, as ``prnn-tvm bench
+--step-latency`` times it) told apart by what changes between runs of the same model.
+
+    python bench/session_phases.py [--hidden 640 --batch 8 --half 1 --chain 100 --steps 10000]
+
+1. Host share (no GPU): the host transport's work per step (``prnn_tvm.runtime.session_host``: pack the request,
+   spin on the responses, copy the states) with rings in ordinary memory and every response already tagged, as
+   the resident kernel would leave them: the floor the host's Python puts under a host step.
+2. On the GPU, us per step (medians of CUDA-event replays):
+   - the chain at input sizes K = hidden, hidden / 4 and 16: the take (a CTA takes all B x K words) and the
+     projection (B x K x 4 units per CTA) scale with K, nothing else does; the slope is their cost per input;
+   - the layer's own recurrent kernel over ``chain`` steps of a projected input (no take, no projection, no
+     publish or collect): the recurrence's floor;
+   - two dependent small kernels per step in a graph (torch's): what the publish and the collect cost as nodes;
+   - ``session.step`` (host to host) and ``session.post`` with the caller waiting, p50 over ``--steps``.
+"""
+
+import time
+
+import numpy as np
+import torch
+import tvm_ffi
+
+import prnn_tvm
+from prnn_tvm.bench import baselines
+from prnn_tvm.bench.step_latency import chain_samples, latencies, session_weights
+from prnn_tvm.runtime.session_host import HostRings
+from prnn_tvm.signature import request_words
+
+args = baselines.script_arguments(number=1, hidden=640, batch=8, half=1, chain=100, steps=10_000)
+H, B, CHAIN = args.hidden, args.batch, args.chain
+DTYPE = "float16" if args.half else "float32"
+
+
+def host_share(input_size: int, states: int = 2) -> dict:
+    """Microseconds (p50 over ``--steps``) of each part of a host step's own work, on this CPU."""
+    requests = np.zeros((2, request_words(B * input_size, DTYPE)), np.uint64)  # two half values a word
+    responses = np.zeros((2, states, B, H), np.uint64)
+    rings = HostRings(requests, responses, B * input_size, DTYPE, DTYPE, lambda: 0)
+    x = np.random.default_rng(0).standard_normal((B, input_size)).astype(DTYPE)
+    names = [f"s{k}" for k in range(states)]
+    found = {part: np.empty(args.steps) for part in ("pack", "spin", "copy", "return", "all")}
+    for step in range(args.steps):
+        tag = step + 1
+        responses.view(np.uint32)[step % 2, ..., 1::2] = tag  # the kernel's answer, already there
+        t0 = time.perf_counter_ns()
+        rings.post(x, step, tag)
+        t1 = time.perf_counter_ns()
+        rings.wait(step, tag, 10**9)
+        t2 = time.perf_counter_ns()
+        got = rings.states(step)
+        t3 = time.perf_counter_ns()
+        _ = got[0], dict(zip(names, got))
+        t4 = time.perf_counter_ns()
+        for part, ns in (("pack", t1 - t0), ("spin", t2 - t1), ("copy", t3 - t2), ("return", t4 - t3),
+                         ("all", t4 - t0)):
+            found[part][step] = ns / 1e3
+    return {part: float(np.median(v)) for part, v in found.items()}
+
+
+def chain_us(input_size: int) -> float:
+    """Per step, a chain of ``--chain`` dependent session steps of an LSTM with ``input_size`` inputs."""
+    lstm = torch.nn.LSTM(input_size, H).cuda().to(getattr(torch, DTYPE)).eval()
+    layer = prnn_tvm.compile_cell("lstm", H, B, input_size=input_size, dtype=DTYPE)
+    session = layer.session(**session_weights(lstm), release_after=None)
+    x = torch.zeros(B, input_size, device="cuda", dtype=lstm.weight_ih_l0.dtype)
+    out = torch.empty(len(session.state_names), B, H, device="cuda", dtype=x.dtype)
+    k = session.output_index
+    width = min(input_size, H)
+
+    def step():
+        with tvm_ffi.use_raw_stream(session.device, torch.cuda.current_stream().cuda_stream):
+            session.post(x, out)
+        x[:, :width].copy_(out[k][:, :width])  # the next step's input: a chain of dependent steps
+
+    try:
+        step()  # the session's own kernels loaded, outside the capture
+        torch.cuda.current_stream().synchronize()
+        session.release()  # torch's capture synchronizes the device: relaunched inside the capture
+        return float(np.median(chain_samples(step, CHAIN, warm_up=False)))
+    finally:
+        session.close()
+
+
+def recurrence_us() -> float:
+    """Per step, the layer's own recurrent kernel over ``--chain`` steps of a projected input."""
+    layer = prnn_tvm.compile_cell("lstm", H, B, dtype=DTYPE)
+    dtype = getattr(torch, DTYPE)
+    xp = torch.randn(CHAIN, B, 4 * H, device="cuda", dtype=dtype)
+    W_hh, b_hh = torch.randn(4 * H, H, device="cuda", dtype=dtype) / H**0.5, torch.zeros(4 * H, device="cuda",
+                                                                                         dtype=dtype)
+    ((name, bound),) = layer.bind_recurrent(xp, W_hh, b_hh).launches
+    function = layer.module[name]
+    return baselines.cuda_event_times(lambda: function(*bound), args.repeats, 10)[0] * 1e6 / CHAIN
+
+
+def two_nodes_us() -> float:
+    """Per step, two dependent small torch kernels per step in a graph (a publish and a collect's place)."""
+    a, b = torch.zeros(B, H, device="cuda"), torch.zeros(B, H, device="cuda")
+
+    def step():
+        a.add_(b)
+        b.copy_(a)
+
+    return float(np.median(chain_samples(step, CHAIN)))
+
+
+print(f"LSTM 1x{H} B={B} {DTYPE}")
+print("host share, us p50 on this CPU:", {k: round(v, 2) for k, v in host_share(H).items()})
+if torch.cuda.is_available():
+    with torch.no_grad():
+        print("two small kernels per step in a graph, us/step:", round(two_nodes_us(), 2))
+        print("recurrent kernel alone, us/step:", round(recurrence_us(), 2))
+        for K in dict.fromkeys((H, max(H // 4, 1), 16)):
+            print(f"session chain at input size {K}, us/step:", round(chain_us(K), 2))
+        lstm = torch.nn.LSTM(H, H).cuda().to(getattr(torch, DTYPE)).eval()
+        layer = prnn_tvm.compile_cell("lstm", H, B, dtype=DTYPE)
+        xs = np.random.default_rng(0).standard_normal((args.steps, B, H)).astype(DTYPE)
+        with layer.session(**session_weights(lstm), release_after=None) as session:
+            print("session.step (host to host) p50 us:", round(float(np.median(latencies(session.step, xs))), 2))
+            x = torch.zeros(B, H, device="cuda", dtype=getattr(torch, DTYPE))
+            out = torch.empty(len(session.state_names), B, H, device="cuda", dtype=x.dtype)
+            wait = torch.cuda.current_stream().synchronize
+
+            def posted(_x):
+                with tvm_ffi.use_raw_stream(session.device, torch.cuda.current_stream().cuda_stream):
+                    session.post(x, out)
+                wait()
+
+            print("session.post, caller waiting, p50 us:", round(float(np.median(latencies(posted, xs))), 2))
