@@ -103,3 +103,16 @@ def test_the_memory_check_counts_a_kept_buffer_once(layer, monkeypatch):
     layer.bind(**inputs)  # xp is there already: only the outputs are new
     with pytest.raises(InputError, match=r"needs .* GiB .* \(x, .*xp\)"):
         layer.bind(**random_inputs(layer.plan, steps + 1, H))  # a new xp would not fit
+
+
+def test_omitted_states_and_lengths_are_read_from_constants_made_once(layer):
+    inputs = random_inputs(layer.plan, 3, H)
+    given = {k: v for k, v in inputs.items() if k not in ("h0", "c0")}
+    first, second = layer.bind(**given), layer.bind(**given)
+    (_, a), (_, b) = first.launches[1], second.launches[1]  # the recurrent launch: xp, W_hh, b_hh, h0, c0, lengths
+    assert all(x is y for x, y in zip(a[3:6], b[3:6]))
+    assert not a[3].numpy().any() and (a[5].numpy() == 3).all()
+    out, _ = layer(**given)  # NumPy in: NumPy out, as when the states were NumPy zeros
+    assert isinstance(out, np.ndarray)
+    want, _ = layer(**given, h0=np.zeros((B, H), np.float32), c0=np.zeros((B, H), np.float32))
+    assert np.array_equal(out, want)

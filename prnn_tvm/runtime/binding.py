@@ -93,10 +93,11 @@ def bind(
     tensors, from_numpy = {}, True
     for arg in inputs:
         given = values.get(arg.name)
+        if given is None and arg.role.optional:  # an initial state's zeros, every row's whole sequence: kept
+            tensors[arg.name] = kept.constant(arg, seq_len, seq_len if arg.role is ArgRole.LENGTHS else 0)
+            continue
         if arg.role is ArgRole.LENGTHS:
             given = row_lengths(given, arg, seq_len)
-        elif given is None:  # an omitted initial state
-            given = np.zeros(arg.concrete_shape(seq_len), arg.dtype)
         tensors[arg.name], numpy_given = place(arg, given, seq_len, device)
         from_numpy &= numpy_given
     for arg in signature.outputs:
@@ -248,11 +249,9 @@ def sequence_length(value, name: str) -> int:
 
 
 def row_lengths(value, arg: Arg, seq_len: int):
-    """The lengths argument as placed: every row the whole sequence when omitted; a NumPy one checked (integers
-    in [0, T], as int32); a tensor as given, its values checked where they are in host memory (reading a GPU
-    tensor's would wait for the GPU)."""
-    if value is None:
-        return np.full(arg.concrete_shape(seq_len), seq_len, arg.dtype)
+    """The lengths argument as placed (given: an omitted one is the layer's kept constant): a NumPy one checked
+    (integers in [0, T], as int32); a tensor as given, its values checked where they are in host memory (reading a
+    GPU tensor's would wait for the GPU)."""
     if not isinstance(value, np.ndarray) and isinstance(value, (list, tuple)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):

@@ -7,7 +7,9 @@ Allocating them per call costs what the device's allocator costs (TVM's CUDA all
 stream, and a call of the same length reuses it. Launches on one stream run in order, so a call's launches see
 only their own values there; a host thread of its own keeps two threads that call the layer on one stream (or on
 the CPU, where every call is on "stream" 0) from writing into each other's. A call of another length replaces the
-buffer: what is kept is the last call's size. Imports only TVM's runtime.
+buffer: what is kept is the last call's size. The constants a call reads where the caller omits an argument (an
+initial state's zeros, every row's length) are kept too, rather than copied to the device at every call. Imports
+only TVM's runtime and NumPy.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 import tvm
 
 from ..dtypes import itemsize
@@ -51,6 +54,16 @@ class KeptOn:
         held = self._held.get((use, arg.name))
         if held is None or held[0] != (shape, arg.dtype):
             held = self._held[(use, arg.name)] = ((shape, arg.dtype), tvm.runtime.empty(shape, arg.dtype, self.device))
+        return held[1]
+
+    def constant(self, arg: Arg, steps: int, value):
+        """A buffer of ``arg`` for ``steps`` steps that holds ``value`` everywhere and that kernels only read (an
+        omitted initial state's zeros, an omitted ``lengths``' whole sequence): made once, then kept."""
+        shape = arg.concrete_shape(steps)
+        held = self._held.get(("constant", arg.name))
+        if held is None or held[0] != (shape, arg.dtype, value):
+            made = tvm.runtime.tensor(np.full(shape, value, arg.dtype), self.device)
+            held = self._held[("constant", arg.name)] = ((shape, arg.dtype, value), made)
         return held[1]
 
     def new_bytes(self, use: str, arg: Arg, steps: int) -> int:
