@@ -229,6 +229,7 @@ class Dispatch(BatchBuckets):
         (per state, (slots, B, H), or [] for zeros): ``(out, finals)``, finals per state a list of (B, H) per layer
         and direction. ``padding``: where the rows were padded up to a bucket, the caller's rows and lengths."""
         states, directions = len(self._states), 2 if self.bidirectional else 1
+        rows, device, dtype = x.shape[1], x.device, x.dtype  # read once: each is a new object per read
         out, finals = x, [[None] * (self.num_layers * directions) for _ in range(states)]
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
         backwards = (
@@ -241,17 +242,18 @@ class Dispatch(BatchBuckets):
         # where a layer runs a launch per direction, an inference call on the GPU runs the reverse one on a stream
         # of its own, beside the forward one, where the two grids fit on the GPU together (measured: else the
         # second waits, and it costs 5-9%)
-        concurrent = directions == 2 and self.concurrent_directions and x.device.type == "cuda" and not grad
+        concurrent = directions == 2 and self.concurrent_directions and device.type == "cuda" and not grad
         # a one-directional stack in inference: one wavefront launch, where it fits
-        stack = None if grad or (self.training and self.dropout) else self.stack_for(x.shape[1], x.device, x.dtype)
+        stack = None if grad or (self.training and self.dropout) else self.stack_for(rows, device, dtype)
         if stack is not None:
             layer_major = [t[layer] for layer in range(self.num_layers) for t in initial]
             out, ends = self._run(stack, self._launch_arguments(stack, x, None, layer_major, lengths))
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
-            both = None if grad else self.directions_for(x.shape[1], x.device, x.dtype, out.shape[2])
-            if both is None and refusal(self, layer, x.shape[1], x.device, x.dtype, out.shape[2], grad):
+            width = out.shape[2]
+            both = None if grad else self.directions_for(rows, device, dtype, width)
+            if both is None and refusal(self, layer, rows, device, dtype, width, grad):
                 out, ends = run_in_torch(self, layer, out, initial, lengths, padding)  # no prnn-tvm config fits
                 for k, end in enumerate(ends):
                     for direction in range(directions):
@@ -276,9 +278,9 @@ class Dispatch(BatchBuckets):
                     )
                     for direction in range(directions)
                 ]
-                side = self._side_stream(x.device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
+                side = self._side_stream(device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
                 if side is not None:
-                    side.wait_stream(torch.cuda.current_stream(x.device))
+                    side.wait_stream(torch.cuda.current_stream(device))
                 outs = []
                 for direction, (compiled, args) in enumerate(ready):
                     with torch.cuda.stream(side) if side is not None and direction == 1 else _NOTHING:
@@ -287,7 +289,7 @@ class Dispatch(BatchBuckets):
                     for k, end in enumerate(ends):
                         finals[k][layer * directions + direction] = end
                 if side is not None:
-                    torch.cuda.current_stream(x.device).wait_stream(side)
+                    torch.cuda.current_stream(device).wait_stream(side)
                 out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
             if self.training and self.dropout and layer < self.num_layers - 1:  # between layers, as torch.nn
                 out = rows_dropout(out, self.dropout, padding)
