@@ -222,7 +222,9 @@ class LaunchArguments:
         else:
             zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
             states = [self._constant((B, H), device, dtype)] * zeros
-        if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
+        # every row runs every step (any T: the most an int32 says); the CPU build's differentiable call binds by name,
+        # and there an omitted argument is the layer's own
+        if lengths is None and (device.type == "cuda" or not grad):
             lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
         return [detached(x, grad), *weights, *states, lengths]
 

@@ -323,29 +323,31 @@ class Dispatch(BatchBuckets):
         if grad:  # the recurrent kernel's backward is compiled for the CPU
             out, *finals = CpuBackprop.apply(layer, project(*args[:3]), *args[3:])
             return out, finals
-        if x.device.type == "cuda":
-            out, *finals = self._run_cuda(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
-            return out, finals
-        out, finals = layer(*args)
-        return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+        # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
+        # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
+        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
+        return out, finals
 
-    def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
-        """Launch ``function`` of ``layer`` on torch's current stream, into tensors from torch's allocator; no
-        waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for ``recurrent``: the
-        recurrent weights, params, initial states and lengths). Returns what it writes, in its order."""
+    def _launch(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
+        """Launch ``function`` of ``layer`` (on the GPU: on torch's current stream), into tensors from torch's
+        allocator; no waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for
+        ``recurrent``: the recurrent weights, params, initial states and lengths). Returns what it writes, in its
+        order."""
         launcher = self._launchers.get((id(layer), function))
+        device = xp.device
         if launcher is None:
             from prnn_tvm.runtime.launcher import Launcher  # TVM's runtime, at the first launch
 
-            device = xp.device
             launcher = self._launchers[id(layer), function] = Launcher(
-                layer, function, torch_arrays(device), tvm_ffi.device("cuda", device.index)
+                layer, function, torch_arrays(device), tvm_ffi.device(device.type, device.index or 0)
             )
+        if device.type != "cuda":
+            return launcher([xp, *recurrent])
         state = None
         if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
             state = launcher.new_state()
             self._captured.append(state)
-        return launcher([xp, *recurrent], current_stream(xp.device), state)
+        return launcher([xp, *recurrent], current_stream(device), state)
 
     def _training_kernels(self, layer):
         """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do
