@@ -84,10 +84,11 @@ with torch.no_grad():
     ours._run = real
     layer, arguments = runs[0]
     rows["ours, a layer's run"] = us(lambda: real(layer, arguments))
-    launcher = next(iter(ours._launchers.values()))
-    xp = project(*arguments[:3], biased_weight=ours._biased_weight)
-    stream = torch.cuda.current_stream().cuda_stream if cuda else 0
-    rows["of it, the recurrent launch"] = us(lambda: launcher([xp, *arguments[3:]], stream))
+    if ours._launchers:  # none on the CPU in an older checkout
+        launcher = next(iter(ours._launchers.values()))
+        data = [project(*arguments[:3], biased_weight=ours._biased_weight), *arguments[3:]]
+        stream = torch.cuda.current_stream().cuda_stream if cuda else 0
+        rows["of it, the recurrent launch"] = us(lambda: launcher(data, stream))
 where = torch.cuda.get_device_name() if cuda else "CPU"
 print(f"LSTM {L}x{H} B={B} {args.dtype}, T=1, on {where}, us per call ({args.clock} clock):")
 for name, value in rows.items():
