@@ -101,7 +101,6 @@ class RuntimeLayer:
         self._states: dict[int, dict] = {}  # per stream: workspace and barrier state, by argument name
         self._kept = KeptBuffers()  # per host thread and stream: a call's intermediates, reused by the next
         self._error: HostWord | None = None
-        self._scalars: tuple = (None, {})  # (their values, the dict scalars() returns)
         self._coresident = False  # checked once: the GPU does not change under a process
         self._grids_that_fit: dict[str, int] = {}
         owned = [a for x in signature.launches for a in x.args if a.role.owned]
@@ -194,12 +193,12 @@ class RuntimeLayer:
         return self._error.address
 
     def scalars(self) -> dict:
-        """The scalar arguments the layer passes its kernels, by name (the same dict while they stay the same:
-        every launch asks, and must not change it)."""
-        values = (self._barrier_timeout_us, self.debug_stall_step, self.error_address)
-        if self._scalars[0] != values:
-            self._scalars = (values, dict(zip(("timeout_us", "stall_step", "error_host"), values)))
-        return self._scalars[1]
+        """The scalar arguments the layer passes its kernels, by name."""
+        return {
+            "timeout_us": self.barrier_timeout_us,
+            "stall_step": self.debug_stall_step,
+            "error_host": self.error_address,
+        }
 
     def time(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> dict[str, float]:
         """Seconds per launch of each kernel (minimum over ``repeat`` runs of ``number`` launches).
