@@ -119,6 +119,7 @@ def test_only_schedules_name_a_particular_template():
     [
         "prnn_tvm.runtime.base",
         "prnn_tvm.runtime.binding",
+        "prnn_tvm.runtime.buffers",
         "prnn_tvm.runtime.loading",
         "prnn_tvm.runtime.launcher",
         "prnn_tvm.runtime.session",
@@ -137,6 +138,7 @@ def test_the_runtime_imports_no_compiler_module(name):
         "prnn_tvm.runtime",
         "prnn_tvm.runtime.base",
         "prnn_tvm.runtime.binding",
+        "prnn_tvm.runtime.buffers",
         "prnn_tvm.runtime.loading",
         "prnn_tvm.runtime.launcher",
         "prnn_tvm.runtime.session",

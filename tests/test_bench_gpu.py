@@ -50,8 +50,8 @@ def test_tiny_run_measures_checks_and_writes_outputs(tmp_path):
 
 
 def test_a_tiny_step_latency_run_measures_every_mode_and_writes_its_files(tmp_path, capsys):
-    """``prnn-tvm bench --step-latency`` at a tiny size: every mode of each model measured in one run (ours and
-    cuDNN's, input on the host and on the GPU, the chains), and its four files written."""
+    """``prnn-tvm bench --step-latency`` at a tiny size: every mode of each model measured in one run (ours,
+    our module's plain call and cuDNN's, input on the host and on the GPU, the chains), and its four files written."""
     pytest.importorskip("torch", reason="the benchmark's baselines need PyTorch")
     if runner.missing_requirements():
         pytest.skip(runner.missing_requirements())
@@ -70,5 +70,5 @@ def test_a_tiny_step_latency_run_measures_every_mode_and_writes_its_files(tmp_pa
         assert 0 < row["min_us"] <= row["p50_us"] <= row["p99_us"], row
         assert row["samples"] == (300 if row["input"] != "graph" else 50)
         assert row["session"].startswith("recurrent_session")
-    assert sum(b["count"] for b in histograms) == 300 * 6 * 2
+    assert sum(b["count"] for b in histograms) == 300 * 8 * 2  # the host and GPU modes of two models
     assert (tmp_path / "t.png").is_file() and "| LSTM 2x64 B=1 float32 |" in (tmp_path / "t.md").read_text()

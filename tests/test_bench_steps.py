@@ -21,12 +21,12 @@ def _samples(p50: float, n: int, seed: int) -> np.ndarray:
 @pytest.fixture
 def run_rows():
     """A run's rows and histogram rows as step_latency.run makes them: every mode of the first model, the second
-    model's session not built (its cuDNN rows only)."""
+    model's session not built (its cuDNN rows and our module's plain call only)."""
     rows, histograms = [], []
     for i, model in enumerate(MODELS):
         described = {**model.as_dict(), **ENV}
         for j, (mode, where) in enumerate(step_table.MODES.items()):
-            if i == 1 and mode.startswith("ours"):
+            if i == 1 and mode.startswith("ours") and not mode.startswith("ours eager"):  # the session's modes
                 rows.append(
                     {**described, "mode": mode, "input": where, "status": "error", "error": "not built: too big"}
                 )
@@ -108,12 +108,11 @@ def test_the_run_files_round_trip_and_render(run_rows, tmp_path):
     paths = step_outputs.write_outputs(rows, histograms, tmp_path, "steps", "prnn-tvm bench --step-latency")
     assert set(paths) == {"csv", "histogram", "md", "png"}
     read, read_histograms = step_table.read(paths["csv"])
-    assert len(read) == len(rows) == 16 and read[0]["samples"] == 2000 and isinstance(read[0]["p50_us"], float)
+    assert len(read) == len(rows) == 20 and read[0]["samples"] == 2000 and isinstance(read[0]["p50_us"], float)
     assert read[0]["layers"] == 2 and read[0]["sms"] == 132 and read[0]["torch"] == "2.9.0"
     assert [r["error"] for r in read if r["status"] == "error"] == ["not built: too big"] * 3
-    assert sum(b["count"] for b in read_histograms) == 2000 * (
-        6 + 4
-    )  # the host and GPU modes: six of the first model, cuDNN's four of the second
+    # the host and GPU modes: eight of the first model; cuDNN's four and our plain call's two of the second
+    assert sum(b["count"] for b in read_histograms) == 2000 * (8 + 6)
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = paths["md"].read_text()
     first, second = (next(line for line in md.splitlines() if line.startswith(f"| {m.name} |")) for m in MODELS)

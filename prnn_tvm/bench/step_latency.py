@@ -5,15 +5,18 @@ Per model (a ``torch.nn.LSTM`` and the same weights in a session of the deep sta
 microseconds per step of each mode of :data:`~prnn_tvm.bench.step_table.MODES`, after a warm-up of 100 steps:
 
 - input on the host, the latency the host sees from writing a step's input (NumPy) to reading its output: our
-  ``session.step(x)``; cuDNN's eager step (``lstm(x, (h, c))`` on a copy of x, the output copied back); cuDNN's step
+  ``session.step(x)``; our module's plain call at T=1 (``from_torch(lstm)(x, (h, c))``, no session); cuDNN's eager
+  step (``lstm(x, (h, c))`` on a copy of x, the output copied back); cuDNN's step
   replayed from a CUDA graph (x copied into the graph's input, a replay, the output copied back);
 - input on the GPU, made by the step before (each step's input is the last step's output, as a decoder's next
-  token), the host waiting for each step: our ``session.post``; cuDNN's eager step; its graph's replay;
+  token), the host waiting for each step: our ``session.post``; our module's plain call; cuDNN's eager step; its
+  graph's replay;
 - a chain: ``chain`` dependent steps captured in one CUDA graph, each of :data:`~.step_cases.CHAIN_REPLAYS`
   replays a sample of its time per step: our ``session.post`` against cuDNN's step.
 
-TF32 off. A model whose session cannot be built (its weights do not fit on chip) keeps its cuDNN rows, and its own
-rows say why.
+TF32 off. A model whose session cannot be built (its weights do not fit on chip) keeps its cuDNN rows and our module's
+plain call (which runs layer by layer, or on torch.nn's kernels where a layer does not fit), and its session rows say
+why.
 """
 
 from __future__ import annotations
@@ -82,6 +85,30 @@ def chain_samples(step, chain: int, replays: int = CHAIN_REPLAYS, warm_up: bool 
     return found
 
 
+def eager_samples(lstm: torch.nn.LSTM, xs: np.ndarray, start: list) -> dict:
+    """Our module's plain call (``prnn_tvm.torch.from_torch(lstm)``, no session), one timestep (T=1) per call as
+    cuDNN's eager modes call ``lstm``: input on the host (copied in, the output copied back) and on the GPU (each
+    step's input the last step's output, the host waiting for each step). The module compiles on its first call,
+    in the warm-up."""
+    from ..torch import from_torch
+
+    ours = from_torch(lstm).eval()
+    state = [t.clone() for t in start]
+    x = torch.zeros(1, *xs.shape[1:], device="cuda", dtype=start[0].dtype)
+    wait = torch.cuda.current_stream().synchronize
+
+    def host(x_t):
+        out, (state[0], state[1]) = ours(torch.from_numpy(x_t).cuda()[None], (state[0], state[1]))
+        return out.cpu()
+
+    def on_gpu(_x_t):
+        out, (state[0], state[1]) = ours(x, (state[0], state[1]))
+        x.copy_(out)  # the next step's input
+        wait()
+
+    return {"ours eager host": latencies(host, xs), "ours eager gpu": latencies(on_gpu, xs)}
+
+
 def measure(model: StepModel, steps: int, chain: int) -> tuple[dict, str | None, str | None]:
     """Every mode of ``model``: ``(samples by mode, the session kernels' report, why our modes are missing)``."""
     dtype = getattr(torch, model.dtype)
@@ -118,6 +145,7 @@ def measure(model: StepModel, steps: int, chain: int) -> tuple[dict, str | None,
         samples["cudnn eager gpu"] = latencies(lambda _x: (cudnn_step(), wait()), xs)
         samples["cudnn graph gpu"] = latencies(lambda _x: (graph.replay(), wait()), xs)
         samples["cudnn chain"] = chain_samples(cudnn_step, chain)
+        samples.update(eager_samples(lstm, xs, state))
         try:
             layer = compile_cell(model.cell, H, B, dtype=model.dtype)
             report = compile_session(layer).report

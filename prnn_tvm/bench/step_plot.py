@@ -13,7 +13,7 @@ from .step_table import MODES
 
 log = logging.getLogger(__name__)
 
-_COLOR = {"ours": "tab:blue", "cudnn eager": "tab:red", "cudnn graph": "tab:orange"}
+_COLOR = {"ours eager": "tab:green", "ours": "tab:blue", "cudnn eager": "tab:red", "cudnn graph": "tab:orange"}
 _INPUTS = {"host": "input on the host", "gpu": "input on the GPU"}
 
 

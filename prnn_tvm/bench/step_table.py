@@ -22,9 +22,11 @@ from .table import ENV_COLUMNS
 # from one CUDA graph: a sample is one replay's time per step)
 MODES = {
     "ours host": "host",
+    "ours eager host": "host",
     "cudnn eager host": "host",
     "cudnn graph host": "host",
     "ours gpu": "gpu",
+    "ours eager gpu": "gpu",
     "cudnn eager gpu": "gpu",
     "cudnn graph gpu": "gpu",
     "ours chain": "graph",
@@ -124,11 +126,13 @@ def markdown(rows: list[dict], title: str, command: str | None = None) -> str:
         "Microseconds per step. Host: from writing the step's input (NumPy) to reading its output, p50 / p99. "
         "GPU: the input made on the GPU by the step before, the caller waiting for each step, p50 / p99. "
         "Chain: dependent steps replayed from one CUDA graph, p50 over the replays. Ours: a resident session "
-        "(`layer.session()`) of the deep stack; cuDNN: `torch.nn.LSTM`'s call, eager and replayed from a CUDA graph.",
+        "(`layer.session()`) of the deep stack; ours eager: the `prnn_tvm.torch` module's plain call, one step "
+        "(T=1) per call, no session; cuDNN: `torch.nn.LSTM`'s call, eager and replayed from a CUDA graph.",
         "",
-        "| model | ours host | cuDNN eager host | cuDNN graph host | ours GPU | cuDNN eager GPU | cuDNN graph GPU "
-        "| ours chain | cuDNN chain | cuDNN graph / ours, host | cuDNN graph / ours, GPU |",
-        "|---|" + "---|" * 10,
+        "| model | "
+        + " | ".join(mode.replace("cudnn", "cuDNN").replace("gpu", "GPU") for mode in MODES)
+        + " | cuDNN graph / ours, host | cuDNN graph / ours, GPU |",
+        "|---|" + "---|" * (len(MODES) + 2),
     ]
     notes = []
     for model in models:

@@ -31,6 +31,7 @@ from ..errors import BarrierTimeout, ConfigError, LaunchError, UnsupportedError
 from ..signature import ArgRole, Signature
 from ..target import gpu_spec, resident_ctas, smem_launch_problem
 from .binding import COPY, BoundCall, bind
+from .buffers import KeptBuffers
 
 DEFAULT_TIMEOUT_US = 50_000  # per barrier wait: generous against preemption, short against a hang
 CUDA_HOST = 3  # DLPack's device type of page-locked host memory (cudaMallocHost)
@@ -96,7 +97,10 @@ class RuntimeLayer:
     makes block 0 skip its arrival at that step, forcing the timeout path.
 
     Concurrency: launches on different streams use different workspaces and barrier states
-    (:meth:`launch_state`), so calls on several streams may be in flight at once.
+    (:meth:`launch_state`), so calls on several streams may be in flight at once. A call's own buffers (the
+    input projection ``xp``, scratch sequences) are kept per host thread and stream and reused by the next
+    call of the same length (:mod:`~prnn_tvm.runtime.buffers`): a :class:`BoundCall` of :meth:`bind` launches
+    correctly as long as no other call of that thread and stream runs between its launches.
     """
 
     def __init__(self, signature: Signature, module, is_cuda: bool, barrier_timeout_us: int = DEFAULT_TIMEOUT_US):
@@ -106,6 +110,7 @@ class RuntimeLayer:
         self.barrier_timeout_us = barrier_timeout_us
         self.debug_stall_step = -1
         self._states: dict[int, dict] = {}  # per stream: workspace and barrier state, by argument name
+        self._kept = KeptBuffers()  # per host thread and stream: a call's intermediates, reused by the next
         self._error: HostWord | None = None
         self._coresident = False  # checked once: the GPU does not change under a process
         self._grids_that_fit: dict[str, int] = {}
@@ -230,7 +235,8 @@ class RuntimeLayer:
     def _bind(self, signature: Signature, args: tuple, kwargs: dict) -> BoundCall:
         stream = tvm_ffi.get_raw_stream(self.device) if self.is_cuda else 0
         state = self.launch_state(stream)
-        return bind(signature, args, kwargs, self.device, lambda a: state[a.name], self.scalars())
+        kept = self._kept.on(stream, self.device)
+        return bind(signature, args, kwargs, self.device, lambda a: state[a.name], self.scalars(), kept)
 
     def _run(self, call: BoundCall):
         self.check(wait=False)  # an earlier launch's timeout is raised before this one starts

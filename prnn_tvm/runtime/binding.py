@@ -5,10 +5,11 @@ signature would; each is checked (shape with the call's sequence length, dtype,
 contiguity, device) and placed on the layer's device: NumPy arrays are copied, anything
 with ``__dlpack__`` is wrapped without a copy. Omitted initial states are zeros, omitted
 per-row lengths the whole sequence (NumPy lengths and a CPU tensor's are checked to lie in [0, T];
-a GPU tensor's are not read, and the kernels take them as clamped to that range); outputs,
-intermediates and scratch sequences are allocated per call; the layer's own buffers (workspace, barrier
-state) and scalars are supplied by the layer. A caller that launches one launch again and again with arrays of
-its own (:class:`~prnn_tvm.runtime.base.Launcher`) binds by the positions :class:`Slots` works out once.
+a GPU tensor's are not read, and the kernels take them as clamped to that range); outputs are
+allocated per call, intermediates and scratch sequences kept between calls (:mod:`~prnn_tvm.runtime.buffers`);
+the layer's own buffers (workspace, barrier state) and scalars are supplied by the layer. A caller that launches
+one launch again and again with arrays of its own (:class:`~prnn_tvm.runtime.base.Launcher`) binds by the
+positions :class:`Slots` works out once.
 Imports only TVM's runtime and NumPy.
 """
 
@@ -25,6 +26,7 @@ from ..dtypes import itemsize
 from ..errors import InputError
 from ..signature import SEQ, Arg, ArgRole, Launch, Signature
 from . import limits
+from .buffers import KeptOn
 from .limits import ALIGNMENT, chunk_length
 
 # A sequence past MAX_ELEMENTS runs in pieces (prnn_tvm.runtime.limits): they are copied into (inputs) and out of
@@ -50,13 +52,18 @@ class BoundCall:
     chunks: int = 1
 
 
-def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars: dict) -> BoundCall:
+def bind(
+    signature: Signature, args: tuple, kwargs: dict, device, owned, scalars: dict, kept: KeptOn | None = None
+) -> BoundCall:
     """Check and place a call's arguments; allocate its outputs.
 
     ``owned(arg)`` returns the layer's persistent buffer for a workspace or barrier-state
-    argument; ``scalars`` maps scalar argument names to their values. Refuses, before
-    anything is allocated, a call whose buffers do not fit in the device's free memory.
+    argument; ``scalars`` maps scalar argument names to their values; ``kept``: where the call's own
+    buffers (intermediates, scratch, a chunked call's pieces) are kept between calls (None: made for
+    this call). Refuses, before anything is allocated, a call whose buffers do not fit in the device's
+    free memory.
     """
+    kept = KeptOn(device) if kept is None else kept
     inputs = signature.inputs
     names = [a.name for a in inputs]
     values = bind_names(names, args, kwargs, required=[a.name for a in inputs if not a.role.optional])
@@ -76,30 +83,33 @@ def bind(signature: Signature, args: tuple, kwargs: dict, device, owned, scalars
     finals = [a for a in signature.outputs if a.role is ArgRole.FINAL]
     copied = [a for a in inputs if isinstance(values.get(a.name), np.ndarray)]  # NumPy goes to the device
     check_memory(
-        [(a, seq_len) for a in (*copied, *signature.outputs)]
-        + [(a, chunk) for a in (per_call if chunks == 1 else sequences)]
-        + [(a, 1) for a in (finals if chunks > 1 else ())],
+        [(a, seq_len) for a in (*copied, *signature.outputs)],
         device,
+        [("call", a, chunk) for a in per_call]
+        if chunks == 1
+        else [("piece", a, chunk) for a in sequences] + [("spare", a, 1) for a in finals],
+        kept,
     )
     tensors, from_numpy = {}, True
     for arg in inputs:
         given = values.get(arg.name)
+        if given is None and arg.role.optional:  # an initial state's zeros, every row's whole sequence: kept
+            tensors[arg.name] = kept.constant(arg, seq_len, seq_len if arg.role is ArgRole.LENGTHS else 0)
+            continue
         if arg.role is ArgRole.LENGTHS:
             given = row_lengths(given, arg, seq_len)
-        elif given is None:  # an omitted initial state
-            given = np.zeros(arg.concrete_shape(seq_len), arg.dtype)
         tensors[arg.name], numpy_given = place(arg, given, seq_len, device)
         from_numpy &= numpy_given
     for arg in signature.outputs:
         tensors[arg.name] = tvm.runtime.empty(arg.concrete_shape(seq_len), arg.dtype, device)
     if chunks == 1:
-        tensors.update({a.name: tvm.runtime.empty(a.concrete_shape(seq_len), a.dtype, device) for a in per_call})
+        tensors.update({a.name: kept.get("call", a, seq_len) for a in per_call})
         launches = [(x.function, _values(x, tensors, owned, scalars)) for x in signature.launches]
         return BoundCall(seq_len, tuple(launches), tuple(tensors[a.name] for a in signature.outputs), from_numpy)
-    pieces = {a.name: tvm.runtime.empty(a.concrete_shape(chunk), a.dtype, device) for a in sequences}
+    pieces = {a.name: kept.get("piece", a, chunk) for a in sequences}
     # chunk c's final states are chunk c + 1's initial states: two sets written in turn (a
     # kernel must not write what other blocks may still read), the last chunk's the outputs
-    spare = {a.name: tvm.runtime.empty(a.concrete_shape(1), a.dtype, device) for a in finals}
+    spare = {a.name: kept.get("spare", a, 1) for a in finals}
     lengths = [a for a in inputs if a.role is ArgRole.LENGTHS]
     full = {a.name: tensors[a.name].numpy() for a in lengths}  # read once: each chunk counts from its start
     steps, carried = [], {}
@@ -171,14 +181,19 @@ def _values(launch, tensors: dict, owned, scalars: dict) -> list:
     ]
 
 
-def check_memory(buffers: list, device) -> None:
-    """InputError, before anything is allocated, when ``buffers`` ((arg, steps) pairs) exceed the
-    device's free memory."""
+def check_memory(buffers: list, device, own: list = (), kept: KeptOn | None = None) -> None:
+    """InputError, before anything is allocated, when ``buffers`` ((arg, steps) pairs) and the call's own buffers
+    ``own`` ((use, arg, steps), of which ``kept`` may hold some already) exceed the device's free memory."""
     needed = sum(math.prod(a.concrete_shape(steps)) * itemsize(a.dtype) for a, steps in buffers)
+    needed += sum(
+        kept.new_bytes(use, a, steps) if kept else math.prod(a.concrete_shape(steps)) * itemsize(a.dtype)
+        for use, a, steps in own
+    )
     free = _free_memory(device)
     if free is not None and needed > free:
-        names = ", ".join(dict.fromkeys(a.name for a, _ in buffers))
-        longest = max(steps for _, steps in buffers)
+        everything = [*buffers, *((a, steps) for _, a, steps in own)]
+        names = ", ".join(dict.fromkeys(a.name for a, _ in everything))
+        longest = max(steps for _, steps in everything)
         raise InputError(
             f"a sequence of {longest} steps needs {needed / 2**30:.2f} GiB on {device} for its "
             f"inputs, outputs and intermediates ({names}), and {free / 2**30:.2f} GiB are free: run it in "
@@ -234,11 +249,9 @@ def sequence_length(value, name: str) -> int:
 
 
 def row_lengths(value, arg: Arg, seq_len: int):
-    """The lengths argument as placed: every row the whole sequence when omitted; a NumPy one checked (integers
-    in [0, T], as int32); a tensor as given, its values checked where they are in host memory (reading a GPU
-    tensor's would wait for the GPU)."""
-    if value is None:
-        return np.full(arg.concrete_shape(seq_len), seq_len, arg.dtype)
+    """The lengths argument as placed (given: an omitted one is the layer's kept constant): a NumPy one checked
+    (integers in [0, T], as int32); a tensor as given, its values checked where they are in host memory (reading a
+    GPU tensor's would wait for the GPU)."""
     if not isinstance(value, np.ndarray) and isinstance(value, (list, tuple)):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):

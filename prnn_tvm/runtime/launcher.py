@@ -109,8 +109,13 @@ class Launcher:
         for i, shape, dtype in scratch:  # the exchange sequence of a call: written and read by the kernel alone
             args[i] = empty(*shape, dtype=dtype)
         try:
-            with self._stream(self._device, stream) if self._stream else _NOTHING:
+            # TVM's current stream set for the launch where it is not that one already (the default stream, called
+            # from the default stream): a stream context costs three times the look-up
+            if self._stream is None or tvm_ffi.get_raw_stream(self._device) == stream:
                 self.function(*args)
+            else:
+                with self._stream(self._device, stream):
+                    self.function(*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
             raise layer.launch_error(self.name, err) from err
         return outputs

@@ -204,17 +204,55 @@ class LaunchArguments:
                 return self._joined_parameters(name, fresh)
             return self._tracked(name) if grad else self._aligned(name, fresh)
 
-        weights = [param(name, shape) for _, name, shape in self._parameter_arguments(layer, suffix)]
-        # a half layer's projection is torch's GEMM into float32, which has no bias epilogue: where params of the
-        # cell carry b_ih, an inference call on the GPU adds it to them instead (once per weight update)
-        widens = POLICIES[layer.plan.dtype].widens
-        if self.bias and not grad and device.type == "cuda" and widens and layer.plan.input_bias:
-            weights = self._folded_input_bias(layer, suffix, weights, fresh)
-        zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
-        states = [aligned_state(t) for t in initial] or [self._constant((B, H), device, dtype)] * zeros
-        if lengths is None and device.type == "cuda":  # every row runs every step (any T: the most an int32 says)
+        entries = self._parameter_arguments(layer, suffix)
+        # what a call derives from the parameters is the same while they are: kept, with what it was made from
+        reuse = not (grad or fresh) and self._given.params is None
+        weights = self._kept_weights(layer, suffix, entries) if reuse else None
+        if weights is None:
+            weights = [param(name, shape) for _, name, shape in entries]
+            # a half layer's projection is torch's GEMM into float32, which has no bias epilogue: where params of the
+            # cell carry b_ih, an inference call on the GPU adds it to them instead (once per weight update)
+            if self.bias and not grad and device.type == "cuda" and layer.plan.input_bias:
+                if POLICIES[layer.plan.dtype].widens:
+                    weights = self._folded_input_bias(layer, suffix, weights, fresh)
+            if reuse:
+                self._keep_weights(layer, suffix, entries, weights)
+        if initial:
+            states = [aligned_state(t) for t in initial]
+        else:
+            zeros = len(self._states) * (self.num_layers if suffix is None else len(layer.plan.outputs))
+            states = [self._constant((B, H), device, dtype)] * zeros
+        # every row runs every step (any T: the most an int32 says); the CPU build's differentiable call binds by name,
+        # and there an omitted argument is the layer's own
+        if lengths is None and (device.type == "cuda" or not grad):
             lengths = self._constant((B,), device, torch.int32, ALL_STEPS)
         return [detached(x, grad), *weights, *states, lengths]
+
+    def _kept_weights(self, layer, suffix: str | None, entries: list) -> list | None:
+        """The weights an inference call of ``layer`` and ``suffix`` passed last time, if every parameter they were
+        made from is still the same object at the same address and version (:meth:`_keep_weights`); else None.
+        Reading each parameter is the whole cost: what :meth:`_aligned`, :meth:`_joined_parameters` and
+        :meth:`_derived_from` would check one by one."""
+        kept = self._arguments.get((id(layer), suffix, "weights"))
+        if kept is None:
+            return None
+        made_from, weights = kept
+        read = self._parameter
+        for name, p, address, version in made_from:
+            q = read(name)
+            if q is not p or q.data_ptr() != address or q._version != version:
+                return None
+        return weights
+
+    def _keep_weights(self, layer, suffix: str | None, entries: list, weights: list) -> None:
+        """Keep ``weights`` (an inference call's, :meth:`_launch_arguments`) with the parameters they were made from
+        (:meth:`_kept_weights` checks them); dropped with the layer's other entries (``_arguments``)."""
+        names = [n for _, name, _ in entries if name is not None for n in (name if isinstance(name, tuple) else [name])]
+        made_from = []  # every parameter of the launch (a param carrying b_ih is made from two of them)
+        for name in dict.fromkeys(names):
+            p = self._parameter(name)
+            made_from.append((name, p, p.data_ptr(), p._version))
+        self._arguments[(id(layer), suffix, "weights")] = (tuple(made_from), weights)
 
     def _parameter_arguments(self, layer, suffix: str | None) -> list:
         """``layer``'s weight and param inputs (``W_ih``, ``b_ih``, then the cell's), in its signature's order,

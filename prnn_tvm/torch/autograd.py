@@ -46,7 +46,7 @@ class CudaBackprop(torch.autograd.Function):
     forward (the layer's kernel, also saving each step's states and products); the backward is the
     persistent backward kernel (:func:`prnn_tvm.compiler.compile_training`; adjoints derived from the
     cell's plan), then one GEMM per product for the weights' gradients and a sum over the batch for the
-    params'. Arguments: the module (which launches them, :meth:`~prnn_tvm.torch.dispatch.Dispatch._run_cuda`),
+    params'. Arguments: the module (which launches them, :meth:`~prnn_tvm.torch.dispatch.Dispatch._launch`),
     the layer's :class:`~prnn_tvm.compiler.Training`, then the recurrent kernel's inputs in its signature's
     order (``xp``, weights, params, initial states, lengths)."""
 
@@ -54,7 +54,7 @@ class CudaBackprop(torch.autograd.Function):
     def forward(ctx, module, training, xp, *args):
         ctx.module, ctx.training = module, training
         inputs = [xp.detach(), *(aligned_state(a.detach()) for a in args)]
-        out, *finals, saved = module._run_cuda(training.forward, inputs[0], inputs[1:], "recurrent_save")
+        out, *finals, saved = module._launch(training.forward, inputs[0], inputs[1:], "recurrent_save")
         ctx.save_for_backward(*inputs, saved)
         return (out, *finals)
 
@@ -69,7 +69,7 @@ class CudaBackprop(torch.autograd.Function):
         # gradients, d_gates, may be in the half type)
         given = dict(zip(names, args), saved=saved, d_out=d_out.float().contiguous())
         given.update({f"d_{s.name}_n": d.float().contiguous() for s, d in zip(plan.states, d_finals)})
-        launched = module._run_cuda(
+        launched = module._launch(
             training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]], "recurrent_backward"
         )
         d = dict(zip((a.name for a in training.backward.signature.launches[0].args if a.role.written), launched))

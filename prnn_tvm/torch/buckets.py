@@ -141,6 +141,9 @@ class KeptShapes:
     def use(self, group: tuple, bound: int, pinned: bool = False) -> list:
         """Mark ``group`` used now (and ``pinned``); return the groups to forget, least recently used first, so
         that at most ``bound`` are kept (pinned ones and ``group`` itself are never forgotten)."""
+        order = self._order
+        if order and not pinned and next(reversed(order)) == group and len(order) <= bound:
+            return []  # the most recent already (a loop of calls of one batch size): nothing moves
         self._order[group] = self._order.get(group, False) or pinned
         self._order.move_to_end(group)
         excess = len(self._order) - bound

@@ -229,6 +229,7 @@ class Dispatch(BatchBuckets):
         (per state, (slots, B, H), or [] for zeros): ``(out, finals)``, finals per state a list of (B, H) per layer
         and direction. ``padding``: where the rows were padded up to a bucket, the caller's rows and lengths."""
         states, directions = len(self._states), 2 if self.bidirectional else 1
+        rows, device, dtype = x.shape[1], x.device, x.dtype  # read once: each is a new object per read
         out, finals = x, [[None] * (self.num_layers * directions) for _ in range(states)]
         # the reverse direction reads each row's steps backwards: the whole sequence, or its own length
         backwards = (
@@ -241,17 +242,18 @@ class Dispatch(BatchBuckets):
         # where a layer runs a launch per direction, an inference call on the GPU runs the reverse one on a stream
         # of its own, beside the forward one, where the two grids fit on the GPU together (measured: else the
         # second waits, and it costs 5-9%)
-        concurrent = directions == 2 and self.concurrent_directions and x.device.type == "cuda" and not grad
+        concurrent = directions == 2 and self.concurrent_directions and device.type == "cuda" and not grad
         # a one-directional stack in inference: one wavefront launch, where it fits
-        stack = None if grad or (self.training and self.dropout) else self.stack_for(x.shape[1], x.device, x.dtype)
+        stack = None if grad or (self.training and self.dropout) else self.stack_for(rows, device, dtype)
         if stack is not None:
             layer_major = [t[layer] for layer in range(self.num_layers) for t in initial]
             out, ends = self._run(stack, self._launch_arguments(stack, x, None, layer_major, lengths))
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
-            both = None if grad else self.directions_for(x.shape[1], x.device, x.dtype, out.shape[2])
-            if both is None and refusal(self, layer, x.shape[1], x.device, x.dtype, out.shape[2], grad):
+            width = out.shape[2]
+            both = None if grad else self.directions_for(rows, device, dtype, width)
+            if both is None and refusal(self, layer, rows, device, dtype, width, grad):
                 out, ends = run_in_torch(self, layer, out, initial, lengths, padding)  # no prnn-tvm config fits
                 for k, end in enumerate(ends):
                     for direction in range(directions):
@@ -276,9 +278,9 @@ class Dispatch(BatchBuckets):
                     )
                     for direction in range(directions)
                 ]
-                side = self._side_stream(x.device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
+                side = self._side_stream(device) if concurrent and ready[0][0].grids_that_fit() >= 2 else None
                 if side is not None:
-                    side.wait_stream(torch.cuda.current_stream(x.device))
+                    side.wait_stream(torch.cuda.current_stream(device))
                 outs = []
                 for direction, (compiled, args) in enumerate(ready):
                     with torch.cuda.stream(side) if side is not None and direction == 1 else _NOTHING:
@@ -287,7 +289,7 @@ class Dispatch(BatchBuckets):
                     for k, end in enumerate(ends):
                         finals[k][layer * directions + direction] = end
                 if side is not None:
-                    torch.cuda.current_stream(x.device).wait_stream(side)
+                    torch.cuda.current_stream(device).wait_stream(side)
                 out = outs[0] if directions == 1 else torch.cat(outs, dim=2)  # PyTorch's order: forward, reverse
             if self.training and self.dropout and layer < self.num_layers - 1:  # between layers, as torch.nn
                 out = rows_dropout(out, self.dropout, padding)
@@ -321,29 +323,31 @@ class Dispatch(BatchBuckets):
         if grad:  # the recurrent kernel's backward is compiled for the CPU
             out, *finals = CpuBackprop.apply(layer, project(*args[:3]), *args[3:])
             return out, finals
-        if x.device.type == "cuda":
-            out, *finals = self._run_cuda(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
-            return out, finals
-        out, finals = layer(*args)
-        return torch.from_dlpack(out), [torch.from_dlpack(f) for f in finals]
+        # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
+        # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
+        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
+        return out, finals
 
-    def _run_cuda(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
-        """Launch ``function`` of ``layer`` on torch's current stream, into tensors from torch's allocator; no
-        waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for ``recurrent``: the
-        recurrent weights, params, initial states and lengths). Returns what it writes, in its order."""
+    def _launch(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
+        """Launch ``function`` of ``layer`` (on the GPU: on torch's current stream), into tensors from torch's
+        allocator; no waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for
+        ``recurrent``: the recurrent weights, params, initial states and lengths). Returns what it writes, in its
+        order."""
         launcher = self._launchers.get((id(layer), function))
+        device = xp.device
         if launcher is None:
             from prnn_tvm.runtime.launcher import Launcher  # TVM's runtime, at the first launch
 
-            device = xp.device
             launcher = self._launchers[id(layer), function] = Launcher(
-                layer, function, torch_arrays(device), tvm_ffi.device("cuda", device.index)
+                layer, function, torch_arrays(device), tvm_ffi.device(device.type, device.index or 0)
             )
+        if device.type != "cuda":
+            return launcher([xp, *recurrent])
         state = None
         if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
             state = launcher.new_state()
             self._captured.append(state)
-        return launcher([xp, *recurrent], current_stream(xp.device), state)
+        return launcher([xp, *recurrent], current_stream(device), state)
 
     def _training_kernels(self, layer):
         """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do

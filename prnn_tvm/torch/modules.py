@@ -29,6 +29,14 @@ _EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)  # torch.exp
 _COMPILING = torch.compiler.is_compiling
 
 
+class _Given(threading.local):
+    """A call's parameters where they are not the module's (:meth:`_Recurrent._run_given`), per thread; ``params``
+    None otherwise (a class attribute: a thread that never set one reads it without the lookup failing, which costs
+    a microsecond)."""
+
+    params = None
+
+
 class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
     """What every prnn_tvm.torch module is: its options and parameters (made from the cell's plan), torch.nn's
     checks and conventions around a call (:meth:`forward`), the compiled layers and their launches
@@ -145,7 +153,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         self._kept = KeptShapes()  # the batch sizes whose layers are kept, least recently called first
         self._fallbacks: dict = {}  # (batch, device type, index, dtype, input size, training) -> refusal or None
         self.fallback_notes: dict = {}  # (batch, device, dtype, layer) -> which layer runs on torch.nn's, and why
-        self._given = threading.local()  # a call's parameters where they are not the module's (_run_given)
+        self._given = _Given()  # a call's parameters where they are not the module's (_run_given)
         self._flat_weights_names = list(self._shapes)
         self._init_flat_weights()  # RNNBase's _flat_weights, which its __setattr__ keeps up to date
 
@@ -180,7 +188,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         """Not RNNBase's (which reads torch.nn's layouts): a thread's parameters made anew, and RNNBase's
         bookkeeping made from the parameters for a module pickled before it was one."""
         torch.nn.Module.__setstate__(self, state)
-        self._given = threading.local()
+        self._given = _Given()
         if "_all_weights" not in state:
             self._shapes = {name: tuple(p.shape) for name, p in self._parameters.items()}
             self._all_weights, self._flat_weights_names = [list(self._shapes)], list(self._shapes)
@@ -193,15 +201,20 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
 
     def _parameter(self, name: str) -> torch.Tensor:
         """Parameter ``name`` as a call reads it: by attribute (a parametrization's or ``weight_norm``'s
-        weight included), or the call's own (:meth:`_run_given`)."""
-        given = getattr(self._given, "params", None)
-        return getattr(self, name) if given is None else given[name]
+        weight included), or the call's own (:meth:`_run_given`). A registered parameter is read from the registry
+        itself: ``getattr`` reaches it through ``Module.__getattr__``, a microsecond or two per parameter and call;
+        a parametrized one is not registered under its name, and goes through ``getattr``."""
+        given = self._given.params
+        if given is not None:
+            return given[name]
+        found = self._parameters.get(name)
+        return getattr(self, name) if found is None else found
 
     def _run_given(self, x: torch.Tensor, params: list, initial: list, lengths, grad: bool) -> tuple:
         """The layers on ``x`` with ``params`` (every parameter, in the module's order) in place of the
         module's: ``(out, finals)``, each final state (layers x directions, B, H). For a call in another dtype
         (autocast) and for the operator (:mod:`~prnn_tvm.torch.ops`), whose parameters are tensors it is given."""
-        previous = getattr(self._given, "params", None)
+        previous = self._given.params
         self._given.params = dict(zip(self._shapes, params))
         try:
             out, finals = self._run_layers(x, initial, lengths, grad)

@@ -22,10 +22,13 @@ before, and ``torch.export`` is refused.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Optional
 
 import torch  # PyTorch itself: absolute import
+
+from .amp import autocast_dtype
 
 AVAILABLE = all(
     (
@@ -36,6 +39,7 @@ AVAILABLE = all(
 )
 
 _RUNNERS: dict = {}  # configuration -> the parameterless module that runs it (layers_for)
+_NOTHING = contextlib.nullcontext()  # reusable
 _MAKING = threading.Lock()
 
 
@@ -111,7 +115,8 @@ if AVAILABLE:
         row's steps (int32 on ``x``'s device) or None; ``states``: how many states the cell has."""
         options = (wavefront, one_launch, concurrent)
         runner = _runner(x, params, cell, hidden_size, num_layers, bidirectional, bias, torch_names, arch, options)
-        out, finals = runner._run_given(x, params, initial, lengths, False)
+        with _autocast_off(x):
+            out, finals = runner._run_given(x, params, initial, lengths, False)
         return [out, *finals]
 
     @layers.register_fake
@@ -149,7 +154,7 @@ if AVAILABLE:
         options = (wavefront, one_launch, concurrent)
         runner = _runner(x, params, cell, hidden_size, num_layers, bidirectional, bias, torch_names, arch, options)
         inputs = [t.detach().requires_grad_() for t in (x, *params, *initial)]
-        with _autograd_on(), torch.enable_grad():
+        with _autograd_on(), torch.enable_grad(), _autocast_off(x):
             given = inputs[1 : 1 + len(params)]
             out, finals = runner._run_given(inputs[0], given, inputs[1 + len(params) :], lengths, True)
             found = torch.autograd.grad([out, *finals], inputs, grads, allow_unused=True)
@@ -174,6 +179,12 @@ if AVAILABLE:
         return (found[0], found[1 : 1 + n_params], found[1 + n_params :], *nothing)
 
     layers.register_autograd(_backward, setup_context=_setup)
+
+
+def _autocast_off(x: torch.Tensor):
+    """torch.autocast off while the layers run, as an eager call runs them: they pick their own dtypes (a half
+    layer's projection into float32), and the parameters come cast already."""
+    return torch.autocast(x.device.type, enabled=False) if autocast_dtype(x.device.type) else _NOTHING
 
 
 def _autograd_on():

@@ -1,0 +1,95 @@
+"""Host time of a ``prnn_tvm.torch`` LSTM called one timestep at a time (T=1, states in and out, no session), by
+piece, against torch.nn's call of the same LSTM (cuDNN on the GPU): what issue 47's plain call costs the CPU.
+
+    python bench/plain_call.py [--device cuda --layers 1 --hidden 640 --batch 8 --dtype float16]
+
+Microseconds per call, the minimum over ``--rounds`` rounds of ``--calls`` calls issued back to back (the GPU
+drained between rounds, so a figure is the host's work, not the GPU's, as long as the calls only enqueue):
+
+- ``ours`` / ``torch.nn``: the whole call, ``module(x, (h, c))`` under ``torch.no_grad()``;
+- ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
+- ``ours around its launches``: the call with each layer's run (projection and recurrent launch) answered from a
+  memo: the module's own Python (checks, which layer, the launch's arguments, the final states stacked);
+- ``ours, a layer's run``: one layer's projection and recurrent launch (``Dispatch._run``), and of it
+  ``the recurrent launch`` (the runtime's Launcher: its arguments, outputs from torch's allocator, the launch).
+
+``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work).
+"""
+
+import argparse
+import time
+
+import torch
+
+import prnn_tvm.torch as pt
+from prnn_tvm.torch.projection import project
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+parser.add_argument("--layers", type=int, default=1)
+parser.add_argument("--hidden", type=int, default=640)
+parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+parser.add_argument("--calls", type=int, default=200)
+parser.add_argument("--rounds", type=int, default=40)
+parser.add_argument("--clock", default="wall", choices=["wall", "thread"])
+args = parser.parse_args()
+clock = time.perf_counter if args.clock == "wall" else time.thread_time
+cuda = args.device == "cuda"
+drain = torch.cuda.synchronize if cuda else (lambda: None)
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+torch.manual_seed(0)
+if not cuda:
+    torch.set_num_threads(1)
+
+
+def us(call) -> float:
+    """Microseconds per call: the minimum over rounds of back-to-back calls, the GPU drained between rounds."""
+    for _ in range(20):
+        call()
+    drain()
+    found = []
+    for _ in range(args.rounds):
+        start = clock()
+        for _ in range(args.calls):
+            call()
+        found.append((clock() - start) / args.calls * 1e6)
+        drain()
+    return min(found)
+
+
+dtype = getattr(torch, args.dtype)
+L, H, B = args.layers, args.hidden, args.batch
+reference = torch.nn.LSTM(H, H, L).to(args.device, dtype).eval()
+ours = pt.from_torch(reference).eval()
+x = torch.randn(1, B, H, device=args.device, dtype=dtype)
+state = tuple(torch.zeros(L, B, H, device=args.device, dtype=dtype) for _ in range(2))
+rows = {}
+with torch.no_grad():
+    want, got = reference(x, state)[0], ours(x, state)[0]  # compiled here, and checked
+    assert (want.float() - got.float()).abs().max() < 1e-2, "our call differs from torch.nn's"
+    rows["torch.nn"] = us(lambda: reference(x, state))
+    rows["ours"] = us(lambda: ours(x, state))
+    rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
+    runs, memo, real = [], {}, ours._run
+
+    def remembered(layer, arguments, grad=False):
+        runs.append((layer, arguments))
+        if id(layer) not in memo:
+            memo[id(layer)] = real(layer, arguments, grad)
+        return memo[id(layer)]
+
+    ours._run = remembered
+    rows["ours around its launches"] = us(lambda: ours(x, state))
+    ours._run = real
+    layer, arguments = runs[0]
+    rows["ours, a layer's run"] = us(lambda: real(layer, arguments))
+    if ours._launchers:  # none on the CPU in an older checkout
+        launcher = next(iter(ours._launchers.values()))
+        data = [project(*arguments[:3], biased_weight=ours._biased_weight), *arguments[3:]]
+        stream = torch.cuda.current_stream().cuda_stream if cuda else 0
+        rows["of it, the recurrent launch"] = us(lambda: launcher(data, stream))
+where = torch.cuda.get_device_name() if cuda else "CPU"
+print(f"LSTM {L}x{H} B={B} {args.dtype}, T=1, on {where}, us per call ({args.clock} clock):")
+for name, value in rows.items():
+    print(f"  {name:32s} {value:8.1f}")
