@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+from prnn_tvm.target import STATIC_SMEM_RESERVE, GpuSpec, ctas_per_sm, max_regs_per_thread
 
 LAYOUTS = ("shared", "split")
 # The kinds of synchronization the untuned defaults take: ranked with the one every config fits (bounded, as fast as
@@ -120,9 +120,9 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
     if g.regs_estimate > reg_cap:
         raise ConfigError(f"needs about {g.regs_estimate} registers per thread ({holds}); a {g.threads}-thread CTA "
                           f"allows {reg_cap}: {registers_advice}")
-    if g.smem_bytes > gpu.smem_per_block:
+    if g.smem_bytes + STATIC_SMEM_RESERVE > gpu.smem_per_block:  # the static words count against the limit too
         raise ConfigError(f"needs {g.smem_bytes} bytes of shared memory per CTA, {gpu.arch} allows "
-                          f"{gpu.smem_per_block}: {smem_hint}")
+                          f"{gpu.smem_per_block} with up to {STATIC_SMEM_RESERVE} of static shared memory: {smem_hint}")
     fit = ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu)
     if plan.needs_grid_barrier and g.ctas > fit * gpu.sms:
         raise ConfigError(
