@@ -26,7 +26,7 @@ from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem, max_regs_per_thread
+from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_sums import unit_sum_bytes
@@ -42,6 +42,9 @@ from .ranking import (
     layouts,
     parts,
     shared_layout,
+    tier_counts,
+    tiered_smem,
+    weights_offset,
     with_barrier,
 )
 
@@ -94,15 +97,12 @@ class Geometry:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        if self.smem_ws:
-            return launchable_smem(self.weights_offset + self.smem_ws)
-        return launchable_smem(self.smem_hs + self.smem_gs + self.smem_us)
+        return tiered_smem(self.smem_hs + self.smem_gs + self.smem_us, self.smem_ws)
 
     @property
     def weights_offset(self) -> int:
-        """Byte offset of the shared-memory weights: after the operand tiles, gate sums and sums over units,
-        rounded up to 16 bytes (their loads are up to 4 words wide)."""
-        return _round_up(self.smem_hs + self.smem_gs + self.smem_us, 16)
+        """Byte offset of the shared-memory weights: after the operand tiles, gate sums and sums over units."""
+        return weights_offset(self.smem_hs + self.smem_gs + self.smem_us)
 
     @property
     def register_chunks(self) -> int:
@@ -248,23 +248,16 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     return out
 
 
-TIER_STEPS = 3  # shared-memory tiers a space offers past the first that fits registers (fallbacks when ptxas spills)
-
-
 def weight_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
-    """The ``smem_chunks`` a space offers for ``cfg``: 0 (every weight in registers), and where the register
-    estimate passes what a CTA of its threads allows, the fewest chunks in shared memory that bring it under,
-    and the next ``TIER_STEPS - 1`` (ptxas decides; each holds fewer weights in registers)."""
+    """The ``smem_chunks`` a space offers for ``cfg`` (``ranking.tier_counts``)."""
     try:
         g = geometry(cfg, plan)
     except ConfigError:  # validate says why
         return [0]
     excess = g.regs_estimate - max_regs_per_thread(g.threads, gpu)
-    if g.rows == 0 or excess <= 0:
-        return [0]
     # each chunk frees a register per row and vec; the first adds a tile's state vectors and a weight vector
-    least = -(-(excess + cfg.batch_tile * cfg.vec + cfg.vec) // (cfg.rows_per_thread * cfg.vec))
-    return [0] + list(range(least, min(least + TIER_STEPS, g.k_chunks + 1)))
+    return tier_counts(excess if g.rows else 0, cfg.batch_tile * cfg.vec + cfg.vec, cfg.rows_per_thread * cfg.vec,
+                       g.k_chunks)
 
 
 GEOMETRY_FEATURES = ("ctas", "threads", "rows", "k_chunks", "weights_per_thread", "batch_chunks",

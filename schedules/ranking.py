@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import STATIC_SMEM_RESERVE, GpuSpec, ctas_per_sm, max_regs_per_thread
+from prnn_tvm.target import STATIC_SMEM_RESERVE, GpuSpec, ctas_per_sm, launchable_smem, max_regs_per_thread
 
 LAYOUTS = ("shared", "split")
 # The kinds of synchronization the untuned defaults take: ranked with the one every config fits (bounded, as fast as
@@ -110,6 +110,32 @@ def block_local(plan: CellPlan, gpu: GpuSpec, space: Callable, validate: Callabl
         return ranked_defaults(plan, gpu, pool, validate, cost, limit, kind)
     except ConfigError:
         return []
+
+
+TIER_STEPS = 3  # shared-memory tiers a space offers past the first that fits registers (fallbacks when ptxas spills)
+
+
+def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
+    """The weight tiers a space offers a config (how many of a thread's weight chunks go to shared memory): 0, and
+    where its register estimate passes the cap by ``excess`` registers, the fewest that bring it under (each tier
+    frees ``per_tier`` registers; the first costs ``first`` more, its staging registers) and the next
+    ``TIER_STEPS - 1``, at most ``most`` (ptxas decides; each holds fewer weights in registers)."""
+    if excess <= 0 or most <= 0:
+        return [0]
+    least = -(-(excess + first) // per_tier)
+    return [0] + list(range(least, min(least + TIER_STEPS, most + 1)))
+
+
+def weights_offset(other: int) -> int:
+    """Byte offset of a CTA's shared-memory weights after ``other`` bytes of everything else: 16-byte aligned,
+    as their loads are up to 16 bytes wide."""
+    return -(-other // 16) * 16
+
+
+def tiered_smem(other: int, weights: int) -> int:
+    """Dynamic shared memory per CTA, as allocated (``target.launchable_smem``): ``other`` bytes, then
+    ``weights`` bytes of weights (the tiers) from :func:`weights_offset`."""
+    return launchable_smem(weights_offset(other) + weights if weights else other)
 
 
 def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str,
