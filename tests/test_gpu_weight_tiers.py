@@ -1,13 +1,16 @@
 """The weight tiers on a real GPU (``pytest -m gpu``): layers past the register file, part of each CTA's weights in
-shared memory (``smem_chunks``), against the float64 NumPy reference, and forced splits at a small size. The same
-kernels run on the host in ``tests/test_weight_tiers.py``."""
+shared memory (``smem_chunks`` of the float32 template, ``smem_k_tiles`` of the tensor-core one), against the
+float64 NumPy reference, and forced splits at small sizes. The float32 kernels also run on the host in
+``tests/test_weight_tiers.py``; the tensor-core ones (``mma``) only here."""
 
 import pytest
 
 import prnn_tvm
+from prnn_tvm.checks import plan_tolerance
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_lengths
 from prnn_tvm.schedules.persistent_config import PersistentConfig
+from prnn_tvm.schedules.persistent_mma_config import MmaConfig
 from prnn_tvm.target import gpu_spec
 
 from .test_gpu_numerics import run_and_compare
@@ -35,3 +38,57 @@ def test_forced_splits(cell, smem_chunks):
     layer = prnn_tvm.compile_cell(cell, 250, 5, target="cuda", arch=gpu_spec().arch, config=cfg)
     assert layer.report.weight_smem_bytes > 0
     assert run_and_compare(layer, 33) <= tolerance("float32", 33), layer.report.format()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("batch", [4, 16])
+@pytest.mark.parametrize("cell, hidden", [("lstm", 2048), ("gru", 2560)])
+def test_half_past_registers_matches_reference(cell, hidden, batch, dtype):
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", tuning_logs=[])
+    report = layer.report
+    assert report.spill_bytes == 0 and report.weight_smem_bytes > 0, report.format()
+    err = run_and_compare(layer, SEQ, seed=hidden, lengths=random_lengths(batch, SEQ, seed=batch))
+    assert err <= plan_tolerance(layer.plan, SEQ), f"max abs error {err:.2e}\n{report.format()}"
+
+
+@pytest.mark.parametrize(
+    "cell, config",
+    [
+        ("lstm", MmaConfig(16, 2, 1, smem_k_tiles=1)),
+        ("lstm", MmaConfig(8, 1, 2, m_tiles_per_warp=2, smem_k_tiles=5)),
+        ("lstm", MmaConfig(8, 2, 2, smem_k_tiles=8)),  # every k tile of the warp in shared memory
+        ("lstm", MmaConfig(16, 2, 1, barrier="sentinel", operand_path="direct", smem_k_tiles=3)),
+        ("gru_cho", MmaConfig(16, 2, 1, smem_k_tiles=1)),  # two phases of products
+        ("gru_cho", MmaConfig(8, 2, 2, smem_k_tiles=8)),
+    ],
+)
+def test_half_forced_splits(cell, config):
+    """Hidden 256, batch 12 (a partial batch tile), float16: the shared fragments against the float64 reference."""
+    layer = prnn_tvm.compile_cell(cell, 256, 12, dtype="float16", target="cuda", arch=gpu_spec().arch,
+                                  config=config)
+    assert layer.report.weight_smem_bytes > 0
+    assert run_and_compare(layer, 33) <= plan_tolerance(layer.plan, 33), layer.report.format()
+
+
+@pytest.mark.parametrize("kind, hidden, dtype", [("LSTM", 1792, "float32"), ("LSTM", 2048, "float16"),
+                                                 ("GRU", 1792, "float32")])
+def test_torch_modules_past_registers(kind, hidden, dtype):
+    """``from_torch`` of a layer the register file alone refused before the tiers: error against float64 at most
+    1.5x cuDNN's own (or the bound)."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    torch.manual_seed(0)
+    T, B = 32, 4
+    ctor = getattr(torch.nn, kind)
+    module = ctor(hidden, hidden).cuda().to(getattr(torch, dtype)).eval()
+    exact = ctor(hidden, hidden).cuda().double().eval()
+    exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+    x = torch.randn(T, B, hidden, device="cuda", dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        want, _ = exact(x.double())
+        cudnn, _ = module(x)
+        ours, _ = pt.from_torch(module)(x)
+    ours_err = (ours.double() - want).abs().max().item()
+    cudnn_err = (cudnn.double() - want).abs().max().item()
+    assert ours_err <= max(1.5 * cudnn_err, tolerance(dtype, T)), f"ours {ours_err:.2e}, cuDNN {cudnn_err:.2e}"

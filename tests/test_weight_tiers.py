@@ -1,8 +1,9 @@
-"""The weight tiers of the float32 persistent template (``smem_chunks``: part of each row's weights in shared
-memory): the emitted CUDA run on the host (``prnn_tvm.verify.emulator``) against the float64 reference for splits
-from one chunk to every chunk, odd hidden sizes, batch 1 and one step; validation's limits; the tuning space; the
-untuned choice where registers alone do not fit; and, on the GPU, the sizes past registers (``test_gpu_*``
-pattern: ``tests/test_gpu_weight_tiers.py``)."""
+"""The weight tiers (part of each CTA's weights in shared memory): ``smem_chunks`` of the float32 template, its
+emitted CUDA run on the host (``prnn_tvm.verify.emulator``) against the float64 reference for splits from one chunk
+to every chunk, odd hidden sizes, batch 1 and one step; ``smem_k_tiles`` of the tensor-core template, whose ``mma``
+the emulator does not run, checked here for its shared-memory bounds (``prnn_tvm.verify.bounds``) and on the GPU;
+validation's limits, the tuning spaces, the untuned choice where registers alone do not fit, and the report. The
+GPU runs (the sizes past registers, forced splits of both templates) are ``tests/test_gpu_weight_tiers.py``."""
 
 import dataclasses
 
@@ -13,9 +14,11 @@ from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.analysis import analyze
 from prnn_tvm.frontend.registry import resolve
+from prnn_tvm.schedules import gpu_backward, saving_forward
 from prnn_tvm.schedules import persistent_config as pc
+from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import STATIC_SMEM_RESERVE, gpu_spec, max_regs_per_thread
-from prnn_tvm.verify import emulator
+from prnn_tvm.verify import bounds, emulator
 
 from .test_emulated import emulated, knobs
 
@@ -23,8 +26,8 @@ H100 = gpu_spec("sm_90")
 emulates = pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
 
 
-def plan_of(cell: str, hidden: int, batch: int):
-    return analyze(resolve(cell), batch, hidden, "float32")
+def plan_of(cell: str, hidden: int, batch: int, dtype: str = "float32"):
+    return analyze(resolve(cell), batch, hidden, dtype)
 
 
 @emulates
@@ -125,3 +128,70 @@ def test_default_takes_the_tier_where_registers_do_not_fit(cell, hidden, batch):
         g = pc.validate(cfg, plan, H100)
         assert g.smem_bytes + STATIC_SMEM_RESERVE <= H100.smem_per_block
     assert pc.default_config(plan_of(cell, 512, batch), H100).smem_chunks == 0
+
+
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, config",
+    [
+        ("lstm", 10, 3, "float32", knobs(4, 4, 3, 2, smem_chunks=2)),
+        ("gru_cho", 64, 8, "float32", knobs(8, 8, 4, 4, vec=4, smem_chunks=1)),
+        ("lstm", 64, 4, "float16", dict(units_per_cta=16, k_groups=2, n_tiles=1, smem_k_tiles=1)),
+        ("lstm", 72, 12, "float16", dict(units_per_cta=8, k_groups=1, n_tiles=2, m_tiles_per_warp=2, smem_k_tiles=5)),
+        ("gru", 96, 16, "bfloat16", dict(units_per_cta=8, k_groups=2, n_tiles=2, smem_k_tiles=3)),  # every k tile
+        ("rnn_tanh", 64, 8, "float16", dict(units_per_cta=16, k_groups=2, n_tiles=1, barrier="sentinel",
+                                            operand_path="direct", smem_k_tiles=1)),
+    ],
+)
+def test_shared_weights_stay_inside_the_launch(cell, hidden, batch, dtype, config):
+    """Every shared access of every thread, the tiers' prologue stores and per-pass loads among them, inside the
+    allocation the launch makes; the training forward of the same config too."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[],
+                                  config=config)
+    assert layer.report.weight_smem_bytes > 0, layer.report.format()
+    assert layer.report.spill_bytes in (0, None)
+    assert bounds.launch_problems(layer.kernel.func, layer.kernel.launch.grid) == [], layer.report.format()
+    save = saving_forward(layer.plan, layer.target, layer.gpu, layer.kernel.config)
+    assert bounds.launch_problems(save.func, save.launch.grid) == []
+
+
+def test_the_gpu_backward_keeps_every_weight_in_registers():
+    plan = plan_of("lstm", 48, 4)
+    assert all(kernel.config.smem_chunks == 0 for kernel in gpu_backward(plan, H100))
+
+
+def test_mma_tiers_validate_and_refuse():
+    plan = plan_of("lstm", 2048, 4, "float16")
+    with pytest.raises(ConfigError, match="raise smem_k_tiles"):
+        mc.validate(mc.MmaConfig(16, 2, 1), plan, H100)
+    g = mc.validate(mc.MmaConfig(16, 2, 1, smem_k_tiles=20), plan, H100)
+    assert g.register_k_tiles == g.k_tiles_per_warp - 20 and g.smem_ws == 16 * g.threads * 20
+    assert g.weights_per_thread == 4 * g.register_k_tiles
+    with pytest.raises(ConfigError, match="smem_k_tiles=65: a warp has 64 k tiles"):
+        mc.validate(mc.MmaConfig(16, 2, 1, smem_k_tiles=65), plan, H100)
+    with pytest.raises(ConfigError, match="smem_k_tiles=-1"):
+        mc.validate(mc.MmaConfig(16, 2, 1, smem_k_tiles=-1), plan, H100)
+    with pytest.raises(ConfigError, match=r"lower n_tiles or k_groups or smem_k_tiles \(\d+ B of them weights\)"):
+        mc.validate(mc.MmaConfig(16, 1, 1, smem_k_tiles=128), plan, H100)
+
+
+@pytest.mark.parametrize("cell, hidden, batch", [("lstm", 2048, 4), ("gru", 2560, 16)])
+def test_mma_default_takes_the_tier_where_registers_do_not_fit(cell, hidden, batch):
+    plan = plan_of(cell, hidden, batch, "float16")
+    ranked = mc.ranked_configs(plan, H100)
+    assert ranked and all(cfg.smem_k_tiles > 0 for cfg in ranked)
+    for cfg in ranked:
+        assert mc.validate(cfg, plan, H100).smem_bytes + STATIC_SMEM_RESERVE <= H100.smem_per_block
+    assert mc.ranked_configs(plan_of(cell, 1024, batch, "float16"), H100)[0].smem_k_tiles == 0
+
+
+def test_report_says_where_the_weights_live():
+    config = knobs(4, 4, 3, 2, smem_chunks=1)
+    layer = prnn_tvm.compile_cell("lstm", 10, 3, target="cuda", arch="sm_90", tuning_logs=[], config=config)
+    g = pc.validate(layer.kernel.config, layer.plan, H100)
+    report = layer.report
+    assert report.weight_smem_bytes == g.smem_ws
+    assert report.weight_register_bytes == 4 * g.threads * g.weights_per_thread
+    assert f"weights     {report.weight_register_bytes} B in registers, {g.smem_ws} B in shared memory per CTA" in (
+        report.format())
+    cpu = prnn_tvm.compile_cell("lstm", 10, 3, target="llvm")
+    assert cpu.report.weight_register_bytes is None and "weights " not in cpu.report.format()
