@@ -40,6 +40,7 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
+    offers_tiers,
     parts,
     shared_layout,
     tier_counts,
@@ -227,6 +228,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
     H, B = plan.hidden, plan.batch
     tiles = sorted({t for t in (1, 2, 4, 8, 16, B) if t <= B})
+    tiers = offers_tiers(plan, gpu)
     out = []
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
@@ -244,7 +246,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                             for b in layout_barriers:
                                 base = PersistentConfig(u, ks, r, bt, vec, b, layout)
                                 out.extend(dataclasses.replace(base, smem_chunks=sc)
-                                           for sc in weight_tiers(base, plan, gpu))
+                                           for sc in (weight_tiers(base, plan, gpu) if tiers else [0]))
     return out
 
 

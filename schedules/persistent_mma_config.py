@@ -76,6 +76,7 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
+    offers_tiers,
     parts,
     ranked_defaults,
     shared_layout,
@@ -488,6 +489,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
                     for path in paths_for(plan, b)]
+    if not offers_tiers(plan, gpu):
+        return configs
     return [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
             for sk in weight_tiers(cfg, plan, gpu)]
 

@@ -113,6 +113,16 @@ def block_local(plan: CellPlan, gpu: GpuSpec, space: Callable, validate: Callabl
 
 
 TIER_STEPS = 3  # shared-memory tiers a space offers past the first that fits registers (fallbacks when ptxas spills)
+TIER_FROM = 0.75  # a space offers tiers where a CTA's weights pass this share of an SM's register file
+
+
+def offers_tiers(plan: CellPlan, gpu: GpuSpec) -> bool:
+    """Whether a space offers weight tiers for ``plan`` at all: where a CTA of the fewest units (the hidden units
+    spread over every SM) would hold more than ``TIER_FROM`` of an SM's register file in weights. Below, every
+    weight fits registers with room for the rest, and the space stays as it was (its size, the time to rank it)."""
+    units = math.ceil(plan.hidden / gpu.sms)
+    rows = sum(r.slices for r in plan.reductions) * units
+    return rows * plan.hidden * plan.policy.itemsize > TIER_FROM * 4 * gpu.regs_per_sm
 
 
 def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
@@ -160,7 +170,8 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
 def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,
                     limit: int, kind: str, runs: int = 1) -> list:
     """Valid ``candidates`` best first: units spread over every SM (``runs`` runs of CTAs, each over the hidden
-    units, side by side), then least ``cost(cfg, geometry)``.
+    units, side by side), then every weight in registers where any such config fits (the weight tiers rank after
+    them: fallbacks there, the choice only past registers), then least ``cost(cfg, geometry)``.
 
     Fallbacks step down in register pressure: a config that spilled is followed by one
     holding fewer weights per thread, not by a near-twin that spills the same way (the
@@ -173,7 +184,8 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
             g = validate(cfg, plan, gpu)
         except ConfigError:
             continue
-        ranked.append(((cfg.units_per_cta != min_units, cost(cfg, g), g.threads), cfg, g.weights_per_thread))
+        tiered = getattr(g, "smem_ws", 0) > 0
+        ranked.append(((cfg.units_per_cta != min_units, tiered, cost(cfg, g), g.threads), cfg, g.weights_per_thread))
     if not ranked:
         raise ConfigError(f"no {kind} config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
                           f"batch={plan.batch} on {gpu.arch} (the weights may not fit in registers)")

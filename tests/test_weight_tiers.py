@@ -17,6 +17,7 @@ from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.schedules import gpu_backward, saving_forward
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.schedules.ranking import offers_tiers
 from prnn_tvm.target import STATIC_SMEM_RESERVE, gpu_spec, max_regs_per_thread
 from prnn_tvm.verify import bounds, emulator
 
@@ -195,3 +196,14 @@ def test_report_says_where_the_weights_live():
         report.format())
     cpu = prnn_tvm.compile_cell("lstm", 10, 3, target="llvm")
     assert cpu.report.weight_register_bytes is None and "weights " not in cpu.report.format()
+
+
+def test_registers_first_where_they_fit_tiers_after():
+    """LSTM 1280 (26 MB of weights) fits registers: the untuned choice stays every weight in registers, as before the
+    tiers, and the fallbacks for a build that spills hold part of the weights in shared memory."""
+    plan = plan_of("lstm", 1280, 4)
+    first, *fallbacks = pc.ranked_configs(plan, H100)
+    assert first.smem_chunks == 0
+    assert fallbacks and all(cfg.smem_chunks > 0 for cfg in fallbacks)
+    assert not offers_tiers(plan_of("lstm", 1024, 4), H100)
+    assert {cfg.smem_chunks for cfg in pc.space(plan_of("lstm", 1024, 4), H100)} == {0}
