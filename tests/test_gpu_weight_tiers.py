@@ -13,6 +13,7 @@ from prnn_tvm.schedules.persistent_config import PersistentConfig
 from prnn_tvm.schedules.persistent_mma_config import MmaConfig
 from prnn_tvm.target import gpu_spec
 
+from .test_gpu_half import errors_against_float64
 from .test_gpu_numerics import run_and_compare
 
 pytestmark = pytest.mark.gpu
@@ -78,17 +79,6 @@ def test_torch_modules_past_registers(kind, hidden, dtype):
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
 
-    torch.manual_seed(0)
-    T, B = 32, 4
-    ctor = getattr(torch.nn, kind)
-    module = ctor(hidden, hidden).cuda().to(getattr(torch, dtype)).eval()
-    exact = ctor(hidden, hidden).cuda().double().eval()
-    exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
-    x = torch.randn(T, B, hidden, device="cuda", dtype=getattr(torch, dtype))
-    with torch.no_grad():
-        want, _ = exact(x.double())
-        cudnn, _ = module(x)
-        ours, _ = pt.from_torch(module)(x)
-    ours_err = (ours.double() - want).abs().max().item()
-    cudnn_err = (cudnn.double() - want).abs().max().item()
+    T = 32
+    ours_err, cudnn_err = errors_against_float64(getattr(torch.nn, kind), hidden, hidden, T, 4, dtype, pt.from_torch)
     assert ours_err <= max(1.5 * cudnn_err, tolerance(dtype, T)), f"ours {ours_err:.2e}, cuDNN {cudnn_err:.2e}"
