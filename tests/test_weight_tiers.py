@@ -59,6 +59,19 @@ def test_no_knob_is_every_weight_in_registers():
     assert "smem_chunks" not in cfg.as_dict()
     g = pc.validate(cfg, plan_of("lstm", 64, 4), H100)
     assert g.smem_ws == 0 and g.register_chunks == g.k_chunks
+    old_half = prnn_tvm.schedules.by_name("persistent_mma").config_from_dict(dict(units_per_cta=16, k_groups=2))
+    assert old_half.smem_k_tiles == 0 and "smem_k_tiles" not in old_half.as_dict()
+
+
+@pytest.mark.parametrize("config", [pc.PersistentConfig(12, 32, 6, 4, 2, smem_chunks=10),
+                                    mc.MmaConfig(16, 2, 1, smem_k_tiles=15)])
+def test_a_tiered_config_round_trips_as_a_record_dict(config):
+    """What a tuning record stores (``as_dict``) names the knob and reads back as the same config."""
+    template = prnn_tvm.schedules.by_name("persistent_cuda" if isinstance(config, pc.PersistentConfig)
+                                          else "persistent_mma")
+    knobs = config.as_dict()
+    assert knobs.get("smem_chunks", knobs.get("smem_k_tiles")) in (10, 15)
+    assert template.config_from_dict(knobs) == config
 
 
 def test_shared_weights_move_registers_to_shared_memory():
