@@ -25,7 +25,7 @@ from .report import CompileReport
 from .runtime import limits
 from .runtime.base import RuntimeLayer
 from .runtime.layer import Layer
-from .schedules import backward_for, gpu_backward, saving_forward, templates_for
+from .schedules import backward_for, by_name, gpu_backward, saving_forward, templates_for
 from .session_build import SessionKernels, compile_session  # noqa: F401 - the compiler's entry points, re-exported
 from .signature import SEQ, Signature
 from .split_build import compile_split
@@ -309,6 +309,15 @@ def _target(target, arch):
     raise ConfigError(f"unknown target '{target}'; use 'cuda' or 'llvm'")
 
 
+def _weight_tiers(kernel: Kernel, plan: CellPlan) -> dict:
+    """Where a CTA keeps its recurrent weights, in bytes (the report's ``weight_*`` fields): its threads' weight
+    registers (32-bit words) and the weights in shared memory; nothing for a template without a geometry."""
+    g = by_name(kernel.template).geometry(kernel.config, plan) if kernel.config is not None else None
+    if g is None or not hasattr(g, "weights_per_thread"):
+        return {}
+    return dict(weight_register_bytes=4 * g.threads * g.weights_per_thread, weight_smem_bytes=getattr(g, "smem_ws", 0))
+
+
 def _report(
     plan: CellPlan, kernel: Kernel, built: Built, input_size: int, seq_len: int | None, gpu: GpuSpec | None, choice
 ) -> CompileReport:
@@ -335,6 +344,7 @@ def _report(
         spill_store_bytes=fn and fn.spill_store_bytes,
         spill_load_bytes=fn and fn.spill_load_bytes,
         static_smem_bytes=fn and fn.static_smem_bytes,
+        **_weight_tiers(kernel, plan),
         ptxas_note=built.note,
         projection_ptxas=_projection_figures(built),
     )

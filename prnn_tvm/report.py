@@ -23,7 +23,8 @@ class CompileReport:
     words, with the reason (``"tuned: 2.81 us/step measured on ..."``, ``"default: no
     tuning record ..."``). ``registers`` and the spill/stack figures come from ptxas for CUDA builds (None on the
     CPU, or when nvcc is unavailable: ``ptxas_note`` says why); they are the recurrent kernel's, and
-    ``projection_ptxas`` sums up the input projection's kernel in words.
+    ``projection_ptxas`` sums up the input projection's kernel in words. ``weight_register_bytes`` and
+    ``weight_smem_bytes`` say where a CTA keeps its recurrent weights (None for a template without a geometry).
     """
 
     cell: str
@@ -47,6 +48,8 @@ class CompileReport:
     spill_store_bytes: int | None = None
     spill_load_bytes: int | None = None
     static_smem_bytes: int | None = None
+    weight_register_bytes: int | None = None  # recurrent weights per CTA held in registers (32-bit words)
+    weight_smem_bytes: int | None = None  # recurrent weights per CTA in shared memory (the weight tiers)
     ptxas_note: str = ""
     projection_ptxas: str = ""
 
@@ -86,6 +89,9 @@ class CompileReport:
                 f"grid        {self.ctas} CTAs x {self.threads} threads, "
                 f"{self.dynamic_smem_bytes} B dynamic shared memory per CTA"
             )
+        if self.weight_register_bytes is not None:
+            lines.append(f"weights     {self.weight_register_bytes} B in registers, {self.weight_smem_bytes or 0} B in "
+                         "shared memory per CTA")
         if self.registers is not None:
             lines.append(
                 f"ptxas       {self.registers} registers/thread, {self.spill_store_bytes} B spill stores, "

@@ -6,13 +6,18 @@ product, each holding ``rows_per_thread`` rows x ceil(hidden / k_split) weights 
 registers; lane ``ks`` takes k in chunks of ``vec`` contiguous elements,
 k = vec * (ks + k_split * q) + v, so its state reads are ``vec``-wide shared-memory loads
 that neighbouring lanes issue on neighbouring addresses. The batch is processed in
-tiles of ``batch_tile`` rows, each a pass over the register-resident weights. ``layout``
+tiles of ``batch_tile`` rows, each a pass over the register-resident weights. ``smem_chunks``
+(the weight tiers): of each row's ``k_chunks`` chunks per lane, the last ``smem_chunks`` live in
+shared memory instead of registers (``persistent_weights`` gives their layout), so a CTA holds
+more weights than its registers do; 0 (every weight in registers) is what configs and tuning
+records from before the knob mean. ``layout``
 (``shared``, or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -21,7 +26,7 @@ from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
+from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_sums import unit_sum_bytes
@@ -35,8 +40,12 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
+    offers_tiers,
     parts,
     shared_layout,
+    tier_counts,
+    tiered_smem,
+    weights_offset,
     with_barrier,
 )
 
@@ -58,6 +67,7 @@ class PersistentConfig:
     vec: int = field(default=4, metadata={"short": "v"})
     barrier: str = field(default=RANKED_WITH, metadata={"short": ""})
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
+    smem_chunks: int = field(default=0, metadata={"short": "sc", "quiet": True})
 
     def as_dict(self) -> dict:
         return knobs_of(self)
@@ -82,11 +92,23 @@ class Geometry:
     regs_estimate: int
     tile_stride: int = 0   # elements between batch rows of a shared operand tile, where not k_pad (heads)
     smem_us: int = 0       # bytes: the shares and totals of the sums over units (``persistent_sums``)
+    smem_chunks: int = 0   # of each row's k_chunks per lane, those in shared memory (the weight tiers)
+    smem_ws: int = 0       # bytes: the weights in shared memory, after everything else (``weights_offset``)
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        return launchable_smem(self.smem_hs + self.smem_gs + self.smem_us)
+        return tiered_smem(self.smem_hs + self.smem_gs + self.smem_us, self.smem_ws)
+
+    @property
+    def weights_offset(self) -> int:
+        """Byte offset of the shared-memory weights: after the operand tiles, gate sums and sums over units."""
+        return weights_offset(self.smem_hs + self.smem_gs + self.smem_us)
+
+    @property
+    def register_chunks(self) -> int:
+        """Of each row's ``k_chunks`` per lane, those held in registers."""
+        return self.k_chunks - self.smem_chunks
 
     @property
     def stride(self) -> int:
@@ -105,7 +127,7 @@ def group_span(items: int, groups: int) -> int:
 
 
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
-    H, B = plan.hidden, plan.batch
+    H, B, policy = plan.hidden, plan.batch, plan.policy
     runs = parts(cfg.layout, plan)
     cols = OperandColumns.of(plan.reductions, H, cfg.units_per_cta)  # ConfigError where units fit no head
     K = cols.k_extent  # weights per row: hidden, or the largest head
@@ -118,12 +140,13 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     k_chunks = math.ceil(K / (cfg.vec * cfg.k_split)) if rows else 0
     k_pad = k_chunks * cfg.vec * cfg.k_split
     stride = _round_up(cols.tile_width(k_pad), 4) if cols.headed else 0
-    weights = cfg.rows_per_thread * k_chunks * cfg.vec if rows else 0
+    sc = min(cfg.smem_chunks, k_chunks)
+    weights = cfg.rows_per_thread * (k_chunks - sc) * cfg.vec if rows else 0
+    smem_ws = policy.itemsize * threads * cfg.rows_per_thread * sc * cfg.vec
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
-    policy = plan.policy
     smem_hs = policy.itemsize * n_ops * cfg.batch_tile * (stride or k_pad)
     smem_gs = itemsize(policy.accumulate) * B * rows
     # the loads the kind's poll holds while it waits (none for a kind that polls no values)
@@ -131,8 +154,10 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
                                                           policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
             + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.product_phases - 1))
+    if sc:  # a shared chunk's state vectors of the whole tile and one weight vector (persistent_weights)
+        regs += cfg.batch_tile * cfg.vec + cfg.vec
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile), ipt,
-                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta))
+                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta), sc, smem_ws)
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -159,7 +184,13 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"batch_tile={cfg.batch_tile}: must be between 1 and the batch ({plan.batch})")
     if cfg.units_per_cta > plan.hidden:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} exceeds hidden={plan.hidden}")
+    if cfg.smem_chunks < 0:
+        raise ConfigError(f"smem_chunks={cfg.smem_chunks}: the weight chunks a lane keeps in shared memory, 0 or more")
     g = geometry(cfg, plan)
+    if cfg.smem_chunks > g.k_chunks:
+        raise ConfigError(f"smem_chunks={cfg.smem_chunks}: a lane's row has {g.k_chunks} chunks of {cfg.vec} weights "
+                          f"(hidden {plan.hidden} over k_split {cfg.k_split}); at most {g.k_chunks} can be in shared "
+                          "memory")
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
     for reductions, _, _ in parts(cfg.layout, plan):
         check_heads(cols, reductions, cfg.rows_per_thread, "rows_per_thread", "a thread's rows")
@@ -186,7 +217,10 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"{g.threads} threads per CTA ({g.row_groups} row groups x k_split {cfg.k_split}); "
                           "at most 1024: raise rows_per_thread or lower units_per_cta")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} weights, {cfg.rows_per_thread * cfg.batch_tile} "
-                    "accumulators", "lower rows_per_thread or batch_tile, or raise k_split", "lower batch_tile")
+                    "accumulators", "lower rows_per_thread or batch_tile, raise k_split, or keep more weights in "
+                    "shared memory (raise smem_chunks)",
+                    f"lower batch_tile{' or smem_chunks' if g.smem_ws else ''}"
+                    f"{f' ({g.smem_ws} B of them weights)' if g.smem_ws else ''}")
     return g
 
 
@@ -194,6 +228,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
     H, B = plan.hidden, plan.batch
     tiles = sorted({t for t in (1, 2, 4, 8, 16, B) if t <= B})
+    tiers = offers_tiers(plan, gpu)
     out = []
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
@@ -208,18 +243,34 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                 for r in per_thread:
                     for bt in tiles:
                         for vec in (1, 2, 4):
-                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout) for b in layout_barriers)
+                            for b in layout_barriers:
+                                base = PersistentConfig(u, ks, r, bt, vec, b, layout)
+                                out.extend(dataclasses.replace(base, smem_chunks=sc)
+                                           for sc in (weight_tiers(base, plan, gpu) if tiers else [0]))
     return out
 
 
+def weight_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
+    """The ``smem_chunks`` a space offers for ``cfg`` (``ranking.tier_counts``)."""
+    try:
+        g = geometry(cfg, plan)
+    except ConfigError:  # validate says why
+        return [0]
+    excess = g.regs_estimate - max_regs_per_thread(g.threads, gpu)
+    # each chunk frees a register per row and vec; the first adds a tile's state vectors and a weight vector
+    return tier_counts(excess if g.rows else 0, cfg.batch_tile * cfg.vec + cfg.vec, cfg.rows_per_thread * cfg.vec,
+                       g.k_chunks)
+
+
 GEOMETRY_FEATURES = ("ctas", "threads", "rows", "k_chunks", "weights_per_thread", "batch_chunks",
-                     "items_per_thread", "tagged_per_thread", "smem_bytes")
+                     "items_per_thread", "tagged_per_thread", "smem_bytes", "smem_ws")
 
 
 def features(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
-    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_split", "rows_per_thread", "batch_tile", "vec")}
+    row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_split", "rows_per_thread", "batch_tile", "vec",
+                                        "smem_chunks")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
@@ -244,11 +295,16 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
     lane summed every value. With the halving it ranks 32/4 first: on the H100 2.73 us per step
     against 2.99 for 16/2, and lower or level at every default it changed (LSTM 512x16 4.21 against
     5.18, 1024x64 18.4 against 24.0; Cho's GRU 512x4 and RNN 512x1 level).
+
+    Weights in shared memory (``smem_chunks``) are read again for every batch tile: ``vec`` wavefronts and a
+    load instruction per chunk and row (an uncalibrated guess: no H100 figures yet).
     """
     warps = g.threads / 32
     words = cfg.batch_tile * g.k_chunks * cfg.vec  # state words each thread reads per tile
     fma = warps / 4 * words * cfg.rows_per_thread
     lds = warps * words + warps * cfg.batch_tile * g.k_chunks / 4  # wavefronts + load instructions
+    shared_weights = cfg.rows_per_thread * g.smem_chunks  # vec-wide weight loads per thread and tile (the tiers)
+    lds += warps * shared_weights * (cfg.vec + 0.25)
     shfl = 3 * warps * lane_shuffles(cfg.rows_per_thread * cfg.batch_tile, cfg.k_split)
     per_tile = (max(fma, lds) + shfl) * max(1.0, 8 / warps) + TILE_OVERHEAD
     return g.batch_chunks * per_tile

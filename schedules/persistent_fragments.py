@@ -20,6 +20,13 @@ two 32-bit loads (H100, tuned configs, one process, us per step, 32-bit loads ->
 5.18 -> 4.88, 1024x32 3.25 -> 3.15, 512x16 1.92 -> 1.91; at one batch tile ``.x2`` was 0-2.5% slower). Each warp
 adds its k range into float32 accumulators and writes them to its k group's slice of the
 shared partial sums; the pointwise math adds the ``k_groups`` partials of the gate it reads.
+
+The weight tiers (``smem_k_tiles`` = S > 0): the last S of a warp's k tiles keep their A fragments in shared
+memory, written once in the prologue by the lane that reads them (no block barrier orders them). Fragment ``j``
+(``j = kt - (k_tiles_per_warp - S)``) of row tile ``m`` of lane ``lane`` of warp ``w`` is the 16 bytes at half
+``((((w * m_tiles_per_warp + m) * S + j) * 32 + lane) * 8`` from ``weights_offset``: a warp's 32 lanes read 512
+consecutive bytes with one 16-byte load each, four wavefronts and no bank conflicts, then multiply every batch tile
+with it.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ class FragmentWeights:
         """Fragment registers; one dynamic shared buffer: the float32 partial sums, then the operand tiles."""
         g, c = self.g, self.c
         mw = c.m_tiles_per_warp
-        self.wreg = T.alloc_buffer((max(1, A_REGS * g.k_tiles_per_warp * mw),), self.dt, scope="local")
+        self.wreg = T.alloc_buffer((max(1, A_REGS * g.register_k_tiles * mw),), self.dt, scope="local")
         self.acc = T.alloc_buffer((C_REGS * c.n_tiles * mw * c.k_chains,), self.acc_dt, scope="local")
         # direct: the lane's fragments of every k tile, as its poll loads them; else one k tile's
         self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles * (g.k_tiles_per_warp if c.direct else 1),), self.dt,
@@ -95,6 +102,10 @@ class FragmentWeights:
         per_word = itemsize(self.acc_dt) // itemsize(self.dt)
         self.smem = T.decl_buffer((max(1, g.smem_ops // itemsize(self.dt)),), self.dt, data=self.gsum.data,
                                   elem_offset=gs_words * per_word)
+        if g.smem_k_tiles:  # the tiers: the fragments in shared memory, and one staged in registers
+            self.wsm = T.decl_buffer((g.smem_ws // itemsize(self.dt),), self.dt, data=self.gsum.data,
+                                     elem_offset=g.weights_offset // itemsize(self.dt))
+            self.afrag = T.alloc_buffer((A_REGS,), self.dt, scope="local")
         warp, lane = self.tx // 32, self.tx % 32
         self.mt = bind_value(warp // c.k_groups * mw, "mt")  # the warp's first row tile
         self.kg = bind_value(warp % c.k_groups, "kg")
@@ -139,7 +150,17 @@ class FragmentWeights:
                     for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
                         value = _weight_or(tirx.all(ok, k < red.head_size(H)), self.a.weight[red.weight], src, k,
                                            lanes, value)
-                    T.buffer_store(self.wreg, value, [vec_index((m * kt_per + kt) * A_REGS + j, lanes)])
+                    if kt < self.g.register_k_tiles:
+                        T.buffer_store(self.wreg, value, [vec_index((m * self.g.register_k_tiles + kt) * A_REGS + j,
+                                                                    lanes)])
+                    else:
+                        T.buffer_store(self.wsm, value, [vec_index(self.shared_fragment(m, kt) + j, lanes)])
+
+    def shared_fragment(self, m: int, kt: int):
+        """The half where the lane's A fragment of row tile ``m`` and k tile ``kt`` (a shared one) starts (module
+        doc)."""
+        mw, sk = self.c.m_tiles_per_warp, self.g.smem_k_tiles
+        return ((((self.tx // 32) * mw + m) * sk + kt - self.g.register_k_tiles) * 32 + self.tx % 32) * A_REGS
 
     def tile_products(self, b0, phase: int):
         """This phase's products for batch rows b0.. (in shared memory) into the k group's partial sums."""
@@ -188,7 +209,10 @@ class FragmentWeights:
     def multiply(self, kt: int, b_offset, per_chain: int):
         """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
         warp's row tiles, into accumulator chain ``kt % k_chains``."""
-        c, mma = self.c, self.p.policy.mma
+        c, g, mma = self.c, self.g, self.p.policy.mma
+        if kt >= g.register_k_tiles:
+            self.multiply_shared(kt, b_offset, per_chain)
+            return
         for nt in range(c.n_tiles):
             for m in range(c.m_tiles_per_warp):  # the warp's row tiles share the B fragment
                 accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
@@ -199,8 +223,21 @@ class FragmentWeights:
 
     def a_operand(self, m: int, kt: int, nt: int) -> tuple:
         """``(data, offset)`` of the A fragment of the warp's row tile ``m`` and k tile ``kt`` (for batch tile
-        ``nt``): its registers."""
-        return self.wreg.data, (m * self.g.k_tiles_per_warp + kt) * A_REGS
+        ``nt``): its registers (a k tile below ``register_k_tiles``)."""
+        return self.wreg.data, (m * self.g.register_k_tiles + kt) * A_REGS
+
+    def multiply_shared(self, kt: int, b_offset, per_chain: int):
+        """:meth:`multiply` for a k tile whose A fragments are in shared memory: each row tile's fragment staged in
+        registers once, then multiplied with every batch tile's B fragment."""
+        c, mma = self.c, self.p.policy.mma
+        for m in range(c.m_tiles_per_warp):
+            T.buffer_store(self.afrag, self.wsm[vec_index(self.shared_fragment(m, kt), A_REGS)],
+                           [vec_index(0, A_REGS)])
+            for nt in range(c.n_tiles):
+                accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
+                T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
+                                            self.afrag.data, 0, self.bfrag.data, b_offset(nt), self.acc.data,
+                                            accumulators, False))
 
     def sum_chains(self, per_chain: int):
         """Accumulator chains 1.. added into chain 0."""

@@ -42,12 +42,18 @@ persistent LSTM kernel does (its SASS: ``LDG.E.128.STRONG.GPU`` into the ``HMMA`
 the CTA's row tiles, the k range split over the warps, two passes of 8 rows at batch 16); with ``m_tiles_per_warp``
 below the CTA's row tiles, warps sharing a k range load the same values.
 
+``smem_k_tiles`` (the weight tiers): of each warp's ``k_tiles_per_warp`` k tiles, the last ``smem_k_tiles`` keep
+their A fragments in shared memory instead of registers, loaded once before the time loop and read again in every
+pass (``persistent_fragments`` gives their layout), so a CTA holds more weights than its registers do; 0 (every
+fragment in registers) is what configs and tuning records from before the knob mean.
+
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -56,7 +62,7 @@ from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import M16N8K16, TENSOR_CORE_DTYPES, itemsize, mma_dims, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, launchable_smem
+from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
@@ -70,9 +76,13 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
+    offers_tiers,
     parts,
     ranked_defaults,
     shared_layout,
+    tier_counts,
+    tiered_smem,
+    weights_offset,
     with_barrier,
 )
 
@@ -93,6 +103,7 @@ BATCH_GROUPS = (1, 2, 4)
 GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least this many rows (each holds all weights)
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
 SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
+SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (the tiers): two in flight
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,7 @@ class MmaConfig:
     batch_groups: int = field(default=1, metadata={"short": "bg", "quiet": True})
     poll_sleep: int = field(default=0, metadata={"short": "ps", "quiet": True})
     operand_path: str = field(default="shared", metadata={"short": "", "quiet": True})
+    smem_k_tiles: int = field(default=0, metadata={"short": "sk", "quiet": True})
 
     @property
     def direct(self) -> bool:
@@ -145,11 +157,23 @@ class MmaGeometry:
     regs_estimate: int
     tile_width: int = 0        # columns of a shared operand tile's row before the skew, where not k_pad (heads)
     smem_us: int = 0           # bytes: the shares and totals of the sums over units (``persistent_sums``)
+    smem_k_tiles: int = 0      # of a warp's k tiles, those whose A fragments are in shared memory (the tiers)
+    smem_ws: int = 0           # bytes: those fragments, after everything else (``weights_offset``)
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
-        return launchable_smem(self.smem_ops + self.smem_gs + self.smem_us)
+        return tiered_smem(self.smem_ops + self.smem_gs + self.smem_us, self.smem_ws)
+
+    @property
+    def weights_offset(self) -> int:
+        """Byte offset of the shared-memory fragments: after the partial sums, operand tiles and sums over units."""
+        return weights_offset(self.smem_ops + self.smem_gs + self.smem_us)
+
+    @property
+    def register_k_tiles(self) -> int:
+        """Of a warp's k tiles, those whose A fragments are in registers."""
+        return self.k_tiles_per_warp - self.smem_k_tiles
 
     @property
     def stride(self) -> int:
@@ -183,7 +207,9 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
     width = _round_up(cols.tile_width(k_pad), 8) if cols.headed else 0  # 16-byte rows for ldmatrix
     row = max((cols.span(op) for op in cols.sizes), default=H)  # a tile row's values to load
-    weights = 4 * kt * mw
+    sk = min(cfg.smem_k_tiles, kt)
+    weights = 4 * (kt - sk) * mw
+    smem_ws = 16 * threads * mw * sk  # a lane's A fragment of a row tile and k tile: 16 bytes
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
@@ -201,10 +227,10 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
                                                               row, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
-            + PHASE_OVERHEAD * (plan.product_phases - 1))
+            + PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width,
-                       unit_sum_bytes(plan, B, cfg.units_per_cta))
+                       unit_sum_bytes(plan, B, cfg.units_per_cta), sk, smem_ws)
 
 
 def direct_loads(k_tiles: int) -> tuple[int, int]:
@@ -304,7 +330,13 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         group = f" group of {rows} rows" if cfg.batch_groups > 1 else f" of {rows}"
         raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch{group} "
                           f"needs at most {_round_up(rows, TILE_N) // TILE_N}")
+    if cfg.smem_k_tiles < 0:
+        raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: the k tiles of a warp whose weights are in shared "
+                          "memory, 0 or more")
     g = geometry(cfg, plan)
+    if cfg.smem_k_tiles > g.k_tiles_per_warp:
+        raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: a warp has {g.k_tiles_per_warp} k tiles (hidden "
+                          f"{plan.hidden} over k_groups {cfg.k_groups}); at most that many can be in shared memory")
     check_mma_heads(cfg, plan)
     K = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta).k_extent
     k_tiles = math.ceil(K / TILE_K)
@@ -329,7 +361,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     fewer = ("lower n_tiles" + (" or m_tiles_per_warp" if cfg.m_tiles_per_warp > 1 else "")
              + (" or k_chains" if cfg.k_chains > 1 else ""))
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {accumulators} accumulators",
-                    f"raise k_groups or units_per_cta, or {fewer}", "lower n_tiles or k_groups",
+                    f"raise k_groups or units_per_cta, or {fewer}, or keep more fragments in shared memory (raise "
+                    "smem_k_tiles)", "lower n_tiles or k_groups" + (f" or smem_k_tiles ({g.smem_ws} B of them "
+                                                                     "weights)" if g.smem_ws else ""),
                     "raise units_per_cta" + (" or lower batch_groups" if cfg.batch_groups > 1 else ""))
     return g
 
@@ -455,18 +489,33 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
                     for path in paths_for(plan, b)]
-    return configs
+    if not offers_tiers(plan, gpu):
+        return configs
+    return [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
+            for sk in weight_tiers(cfg, plan, gpu)]
+
+
+def weight_tiers(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
+    """The ``smem_k_tiles`` a space offers for ``cfg`` (``ranking.tier_counts``)."""
+    try:
+        g = geometry(cfg, plan)
+    except ConfigError:  # validate says why
+        return [0]
+    excess = g.regs_estimate - max_regs_per_thread(g.threads, gpu)
+    # each k tile frees four registers per row tile of the warp; the first adds the staged fragments
+    return tier_counts(excess if g.m_tiles else 0, SHARED_FRAGMENT_REGS, 4 * cfg.m_tiles_per_warp,
+                       g.k_tiles_per_warp)
 
 
 GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_per_thread", "batch_chunks",
-                     "items_per_thread", "tagged_per_thread", "smem_bytes")
+                     "items_per_thread", "tagged_per_thread", "smem_bytes", "smem_ws")
 
 
 def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups", "poll_sleep")}
+                                        "batch_groups", "poll_sleep", "smem_k_tiles")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)
@@ -490,6 +539,8 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
     """
     chain = g.k_tiles_per_warp * max(MMA_CYCLES, 2 * cfg.n_tiles * cfg.m_tiles_per_warp)
     loads = g.threads / 32 * g.k_tiles_per_warp * cfg.n_tiles / 4
+    # shared A fragments (the tiers), read every pass: 512 bytes a warp, four wavefronts (an uncalibrated guess)
+    loads += g.threads / 32 * g.smem_k_tiles * cfg.m_tiles_per_warp * 4
     per_pass = (chain + loads + TILE_OVERHEAD) * max(1.0, 8 / (g.threads / 32))
     return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
 

@@ -8,6 +8,14 @@ unrolled constant indices (a runtime index would send them to local memory): ele
 ``k = vec * (ks + k_split * q) + v`` of row ``r`` lives at register ``(r * k_chunks + q) *
 vec + v``. With several products each thread's rows belong to one of them
 (``validate`` checks it), so a thread has one operand and one phase.
+
+The weight tiers (``smem_chunks`` = S > 0): chunks ``q >= k_chunks - S`` of every row live in shared memory,
+loaded once in the prologue, each thread writing and reading only its own words, so no block barrier
+orders them. Shared chunk ``j = q - (k_chunks - S)`` of row ``r`` of thread ``tx`` starts at word
+``ws0 + ((j * rows_per_thread + r) * threads + tx) * vec``: for one (j, r) a warp's 32 threads read 32
+consecutive ``vec``-wide words, one 128-byte wavefront per word of the vector and no bank conflicts. A
+product reads them once per batch tile: per shared chunk, the tile's state vectors, then per row one weight
+vector multiplied into every batch row.
 """
 
 from __future__ import annotations
@@ -74,6 +82,10 @@ class RegisterWeights:
         # the tiles and the sums, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
         words = max(1, self.gs0 + g.smem_gs // itemsize(self.dt), -(-g.smem_bytes // itemsize(self.dt)))
         self.smem = T.alloc_buffer((words,), self.dt, scope="shared.dyn")
+        if g.smem_chunks:  # the tiers: a shared chunk's state vectors of the tile, a weight vector
+            self.hvs = T.alloc_buffer((c.batch_tile * c.vec,), self.dt, scope="local")
+            self.wv = T.alloc_buffer((c.vec,), self.dt, scope="local")
+            self.ws0 = g.weights_offset // itemsize(self.dt)
         self.ks = bind_value(self.tx % c.k_split, "ks")
         self.rg = bind_value(self.tx // c.k_split, "rg")
 
@@ -96,7 +108,15 @@ class RegisterWeights:
                         unit = self.cta * U + ul
                         ok = tirx.all(row >= lo, row < hi, unit < H, k < red.head_size(H))  # a head-wise row: D
                         value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
-                    T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
+                    if q < self.g.register_chunks:
+                        T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
+                    else:
+                        T.buffer_store(self.smem, value, [self.shared_weight(r, q) + v])
+
+    def shared_weight(self, r: int, q: int):
+        """The word where chunk ``q`` (one of the shared ones) of the thread's row ``r`` starts (module doc)."""
+        j = q - self.g.register_chunks
+        return self.ws0 + ((j * self.c.rows_per_thread + r) * self.g.threads + self.tx) * self.c.vec
 
     def tile_products(self, b0, phase: int):
         """This phase's products for batch rows b0.. (in shared memory): the gate sums of the tile."""
@@ -115,7 +135,7 @@ class RegisterWeights:
             T.buffer_store(self.acc, tirx.const(0.0, self.acc.dtype), [i])
         with T.If(self.thread_phase == phase):  # every lane still joins the shuffles after
             with T.Then():
-                for q in range(self.g.k_chunks):
+                for q in range(self.g.register_chunks):
                     for bb in range(BT):
                         base = self.operand_base + bb * self.g.stride + c.vec * (self.ks + c.k_split * q)
                         T.buffer_store(self.hv, self.smem[vec_index(base, c.vec)], [vec_index(0, c.vec)])
@@ -124,6 +144,21 @@ class RegisterWeights:
                                 a = r * BT + bb
                                 T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)]
                                                * self.hv[v], [a])
+                for q in range(self.g.register_chunks, self.g.k_chunks):
+                    self.shared_chunk_products(q)
+
+    def shared_chunk_products(self, q: int):
+        """The products over shared chunk ``q``: the tile's state vectors, then per row its weight vector."""
+        c, BT = self.c, self.c.batch_tile
+        for bb in range(BT):
+            base = self.operand_base + bb * self.g.stride + c.vec * (self.ks + c.k_split * q)
+            T.buffer_store(self.hvs, self.smem[vec_index(base, c.vec)], [vec_index(bb * c.vec, c.vec)])
+        for r in range(c.rows_per_thread):
+            T.buffer_store(self.wv, self.smem[vec_index(self.shared_weight(r, q), c.vec)], [vec_index(0, c.vec)])
+            for bb in range(BT):
+                for v in range(c.vec):
+                    a = r * BT + bb
+                    T.buffer_store(self.acc, self.acc[a] + self.wv[v] * self.hvs[bb * c.vec + v], [a])
 
     def lane_reduce(self):
         """Sum each of a row's ``rows_per_thread x batch_tile`` values over its ``k_split`` lanes by recursive
@@ -175,7 +210,7 @@ class RegisterWeights:
                     T.buffer_store(self.smem, self.acc[slot], [self.gs0 + b * rows + row])
 
     def wreg_index(self, r: int, q: int, v: int) -> int:
-        return (r * self.g.k_chunks + q) * self.c.vec + v
+        return (r * self.g.register_chunks + q) * self.c.vec + v
 
     @property
     def first_row(self):

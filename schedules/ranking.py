@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+from prnn_tvm.target import STATIC_SMEM_RESERVE, GpuSpec, ctas_per_sm, launchable_smem, max_regs_per_thread
 
 LAYOUTS = ("shared", "split")
 # The kinds of synchronization the untuned defaults take: ranked with the one every config fits (bounded, as fast as
@@ -112,6 +112,42 @@ def block_local(plan: CellPlan, gpu: GpuSpec, space: Callable, validate: Callabl
         return []
 
 
+TIER_STEPS = 3  # shared-memory tiers a space offers past the first that fits registers (fallbacks when ptxas spills)
+TIER_FROM = 0.75  # a space offers tiers where a CTA's weights pass this share of an SM's register file
+
+
+def offers_tiers(plan: CellPlan, gpu: GpuSpec) -> bool:
+    """Whether a space offers weight tiers for ``plan`` at all: where a CTA of the fewest units (the hidden units
+    spread over every SM) would hold more than ``TIER_FROM`` of an SM's register file in weights. Below, every
+    weight fits registers with room for the rest, and the space stays as it was (its size, the time to rank it)."""
+    units = math.ceil(plan.hidden / gpu.sms)
+    rows = sum(r.slices for r in plan.reductions) * units
+    return rows * plan.hidden * plan.policy.itemsize > TIER_FROM * 4 * gpu.regs_per_sm
+
+
+def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
+    """The weight tiers a space offers a config (how many of a thread's weight chunks go to shared memory): 0, and
+    where its register estimate passes the cap by ``excess`` registers, the fewest that bring it under (each tier
+    frees ``per_tier`` registers; the first costs ``first`` more, its staging registers) and the next
+    ``TIER_STEPS - 1``, at most ``most`` (ptxas decides; each holds fewer weights in registers)."""
+    if excess <= 0 or most <= 0:
+        return [0]
+    least = -(-(excess + first) // per_tier)
+    return [0] + list(range(least, min(least + TIER_STEPS, most + 1)))
+
+
+def weights_offset(other: int) -> int:
+    """Byte offset of a CTA's shared-memory weights after ``other`` bytes of everything else: 16-byte aligned,
+    as their loads are up to 16 bytes wide."""
+    return -(-other // 16) * 16
+
+
+def tiered_smem(other: int, weights: int) -> int:
+    """Dynamic shared memory per CTA, as allocated (``target.launchable_smem``): ``other`` bytes, then
+    ``weights`` bytes of weights (the tiers) from :func:`weights_offset`."""
+    return launchable_smem(weights_offset(other) + weights if weights else other)
+
+
 def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advice: str, smem_hint: str,
                     grid_advice: str = "raise units_per_cta") -> None:
     """Registers per thread, shared memory per CTA, and a co-resident grid where the plan needs a
@@ -120,9 +156,9 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
     if g.regs_estimate > reg_cap:
         raise ConfigError(f"needs about {g.regs_estimate} registers per thread ({holds}); a {g.threads}-thread CTA "
                           f"allows {reg_cap}: {registers_advice}")
-    if g.smem_bytes > gpu.smem_per_block:
+    if g.smem_bytes + STATIC_SMEM_RESERVE > gpu.smem_per_block:  # the static words count against the limit too
         raise ConfigError(f"needs {g.smem_bytes} bytes of shared memory per CTA, {gpu.arch} allows "
-                          f"{gpu.smem_per_block}: {smem_hint}")
+                          f"{gpu.smem_per_block} with up to {STATIC_SMEM_RESERVE} of static shared memory: {smem_hint}")
     fit = ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu)
     if plan.needs_grid_barrier and g.ctas > fit * gpu.sms:
         raise ConfigError(
@@ -134,7 +170,9 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
 def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,
                     limit: int, kind: str, runs: int = 1, spread: bool = True) -> list:
     """Valid ``candidates`` best first: units spread over every SM (``runs`` runs of CTAs, each over the hidden
-    units, side by side; not where ``spread`` is False: the cost alone decides), then least ``cost(cfg, geometry)``.
+    units, side by side; not where ``spread`` is False: the cost alone decides), then every weight in registers where
+    any such config fits (the weight tiers rank after them: fallbacks there, the choice only past registers), then
+    least ``cost(cfg, geometry)``.
 
     Fallbacks step down in register pressure: a config that spilled is followed by one
     holding fewer weights per thread, not by a near-twin that spills the same way (the
@@ -147,7 +185,9 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
             g = validate(cfg, plan, gpu)
         except ConfigError:
             continue
-        ranked.append(((spread and cfg.units_per_cta != min_units, cost(cfg, g), g.threads), cfg, g.weights_per_thread))
+        tiered = getattr(g, "smem_ws", 0) > 0
+        ranked.append(((spread and cfg.units_per_cta != min_units, tiered, cost(cfg, g), g.threads), cfg,
+                       g.weights_per_thread))
     if not ranked:
         raise ConfigError(f"no {kind} config fits cell '{plan.cell.name}' at hidden={plan.hidden}, "
                           f"batch={plan.batch} on {gpu.arch} (the weights may not fit in registers)")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..dtypes import GPU_DTYPES
+from ..dtypes import GPU_DTYPES, policy
 from ..errors import ConfigError
 from ..target import GpuSpec
 
@@ -98,8 +98,8 @@ def largest_hidden(
         spilled nowhere. A hidden size that spills is stepped down from. Without it only
         the config validation (a register model) decides.
 
-    The search starts at the register-file bound (every SM's registers holding the
-    recurrent weights) and walks down.
+    The search starts at the on-chip bound (every SM's registers and shared memory holding the
+    recurrent weights: the weight tiers) and walks down.
     """
     if dtype not in GPU_DTYPES:
         raise ConfigError(f"dtype {dtype} has no GPU kernel: no largest hidden size")
@@ -108,7 +108,8 @@ def largest_hidden(
 
     plan = analyze(resolve(cell), 1, step, dtype)
     rows = sum(r.slices for r in plan.reductions) or 1
-    bound = int(math.sqrt(gpu.sms * gpu.regs_per_sm / rows)) // step * step
+    on_chip = gpu.sms * (4 * gpu.regs_per_sm + gpu.smem_per_sm)  # bytes
+    bound = int(math.sqrt(on_chip / (rows * policy(dtype).itemsize))) // step * step
     for hidden in range(bound, 0, -step):
         if not all(config_fits(cell, hidden, b, gpu, dtype) for b in sorted(batches, reverse=True)):
             continue
