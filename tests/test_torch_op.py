@@ -14,7 +14,7 @@ from prnn_tvm import ConfigError  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
 from prnn_tvm.torch import ops  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not ops.AVAILABLE, reason="this torch has no torch.library.custom_op")
+pytestmark = pytest.mark.skipif(not ops.AVAILABLE, reason="this torch has no torch.library.register_fake")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 

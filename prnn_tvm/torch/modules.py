@@ -385,7 +385,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         arguments name a configuration, which a cell given as an object or a template config does not, and its
         backward runs the layers again, which dropout's masks would not repeat."""
         if not ops.AVAILABLE:
-            return "this torch has no torch.library.custom_op (torch 2.4 and later)"
+            return "this torch has no torch.library.register_fake (torch 2.4 and later)"
         if not isinstance(self.cell, str):
             return "its cell is an object, not a built-in name or a file (pass its name or path)"
         if self.config is not None:
