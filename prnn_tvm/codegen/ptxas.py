@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import cubins
 from ..errors import PrnnError
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
@@ -90,8 +89,7 @@ def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
     """Compile ``source`` to a cubin for ``arch`` (e.g. ``sm_90``); return it with the report.
 
     Results are cached by source and arch, so inspecting a kernel that was just built
-    on a GPU host costs nothing, and on disk beside the layer cache (:mod:`prnn_tvm.cache.cubins`), so
-    that another process compiling the same source does not run nvcc again.
+    on a GPU host costs nothing.
     """
     key = (hashlib.sha256(source.encode()).hexdigest(), arch)
     if key in _CACHE:
@@ -101,23 +99,27 @@ def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
         raise NvccNotFound(
             "nvcc not found on PATH: the CUDA toolkit (12 or newer) is needed to compile and inspect kernels"
         )
-    # 177: TVM's common-subexpression pass leaves unused temporaries; they are not our problem.
-    flags = [f"-arch={arch}", "-O3", "-std=c++17", "-diag-suppress=177", "-Xptxas", "-v"]
-    on_disk = cubins.key(source, arch, flags, nvcc)
-    found = cubins.lookup(on_disk)
-    if found is not None:
-        result = found[0], parse_report(found[1], arch)
-        _CACHE[key] = result
-        return result
     with tempfile.TemporaryDirectory(prefix="prnn_tvm_") as tmp:
         src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
         src.write_text(source)
-        proc = subprocess.run([nvcc, "-cubin", *flags, str(src), "-o", str(cubin)], capture_output=True, text=True)
+        # 177: TVM's common-subexpression pass leaves unused temporaries; they are not our problem.
+        cmd = [
+            nvcc,
+            "-cubin",
+            f"-arch={arch}",
+            "-O3",
+            "-std=c++17",
+            "-diag-suppress=177",
+            "-Xptxas",
+            "-v",
+            str(src),
+            "-o",
+            str(cubin),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
             raise NvccError(f"nvcc failed for {arch}:\n" + "\n".join(errors[:20]))
-        log = proc.stderr + proc.stdout
-        result = cubin.read_bytes(), parse_report(log, arch)
-    cubins.store(on_disk, result[0], log)
+        result = cubin.read_bytes(), parse_report(proc.stderr + proc.stdout, arch)
     _CACHE[key] = result
     return result
