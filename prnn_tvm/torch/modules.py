@@ -356,7 +356,10 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
             params = [getattr(self, name) for name in self._flat_weights_names]
             if cast is not None:
                 params = [p.to(cast) for p in params]
-            out, *finals = torch.ops.prnn_tvm.layers(
+            # a call that needs gradients: the operator that keeps its autograd graph for the backward (torch.export
+            # records the inference one, whose backward runs the layers again)
+            op = torch.ops.prnn_tvm.layers_train if grad and not _EXPORTING() else torch.ops.prnn_tvm.layers
+            out, *finals = op(
                 x,
                 params,
                 initial,
@@ -373,7 +376,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
                 concurrent=self.concurrent_directions,
                 states=len(self._states),
             )
-            return out, finals
+            return out, finals[: len(self._states)]  # layers_train's last output: its graph's token
         if _EXPORTING():
             raise UnsupportedError(f"{type(self).__name__}: torch.export cannot record this module: {refusal}")
         if tracing:  # torch.compile: Dynamo runs the layers as they are (a graph break)
@@ -395,7 +398,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         arguments name a configuration, which a cell given as an object or a template config does not, and its
         backward runs the layers again, which dropout's masks would not repeat."""
         if not ops.AVAILABLE:
-            return "this torch has no torch.library.custom_op (torch 2.4 and later)"
+            return "this torch has no torch.library.register_fake (torch 2.4 and later)"
         if not isinstance(self.cell, str):
             return "its cell is an object, not a built-in name or a file (pass its name or path)"
         if self.config is not None:
