@@ -3,6 +3,8 @@ input itself, and the caller's publish, collect and close) built and checked wit
 (``prnn_tvm.verify.session``) through both transports against the float64 reference of the same steps, the host
 transport's words, and what a session refuses. On the GPU: ``test_gpu_session.py``."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -109,6 +111,17 @@ def test_session_kernels_build_without_spills_and_leave_sms_free(cell, hidden, b
 def test_an_input_too_large_for_shared_memory_is_refused_with_the_fix():
     layer = prnn_tvm.compile_cell("lstm", 16, 64, input_size=200, target="cuda", arch="sm_90")
     with pytest.raises(ConfigError, match="64 x 200: use a smaller batch"):
+        compile_session(layer)
+
+
+def test_a_session_past_a_ctas_shared_memory_is_refused_with_the_fix():
+    """The session's own shared memory (the step's input) comes on top of the config's (its operand tiles, and the
+    weights a tiered config keeps there): where the sum passes a CTA's limit the launch would fail, so the compile
+    refuses, naming both parts."""
+    layer = prnn_tvm.compile_cell("lstm", 16, 4, input_size=200, target="cuda", arch="sm_90")
+    dynamic = layer.kernel.launch.grid.dynamic_smem_bytes
+    layer.gpu = dataclasses.replace(layer.gpu, smem_per_block=dynamic + 1024)  # the config fits, the input not
+    with pytest.raises(ConfigError, match=r"shared memory per CTA.*4 x 200 values.*fewer weights in shared memory"):
         compile_session(layer)
 
 
