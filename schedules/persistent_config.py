@@ -40,11 +40,11 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
-    offers_tiers,
     parts,
     shared_layout,
     tier_counts,
     tiered_smem,
+    tiers_offered,
     weights_offset,
     with_barrier,
 )
@@ -228,7 +228,6 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space."""
     H, B = plan.hidden, plan.batch
     tiles = sorted({t for t in (1, 2, 4, 8, 16, B) if t <= B})
-    tiers = offers_tiers(plan, gpu)
     out = []
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
@@ -243,11 +242,10 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                 for r in per_thread:
                     for bt in tiles:
                         for vec in (1, 2, 4):
-                            for b in layout_barriers:
-                                base = PersistentConfig(u, ks, r, bt, vec, b, layout)
-                                out.extend(dataclasses.replace(base, smem_chunks=sc)
-                                           for sc in (weight_tiers(base, plan, gpu) if tiers else [0]))
-    return out
+                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout) for b in layout_barriers)
+    if not tiers_offered(plan, gpu, out, validate):
+        return out
+    return [dataclasses.replace(base, smem_chunks=sc) for base in out for sc in weight_tiers(base, plan, gpu)]
 
 
 def weight_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:

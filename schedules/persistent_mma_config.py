@@ -76,12 +76,12 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
-    offers_tiers,
     parts,
     ranked_defaults,
     shared_layout,
     tier_counts,
     tiered_smem,
+    tiers_offered,
     weights_offset,
     with_barrier,
 )
@@ -489,7 +489,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
                     for path in paths_for(plan, b)]
-    if not offers_tiers(plan, gpu):
+    if not tiers_offered(plan, gpu, configs, validate):
         return configs
     return [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
             for sk in weight_tiers(cfg, plan, gpu)]

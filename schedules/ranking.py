@@ -125,6 +125,22 @@ def offers_tiers(plan: CellPlan, gpu: GpuSpec) -> bool:
     return rows * plan.hidden * plan.policy.itemsize > TIER_FROM * 4 * gpu.regs_per_sm
 
 
+def tiers_offered(plan: CellPlan, gpu: GpuSpec, untiered: Iterable, validate: Callable) -> bool:
+    """Whether a space offers weight tiers: where :func:`offers_tiers` says so, and also where no config of the
+    space ``untiered`` (without tiers) validates, e.g. a deep stack, whose five products per unit no thread
+    geometry holds in registers though their bytes stay under ``TIER_FROM`` of the register file. The search
+    stops at the first config that validates."""
+    if offers_tiers(plan, gpu):
+        return True
+    for cfg in untiered:
+        try:
+            validate(cfg, plan, gpu)
+            return False
+        except ConfigError:
+            continue
+    return True
+
+
 def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
     """The weight tiers a space offers a config (how many of a thread's weight chunks go to shared memory): 0, and
     where its register estimate passes the cap by ``excess`` registers, the fewest that bring it under (each tier

@@ -220,3 +220,19 @@ def test_registers_first_where_they_fit_tiers_after():
     assert fallbacks and all(cfg.smem_chunks > 0 for cfg in fallbacks)
     assert not offers_tiers(plan_of("lstm", 1024, 4), H100)
     assert {cfg.smem_chunks for cfg in pc.space(plan_of("lstm", 1024, 4), H100)} == {0}
+
+
+def test_a_deep_stack_that_no_register_geometry_holds_is_offered_tiers():
+    """Three LSTM layers of 480 (five products per unit): 154 KB of weights a CTA, under the bytes at which tiers are
+    offered, yet no thread geometry holds them in registers; the space then offers tiers, and the choice is valid
+    (the 3x480 market model, issue 47's session target)."""
+    plan = plan_of("lstm_d3", 480, 1)
+    assert not offers_tiers(plan, H100)
+    space = pc.space(plan, H100)
+    untiered = [cfg for cfg in space if not cfg.smem_chunks]
+    for cfg in untiered:
+        with pytest.raises(ConfigError):
+            pc.validate(cfg, plan, H100)
+    first = pc.ranked_configs(plan, H100)[0]
+    assert first.smem_chunks > 0
+    pc.validate(first, plan, H100)
