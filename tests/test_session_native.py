@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import prnn_tvm
+from prnn_tvm.cli import main
 from prnn_tvm.compiler import compile_session
 from prnn_tvm.errors import SessionError
 from prnn_tvm.reference import random_inputs
@@ -221,8 +222,10 @@ def fresh_native(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="no cc or no Python.h here")
-def test_the_native_step_is_built_once_and_found_in_the_cache_after(fresh_native, monkeypatch):
+def test_the_native_step_is_built_once_and_found_in_the_cache_after(fresh_native, monkeypatch, capsys):
     assert session_native.native() is not None
+    assert main(["cache", "list"]) == 0
+    assert "native   session host step " in capsys.readouterr().out  # an entry of the layer cache
     session_native.native.cache_clear()  # as a second process starts
 
     def no_compiler(*args, **kwargs):

@@ -97,7 +97,11 @@ def _built() -> Path:
     store, key = Store(config.folder, config.max_bytes), _key()
     entry = store.get(key)
     if entry is None:
-        describes = {"cell": "session host step", "target": f"{platform.machine()} {sys.implementation.cache_tag}"}
+        describes = {  # as `prnn-tvm cache list` shows it
+            "cell": "session host step",
+            "dtype": "",
+            "target": f"{platform.machine()} {sys.implementation.cache_tag}",
+        }
         entry = store.put(key, {"kind": "native", "describes": describes}, _compile)
         if entry is None:  # removed by another process at once: built again, for this process alone
             return _built_here()
