@@ -3,10 +3,14 @@ in-graph step (a chain of dependent ``session.post`` steps replayed from a CUDA 
 --step-latency`` times it) told apart by what changes between runs of the same model.
 
     python bench/session_phases.py [--hidden 640 --batch 8 --half 1 --chain 100 --steps 10000]
+    python bench/session_phases.py --hidden 128 --batch 1 --half 0 --layers 2 --steps 100000   # 2x128's host share
 
-1. Host share (no GPU): the host transport's work per step (``prnn_tvm.runtime.session_host``: pack the request,
-   spin on the responses, copy the states) with rings in ordinary memory and every response already tagged, as
-   the resident kernel would leave them: the floor the host's Python puts under a host step.
+1. Host share (no GPU): the host transport's work per step (``prnn_tvm.runtime.session_host``) with rings in
+   ordinary memory and every response already tagged, as the resident kernel would leave them: the floor the host
+   puts under a host step. In Python (``host_step="python"``): pack the request, spin on the responses, copy the
+   states out; natively (the default, ``prnn_tvm.runtime.session_native``): the one call that does all three. Then
+   the return (a step's ``(y, states)``), and all of it with the output's allocation. ``--layers`` sets the states
+   of a deep stack here (two a layer: an LSTM's); the GPU part times one layer.
 2. On the GPU, us per step (medians of CUDA-event replays):
    - the chain at input sizes K = hidden, hidden / 4 and 16: the take (a CTA takes all B x K words) and the
      projection (B x K x 4 units per CTA) scale with K, nothing else does; the slope is their cost per input;
@@ -25,38 +29,51 @@ import tvm_ffi
 import prnn_tvm
 from prnn_tvm.bench import baselines
 from prnn_tvm.bench.step_latency import chain_samples, latencies, session_weights
+from prnn_tvm.runtime import session_words
 from prnn_tvm.runtime.session_host import HostRings
 from prnn_tvm.signature import request_words
 
-args = baselines.script_arguments(number=1, hidden=640, batch=8, half=1, chain=100, steps=10_000)
+args = baselines.script_arguments(number=1, hidden=640, batch=8, half=1, chain=100, steps=10_000, layers=1)
 H, B, CHAIN = args.hidden, args.batch, args.chain
 DTYPE = "float16" if args.half else "float32"
 
 
-def host_share(input_size: int, states: int = 2) -> dict:
-    """Microseconds (p50 over ``--steps``) of each part of a host step's own work, on this CPU."""
+def host_share(input_size: int, states: int, native: bool) -> dict:
+    """Microseconds (p50 and p99 over ``--steps``) of each part of a host step's own work, on this CPU."""
     requests = np.zeros((2, request_words(B * input_size, DTYPE)), np.uint64)  # two half values a word
     responses = np.zeros((2, states, B, H), np.uint64)
-    rings = HostRings(requests, responses, B * input_size, DTYPE, DTYPE, lambda: 0)
+    error = np.zeros(1, np.uint32)
+    rings = HostRings(requests, responses, B * input_size, DTYPE, DTYPE, error.ctypes.data, native)
+    if rings.native != native:
+        return {"not built": "see the warning"}
     x = np.random.default_rng(0).standard_normal((B, input_size)).astype(DTYPE)
     names = [f"s{k}" for k in range(states)]
-    found = {part: np.empty(args.steps) for part in ("pack", "spin", "copy", "return", "all")}
+    values = session_words.values(responses, DTYPE)
+    parts = ("step", "return", "all") if native else ("pack", "spin", "copy", "return", "all")
+    found = {part: np.empty(args.steps) for part in parts}
     for step in range(args.steps):
         tag = step + 1
         responses.view(np.uint32)[step % 2, ..., 1::2] = tag  # the kernel's answer, already there
+        start = time.perf_counter_ns()
+        got = np.empty((states, B, H), DTYPE)  # a step's output, the caller's to keep
         t0 = time.perf_counter_ns()
-        rings.post(x, step, tag)
-        t1 = time.perf_counter_ns()
-        rings.wait(step, tag, 10**9)
-        t2 = time.perf_counter_ns()
-        got = rings.states(step)
+        if native:
+            rings.step(x, got, step, tag, 10**9)
+            t1 = t2 = time.perf_counter_ns()
+        else:
+            rings.post(x, step, tag)
+            t1 = time.perf_counter_ns()
+            rings.wait(step, tag, 10**9)
+            t2 = time.perf_counter_ns()
+            got[...] = values[step % 2]  # what the Python collect copies after its wait
         t3 = time.perf_counter_ns()
         _ = got[0], dict(zip(names, got))
         t4 = time.perf_counter_ns()
-        for part, ns in (("pack", t1 - t0), ("spin", t2 - t1), ("copy", t3 - t2), ("return", t4 - t3),
-                         ("all", t4 - t0)):
-            found[part][step] = ns / 1e3
-    return {part: float(np.median(v)) for part, v in found.items()}
+        times = {"pack": t1 - t0, "spin": t2 - t1, "copy": t3 - t2, "step": t3 - t0, "return": t4 - t3,
+                 "all": t4 - start}
+        for part in parts:
+            found[part][step] = times[part] / 1e3
+    return {part: (round(float(np.median(v)), 2), round(float(np.percentile(v, 99)), 2)) for part, v in found.items()}
 
 
 def chain_us(input_size: int) -> float:
@@ -106,8 +123,10 @@ def two_nodes_us() -> float:
     return float(np.median(chain_samples(step, CHAIN)))
 
 
-print(f"LSTM 1x{H} B={B} {DTYPE}")
-print("host share, us p50 on this CPU:", {k: round(v, 2) for k, v in host_share(H).items()})
+print(f"LSTM {args.layers}x{H} B={B} {DTYPE}")
+for native in (False, True):
+    print(f"host share, {'native' if native else 'Python'}, us (p50, p99) on this CPU:",
+          host_share(H, 2 * args.layers, native))
 if torch.cuda.is_available():
     with torch.no_grad():
         print("two small kernels per step in a graph, us/step:", round(two_nodes_us(), 2))

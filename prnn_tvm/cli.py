@@ -620,7 +620,7 @@ def cmd_cache(args) -> int:
     now = time.time()
     for e in entries:
         d = e.info.get("describes", {})
-        shapes = f"batch={d.get('batch')} hidden={d.get('hidden')} input={d.get('input_size')}"
+        shapes = f"batch={d.get('batch')} hidden={d.get('hidden')} input={d.get('input_size')}" if "batch" in d else ""
         print(
             printable(
                 f"{e.digest[:12]}  {e.info.get('kind', '?'):8s} {d.get('cell', '?'):14s} {shapes:32s} "

@@ -108,11 +108,11 @@ def test_the_run_files_round_trip_and_render(run_rows, tmp_path):
     paths = step_outputs.write_outputs(rows, histograms, tmp_path, "steps", "prnn-tvm bench --step-latency")
     assert set(paths) == {"csv", "histogram", "md", "png"}
     read, read_histograms = step_table.read(paths["csv"])
-    assert len(read) == len(rows) == 20 and read[0]["samples"] == 2000 and isinstance(read[0]["p50_us"], float)
+    assert len(read) == len(rows) == 22 and read[0]["samples"] == 2000 and isinstance(read[0]["p50_us"], float)
     assert read[0]["layers"] == 2 and read[0]["sms"] == 132 and read[0]["torch"] == "2.9.0"
-    assert [r["error"] for r in read if r["status"] == "error"] == ["not built: too big"] * 3
-    # the host and GPU modes: eight of the first model; cuDNN's four and our plain call's two of the second
-    assert sum(b["count"] for b in read_histograms) == 2000 * (8 + 6)
+    assert [r["error"] for r in read if r["status"] == "error"] == ["not built: too big"] * 4
+    # the host and GPU modes: nine of the first model; cuDNN's four and our plain call's two of the second
+    assert sum(b["count"] for b in read_histograms) == 2000 * (9 + 6)
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = paths["md"].read_text()
     first, second = (next(line for line in md.splitlines() if line.startswith(f"| {m.name} |")) for m in MODELS)
@@ -122,8 +122,8 @@ def test_the_run_files_round_trip_and_render(run_rows, tmp_path):
     )
     assert f"| {ours['p50_us']:.1f} / {ours['p99_us']:.1f} |" in first
     assert f"{graph['p50_us'] / ours['p50_us']:.2f}x" in first
-    assert second.count("—") == 5  # three of ours, and both ratios
-    assert f"- {MODELS[1].name}, ours host, ours gpu, ours chain: not built: too big" in md
+    assert second.count("—") == 6  # four of ours, and both ratios
+    assert f"- {MODELS[1].name}, ours host, ours host python, ours gpu, ours chain: not built: too big" in md
     assert "    prnn-tvm bench --step-latency" in md and "![latency per step](steps.png)" in md
 
 

@@ -101,6 +101,28 @@ def test_host_steps_equal_the_layers_sequence_call(cell, hidden, batch, input_si
     assert np.abs(got - out).max() <= 2 * tolerance(dtype, T)
 
 
+@pytest.mark.parametrize(
+    "cell, hidden, batch, input_size, dtype",
+    [
+        ("lstm_d2", 128, 1, 128, "float32"),  # a float32 a word
+        ("lstm", 640, 8, 640, "float16"),  # two halves a word
+        ("lstm", 33, 1, 1, "bfloat16"),  # a half a word, widened
+    ],
+)
+def test_native_and_python_host_steps_give_the_same_states(cell, hidden, batch, input_size, dtype):
+    """The native host step (the default where it is built) and the Python one, each in a session of its own over
+    the same layer: bit for bit the same states at every step (one kernel, the same words)."""
+    layer, inputs = _layer(cell, hidden, batch, input_size, dtype)
+    xs = np.random.default_rng(8).standard_normal((30, batch, input_size)).astype(dtype)
+    got = {}
+    for host_step in ("native", "python"):
+        with _session(layer, inputs, host_step=host_step) as session:
+            assert session.native == (host_step == "native"), "the native host step is not built here"
+            got[host_step] = [session.step(x)[1] for x in xs]
+    for t, (fast, slow) in enumerate(zip(got["native"], got["python"])):
+        assert all(np.array_equal(fast[n].view(np.uint8), slow[n].view(np.uint8)) for n in fast), t
+
+
 def test_host_and_device_steps_mix_in_one_session():
     """A step of the other transport closes the running launch and relaunches in its own, from the states the last
     step left: host, device, host steps in turn equal the reference of the whole sequence."""
@@ -374,6 +396,7 @@ def test_a_torch_modules_session_takes_host_inputs_through_the_host_transport():
     host = xs.cpu()
     given = [host[0], host[1].pin_memory(), host[2].numpy(), xs[3], host[4], xs[5], host[6].numpy(), host[7]]
     with module.session(batch=2) as session:
+        assert session.session.native  # CPU tensors through their data_ptr()
         for t, x in enumerate(given):
             y, (h, c) = session.step(x)
             on_gpu = isinstance(x, torch.Tensor) and x.is_cuda

@@ -5,9 +5,10 @@ Per model (a ``torch.nn.LSTM`` and the same weights in a session of the deep sta
 microseconds per step of each mode of :data:`~prnn_tvm.bench.step_table.MODES`, after a warm-up of 100 steps:
 
 - input on the host, the latency the host sees from writing a step's input (NumPy) to reading its output: our
-  ``session.step(x)``; our module's plain call at T=1 (``from_torch(lstm)(x, (h, c))``, no session); cuDNN's eager
-  step (``lstm(x, (h, c))`` on a copy of x, the output copied back); cuDNN's step
-  replayed from a CUDA graph (x copied into the graph's input, a replay, the output copied back);
+  ``session.step(x)`` (its host step native where it is built, and in Python in a second session); our module's
+  plain call at T=1 (``from_torch(lstm)(x, (h, c))``, no session); cuDNN's eager step (``lstm(x, (h, c))`` on a
+  copy of x, the output copied back); cuDNN's step replayed from a CUDA graph (x copied into the graph's input, a
+  replay, the output copied back);
 - input on the GPU, made by the step before (each step's input is the last step's output, as a decoder's next
   token), the host waiting for each step: our ``session.post``; our module's plain call; cuDNN's eager step; its
   graph's replay;
@@ -173,6 +174,8 @@ def measure(model: StepModel, steps: int, chain: int) -> tuple[dict, str | None,
                 missing = f"chain not measured: {err}"
         finally:
             session.close()
+        with layer.session(**session_weights(lstm), release_after=None, host_step="python") as session:
+            samples["ours host python"] = latencies(session.step, xs)
     return samples, report, missing
 
 

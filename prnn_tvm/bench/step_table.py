@@ -22,6 +22,7 @@ from .table import ENV_COLUMNS
 # from one CUDA graph: a sample is one replay's time per step)
 MODES = {
     "ours host": "host",
+    "ours host python": "host",
     "ours eager host": "host",
     "cudnn eager host": "host",
     "cudnn graph host": "host",
@@ -126,8 +127,9 @@ def markdown(rows: list[dict], title: str, command: str | None = None) -> str:
         "Microseconds per step. Host: from writing the step's input (NumPy) to reading its output, p50 / p99. "
         "GPU: the input made on the GPU by the step before, the caller waiting for each step, p50 / p99. "
         "Chain: dependent steps replayed from one CUDA graph, p50 over the replays. Ours: a resident session "
-        "(`layer.session()`) of the deep stack; ours eager: the `prnn_tvm.torch` module's plain call, one step "
-        "(T=1) per call, no session; cuDNN: `torch.nn.LSTM`'s call, eager and replayed from a CUDA graph.",
+        "(`layer.session()`) of the deep stack, its host step native (ours host python: in Python); ours eager: "
+        "the `prnn_tvm.torch` module's plain call, one step (T=1) per call, no session; cuDNN: `torch.nn.LSTM`'s "
+        "call, eager and replayed from a CUDA graph.",
         "",
         "| model | "
         + " | ".join(mode.replace("cudnn", "cuDNN").replace("gpu", "GPU") for mode in MODES)

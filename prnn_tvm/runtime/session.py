@@ -63,6 +63,7 @@ IDLE_TIMEOUT_S = 1.0
 COLLECT_TIMEOUT_US = 1_000_000
 
 HOST, DEVICE = "host", "device"  # a launch's transport (see the module's doc)
+HOST_STEPS = ("native", "python")  # how the host transport's host side runs (session_host, session_native)
 
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # sessions of this process whose resident kernel runs
 
@@ -82,6 +83,10 @@ class Session:
         once) or DLPack tensors on it (used in place: keep them unchanged while the session is open).
     initial : dict, optional
         Initial states by name (``h``, ``c``, ...; a stack's ``l0_h``...), (batch, hidden) each; zeros otherwise.
+    host_step : {"native", "python"}
+        How a host step's host side runs: ``"native"`` (the default) in one call of the native step
+        (:mod:`.session_native`), which falls back to Python, with a warning, where it cannot be built; ``"python"``
+        in Python (:mod:`.session_host`). The same words either way.
     release_after, idle_timeout_s, barrier_timeout_us, collect_timeout_us, free_sms
         See the module's doc. ``release_after=None``: never released while open (a session whose steps replay
         from a CUDA graph, which the host does not see, needs it, with an ``idle_timeout_s`` past the longest pause
@@ -101,7 +106,10 @@ class Session:
         barrier_timeout_us: int = DEFAULT_TIMEOUT_US,
         collect_timeout_us: int = COLLECT_TIMEOUT_US,
         free_sms: int = FREE_SMS,
+        host_step: str = "native",
     ):
+        if host_step not in HOST_STEPS:
+            raise InputError(f"host_step must be one of {', '.join(map(repr, HOST_STEPS))}, got {host_step!r}")
         for name, value, low, whole in (
             ("release_after", release_after or 0, 0, False),
             ("idle_timeout_s", idle_timeout_s, 0, False),
@@ -160,7 +168,8 @@ class Session:
                                                            self.device)
         x_arg = sig.publish.arg("x")
         self._host = HostRings(self._request_words, self._response_words, math.prod(x_arg.shape), x_arg.dtype,
-                               sig.dtype, self._error.read)
+                               sig.dtype, self._error.address, native=host_step == "native")
+        self._states_shape = (len(self.state_names), sig.batch, sig.hidden)
         self._x_shape, self._x_dtype = tuple(x_arg.shape), None  # a step's input: the dtype once one was accepted
         self._transport: str | None = None  # the running launch's
         self._host_base = 0  # the tag base of the running host launch (its requests carry base + step + 1)
@@ -205,20 +214,31 @@ class Session:
         ``collect_timeout_us``."""
         if type(x) is not np.ndarray or x.shape != self._x_shape or x.dtype is not self._x_dtype:
             self._check_step_input(x)
+        states = np.empty(self._states_shape, self.signature.dtype)
+        self.step_into(x, states)
+        return states[self.output_index], dict(zip(self.state_names, states))
+
+    @property
+    def native(self) -> bool:
+        """Whether a host step runs natively (``host_step="native"`` where the native step is built)."""
+        return self._host.native
+
+    def step_into(self, x, states) -> None:
+        """:meth:`step` into the caller's memory: ``x`` (batch, input) in, every new state into ``states`` (states,
+        batch, hidden) of the session's dtype, both C-contiguous NumPy arrays, checked by size alone. Where the step
+        is :attr:`native`, each may also be the address of such memory (a CPU tensor's ``data_ptr()``), unchecked:
+        the caller vouches for it."""
         with self._lock:
             if self._closed or not self._running or self._transport is not HOST or self._error.read():
                 self._start(HOST)
             step = self._host_steps
             tag = (self._host_base + step + 1) & 0xFFFFFFFF
-            self._host.post(x, step, tag)
+            ended = self._host.step(x, states, step, tag, self._collect_timeout_ns)  # nothing posted if it raises
             self._host_steps = step + 1
             self.steps += 1
             self._last_step = time.monotonic()
-            ended = self._host.wait(step, tag, self._collect_timeout_ns)
             if ended != READY:
                 self._host_failed(step)
-            states = self._host.states(step)
-        return states[self.output_index], dict(zip(self.state_names, states))
 
     def _check_step_input(self, x) -> None:
         """Refuse a step's input that is not a NumPy array of the input's shape and dtype, saying why; remember the
@@ -541,7 +561,11 @@ def open_session(
     names a call takes, optionally the initial states by the names a call takes them (``h0``, ``c0``, ...), and
     :class:`Session`'s keyword options; any other name is refused, listing the accepted ones."""
     arrays = dict(arrays)
-    options = {k: arrays.pop(k) for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us") if k in arrays}
+    options = {
+        k: arrays.pop(k)
+        for k in ("idle_timeout_s", "barrier_timeout_us", "collect_timeout_us", "host_step")
+        if k in arrays
+    }
     states = [a.name for a in signature.resident.args if a.role is ArgRole.STATE]
     initial = {name[:-1]: arrays.pop(name) for name in states if name in arrays}
     weights = [
@@ -552,7 +576,7 @@ def open_session(
         raise InputError(
             f"a {signature.cell} session takes no {', '.join(map(repr, unknown))}; it takes the weights "
             f"{', '.join(dict.fromkeys(weights))}, the initial states {', '.join(states)} and the options "
-            "release_after, free_sms, idle_timeout_s, barrier_timeout_us, collect_timeout_us"
+            "release_after, free_sms, idle_timeout_s, barrier_timeout_us, collect_timeout_us, host_step"
         )
     return Session(signature, module, arrays, initial, release_after=release_after, free_sms=free_sms, **options)
 

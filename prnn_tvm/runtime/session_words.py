@@ -46,7 +46,7 @@ class RequestPacker:
             raise ValueError(f"{count} values of {self.dtype} do not go into {self.words} request words")
         self._bits = np.empty(self.words, np.uint32)
         self._halves = np.zeros(2 * self.words if self.pairs else 0, np.uint16)  # an odd count of pairs, padded
-        self._table = _widened(self.dtype) if self.dtype.itemsize == 2 and not self.pairs else None
+        self._table = widened(self.dtype) if self.dtype.itemsize == 2 and not self.pairs else None
 
     def pack(self, x: np.ndarray, tag: int, out: np.ndarray) -> np.ndarray:
         """``x`` (``count`` values of the packer's dtype, any shape) as words tagged ``tag`` into ``out`` (uint64,
@@ -66,7 +66,7 @@ class RequestPacker:
 
 
 @functools.lru_cache(maxsize=None)
-def _widened(dtype: np.dtype) -> np.ndarray:
+def widened(dtype: np.dtype) -> np.ndarray:
     """The float32 bits of every value of the 16-bit float ``dtype``, by its bits."""
     return np.arange(2**16, dtype=np.uint16).view(dtype).astype(np.float32).view(np.uint32)
 

@@ -7,6 +7,8 @@ Where ``x`` is decides the transport:
   tensors;
 - a CPU tensor (pinned or not) or a NumPy array: the host transport (no CUDA call: the step's input goes through
   page-locked memory the resident kernel polls), waiting for the step; the results are CPU tensors of their own.
+  Where the session's host step is native (``session.session.native``), a tensor's memory is read and the new states
+  written through ``data_ptr()``: no copy, no NumPy.
 
 Mixing them in one session costs a relaunch of the resident kernel at each switch. A module of several layers
 serves a step per call as the deep stack of its cell (``<cell>_d<layers>``). The parameters are read where they
@@ -95,9 +97,21 @@ class ModuleSession:
 
     def _host_step(self, x) -> tuple:
         """A step through the host transport: ``x`` a CPU tensor or a NumPy array; CPU tensors back."""
+        s = self.session
+        if isinstance(x, torch.Tensor) and s.native:  # the tensors' memory through their addresses
+            dtype = next(self.module.parameters()).dtype
+            if tuple(x.shape) != (self.batch, self.module.input_size) or x.dtype != dtype:
+                raise InputError(
+                    f"step takes a tensor of shape ({self.batch}, {self.module.input_size}) and dtype {dtype}, got "
+                    f"{tuple(x.shape)} {x.dtype}"
+                )
+            x = x.detach().contiguous()
+            states = torch.empty(len(s.state_names), self.batch, self.module.hidden_size, dtype=dtype)
+            s.step_into(x.data_ptr(), states.data_ptr())
+            return states[s.output_index], self._torch_states(dict(zip(s.state_names, states)))
         if isinstance(x, torch.Tensor):
             x = _numpy(x.detach())
-        y, states = self.session.step(x)
+        y, states = s.step(x)
         return _tensor(y), self._torch_states({name: _tensor(value) for name, value in states.items()})
 
     @property

@@ -5,16 +5,16 @@ A session's launches run at once on a GPU (the resident kernel polls what the ca
 launch at a time. With rings as deep as the steps and one more (no slot is reused), the same kernels run in
 sequence. Device transport: each step's publish (the step count advanced by hand, as each collect would), the
 close mark, the resident kernel over every request until the close, then each step's collect against the barrier
-state the requests were tagged with. Host transport: the host's request words and the close mark written as the
-runtime writes them (``prnn_tvm.runtime.session_words``) into a host buffer that CTA 0 relays, the resident kernel,
-then the responses read from the host response buffer as the runtime reads them.
+state the requests were tagged with. Host transport: the host's request words and the close mark written by the
+runtime's own host side (``prnn_tvm.runtime.session_host``, natively or in Python) into a host buffer that CTA 0
+relays, the resident kernel, then each step's states collected from the host response buffer by that host side.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from prnn_tvm.runtime import session_words as words
+from prnn_tvm.runtime.session_host import READY, HostRings
 from prnn_tvm.signature import REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST, ArgRole
 
 from .emulator import TIMEOUT_US, emulate
@@ -27,12 +27,15 @@ def run_session(
     timeout_us: int = TIMEOUT_US,
     transport: str = "device",
     idle_us: int | None = None,
+    host_step: str = "native",
 ) -> tuple:
     """``kernels`` (``prnn_tvm.compiler.SessionKernels``) over ``seq_len`` steps of ``inputs`` (a layer's call
     arguments by name: ``x`` (T, B, input), ``W_ih``, ``b_ih``, the weights and params, optional initial states),
     through the ``transport`` ``"device"`` or ``"host"``. With ``idle_us`` (the host transport) no close mark
-    follows the requests: the kernel waits that long for the next and leaves idle. Returns ``({state: its values at
-    every step (T, B, H)}, {state: final}, the resident kernel's error word, the barrier state after the run)``."""
+    follows the requests: the kernel waits that long for the next and leaves idle. ``host_step``: the host
+    transport's host side, ``"native"`` (where it is built, else Python) or ``"python"``. Returns ``({state: its
+    values at every step (T, B, H)}, {state: final}, the resident kernel's error word, the barrier state after the
+    run)``."""
     if transport not in ("device", "host") or (idle_us is not None and transport != "host"):
         raise ValueError(f"transport must be 'device' or 'host' (with idle_us: 'host'), got {transport!r}")
     resident, depth = kernels.resident, seq_len + 1
@@ -62,20 +65,24 @@ def run_session(
     xs = [np.asarray(inputs["x"][t], dtype) for t in range(seq_len)]
     if transport == "host":
         requests = np.zeros(arrays[REQUESTS].shape, "uint64")
-        base = int(arrays["sync"][2])
-        for t in range(seq_len + (idle_us is None)):  # each step's request, then the close mark
-            tag = (base + t + 1) & 0xFFFFFFFF
-            slot = np.empty(requests[t].size, np.uint64)
-            sent = words.request_words(xs[t], tag, slot) if t < seq_len else words.close_words(slot.size, tag)
-            requests[t] = sent.reshape(requests[t].shape)
         responses = np.zeros(arrays[RESPONSES].shape, "uint64")
+        error = np.zeros(1, np.uint32)
+        rings = HostRings(requests, responses, xs[0].size, dtype, dtype, error.ctypes.data, host_step == "native")
+        base = int(arrays["sync"][2])
+        tags = [(base + t + 1) & 0xFFFFFFFF for t in range(seq_len + 1)]
+        for t in range(seq_len + (idle_us is None)):  # each step's request, then the close mark
+            if t < seq_len:
+                rings.post(xs[t], t, tags[t])
+            else:
+                rings.close(t, tags[t])
         run = emulate(kernels.source, resident, {**arrays, REQUESTS_HOST: requests, RESPONSES_HOST: responses},
                       scalars)
-        got = run.buffers[RESPONSES_HOST]
+        responses[...] = run.buffers[RESPONSES_HOST]  # where the rings' host side reads them
         steps = []
         for t in range(seq_len):
-            assert words.tagged(got[t], (base + t + 1) & 0xFFFFFFFF), f"step {t}'s responses are not all tagged"
-            steps.append(words.values(got[t], dtype))
+            states = np.empty(responses.shape[1:], dtype)
+            assert rings.collect(states, t, tags[t], 10**6) == READY, f"step {t}'s responses are not all tagged"
+            steps.append(states)
         assert not run.buffers[RESPONSES].any(), "the host transport wrote device responses"
     else:
         steps, run = _device_transport(kernels, arrays, scalars, xs, seq_len)
