@@ -3,9 +3,13 @@ GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
 
     python bench/split.py [--hidden 2048 --batch 8 --gpus 2 --seq 256] [--config '{"k_groups": 4, ...}']
 
-Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs (one H100 refuses it: its weights do not fit one GPU's
-registers) and H=1024 B=8 on 1 vs 2 GPUs. ``--gpus 4 --hidden 4096 --batch 4`` is refused for now: 134 MB of
-weights are 254 KB per SM over four H100s, the whole register file; it needs the shared-memory tier.
+Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
+part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
+over four H100s: each GPU's slice keeps part of them in shared memory) against cuDNN on one GPU.
+
+The public calls come first, each timed as cuDNN's ``m(x)`` is, under ``torch.no_grad()``:
+``prnn_tvm.torch.from_torch(m)(x)`` on one GPU and ``from_torch(m, devices=[0, .., G-1])(x)`` over G (torch tensors
+on GPU 0 in and out: the input copied to the other GPUs, each GPU's units of the outputs copied back).
 
 Every figure is host wall time over ``number`` calls issued back to back, then a wait for every GPU, the median
 of ``repeats`` runs: a split call's time is its slowest GPU's. "layer" is the whole layer (each GPU computes its own
@@ -24,7 +28,8 @@ import torch
 import tvm
 
 import prnn_tvm
-from prnn_tvm.errors import ConfigError
+import prnn_tvm.torch as pt
+from prnn_tvm.errors import ConfigError, UnsupportedError
 from prnn_tvm.reference import random_inputs
 
 p = argparse.ArgumentParser()
@@ -67,6 +72,31 @@ lstm = torch.nn.LSTM(H, H).cuda().half().eval()
 x = torch.randn(T, B, H, device="cuda", dtype=torch.float16)
 with torch.no_grad():
     rows.append(row("cuDNN nn.LSTM, 1 GPU", wall_ms(lambda: lstm(x), torch.cuda.synchronize)))
+
+
+def every_gpu() -> None:
+    for d in range(G):
+        torch.cuda.synchronize(d)
+
+
+def public_row(what: str, make) -> dict:
+    """The public call of the module ``make()`` makes from ``lstm``, or why it does not run ours."""
+    try:
+        module = make()
+        with torch.no_grad():
+            ms = wall_ms(lambda: module(x), every_gpu)
+    except (ConfigError, UnsupportedError) as err:
+        return row(what, None, f"refused: {str(err)[:160]}")
+    notes = "; ".join(str(n) for n in getattr(module, "fallback_notes", {}).values())
+    if notes:  # a layer no config places runs on torch.nn's kernels: not ours
+        return row(what, None, f"runs torch.nn's kernels: {notes[:160]}")
+    return row(what, ms)
+
+
+rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
+rows.append(public_row(f"prnn-tvm, {G} GPUs: public call", lambda: pt.from_torch(lstm, devices=list(range(G)),
+                                                                                config=args.config)))
+one_public, split_public = rows[1]["ms"], rows[2]["ms"]
 
 # ours on one GPU, where it fits
 inputs = None
@@ -111,4 +141,6 @@ cudnn = rows[0]["ms"]
 for r in rows[1:]:
     if r["ms"] is not None:
         print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
+if one_public is not None and split_public is not None:
+    print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
 print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows}))

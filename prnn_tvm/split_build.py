@@ -16,6 +16,7 @@ from .codegen.build import build_functions
 from .codegen.projection import projection_func
 from .errors import ConfigError
 from .frontend.plan import CellPlan
+from .runtime import peers
 from .runtime.split import SplitLayer
 from .schedules import split_kernels
 from .signature import Signature, projection_launch
@@ -27,7 +28,7 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
     """The layer of ``plan`` split over ``devices`` (CUDA device indices, one per GPU, distinct): the first kernel
     of :func:`prnn_tvm.schedules.split_kernels` that ptxas builds without spills (else the last, reported);
     ``report(plan, kernel, built, choice)`` makes the compile report."""
-    devices = _devices(devices)
+    devices = peers.checked_devices(devices)
     if gpu is None:
         raise ConfigError("a layer split over GPUs runs CUDA kernels: compile it for target='cuda'")
     kernel = built = None
@@ -50,22 +51,6 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
         signature = signature.with_grid(kernel.launch.function, registers=fn.registers,
                                         static_smem_bytes=fn.static_smem_bytes)
     return SplitLayer(signature, built.module, devices, kernel, rep, built.source, plan, target)
-
-
-def _devices(devices) -> tuple:
-    """``devices`` as a tuple of distinct device indices, at least two; ConfigError naming the fix otherwise."""
-    try:
-        found = tuple(devices)
-    except TypeError:
-        raise ConfigError(f"devices must be a list of CUDA device indices like [0, 1], got {devices!r}") from None
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in found):
-        raise ConfigError(f"devices must be CUDA device indices (whole numbers from 0), got {devices!r}")
-    if len(set(found)) != len(found):
-        raise ConfigError(f"devices {list(found)} names a GPU twice: name each GPU once")
-    if len(found) < 2:
-        raise ConfigError(f"devices={list(found)}: a split layer runs on 2 GPUs or more; for one GPU compile "
-                          "without devices")
-    return found
 
 
 def gpu_projection(plan: CellPlan, width: int, input_size: int, target):

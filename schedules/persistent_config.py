@@ -67,7 +67,7 @@ class PersistentConfig:
     vec: int = field(default=4, metadata={"short": "v"})
     barrier: str = field(default=RANKED_WITH, metadata={"short": ""})
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
-    smem_chunks: int = field(default=0, metadata={"short": "sc", "quiet": True})
+    smem_chunks: int = field(default=0, metadata={"short": "sc", "quiet": True, "tier": True})
 
     def as_dict(self) -> dict:
         return knobs_of(self)

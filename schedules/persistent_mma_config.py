@@ -120,7 +120,7 @@ class MmaConfig:
     batch_groups: int = field(default=1, metadata={"short": "bg", "quiet": True})
     poll_sleep: int = field(default=0, metadata={"short": "ps", "quiet": True})
     operand_path: str = field(default="shared", metadata={"short": "", "quiet": True})
-    smem_k_tiles: int = field(default=0, metadata={"short": "sk", "quiet": True})
+    smem_k_tiles: int = field(default=0, metadata={"short": "sk", "quiet": True, "tier": True})
 
     @property
     def direct(self) -> bool:

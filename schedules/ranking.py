@@ -141,6 +141,12 @@ def tiers_offered(plan: CellPlan, gpu: GpuSpec, untiered: Iterable, validate: Ca
     return True
 
 
+def tier_knob(cfg) -> str | None:
+    """The name of ``cfg``'s weight-tier knob (the field whose metadata says ``tier``: how many of a thread's weight
+    chunks live in shared memory; each more frees registers), or None for a config without one."""
+    return next((f.name for f in dataclasses.fields(cfg) if f.metadata.get("tier")), None)
+
+
 def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
     """The weight tiers a space offers a config (how many of a thread's weight chunks go to shared memory): 0, and
     where its register estimate passes the cap by ``excess`` registers, the fewest that bring it under (each tier

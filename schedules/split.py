@@ -31,10 +31,13 @@ from prnn_tvm.signature import CTA_OFFSET, split_args
 from prnn_tvm.target import max_regs_per_thread
 
 from .head_columns import OperandColumns
+from .ranking import tier_knob
 
 UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
 
 SPLIT_BARRIER = "tags"
+SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
+SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
 
 def split_problem(plan, gpus: int) -> str | None:
@@ -76,32 +79,70 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
         problem = Tags().placement_problem(plan, candidate.units_per_cta)
         if problem:
             raise ConfigError(problem)
-        rows, regs = poll_chunk(g, candidate, plan, whole)
-        return SplitPlacement(candidate, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows)
+        return with_poll(candidate, g, plan, whole, validate)
 
     found, reason = [], None
     if cfg is not None:
         try:
-            return [fitting(cfg)]
+            return fitting(cfg)
         except ConfigError as err:
             raise ConfigError(f"config {cfg} cannot run split over {gpus} GPUs: {err}") from None
     try:
         candidates = ranked_configs(plan, whole, limit=64)
     except ConfigError as err:
         candidates, reason = [], err
+    placed = 0
     for other in candidates:
         try:
-            placed = fitting(other)
+            ladder = fitting(other)
         except ConfigError as err:
             reason = reason or err
             continue
-        if placed not in found:
-            found.append(placed)
-        if len(found) == limit:
+        if ladder[0] not in found:
+            found += [p for p in ladder if p not in found]
+            placed += 1
+        if placed == limit:
             break
     if not found:
         raise ConfigError(f"no config of this layer splits over {gpus} GPUs (the '{SPLIT_BARRIER}' exchange, the "
                           f"shared layout, a grid of a multiple of {gpus} CTAs): {reason}")
+    return found
+
+
+def with_poll(cfg, g, plan, gpu, validate) -> list[SplitPlacement]:
+    """``cfg`` (of geometry ``g`` without the poll's registers) placed with the chunk of rows its poll waits for
+    (:func:`poll_chunk`). Where not even one row's loads fit beside the weights, more of the weights go to shared
+    memory (the tiers: ``ranking.tier_knob``), one chunk of them at a time, until they do: a GPU's slice of a layer
+    past its registers (LSTM fp16 hidden 4096 over four H100s: 254 KB of weights a CTA) keeps part of them there.
+    A tiered placement is followed by up to ``SPILL_STEPS`` with more tiers, each estimated ``SPILL_STEP_REGS``
+    registers lighter than the one before (the fallbacks where ptxas spills: the estimate is rough, and at hidden
+    4096 over four GPUs the first tier count without spills was 9 k tiles past the estimate's). ConfigError with the
+    reason where no tier makes room (or the template has none)."""
+    tier = tier_knob(cfg)
+    found, last, err = [], None, None
+    while len(found) <= SPILL_STEPS:
+        try:
+            rows, regs = poll_chunk(g, cfg, plan, gpu)
+        except ConfigError as why:
+            err = err or why
+        else:
+            if last is None or g.regs_estimate + regs <= last - SPILL_STEP_REGS:
+                found.append(SplitPlacement(cfg, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows))
+                last = g.regs_estimate + regs
+        if tier is None or not getattr(found[0].config if found else cfg, tier):
+            if found:  # every weight in registers: no tiered fallbacks
+                return found
+            if tier is None:
+                raise err
+        more = dataclasses.replace(cfg, **{tier: getattr(cfg, tier) + 1})
+        try:
+            g = validate(dataclasses.replace(more, barrier=UNPOLLED), plan, gpu)
+        except ConfigError as full:
+            if found:
+                return found
+            raise ConfigError(f"{err}; more weights in shared memory do not fit either ({tier}={getattr(more, tier)}: "
+                              f"{full})") from None
+        cfg = more
     return found
 
 

@@ -8,6 +8,7 @@ import pytest
 
 import prnn_tvm
 from prnn_tvm.checks import max_abs_error, plan_tolerance
+from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import BarrierTimeout, LaunchError
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 
@@ -100,3 +101,61 @@ def test_outputs_come_back_whole_from_every_gpu():
     assert out.shape == (5, 3, 256) and h_n.shape == c_n.shape == (3, 256)
     assert np.isfinite(out).all()
     np.testing.assert_array_equal(out[-1], h_n)
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize("hidden, batch, dtype", [(256, 3, "float32"), (1024, 8, "float16"), (2048, 8, "float16")])
+def test_torch_module_over_two_gpus_against_float64(hidden, batch, dtype):
+    """``from_torch(m, devices=[0, 1])``: error against the same module in float64 at most 1.5x cuDNN's own (or the
+    tolerance), outputs on the first GPU, the caller's current device kept."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    from .test_gpu_half import errors_against_float64
+
+    before = _current_device()
+    ours_err, cudnn_err = errors_against_float64(torch.nn.LSTM, hidden, hidden, 32, batch, dtype,
+                                                 lambda m: pt.from_torch(m, devices=[0, 1]))
+    assert ours_err <= max(1.5 * cudnn_err, tolerance(dtype, 32)), f"ours {ours_err:.2e}, cuDNN {cudnn_err:.2e}"
+    assert _current_device() == before
+
+
+@pytest.mark.gpus(4)
+def test_torch_module_over_four_gpus_past_registers():
+    """LSTM fp16 hidden 4096 batch 4 over four GPUs (part of each CTA's weights in shared memory) through
+    ``from_torch``, against float64."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    from .test_gpu_half import errors_against_float64
+
+    ours_err, cudnn_err = errors_against_float64(torch.nn.LSTM, 4096, 4096, 16, 4, "float16",
+                                                 lambda m: pt.from_torch(m, devices=[0, 1, 2, 3]))
+    assert ours_err <= max(1.5 * cudnn_err, tolerance("float16", 16)), f"ours {ours_err:.2e}, cuDNN {cudnn_err:.2e}"
+
+
+@pytest.mark.gpus(2)
+def test_torch_stack_with_states_and_packed_rows_over_two_gpus():
+    """Two layers, given initial states, a PackedSequence (rows stop at their lengths), then a parameter updated in
+    place (the copies on GPU 1 follow it): each against torch.nn in float64."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    import prnn_tvm.torch as pt
+
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(64, 128, num_layers=2).cuda().eval()
+    exact = torch.nn.LSTM(64, 128, num_layers=2).cuda().double().eval()
+    ours = pt.from_torch(module, devices=[0, 1])
+    x = torch.randn(9, 5, 64, device="cuda")
+    h0, c0 = torch.randn(2, 5, 128, device="cuda"), torch.randn(2, 5, 128, device="cuda")
+    packed = pack_padded_sequence(x, torch.tensor([9, 3, 7, 1, 5]), enforce_sorted=False)
+    for _ in range(2):
+        exact.load_state_dict({k: v.double() for k, v in module.state_dict().items()})
+        with torch.no_grad():
+            got, (h_n, c_n) = ours(packed, (h0, c0))
+            want, (h_w, c_w) = exact(packed.to(torch.float64), (h0.double(), c0.double()))
+            module.weight_hh_l1.mul_(0.5)
+        assert got.data.device == torch.device("cuda", 0)
+        for a, b in ((got.data, want.data), (h_n, h_w), (c_n, c_w)):
+            assert (a.double() - b).abs().max().item() <= tolerance("float32", 9)

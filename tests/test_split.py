@@ -4,6 +4,8 @@ the others store into it (``prnn_tvm.verify.split``), against the float64 refere
 block, a peer that never runs); the refusals; the generated code of the layers the split is for (ptxas: 0 spills).
 What only GPUs joined by NVLink show (peer access, system-scope stores, the timings) is in ``test_gpu_split.py``."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,21 +13,26 @@ import prnn_tvm
 from prnn_tvm.checks import max_abs_error
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import ConfigError, InputError, LaunchError
+from prnn_tvm.frontend.analysis import analyze
+from prnn_tvm.frontend.registry import resolve
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
-from prnn_tvm.schedules import split
-from prnn_tvm.verify import emulator
+from prnn_tvm.schedules import by_name, split
+from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.target import STATIC_SMEM_RESERVE, gpu_spec, max_regs_per_thread
+from prnn_tvm.verify import bounds, emulator
 from prnn_tvm.verify.split import run_split
 
+H100 = gpu_spec("sm_90")
 emulated_only = pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
 
 
-def knobs(units: int, tile: int = 2) -> dict:
-    return dict(units_per_cta=units, k_split=4, rows_per_thread=2, batch_tile=tile, vec=2, barrier="tags")
+def knobs(units: int, tile: int = 2, **more) -> dict:
+    return dict(units_per_cta=units, k_split=4, rows_per_thread=2, batch_tile=tile, vec=2, barrier="tags", **more)
 
 
-def split_layer(cell: str, hidden: int, batch: int, gpus: int, units: int, tile: int = 2):
+def split_layer(cell: str, hidden: int, batch: int, gpus: int, units: int, tile: int = 2, **more):
     return prnn_tvm.compile_cell(cell, hidden, batch, input_size=3, arch="sm_90", tuning_logs=[],
-                                 config=knobs(units, min(tile, batch)), devices=list(range(gpus)), cache=False)
+                                 config=knobs(units, min(tile, batch), **more), devices=list(range(gpus)), cache=False)
 
 
 @emulated_only
@@ -49,6 +56,27 @@ def test_every_gpu_computes_its_units_from_the_peers_states(cell, hidden, batch,
     assert words == [0] * gpus
     err = max_abs_error(layer.plan, (out, finals), reference_layer(layer.plan, inputs))
     assert err <= tolerance("float32", steps), err
+
+
+@emulated_only
+@pytest.mark.parametrize(
+    "cell, hidden, batch, gpus, units, chunks",
+    [
+        ("lstm", 12, 3, 2, 3, 1),  # one of a lane's two weight chunks in shared memory
+        ("lstm", 12, 2, 4, 3, 2),  # every weight in shared memory, four GPUs
+        ("gru", 10, 3, 2, 3, 1),  # the second GPU's last CTA half past hidden
+    ],
+)
+def test_a_gpus_slice_with_weights_in_shared_memory(cell, hidden, batch, gpus, units, chunks):
+    """The weight tiers (``smem_chunks``) in each GPU's run of CTAs: loaded once from the CTA's own rows (whose
+    index counts from the run's ``cta_offset``), read every step, against the reference."""
+    layer = split_layer(cell, hidden, batch, gpus, units, smem_chunks=chunks)
+    assert layer.kernel.config.smem_chunks == chunks and layer.report.weight_smem_bytes > 0
+    inputs = random_inputs(layer.plan, 4, 3)
+    out, finals, words = run_split(layer, inputs)
+    assert words == [0] * gpus
+    err = max_abs_error(layer.plan, (out, finals), reference_layer(layer.plan, inputs))
+    assert err <= tolerance("float32", 4), err
 
 
 @emulated_only
@@ -139,15 +167,68 @@ def test_without_gpus_a_call_says_so_and_only_numpy_crosses():
             layer(**inputs)
 
 
+def half_plan(hidden: int, batch: int):
+    return analyze(resolve("lstm"), batch, hidden, "float16")
+
+
+def test_a_slice_past_registers_keeps_weights_in_shared_memory():
+    """LSTM fp16 hidden 4096 over four H100s: 254 KB of weights a CTA, past its registers. Each placement keeps part
+    of them in shared memory, enough that a poll's row fits beside the rest, within the block's shared memory; the
+    tiered fallbacks hold fewer registers each (ptxas decides which builds without spills)."""
+    template = by_name("persistent_mma")
+    placements = split.split_configs(None, half_plan(4096, 4), H100, 4, template.knobs.validate,
+                                     template.knobs.ranked_configs)
+    assert placements and all(p.config.smem_k_tiles > 0 and p.chunk_rows >= 1 for p in placements)
+    whole = split.combined(H100, 4)
+    for p in placements:
+        g = template.knobs.validate(dataclasses.replace(p.config, barrier=split.UNPOLLED), half_plan(4096, 4), whole)
+        assert g.smem_ws > 0 and g.smem_bytes + STATIC_SMEM_RESERVE <= H100.smem_per_block
+        assert p.geometry.regs_estimate <= max_regs_per_thread(p.geometry.threads, H100)
+    same = [p for p in placements if p.config.k_groups == placements[0].config.k_groups]
+    assert len(same) > 1  # the fallbacks of the first config: more tiers, each lighter by SPILL_STEP_REGS or more
+    for a, b in zip(same, same[1:]):
+        assert b.config.smem_k_tiles > a.config.smem_k_tiles
+        assert b.geometry.regs_estimate <= a.geometry.regs_estimate - split.SPILL_STEP_REGS
+
+
+def test_a_slice_that_fits_registers_keeps_them_there():
+    """LSTM fp16 hidden 2048 over two GPUs fits their registers: its first placement keeps every weight there (the
+    tiers only where the poll does not fit beside them); a caller's config past registers gets the tiers it needs."""
+    template = by_name("persistent_mma")
+    plan = half_plan(2048, 8)
+    first = split.split_configs(None, plan, H100, 2, template.knobs.validate, template.knobs.ranked_configs)[0]
+    assert first.config.smem_k_tiles == 0
+    given = mc.MmaConfig(8, 4, 1, smem_k_tiles=20)  # hidden 4096: the weights fit, the poll finds no room beside
+    raised = split.split_configs(given, half_plan(4096, 4), H100, 4, template.knobs.validate,
+                                 template.knobs.ranked_configs)
+    assert raised[0].config.smem_k_tiles > 20 and raised[0].config.k_groups == 4
+
+
+def test_a_layer_past_registers_and_shared_memory_is_refused():
+    with pytest.raises(ConfigError, match="no config of this layer splits over 2 GPUs"):
+        prnn_tvm.compile_cell("lstm", 8192, 4, dtype="float16", arch="sm_90", devices=[0, 1], cache=False)
+
+
+def test_tiered_half_split_stays_inside_its_shared_memory():
+    """The tensor-core tiers (``smem_k_tiles``) in a GPU's run of CTAs, which the emulator does not run: every shared
+    access of every thread inside the launch's allocation."""
+    layer = prnn_tvm.compile_cell("lstm", 64, 4, dtype="float16", arch="sm_90", tuning_logs=[], devices=[0, 1],
+                                  config=dict(units_per_cta=16, k_groups=2, n_tiles=1, smem_k_tiles=1), cache=False)
+    assert layer.report.weight_smem_bytes > 0 and layer.kernel.config.smem_k_tiles == 1
+    assert bounds.launch_problems(layer.kernel.func, layer.kernel.launch.grid) == [], layer.report.format()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("hidden, batch", [(2048, 8), (1024, 8)])
-def test_the_half_layers_it_is_for_build_without_spills(hidden, batch):
+@pytest.mark.parametrize("hidden, batch, gpus", [(2048, 8, 2), (1024, 8, 2), (4096, 4, 4)])
+def test_the_half_layers_it_is_for_build_without_spills(hidden, batch, gpus):
     """LSTM fp16 hidden 2048 batch 8 does not fit one H100's registers (one GPU runs it with part of its weights in
     shared memory); split over two it builds with every weight in registers, each GPU a run of CTAs that ptxas
-    reports without spills."""
-    layer = prnn_tvm.compile_cell("lstm", hidden, batch, dtype="float16", arch="sm_90", devices=[0, 1], cache=False)
+    reports without spills. Hidden 4096 over four keeps part of each CTA's weights in shared memory."""
+    layer = prnn_tvm.compile_cell("lstm", hidden, batch, dtype="float16", arch="sm_90", devices=list(range(gpus)),
+                                  cache=False)
     if layer.report.registers is None:
         pytest.skip(f"no ptxas report here: {layer.report.ptxas_note}")
     assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
-    assert layer.ctas_per_gpu * 2 * layer.units_per_cta == hidden
+    assert layer.ctas_per_gpu * gpus * layer.units_per_cta == hidden
+    assert (layer.report.weight_smem_bytes > 0) == (hidden == 4096), layer.report.format()
     assert "prnn_tag_store_peer<half>(" in layer.cuda_source  # every new state also goes to the peer

@@ -14,7 +14,7 @@ import ctypes.util
 import functools
 from pathlib import Path
 
-from ..errors import LaunchError
+from ..errors import ConfigError, LaunchError
 
 PEER_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled
 
@@ -40,6 +40,22 @@ def _check(code: int, what: str) -> None:
         lib = cudart()
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         raise LaunchError(f"{what} failed: CUDA error {code} ({lib.cudaGetErrorString(code).decode()})")
+
+
+def checked_devices(devices) -> tuple:
+    """``devices`` as a tuple of distinct device indices, at least two; ConfigError naming the fix otherwise."""
+    try:
+        found = tuple(devices)
+    except TypeError:
+        raise ConfigError(f"devices must be a list of CUDA device indices like [0, 1], got {devices!r}") from None
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in found):
+        raise ConfigError(f"devices must be CUDA device indices (whole numbers from 0), got {devices!r}")
+    if len(set(found)) != len(found):
+        raise ConfigError(f"devices {list(found)} names a GPU twice: name each GPU once")
+    if len(found) < 2:
+        raise ConfigError(f"devices={list(found)}: a split layer runs on 2 GPUs or more; for one GPU leave "
+                          "devices out")
+    return found
 
 
 def device_count() -> int:

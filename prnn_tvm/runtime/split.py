@@ -134,12 +134,27 @@ class SplitLayer:
         named = {**dict(zip(names, args)), **kwargs}
         if not all(isinstance(a, np.ndarray) for a in named.values()):
             raise InputError("a layer split over GPUs takes NumPy arrays (copied to every GPU) and returns NumPy; "
-                             "pass x.cpu().numpy() for a torch tensor")
+                             "pass x.cpu().numpy() for a torch tensor (prnn_tvm.torch.LSTM(..., devices=[...]) "
+                             "takes torch tensors)")
+        return self._bind_parts(signature, [self.own_columns(named, i) for i in range(len(self.parts))])
+
+    def bind_each(self, per_gpu: list, recurrent: bool = False) -> SplitCall:
+        """Place a call whose arrays are given per GPU: ``per_gpu[g]`` the ``g``-th GPU's, by argument name, as
+        :meth:`own_columns` makes them (of the input projection its own columns), each a DLPack tensor on that GPU
+        (wrapped without a copy: torch's tensors). ``recurrent``: from the input projection ``xp``. The launches
+        go on each device's current TVM stream (``tvm_ffi.use_raw_stream``), to be run there; each GPU's outputs
+        (TVM tensors on it, its units written) are :attr:`SplitCall.outputs`."""
+        if len(per_gpu) != len(self.parts):
+            raise InputError(f"{len(per_gpu)} sets of arrays given for a layer split over {len(self.parts)} GPUs")
+        signature = self.signature.starting_at("recurrent") if recurrent else self.signature
+        return self._bind_parts(signature, per_gpu)
+
+    def _bind_parts(self, signature: Signature, per_gpu: list) -> SplitCall:
         self._enable_peers()
         for part in self.parts:  # every workspace exists before any part's scalars name its peers'
             part._check_coresidency()
             part.launch_state(part.stream)
-        calls = [part._bind(signature, (), self.own_columns(named, i)) for i, part in enumerate(self.parts)]
+        calls = [part._bind(signature, (), named) for part, named in zip(self.parts, per_gpu)]
         if calls[0].chunks > 1:
             raise InputError(f"a sequence of {calls[0].seq_len} steps runs in chunks on one GPU, which a split layer "
                              "does not do yet: call it on shorter pieces, passing each piece's final states on")
@@ -170,13 +185,17 @@ class SplitLayer:
             self.join = peers.StreamJoin(self.devices)
             self._peers_enabled = True
 
-    def check(self) -> None:
-        """Wait for every GPU; raise BarrierTimeout (resetting every GPU's state) if a launch timed out."""
-        for part in self.parts:
-            part._wait()
+    def check(self, wait: bool = True) -> None:
+        """Raise BarrierTimeout (resetting every GPU's state) if a launch timed out; ``wait``: first wait for every
+        GPU (else only what their host error words already say)."""
+        if wait:
+            for part in self.parts:
+                part._wait()
         recorded = [part._error.read() if part._error is not None else 0 for part in self.parts]
         if not any(recorded):
             return
+        for part in self.parts:  # nothing may still run on the states about to be dropped
+            part._wait()
         for part in self.parts:  # the peers' copies hold the failed launch's tags: start every GPU clean
             part._states.clear()
             if part._error is not None:
@@ -195,6 +214,11 @@ class SplitCall:
 
     def __init__(self, layer: SplitLayer, calls: list[BoundCall]):
         self.layer, self.calls = layer, calls
+
+    @property
+    def outputs(self) -> list:
+        """Each GPU's ``(out, *finals)`` (TVM tensors on it; it wrote its own units of each)."""
+        return [call.outputs for call in self.calls]
 
     def run(self) -> None:
         """Every GPU's launches, launch by launch across the GPUs (each GPU's projection before any recurrent
@@ -236,12 +260,18 @@ class SplitCall:
 
 def gather(per_device: list, units: list, hidden: int) -> tuple:
     """``(out, finals)`` whole from each GPU's ``[out, *finals]`` (NumPy), GPU ``g`` giving the units ``units[g]``
-    (a range): the output's columns of every output state (``k * hidden + unit``), the finals' last axis."""
+    (a range): :func:`unit_columns` of the output and of each final state."""
     out, *finals = (np.array(a) for a in per_device[0])
     for (theirs_out, *theirs), mine in zip(per_device[1:], units[1:]):
-        for k in range(out.shape[-1] // hidden):
-            cols = slice(k * hidden + mine.start, k * hidden + mine.stop)
+        for cols in unit_columns(mine, hidden, out.shape[-1]):
             out[..., cols] = theirs_out[..., cols]
         for final, other in zip(finals, theirs):
-            final[..., mine.start:mine.stop] = other[..., mine.start:mine.stop]
+            for cols in unit_columns(mine, hidden, final.shape[-1]):
+                final[..., cols] = other[..., cols]
     return out, tuple(finals)
+
+
+def unit_columns(units: range, hidden: int, width: int) -> list:
+    """The columns (slices of the last axis) that hold ``units`` in an output of ``width`` columns: those of each
+    output state (``k * hidden + unit``: an output sequence may hold several states side by side)."""
+    return [slice(k * hidden + units.start, k * hidden + units.stop) for k in range(width // hidden)]

@@ -49,7 +49,9 @@ differentiated (``create_graph=True``, as a gradient penalty asks) is refused
 ``torch.compile`` and ``torch.export`` a call is the operator ``prnn_tvm::layers`` (:mod:`~prnn_tvm.torch.ops`:
 no graph break, an exported program that runs anywhere); ``torch.jit.trace`` is refused. The modules are
 ``torch.nn.RNNBase`` s with its bookkeeping; parameters are read by attribute (parametrizations, ``weight_norm``);
-under ``torch.autocast`` a module runs in its dtype where torch.nn's would.
+under ``torch.autocast`` a module runs in its dtype where torch.nn's would. ``devices=[0, 1, ...]`` (constructors
+and ``from_torch``) splits each layer's units over those GPUs of one host, for layers too big for one GPU
+(:mod:`~prnn_tvm.torch.split`: inference only, tensors on the first GPU).
 
 The package: :mod:`~prnn_tvm.torch.modules` (the modules, torch.nn's manners), :mod:`~prnn_tvm.torch.dispatch`
 (which compiled layer serves a call, and running it: the CUDA kernels through the runtime's
@@ -58,7 +60,7 @@ parameters, and what is kept of them), :mod:`~prnn_tvm.torch.projection` (the in
 :mod:`~prnn_tvm.torch.autograd` (the ``torch.autograd.Function`` s), :mod:`~prnn_tvm.torch.sequences` (packed and
 reversed sequences), :mod:`~prnn_tvm.torch.buckets` (batch buckets), :mod:`~prnn_tvm.torch.fallback` (torch.nn's
 kernels where nothing fits), :mod:`~prnn_tvm.torch.ops` (the torch operators), :mod:`~prnn_tvm.torch.amp`
-(autocast).
+(autocast), :mod:`~prnn_tvm.torch.split` (layers split over GPUs).
 """
 
 try:

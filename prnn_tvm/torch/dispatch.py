@@ -224,6 +224,7 @@ class Dispatch(BatchBuckets):
             if layer._training is not None:
                 layer._training.forward.check(wait=False)
                 layer._training.backward.check(wait=False)
+        self._split.check()  # the layers split over GPUs (every GPU's)
 
     def _run_rows(
         self,

@@ -21,6 +21,7 @@ from .buckets import KeptShapes
 from .dispatch import _NOTHING, DTYPES, Dispatch
 from .sequences import packed_like, unpacked
 from .session import ModuleSession
+from .split import SplitLayers, call_refusal, module_refusal
 
 # the cell's arguments -> torch.nn's parameter names, without their layer and direction suffix (``_l0``,
 # ``_l1_reverse``), in torch.nn's order (the cells take PyTorch's layout and gate order)
@@ -52,6 +53,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
     # torch.autocast on the CPU runs torch.nn's LSTM and RNN in its dtype (``lstm``, ``rnn_tanh``, ``rnn_relu`` are
     # lower-precision ops there) but not GRU; on CUDA cuDNN's RNNs always (:meth:`_autocast`)
     _AUTOCAST_CPU = False
+    devices = None  # the GPUs a module's layers are split over (``devices=[0, 1]``), or None: one device
 
     def __init__(
         self,
@@ -69,6 +71,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         arch: str | None = None,
         config=None,
         names: dict | None = None,
+        devices=None,
     ):
         torch.nn.Module.__init__(self)  # not RNNBase's: it makes torch.nn's parameters (the class docstring)
         kind = type(self).__name__
@@ -94,11 +97,19 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
             if value not in (True, False) or not isinstance(value, (bool, int)):
                 raise ConfigError(f"{kind}: {name} must be True or False, got {value!r}")
         dtype = torch.float32 if dtype is None else dtype
+        if devices is not None:  # each layer split over these GPUs (:mod:`~prnn_tvm.torch.split`)
+            from prnn_tvm.runtime.peers import checked_devices
+
+            self.devices = checked_devices(devices)
+            device = torch.device("cuda", self.devices[0]) if device is None else device
         if dtype not in DTYPES:
             raise ConfigError(f"{kind}: dtype {dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
         self.cell, self.input_size, self.hidden_size = cell, input_size, hidden_size
         self.num_layers, self.bidirectional, self.dropout = num_layers, bool(bidirectional), float(dropout)
         self.bias, self.batch_first, self.arch, self.config = bool(bias), bool(batch_first), arch, config
+        refused = module_refusal(self) if self.devices is not None else None
+        if refused:
+            raise ConfigError(f"{kind}: {refused}")
         # torch.nn's mode for its cells ("LSTM", "GRU", "RNN_TANH"), else the cell's name
         self.mode, self.proj_size = cell.upper() if names is _TORCH_NAMES else getattr(cell, "name", str(cell)), 0
         # a bidirectional inference call runs a layer's two directions as one launch where both fit on chip
@@ -154,6 +165,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         self._fallbacks: dict = {}  # (batch, device type, index, dtype, input size, training) -> refusal or None
         self.fallback_notes: dict = {}  # (batch, device, dtype, layer) -> which layer runs on torch.nn's, and why
         self._given = _Given()  # a call's parameters where they are not the module's (_run_given)
+        self._split = SplitLayers()  # the layers split over ``devices``, and their weights on each GPU
         self._flat_weights_names = list(self._shapes)
         self._init_flat_weights()  # RNNBase's _flat_weights, which its __setattr__ keeps up to date
 
@@ -173,6 +185,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         "fallback_notes",
         "stack_notes",
         "direction_notes",
+        "_split",
     )
 
     def __getstate__(self) -> dict:
@@ -187,6 +200,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
     def __setstate__(self, state: dict) -> None:
         """Not RNNBase's (which reads torch.nn's layouts): a thread's parameters made anew, and RNNBase's
         bookkeeping made from the parameters for a module pickled before it was one."""
+        state.setdefault("_split", SplitLayers())  # a module pickled before modules split over GPUs
         torch.nn.Module.__setstate__(self, state)
         self._given = _Given()
         if "_all_weights" not in state:
@@ -388,6 +402,11 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
     def _run_eagerly(self, x: torch.Tensor, initial: list, lengths, grad: bool, cast: torch.dtype | None) -> tuple:
         """:meth:`_call_layers` run as it is, with torch.autocast off inside (the layers pick their own dtypes:
         a half layer's projection into float32, the CPU build's float32 math)."""
+        if self.devices is not None:
+            refused = call_refusal(self, x, grad, cast)
+            if refused:
+                raise UnsupportedError(f"{type(self).__name__}: {refused}")
+            return self._split.run(self, x, initial, lengths)
         with torch.autocast(x.device.type, enabled=False) if autocast_dtype(x.device.type) else _NOTHING:
             if cast is not None:
                 params = [getattr(self, name).to(cast) for name in self._flat_weights_names]
@@ -407,6 +426,8 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
             return "it has a template config (config=...), which the operator's arguments do not carry"
         if self.training and self.dropout:
             return "dropout in training mode (call .eval(), or dropout=0)"
+        if self.devices is not None:
+            return f"its layers are split over GPUs {list(self.devices)}, which the operator's arguments do not carry"
         return None
 
 
@@ -465,6 +486,7 @@ class LSTM(_Recurrent):
         *,
         arch: str | None = None,
         config=None,
+        devices=None,
     ):
         super().__init__(
             "lstm",
@@ -481,6 +503,7 @@ class LSTM(_Recurrent):
             arch,
             config,
             _TORCH_NAMES,
+            devices,
         )
 
 
@@ -501,6 +524,7 @@ class GRU(_Recurrent):
         *,
         arch: str | None = None,
         config=None,
+        devices=None,
     ):
         super().__init__(
             "gru",
@@ -517,6 +541,7 @@ class GRU(_Recurrent):
             arch,
             config,
             _TORCH_NAMES,
+            devices,
         )
 
 
@@ -541,6 +566,7 @@ class RNN(_Recurrent):
         *,
         arch: str | None = None,
         config=None,
+        devices=None,
     ):
         if nonlinearity not in ("tanh", "relu"):
             raise ConfigError(f"RNN: unknown nonlinearity '{nonlinearity}'; use 'tanh' or 'relu'")
@@ -560,6 +586,7 @@ class RNN(_Recurrent):
             arch,
             config,
             _TORCH_NAMES,
+            devices,
         )
 
 
@@ -587,6 +614,7 @@ class Recurrent(_Recurrent):
         *,
         arch: str | None = None,
         config=None,
+        devices=None,
     ):
         super().__init__(
             cell,
@@ -602,6 +630,7 @@ class Recurrent(_Recurrent):
             dtype,
             arch,
             config,
+            devices=devices,
         )
 
     def extra_repr(self) -> str:
@@ -612,13 +641,17 @@ class Recurrent(_Recurrent):
         )
 
 
-def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None) -> _Recurrent:
+def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None, devices=None) -> _Recurrent:
     """The prnn-tvm module for a ``torch.nn.LSTM``, ``GRU`` or ``RNN``, sharing its parameters (no copy).
 
     Use it to speed up a trained model's recurrent layers at inference; a ``.half()`` or
     bfloat16 module runs the half-precision kernels; stacked and bidirectional modules run one
     persistent launch per layer and direction. Refused with the reason: ``proj_size``, a dtype
     other than float32, float16 or bfloat16.
+
+    ``devices=[0, 1, ...]`` splits each layer's units over those GPUs of one host (:mod:`~prnn_tvm.torch.split`:
+    for layers too big for one GPU; inference only, one direction, with biases); ``module`` then lives on the first
+    of them, and so do a call's tensors.
     """
     kinds = {"LSTM": LSTM, "GRU": GRU, "RNN_TANH": RNN, "RNN_RELU": RNN}
     mode = getattr(module, "mode", None)
@@ -635,6 +668,7 @@ def from_torch(module: torch.nn.Module, *, arch: str | None = None, config=None)
         dtype=p.dtype,
         arch=arch,
         config=config,
+        devices=devices,
     )
     if mode == "LSTM":
         kw["proj_size"] = module.proj_size

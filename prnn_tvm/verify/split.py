@@ -17,9 +17,19 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
     (:func:`.emulator.run_recurrent`). ``absent``: a GPU (its index in the layer's devices) that runs no step, as a
     peer that never started. Returns ``(out, [finals], [error word per GPU])``, the outputs gathered from the GPUs
     that own each unit."""
+    xp = projection(inputs, layer.signature.launch("recurrent").arg("xp").dtype)
+    per_gpu = [layer.own_columns({**inputs, "xp": xp}, g) for g in range(len(layer.devices))]  # its projection's
+    outputs, words = run_each(layer, per_gpu, int(np.shape(inputs["x"])[0]), timeout_us, stall_step, absent)
+    out, finals = gather(outputs, [layer.units_of(g) for g in range(len(layer.devices))], layer.signature.hidden)
+    return out, list(finals), words
+
+
+def run_each(layer, per_gpu: list, seq_len: int, timeout_us: int = TIMEOUT_US, stall_step: int = -1,
+             absent: int | None = None) -> tuple:
+    """The recurrent launches of a split ``layer`` emulated on arrays given per GPU (``per_gpu[g]``, by argument
+    name: ``xp`` its own columns, as :meth:`~prnn_tvm.runtime.split.SplitLayer.bind_each` takes them). Returns
+    ``([each GPU's [out, *finals]], [error word per GPU])``."""
     launch = layer.signature.launch("recurrent")
-    seq_len = int(np.shape(inputs["x"])[0])
-    xp = projection(inputs, launch.arg("xp").dtype)
     scalars = {"seq_len": seq_len, "timeout_us": timeout_us, "stall_step": stall_step}
     wanted = {name for ctype, name in kernel_parameters(layer.cuda_source, launch.function) if not ctype.endswith("*")}
     given_by_split = {"error_host", CTA_OFFSET, *(PEER_WORKSPACE.format(k) for k in range(len(layer.devices)))}
@@ -30,11 +40,8 @@ def run_split(layer, inputs: dict, timeout_us: int = TIMEOUT_US, stall_step: int
     for g in range(gpus):
         others = [d for d in range(gpus) if d != g]
         mine = {**scalars, CTA_OFFSET: g * layer.ctas_per_gpu, **({"seq_len": 0} if g == absent else {})}
-        given = layer.own_columns({**inputs, "xp": xp}, g)  # the GPU's columns of the projection
-        devices.append((launch_arrays(launch, given, seq_len), mine,
+        devices.append((launch_arrays(launch, per_gpu[g], seq_len), mine,
                         {PEER_WORKSPACE.format(k): (d, "workspace") for k, d in enumerate(others)}))
     runs = emulate_devices(layer.cuda_source, launch, devices)
     written = [a.name for a in launch.args if a.role in (ArgRole.OUTPUT, ArgRole.FINAL)]
-    out, finals = gather([[run.buffers[name] for name in written] for run in runs],
-                         [layer.units_of(g) for g in range(gpus)], layer.signature.hidden)
-    return out, list(finals), [run.error_word for run in runs]
+    return [[run.buffers[name] for name in written] for run in runs], [run.error_word for run in runs]
