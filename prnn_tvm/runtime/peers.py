@@ -105,11 +105,25 @@ def current_device_kept():
     """The CUDA runtime's current device, restored on exit: TVM sets it to each launch's device and leaves it there,
     which would move the caller's (torch's ``device="cuda"`` among them) to the last GPU launched on."""
     current = ctypes.c_int(0)
-    _check(cudart().cudaGetDevice(ctypes.byref(current)), "cudaGetDevice")
+    if cudart().cudaGetDevice(ctypes.byref(current)) != 0:  # no usable GPU (an emulated split): none to keep
+        yield
+        return
     try:
         yield
     finally:
         cudart().cudaSetDevice(current.value)
+
+
+def keeps_current_device(method):
+    """``method`` run under :func:`current_device_kept`: what it allocates, copies or waits for on other GPUs (TVM
+    sets the runtime's device for each and leaves it) does not move the caller's current device."""
+
+    @functools.wraps(method)
+    def kept(*args, **kwargs):
+        with current_device_kept():
+            return method(*args, **kwargs)
+
+    return kept
 
 
 class StreamJoin:

@@ -77,6 +77,7 @@ class SplitLayer:
     reset. ``debug_stall_step`` (tests only) makes CTA 0 of GPU 0 skip its stores at that step.
     """
 
+    @peers.keeps_current_device
     def __init__(self, signature: Signature, module, devices: tuple, kernel, report, cuda_source, plan, target):
         self.signature, self.module, self.devices = signature, module, tuple(devices)
         self.kernel, self.report, self.cuda_source, self.plan = kernel, report, cuda_source, plan
@@ -149,6 +150,7 @@ class SplitLayer:
         signature = self.signature.starting_at("recurrent") if recurrent else self.signature
         return self._bind_parts(signature, per_gpu)
 
+    @peers.keeps_current_device
     def _bind_parts(self, signature: Signature, per_gpu: list) -> SplitCall:
         self._enable_peers()
         for part in self.parts:  # every workspace exists before any part's scalars name its peers'
@@ -185,6 +187,7 @@ class SplitLayer:
             self.join = peers.StreamJoin(self.devices)
             self._peers_enabled = True
 
+    @peers.keeps_current_device
     def check(self, wait: bool = True) -> None:
         """Raise BarrierTimeout (resetting every GPU's state) if a launch timed out; ``wait``: first wait for every
         GPU (else only what their host error words already say)."""
@@ -251,6 +254,7 @@ class SplitCall:
         self.layer.check()
         return self.gather()
 
+    @peers.keeps_current_device
     def gather(self) -> tuple:
         """The output sequence and final states as NumPy, each unit's values from the GPU that owns it."""
         layer = self.layer
