@@ -144,3 +144,24 @@ def test_a_head_over_more_warps(cell, units, k_groups, m_tiles_per_warp, capsys)
     with capsys.disabled():
         print(f"\n{cell} 768x16 bf16 {layer.report.config}: {per_step:.3f} us/step, {layer.report.registers} registers")
     assert per_step > 0
+
+
+def test_the_torch_module_runs_heads_within_the_bound():
+    """The benchmark's module call (``prnn_tvm.torch.Recurrent``, inference: cuBLAS projection, then the head-a-block
+    kernel exchanging in its tiles) at FlashRNN's shape, against the float64 reference of the same arrays."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", target="cuda")
+    inputs = random_inputs(layer.plan, 256, 768, seed=3)
+    module = pt.Recurrent("lstm_h12", 768, 768, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name in ("W_ih", "b_ih", "W_hh", "b_hh"):
+            getattr(module, f"{name}_l0").copy_(torch.from_numpy(inputs[name].astype(np.float32)))
+        out, (h_n, c_n) = module(
+            torch.from_numpy(inputs["x"].astype(np.float32)).cuda().to(torch.bfloat16),
+            tuple(torch.from_numpy(inputs[s].astype(np.float32)).cuda()[None].to(torch.bfloat16) for s in ("h0", "c0")),
+        )
+    got = tuple(t.float().cpu().numpy() for t in (out, h_n[0], c_n[0]))
+    err = max_abs_error(layer.plan, (got[0], got[1:]), reference_layer(layer.plan, inputs))
+    assert err <= tolerance("bfloat16", 256), err
