@@ -2,8 +2,10 @@
 
 - LSTM with heads, hidden 768, batch 16, T=1024, bf16, heads of D in 16, 32, 64, 128, 256 units (and dense):
   FlashRNN's fused CUDA, alternating CUDA and fused Triton kernels given the projected input, against prnn-tvm's
-  recurrent kernel given the same projection and its whole public call (projection included). Target: at least
-  3x FlashRNN's fastest backend for every D; 12 heads of 64 in 0.65 ms or less.
+  recurrent kernel given the same projection, and two public calls from ``x`` (projection included): the compiled
+  layer's (``layer(x, ...)``, its own projection kernel) and the torch module's (``prnn_tvm.torch.Recurrent``,
+  inference: the projection through cuBLAS, arrays from torch's allocator). Target: at least 3x FlashRNN's
+  fastest backend for every D; 12 heads of 64 in 0.65 ms or less.
 - sLSTM, 12 heads of 64, same shape: the forward (against FlashRNN's, and both against each other's outputs) and a
   training step (forward that saves, backward, the weights' gradients) against FlashRNN's forward and backward.
   Target: at least 2x FlashRNN's training step.
@@ -29,6 +31,7 @@ import time
 import torch
 
 import prnn_tvm
+import prnn_tvm.torch
 from prnn_tvm.bench import baselines, flashrnn
 from prnn_tvm.checks import relative_error
 from prnn_tvm.compiler import compile_training
@@ -104,14 +107,25 @@ def best(times: dict) -> float:
     return min((v for v in times.values() if isinstance(v, float)), default=float("nan"))
 
 
+def module_call(spec: str, x, weights: dict):
+    """The torch module's inference call on ``x`` with ``weights`` (the compiled layer's argument names), ms, and its
+    output (``prnn_tvm.torch.Recurrent``: cuBLAS projection, torch's allocator, the launch's arguments kept)."""
+    module = prnn_tvm.torch.Recurrent(spec, H, H, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        for name, value in weights.items():
+            getattr(module, f"{name}_l0").copy_(value)
+        out, _ = module(x)
+        return ms(lambda: module(x)), out
+
+
 def case_heads():
     say("## LSTM with heads: hidden {}, batch {}, T={}, bf16".format(H, B, T))
     say("")
     say(
-        "| head size | heads | FlashRNN fused CUDA | alternating CUDA | fused Triton | prnn-tvm recurrent | "
-        "prnn-tvm public call | speedup over FlashRNN's best |"
+        "| head size | heads | FlashRNN fused CUDA | alternating CUDA | fused Triton | prnn-tvm recurrent (us/step) | "
+        "prnn-tvm layer call | prnn-tvm module call | FlashRNN's best / ours: recurrent, layer call, module call |"
     )
-    say("|---|---|---|---|---|---|---|---|")
+    say("|---|---|---|---|---|---|---|---|---|")
     for D in args.head_dims:
         heads = H // D
         Wx, R, b = flashrnn_inputs(heads, D, BF16)
@@ -126,15 +140,27 @@ def case_heads():
             "b_hh": flashrnn.bias(b).contiguous(),
         }
         recurrent, call = our_times(layer, xp, x, weights)
+        spec = f"lstm_h{heads}" if heads > 1 else "lstm"
+        module, module_out = module_call(spec, x, weights)
         cells = [theirs[k] if isinstance(theirs[k], str) else f"{theirs[k]:.3f}" for k in flashrnn.BACKENDS]
+        fastest = best(theirs)
         say(
-            f"| {D} | {heads} | {' | '.join(cells)} | {recurrent:.3f} | {call:.3f} | "
-            f"{best(theirs) / recurrent:.2f}x (public call {best(theirs) / call:.2f}x) |"
+            f"| {D} | {heads} | {' | '.join(cells)} | {recurrent:.3f} ({recurrent / T * 1e3:.2f}) | {call:.3f} | "
+            f"{module:.3f} | {fastest / recurrent:.2f}x, {fastest / call:.2f}x, {fastest / module:.2f}x |"
         )
-        check = flashrnn.states(flashrnn.call("lstm", Wx[:, :64], R, b, "cuda_fused", "bfloat16"), 0).float()
+        layer_out, _ = layer(x, **weights)
+        say(
+            f"  module call against the layer call, all {T} steps: max abs difference "
+            f"{(module_out.float() - torch.from_dlpack(layer_out).float()).abs().max().item():.2e}"
+        )
+        ran = [k for k in flashrnn.BACKENDS if isinstance(theirs[k], float)]  # a head size one may not build
+        if not ran:
+            say(f"  FlashRNN ran no backend at heads of {D}: no outputs to compare")
+            continue
+        check = flashrnn.states(flashrnn.call("lstm", Wx[:, :64], R, b, ran[0], "bfloat16"), 0).float()
         got, _ = layer.recurrent(xp[:64].contiguous(), W_hh=weights["W_hh"], b_hh=weights["b_hh"])
         say(
-            f"  outputs of the first 64 steps, prnn-tvm against FlashRNN: max abs difference "
+            f"  outputs of the first 64 steps, prnn-tvm against FlashRNN ({ran[0]}): max abs difference "
             f"{(torch.from_dlpack(got).float() - check).abs().max().item():.2e}"
         )
     say("")

@@ -5,7 +5,8 @@ Per CTA (see ``persistent_config`` for the knobs):
     prologue   each thread loads its weight tile into registers through fully unrolled,
                constant indices (so it stays in registers), and its items' params and
                private states (LSTM's c) likewise
-    each step  prefetch this step's input projection for the thread's items
+    each step  prefetch this step's input projection for the thread's items (where blocks synchronize
+                 with themselves alone, ``block``: loaded during the step before, see ``inputs_early``)
                for each phase (``CellPlan.phases``; one for most cells):
                  for each batch tile: bring the phase's operands (h(t-1), or a stage of
                    this step) into shared memory (``persistent_exchange``), multiply with
@@ -315,12 +316,25 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 if self.a.lengths is not None:
                     T.buffer_store(self.lenreg, self.a.lengths[b], [it])
         self.zero_operand_padding()
+        if self.inputs_early:
+            with T.If(0 < self.steps):
+                with T.Then():
+                    self.load_inputs(0)
+
+    @property
+    def inputs_early(self) -> bool:
+        """Whether each step's input projection is loaded during the step before (the first in the prologue), so
+        that its DRAM latency is off the step's critical path: where blocks synchronize with themselves alone
+        (``block``), whose step is short. Where they synchronize with each other the loads were already hidden
+        (docs/findings.md, "Each step's `xp` loaded a step early")."""
+        return not self.barrier.grid_wide and not self.tiles_in_turn
 
     def step(self, t):
         p = self.p
         self.t = t  # the time loop's variable, for what the products mixin indexes by step
-        for _ in self.each_part():
-            self.load_inputs(t)
+        if not self.inputs_early:
+            for _ in self.each_part():
+                self.load_inputs(t)
         if self.tiles_in_turn:
             self.tile_by_tile(t)
             return
@@ -340,13 +354,18 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                     if self.save:
                         self.save_leaves(t, it, group, b, unit, ul)
                     self.write_states(t, it, group, b, unit, ul)
+        if self.inputs_early:  # the next step's, now that this step's are used
+            with T.If(t + 1 < self.steps):
+                with T.Then():
+                    for _ in self.each_part():
+                        self.load_inputs(t + 1)
         if p.needs_grid_barrier:
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
                               when=t < self.steps - 1)
 
     def load_inputs(self, t):
         """Step ``t``'s input projection for the items of the part being emitted, into registers: issued now,
-        consumed after the products."""
+        consumed after the products (of this step, or the next where :attr:`inputs_early`)."""
         for it, group, item in self.items():
             with item as (b, unit, _ul):
                 timing = self.timing(t, it)

@@ -119,6 +119,19 @@ class OperandExchange:
                             with T.Else():
                                 T.buffer_store(self.smem, workspace((t + 1) % 2), dst)
 
+    @property
+    def exchange_in_tiles(self) -> bool:
+        """Whether the exchanged values can live in the shared operand tiles themselves: a step runs one batch pass
+        (the tiles hold every batch row) from shared tiles. Only a kind that synchronizes each block with itself
+        uses it (``block``), where no other block reads the values."""
+        return self.g.batch_chunks == 1 and not self.direct
+
+    def tile_at(self, name: str, b, unit):
+        """Where, in shared memory, operand ``name``'s value for batch row ``b`` and unit ``unit`` sits in its tile
+        (as :meth:`copy_tile` lays it out), where :attr:`exchange_in_tiles`."""
+        column = unit - self.cols.first_column(name, self.cta)
+        return (self.slot[name] * self.c.batch_tile + b) * self.stride + column
+
     def publish(self, name: str, t, b, unit, value):
         """Write this unit's new value of operand ``name`` for the other blocks (the kind's way)."""
         self.barrier.publish(self, name, t, b, unit, value)

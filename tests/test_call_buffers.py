@@ -15,9 +15,9 @@ from prnn_tvm.runtime import limits
 B, H = 2, 8
 
 
-@pytest.fixture(scope="module")
-def layer():
-    return prnn_tvm.compile_cell("lstm", H, B, target="llvm")
+@pytest.fixture(scope="module", params=["lstm", "lstm_h4"])  # a head-wise layer's call is bound the same way
+def layer(request):
+    return prnn_tvm.compile_cell(request.param, H, B, target="llvm")
 
 
 def _xp(call):

@@ -15,6 +15,7 @@ from prnn_tvm.compiler import compile_training
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
 from prnn_tvm.schedules import by_name
+from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.verify.emulator import projection
 
 from .test_emulated import gradients_from
@@ -117,3 +118,50 @@ def test_a_head_a_block_against_the_grid(dtype, capsys):
             f"us/step ({grid_layer.report.config})"
         )
     assert local > 0 and wide > 0
+
+
+@pytest.mark.parametrize(
+    "cell, units, k_groups, m_tiles_per_warp",
+    [
+        ("lstm_h12", 64, 1, 2),  # the default: 8 warps a head
+        ("lstm_h12", 64, 1, 1),  # 16 warps, one row tile each
+        ("lstm_h12", 64, 2, 2),  # 16 warps, half a head's k range each
+        ("lstm_h12", 64, 2, 1),  # 32 warps
+        ("lstm_h48", 64, 1, 1),  # heads of 16: four a block, 16 warps
+        ("lstm_h48", 32, 1, 1),  # two a block (the default), 8 warps
+    ],
+)
+def test_a_head_over_more_warps(cell, units, k_groups, m_tiles_per_warp, capsys):
+    """A block's heads over more or fewer warps (``block``, its values exchanged in its operand tiles): the same
+    numbers within the bound, and each placement's recurrent kernel timed (us per step, printed for the run's
+    notes: which to rank first)."""
+    config = mc.MmaConfig(units, k_groups, 2, "block", m_tiles_per_warp=m_tiles_per_warp)
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype="bfloat16", target="cuda", config=config)
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    err = error_of(layer, 256, seed=2, lengths=random_lengths(16, 256, seed=2))
+    assert err <= tolerance("bfloat16", 256), err
+    per_step = time_layer(layer, 1024).per_step_s * 1e6
+    with capsys.disabled():
+        print(f"\n{cell} 768x16 bf16 {layer.report.config}: {per_step:.3f} us/step, {layer.report.registers} registers")
+    assert per_step > 0
+
+
+def test_the_torch_module_runs_heads_within_the_bound():
+    """The benchmark's module call (``prnn_tvm.torch.Recurrent``, inference: cuBLAS projection, then the head-a-block
+    kernel exchanging in its tiles) at FlashRNN's shape, against the float64 reference of the same arrays."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", target="cuda")
+    inputs = random_inputs(layer.plan, 256, 768, seed=3)
+    module = pt.Recurrent("lstm_h12", 768, 768, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name in ("W_ih", "b_ih", "W_hh", "b_hh"):
+            getattr(module, f"{name}_l0").copy_(torch.from_numpy(inputs[name].astype(np.float32)))
+        out, (h_n, c_n) = module(
+            torch.from_numpy(inputs["x"].astype(np.float32)).cuda().to(torch.bfloat16),
+            tuple(torch.from_numpy(inputs[s].astype(np.float32)).cuda()[None].to(torch.bfloat16) for s in ("h0", "c0")),
+        )
+    got = tuple(t.float().cpu().numpy() for t in (out, h_n[0], c_n[0]))
+    err = max_abs_error(layer.plan, (got[0], got[1:]), reference_layer(layer.plan, inputs))
+    assert err <= tolerance("bfloat16", 256), err

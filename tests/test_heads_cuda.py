@@ -22,7 +22,7 @@ from prnn_tvm.verify import emulator
 
 from . import test_emulated
 from .test_emulated import T, emulated, knobs
-from .test_ptxas import assert_launchable, kernel_source
+from .test_ptxas import assert_launchable, kernel_source, time_loops
 
 GPU = gpu_spec("sm_90")
 emulates = pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
@@ -45,6 +45,8 @@ def plan(cell, batch, hidden, dtype="float32"):
         ("lstm_h3", 9, 3, knobs(3, 8, 3, 3, vec=1, barrier="tags")),  # more lanes than a head has units
         ("lstm_h2", 16, 4, knobs(4, 4, 2, 3, vec=4, barrier="tags")),  # tags wait for the head's CTAs only
         ("gru_cho_h2", 12, 3, knobs(6, 2, 3, 2, barrier="block")),  # a stage exchanged between phases, in-block
+        ("gru_cho_h2", 12, 3, knobs(6, 2, 3, 3, barrier="block")),  # the same in its shared tile (one batch pass)
+        ("rnn_tanh_h7", 7, 2, knobs(7, 2, 1, 2, vec=1, barrier="block")),  # every head in one block's tile
         ("gru_cho_h2", 12, 3, knobs(3, 2, 3, 2, vec=1, barrier="tags")),
         ("lstm_h4_x2", 8, 3, knobs(2, 2, 2, 2, layout="split")),  # layer 1: a dense W_ih beside a head-wise W_hh
         ("lstm_h4_x2", 8, 3, knobs(2, 2, 2, 2, barrier="tags")),
@@ -83,6 +85,33 @@ def test_the_training_kernels_of_head_wise_products_as_emitted(cell, hidden, bat
     got, want = test_emulated.emulated_gradients(layer)
     assert set(got) == set(want)
     assert worst(relative_error(got[n], want[n]) for n in want) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "cell, hidden, batch, dtype, config, in_tiles",
+    [
+        ("lstm_h12", 768, 16, "bfloat16", None, True),  # the default: a head a block, batch 16 in one pass
+        ("lstm_h4", 16, 3, "float32", knobs(4, 2, 4, 3, barrier="block"), True),
+        ("gru_cho_h2", 12, 3, "float32", knobs(6, 2, 3, 3, barrier="block"), True),  # a stage between phases too
+        ("lstm_h4", 16, 3, "float32", knobs(4, 2, 4, 2, barrier="block"), False),  # two batch passes a step
+    ],
+)
+def test_a_block_exchanges_its_values_in_its_operand_tiles(cell, hidden, batch, dtype, config, in_tiles):
+    """With ``block`` and one batch pass a step, the time loop never touches the global workspace: a step is its
+    products, one block barrier, the pointwise math writing the tiles, one block barrier (and one more at step 0,
+    after the initial states' copy); the next step's input projection is loaded during this one."""
+    layer = prnn_tvm.compile_cell(
+        cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[], config=config
+    )
+    body = kernel_source(layer)
+    ((start, end),) = time_loops(body)
+    loop = body[start:end]
+    assert ("workspace_ptr[" not in loop) == in_tiles
+    if in_tiles:
+        # a phase's products and the barrier after its pointwise math, and the copy at step 0
+        assert loop.count("__syncthreads()") == 2 * layer.plan.phases + 1, loop.count("__syncthreads()")
+        assert "xp_ptr[" in body[:start]  # step 0's, in the prologue
+        assert loop.index("xp_ptr[") > loop.index("if ((v + 1) < seq_len)")  # the next step's, after the math
 
 
 def test_a_block_holds_only_its_heads_weights_and_state():

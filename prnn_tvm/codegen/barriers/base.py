@@ -74,10 +74,11 @@ class ExchangeSite(Protocol):
 
     ``a``: the declared arguments (``codegen.kernel.declare_args``); ``p``: the plan; ``H``, ``B``: hidden units
     and the batch rows a CTA runs; ``dt``: the storage dtype; ``sync``: the barrier's arguments (None without);
-    ``barrier_base``: the base read at the start (None without state); ``bx``: the block index; ``ops``: each
-    operand's workspace slot; ``own``: the states this thread keeps in registers as it published them
-    (:meth:`Barrier.kept_states`); ``g.threads``, ``stride``: threads per CTA and elements between rows of a
-    shared operand tile; ``aborted``: the thread's abort flag (a one-element local buffer)."""
+    ``barrier_base``: the base read at the start (None without state); ``bx``: the block index; ``smem``: the
+    shared operand tiles; ``ops``: each operand's workspace slot; ``own``: the states this thread keeps in
+    registers as it published them (:meth:`Barrier.kept_states`); ``g.threads``, ``stride``: threads per CTA and
+    elements between rows of a shared operand tile; ``aborted``: the thread's abort flag (a one-element local
+    buffer)."""
 
     def copy_tile(self, name: str, t, b0, phase: int, initial: bool = False):
         """Plain vector loads of operand ``name``'s rows ``b0..`` into its shared tile: the initial state at step
@@ -95,6 +96,15 @@ class ExchangeSite(Protocol):
 
     def own_slots(self):
         """``(b, unit, name)`` for each state of :attr:`own` this thread publishes, inside its item's guard."""
+
+    @property
+    def exchange_in_tiles(self) -> bool:
+        """Whether the shared operand tiles hold every batch row of a step (one batch pass), so that a kind whose
+        values no other block reads can exchange them there."""
+
+    def tile_at(self, name: str, b, unit):
+        """The index into ``smem`` (the shared operand tiles) of operand ``name``'s value for row ``b``, unit
+        ``unit``."""
 
 
 def sync_threads():

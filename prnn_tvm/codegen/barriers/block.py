@@ -2,12 +2,22 @@
 
 Where every recurrent product of a step reads only units of the block that computes it (head-wise products
 whose heads the block holds whole, ``CellPlan.local_to``; or a single block holding every unit), a step needs
-no grid barrier: a block barrier (``__syncthreads()``) makes its threads' new values visible to each other,
-through the plain double-buffered exchange. The launch has no grid synchronization (no ``sync`` words, no
-cooperative launch), like a cell without products; nothing can time out.
+no grid barrier: a block barrier (``__syncthreads()``) makes its threads' new values visible to each other.
+The launch has no grid synchronization (no ``sync`` words, no cooperative launch), like a cell without products;
+nothing can time out.
+
+Where a step runs one batch pass (``ExchangeSite.exchange_in_tiles``), the values are exchanged in the shared
+operand tiles themselves: a thread writes its unit's new value straight into the tile the next products read,
+and nothing goes through the global workspace. One tile per operand is enough: a step's products read it before
+the block barrier that ends them (``end_products``), its pointwise math writes it after that barrier, and the
+barrier at the end of the step orders those writes before the next step's products. Against the workspace
+exchange this takes a global store and an L2 round trip (the tile copy) and one block barrier off every step's
+critical path. Elsewhere (several batch passes a step) the plain double-buffered workspace exchange.
 """
 
 from __future__ import annotations
+
+from tvm.script.ir_builder import tirx as T
 
 from .base import Barrier, sync_threads
 
@@ -39,3 +49,28 @@ class Block(Barrier):
 
     def emit_wait(self, ordinal, base, args, stall) -> None:
         sync_threads()
+
+    def load_operands(self, site, names: list, t, b0, phase: int) -> None:
+        """In the tiles: the states' initial values at step 0 (then a block barrier); the tiles hold every later
+        value already."""
+        if not site.exchange_in_tiles:
+            super().load_operands(site, names, t, b0, phase)
+            return
+        if phase > 0:  # a stage of this step, written into its tile before the barrier between the phases
+            return
+        with T.If(t == 0):
+            with T.Then():
+                for name in names:
+                    site.copy_tile(name, t, b0, phase, initial=True)
+                sync_threads()
+
+    def publish(self, site, name: str, t, b, unit, value) -> None:
+        if not site.exchange_in_tiles:
+            super().publish(site, name, t, b, unit, value)
+            return
+        T.buffer_store(site.smem, value, [site.tile_at(name, b, unit)])
+
+    def previous(self, site, name: str, t, b, unit):
+        if not site.exchange_in_tiles:
+            return super().previous(site, name, t, b, unit)
+        return site.smem[site.tile_at(name, b, unit)]
