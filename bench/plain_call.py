@@ -73,11 +73,12 @@ with torch.no_grad():
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
     runs, memo, real = [], {}, ours._run
 
-    def remembered(layer, arguments, grad=False):
+    def remembered(layer, arguments, grad=False, into=None):  # into: where the launch writes, as the call asks
         runs.append((layer, arguments))
         if id(layer) not in memo:
             memo[id(layer)] = real(layer, arguments, grad)
-        return memo[id(layer)]
+        out, ends = memo[id(layer)]
+        return out, ends if into is None else [mine if mine is not None else end for mine, end in zip(into[1:], ends)]
 
     ours._run = remembered
     rows["ours around its launches"] = us(lambda: ours(x, state))

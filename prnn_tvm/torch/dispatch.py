@@ -23,6 +23,7 @@ import tvm_ffi
 from prnn_tvm.deferred import compile_cell, compile_training
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError, InputError
+from prnn_tvm.runtime.limits import ALIGNMENT
 
 if TYPE_CHECKING:
     from prnn_tvm.runtime.launcher import Arrays
@@ -64,6 +65,15 @@ def torch_arrays(device: torch.device) -> Arrays:
         zeros=zeros,
         adopt=torch.from_dlpack,
     )
+
+
+class Whole(list):
+    """One state's final states per layer ((B, H) views, as ``_run_rows`` gives them) that are the layers of one
+    (layers, B, H) tensor, ``whole``: what a call returns as it is, rather than a stack of them."""
+
+    def __init__(self, views, whole: torch.Tensor):
+        super().__init__(views)
+        self.whole = whole
 
 
 class Dispatch(BatchBuckets):
@@ -255,7 +265,16 @@ class Dispatch(BatchBuckets):
         stack = None if grad or (self.training and self.dropout) else self.stack_for(rows, device, dtype)
         if stack is not None:
             layer_major = [t[layer] for layer in range(self.num_layers) for t in initial]
-            out, ends = self._run(stack, self._launch_arguments(stack, x, None, layer_major, lengths))
+            args = self._launch_arguments(stack, x, None, layer_major, lengths)
+            wholes = self._whole_finals(rows, device, dtype)
+            if wholes is None:
+                out, ends = self._run(stack, args)
+            else:  # the kernel writes each layer's final states into its slot of the states returned
+                views = [w.unbind(0) for w in wholes]
+                into = [v[layer] for layer in range(self.num_layers) for v in views]  # the launch's order
+                out, ends = self._run(stack, args, into=[None, *into])
+                if all(end is mine for end, mine in zip(ends, into)):  # else a sequence run in pieces: its own
+                    return out, [Whole(v, w) for v, w in zip(views, wholes)]
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
@@ -320,9 +339,19 @@ class Dispatch(BatchBuckets):
         layer = self.layer_for(x.shape[1], x.device, x.dtype, x.shape[2])
         return layer, self._launch_arguments(layer, x, suffix, initial, lengths, grad)
 
-    def _run(self, layer, args: list, grad: bool = False) -> tuple:
+    def _whole_finals(self, rows: int, device: torch.device, dtype: torch.dtype) -> list | None:
+        """Per state, an uninitialized (layers, rows, H) tensor that a stack's launch writes its layers' final states
+        into (one view per layer, :meth:`_run_rows`): what the call returns, without stacking them afterwards (a
+        kernel per state on the GPU). None where a view would not start on a 64-byte boundary, as kernels take them."""
+        H = self.hidden_size
+        if rows * H * dtype.itemsize % ALIGNMENT:
+            return None
+        return [torch.empty(self.num_layers, rows, H, device=device, dtype=dtype) for _ in self._states]
+
+    def _run(self, layer, args: list, grad: bool = False, into: list | None = None) -> tuple:
         """Run one layer and direction on its arguments (:meth:`_launch_arguments`) on the current stream: ``(out,
-        finals)``, finals of shape (B, H)."""
+        finals)``, finals of shape (B, H); an inference call writes into ``into`` where given (the launch's outputs in
+        its order, None where made anew: :class:`~prnn_tvm.runtime.launcher.Launcher`)."""
         x = args[0]
         if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
             xp = project(*args[:3], differentiable=True)
@@ -333,14 +362,16 @@ class Dispatch(BatchBuckets):
             return out, finals
         # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
         # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
-        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
+        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:], into=into)
         return out, finals
 
-    def _launch(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
+    def _launch(
+        self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent", into: list | None = None
+    ) -> list:
         """Launch ``function`` of ``layer`` (on the GPU: on torch's current stream), into tensors from torch's
         allocator; no waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for
-        ``recurrent``: the recurrent weights, params, initial states and lengths). Returns what it writes, in its
-        order."""
+        ``recurrent``: the recurrent weights, params, initial states and lengths); ``into``: where it writes, as the
+        Launcher takes it. Returns what it writes, in its order."""
         launcher = self._launchers.get((id(layer), function))
         device = xp.device
         if launcher is None:
@@ -350,12 +381,12 @@ class Dispatch(BatchBuckets):
                 layer, function, torch_arrays(device), tvm_ffi.device(device.type, device.index or 0)
             )
         if device.type != "cuda":
-            return launcher([xp, *recurrent])
+            return launcher([xp, *recurrent], into=into)
         state = None
         if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
             state = launcher.new_state()
             self._captured.append(state)
-        return launcher([xp, *recurrent], current_stream(device), state)
+        return launcher([xp, *recurrent], current_stream(device), state, into)
 
     def _training_kernels(self, layer):
         """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do
