@@ -13,7 +13,8 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 - ``ours, a layer's run``: one layer's projection and recurrent launch (``Dispatch._run``), and of it
   ``the recurrent launch`` (the runtime's Launcher: its arguments, outputs from torch's allocator, the launch);
 - ``ours, states stacked after``: a stack's call as it was before its launch wrote the final states into the
-  tensors the call returns (``torch.stack`` per state after the launch: a kernel each on the GPU);
+  tensors the call returns (``torch.stack`` per state after the launch: a kernel each on the GPU; the CPU stacks
+  either way, ``prnn_tvm.torch.dispatch.WRITTEN_IN_PLACE``);
 - ``ours, kernels a no-op``: the call with every launch's kernel replaced by TVM's ``testing.nop`` (its arguments
   converted all the same): the host's whole work, and on the CPU the figure to compare (there a kernel's run is its
   arithmetic, not a launch).

@@ -82,8 +82,18 @@ def _stack_pair(hidden, layers=2):
     return reference, pt.from_torch(reference).eval()
 
 
+@pytest.fixture(params=[False, True], ids=["stacked-after", "written-in-place"])
+def in_place(request, monkeypatch):
+    """Whether a stack's launch writes its final states where the call returns them (on the GPU it does; here
+    both ways)."""
+    from prnn_tvm.torch import dispatch
+
+    monkeypatch.setattr(dispatch, "WRITTEN_IN_PLACE", ("cuda", "cpu") if request.param else ("cuda",))
+    return request.param
+
+
 @pytest.mark.parametrize("hidden", [16, 5])  # 5: a layer's final states 20 bytes apart, no 64-byte boundary
-def test_a_stack_step_loop_gives_torch_nns_results(hidden):
+def test_a_stack_step_loop_gives_torch_nns_results(hidden, in_place):
     reference, ours = _stack_pair(hidden)
     xs = torch.randn(STEPS, B, hidden)
     state = (torch.randn(2, B, hidden), torch.randn(2, B, hidden))
@@ -96,6 +106,9 @@ def test_a_stack_step_loop_gives_torch_nns_results(hidden):
 
 
 def test_a_stacks_final_states_are_written_where_the_call_returns_them(monkeypatch):
+    from prnn_tvm.torch import dispatch
+
+    monkeypatch.setattr(dispatch, "WRITTEN_IN_PLACE", ("cuda", "cpu"))  # as on the GPU
     reference, ours = _stack_pair(H)
     x, state = torch.randn(1, B, H), (torch.randn(2, B, H), torch.randn(2, B, H))
     with torch.no_grad():
@@ -111,7 +124,7 @@ def test_a_stacks_final_states_are_written_where_the_call_returns_them(monkeypat
     assert gh.data_ptr() != gc.data_ptr() and gh._base is None and gc._base is None  # fresh, one per state
 
 
-def test_a_stack_run_in_pieces_gives_its_final_states_too(monkeypatch):
+def test_a_stack_run_in_pieces_gives_its_final_states_too(monkeypatch, in_place):
     from prnn_tvm.runtime import limits
 
     reference, ours = _stack_pair(H)

@@ -43,6 +43,10 @@ DTYPES = {getattr(torch, p.torch_type): name for name, p in POLICIES.items()}  #
 _NOTHING = contextlib.nullcontext()  # reusable
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's raw getter, where it has one
 _UNSIGNED = {torch.uint32: torch.int32, torch.uint64: torch.int64}  # zeroed as the signed type of their width
+# The device types on which a stack's launch writes its layers' final states into the tensors a call returns, rather
+# than torch.stack after it: on the GPU each stack is a kernel launch (and its inputs two more allocations); on the CPU
+# a stack is a copy of a few rows, and the views cost more (1.6 us more a call, LSTM 2x128 B=1, CPU thread time).
+WRITTEN_IN_PLACE = ("cuda",)
 
 
 def current_stream(device: torch.device) -> int:
@@ -273,7 +277,7 @@ class Dispatch(BatchBuckets):
                 views = [w.unbind(0) for w in wholes]
                 into = [v[layer] for layer in range(self.num_layers) for v in views]  # the launch's order
                 out, ends = self._run(stack, args, into=[None, *into])
-                if all(end is mine for end, mine in zip(ends, into)):  # else a sequence run in pieces: its own
+                if ends[0] is into[0]:  # else a sequence run in pieces, which writes arrays of its own (all of them)
                     return out, [Whole(v, w) for v, w in zip(views, wholes)]
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
@@ -342,9 +346,10 @@ class Dispatch(BatchBuckets):
     def _whole_finals(self, rows: int, device: torch.device, dtype: torch.dtype) -> list | None:
         """Per state, an uninitialized (layers, rows, H) tensor that a stack's launch writes its layers' final states
         into (one view per layer, :meth:`_run_rows`): what the call returns, without stacking them afterwards (a
-        kernel per state on the GPU). None where a view would not start on a 64-byte boundary, as kernels take them."""
+        kernel per state on the GPU). None where a view would not start on a 64-byte boundary, as kernels take them,
+        and on devices not in :data:`WRITTEN_IN_PLACE`."""
         H = self.hidden_size
-        if rows * H * dtype.itemsize % ALIGNMENT:
+        if rows * H * dtype.itemsize % ALIGNMENT or device.type not in WRITTEN_IN_PLACE:
             return None
         return [torch.empty(self.num_layers, rows, H, device=device, dtype=dtype) for _ in self._states]
 
