@@ -133,8 +133,12 @@ class Dispatch(BatchBuckets):
         if not (self.wavefront and self.num_layers > 1 and not self.bidirectional):
             return None
         dtype = self.dtype if dtype is None else dtype
+        key = (batch, device.type, device.index, dtype, "stack")
+        compiled = self._layers.get(key)
+        if compiled is not None:  # noted when it was compiled (and dropped with its note, :meth:`_forget`)
+            return compiled
         return self._one_launch(
-            (batch, device.type, device.index, dtype, "stack"),
+            key,
             self.stack_notes,
             (batch, str(device), dtype),
             batch,
