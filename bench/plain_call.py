@@ -11,7 +11,13 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 - ``ours around its launches``: the call with each layer's run (projection and recurrent launch) answered from a
   memo: the module's own Python (checks, which layer, the launch's arguments, the final states stacked);
 - ``ours, a layer's run``: one layer's projection and recurrent launch (``Dispatch._run``), and of it
-  ``the recurrent launch`` (the runtime's Launcher: its arguments, outputs from torch's allocator, the launch).
+  ``the recurrent launch`` (the runtime's Launcher: its arguments, outputs from torch's allocator, the launch);
+- ``ours, states stacked after``: a stack's call as it was before its launch wrote the final states into the
+  tensors the call returns (``torch.stack`` per state after the launch: a kernel each on the GPU; the CPU stacks
+  either way, ``prnn_tvm.torch.dispatch.WRITTEN_IN_PLACE``);
+- ``ours, kernels a no-op``: the call with every launch's kernel replaced by TVM's ``testing.nop`` (its arguments
+  converted all the same): the host's whole work, and on the CPU the figure to compare (there a kernel's run is its
+  arithmetic, not a launch).
 
 ``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work).
 """
@@ -20,6 +26,7 @@ import argparse
 import time
 
 import torch
+import tvm_ffi
 
 import prnn_tvm.torch as pt
 from prnn_tvm.torch.projection import project
@@ -73,11 +80,12 @@ with torch.no_grad():
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
     runs, memo, real = [], {}, ours._run
 
-    def remembered(layer, arguments, grad=False):
+    def remembered(layer, arguments, grad=False, into=None):  # into: where the launch writes, as the call asks
         runs.append((layer, arguments))
         if id(layer) not in memo:
             memo[id(layer)] = real(layer, arguments, grad)
-        return memo[id(layer)]
+        out, ends = memo[id(layer)]
+        return out, ends if into is None else [mine if mine is not None else end for mine, end in zip(into[1:], ends)]
 
     ours._run = remembered
     rows["ours around its launches"] = us(lambda: ours(x, state))
@@ -89,6 +97,16 @@ with torch.no_grad():
         data = [project(*arguments[:3], biased_weight=ours._biased_weight), *arguments[3:]]
         stream = torch.cuda.current_stream().cuda_stream if cuda else 0
         rows["of it, the recurrent launch"] = us(lambda: launcher(data, stream))
+    if L > 1:
+        ours._whole_finals = lambda *_: None  # the module's method shadowed: every state stacked after the launch
+        rows["ours, states stacked after"] = us(lambda: ours(x, state))
+        del ours._whole_finals
+    functions = {key: launcher.function for key, launcher in ours._launchers.items()}
+    for launcher in ours._launchers.values():
+        launcher.function = tvm_ffi.get_global_func("testing.nop")
+    rows["ours, kernels a no-op"] = us(lambda: ours(x, state))
+    for key, launcher in ours._launchers.items():
+        launcher.function = functions[key]
 where = torch.cuda.get_device_name() if cuda else "CPU"
 print(f"LSTM {L}x{H} B={B} {args.dtype}, T=1, on {where}, us per call ({args.clock} clock):")
 for name, value in rows.items():

@@ -289,3 +289,34 @@ def test_a_numpy_call_still_raises_its_own_timeout():
     layer.debug_stall_step = -1
     out, _ = layer(**random_inputs(layer.plan, 16, layer.input_size))
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_stacks_step_writes_its_final_states_where_the_call_returns_them_eagerly_and_in_a_graph(dtype):
+    """A one-launch stack called a step at a time (T=1, states in and out) returns each state's (layers, B, H) as
+    the launch wrote it (no stacking after): against the float64 module a step and a loop of steps, and replayed
+    from a CUDA graph (the launch's views made inside the capture, of the graph's own outputs)."""
+    torch.manual_seed(0)
+    L, H, B, steps = 2, 128, 8, 9
+    reference = torch.nn.LSTM(H, H, L).to("cuda", dtype).eval()
+    exact = copy.deepcopy(reference).double()  # the same weights, in float64
+    ours = pt.from_torch(reference).eval()
+    xs = torch.randn(steps, 1, B, H, device="cuda", dtype=dtype)
+    state = tuple(torch.randn(L, B, H, device="cuda", dtype=dtype) for _ in range(2))
+    bound = tolerance(pt.DTYPES[dtype], steps)
+    with torch.no_grad():
+        assert ours.stack_for(B, xs.device, dtype) is not None, ours.stack_notes
+        first_out, first = ours(xs[0], state)
+        for got in (first_out, *first):
+            assert got.is_contiguous() and got._base is None  # the call's own tensors, not views of another
+        mine, want = state, tuple(s.double() for s in state)
+        for x in xs:  # each step from the last one's states
+            (out, mine), (want_out, want) = ours(x, mine), exact(x.double(), want)
+            assert (out.double() - want_out).abs().max().item() <= bound
+        assert all((g.double() - w).abs().max().item() <= bound for g, w in zip(mine, want))
+        graph, (replayed_out, replayed) = captured(lambda: ours(xs[0], state))
+        for r in (replayed_out, *replayed):
+            r.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed_out, first_out) and all(torch.equal(r, g) for r, g in zip(replayed, first))

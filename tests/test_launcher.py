@@ -66,3 +66,18 @@ def test_a_refused_launch_says_which_and_why(layer):
     data[1] = data[1].astype(np.float64)  # W_hh of the wrong type: TVM refuses the call
     with pytest.raises(LaunchError, match="launching 'recurrent' of lstm failed: .*W_hh"):
         Launcher(layer)([tvm.runtime.tensor(a) for a in data])
+
+
+def test_a_launch_writes_into_the_callers_arrays_where_given(layer):
+    torch = pytest.importorskip("torch")
+    from prnn_tvm.torch.dispatch import torch_arrays
+
+    data, want = _recurrent_inputs(layer)
+    cpu = torch.device("cpu")
+    launcher = Launcher(layer, "recurrent", torch_arrays(cpu), tvm.cpu(0))
+    finals = torch.full((2, B, H), float("nan"))  # both final states, views of one tensor
+    into = [None, *finals.unbind(0)]
+    got = launcher([torch.from_numpy(a) for a in data], into=into)
+    assert got[1] is into[1] and got[2] is into[2] and got[0] is not None
+    assert np.array_equal(got[0].numpy(), want[0])
+    assert np.array_equal(finals.numpy(), np.stack(want[1:]))

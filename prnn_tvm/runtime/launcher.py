@@ -62,9 +62,10 @@ class Launcher:
     checked by the caller) and the raw handle of the stream to run on; the launcher raises an earlier launch's
     barrier timeout first, supplies the layer's scalars (the host error word among them) and its workspace and
     barrier state for that stream (:meth:`RuntimeLayer.launch_state`, or ``state``, one the caller keeps:
-    :meth:`new_state`), makes what the launch writes with ``arrays.empty``, launches on that stream and returns
-    the written arrays in kernel order. Nothing waits for the device. A sequence whose buffers would reach
-    2^31 elements runs as the layer's chunked call (:meth:`RuntimeLayer.recurrent`; its arrays adopted).
+    :meth:`new_state`), makes what the launch writes with ``arrays.empty`` (or takes the caller's: ``into``),
+    launches on that stream and returns the written arrays in kernel order. Nothing waits for the device. A
+    sequence whose buffers would reach 2^31 elements runs as the layer's chunked call
+    (:meth:`RuntimeLayer.recurrent`; its arrays adopted, ``into`` not written).
     """
 
     def __init__(
@@ -89,7 +90,10 @@ class Launcher:
         must outlive the graph and is zeroed at the start of every replay)."""
         return self.layer.new_launch_state(self.arrays.zeros)
 
-    def __call__(self, data: list, stream: int = 0, state: dict | None = None) -> list:
+    def __call__(self, data: list, stream: int = 0, state: dict | None = None, into: list | None = None) -> list:
+        """``into``: where the launch writes, the caller's arrays (kernel order; None where ``arrays.empty`` makes
+        it), each of its argument's shape and dtype and compact on a 64-byte boundary (views of one allocation
+        that the caller returns whole: a stack's final states). Unchecked, as ``data``."""
         layer, slots = self.layer, self.slots
         layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
         T = int(data[0].shape[0])
@@ -103,8 +107,9 @@ class Launcher:
             args[i] = value
         written, scratch = slots.sized(T)
         empty, outputs = self.arrays.empty, []
-        for i, shape, dtype in written:
-            args[i] = value = empty(*shape, dtype=dtype)
+        for k, (i, shape, dtype) in enumerate(written):
+            value = None if into is None else into[k]
+            args[i] = value = empty(*shape, dtype=dtype) if value is None else value
             outputs.append(value)
         for i, shape, dtype in scratch:  # the exchange sequence of a call: written and read by the kernel alone
             args[i] = empty(*shape, dtype=dtype)

@@ -23,6 +23,7 @@ import tvm_ffi
 from prnn_tvm.deferred import compile_cell, compile_training
 from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import ConfigError, InputError
+from prnn_tvm.runtime.limits import ALIGNMENT
 
 if TYPE_CHECKING:
     from prnn_tvm.runtime.launcher import Arrays
@@ -42,6 +43,10 @@ DTYPES = {getattr(torch, p.torch_type): name for name, p in POLICIES.items()}  #
 _NOTHING = contextlib.nullcontext()  # reusable
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's raw getter, where it has one
 _UNSIGNED = {torch.uint32: torch.int32, torch.uint64: torch.int64}  # zeroed as the signed type of their width
+# The device types on which a stack's launch writes its layers' final states into the tensors a call returns, rather
+# than torch.stack after it: on the GPU each stack is a kernel launch (and its inputs two more allocations); on the CPU
+# a stack is a copy of a few rows, and the views cost more (1.6 us more a call, LSTM 2x128 B=1, CPU thread time).
+WRITTEN_IN_PLACE = ("cuda",)
 
 
 def current_stream(device: torch.device) -> int:
@@ -64,6 +69,15 @@ def torch_arrays(device: torch.device) -> Arrays:
         zeros=zeros,
         adopt=torch.from_dlpack,
     )
+
+
+class Whole(list):
+    """One state's final states per layer ((B, H) views, as ``_run_rows`` gives them) that are the layers of one
+    (layers, B, H) tensor, ``whole``: what a call returns as it is, rather than a stack of them."""
+
+    def __init__(self, views, whole: torch.Tensor):
+        super().__init__(views)
+        self.whole = whole
 
 
 class Dispatch(BatchBuckets):
@@ -119,8 +133,12 @@ class Dispatch(BatchBuckets):
         if not (self.wavefront and self.num_layers > 1 and not self.bidirectional):
             return None
         dtype = self.dtype if dtype is None else dtype
+        key = (batch, device.type, device.index, dtype, "stack")
+        compiled = self._layers.get(key)
+        if compiled is not None:  # noted when it was compiled (and dropped with its note, :meth:`_forget`)
+            return compiled
         return self._one_launch(
-            (batch, device.type, device.index, dtype, "stack"),
+            key,
             self.stack_notes,
             (batch, str(device), dtype),
             batch,
@@ -256,7 +274,16 @@ class Dispatch(BatchBuckets):
         stack = None if grad or (self.training and self.dropout) else self.stack_for(rows, device, dtype)
         if stack is not None:
             layer_major = [t[layer] for layer in range(self.num_layers) for t in initial]
-            out, ends = self._run(stack, self._launch_arguments(stack, x, None, layer_major, lengths))
+            args = self._launch_arguments(stack, x, None, layer_major, lengths)
+            wholes = self._whole_finals(rows, device, dtype)
+            if wholes is None:
+                out, ends = self._run(stack, args)
+            else:  # the kernel writes each layer's final states into its slot of the states returned
+                views = [w.unbind(0) for w in wholes]
+                into = [v[layer] for layer in range(self.num_layers) for v in views]  # the launch's order
+                out, ends = self._run(stack, args, into=[None, *into])
+                if ends[0] is into[0]:  # else a sequence run in pieces, which writes arrays of its own (all of them)
+                    return out, [Whole(v, w) for v, w in zip(views, wholes)]
             for i, end in enumerate(ends):  # layer-major, the cell's states in order within a layer
                 finals[i % states][i // states] = end
         for layer in range(self.num_layers if stack is None else 0):  # else one launch per layer and direction
@@ -321,9 +348,20 @@ class Dispatch(BatchBuckets):
         layer = self.layer_for(x.shape[1], x.device, x.dtype, x.shape[2])
         return layer, self._launch_arguments(layer, x, suffix, initial, lengths, grad)
 
-    def _run(self, layer, args: list, grad: bool = False) -> tuple:
+    def _whole_finals(self, rows: int, device: torch.device, dtype: torch.dtype) -> list | None:
+        """Per state, an uninitialized (layers, rows, H) tensor that a stack's launch writes its layers' final states
+        into (one view per layer, :meth:`_run_rows`): what the call returns, without stacking them afterwards (a
+        kernel per state on the GPU). None where a view would not start on a 64-byte boundary, as kernels take them,
+        and on devices not in :data:`WRITTEN_IN_PLACE`."""
+        H = self.hidden_size
+        if rows * H * dtype.itemsize % ALIGNMENT or device.type not in WRITTEN_IN_PLACE:
+            return None
+        return [torch.empty(self.num_layers, rows, H, device=device, dtype=dtype) for _ in self._states]
+
+    def _run(self, layer, args: list, grad: bool = False, into: list | None = None) -> tuple:
         """Run one layer and direction on its arguments (:meth:`_launch_arguments`) on the current stream: ``(out,
-        finals)``, finals of shape (B, H)."""
+        finals)``, finals of shape (B, H); an inference call writes into ``into`` where given (the launch's outputs in
+        its order, None where made anew: :class:`~prnn_tvm.runtime.launcher.Launcher`)."""
         x = args[0]
         if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
             xp = project(*args[:3], differentiable=True)
@@ -334,14 +372,16 @@ class Dispatch(BatchBuckets):
             return out, finals
         # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
         # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
-        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:])
+        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:], into=into)
         return out, finals
 
-    def _launch(self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent") -> list:
+    def _launch(
+        self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent", into: list | None = None
+    ) -> list:
         """Launch ``function`` of ``layer`` (on the GPU: on torch's current stream), into tensors from torch's
         allocator; no waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for
-        ``recurrent``: the recurrent weights, params, initial states and lengths). Returns what it writes, in its
-        order."""
+        ``recurrent``: the recurrent weights, params, initial states and lengths); ``into``: where it writes, as the
+        Launcher takes it. Returns what it writes, in its order."""
         launcher = self._launchers.get((id(layer), function))
         device = xp.device
         if launcher is None:
@@ -351,12 +391,12 @@ class Dispatch(BatchBuckets):
                 layer, function, torch_arrays(device), tvm_ffi.device(device.type, device.index or 0)
             )
         if device.type != "cuda":
-            return launcher([xp, *recurrent])
+            return launcher([xp, *recurrent], into=into)
         state = None
         if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
             state = launcher.new_state()
             self._captured.append(state)
-        return launcher([xp, *recurrent], current_stream(device), state)
+        return launcher([xp, *recurrent], current_stream(device), state, into)
 
     def _training_kernels(self, layer):
         """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do

@@ -18,7 +18,7 @@ from . import ops
 from .amp import autocast_dtype
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .buckets import KeptShapes
-from .dispatch import _NOTHING, DTYPES, Dispatch
+from .dispatch import _NOTHING, DTYPES, Dispatch, Whole
 from .sequences import packed_like, unpacked
 from .session import ModuleSession
 from .split import SplitLayers, call_refusal, module_refusal
@@ -432,8 +432,9 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
 
 
 def _stacked(finals: list) -> list:
-    """Per state, the final states of every layer and direction ((B, H) each) as one (slots, B, H) tensor."""
-    return [f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals]
+    """Per state, the final states of every layer and direction ((B, H) each) as one (slots, B, H) tensor: the one
+    they were written into where they are its layers (:class:`~prnn_tvm.torch.dispatch.Whole`)."""
+    return [f.whole if type(f) is Whole else f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals]
 
 
 # what Dynamo must not trace into (TVM calls, caches keyed by ids): called only while torch.compile traces a call
