@@ -2,7 +2,8 @@
 
 Only the memory operations the project's device code uses have a translation: loads and stores with a memory
 order (``ld.acquire``, ``ld.relaxed``, ``ld.volatile``, ``st.relaxed``; scalar or vector), atomic adds
-(``red``, ``atom``), ``%globaltimer`` and cache prefetches (``prefetch``: nothing on the host). Anything else (tensor-core ``mma``, ``ldmatrix``, ``tanh.approx``) raises
+(``red``, ``atom``), ``%globaltimer`` and cache prefetches (``prefetch``: nothing on the host). Anything else
+(tensor-core ``mma``, ``ldmatrix``, ``tanh.approx``) raises
 :class:`~prnn_tvm.errors.PrnnError` naming the instruction: such a kernel runs on the GPU only.
 """
 
