@@ -115,3 +115,21 @@ def test_report_and_launch_say_what_streams():
     assert launch.args[index].name == "W_hh" and nbytes == 4 * 16 * 16 * 4
     plain = prnn_tvm.compile_cell("lstm", 16, 3, target="cuda", arch="sm_90", tuning_logs=[], config=knobs(4, 4, 3, 2))
     assert streamed_weight(plain.signature.launch("recurrent")) is None and plain.report.weight_l2_bytes == 0
+
+
+def test_window_structures_match_the_cuda_runtime():
+    """``cudaAccessPolicyWindow`` is 32 bytes (pointer, size_t, float, two enums, padded) and ``cudaStreamAttrValue``
+    64 (driver_types.h of CUDA 12 and 13); the window can be switched off and on for the process."""
+    import ctypes
+
+    from prnn_tvm.runtime import l2
+
+    assert ctypes.sizeof(l2.AccessPolicyWindow) == 32 and ctypes.sizeof(l2.StreamAttrValue) == 64
+    assert l2.AccessPolicyWindow.hitRatio.offset == 16 and l2.AccessPolicyWindow.missProp.offset == 24
+    assert l2.window_enabled()
+    l2.use_window(False)
+    try:
+        assert not l2.window_enabled()
+        assert l2.Window(0, 0, 1 << 20, 0).value is None  # off: no runtime call at all
+    finally:
+        l2.use_window(True)

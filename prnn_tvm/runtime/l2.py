@@ -4,10 +4,13 @@
 Before such a launch the launcher sets an access-policy window on the launch's stream (``cudaStreamSetAttribute``,
 ``cudaStreamAttributeAccessPolicyWindow``): the whole weight buffer (up to the device's largest window), a hit ratio of
 the persisting L2 set-aside over the window's bytes (lines assigned persisting at random in that ratio, the rest
-streaming), and clears it after the launch, so that the caller's later work on the stream is untouched. The set-aside
+normal: as streaming they would be evicted first, and the streamed part of the weights is a strided subset of the
+buffer, the first columns of every row, which one window cannot single out), and clears it after the launch, so
+that the caller's later work on the stream is untouched. The set-aside
 (``cudaLimitPersistingL2CacheSize``) is raised once per device to the most the device allows: that part of L2 then
 serves persisting lines first for the whole process. Where the runtime refuses the window (an older driver, the
-legacy default stream), the launch runs without it and the reason is logged once. :func:`use_window` switches it off
+legacy default stream), or the stream is being captured into a CUDA graph, the launch runs without it (a refusal's
+reason logged once). :func:`use_window` switches it off
 and on for the process (to measure both).
 """
 
@@ -96,7 +99,7 @@ def window_value(pointer: int, nbytes: int, device: int) -> StreamAttrValue | No
         return None
     value = StreamAttrValue()
     size = min(nbytes, largest)
-    value.accessPolicyWindow = AccessPolicyWindow(pointer, size, min(1.0, aside / size), PERSISTING, STREAMING)
+    value.accessPolicyWindow = AccessPolicyWindow(pointer, size, min(1.0, aside / size), PERSISTING, NORMAL)
     return value
 
 
@@ -109,8 +112,15 @@ class Window:
         self.stream, self.value = stream, window_value(pointer, nbytes, device) if _enabled else None
 
     def __enter__(self):
-        if self.value is not None and not self._set(self.value):
+        if self.value is not None and (self._capturing() or not self._set(self.value)):
             self.value = None
+
+    def _capturing(self) -> bool:
+        """Whether the stream is being captured into a CUDA graph: no window then (a graph's kernel node would take
+        it as a node attribute, not set here)."""
+        status = ctypes.c_int(0)
+        return cudart().cudaStreamIsCapturing(ctypes.c_void_p(self.stream), ctypes.byref(status)) != 0 or bool(
+            status.value)
 
     def __exit__(self, *exc):
         if self.value is not None:
