@@ -343,8 +343,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                         self.save_leaves(t, it, group, b, unit, ul)
                     self.write_states(t, it, group, b, unit, ul)
         if p.needs_grid_barrier:
-            for _ in self.each_part():
-                self.before_wait()
+            self.before_wait()
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
                               when=t < self.steps - 1)
 

@@ -173,8 +173,9 @@ class RegisterWeights:
 
     def before_wait(self):
         """What a thread does before the step's barrier wait: ask for the next step's first streamed weights."""
-        if self.g.l2_chunks:
-            self.prefetch_streamed()
+        if self.g.l2_chunks:  # one dense product: one part
+            for _ in self.each_part():
+                self.prefetch_streamed()
 
     def shared_weight(self, r: int, q: int):
         """The word where chunk ``q`` (one of the shared ones) of the thread's row ``r`` starts (module doc)."""
