@@ -424,6 +424,12 @@ def _add_bench_parser(sub) -> None:
         "over the files beside the CSV",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument(
+        "--no-l2-window",
+        action="store_true",
+        help="launch kernels that read part of their weights from global memory every step without an L2 "
+        "persistence window over them (to measure what the window gives)",
+    )
     steps = b.add_argument_group("one timestep per call")
     steps.add_argument(
         "--step-latency",
@@ -508,8 +514,13 @@ def cmd_bench(args) -> int:
             str(args.repeats),
             "--name",
             args.name,
+            *(["--no-l2-window"] if args.no_l2_window else []),
         ]
     )
+    if args.no_l2_window:
+        from .runtime import l2
+
+        l2.use_window(False)
     print(outputs.NOTES[0])
     if matrix.LARGEST in args.hidden:
         print("finding the largest hidden size of each cell (built at every batch to check for spills) ...")

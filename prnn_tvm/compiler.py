@@ -311,11 +311,13 @@ def _target(target, arch):
 
 def _weight_tiers(kernel: Kernel, plan: CellPlan) -> dict:
     """Where a CTA keeps its recurrent weights, in bytes (the report's ``weight_*`` fields): its threads' weight
-    registers (32-bit words) and the weights in shared memory; nothing for a template without a geometry."""
+    registers (32-bit words), the weights in shared memory and those read from global memory every step; nothing for a
+    template without a geometry."""
     g = by_name(kernel.template).geometry(kernel.config, plan) if kernel.config is not None else None
     if g is None or not hasattr(g, "weights_per_thread"):
         return {}
-    return dict(weight_register_bytes=4 * g.threads * g.weights_per_thread, weight_smem_bytes=getattr(g, "smem_ws", 0))
+    return dict(weight_register_bytes=4 * g.threads * g.weights_per_thread, weight_smem_bytes=getattr(g, "smem_ws", 0),
+                weight_l2_bytes=getattr(g, "l2_ws", 0))
 
 
 def _report(

@@ -24,7 +24,8 @@ class CompileReport:
     tuning record ..."``). ``registers`` and the spill/stack figures come from ptxas for CUDA builds (None on the
     CPU, or when nvcc is unavailable: ``ptxas_note`` says why); they are the recurrent kernel's, and
     ``projection_ptxas`` sums up the input projection's kernel in words. ``weight_register_bytes`` and
-    ``weight_smem_bytes`` say where a CTA keeps its recurrent weights (None for a template without a geometry).
+    ``weight_smem_bytes`` say where a CTA keeps its recurrent weights, ``weight_l2_bytes`` what it reads from global
+memory (served by L2) every step instead (None for a template without a geometry).
     """
 
     cell: str
@@ -50,6 +51,7 @@ class CompileReport:
     static_smem_bytes: int | None = None
     weight_register_bytes: int | None = None  # recurrent weights per CTA held in registers (32-bit words)
     weight_smem_bytes: int | None = None  # recurrent weights per CTA in shared memory (the weight tiers)
+    weight_l2_bytes: int | None = None  # recurrent weights per CTA read from global memory (L2) every step
     ptxas_note: str = ""
     projection_ptxas: str = ""
 
@@ -91,7 +93,7 @@ class CompileReport:
             )
         if self.weight_register_bytes is not None:
             lines.append(f"weights     {self.weight_register_bytes} B in registers, {self.weight_smem_bytes or 0} B in "
-                         "shared memory per CTA")
+                         f"shared memory, {self.weight_l2_bytes or 0} B in global memory (L2) per CTA")
         if self.registers is not None:
             lines.append(
                 f"ptxas       {self.registers} registers/thread, {self.spill_store_bytes} B spill stores, "

@@ -95,6 +95,7 @@ class Grid:
     cooperative: bool
     registers: int | None = None  # per thread: ptxas's figure once built, the template's estimate before
     static_smem_bytes: int = 0
+    streamed: str = ""  # the weight argument part of which the kernel reads from global memory every step (L2 window)
 
     @property
     def smem_bytes(self) -> int:

@@ -10,7 +10,11 @@ tiles of ``batch_tile`` rows, each a pass over the register-resident weights. ``
 (the weight tiers): of each row's ``k_chunks`` chunks per lane, the last ``smem_chunks`` live in
 shared memory instead of registers (``persistent_weights`` gives their layout), so a CTA holds
 more weights than its registers do; 0 (every weight in registers) is what configs and tuning
-records from before the knob mean. ``layout``
+records from before the knob mean. ``l2_chunks`` (the third tier, for layers past registers and shared memory
+together): the first ``l2_chunks`` of each row's chunks stay in global memory, read in place from the weight matrix
+(16-byte loads where ``vec`` is 4) every batch tile of every step, served by L2 (the runtime puts an L2 persistence
+window on the weight buffer: ``prnn_tvm.runtime.l2``); chunks ``[l2_chunks, k_chunks - smem_chunks)`` are in
+registers. ``layout``
 (``shared``, or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``.
 """
@@ -26,7 +30,7 @@ from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize, policy
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
+from prnn_tvm.target import STATIC_SMEM_RESERVE, GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_sums import unit_sum_bytes
@@ -34,12 +38,14 @@ from .persistent_weights import lane_shuffles
 from .ranking import (
     PREFERRED,
     RANKED_WITH,
+    TIER_STEPS,
     block_local,
     check_layout,
     check_resources,
     knobs_of,
     layered_defaults,
     layouts,
+    offers_streaming,
     parts,
     shared_layout,
     tier_counts,
@@ -53,6 +59,7 @@ DTYPES = tuple(d for d in GPU_DTYPES if policy(d).mma is None)  # what multiplie
 
 REG_OVERHEAD = 40  # registers a thread needs besides weights, accumulators and private states
 PHASE_OVERHEAD = 32  # more registers live across a step's phases of products (ptxas, Cho's GRU at hidden 1024)
+L2_BYTES_PER_CYCLE = 64  # what one SM reads from L2 per cycle, at best (a guess for the cost model, unmeasured)
 TILE_OVERHEAD = 800  # cycles per batch tile: an L2 round trip for the states and two block barriers
 
 
@@ -68,6 +75,7 @@ class PersistentConfig:
     barrier: str = field(default=RANKED_WITH, metadata={"short": ""})
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
     smem_chunks: int = field(default=0, metadata={"short": "sc", "quiet": True, "tier": True})
+    l2_chunks: int = field(default=0, metadata={"short": "lc", "quiet": True})
 
     def as_dict(self) -> dict:
         return knobs_of(self)
@@ -94,6 +102,8 @@ class Geometry:
     smem_us: int = 0       # bytes: the shares and totals of the sums over units (``persistent_sums``)
     smem_chunks: int = 0   # of each row's k_chunks per lane, those in shared memory (the weight tiers)
     smem_ws: int = 0       # bytes: the weights in shared memory, after everything else (``weights_offset``)
+    l2_chunks: int = 0     # of each row's k_chunks per lane, the first ones, read from global memory every step
+    l2_ws: int = 0         # bytes: the weights a CTA reads from global memory (L2) per batch tile and step
 
     @property
     def smem_bytes(self) -> int:
@@ -107,7 +117,12 @@ class Geometry:
 
     @property
     def register_chunks(self) -> int:
-        """Of each row's ``k_chunks`` per lane, those held in registers."""
+        """Of each row's ``k_chunks`` per lane, those held in registers (from chunk ``l2_chunks``)."""
+        return self.k_chunks - self.smem_chunks - self.l2_chunks
+
+    @property
+    def smem_from(self) -> int:
+        """The first of each row's chunks in shared memory (the last ``smem_chunks``)."""
         return self.k_chunks - self.smem_chunks
 
     @property
@@ -141,8 +156,10 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     k_pad = k_chunks * cfg.vec * cfg.k_split
     stride = _round_up(cols.tile_width(k_pad), 4) if cols.headed else 0
     sc = min(cfg.smem_chunks, k_chunks)
-    weights = cfg.rows_per_thread * (k_chunks - sc) * cfg.vec if rows else 0
+    lc = min(cfg.l2_chunks, k_chunks - sc)
+    weights = cfg.rows_per_thread * (k_chunks - sc - lc) * cfg.vec if rows else 0
     smem_ws = policy.itemsize * threads * cfg.rows_per_thread * sc * cfg.vec
+    l2_ws = policy.itemsize * threads * cfg.rows_per_thread * lc * cfg.vec
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
@@ -154,10 +171,13 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
                                                           policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
             + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.product_phases - 1))
-    if sc:  # a shared chunk's state vectors of the whole tile and one weight vector (persistent_weights)
+    if sc or lc:  # a chunk's state vectors of the whole tile and one weight vector (persistent_weights)
         regs += cfg.batch_tile * cfg.vec + cfg.vec
+    if lc:  # a streamed chunk's weight vectors of every row, loaded together, and each row's offset
+        regs += (cfg.rows_per_thread - 1) * cfg.vec + cfg.rows_per_thread
     return Geometry(ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile), ipt,
-                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta), sc, smem_ws)
+                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta), sc, smem_ws,
+                    lc, l2_ws)
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -191,6 +211,7 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"smem_chunks={cfg.smem_chunks}: a lane's row has {g.k_chunks} chunks of {cfg.vec} weights "
                           f"(hidden {plan.hidden} over k_split {cfg.k_split}); at most {g.k_chunks} can be in shared "
                           "memory")
+    check_streamed(cfg, g, plan)
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
     for reductions, _, _ in parts(cfg.layout, plan):
         check_heads(cols, reductions, cfg.rows_per_thread, "rows_per_thread", "a thread's rows")
@@ -218,10 +239,29 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
                           "at most 1024: raise rows_per_thread or lower units_per_cta")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} weights, {cfg.rows_per_thread * cfg.batch_tile} "
                     "accumulators", "lower rows_per_thread or batch_tile, raise k_split, or keep more weights in "
-                    "shared memory (raise smem_chunks)",
+                    "shared memory (raise smem_chunks) or in global memory (raise l2_chunks)",
                     f"lower batch_tile{' or smem_chunks' if g.smem_ws else ''}"
                     f"{f' ({g.smem_ws} B of them weights)' if g.smem_ws else ''}")
     return g
+
+
+def check_streamed(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> None:
+    """ConfigError where ``l2_chunks`` cannot be read in place from the weight matrix, with the reason."""
+    if cfg.l2_chunks < 0:
+        raise ConfigError(f"l2_chunks={cfg.l2_chunks}: the weight chunks a lane reads from global memory, 0 or more")
+    if not cfg.l2_chunks:
+        return
+    if cfg.smem_chunks + cfg.l2_chunks > g.k_chunks:
+        raise ConfigError(f"smem_chunks={cfg.smem_chunks} and l2_chunks={cfg.l2_chunks}: a lane's row has "
+                          f"{g.k_chunks} chunks of {cfg.vec} weights; together at most {g.k_chunks}")
+    if len(plan.reductions) != 1 or plan.heads > 1:
+        raise ConfigError(f"l2_chunks={cfg.l2_chunks}: the streamed chunks are read in place from one dense recurrent "
+                          f"weight matrix; cell '{plan.cell.name}' has {len(plan.reductions)} products"
+                          f"{' over heads' if plan.heads > 1 else ''}: use l2_chunks=0")
+    if plan.hidden % cfg.vec or cfg.l2_chunks * cfg.vec * cfg.k_split > plan.hidden:
+        raise ConfigError(f"l2_chunks={cfg.l2_chunks}: the streamed chunks are read in place, {cfg.vec} weights at a "
+                          f"time, from the first {cfg.l2_chunks * cfg.vec * cfg.k_split} columns of each row: vec must "
+                          f"divide hidden ({plan.hidden}) and those columns must lie within it: lower l2_chunks or vec")
 
 
 def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[PersistentConfig]:
@@ -243,9 +283,13 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                     for bt in tiles:
                         for vec in (1, 2, 4):
                             out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout) for b in layout_barriers)
-    if not tiers_offered(plan, gpu, out, validate):
-        return out
-    return [dataclasses.replace(base, smem_chunks=sc) for base in out for sc in weight_tiers(base, plan, gpu)]
+    tiered = out
+    if tiers_offered(plan, gpu, out, validate):
+        tiered = [dataclasses.replace(base, smem_chunks=sc) for base in out for sc in weight_tiers(base, plan, gpu)]
+    if not offers_streaming(plan, gpu):
+        return tiered
+    return tiered + [dataclasses.replace(base, smem_chunks=sc, l2_chunks=lc) for base in out
+                     for sc, lc in streamed_tiers(base, plan, gpu)]
 
 
 def weight_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
@@ -260,15 +304,39 @@ def weight_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[in
                        g.k_chunks)
 
 
+def streamed_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[tuple[int, int]]:
+    """The ``(smem_chunks, l2_chunks)`` a space offers for ``cfg`` past registers and shared memory together: as many
+    chunks in shared memory as the block's limit takes, and the fewest streamed chunks that bring the register estimate
+    under the cap, with the next ``TIER_STEPS - 1`` (fallbacks where ptxas spills); none where shared memory alone
+    suffices (``weight_tiers`` offers that) or the config cannot stream (``check_streamed``)."""
+    try:
+        g = geometry(cfg, plan)
+    except ConfigError:
+        return []
+    if not g.rows or len(plan.reductions) != 1 or plan.heads > 1 or plan.hidden % cfg.vec:
+        return []
+    chunk = plan.policy.itemsize * g.threads * cfg.rows_per_thread * cfg.vec  # bytes of one chunk over the CTA
+    room = gpu.smem_per_block - STATIC_SMEM_RESERVE - weights_offset(g.smem_hs + g.smem_gs + g.smem_us)
+    sc = max(0, min(g.k_chunks, room // chunk))
+    excess = g.regs_estimate - max_regs_per_thread(g.threads, gpu)
+    staging = cfg.batch_tile * cfg.vec + cfg.vec + (cfg.rows_per_thread - 1) * cfg.vec + cfg.rows_per_thread
+    needed = -(-(excess + staging) // (cfg.rows_per_thread * cfg.vec))  # chunks out of registers
+    most = min(g.k_chunks - sc, plan.hidden // (cfg.vec * cfg.k_split))  # streamed columns within the row
+    least = needed - sc
+    if excess <= 0 or least <= 0 or least > most:
+        return []
+    return [(sc, lc) for lc in range(least, min(least + TIER_STEPS, most + 1))]
+
+
 GEOMETRY_FEATURES = ("ctas", "threads", "rows", "k_chunks", "weights_per_thread", "batch_chunks",
-                     "items_per_thread", "tagged_per_thread", "smem_bytes", "smem_ws")
+                     "items_per_thread", "tagged_per_thread", "smem_bytes", "smem_ws", "l2_ws")
 
 
 def features(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_split", "rows_per_thread", "batch_tile", "vec",
-                                        "smem_chunks")}
+                                        "smem_chunks", "l2_chunks")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
@@ -295,7 +363,8 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
     5.18, 1024x64 18.4 against 24.0; Cho's GRU 512x4 and RNN 512x1 level).
 
     Weights in shared memory (``smem_chunks``) are read again for every batch tile: ``vec`` wavefronts and a
-    load instruction per chunk and row (an uncalibrated guess: no H100 figures yet).
+    load instruction per chunk and row (an uncalibrated guess: no H100 figures yet). Weights read from global
+    memory (``l2_chunks``) cost their bytes at ``L2_BYTES_PER_CYCLE`` per SM, every tile (a guess too).
     """
     warps = g.threads / 32
     words = cfg.batch_tile * g.k_chunks * cfg.vec  # state words each thread reads per tile
@@ -303,8 +372,9 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
     lds = warps * words + warps * cfg.batch_tile * g.k_chunks / 4  # wavefronts + load instructions
     shared_weights = cfg.rows_per_thread * g.smem_chunks  # vec-wide weight loads per thread and tile (the tiers)
     lds += warps * shared_weights * (cfg.vec + 0.25)
+    streamed = g.l2_ws / L2_BYTES_PER_CYCLE
     shfl = 3 * warps * lane_shuffles(cfg.rows_per_thread * cfg.batch_tile, cfg.k_split)
-    per_tile = (max(fma, lds) + shfl) * max(1.0, 8 / warps) + TILE_OVERHEAD
+    per_tile = (max(fma, lds, streamed) + shfl) * max(1.0, 8 / warps) + TILE_OVERHEAD
     return g.batch_chunks * per_tile
 
 

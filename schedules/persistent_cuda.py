@@ -165,7 +165,9 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         workspace = self.workspace_shape()  # every batch group's rows
         grid_wide = p.needs_grid_barrier and bar.grid_wide  # ``block``: each block synchronizes with itself
         sync = bar.grid_sync(p.phases) if grid_wide else None
-        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
+        streamed = p.reductions[0].weight if getattr(g, "l2_chunks", 0) else ""  # the third tier (one product)
+        grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate,
+                    streamed=streamed)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
         launch = recurrent_launch(p, workspace, bar.exchange_dtype(self.dt), grid, sync, exchanged)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
@@ -360,6 +362,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                     for _ in self.each_part():
                         self.load_inputs(t + 1)
         if p.needs_grid_barrier:
+            self.before_wait()
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
                               when=t < self.steps - 1)
 

@@ -117,6 +117,9 @@ class FragmentWeights:
         the operand tiles."""
         return self.gsum, self.g.smem_gs // itemsize(self.acc_dt) + -(-self.g.smem_ops // itemsize(self.acc_dt))
 
+    def before_wait(self):
+        """What a thread does before the step's barrier wait: nothing (every fragment is on chip)."""
+
     def load_weights(self):
         """Prologue: this warp's A fragments into registers; zero outside the matrices.
 

@@ -16,6 +16,15 @@ orders them. Shared chunk ``j = q - (k_chunks - S)`` of row ``r`` of thread ``tx
 consecutive ``vec``-wide words, one 128-byte wavefront per word of the vector and no bank conflicts. A
 product reads them once per batch tile: per shared chunk, the tile's state vectors, then per row one weight
 vector multiplied into every batch row.
+
+The third tier (``l2_chunks`` = L > 0, one dense product): chunks ``q < L`` of every row are never loaded into the
+CTA; every batch tile of every step reads them in place from the weight matrix (row ``s * hidden + unit``, columns
+``vec * (ks + k_split * q) ..``: a warp's lanes read consecutive ``vec``-wide words, 16-byte ``__ldg`` loads where
+``vec`` is 4, the matrix being read-only for the launch), all rows' vectors of a chunk loaded before they are
+multiplied. A thread past the CTA's rows, or a row of a unit past hidden, reads a row that exists (its sums are
+never stored). Before each step's barrier wait each thread asks for its first streamed vectors to be brought into
+L1 (``prefetch.global.L1``, at most ``L1_PREFETCH_BYTES`` a CTA), so that the wait hides their trip from L2.
+Registers hold chunks ``[L, k_chunks - S)``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,19 @@ from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
 FULL_MASK = 0xFFFFFFFF
+L1_PREFETCH_BYTES = 16 * 1024  # a CTA's streamed weights asked into L1 before a barrier wait (a guess: unmeasured)
+
+_STREAMED = r"""
+#ifndef PRNN_STREAMED
+#define PRNN_STREAMED
+__device__ __forceinline__ void prnn_prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
+}
+// one weight vector of a streamed chunk, read-only for the launch: ld.global.nc, 16 bytes for a float4
+template <typename V>
+__device__ __forceinline__ V prnn_ldg(const float* p) { return __ldg(reinterpret_cast<const V*>(p)); }
+#endif
+"""
 
 
 @dataclass(frozen=True)
@@ -82,10 +104,15 @@ class RegisterWeights:
         # the tiles and the sums, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
         words = max(1, self.gs0 + g.smem_gs // itemsize(self.dt), -(-g.smem_bytes // itemsize(self.dt)))
         self.smem = T.alloc_buffer((words,), self.dt, scope="shared.dyn")
-        if g.smem_chunks:  # the tiers: a shared chunk's state vectors of the tile, a weight vector
+        if g.smem_chunks or g.l2_chunks:  # the tiers: a chunk's state vectors of the tile, its weight vectors
             self.hvs = T.alloc_buffer((c.batch_tile * c.vec,), self.dt, scope="local")
-            self.wv = T.alloc_buffer((c.vec,), self.dt, scope="local")
+            self.wv = T.alloc_buffer((c.vec * (c.rows_per_thread if g.l2_chunks else 1),), self.dt, scope="local")
             self.ws0 = g.weights_offset // itemsize(self.dt)
+        if g.l2_chunks:  # the streamed tier: the weight matrix as a flat buffer, each row's first element there
+            (red,) = self.p.reductions
+            matrix = self.a.weight[red.weight]
+            self.wglobal = T.decl_buffer((red.slices * self.H * self.H,), self.dt, data=matrix.data)
+            self.wrow = T.alloc_buffer((c.rows_per_thread,), "int32", scope="local")
         self.ks = bind_value(self.tx % c.k_split, "ks")
         self.rg = bind_value(self.tx // c.k_split, "rg")
 
@@ -98,7 +125,9 @@ class RegisterWeights:
         c, H, U = self.c, self.H, self.c.units_per_cta
         for r in range(c.rows_per_thread if self.reductions else 0):
             row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
-            for q in range(self.g.k_chunks):
+            if self.g.l2_chunks:
+                self.streamed_row(r, row)
+            for q in range(self.g.l2_chunks, self.g.k_chunks):
                 for v in range(c.vec):
                     k = c.vec * (self.ks + c.k_split * q) + v
                     value = tirx.const(0.0, self.wreg.dtype)
@@ -108,14 +137,49 @@ class RegisterWeights:
                         unit = self.cta * U + ul
                         ok = tirx.all(row >= lo, row < hi, unit < H, k < red.head_size(H))  # a head-wise row: D
                         value = T.if_then_else(ok, self.a.weight[red.weight][s * H + unit, k], value)
-                    if q < self.g.register_chunks:
+                    if q < self.g.smem_from:
                         T.buffer_store(self.wreg, value, [self.wreg_index(r, q, v)])
                     else:
                         T.buffer_store(self.smem, value, [self.shared_weight(r, q) + v])
+        if self.g.l2_chunks:
+            self.prefetch_streamed()
+
+    def streamed_row(self, r: int, row):
+        """Where row ``r`` of the thread starts in the flat weight matrix (the streamed tier): its gate slice's row of
+        its unit, both clamped to rows that exist (a thread past the CTA's rows, a unit past hidden: sums never
+        stored)."""
+        (red,) = self.reductions
+        U = self.c.units_per_cta
+        last = red.slices * U - 1
+        inside = T.if_then_else(row < last, row, last)
+        unit = self.cta * U + inside % U
+        unit = T.if_then_else(unit < self.H - 1, unit, self.H - 1)
+        T.buffer_store(self.wrow, (inside // U * self.H + unit) * self.H, [r])
+
+    def streamed_weight(self, r: int, q: int):
+        """The element where streamed chunk ``q`` of the thread's row ``r`` starts in the flat weight matrix."""
+        return self.wrow[r] + self.c.vec * (self.ks + self.c.k_split * q)
+
+    def prefetch_streamed(self):
+        """Before a barrier wait: the thread's first streamed weight vectors asked into L1 (module doc), as many rows
+        of the first chunks as ``L1_PREFETCH_BYTES`` a CTA takes."""
+        c, g = self.c, self.g
+        per_row = g.threads * c.vec * itemsize(self.dt)  # bytes of one (chunk, row) over the CTA
+        budget = L1_PREFETCH_BYTES // per_row
+        for i in range(min(budget, g.l2_chunks * c.rows_per_thread)):
+            q, r = divmod(i, c.rows_per_thread)
+            T.evaluate(T.cuda.func_call("prnn_prefetch_l1", T.address_of(self.wglobal[self.streamed_weight(r, q)]),
+                                        source_code=_STREAMED, return_type="void"))
+
+    def before_wait(self):
+        """What a thread does before the step's barrier wait: ask for the next step's first streamed weights."""
+        if self.g.l2_chunks:  # one dense product: one part
+            for _ in self.each_part():
+                self.prefetch_streamed()
 
     def shared_weight(self, r: int, q: int):
         """The word where chunk ``q`` (one of the shared ones) of the thread's row ``r`` starts (module doc)."""
-        j = q - self.g.register_chunks
+        j = q - self.g.smem_from
         return self.ws0 + ((j * self.c.rows_per_thread + r) * self.g.threads + self.tx) * self.c.vec
 
     def tile_products(self, b0, phase: int):
@@ -135,7 +199,9 @@ class RegisterWeights:
             T.buffer_store(self.acc, tirx.const(0.0, self.acc.dtype), [i])
         with T.If(self.thread_phase == phase):  # every lane still joins the shuffles after
             with T.Then():
-                for q in range(self.g.register_chunks):
+                for q in range(self.g.l2_chunks):
+                    self.streamed_chunk_products(q)
+                for q in range(self.g.l2_chunks, self.g.smem_from):
                     for bb in range(BT):
                         base = self.operand_base + bb * self.g.stride + c.vec * (self.ks + c.k_split * q)
                         T.buffer_store(self.hv, self.smem[vec_index(base, c.vec)], [vec_index(0, c.vec)])
@@ -144,15 +210,36 @@ class RegisterWeights:
                                 a = r * BT + bb
                                 T.buffer_store(self.acc, self.acc[a] + self.wreg[self.wreg_index(r, q, v)]
                                                * self.hv[v], [a])
-                for q in range(self.g.register_chunks, self.g.k_chunks):
+                for q in range(self.g.smem_from, self.g.k_chunks):
                     self.shared_chunk_products(q)
+
+    def tile_vectors(self, q: int):
+        """Chunk ``q``'s state vectors of every row of the batch tile, into ``hvs``."""
+        c = self.c
+        for bb in range(c.batch_tile):
+            base = self.operand_base + bb * self.g.stride + c.vec * (self.ks + c.k_split * q)
+            T.buffer_store(self.hvs, self.smem[vec_index(base, c.vec)], [vec_index(bb * c.vec, c.vec)])
+
+    def streamed_chunk_products(self, q: int):
+        """The products over streamed chunk ``q``: every row's weight vector from global memory (all issued before
+        the first is used), the tile's state vectors, then the products."""
+        c, BT = self.c, self.c.batch_tile
+        vector = {1: "float", 2: "float2", 4: "float4"}[c.vec]  # the template's storage type is float32
+        for r in range(c.rows_per_thread):
+            value = T.cuda.func_call(f"prnn_ldg<{vector}>", T.address_of(self.wglobal[self.streamed_weight(r, q)]),
+                                     source_code=_STREAMED, return_type=self.dt if c.vec == 1 else f"{self.dt}x{c.vec}")
+            T.buffer_store(self.wv, value, [vec_index(r * c.vec, c.vec)])
+        self.tile_vectors(q)
+        for r in range(c.rows_per_thread):
+            for bb in range(BT):
+                for v in range(c.vec):
+                    a = r * BT + bb
+                    T.buffer_store(self.acc, self.acc[a] + self.wv[r * c.vec + v] * self.hvs[bb * c.vec + v], [a])
 
     def shared_chunk_products(self, q: int):
         """The products over shared chunk ``q``: the tile's state vectors, then per row its weight vector."""
         c, BT = self.c, self.c.batch_tile
-        for bb in range(BT):
-            base = self.operand_base + bb * self.g.stride + c.vec * (self.ks + c.k_split * q)
-            T.buffer_store(self.hvs, self.smem[vec_index(base, c.vec)], [vec_index(bb * c.vec, c.vec)])
+        self.tile_vectors(q)
         for r in range(c.rows_per_thread):
             T.buffer_store(self.wv, self.smem[vec_index(self.shared_weight(r, q), c.vec)], [vec_index(0, c.vec)])
             for bb in range(BT):
@@ -210,7 +297,8 @@ class RegisterWeights:
                     T.buffer_store(self.smem, self.acc[slot], [self.gs0 + b * rows + row])
 
     def wreg_index(self, r: int, q: int, v: int) -> int:
-        return (r * self.g.register_chunks + q) * self.c.vec + v
+        """Register of element ``v`` of chunk ``q`` (one of the register chunks, from ``l2_chunks``) of row ``r``."""
+        return (r * self.g.register_chunks + q - self.g.l2_chunks) * self.c.vec + v
 
     @property
     def first_row(self):

@@ -147,6 +147,16 @@ def tier_knob(cfg) -> str | None:
     return next((f.name for f in dataclasses.fields(cfg) if f.metadata.get("tier")), None)
 
 
+def offers_streaming(plan: CellPlan, gpu: GpuSpec) -> bool:
+    """Whether a space offers the third tier (weights read from global memory, served by L2, every step) for
+    ``plan``: where a CTA of the fewest units would hold more weights than ``TIER_FROM`` of an SM's register file and
+    the most shared memory a block may have, together. Below, registers and shared memory hold them."""
+    units = math.ceil(plan.hidden / gpu.sms)
+    rows = sum(r.slices for r in plan.reductions) * units
+    on_chip = TIER_FROM * 4 * gpu.regs_per_sm + gpu.smem_per_block
+    return rows * plan.hidden * plan.policy.itemsize > on_chip
+
+
 def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
     """The weight tiers a space offers a config (how many of a thread's weight chunks go to shared memory): 0, and
     where its register estimate passes the cap by ``excess`` registers, the fewest that bring it under (each tier
@@ -194,7 +204,7 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
     """Valid ``candidates`` best first: units spread over every SM (``runs`` runs of CTAs, each over the hidden
     units, side by side; not where ``spread`` is False: the cost alone decides), then every weight in registers where
     any such config fits (the weight tiers rank after them: fallbacks there, the choice only past registers), then
-    least ``cost(cfg, geometry)``.
+    least ``cost(cfg, geometry)``. Weights streamed from global memory (``l2_ws``) rank after those in shared memory.
 
     Fallbacks step down in register pressure: a config that spilled is followed by one
     holding fewer weights per thread, not by a near-twin that spills the same way (the
@@ -207,7 +217,7 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
             g = validate(cfg, plan, gpu)
         except ConfigError:
             continue
-        tiered = getattr(g, "smem_ws", 0) > 0
+        tiered = (getattr(g, "l2_ws", 0) > 0, getattr(g, "smem_ws", 0) > 0)
         ranked.append(((spread and cfg.units_per_cta != min_units, tiered, cost(cfg, g), g.threads), cfg,
                        g.weights_per_thread))
     if not ranked:

@@ -205,8 +205,9 @@ def test_report_says_where_the_weights_live():
     report = layer.report
     assert report.weight_smem_bytes == g.smem_ws
     assert report.weight_register_bytes == 4 * g.threads * g.weights_per_thread
-    assert f"weights     {report.weight_register_bytes} B in registers, {g.smem_ws} B in shared memory per CTA" in (
-        report.format())
+    assert report.weight_l2_bytes == 0
+    assert (f"weights     {report.weight_register_bytes} B in registers, {g.smem_ws} B in shared memory, 0 B in global "
+            "memory (L2) per CTA") in report.format()
     cpu = prnn_tvm.compile_cell("lstm", 10, 3, target="llvm")
     assert cpu.report.weight_register_bytes is None and "weights " not in cpu.report.format()
 

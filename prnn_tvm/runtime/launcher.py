@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 
 from ..errors import InputError
-from . import limits
+from . import l2, limits
 from .base import RuntimeLayer
 from .binding import Slots
 
@@ -84,6 +84,7 @@ class Launcher:
         self._device = device
         self._stream = tvm_ffi.use_raw_stream if layer.is_cuda else None  # TVM's current stream while launching
         self._placed: dict = {}  # stream -> (its launch state, an argument list with that state in place)
+        self._streamed = streamed_weight(layer.signature.launch(function)) if layer.is_cuda else None
 
     def new_state(self) -> dict:
         """A fresh workspace and barrier state that belongs to the caller (one captured in a CUDA graph, which
@@ -113,14 +114,19 @@ class Launcher:
             outputs.append(value)
         for i, shape, dtype in scratch:  # the exchange sequence of a call: written and read by the kernel alone
             args[i] = empty(*shape, dtype=dtype)
+        window = _NOTHING
+        if self._streamed is not None:  # weights read from global memory every step: an L2 window over them
+            index, nbytes = self._streamed
+            window = l2.Window(stream, args[index].data_ptr(), nbytes, self._device.index)
         try:
             # TVM's current stream set for the launch where it is not that one already (the default stream, called
             # from the default stream): a stream context costs three times the look-up
-            if self._stream is None or tvm_ffi.get_raw_stream(self._device) == stream:
-                self.function(*args)
-            else:
-                with self._stream(self._device, stream):
+            with window:
+                if self._stream is None or tvm_ffi.get_raw_stream(self._device) == stream:
                     self.function(*args)
+                else:
+                    with self._stream(self._device, stream):
+                        self.function(*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
             raise layer.launch_error(self.name, err) from err
         return outputs
@@ -149,3 +155,13 @@ class Launcher:
             out, finals = self.layer.recurrent(*data)
         adopt = self.arrays.adopt
         return [adopt(out), *(adopt(f) for f in finals)]
+
+
+def streamed_weight(launch) -> tuple[int, int] | None:
+    """``(position, bytes)`` of the weight argument part of which ``launch`` reads from global memory every step
+    (``Grid.streamed``), or None."""
+    if launch.grid is None or not launch.grid.streamed:
+        return None
+    names = [a.name for a in launch.args]
+    arg = launch.args[names.index(launch.grid.streamed)]
+    return names.index(arg.name), int(np.prod(arg.concrete_shape(1))) * np.dtype(arg.dtype).itemsize

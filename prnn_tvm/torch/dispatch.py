@@ -215,7 +215,7 @@ class Dispatch(BatchBuckets):
                 )
             else:
                 rep = layer.report
-                if rep.weight_smem_bytes:  # on chip together only with weights in shared memory: run them apart
+                if rep.weight_smem_bytes or rep.weight_l2_bytes:  # on chip together only with weight tiers: apart
                     self._launch_notes[key] = (
                         f"{otherwise}: together their weights fit on chip only with {rep.weight_smem_bytes} B per "
                         "CTA in shared memory (weight tiers); apart each keeps its own in registers where it can"
