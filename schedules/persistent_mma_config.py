@@ -71,6 +71,7 @@ from .ranking import (
     PREFERRED,
     RANKED_WITH,
     block_local,
+    carried_over,
     check_layout,
     check_resources,
     knobs_of,
@@ -447,7 +448,24 @@ def groups_for(plan: CellPlan, layout: str, kind: str) -> tuple:
     each other), in the shared layout, into equal groups of at least GROUP_MIN_ROWS rows."""
     if layout != "shared" or not barrier(kind).polls_values:
         return (1,)
+    return batch_splits(plan)
+
+
+def batch_splits(plan: CellPlan) -> tuple:
+    """The batch group counts that split ``plan``'s batch into equal groups of at least GROUP_MIN_ROWS rows."""
     return tuple(G for G in BATCH_GROUPS if G == 1 or (plan.batch % G == 0 and plan.batch // G >= GROUP_MIN_ROWS))
+
+
+def grid_filling_units(plan: CellPlan, gpu: GpuSpec, runs: int) -> set:
+    """For each batch split, the least units per CTA that fill whole row tiles and keep the grid (``runs`` runs of
+    CTAs per group) within one CTA per SM: what the tuning records at batch 16 chose at every hidden size
+    (``ranking.carried_over``)."""
+    found = set()
+    for G in batch_splits(plan):
+        per_run = gpu.sms // (G * runs)
+        least = math.ceil(plan.hidden / per_run) if per_run else plan.hidden + 1
+        found |= {next((u for u in range(least, least + TILE_M + 1) if row_aligned(plan, u)), least)}
+    return found
 
 
 def sleeps_for(plan: CellPlan, kind: str, groups: int) -> tuple:
@@ -482,8 +500,11 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
-        units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
-                        if u <= H} | fitting_units(plan, min_units))
+        # and 16 units (whole row tiles of any product; what the batch-16 records chose at 512 and 1024, and what
+        # cuDNN's persistent LSTM runs at every size), and the units that fill the grid in each batch split
+        offered = {min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units, TILE_M}
+        units = sorted({u for u in offered | grid_filling_units(plan, gpu, runs) if u <= H}
+                       | fitting_units(plan, min_units))
         configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path) for u in units for kg in K_GROUPS
                     for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
@@ -543,6 +564,21 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
     loads += g.threads / 32 * g.smem_k_tiles * cfg.m_tiles_per_warp * 4
     per_pass = (chain + loads + TILE_OVERHEAD) * max(1.0, 8 / (g.threads / 32))
     return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
+
+
+def carried(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
+    """A tuning record's config at another hidden size, for ``plan`` (``ranking.carried_over``): units other than
+    the record's only where they fill whole row tiles, and the most row tiles per warp, up to the record's, that
+    divide every product's tiles."""
+    def fit(candidate: MmaConfig, same_units: bool) -> MmaConfig | None:
+        if not same_units and not row_aligned(plan, candidate.units_per_cta):
+            return None
+        tiles = [n for reductions, _, _ in parts(candidate.layout, plan)
+                 for n in product_tiles(reductions, candidate.units_per_cta)]
+        mw = max(m for m in M_TILES_PER_WARP if m <= candidate.m_tiles_per_warp and all(n % m == 0 for n in tiles))
+        return dataclasses.replace(candidate, m_tiles_per_warp=mw)
+
+    return carried_over(cfg, plan, gpu, validate, fit)
 
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:

@@ -21,7 +21,17 @@ from prnn_tvm.signature import ArgRole, Signature
 from prnn_tvm.target import gpu_spec
 
 GPU = gpu_spec("sm_90")
-CONTRACT = ("accepts", "apply", "default_configs", "space", "validate", "geometry", "features", "config_from_dict")
+CONTRACT = (
+    "accepts",
+    "apply",
+    "default_configs",
+    "space",
+    "carried_over",
+    "validate",
+    "geometry",
+    "features",
+    "config_from_dict",
+)
 
 
 # ---------------------------------------------------------------- templates
