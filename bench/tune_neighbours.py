@@ -13,12 +13,11 @@ land in the log, one process, builds in parallel (``--workers``). Configs the lo
 Prints one line per case: configs seeded, the carried default's time, the best time and config.
 """
 
-from tune_knob import case_parser, cases
+from tune_knob import case_parser, cases, seeded
 
 from prnn_tvm import records
 from prnn_tvm.neighbours import carried_seeds
 from prnn_tvm.schedules import template_for
-from prnn_tvm.tune import tune
 from prnn_tvm.tune.space import ConfigSpace
 
 SPLITS = (2, 4)  # batch groups tried beside each record's own: at batch 16 the fastest record of every size has 2 or 4
@@ -41,18 +40,7 @@ def main():
             for c in carried_seeds(found, plan, template, gpu, key, args.top, "batch_groups", SPLITS)
             if space.index(c) is not None
         ][: args.most]
-        res = tune(
-            cell,
-            hidden,
-            batch,
-            dtype=args.dtype,
-            arch=args.arch,
-            trials=len(seeds) + args.trials,
-            log_path=log,
-            workers=args.workers,
-            progress=False,
-            first=seeds,
-        )
+        res = seeded(args, cell, hidden, batch, args.dtype, log, seeds)
         mine = records.ranked(records.load(log), key)
         first = next((f"{r.per_step_s * 1e6:.3f}" for r in mine if seeds and r.config == seeds[0].as_dict()), "-")
         best = f"{res.best.per_step_s * 1e6:.3f} us/step {res.best.config}" if res.best else "none"
