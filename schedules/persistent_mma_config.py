@@ -99,7 +99,8 @@ K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power
 M_TILES_PER_WARP = (1, 2, 4)
 OPERAND_PATHS = ("shared", "direct")
 K_CHAINS = (1, 2, 4)
-CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with one accumulator set and at least this many k tiles
+CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with at least this many k tiles
+CHAIN_MAX_SETS = 2  # and at most this many accumulator sets (two: a chain of k_tiles_per_warp steps each)
 BATCH_GROUPS = (1, 2, 4)
 GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least this many rows (each holds all weights)
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
@@ -485,14 +486,15 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
           tiles_per_warp: tuple = M_TILES_PER_WARP, chains: tuple = K_CHAINS) -> list[MmaConfig]:
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space. The split layout
     (where the plan has parts) spreads every part's units over the SMs together. More than one accumulator
-    chain only where a warp has a single accumulator set (one row tile, one batch tile per pass) and at least
-    CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already. Batch groups as
-    :func:`groups_for` offers them, each with the batch tiles its own rows need, poll sleeps as
+    chain only where a warp has at most CHAIN_MAX_SETS accumulator sets (row tiles x batch tiles per pass) and at
+    least CHAIN_MIN_K_TILES k tiles: with more sets its mma steps are independent enough already, and two sets
+    still wait on a chain of every k tile (16 in the tuned LSTM 1024 x 16 config: two row tiles, four k groups).
+    Batch groups as :func:`groups_for` offers them, each with the batch tiles its own rows need, poll sleeps as
     :func:`sleeps_for` does and operand paths as :func:`paths_for` does."""
     k_tiles = math.ceil(plan.hidden / TILE_K)
 
     def chain_counts(kg: int, nt: int, mw: int) -> tuple:
-        long = nt * mw == 1 and math.ceil(k_tiles / kg) >= CHAIN_MIN_K_TILES
+        long = nt * mw <= CHAIN_MAX_SETS and math.ceil(k_tiles / kg) >= CHAIN_MIN_K_TILES
         return tuple(kc for kc in chains if kc == 1 or long)
 
     H = plan.hidden
