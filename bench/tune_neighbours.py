@@ -2,7 +2,7 @@
 float16 at batch 16 for every hidden size of cuDNN's persistent kernel.
 
     python bench/tune_neighbours.py --cases lstm:384x16 lstm:640x16 lstm:768x16 lstm:896x16 lstm:1024x16 \\
-        [--dtype float16] [--top 3] [--trials 4] [--most 16] [--log tuning_logs/sm_90.jsonl]
+        [--dtype float16] [--top 3] [--trials 2] [--most 12] [--log tuning_logs/sm_90.jsonl]
 
 For each case, in the order given (a case tuned earlier is a neighbour of the later ones: the log is read again for
 each), it measures first what a compile would carry over from the records of the neighbouring hidden sizes
@@ -27,7 +27,8 @@ def main():
     p = case_parser()
     p.add_argument("--dtype", default="float16")
     p.add_argument("--top", type=int, default=3, help="fastest records of each neighbour to carry over")
-    p.add_argument("--most", type=int, default=16, help="seeded configs per case at most")
+    p.add_argument("--most", type=int, default=12, help="seeded configs per case at most")
+    p.set_defaults(trials=2)
     args = p.parse_args()
 
     for case, cell, hidden, batch, plan, gpu, log in cases(args, args.dtype):
