@@ -9,11 +9,10 @@ tiles in turn; no sleep first), then ``--trials`` configs of the usual model-gui
 the log. Prints one line per case: the best before and after, and the best direct config.
 """
 
-from tune_knob import case_parser, cases
+from tune_knob import case_parser, cases, seeded
 
 from prnn_tvm import records
 from prnn_tvm.schedules import template_for
-from prnn_tvm.tune import tune
 from prnn_tvm.tune.space import ConfigSpace
 
 
@@ -49,19 +48,7 @@ def main():
         known = records.ranked(records.load(log), key)
         best = [r.config for r in known[:3]]
         seeds = best + [c for c in direct_seeds(plan, gpu, args.seeds) if c not in best]
-        tune(
-            cell,
-            hidden,
-            batch,
-            dtype="float16",
-            arch=args.arch,
-            trials=len(seeds) + args.trials,
-            log_path=log,
-            workers=args.workers,
-            progress=False,
-            first=seeds,
-            remeasure=True,
-        )
+        seeded(args, cell, hidden, batch, "float16", log, seeds, remeasure=True)
         after = records.ranked(records.load(log), key)
         direct = next((r for r in after if r.config.get("operand_path") == "direct"), None)
         before = f"{known[0].per_step_s * 1e6:.3f}" if known else "none"

@@ -47,6 +47,24 @@ def cases(args, dtype: str):
         yield case, c.cell, c.hidden, c.batch, analyze(resolve(c.cell), c.batch, c.hidden, dtype), gpu, log
 
 
+def seeded(args, cell: str, hidden: int, batch: int, dtype: str, log, seeds: list, remeasure: bool = False):
+    """``tune`` of one case into ``log``: ``seeds`` measured first (again where ``remeasure``), then ``args.trials``
+    configs of the model-guided search, builds on ``args.workers`` processes."""
+    return tune(
+        cell,
+        hidden,
+        batch,
+        dtype=dtype,
+        arch=args.arch,
+        trials=len(seeds) + args.trials,
+        log_path=log,
+        workers=args.workers,
+        progress=False,
+        first=seeds,
+        remeasure=remeasure,
+    )
+
+
 def main():
     p = case_parser()
     p.add_argument("--knob", required=True)
@@ -65,19 +83,7 @@ def main():
         known = records.for_key(records.load(log), records.key_for(plan, gpu, template.name))
         before = min((r.per_step_s for r in known if r.ok), default=float("nan")) * 1e6
         seeds = with_knob(ConfigSpace(plan, gpu, template), known, args.knob, args.values, args.top)
-        res = tune(
-            cell,
-            hidden,
-            batch,
-            dtype=args.dtype,
-            arch=args.arch,
-            trials=len(seeds) + args.trials,
-            log_path=log,
-            workers=args.workers,
-            progress=False,
-            first=seeds,
-            remeasure=args.remeasure,
-        )
+        res = seeded(args, cell, hidden, batch, args.dtype, log, seeds, args.remeasure)
         print(
             f"{case}: {len(seeds)} seeded; best {before:.3f} -> {res.best.per_step_s * 1e6:.3f} us/step "
             f"{res.best.config}, {res.errors} errors",

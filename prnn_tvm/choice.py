@@ -10,7 +10,10 @@ Every template that accepts the plan is considered (``schedules.templates_for``,
    (``prnn_tvm.dtypes.sharing_records``: float16 and bfloat16). Where the best config spills here
    (records outlive changes to the kernels, which can move ptxas's registers), the next fastest
    configs are tried, up to ``TUNED_CANDIDATES`` in all;
-3. else, or when none of those builds without spills, the templates' ranked defaults, the
+3. else, where no record of these shapes exists, the configs the templates carry over from the records of
+   neighbouring hidden sizes (``prnn_tvm.neighbours``), up to ``TUNED_CANDIDATES``, each passed over like a
+   tuned one; they are default choices, whose reason names the record;
+4. else, or when none of those builds without spills, the templates' ranked defaults, the
    first template's first: the first whose build ptxas reports without spills (the register
    estimate that ranks them is a model; ptxas decides). The last one is kept even if it spills,
    and the report says so. Where no template has knobs, the first builds without a config.
@@ -33,6 +36,7 @@ from pathlib import Path
 from . import records
 from .dtypes import sharing_records
 from .errors import ConfigError
+from .neighbours import carried_configs
 from .report import ConfigOrigin
 from .schedules import as_config
 from .target import resident_ctas
@@ -108,10 +112,11 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
         failures.append(f"{problem or f'spills {built.spill_bytes} B'} here")
         log.info("%s: the tuned config %s %s", plan.cell.name, choice.config, failures[-1])
     if failures:
+        what = "tuned" if tuned[0].origin is ConfigOrigin.TUNED else "carried-over"
         why_default = (
-            f"the tuned config {failures[0]}"
+            f"the {what} config {failures[0]}"
             if len(failures) == 1
-            else f"the {len(failures)} fastest tuned configs: {', '.join(failures)}"
+            else f"the {len(failures)} fastest {what} configs: {', '.join(failures)}"
         )
     candidates = [replace(choice, reason=why_default) for choice in defaults]
     passed_over, unfit = [], 0
@@ -185,9 +190,31 @@ def _names(logs) -> str:
     return ", ".join(names if len(set(names)) == len(names) else map(str, shown))
 
 
+def carried_choices(found, plan, templates, gpu, why: str) -> list[ConfigChoice]:
+    """The configs ``templates`` carry over from the records of neighbouring hidden sizes (``neighbours``), as
+    default choices saying so after ``why``, at most ``TUNED_CANDIDATES`` in all."""
+    choices = []
+    for template in templates:
+        key = records.key_for(plan, gpu, template.name)
+        for cfg, record, near in carried_configs(found, plan, template, gpu, key, TUNED_CANDIDATES - len(choices)):
+            reason = (
+                f"{why}; carried over from the record at hidden={near.hidden}{_dtype_note(near, key)} "
+                f"({record.per_step_s * 1e6:.2f} us/step there)"
+            )
+            choices.append(ConfigChoice(cfg, ConfigOrigin.DEFAULT, reason, template=template))
+    if choices:
+        log.info("%s: no tuning record; %s", plan.cell.name, choices[0].reason.removeprefix(f"{why}; "))
+    return choices
+
+
+def _dtype_note(near, key) -> str:
+    return f" in {near.dtype}" if near.dtype != key.dtype else ""
+
+
 def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
     """(the fastest recorded configs of ``plan`` for any of ``templates`` as choices, best first, at most
-    ``TUNED_CANDIDATES``, "") or ([], why the default is used)."""
+    ``TUNED_CANDIDATES``, "") or (the configs carried over from neighbouring hidden sizes' records as default
+    choices, best first, why the default is used)."""
     if logs is None:
         logs = records.default_logs(gpu.arch)
     elif isinstance(logs, (str, Path)):
@@ -221,7 +248,8 @@ def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
         other = "; ".join(n for n in near if n)
         if other:
             log.info("%s: %s", plan.cell.name, other)
-        return [], f"no tuning record for this cell, shapes and GPU in {where}" + (f" ({other})" if other else "")
+        why = f"no tuning record for this cell, shapes and GPU in {where}" + (f" ({other})" if other else "")
+        return carried_choices(found, plan, templates, gpu, why), why
     if not ranked:
         return [], "the tuned record's config is not one of this template's"
     ranked.sort(key=lambda entry: entry[0])

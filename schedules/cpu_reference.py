@@ -46,6 +46,9 @@ class CpuReference:
     def space(self, plan: CellPlan, gpu) -> list:
         return []
 
+    def carried_over(self, config, plan: CellPlan, gpu):
+        return None
+
     def validate(self, config, plan: CellPlan, gpu) -> None:
         raise ConfigError(NO_KNOBS)
 

@@ -399,6 +399,12 @@ def saving_config(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Persis
     return shared_layout(cfg, plan, gpu, validate, ranked_configs)
 
 
+def carried(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> None:
+    """None: no record of this template is carried over to another hidden size (``ranking.carried_over``, which the
+    tensor-core template takes, rests on half-precision records; nothing has measured it on these configs)."""
+    return None
+
+
 def default_config(plan: CellPlan, gpu: GpuSpec) -> PersistentConfig:
     """The untuned choice (the first of :func:`ranked_configs`)."""
     return ranked_configs(plan, gpu, limit=1)[0]

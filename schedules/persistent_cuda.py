@@ -79,7 +79,7 @@ from .template import ACCEPTED, Acceptance, config_from_dict, refused
 class PersistentTemplate:
     """The template contract (``schedules.template.Template``) of a persistent CUDA template: its knobs
     and their validation live in a module ``knobs`` (``refusal``, ``ranked_configs``, ``space``,
-    ``validate``, ``features``, ``saving_config``), its kernel is
+    ``validate``, ``features``, ``saving_config``, ``carried``), its kernel is
     ``builder(plan, config, geometry).build()``. This module's ``TEMPLATE`` (float32) and
     ``persistent_mma``'s (half precision) are two of them."""
 
@@ -102,6 +102,9 @@ class PersistentTemplate:
 
     def space(self, plan: CellPlan, gpu: GpuSpec) -> list:
         return self.knobs.space(plan, gpu)
+
+    def carried_over(self, config, plan: CellPlan, gpu: GpuSpec):
+        return self.knobs.carried(config, plan, gpu)
 
     def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
         self.knobs.validate(config, plan, gpu)

@@ -71,6 +71,7 @@ from .ranking import (
     PREFERRED,
     RANKED_WITH,
     block_local,
+    carried_over,
     check_layout,
     check_resources,
     knobs_of,
@@ -98,7 +99,8 @@ K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power
 M_TILES_PER_WARP = (1, 2, 4)
 OPERAND_PATHS = ("shared", "direct")
 K_CHAINS = (1, 2, 4)
-CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with one accumulator set and at least this many k tiles
+CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with at least this many k tiles
+CHAIN_MAX_SETS = 2  # and at most this many accumulator sets (two: a chain of k_tiles_per_warp steps each)
 BATCH_GROUPS = (1, 2, 4)
 GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least this many rows (each holds all weights)
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
@@ -447,7 +449,24 @@ def groups_for(plan: CellPlan, layout: str, kind: str) -> tuple:
     each other), in the shared layout, into equal groups of at least GROUP_MIN_ROWS rows."""
     if layout != "shared" or not barrier(kind).polls_values:
         return (1,)
+    return batch_splits(plan)
+
+
+def batch_splits(plan: CellPlan) -> tuple:
+    """The batch group counts that split ``plan``'s batch into equal groups of at least GROUP_MIN_ROWS rows."""
     return tuple(G for G in BATCH_GROUPS if G == 1 or (plan.batch % G == 0 and plan.batch // G >= GROUP_MIN_ROWS))
+
+
+def grid_filling_units(plan: CellPlan, gpu: GpuSpec, runs: int) -> set:
+    """For each batch split, the least units per CTA that fill whole row tiles and keep the grid (``runs`` runs of
+    CTAs per group) within one CTA per SM: what the tuning records at batch 16 chose at every hidden size
+    (``ranking.carried_over``)."""
+    found = set()
+    for G in batch_splits(plan):
+        per_run = gpu.sms // (G * runs)
+        least = math.ceil(plan.hidden / per_run) if per_run else plan.hidden + 1
+        found |= {next((u for u in range(least, least + TILE_M + 1) if row_aligned(plan, u)), least)}
+    return found
 
 
 def sleeps_for(plan: CellPlan, kind: str, groups: int) -> tuple:
@@ -467,14 +486,15 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
           tiles_per_warp: tuple = M_TILES_PER_WARP, chains: tuple = K_CHAINS) -> list[MmaConfig]:
     """Candidate configs for a plan on a GPU (unvalidated): the template's tuning space. The split layout
     (where the plan has parts) spreads every part's units over the SMs together. More than one accumulator
-    chain only where a warp has a single accumulator set (one row tile, one batch tile per pass) and at least
-    CHAIN_MIN_K_TILES k tiles: elsewhere its mma steps are independent already. Batch groups as
-    :func:`groups_for` offers them, each with the batch tiles its own rows need, poll sleeps as
+    chain only where a warp has at most CHAIN_MAX_SETS accumulator sets (row tiles x batch tiles per pass) and at
+    least CHAIN_MIN_K_TILES k tiles: with more sets its mma steps are independent enough already, and two sets
+    still wait on a chain of every k tile (16 in the tuned LSTM 1024 x 16 config: two row tiles, four k groups).
+    Batch groups as :func:`groups_for` offers them, each with the batch tiles its own rows need, poll sleeps as
     :func:`sleeps_for` does and operand paths as :func:`paths_for` does."""
     k_tiles = math.ceil(plan.hidden / TILE_K)
 
     def chain_counts(kg: int, nt: int, mw: int) -> tuple:
-        long = nt * mw == 1 and math.ceil(k_tiles / kg) >= CHAIN_MIN_K_TILES
+        long = nt * mw <= CHAIN_MAX_SETS and math.ceil(k_tiles / kg) >= CHAIN_MIN_K_TILES
         return tuple(kc for kc in chains if kc == 1 or long)
 
     H = plan.hidden
@@ -482,8 +502,11 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
     for layout, runs, layout_barriers in layouts(plan, barriers):
         min_units = math.ceil(runs * H / gpu.sms)
         aligned = next(u for u in range(min_units, min_units + TILE_M + 1) if row_aligned(plan, u))
-        units = sorted({u for u in (min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units)
-                        if u <= H} | fitting_units(plan, min_units))
+        # and 16 units (whole row tiles of any product; what the batch-16 records chose at 512 and 1024, and what
+        # cuDNN's persistent LSTM runs at every size), and the units that fill the grid in each batch split
+        offered = {min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units, TILE_M}
+        units = sorted({u for u in offered | grid_filling_units(plan, gpu, runs) if u <= H}
+                       | fitting_units(plan, min_units))
         configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path) for u in units for kg in K_GROUPS
                     for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
@@ -543,6 +566,21 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
     loads += g.threads / 32 * g.smem_k_tiles * cfg.m_tiles_per_warp * 4
     per_pass = (chain + loads + TILE_OVERHEAD) * max(1.0, 8 / (g.threads / 32))
     return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
+
+
+def carried(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
+    """A tuning record's config at another hidden size, for ``plan`` (``ranking.carried_over``): units other than
+    the record's only where they fill whole row tiles, and the most row tiles per warp, up to the record's, that
+    divide every product's tiles."""
+    def fit(candidate: MmaConfig, same_units: bool) -> MmaConfig | None:
+        if not same_units and not row_aligned(plan, candidate.units_per_cta):
+            return None
+        tiles = [n for reductions, _, _ in parts(candidate.layout, plan)
+                 for n in product_tiles(reductions, candidate.units_per_cta)]
+        mw = max(m for m in M_TILES_PER_WARP if m <= candidate.m_tiles_per_warp and all(n % m == 0 for n in tiles))
+        return dataclasses.replace(candidate, m_tiles_per_warp=mw)
+
+    return carried_over(cfg, plan, gpu, validate, fit)
 
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:

@@ -260,6 +260,35 @@ def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_
     return shared
 
 
+CARRY_UNITS = 4  # a carried-over config's units per CTA grow to at most this many times the record's
+
+
+def carried_over(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, fit: Callable):
+    """``cfg``, a tuning record's config at another hidden size, for ``plan``: every knob kept, ``units_per_cta``
+    the record's where its grid keeps to one CTA per SM, else the least above it (up to ``CARRY_UNITS`` times) whose
+    grid does; ``fit(cfg, same_units)`` fits the knobs that follow the units (None: not these units). None where no
+    such config validates.
+
+    Why these knobs and this grid: the records say what carries over between hidden sizes, and it is not the spread
+    the cost estimate ranks first (every SM a few units). LSTM float16 at batch 16 on the H100: 16 units per CTA
+    and the batch in as many groups as keep the grid within the SMs, at 256, 512 and 1024 alike (128 CTAs each);
+    the same knobs past one CTA per SM run far slower (1024 x 16, 256 CTAs: 3.88 us per step against 2.17), while
+    the units per CTA matter less than the groups (512 x 16: 4 groups of 32 units 1.48, 2 groups of 16 units 1.70).
+    So the batch groups stay the record's and the units grow only as far as the grid needs."""
+    first = cfg.units_per_cta
+    for units in range(first, min(plan.hidden, CARRY_UNITS * first) + 1):
+        candidate = fit(dataclasses.replace(cfg, units_per_cta=units), units == first)
+        if candidate is None:
+            continue
+        try:
+            g = validate(candidate, plan, gpu)
+        except ConfigError:
+            continue
+        if g.ctas <= gpu.sms:
+            return candidate
+    return None
+
+
 def with_barrier(cfg, barrier: str, plan: CellPlan, gpu: GpuSpec, validate: Callable):
     """``cfg`` with ``barrier`` when that still validates, else ``cfg`` as it is."""
     other = dataclasses.replace(cfg, barrier=barrier)

@@ -73,6 +73,11 @@ class Template(Protocol):
     def space(self, plan: CellPlan, gpu: GpuSpec) -> list:
         """The tuning space: candidate configs, not yet validated."""
 
+    def carried_over(self, config, plan: CellPlan, gpu: GpuSpec):
+        """``config``, a tuning record's config of the same cell, batch, dtype and GPU at another hidden size, as
+        this template carries it over to ``plan`` (valid for it), or None where it carries none over. A compile
+        builds these where ``plan``'s own shapes have no record (``prnn_tvm.neighbours``)."""
+
     def validate(self, config, plan: CellPlan, gpu: GpuSpec) -> None:
         """Raise ConfigError, with the reason, for a config that cannot fit; before anything is built."""
 

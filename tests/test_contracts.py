@@ -21,7 +21,17 @@ from prnn_tvm.signature import ArgRole, Signature
 from prnn_tvm.target import gpu_spec
 
 GPU = gpu_spec("sm_90")
-CONTRACT = ("accepts", "apply", "default_configs", "space", "validate", "geometry", "features", "config_from_dict")
+CONTRACT = (
+    "accepts",
+    "apply",
+    "default_configs",
+    "space",
+    "carried_over",
+    "validate",
+    "geometry",
+    "features",
+    "config_from_dict",
+)
 
 
 # ---------------------------------------------------------------- templates
@@ -320,6 +330,17 @@ def test_a_tuned_config_that_spills_gives_way_to_the_next_fastest(monkeypatch):
     assert kernel == "a" and choice.describe() == (
         "default: the 3 fastest tuned configs: spills 12 B here, spills 8 B here, spills 4 B here"
     )
+
+
+def test_a_carried_over_config_is_a_default_and_gives_way_like_a_tuned_one(monkeypatch):
+    """Configs carried over from neighbouring hidden sizes' records (``prnn_tvm.neighbours``) are built before the
+    ranked defaults, as default choices that name the record; one that spills gives way to the defaults."""
+    why = "no tuning record; carried over from the record at hidden=512 (1.43 us/step there)"
+    carried = ConfigChoice("t", ConfigOrigin.DEFAULT, why)
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({}), carried)
+    assert kernel == "t" and choice.origin is ConfigOrigin.DEFAULT and choice.describe() == f"default: {why}"
+    kernel, _, choice = _choose(monkeypatch, _FakeTemplate({"t": 40}), carried)
+    assert kernel == "a" and choice.describe() == "default: the carried-over config spills 40 B here"
 
 
 # ---------------------------------------------------------------- dtypes
