@@ -1,11 +1,12 @@
 """A model holding a prnn-tvm LSTM (Linear, tanh, LSTM, Linear), eager against ``torch.compile(fullgraph=True)``
 (the LSTM recorded as the operator ``prnn_tvm::layers``), warm calls under ``torch.no_grad()``, on the CPU or GPU.
 
-    python bench/compiled.py [--device cpu --hidden 64 --batch 4 --seq 16 --layers 1]
+    python bench/compiled.py [--device cpu --hidden 64 --batch 4 --seq 16 --layers 1 --backends eager,inductor]
 
-The two are timed in alternating rounds of ``--calls`` calls each (a shared machine's load falls on both); each
-figure is the best and the median round, microseconds per call. ``compiled(eager)`` is Dynamo's graph run as it
-is, ``compiled(inductor)`` the default backend.
+The callers are timed in alternating rounds of ``--calls`` calls each (a shared machine's load falls on all); each
+figure is the best and the median round, microseconds per call: on the CPU this thread's CPU time (another
+process's load on a shared machine does not count), on the GPU wall time. ``compiled(eager)`` is Dynamo's graph
+run as it is, ``compiled(inductor)`` the default backend.
 """
 
 import argparse
@@ -24,6 +25,7 @@ parser.add_argument("--seq", type=int, default=16)
 parser.add_argument("--layers", type=int, default=1)
 parser.add_argument("--calls", type=int, default=200)
 parser.add_argument("--rounds", type=int, default=15)
+parser.add_argument("--backends", default="eager,inductor", help="torch.compile backends, comma-separated")
 args = parser.parse_args()
 
 
@@ -40,22 +42,21 @@ class Model(torch.nn.Module):
 
 model = Model().to(args.device).eval()
 x = torch.randn(args.seq, args.batch, 16, device=args.device)
-callers = {
-    "eager": model,
-    "compiled(eager)": torch.compile(model, fullgraph=True, backend="eager"),
-    "compiled(inductor)": torch.compile(model, fullgraph=True),
-}
+callers = {"eager": model}
+for backend in args.backends.split(","):
+    callers[f"compiled({backend})"] = torch.compile(model, fullgraph=True, backend=backend)
+clock = time.thread_time if args.device == "cpu" else time.perf_counter
 
 
 def round_us(call) -> float:
     if args.device == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(args.calls):
         call(x)
     if args.device == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) / args.calls * 1e6
+    return (clock() - start) / args.calls * 1e6
 
 
 with torch.no_grad():

@@ -13,6 +13,7 @@ from .errors import ConfigError
 from .frontend.plan import CellPlan
 from .schedules import session_kernel
 from .signature import SessionSignature, session_launches
+from .target import smem_launch_problem
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,13 @@ def compile_session(layer) -> SessionKernels:
                     f"the session kernel of this layer spills {fn.spills} bytes ({resident.config}): "
                     "compile the layer with a config that holds fewer weights per thread"
                 )
-            dynamic, static = launch.grid.dynamic_smem_bytes, fn.static_smem_bytes
-            if dynamic + static > gpu.smem_per_block:
+            problem = smem_launch_problem(launch.grid.dynamic_smem_bytes, fn.static_smem_bytes, gpu.smem_per_block)
+            if problem:
                 raise ConfigError(
-                    f"the session kernel of this layer needs {dynamic + static} B of shared memory per CTA: "
-                    f"{dynamic} B of the layer's config ({resident.config}) and {static} B of the session's own "
-                    f"(the step's input, {plan.batch} x {layer.input_size} values), past the {gpu.smem_per_block} "
-                    f"B a CTA may have on {gpu.arch}: compile the layer with a config that keeps fewer weights "
-                    "in shared memory, or a smaller batch or input"
+                    f"the session kernel of this layer cannot launch on {gpu.arch}: {problem} (the dynamic part is "
+                    f"the layer's config, {resident.config}; the static part the session's own, the step's input "
+                    f"of {plan.batch} x {layer.input_size} values): compile the layer with a config that keeps "
+                    "fewer weights in shared memory, or a smaller batch or input"
                 )
         figures = f"{fn.registers} registers, {fn.spills} spill bytes" if fn is not None else built.note
         report = (

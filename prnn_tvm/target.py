@@ -179,9 +179,14 @@ def launchable_smem(dynamic: int) -> int:
     return dynamic
 
 
-def smem_launch_problem(dynamic: int, static: int) -> str | None:
+def smem_launch_problem(dynamic: int, static: int, per_block: int | None = None) -> str | None:
     """Why a kernel with ``dynamic`` and ``static`` bytes of shared memory per CTA would fail at launch
-    through TVM's CUDA launcher (see above), or None."""
+    through TVM's CUDA launcher (see above), or past ``per_block`` bytes (what a CTA may opt in to), or None."""
+    if per_block is not None and dynamic + static > per_block:
+        return (
+            f"its {dynamic} B of dynamic and {static} B of static shared memory per CTA pass the {per_block} B "
+            "a CTA may have"
+        )
     if dynamic < DEFAULT_SMEM_PER_BLOCK < dynamic + static:
         return (
             f"its {dynamic} B of dynamic and {static} B of static shared memory pass the default limit of "

@@ -19,11 +19,11 @@ kernels where its cell is one of torch.nn's (:mod:`~prnn_tvm.torch.fallback`). O
 input projection is torch's own GEMM (cuBLAS), then the persistent kernel runs (half precision
 on tensor cores); CPU tensors run the CPU build. A one-directional stack (``num_layers``) runs, in
 an inference call, as one persistent launch where
-its layers' weights fit on chip together (the CPU build: always): a wavefront in which layer ``l`` computes
+its layers' weights fit in registers together (the CPU build: always): a wavefront in which layer ``l`` computes
 step ``t`` while layer ``l + 1`` computes step ``t - 1`` (:mod:`prnn_tvm.frontend.stack`;
 :attr:`stack_notes` says, per compiled shape, whether it does and why not). Otherwise a stack runs
 one layer after another, outputs concatenated as PyTorch does. An inference call runs a bidirectional
-layer's two directions as one launch where their weights fit on chip together
+layer's two directions as one launch where their weights fit in registers together
 (:mod:`prnn_tvm.frontend.directions`; :attr:`direction_notes` says which, and why); otherwise a launch
 per direction, the reverse one on the time-reversed sequence, on the GPU side by side (the reverse
 one on a stream of the module's, forked from and joined back to the caller's) where the GPU holds

@@ -168,8 +168,10 @@ class Dispatch(BatchBuckets):
         **options,
     ):
         """The module's cell compiled with ``options`` (``layers``, ``bidirectional``) for ``batch`` on ``device``
-        once, then kept as ``_layers[key]``; None where it does not fit (not tried again). ``notes[notes_key]``
-        says which: ``done`` with the grid's figures, or ``otherwise`` with the compile's refusal."""
+        once, then kept as ``_layers[key]``; None where it does not fit (not tried again), or fits only with weights
+        in shared memory (the weight tiers: apart, each layer or direction may keep its own in registers; which is
+        faster is not measured). ``notes[notes_key]`` says which: ``done`` with the grid's figures, or ``otherwise``
+        with the reason."""
         if key not in self._launch_notes:
             self._keep(key[:4])
             cuda = device.type == "cuda"
@@ -195,13 +197,19 @@ class Dispatch(BatchBuckets):
                 )
             else:
                 rep = layer.report
-                self._launch_notes[key] = done + (
-                    f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, "
-                    f"{rep.spill_store_bytes} B spills"
-                    if cuda
-                    else " (the CPU build)"
-                )
-                self._layers[key] = layer
+                if rep.weight_smem_bytes:  # on chip together only with weights in shared memory: run them apart
+                    self._launch_notes[key] = (
+                        f"{otherwise}: together their weights fit on chip only with {rep.weight_smem_bytes} B per "
+                        "CTA in shared memory (weight tiers); apart each keeps its own in registers where it can"
+                    )
+                else:
+                    self._launch_notes[key] = done + (
+                        f": {rep.ctas} CTAs x {rep.threads} threads, {rep.registers} registers, "
+                        f"{rep.spill_store_bytes} B spills"
+                        if cuda
+                        else " (the CPU build)"
+                    )
+                    self._layers[key] = layer
         notes[notes_key] = self._launch_notes[key]
         return self._layers.get(key)
 

@@ -357,24 +357,26 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
             if cast is not None:
                 params = [p.to(cast) for p in params]
             # a call that needs gradients: the operator that keeps its autograd graph for the backward (torch.export
-            # records the inference one, whose backward runs the layers again)
+            # records the inference one, whose backward runs the layers again). The overloads themselves, called
+            # positionally: the graph calls what is recorded, and an overload packet's keyword parsing costs
+            # microseconds a call (bench/compiled.py)
             op = torch.ops.prnn_tvm.layers_train if grad and not _EXPORTING() else torch.ops.prnn_tvm.layers
-            out, *finals = op(
+            out, *finals = op.default(
                 x,
                 params,
                 initial,
                 lengths,
-                cell=self.cell,
-                hidden_size=self.hidden_size,
-                num_layers=self.num_layers,
-                bidirectional=self.bidirectional,
-                bias=self.bias,
-                torch_names=self._names is _TORCH_NAMES,
-                arch=self.arch,
-                wavefront=self.wavefront,
-                one_launch=self.one_launch_directions,
-                concurrent=self.concurrent_directions,
-                states=len(self._states),
+                self.cell,
+                self.hidden_size,
+                self.num_layers,
+                self.bidirectional,
+                self.bias,
+                self._names is _TORCH_NAMES,
+                self.arch,
+                self.wavefront,
+                self.one_launch_directions,
+                self.concurrent_directions,
+                len(self._states),
             )
             return out, finals[: len(self._states)]  # layers_train's last output: its graph's token
         if _EXPORTING():
