@@ -610,12 +610,15 @@ def cmd_cells(_args) -> int:
 def cmd_cache(args) -> int:
     import time
 
+    from .cache.nvcc import FOLDER as NVCC_FOLDER
     from .cache.settings import settings
     from .cache.store import Store
 
     config = settings()
     store = Store(config.folder, config.max_bytes)
     if args.action == "clear":
+        nvcc = Store(config.folder / NVCC_FOLDER, config.max_bytes)  # nvcc's results by source go with the layers
+        nvcc.clear()
         print(printable(f"removed {store.clear()} entries from {config.folder}"))
         return 0
     entries = store.entries()

@@ -2,6 +2,7 @@
 and one layer cache for the whole run."""
 
 import os
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -41,6 +42,30 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["PRNN_TVM_CACHE_DIR"], ignore_errors=True)
+
+
+# PRNN_TVM_TEST_CPU=FILE: every test appends a line "<CPU seconds>\t<test id>" to FILE, its process's and its
+# subprocesses' user+sys time (what `make test`'s budget counts; pytest's --durations gives wall time, which a busy
+# machine inflates). `sort -rn FILE | head` names the costliest tests.
+CPU_LOG = os.environ.get("PRNN_TVM_TEST_CPU")
+
+
+def _cpu_s() -> float:
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    start = _cpu_s()
+    yield
+    with open(CPU_LOG, "a") as log:  # one short line per write: the workers' lines do not interleave
+        log.write(f"{_cpu_s() - start:.2f}\t{item.nodeid}\n")
 
 
 def gpu_count() -> int:

@@ -1,14 +1,13 @@
 """The benchmark harness without a GPU: CSV, ratios, Markdown table, plot, case matrix and the CLI."""
 
-import subprocess
-import sys
-
 import pytest
 
 import prnn_tvm
 from prnn_tvm.bench import matrix, outputs, table
 from prnn_tvm.bench.runner import missing_requirements
 from prnn_tvm.target import gpu_spec
+
+from . import cli_run
 
 T = 256
 ENV = {
@@ -231,8 +230,9 @@ def test_build_cases_resolves_largest_and_lists_unsupported_dtypes():
     assert all(c.seq_len == 32 for c in cases)
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "prnn_tvm.cli", "bench", *args], capture_output=True, text=True)
+def run_cli(*args, cwd=None):
+    """``prnn-tvm bench *args``, in the test process (``tests/cli_run.py``)."""
+    return cli_run.run_cli("bench", *args, cwd=cwd)
 
 
 @pytest.mark.skipif(missing_requirements() is None, reason="this machine can run the benchmark")
@@ -250,12 +250,7 @@ def test_cli_renders_an_existing_csv_anywhere(csv_path, tmp_path):
     beside.write_text("# a run\n\n    prnn-tvm bench --cells lstm --name run\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = subprocess.run(
-        [sys.executable, "-m", "prnn_tvm.cli", "bench", "--from-csv", str(csv_path)],
-        cwd=elsewhere,
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("--from-csv", str(csv_path), cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     assert (elsewhere / "run.png").exists()
     assert "prnn-tvm bench --cells lstm --name run" in (elsewhere / "run.md").read_text()  # the run's command kept

@@ -1,13 +1,12 @@
-"""The command line: a compile smoke test, and one-line errors for bad arguments."""
+"""The command line: a compile smoke test, and one-line errors for bad arguments. The commands run in the test
+process (``tests/cli_run.py``); ``prnn-tvm cells`` runs as a process of its own, through ``python -m prnn_tvm.cli``."""
 
 import subprocess
 import sys
 
 import pytest
 
-
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "prnn_tvm.cli", *args], capture_output=True, text=True)
+from .cli_run import run_cli as run
 
 
 def test_compile_reports_kernel_and_cpu_check():
@@ -98,7 +97,7 @@ def test_bad_arguments_exit_with_one_line(args, message):
 
 
 def test_cells_lists_builtins():
-    r = run("cells")
+    r = subprocess.run([sys.executable, "-m", "prnn_tvm.cli", "cells"], capture_output=True, text=True)
     lines = r.stdout.splitlines()
     listed = {line.split()[0] for line in lines}
     assert r.returncode == 0 and {"lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_peephole"} <= listed

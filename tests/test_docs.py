@@ -1,7 +1,8 @@
 """Every example of the README and the docs/ pages runs as written, and every shown output is what it prints.
 
 Each page's blocks run in order in a folder of its own (``tests/markdown_blocks.py`` says how a block is
-marked and compared): Python blocks as written, ``$ prnn-tvm ...`` and ``$ python ...`` commands with their
+marked and compared): Python blocks as written, ``$ prnn-tvm ...`` commands (in this process, through
+``tests/cli_run.py``, unless they set environment variables) and ``$ python ...`` commands (a process each) with their
 shown output, set-up commands against the Makefile and pyproject.toml. Blocks marked ``gpu`` run only in
 ``test_page_runs_on_the_gpu`` (``make gpu-test``); the links of every page resolve.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from . import markdown_blocks as md
+from .cli_run import run_cli
 from .conftest import HAS_GPU
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,10 +75,13 @@ def _run_console(block: md.Block, folder: Path) -> list[str]:
         if program not in ("prnn-tvm", "python"):
             problems.append(f"{block.where}: `{program}`: the docs test runs prnn-tvm and python commands only")
             continue
-        argv = [sys.executable, "-m", "prnn_tvm.cli", *args] if program == "prnn-tvm" else [sys.executable, *args]
-        done = subprocess.run(
-            argv, cwd=folder, env={**os.environ, **command.env}, capture_output=True, text=True, timeout=600
-        )
+        if program == "prnn-tvm" and not command.env:  # in this process: the command's output, not a start-up
+            done = run_cli(*args, cwd=folder)
+        else:
+            argv = [sys.executable, "-m", "prnn_tvm.cli", *args] if program == "prnn-tvm" else [sys.executable, *args]
+            done = subprocess.run(
+                argv, cwd=folder, env={**os.environ, **command.env}, capture_output=True, text=True, timeout=600
+            )
         text = " ".join(command.argv)
         fails = any(line.startswith("prnn-tvm: error:") for line in command.expected)
         if (done.returncode != 0) != fails:

@@ -24,6 +24,8 @@ from prnn_tvm.runtime.loading import arch_runs_on, read_metadata, signature_of
 from prnn_tvm.runtime.module_format import _Reader, replace_cuda_payload
 from prnn_tvm.target import local_gpu
 
+from .cli_run import run_cli
+
 
 @pytest.fixture(scope="module")
 def cpu_layer():
@@ -283,24 +285,7 @@ def test_cuda_library_without_gpu_says_so(cuda_export):
 
 def test_cli_export(tmp_path):
     out = tmp_path / "rnn.so"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prnn_tvm.cli",
-            "export",
-            "rnn_tanh",
-            "--hidden",
-            "8",
-            "--batch",
-            "2",
-            "--cpu",
-            "-o",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    r = run_cli("export", "rnn_tanh", "--hidden", "8", "--batch", "2", "--cpu", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert "exported" in r.stdout and read_metadata(out)["cell"] == "rnn_tanh"
 

@@ -294,3 +294,35 @@ def test_the_command_line_lists_describes_and_clears_the_cache(cache_dir, capsys
     assert main(["cache", "clear"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert main(["cache", "list"]) == 0 and "no compiled layers" in capsys.readouterr().out
+
+
+TINY_KERNEL = 'extern "C" __global__ void recurrent_kernel(float* x) { x[threadIdx.x] = 1.0f; }\n'
+
+
+def test_nvcc_runs_once_per_source_across_processes(cache_dir, monkeypatch):
+    """nvcc's cubin and ptxas's log are kept by source: a later process (here: this one, its memory of compiles
+    cleared) reads them back, and the report is what nvcc printed; ``cache clear`` removes them, and
+    ``PRNN_TVM_CACHE=0`` keeps none."""
+    from prnn_tvm.cache import nvcc as nvcc_cache
+    from prnn_tvm.cli import main
+    from prnn_tvm.codegen import ptxas
+
+    if ptxas.shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    monkeypatch.setattr(ptxas, "_CACHE", {})
+    cubin, report = ptxas.compile_cuda(TINY_KERNEL, "sm_90")
+    assert len(Store(cache_dir / nvcc_cache.FOLDER, 1 << 30).entries()) == 1 and _entries(cache_dir) == []
+    monkeypatch.setattr(ptxas, "_CACHE", {})
+
+    def nvcc_ran(*args, **kwargs):
+        raise RuntimeError("nvcc ran again")
+
+    monkeypatch.setattr(ptxas.subprocess, "run", nvcc_ran)
+    again, report_again = ptxas.compile_cuda(TINY_KERNEL, "sm_90")
+    assert again == cubin and report_again == report and report.function("recurrent").registers > 0
+    with pytest.raises(RuntimeError, match="nvcc ran again"):  # another arch is another compile
+        ptxas.compile_cuda(TINY_KERNEL, "sm_80")
+    assert main(["cache", "clear"]) == 0
+    assert Store(cache_dir / nvcc_cache.FOLDER, 1 << 30).entries() == []
+    monkeypatch.setenv("PRNN_TVM_CACHE", "0")
+    assert nvcc_cache.lookup(TINY_KERNEL, "sm_90", []) is None and nvcc_cache.nvcc_store() is None

@@ -8,8 +8,6 @@ import json
 import logging
 import math
 import multiprocessing
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -32,6 +30,7 @@ from prnn_tvm.tune.search import GridSearch, ModelSearch, RandomSearch
 from prnn_tvm.tune.space import ConfigSpace
 from prnn_tvm.tune.tuner import with_knob
 
+from .cli_run import run_cli
 from .conftest import HAS_GPU
 
 GPU = gpu_spec("sm_90")
@@ -299,7 +298,8 @@ def test_tune_refuses_unknown_strategy():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "prnn_tvm.cli", *args], capture_output=True, text=True)
+    """``prnn-tvm *args``, in the test process (``tests/cli_run.py``)."""
+    return run_cli(*args)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message on a machine without a GPU")

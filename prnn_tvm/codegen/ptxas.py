@@ -83,13 +83,16 @@ def parse_report(log: str, arch: str) -> PtxasReport:
 
 
 _CACHE: dict = {}
+# 177: TVM's common-subexpression pass leaves unused temporaries; they are not our problem.
+FLAGS = ("-O3", "-std=c++17", "-diag-suppress=177", "-Xptxas", "-v")
 
 
 def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
     """Compile ``source`` to a cubin for ``arch`` (e.g. ``sm_90``); return it with the report.
 
-    Results are cached by source and arch, so inspecting a kernel that was just built
-    on a GPU host costs nothing.
+    Results are cached by source and arch, in this process and on disk (:mod:`prnn_tvm.cache.nvcc`, beside the
+    layer cache), so inspecting a kernel that was just built on a GPU host costs nothing, and another process
+    (or another compile that generates the same source) reads the cubin and ptxas's log back.
     """
     key = (hashlib.sha256(source.encode()).hexdigest(), arch)
     if key in _CACHE:
@@ -99,27 +102,20 @@ def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
         raise NvccNotFound(
             "nvcc not found on PATH: the CUDA toolkit (12 or newer) is needed to compile and inspect kernels"
         )
-    with tempfile.TemporaryDirectory(prefix="prnn_tvm_") as tmp:
-        src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
-        src.write_text(source)
-        # 177: TVM's common-subexpression pass leaves unused temporaries; they are not our problem.
-        cmd = [
-            nvcc,
-            "-cubin",
-            f"-arch={arch}",
-            "-O3",
-            "-std=c++17",
-            "-diag-suppress=177",
-            "-Xptxas",
-            "-v",
-            str(src),
-            "-o",
-            str(cubin),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
-            raise NvccError(f"nvcc failed for {arch}:\n" + "\n".join(errors[:20]))
-        result = cubin.read_bytes(), parse_report(proc.stderr + proc.stdout, arch)
+    from ..cache import nvcc as on_disk
+
+    flags = [f"-arch={arch}", *FLAGS]
+    found = on_disk.lookup(source, arch, flags)
+    if found is None:
+        with tempfile.TemporaryDirectory(prefix="prnn_tvm_") as tmp:
+            src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
+            src.write_text(source)
+            proc = subprocess.run([nvcc, "-cubin", *flags, str(src), "-o", str(cubin)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
+                raise NvccError(f"nvcc failed for {arch}:\n" + "\n".join(errors[:20]))
+            found = cubin.read_bytes(), proc.stderr + proc.stdout
+        on_disk.store(source, arch, flags, *found)
+    result = found[0], parse_report(found[1], arch)
     _CACHE[key] = result
     return result
