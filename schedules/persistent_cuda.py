@@ -6,7 +6,8 @@ Per CTA (see ``persistent_config`` for the knobs):
                constant indices (so it stays in registers), and its items' params and
                private states (LSTM's c) likewise
     each step  prefetch this step's input projection for the thread's items (where blocks synchronize
-                 with themselves alone, ``block``: loaded during the step before, see ``inputs_early``)
+                 with themselves alone, ``block``: loaded during the step before, see ``inputs_early``;
+                 elsewhere the tensor-core template also asks that of two steps on into L2, ``inputs_prefetched``)
                for each phase (``CellPlan.phases``; one for most cells):
                  for each batch tile: bring the phase's operands (h(t-1), or a stage of
                    this step) into shared memory (``persistent_exchange``), multiply with
@@ -61,6 +62,7 @@ from prnn_tvm.codegen.pointwise import (
     fast_transcendentals,
     new_state_values,
 )
+from prnn_tvm.codegen.prefetch import prefetch_l2
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf, PointwiseGroup
 from prnn_tvm.signature import Grid, with_saved
@@ -369,11 +371,32 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
                               when=t < self.steps - 1)
 
+    # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`)
+    XP_PREFETCH_STEPS = 0
+
+    @property
+    def inputs_prefetched(self) -> int:
+        """How many steps on a step asks its items' input projection into L2 (``prefetch.global.L2``, one per word
+        the thread will read: one per 64-byte line from hidden 16 up), or 0: where the step loads its own projection at
+        its top (not :attr:`inputs_early`), so that the load of a projection too large for L2 meets it there
+        rather than waiting on DRAM (bench/results/exchange-probes-h100.md, "Two source changes timed and adopted")."""
+        return 0 if self.inputs_early else self.XP_PREFETCH_STEPS
+
     def load_inputs(self, t):
         """Step ``t``'s input projection for the items of the part being emitted, into registers: issued now,
-        consumed after the products (of this step, or the next where :attr:`inputs_early`)."""
+        consumed after the products (of this step, or the next where :attr:`inputs_early`); and, where
+        :attr:`inputs_prefetched`, that of a later step asked into L2."""
+        ahead = self.inputs_prefetched
         for it, group, item in self.items():
             with item as (b, unit, _ul):
+                if ahead:
+                    with T.If(t + ahead < self.steps):
+                        with T.Then():
+                            later = self.timing(t + ahead, it)
+                            for leaf in self.slots[group].x:
+                                column = self.xp_column(leaf, unit)
+                                xp = T.address_of(self.a.xp[later.input_step(leaf.slice), b, column])
+                                T.evaluate(prefetch_l2(xp))
                 timing = self.timing(t, it)
                 for i, leaf in enumerate(self.slots[group].x):
                     T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b, self.xp_column(leaf, unit)],
