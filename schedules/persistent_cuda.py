@@ -491,8 +491,19 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
 
     def bind_stage(self, expr, name: str):
-        """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows."""
-        return bind_value(fast_transcendentals(expr) if self.p.policy.fast_math else expr, name)
+        """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows (sigmoid
+        through tanh where :attr:`sigmoid_through_tanh`)."""
+        if not self.p.policy.fast_math:
+            return bind_value(expr, name)
+        return bind_value(fast_transcendentals(expr, sigmoid_through_tanh=self.sigmoid_through_tanh), name)
+
+    @property
+    def sigmoid_through_tanh(self) -> bool:
+        """Whether a fast-math kernel computes sigmoid on the tanh unit alone (one MUFU where 1 / (1 + e^-x) takes
+        two): where blocks synchronize with themselves alone (``block``), whose few CTAs run every pointwise item of
+        the layer, so that the tanh unit's throughput bounds the step (docs/findings.md, "Sigmoid through
+        `tanh.approx`")."""
+        return not self.barrier.grid_wide
 
     def timing(self, t, it) -> StepTiming:
         """Step ``t``'s timing of item ``it``'s row (its length in a register, where the launch has lengths)."""
