@@ -6,7 +6,8 @@ Per CTA (see ``persistent_config`` for the knobs):
                constant indices (so it stays in registers), and its items' params and
                private states (LSTM's c) likewise
     each step  prefetch this step's input projection for the thread's items (where blocks synchronize
-                 with themselves alone, ``block``: loaded during the step before, see ``inputs_early``)
+                 with themselves alone, ``block``: loaded during the step before, see ``inputs_early``;
+                 elsewhere the tensor-core template also asks that of two steps on into L2, ``inputs_prefetched``)
                for each phase (``CellPlan.phases``; one for most cells):
                  for each batch tile: bring the phase's operands (h(t-1), or a stage of
                    this step) into shared memory (``persistent_exchange``), multiply with
@@ -61,6 +62,7 @@ from prnn_tvm.codegen.pointwise import (
     fast_transcendentals,
     new_state_values,
 )
+from prnn_tvm.codegen.prefetch import prefetch_l2
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf, PointwiseGroup
 from prnn_tvm.signature import Grid, with_saved
@@ -369,11 +371,32 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
                               when=t < self.steps - 1)
 
+    # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`)
+    XP_PREFETCH_STEPS = 0
+
+    @property
+    def inputs_prefetched(self) -> int:
+        """How many steps on a step asks its items' input projection into L2 (``prefetch.global.L2``, one per word
+        the thread will read: one per 64-byte line from hidden 16 up), or 0: where the step loads its own projection at
+        its top (not :attr:`inputs_early`), so that the load of a projection too large for L2 meets it there
+        rather than waiting on DRAM (bench/results/exchange-probes-h100.md, "Two source changes timed and adopted")."""
+        return 0 if self.inputs_early else self.XP_PREFETCH_STEPS
+
     def load_inputs(self, t):
         """Step ``t``'s input projection for the items of the part being emitted, into registers: issued now,
-        consumed after the products (of this step, or the next where :attr:`inputs_early`)."""
+        consumed after the products (of this step, or the next where :attr:`inputs_early`); and, where
+        :attr:`inputs_prefetched`, that of a later step asked into L2."""
+        ahead = self.inputs_prefetched
         for it, group, item in self.items():
             with item as (b, unit, _ul):
+                if ahead:
+                    with T.If(t + ahead < self.steps):
+                        with T.Then():
+                            later = self.timing(t + ahead, it)
+                            for leaf in self.slots[group].x:
+                                column = self.xp_column(leaf, unit)
+                                xp = T.address_of(self.a.xp[later.input_step(leaf.slice), b, column])
+                                T.evaluate(prefetch_l2(xp))
                 timing = self.timing(t, it)
                 for i, leaf in enumerate(self.slots[group].x):
                     T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b, self.xp_column(leaf, unit)],
@@ -468,8 +491,19 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
 
     def bind_stage(self, expr, name: str):
-        """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows."""
-        return bind_value(fast_transcendentals(expr) if self.p.policy.fast_math else expr, name)
+        """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows (sigmoid
+        through tanh where :attr:`sigmoid_through_tanh`)."""
+        if not self.p.policy.fast_math:
+            return bind_value(expr, name)
+        return bind_value(fast_transcendentals(expr, sigmoid_through_tanh=self.sigmoid_through_tanh), name)
+
+    @property
+    def sigmoid_through_tanh(self) -> bool:
+        """Whether a fast-math kernel computes sigmoid on the tanh unit alone (one MUFU where 1 / (1 + e^-x) takes
+        two): where blocks synchronize with themselves alone (``block``), whose few CTAs run every pointwise item of
+        the layer, so that the tanh unit's throughput bounds the step (docs/findings.md, "Sigmoid through
+        `tanh.approx`")."""
+        return not self.barrier.grid_wide
 
     def timing(self, t, it) -> StepTiming:
         """Step ``t``'s timing of item ``it``'s row (its length in a register, where the launch has lengths)."""

@@ -19,5 +19,7 @@ from .persistent_mma_config import MmaConfig
 class _MmaBuilder(FragmentWeights, PersistentBuilder):
     """The persistent step with tensor-core products."""
 
+    XP_PREFETCH_STEPS = 2  # timed on the H100: bench/results/exchange-probes-h100.md, "Two source changes timed"
+
 
 TEMPLATE = PersistentTemplate("persistent_mma", MmaConfig, mc, _MmaBuilder)  # half-precision cuda layers

@@ -109,6 +109,26 @@ def test_half_rows_stop_at_their_lengths(dtype, cell):
     assert error_of(layer, 64, lengths=random_lengths(33, 64, seed=4)) <= plan_tolerance(layer.plan, 64)
 
 
+@pytest.mark.parametrize(
+    "cell, hidden, batch, config",
+    [
+        # LSTM float16 1024x16's tuned config, where the prefetch was measured
+        ("lstm", 1024, 16, dict(units_per_cta=16, k_groups=4, n_tiles=1, barrier="sentinel", m_tiles_per_warp=2,
+                                batch_groups=2)),
+        ("lstm_bi", 512, 8, None),  # the reverse direction prefetches the row's step n - 3 - t
+        ("lstm_x2", 512, 8, None),  # a stack's lag: steps past the sequence read its last step
+    ],
+)
+def test_kernels_that_prefetch_their_projection(cell, hidden, batch, config):
+    """The input projection two steps on asked into L2 (``inputs_prefetched``): the same numbers, at the sequence's
+    first steps and its end, with rows of their own lengths."""
+    layer = layer_for(cell, hidden, batch, "float16", config)
+    assert "prnn_prefetch_l2(" in layer.cuda_source and layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (1, 2, 3, 300):
+        err = error_of(layer, seq_len, seed=seq_len, lengths=random_lengths(batch, seq_len, seed=seq_len))
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh"])
 def test_torch_half_modules_against_cudnn(dtype, kind):

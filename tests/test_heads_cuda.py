@@ -156,6 +156,37 @@ def test_head_wise_defaults_build_without_spills(cell, hidden, batch, dtype, blo
     assert layer.plan.local_to(rep.config["units_per_cta"]) == block
 
 
+HALF_TANH = "0x1p-1f/*5.000000e-01*/ * prnn_tanh_approx("  # sigmoid(x) = 1/2 + tanh(x/2) / 2
+
+
+@pytest.mark.parametrize(
+    "cell, dtype, barrier, through_tanh",
+    [
+        ("lstm_h12", "bfloat16", "block", True),  # a head a block: the layer's pointwise on 12 SMs
+        ("lstm_h48", "float16", "block", True),
+        ("gru_h12", "bfloat16", "block", True),
+        ("lstm_h12", "float16", "tags", False),
+        ("lstm_h12", "bfloat16", "tags", False),  # grid-wide: the pointwise spread, exp2 and reciprocal kept
+        ("lstm_h12", "float32", "block", False),  # float32: the exact functions
+    ],
+)
+def test_half_block_kernels_take_sigmoid_through_tanh(cell, dtype, barrier, through_tanh):
+    """Where a block synchronizes with itself alone, a half layer's sigmoid is one tanh.approx (its error, 2^-12 at
+    most: half a float16 ulp at 0.5), no exp2 or reciprocal left; elsewhere 1 / (1 + e^-x)."""
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
+    config = dataclasses.replace(layer.kernel.config, barrier=barrier)
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[],
+                                  config=config)
+    body = kernel_source(layer)
+    if dtype == "float32":
+        assert "prnn_tanh_approx(" not in body and "expf(" in body
+    elif through_tanh:
+        assert HALF_TANH in body and "__expf(" not in body and "__fdividef(" not in body
+    else:
+        assert HALF_TANH not in body and "__fdividef(" in body
+    assert layer.report.spill_bytes == 0, layer.report.format()
+
+
 @pytest.mark.parametrize(
     "cell, hidden, batch, dtype, config, message",
     [

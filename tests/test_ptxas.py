@@ -19,7 +19,7 @@ from prnn_tvm.codegen.pointwise import fast_transcendentals
 from prnn_tvm.codegen.ptxas import parse_report
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.errors import ConfigError, LaunchError
-from prnn_tvm.frontend.texpr import evaluate
+from prnn_tvm.frontend.texpr import evaluate, rebuild
 from prnn_tvm.report import ConfigOrigin
 from prnn_tvm.runtime.base import RuntimeLayer
 from prnn_tvm.schedules import by_name, template_for
@@ -570,6 +570,25 @@ def test_fast_tanh_is_the_hardware_tanh_of_the_same_argument():
     assert fast.op.name == "tirx.cuda.func_call" and fast.args[0].value == "prnn_tanh_approx"
     tvm.ir.assert_structural_equal(fast.args[1], 2.0 * x + 1.0)
     assert "tanh.approx.f32" in fast.args[2].value  # the helper's source, pasted into the kernel
+
+
+def test_sigmoid_through_tanh_is_the_same_function():
+    # 1/2 + tanh(x/2) / 2 on the tanh unit; evaluated with the exact tanh it must give sigmoid itself
+    x = tirx.Var("x", "float32")
+    fast = fast_transcendentals(tirx.sigmoid(x), sigmoid_through_tanh=True)
+    calls = []
+
+    def exact(node):
+        if getattr(getattr(node, "op", None), "name", None) == "tirx.cuda.func_call":
+            calls.append(node.args[0].value)
+            return tirx.tanh(rebuild(node.args[1], exact))
+        return None
+
+    values = np.concatenate([np.linspace(-30, 30, 601), [-1e-4, 0.0, 1e-4]])
+    got = evaluate(rebuild(fast, exact), {x: values})
+    assert calls == ["prnn_tanh_approx"] and "__expf" not in str(fast)
+    np.testing.assert_allclose(got, evaluate(tirx.sigmoid(x), {x: values}), rtol=1e-12, atol=1e-15)
+    assert "__fdividef" in str(fast_transcendentals(tirx.sigmoid(x)))  # not asked: the exp2 and reciprocal form
 
 
 def test_half_kernels_call_the_hardware_tanh():
