@@ -213,7 +213,7 @@ def test_opting_out_stores_and_reads_nothing(cache_dir, monkeypatch):
     with rewriting_sources(lambda source: source):  # instrumented builds are never stored
         monkeypatch.setenv("PRNN_TVM_CACHE", "1")
         assert prnn_tvm.compile_cell("rnn_tanh", 8, 2, arch="sm_90", tuning_logs=[]).cache_key is None
-    assert not cache_dir.exists()
+    assert _entries(cache_dir) == []  # no layer (nvcc's result, keyed by the source compiled, may be kept)
 
 
 def test_a_cache_that_cannot_be_written_warns_and_compiles(tmp_path, monkeypatch, caplog):

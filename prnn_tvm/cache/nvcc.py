@@ -25,12 +25,11 @@ FOLDER = "nvcc"
 
 
 def nvcc_store() -> Store | None:
-    """The store of nvcc's results; None where the cache is turned off, or sources are being rewritten
-    (``codegen.build.rewriting_sources``: as for layers, nothing instrumented is stored)."""
-    from ..codegen.build import rewriting
-
+    """The store of nvcc's results; None where the cache is turned off. Unlike a layer's entry, a result is keyed by
+    the source compiled itself, so an instrumented source (``codegen.build.rewriting_sources``) is stored under
+    its own key and never answers for another."""
     s = settings()
-    return Store(s.folder / FOLDER, s.max_bytes) if s.enabled and not rewriting() else None
+    return Store(s.folder / FOLDER, s.max_bytes) if s.enabled else None
 
 
 def key(source: str, arch: str, flags: list[str]) -> dict:
