@@ -51,19 +51,29 @@ def carried_configs(found: list, plan, template, gpu, key: records.TuneKey, limi
     """``(config, record, neighbour key)`` for the fastest records of each neighbour of ``key`` (nearest first), each
     record's config as ``template`` carries it over to ``plan``, distinct, at most ``limit``."""
     out, seen = [], set()
-    for near in neighbour_keys(found, key):
-        for record in records.ranked(found, near, limit):
-            try:
-                cfg = template.carried_over(template.config_from_dict(record.config), plan, gpu)
-            except ConfigError:  # a record of knobs this template no longer has
-                continue
-            if cfg is None or cfg in seen:
-                continue
-            seen.add(cfg)
-            out.append((cfg, record, near))
-            if len(out) == limit:
-                return out
+    for cfg, record, near in _carried(found, plan, template, gpu, key, limit):
+        if cfg in seen:
+            continue
+        seen.add(cfg)
+        out.append((cfg, record, near))
+        if len(out) == limit:
+            break
     return out
+
+
+def _carried(found: list, plan, template, gpu, key: records.TuneKey, top: int, variants=lambda knobs: (knobs,)):
+    """``(config, record, neighbour key)``: for the ``top`` fastest records of each neighbour of ``key``, nearest
+    first, each knob set of ``variants(record.config)`` as ``template`` carries it over to ``plan``; those it
+    cannot carry (knobs the template no longer has, no config that validates) left out."""
+    for near in neighbour_keys(found, key):
+        for record in records.ranked(found, near, top):
+            for knobs in variants(record.config):
+                try:
+                    cfg = template.carried_over(template.config_from_dict(knobs), plan, gpu)
+                except ConfigError:  # a record of knobs this template no longer has
+                    continue
+                if cfg is not None:
+                    yield cfg, record, near
 
 
 def _ratio(a: int, b: int) -> float:
@@ -75,14 +85,12 @@ def carried_seeds(found: list, plan, template, gpu, key: records.TuneKey, top: i
     records of every neighbour of ``key``, nearest first, each carried over as it is and with ``knob`` set to each
     of ``values`` (``bench/tune_neighbours.py``: ``batch_groups`` 2 and 4, the units raised as the grid needs),
     distinct, in that order."""
+
+    def variants(knobs: dict) -> tuple:
+        return (knobs, *({**knobs, knob: v} for v in values))
+
     out = []
-    for near in neighbour_keys(found, key):
-        for record in records.ranked(found, near, top):
-            for knobs in (record.config, *({**record.config, knob: v} for v in values)):
-                try:
-                    cfg = template.carried_over(template.config_from_dict(knobs), plan, gpu)
-                except ConfigError:
-                    continue
-                if cfg is not None and cfg not in out:
-                    out.append(cfg)
+    for cfg, _record, _near in _carried(found, plan, template, gpu, key, top, variants):
+        if cfg not in out:
+            out.append(cfg)
     return out

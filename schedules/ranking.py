@@ -116,13 +116,18 @@ TIER_STEPS = 3  # shared-memory tiers a space offers past the first that fits re
 TIER_FROM = 0.75  # a space offers tiers where a CTA's weights pass this share of an SM's register file
 
 
+def fewest_units_weights(plan: CellPlan, gpu: GpuSpec) -> int:
+    """Bytes of recurrent weights a CTA of the fewest units holds (the hidden units spread over every SM)."""
+    rows = sum(r.slices for r in plan.reductions) * math.ceil(plan.hidden / gpu.sms)
+    return rows * plan.hidden * plan.policy.itemsize
+
+
 def offers_tiers(plan: CellPlan, gpu: GpuSpec) -> bool:
-    """Whether a space offers weight tiers for ``plan`` at all: where a CTA of the fewest units (the hidden units
-    spread over every SM) would hold more than ``TIER_FROM`` of an SM's register file in weights. Below, every
-    weight fits registers with room for the rest, and the space stays as it was (its size, the time to rank it)."""
-    units = math.ceil(plan.hidden / gpu.sms)
-    rows = sum(r.slices for r in plan.reductions) * units
-    return rows * plan.hidden * plan.policy.itemsize > TIER_FROM * 4 * gpu.regs_per_sm
+    """Whether a space offers weight tiers for ``plan`` at all: where a CTA of the fewest units
+    (:func:`fewest_units_weights`) would hold more than ``TIER_FROM`` of an SM's register file in weights. Below,
+    every weight fits registers with room for the rest, and the space stays as it was (its size, the time to rank
+    it)."""
+    return fewest_units_weights(plan, gpu) > TIER_FROM * 4 * gpu.regs_per_sm
 
 
 def tiers_offered(plan: CellPlan, gpu: GpuSpec, untiered: Iterable, validate: Callable) -> bool:
@@ -151,10 +156,7 @@ def offers_streaming(plan: CellPlan, gpu: GpuSpec) -> bool:
     """Whether a space offers the third tier (weights read from global memory, served by L2, every step) for
     ``plan``: where a CTA of the fewest units would hold more weights than ``TIER_FROM`` of an SM's register file and
     the most shared memory a block may have, together. Below, registers and shared memory hold them."""
-    units = math.ceil(plan.hidden / gpu.sms)
-    rows = sum(r.slices for r in plan.reductions) * units
-    on_chip = TIER_FROM * 4 * gpu.regs_per_sm + gpu.smem_per_block
-    return rows * plan.hidden * plan.policy.itemsize > on_chip
+    return fewest_units_weights(plan, gpu) > TIER_FROM * 4 * gpu.regs_per_sm + gpu.smem_per_block
 
 
 def tier_counts(excess: int, first: int, per_tier: int, most: int) -> list[int]:
