@@ -36,6 +36,7 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.codegen.pointwise import bind_value
+from prnn_tvm.codegen.prefetch import prefetch
 from prnn_tvm.dtypes import itemsize
 
 FULL_MASK = 0xFFFFFFFF
@@ -44,9 +45,6 @@ L1_PREFETCH_BYTES = 16 * 1024  # a CTA's streamed weights asked into L1 before a
 _STREAMED = r"""
 #ifndef PRNN_STREAMED
 #define PRNN_STREAMED
-__device__ __forceinline__ void prnn_prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" :: "l"(p));
-}
 // one weight vector of a streamed chunk, read-only for the launch: ld.global.nc, 16 bytes for a float4
 template <typename V>
 __device__ __forceinline__ V prnn_ldg(const float* p) { return __ldg(reinterpret_cast<const V*>(p)); }
@@ -168,8 +166,7 @@ class RegisterWeights:
         budget = L1_PREFETCH_BYTES // per_row
         for i in range(min(budget, g.l2_chunks * c.rows_per_thread)):
             q, r = divmod(i, c.rows_per_thread)
-            T.evaluate(T.cuda.func_call("prnn_prefetch_l1", T.address_of(self.wglobal[self.streamed_weight(r, q)]),
-                                        source_code=_STREAMED, return_type="void"))
+            T.evaluate(prefetch(T.address_of(self.wglobal[self.streamed_weight(r, q)]), "L1"))
 
     def before_wait(self):
         """What a thread does before the step's barrier wait: ask for the next step's first streamed weights."""
@@ -223,7 +220,7 @@ class RegisterWeights:
     def streamed_chunk_products(self, q: int):
         """The products over streamed chunk ``q``: every row's weight vector from global memory (all issued before
         the first is used), the tile's state vectors, then the products."""
-        c, BT = self.c, self.c.batch_tile
+        c = self.c
         vector = {1: "float", 2: "float2", 4: "float4"}[c.vec]  # the template's storage type is float32
         for r in range(c.rows_per_thread):
             value = T.cuda.func_call(f"prnn_ldg<{vector}>", T.address_of(self.wglobal[self.streamed_weight(r, q)]),
@@ -231,21 +228,24 @@ class RegisterWeights:
             T.buffer_store(self.wv, value, [vec_index(r * c.vec, c.vec)])
         self.tile_vectors(q)
         for r in range(c.rows_per_thread):
-            for bb in range(BT):
-                for v in range(c.vec):
-                    a = r * BT + bb
-                    T.buffer_store(self.acc, self.acc[a] + self.wv[r * c.vec + v] * self.hvs[bb * c.vec + v], [a])
+            self.row_products(r, r * c.vec)
 
     def shared_chunk_products(self, q: int):
         """The products over shared chunk ``q``: the tile's state vectors, then per row its weight vector."""
-        c, BT = self.c, self.c.batch_tile
+        c = self.c
         self.tile_vectors(q)
         for r in range(c.rows_per_thread):
             T.buffer_store(self.wv, self.smem[vec_index(self.shared_weight(r, q), c.vec)], [vec_index(0, c.vec)])
-            for bb in range(BT):
-                for v in range(c.vec):
-                    a = r * BT + bb
-                    T.buffer_store(self.acc, self.acc[a] + self.wv[v] * self.hvs[bb * c.vec + v], [a])
+            self.row_products(r, 0)
+
+    def row_products(self, r: int, w0: int):
+        """Row ``r``'s weight vector (``wv`` from element ``w0``) into its accumulators, times each of the tile's
+        state vectors (``hvs``, :meth:`tile_vectors`)."""
+        c, BT = self.c, self.c.batch_tile
+        for bb in range(BT):
+            for v in range(c.vec):
+                a = r * BT + bb
+                T.buffer_store(self.acc, self.acc[a] + self.wv[w0 + v] * self.hvs[bb * c.vec + v], [a])
 
     def lane_reduce(self):
         """Sum each of a row's ``rows_per_thread x batch_tile`` values over its ``k_split`` lanes by recursive

@@ -162,6 +162,6 @@ def streamed_weight(launch) -> tuple[int, int] | None:
     (``Grid.streamed``), or None."""
     if launch.grid is None or not launch.grid.streamed:
         return None
-    names = [a.name for a in launch.args]
-    arg = launch.args[names.index(launch.grid.streamed)]
-    return names.index(arg.name), int(np.prod(arg.concrete_shape(1))) * np.dtype(arg.dtype).itemsize
+    index = [a.name for a in launch.args].index(launch.grid.streamed)
+    arg = launch.args[index]
+    return index, int(np.prod(arg.concrete_shape(1))) * np.dtype(arg.dtype).itemsize
