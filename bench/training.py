@@ -15,6 +15,7 @@ import torch
 
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
+from prnn_tvm.bench.training_step import case, step
 from prnn_tvm.checks import abs_error, worst
 
 CASES = [
@@ -34,18 +35,6 @@ args = baselines.script_arguments(number=10)
 T = args.seq
 
 
-def step(module, x, hx):
-    """One training step's GPU work: gradients cleared, forward, loss, backward. Returns the gradients."""
-    leaves = [x, *hx, *module.parameters()]
-    for t in leaves:
-        t.grad = None
-    out, finals = module(x, tuple(hx) if len(hx) > 1 else hx[0])
-    finals = finals if len(hx) > 1 else (finals,)
-    # summed (per batch row) in float32: a mean over every element would push half gradients below fp16's range
-    ((out.float().square().sum() + sum(f.float().sum() for f in finals)) / x.shape[1]).backward()
-    return [t.grad for t in leaves]
-
-
 def ms(fn, *arguments) -> float:
     """Median milliseconds of ``fn(*arguments)``."""
     return baselines.cuda_event_times(lambda: fn(*arguments), args.repeats, args.number)[0] * 1e3
@@ -56,13 +45,8 @@ print(
     "gradients' relative difference"
 )
 for kind, H, B, dtype in CASES:
-    ref = getattr(torch.nn, kind)(H, H).cuda().to(dtype).train()
+    ref, x, hx = case(kind, H, B, dtype, T)
     fast = pt.from_torch(ref)
-    x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)
-    hx = [
-        (0.5 * torch.randn(1, B, H, device="cuda", dtype=dtype)).requires_grad_()
-        for _ in range(2 if kind == "LSTM" else 1)
-    ]
     want, got = [g.clone() for g in step(ref, x, hx)], step(fast, x, hx)
     err = worst(abs_error(g, w) / w.abs().max().item() for w, g in zip(want, got))
     ours, cudnn = ms(step, fast, x, hx), ms(step, ref, x, hx)

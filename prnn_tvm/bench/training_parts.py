@@ -1,0 +1,152 @@
+"""Where a training step's time goes (``bench/training_parts.py``): each part's GPU and host time from CUDA events,
+and every kernel the step runs, from ``torch.profiler``, with the part that launched it.
+
+:func:`part_times` brackets each part of :func:`.training_step.step` with CUDA events (GPU time between the
+borders: the part's kernels and any idle gap before them) and ``perf_counter`` (host time to issue it).
+:func:`kernel_records` runs steps under the profiler, each part inside a ``record_function`` range, and names
+every GPU activity (kernels, copies, sets) with the part whose range holds its launch on the host (by time: the
+backward's launches come from autograd's own thread). :func:`kernel_table` and :func:`category_table` turn those
+records into lines; they need neither a GPU nor PyTorch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+
+from .training_step import PARTS, step
+
+RANGE = "part:"  # the profiler ranges' prefix
+UNLAUNCHED = "(no launch seen)"  # GPU activity whose launch the profiler did not link (a copy's, a driver's)
+# a kernel's kind, by the first of these its name contains (lower case); else "other"
+KINDS = (
+    ("recurrent_save", "prnn forward (saving)"),
+    ("recurrent_backward", "prnn backward (recurrent)"),
+    ("recurrent", "prnn recurrent"),
+    ("rnn", "cuDNN RNN"),
+    ("lstm", "cuDNN RNN"),
+    ("persist", "cuDNN RNN"),
+    ("gemm", "GEMM"),
+    ("xmma", "GEMM"),
+    ("cutlass", "GEMM"),
+    ("splitk", "GEMM"),
+    ("reduce", "reduction"),
+    ("memcpy", "copy / set"),
+    ("memset", "copy / set"),
+    ("copy", "copy / set"),
+    ("elementwise", "elementwise"),
+    ("vectorized", "elementwise"),
+    ("unrolled", "elementwise"),
+)
+
+
+def kind_of(name: str) -> str:
+    """The kind of the GPU activity called ``name`` (:data:`KINDS`)."""
+    low = name.lower()
+    return next((kind for key, kind in KINDS if key in low), "other")
+
+
+def part_times(module, x, hx, steps: int) -> dict[str, tuple[float, float]]:
+    """Per part of a step: (GPU ms, host ms), medians over ``steps`` steps (after two warm-up steps); ``"step"``:
+    the whole step's."""
+    import torch
+
+    for _ in range(2):
+        step(module, x, hx)
+    torch.cuda.synchronize()
+    gpu, host = defaultdict(list), defaultdict(list)
+    for _ in range(steps):
+        marks = []
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        step(module, x, hx, lambda name, marks=marks: _Bracket(name, marks))
+        host["step"].append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        before = start
+        for name, end, seconds in marks:
+            gpu[name].append(before.elapsed_time(end))
+            host[name].append(seconds * 1e3)
+            before = end
+        gpu["step"].append(start.elapsed_time(before))
+    return {name: (statistics.median(gpu[name]), statistics.median(host[name])) for name in (*PARTS, "step")}
+
+
+class _Bracket:
+    """A part's context for :func:`part_times`: at its end a CUDA event and the host seconds it took."""
+
+    def __init__(self, name: str, marks: list):
+        self.name, self.marks = name, marks
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        import torch
+
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.marks.append((self.name, end, time.perf_counter() - self.t0))
+        return False
+
+
+def kernel_records(module, x, hx, steps: int) -> list[tuple[str, str, float]]:
+    """``(part, name, GPU us)`` of every GPU activity of ``steps`` steps under ``torch.profiler`` (after two warm-up
+    steps), the part :data:`UNLAUNCHED` where the profiler linked no launch to it."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _ in range(2):
+        step(module, x, hx)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(module, x, hx, lambda name: record_function(RANGE + name))
+        torch.cuda.synchronize()
+    events = prof.events()
+    ranges = [
+        (e.time_range.start, e.time_range.end, e.name[len(RANGE) :])
+        for e in events
+        if e.name.startswith(RANGE) and e.device_type == DeviceType.CPU
+    ]
+    launched = defaultdict(float)  # (part, name): GPU us of the activities linked to a launch
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.kernels:
+            part = next((n for s, end, n in ranges if s <= e.time_range.start <= end), UNLAUNCHED)
+            for k in e.kernels:
+                launched[part, k.name] += k.duration
+    # every GPU activity, linked or not: what is left of each name's total after the linked is unlaunched
+    total = defaultdict(float)
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            total[e.name] += e.time_range.elapsed_us()
+    records = [(part, name, us) for (part, name), us in launched.items()]
+    for name, us in total.items():
+        rest = us - sum(v for (_, n), v in launched.items() if n == name)
+        if rest > 0.5 * steps:  # more than half a microsecond a step
+            records.append((UNLAUNCHED, name, rest))
+    return records
+
+
+def kernel_table(records: list[tuple[str, str, float]], steps: int, width: int = 90) -> list[str]:
+    """One line per (part, kernel): GPU us per step, its share of the step's kernels, its kind; largest first."""
+    total = sum(us for _, _, us in records) or 1.0
+    lines = [f"{'part':<16} {'us/step':>9} {'share':>6}  {'kind':<26} kernel"]
+    for part, name, us in sorted(records, key=lambda r: -r[2]):
+        short = name if len(name) <= width else name[: width - 3] + "..."
+        lines.append(f"{part:<16} {us / steps:9.1f} {100 * us / total:5.1f}%  {kind_of(name):<26} {short}")
+    lines.append(f"{'all kernels':<16} {total / steps:9.1f}")
+    return lines
+
+
+def category_table(records: list[tuple[str, str, float]], steps: int) -> list[str]:
+    """GPU us per step of each part and kind of kernel (:func:`kind_of`), largest first."""
+    sums = defaultdict(float)
+    for part, name, us in records:
+        sums[part, kind_of(name)] += us
+    return [
+        f"{part:<16} {kind:<26} {us / steps:9.1f} us/step"
+        for (part, kind), us in sorted(sums.items(), key=lambda kv: -kv[1])
+    ]
