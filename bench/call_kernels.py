@@ -7,6 +7,12 @@ kernel runs at a batch that is a multiple of 8) are each called ``--number`` tim
 ``torch.profiler``; every GPU kernel of a call is listed with its mean time, its grid, block, registers
 per thread and shared memory (what CUPTI reports). It shows what a call costs beyond its recurrent kernel
 (the projection, a bias pass, initialization kernels) and how cuDNN lays out its persistent kernel.
+
+    python bench/call_kernels.py --heads 12 --seq 1024
+
+lists instead the kernels of the head-wise LSTM's module call at FlashRNN's shape (``prnn_tvm.torch.Recurrent``,
+``lstm_h<heads>``, hidden 768, batch 16, bfloat16; cuDNN has no head-wise LSTM): what the call costs besides its
+recurrent kernel (issue 49's target is the whole call).
 """
 
 import functools
@@ -22,7 +28,7 @@ from prnn_tvm.bench import baselines
 
 SHAPES = [(256, 8), (256, 16), (512, 8), (512, 16), (1024, 8), (1024, 16), (1024, 64)]
 
-args = baselines.script_arguments(number=3)
+args = baselines.script_arguments(number=3, heads=0)
 
 
 def kernels(call, number: int) -> list:
@@ -49,16 +55,24 @@ def kernels(call, number: int) -> list:
     return [(sum(d) / len(d), len(d) // number, *key[1:], key[0]) for key, d in seen.items()]
 
 
+def show(who: str, rows: list) -> None:
+    print(f"\n{who}: {sum(r[0] * r[1] for r in rows):.1f} us of kernels per call")
+    for us, per_call, grid, block, regs, smem, name in rows:
+        print(f"  {us:8.1f} x{per_call:<3d} grid={list(grid)} block={list(block)} regs={regs} smem={smem}  {name[:80]}")
+
+
+if args.heads:
+    spec, H, B = f"lstm_h{args.heads}", 768, 16
+    print(f"{spec} bfloat16, T={args.seq}, {args.number} calls; us per launch")
+    module = pt.Recurrent(spec, H, H, device="cuda", dtype=torch.bfloat16).eval()
+    x = torch.randn(args.seq, B, H, device="cuda", dtype=torch.bfloat16)
+    show(f"ours {spec} H={H} B={B}", kernels(functools.partial(module, x), args.number))
+    raise SystemExit
+
 print(f"LSTM float16, T={args.seq}, {args.number} calls each; us per launch")
 for H, B in SHAPES:
     module = torch.nn.LSTM(H, H).cuda().half().eval()
     ours = pt.from_torch(module)
     x = torch.randn(args.seq, B, H, device="cuda", dtype=torch.half)
     for who, fn in (("cuDNN", module), ("ours", ours)):
-        rows = kernels(functools.partial(fn, x), args.number)
-        print(f"\n{who} H={H} B={B}: {sum(r[0] * r[1] for r in rows):.1f} us of kernels per call")
-        for us, per_call, grid, block, regs, smem, name in rows:
-            print(
-                f"  {us:8.1f} x{per_call:<3d} grid={list(grid)} block={list(block)} regs={regs} smem={smem}  "
-                f"{name[:80]}"
-            )
+        show(f"{who} H={H} B={B}", kernels(functools.partial(fn, x), args.number))

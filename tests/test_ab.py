@@ -49,6 +49,7 @@ def test_a_malformed_case_is_refused_with_the_form(spec):
         ({"replace": [["", "new"]]}, "non-empty strings"),
         ({"replace": [["a", "b"]], "cases": ["lstm"]}, "CELL:HIDDENxBATCH"),
         ({"replace": [["a", "b"]], "config": "k_groups=8"}, "'config' must be an object"),
+        ({"replace": [["a", "b"]], "dtype": "int8"}, "'dtype' must be one of .*'int8'"),
     ],
 )
 def test_a_malformed_change_file_is_refused(tmp_path, content, why):
@@ -94,7 +95,7 @@ def test_a_change_the_layer_does_not_have_is_refused_before_building_it_again():
 def test_a_queued_change_applies_to_its_first_case_and_compiles_clean(path):
     change = SourceChange.load(path)
     assert change.why and change.cases, "a queued change says what it tries and on which cases"
-    built, changed = layer_pair(Case.parse(change.cases[0], dtype="float16"), change, arch="sm_90")
+    built, changed = layer_pair(Case.parse(change.cases[0], dtype=change.dtype or "float16"), change, arch="sm_90")
     assert changed.cuda_source == change.apply(built.cuda_source) != built.cuda_source
     assert changed.report.registers and changed.report.spill_bytes == 0  # ptxas built it, without spills
     if change.config:  # a prototype for one config is built with it

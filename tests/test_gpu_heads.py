@@ -121,21 +121,23 @@ def test_a_head_a_block_against_the_grid(dtype, capsys):
 
 
 @pytest.mark.parametrize(
-    "cell, units, k_groups, m_tiles_per_warp",
+    "cell, units, k_groups, m_tiles_per_warp, barrier",
     [
-        ("lstm_h12", 64, 1, 2),  # the default: 8 warps a head
-        ("lstm_h12", 64, 1, 1),  # 16 warps, one row tile each
-        ("lstm_h12", 64, 2, 2),  # 16 warps, half a head's k range each
-        ("lstm_h12", 64, 2, 1),  # 32 warps
-        ("lstm_h48", 64, 1, 1),  # heads of 16: four a block, 16 warps
-        ("lstm_h48", 32, 1, 1),  # two a block (the default), 8 warps
+        ("lstm_h12", 64, 1, 2, "block"),  # the default: 8 warps a head
+        ("lstm_h12", 64, 1, 1, "block"),  # 16 warps, one row tile each
+        ("lstm_h12", 64, 2, 2, "block"),  # 16 warps, half a head's k range each
+        ("lstm_h12", 64, 2, 1, "block"),  # 32 warps
+        ("lstm_h12", 32, 1, 1, "tags"),  # two blocks a head (24 SMs), each polling only its head's other block
+        ("lstm_h12", 32, 1, 2, "tags"),  # the same over 4 warps a block
+        ("lstm_h48", 64, 1, 1, "block"),  # heads of 16: four a block, 16 warps
+        ("lstm_h48", 32, 1, 1, "block"),  # two a block (the default), 8 warps
     ],
 )
-def test_a_head_over_more_warps(cell, units, k_groups, m_tiles_per_warp, capsys):
-    """A block's heads over more or fewer warps (``block``, its values exchanged in its operand tiles): the same
-    numbers within the bound, and each placement's recurrent kernel timed (us per step, printed for the run's
-    notes: which to rank first)."""
-    config = mc.MmaConfig(units, k_groups, 2, "block", m_tiles_per_warp=m_tiles_per_warp)
+def test_a_head_over_more_warps(cell, units, k_groups, m_tiles_per_warp, barrier, capsys):
+    """A head over more or fewer warps, or over two blocks (``tags``, polling only the head's blocks; else ``block``,
+    its values exchanged in its operand tiles): the same numbers within the bound, and each placement's recurrent
+    kernel timed (us per step, printed for the run's notes: which to rank first)."""
+    config = mc.MmaConfig(units, k_groups, 2, barrier, m_tiles_per_warp=m_tiles_per_warp)
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype="bfloat16", target="cuda", config=config)
     assert layer.report.spill_bytes == 0, layer.report.format()
     err = error_of(layer, 256, seed=2, lengths=random_lengths(16, 256, seed=2))

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..dtypes import GPU_DTYPES
 from .matrix import Case
 
 
@@ -25,18 +26,20 @@ class SourceChange:
     """``pairs``: (old, new) texts, each old one replaced (every occurrence) in order; ``why``: what it tries;
     ``cases``: the cases it was written for (``CELL:HIDDENxBATCH``), which ``bench/ab_source.py`` runs by default;
     ``config``: the config it was written for (a prototype written against one kernel's generated names), which
-    :func:`layer_pair` builds unless given another."""
+    :func:`layer_pair` builds unless given another; ``dtype``: the storage dtype it was written for (a prototype's
+    names and types are one dtype's), which ``bench/ab_source.py`` builds unless given another."""
 
     name: str
     pairs: tuple[tuple[str, str], ...]
     why: str = ""
     cases: tuple[str, ...] = ()
     config: dict | None = None
+    dtype: str | None = None
 
     @classmethod
     def load(cls, path) -> SourceChange:
-        """From a JSON file ``{"why": "...", "cases": [...], "config": {...}, "replace": [[old, new], ...]}``,
-        named after the file (all but ``replace`` optional)."""
+        """From a JSON file ``{"why": "...", "cases": [...], "config": {...}, "dtype": "...", "replace": [[old, new],
+        ...]}``, named after the file (all but ``replace`` optional)."""
         data = json.loads(Path(path).read_text())
         pairs = data.get("replace")
         if (
@@ -51,7 +54,11 @@ class SourceChange:
         config = data.get("config")
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"{path}: 'config' must be an object of knobs")
-        return cls(Path(path).stem, tuple((old, new) for old, new in pairs), data.get("why", ""), tuple(cases), config)
+        dtype = data.get("dtype")
+        if dtype is not None and dtype not in GPU_DTYPES:
+            raise ValueError(f"{path}: 'dtype' must be one of {', '.join(GPU_DTYPES)}, not {dtype!r}")
+        pairs = tuple((old, new) for old, new in pairs)
+        return cls(Path(path).stem, pairs, data.get("why", ""), tuple(cases), config, dtype)
 
     def apply(self, source: str) -> str:
         for i, (old, new) in enumerate(self.pairs):
