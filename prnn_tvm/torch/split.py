@@ -69,7 +69,8 @@ class SplitLayers:
     torch's allocator on every GPU, and what a call derives from the parameters on every GPU.
 
     ``phase`` (None, or a callable taking a phase's name: the benchmark's breakdown) is called after each phase of a
-    layer's call: ``"inputs"`` (the input, initial states and lengths on every GPU), ``"projections"`` (each GPU's
+    layer's call: ``"arguments"`` (the module's own work, then the first GPU's arguments as a one-GPU call makes them),
+    ``"inputs"`` (the input, initial states and lengths on every GPU), ``"projections"`` (each GPU's
     columns of the input projection), ``"recurrent"`` (every GPU's recurrent launch), ``"gather"`` (every GPU's units
     of the outputs into the first GPU's)."""
 
@@ -124,6 +125,7 @@ class SplitLayers:
         # the first GPU's arguments as a one-GPU call makes them (kept between calls while the parameters stay the
         # same; a half layer's b_ih folded into the params that carry it: its projection is then the GEMM alone)
         named = dict(zip(layer.signature.arg_names, module._launch_arguments(layer, x, suffix, states, lengths)))
+        self._mark("arguments")
         data = [k for k in named if k not in ("x", "W_ih", "b_ih")]  # the recurrent launch's, but its projection
         per_call = {f"{s}0" for s in module._states} if states else set()  # the caller's: copied at every call
         if lengths is not None:
