@@ -208,7 +208,10 @@ for knobs in configs:
     recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
     rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
-    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check), config))
+    # every CTA polls every unit's tagged word (8 bytes: the value and its step) of every batch row each step
+    polled = split.ctas_per_gpu * B * H * 8 / 1e6
+    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check),
+                    f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
