@@ -301,3 +301,17 @@ def test_a_split_launcher_makes_every_workspace_then_launches_every_gpu_then_joi
         layer.launcher(arrays)(per_gpu, [10, 11, 12])
     assert [e for e in failing.log if e[0] in ("launch", "check", "join")] == [
         ("check", False), ("launch", 0, 10, 6), ("launch", 1, 11, 6), ("check", True)]
+
+
+@pytest.mark.parametrize("k_groups, tiers", [(2, 15), (4, 16)])
+def test_fewer_bigger_ctas_a_gpu_with_the_one_gpu_layers_weight_tiers_are_accepted(k_groups, tiers):
+    """LSTM fp16 2048 x 8 over two GPUs with the one-GPU layer's 16 units a CTA (64 CTAs a GPU, each polling the
+    state: half the default's 128) and part of the weights in shared memory, as ``bench/split.py --config`` passes
+    it: placed, its tiers raised until a poll's batch row fits beside the weights in registers."""
+    plan, template = half_plan(2048, 8), by_name("persistent_mma")
+    ladder = split.split_configs(mc.MmaConfig(16, k_groups, smem_k_tiles=tiers), plan, H100, 2,
+                                 template.knobs.validate, template.knobs.ranked_configs)
+    first = ladder[0]
+    assert first.config.units_per_cta == 16 and first.geometry.ctas == 2 * 64
+    assert first.config.barrier == "tags" and first.config.smem_k_tiles >= tiers and first.chunk_rows >= 1
+    assert first.geometry.regs_estimate <= max_regs_per_thread(first.geometry.threads, H100)
