@@ -1,7 +1,10 @@
 """One LSTM layer split over the GPUs of one host (``compile_cell(..., devices=[0, 1])``) against the same layer on one
 GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
 
-    python bench/split.py [--hidden 2048 --batch 8 --gpus 2 --seq 256] [--config '{"k_groups": 4, ...}']
+    python bench/split.py [--hidden 2048 --batch 8 --gpus 2 --seq 256] [--config '{"k_groups": 4, ...}'] [--breakdown]
+
+``--config`` takes one config (a JSON object) or several (a JSON list; ``null`` for the default): each is compiled,
+its report printed and its layer and recurrent kernels timed; the public call runs the first.
 
 Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
 part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
@@ -10,6 +13,12 @@ over four H100s: each GPU's slice keeps part of them in shared memory) against c
 The public calls come first, each timed as cuDNN's ``m(x)`` is, under ``torch.no_grad()``:
 ``prnn_tvm.torch.from_torch(m)(x)`` on one GPU and ``from_torch(m, devices=[0, .., G-1])(x)`` over G (torch tensors
 on GPU 0 in and out: the input copied to the other GPUs, each GPU's units of the outputs copied back).
+
+``--breakdown`` then says where the split public call's time goes, per phase of
+:class:`prnn_tvm.torch.split.SplitLayers` (its ``phase`` hook): host milliseconds issuing each phase with nothing
+drained, each GPU's milliseconds between the phases (CUDA events recorded on every GPU's current stream at each
+phase's end: the GPU's own time for the phase's work where it ran behind the host), and the host wall per phase
+with every GPU drained at each phase's end (the phase's host and device time in series).
 
 Every figure is host wall time over ``number`` calls issued back to back, then a wait for every GPU, the median
 of ``repeats`` runs: a split call's time is its slowest GPU's. "layer" is the whole layer (each GPU computes its own
@@ -35,8 +44,12 @@ from prnn_tvm.reference import random_inputs
 p = argparse.ArgumentParser()
 for name, default in {"hidden": 2048, "batch": 8, "gpus": 2, "seq": 256, "repeats": 7, "number": 5}.items():
     p.add_argument(f"--{name}", type=int, default=default)
-p.add_argument("--config", type=json.loads, default=None, help="the split layer's knobs (a dict, as JSON)")
+p.add_argument("--config", type=json.loads, default=None,
+               help="the split layer's knobs (a dict, as JSON), or a list of them (null: the default)")
+p.add_argument("--breakdown", action="store_true", help="where the split public call's time goes, per phase")
+p.add_argument("--calls", type=int, default=20, help="calls the breakdown takes the median of")
 args = p.parse_args()
+configs = args.config if isinstance(args.config, list) else [args.config]
 H, B, T, G = args.hidden, args.batch, args.seq, args.gpus
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 torch.manual_seed(0)
@@ -94,9 +107,73 @@ def public_row(what: str, make) -> dict:
 
 
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
-rows.append(public_row(f"prnn-tvm, {G} GPUs: public call", lambda: pt.from_torch(lstm, devices=list(range(G)),
-                                                                                config=args.config)))
+split_module = pt.from_torch(lstm, devices=list(range(G)), config=configs[0])
+rows.append(public_row(f"prnn-tvm, {G} GPUs: public call", lambda: split_module))
 one_public, split_public = rows[1]["ms"], rows[2]["ms"]
+
+
+def events() -> list:
+    """A timing event recorded on every GPU's current stream."""
+    found = []
+    for d in range(G):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(d))
+        found.append(event)
+    return found
+
+
+def breakdown(module, calls: int) -> list:
+    """Per phase of the split public call (``SplitLayers.phase``): the host's milliseconds issuing it (nothing
+    drained), each GPU's milliseconds between the phase marks (events), and the host wall with every GPU drained at
+    each mark; medians of ``calls`` calls, each started with every GPU idle."""
+    marks, stamps, host, device, drained = [], [], {}, {}, {}
+
+    def drain(name):
+        every_gpu()
+        stamps.append((name, time.perf_counter()))
+
+    for _ in range(calls):
+        every_gpu()
+        marks.clear()
+        module._split.phase = lambda name: marks.append((name, time.perf_counter(), events()))
+        marks.append(("start", time.perf_counter(), events()))
+        with torch.no_grad():
+            module(x)
+        marks.append(("call returned", time.perf_counter(), events()))
+        every_gpu()
+        end = time.perf_counter()
+        for (_, t0, e0), (name, t1, e1) in zip(marks, marks[1:]):
+            host.setdefault(name, []).append((t1 - t0) * 1e3)
+            device.setdefault(name, []).append([a.elapsed_time(b) for a, b in zip(e0, e1)])
+        host.setdefault("every GPU done", []).append((end - marks[-1][1]) * 1e3)
+        device.setdefault("every GPU done", []).append([float("nan")] * G)
+        host.setdefault("whole call", []).append((end - marks[0][1]) * 1e3)
+        device.setdefault("whole call", []).append([a.elapsed_time(b) for a, b in zip(marks[0][2], marks[-1][2])])
+        stamps.clear()
+        module._split.phase = drain
+        drain("start")
+        with torch.no_grad():
+            module(x)
+        drain("call returned")
+        for (_, t0), (name, t1) in zip(stamps, stamps[1:]):
+            drained.setdefault(name, []).append((t1 - t0) * 1e3)
+        drained.setdefault("whole call", []).append((stamps[-1][1] - stamps[0][1]) * 1e3)
+    module._split.phase = None
+    print(f"\nwhere a public call over {G} GPUs goes, ms (median of {calls} calls; a phase's events are recorded at "
+          "its end on every GPU's current stream)")
+    print(f"{'phase':24s} {'host issue':>10s} " + " ".join(f"{f'GPU {d}':>8s}" for d in range(G))
+          + f" {'drained':>9s}")
+    found = []
+    for name in host:
+        gpus = [statistics.median(v[d] for v in device[name]) for d in range(G)]
+        wall = statistics.median(drained[name]) if name in drained else float("nan")
+        print(f"{name:24s} {statistics.median(host[name]):10.3f} " + " ".join(f"{ms:8.3f}" for ms in gpus)
+              + f" {wall:9.3f}")
+        found.append({"phase": name, "host_ms": statistics.median(host[name]), "gpu_ms": gpus, "drained_ms": wall})
+    return found
+
+
+phases = breakdown(split_module, args.calls) if args.breakdown and split_public is not None else []
 
 # ours on one GPU, where it fits
 inputs = None
@@ -116,26 +193,30 @@ else:
     rows.append(row("prnn-tvm, 1 GPU: layer", wall_ms(run_one, dev.sync), one.report.format().splitlines()[4]))
     one.check()
 
-# ours split over G GPUs
-try:
-    split = prnn_tvm.compile_cell("lstm", H, B, dtype="float16", devices=list(range(G)), config=args.config)
-except ConfigError as err:
-    row(f"prnn-tvm, {G} GPUs", None, f"refused: {err}")
-    raise SystemExit(1) from None
-print(split.report.format())
-inputs = inputs if inputs is not None else random_inputs(split.plan, T, H)
-call = split.bind(**inputs)
-xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
-recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
-config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
-rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
-rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check)))
+# ours split over G GPUs, each config given
+for knobs in configs:
+    try:  # the first config's layer is the public call's, compiled already (a split layer's compile is not cached)
+        reused = knobs is configs[0] and next(iter(split_module._split.layers.values()), None)
+        split = reused or prnn_tvm.compile_cell("lstm", H, B, dtype="float16", devices=list(range(G)), config=knobs)
+    except ConfigError as err:
+        rows.append(row(f"prnn-tvm, {G} GPUs", None, f"refused: {err}"))
+        continue
+    print(split.report.format())
+    if inputs is None:  # one GPU refused the layer
+        inputs = random_inputs(split.plan, T, H)
+    xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
+    call = split.bind(**inputs)
+    recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
+    config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
+    rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
+    # every CTA polls every unit's tagged word (8 bytes: the value and its step) of every batch row each step
+    polled = split.ctas_per_gpu * B * H * 8 / 1e6
+    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check),
+                    f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
-b_slice = torch.randn(4 * H // G, device=x.device, dtype=torch.float32)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
-    lambda: torch.nn.functional.linear(x.view(T * B, H), w_slice).float() + b_slice, torch.cuda.synchronize)))
-rows.append(row(f"prnn-tvm, {G} GPUs: recurrent + cuBLAS projection (sum)", rows[-2]["ms"] + rows[-1]["ms"]))
+    lambda: torch.mm(x.view(T * B, H), w_slice.t(), out_dtype=torch.float32), torch.cuda.synchronize)))
 
 cudnn = rows[0]["ms"]
 for r in rows[1:]:
@@ -143,4 +224,4 @@ for r in rows[1:]:
         print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
 if one_public is not None and split_public is not None:
     print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
-print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows}))
+print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases}))

@@ -159,3 +159,47 @@ def test_torch_stack_with_states_and_packed_rows_over_two_gpus():
         assert got.data.device == torch.device("cuda", 0)
         for a, b in ((got.data, want.data), (h_n, h_w), (c_n, c_w)):
             assert (a.double() - b).abs().max().item() <= tolerance("float32", 9)
+
+
+@pytest.mark.gpus(2)
+def test_a_torch_call_over_two_gpus_does_not_wait_for_them():
+    """The public call issues every GPU's work and returns (its outputs from torch's caching allocator: TVM's would
+    be freed with cudaFree, which waits for the GPU): with GPU 0 busy for about a second ahead of it, the call comes
+    back long before, and gives what it gives on idle GPUs. Then ``b_ih`` (folded into ``b_hh`` for the half
+    projection, kept between calls) and ``W_ih`` (each GPU's rows kept) updated in place: the next call follows
+    them, against torch.nn in float64."""
+    torch = pytest.importorskip("torch")
+    import copy
+    import time
+
+    import prnn_tvm.torch as pt
+
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(1024, 1024).cuda().half().eval()
+    ours = pt.from_torch(module, devices=[0, 1])
+    x = torch.randn(64, 8, 1024, device="cuda", dtype=torch.float16)
+
+    def every_gpu():
+        for d in (0, 1):
+            torch.cuda.synchronize(d)
+
+    with torch.no_grad():
+        want = ours(x)[0].clone()  # compiles, on idle GPUs
+        for _ in range(2):  # the caching allocator holds every buffer a call takes
+            ours(x)
+        every_gpu()
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU 0 (H100 clocks), ahead of the call
+        start = time.perf_counter()
+        got = ours(x)[0]
+        issued = time.perf_counter() - start
+        every_gpu()
+        waited = time.perf_counter() - start
+        assert issued < 0.25 * waited, f"the call took {issued:.3f} s of the {waited:.3f} s the GPUs did"
+        assert torch.equal(got, want)
+        module.bias_ih_l0.add_(0.5)
+        module.weight_ih_l0.mul_(0.5)
+        exact = copy.deepcopy(module).double()
+        ours_out, cudnn_out, exact_out = ours(x)[0], module(x)[0], exact(x.double())[0]
+    ours_err = (ours_out.double() - exact_out).abs().max().item()
+    cudnn_err = (cudnn_out.double() - exact_out).abs().max().item()
+    assert ours_err <= max(1.5 * cudnn_err, tolerance("float16", 64)), f"ours {ours_err:.2e}, cuDNN {cudnn_err:.2e}"

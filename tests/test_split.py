@@ -4,7 +4,9 @@ the others store into it (``prnn_tvm.verify.split``), against the float64 refere
 block, a peer that never runs); the refusals; the generated code of the layers the split is for (ptxas: 0 spills).
 What only GPUs joined by NVLink show (peer access, system-scope stores, the timings) is in ``test_gpu_split.py``."""
 
+import contextlib
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -232,3 +234,84 @@ def test_the_half_layers_it_is_for_build_without_spills(hidden, batch, gpus):
     assert layer.ctas_per_gpu * gpus * layer.units_per_cta == hidden
     assert (layer.report.weight_smem_bytes > 0) == (hidden == 4096), layer.report.format()
     assert "prnn_tag_store_peer<half>(" in layer.cuda_source  # every new state also goes to the peer
+
+
+class _Launches:
+    """Stands in for each GPU's ``Launcher`` (and TVM's streams) under a ``SplitLauncher``: records what happens."""
+
+    def __init__(self, monkeypatch, layer, fail: int | None = None):
+        from prnn_tvm.runtime import split_launch
+
+        self.log = log = []
+
+        class Launcher:
+            max_steps = 100
+
+            def __init__(self, part, function, arrays, device):
+                self.part, self.arrays = part, arrays
+
+            def __call__(self, data, stream):
+                log.append(("launch", self.part.index, stream, len(data)))
+                if self.part.index == fail:
+                    raise LaunchError("refused")
+                return [f"out of GPU {self.part.index}"]
+
+        class Streams:
+            get_raw_stream = staticmethod(lambda device: -1)
+            use_raw_stream = staticmethod(lambda device, stream: contextlib.nullcontext())
+
+        class Join:
+            def join(self, streams):
+                log.append(("join", tuple(streams)))
+
+        def launch_state(part, stream, zeros=None):
+            log.append(("state", part.index, stream))
+            return {}
+
+        monkeypatch.setattr(split_launch, "Launcher", Launcher)
+        monkeypatch.setattr(split_launch, "tvm_ffi", Streams)
+        monkeypatch.setattr(layer, "_enable_peers", lambda: setattr(layer, "join", Join()))
+        monkeypatch.setattr(layer, "check", lambda wait=True: log.append(("check", wait)))
+        for part in layer.parts:
+            monkeypatch.setattr(part, "launch_state", launch_state.__get__(part))
+
+
+def test_a_split_launcher_makes_every_workspace_then_launches_every_gpu_then_joins(monkeypatch):
+    """``SplitLayer.launcher`` (what ``prnn_tvm.torch`` runs): an earlier timeout raised first, every GPU's workspace
+    for its stream before any launch names its peers', every GPU launched with its arguments in the kernel's order
+    before the streams are joined, nothing waited for; a chunked sequence and a refused launch say so (the GPUs
+    launched before it left to time out, and the layer reset)."""
+    layer = split_layer("lstm", 12, 3, 3, 2)
+    launches = _Launches(monkeypatch, layer)
+    arrays = [types.SimpleNamespace(zeros=None)] * 3  # the caller's array library (unused by the stand-ins)
+    launcher = layer.launcher(arrays)
+    assert launcher.names == ["xp", "W_hh", "b_hh", "h0", "c0", "lengths"]
+    per_gpu = [{name: np.zeros((5, 3, 8)) for name in launcher.names} for _ in range(3)]
+    outputs = launcher(per_gpu, [10, 11, 12])
+    assert outputs == [[f"out of GPU {g}"] for g in range(3)]
+    assert launches.log == [("check", False), *(("state", g, 10 + g) for g in range(3)),
+                            *(("launch", g, 10 + g, 6) for g in range(3)), ("join", (10, 11, 12))]
+    assert all(part.launched for part in layer.parts)
+    with pytest.raises(InputError, match="shorter pieces"):
+        launcher([{"xp": np.zeros((101, 3, 8))}] * 3, [10, 11, 12])
+    with pytest.raises(InputError, match="2 array libraries given for a layer split over 3 GPUs"):
+        layer.launcher(arrays[:2])
+    failing = _Launches(monkeypatch, layer, fail=1)
+    with pytest.raises(LaunchError, match="refused"):
+        layer.launcher(arrays)(per_gpu, [10, 11, 12])
+    assert [e for e in failing.log if e[0] in ("launch", "check", "join")] == [
+        ("check", False), ("launch", 0, 10, 6), ("launch", 1, 11, 6), ("check", True)]
+
+
+@pytest.mark.parametrize("k_groups, tiers", [(2, 15), (4, 16)])
+def test_fewer_bigger_ctas_a_gpu_with_the_one_gpu_layers_weight_tiers_are_accepted(k_groups, tiers):
+    """LSTM fp16 2048 x 8 over two GPUs with the one-GPU layer's 16 units a CTA (64 CTAs a GPU, each polling the
+    state: half the default's 128) and part of the weights in shared memory, as ``bench/split.py --config`` passes
+    it: placed, its tiers raised until a poll's batch row fits beside the weights in registers."""
+    plan, template = half_plan(2048, 8), by_name("persistent_mma")
+    ladder = split.split_configs(mc.MmaConfig(16, k_groups, smem_k_tiles=tiers), plan, H100, 2,
+                                 template.knobs.validate, template.knobs.ranked_configs)
+    first = ladder[0]
+    assert first.config.units_per_cta == 16 and first.geometry.ctas == 2 * 64
+    assert first.config.barrier == "tags" and first.config.smem_k_tiles >= tiers and first.chunk_rows >= 1
+    assert first.geometry.regs_estimate <= max_regs_per_thread(first.geometry.threads, H100)

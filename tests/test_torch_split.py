@@ -3,7 +3,6 @@ CPU: what it is made of and what it refuses, each naming the fix (training, both
 casts, tensors off its first GPU, a bad device list, torch.export). Its calls on the GPUs, against float64, are in
 ``test_gpu_split.py``."""
 
-import contextlib
 import copy
 
 import pytest
@@ -78,32 +77,60 @@ def test_each_gpu_gets_its_rows_of_the_projection_kept_until_a_parameter_changes
                                   config=dict(units_per_cta=3, k_split=4, rows_per_thread=2, batch_tile=2, vec=2),
                                   cache=False)
     split, cpu = SplitLayers(), torch.device("cpu")
-    W, b = split._projection_rows(module, layer, 0, 1, cpu)
-    want = layer.own_columns({"W_ih": module.weight_ih_l0.detach().numpy(),
-                              "b_ih": module.bias_ih_l0.detach().numpy()}, 1)
+    W_ih, b_ih = module.weight_ih_l0.detach(), module.bias_ih_l0.detach()
+    W, b = split._projection_rows(layer, 0, 1, W_ih, b_ih, cpu)
+    want = layer.own_columns({"W_ih": W_ih.numpy(), "b_ih": b_ih.numpy()}, 1)
     np.testing.assert_array_equal(W.numpy(), want["W_ih"])
     np.testing.assert_array_equal(b.numpy(), want["b_ih"])
-    assert split._projection_rows(module, layer, 0, 1, cpu)[0] is W
+    assert split._projection_rows(layer, 0, 1, W_ih, b_ih, cpu)[0] is W
     with torch.no_grad():
         module.bias_ih_l0.add_(1.0)
-    again = split._projection_rows(module, layer, 0, 1, cpu)[1]
+    again = split._projection_rows(layer, 0, 1, W_ih, b_ih, cpu)[1]
     np.testing.assert_array_equal(again.numpy()[:4], want["b_ih"][:4] + 1.0)
     assert not again[4:6].any()  # past hidden: still zero rows
+    assert split._projection_rows(layer, 0, 1, W_ih, None, cpu)[1] is None  # b_ih folded into the params
 
 
-class _EmulatedCall:
-    """What ``SplitLayer.bind_each`` returns, its launches emulated on the host (``prnn_tvm.verify.split``)."""
+def test_what_a_call_derives_is_made_again_only_when_a_parameter_changes(monkeypatch):
+    """The weights on every other GPU and each GPU's ``[W_ih | b_ih | 0]`` (a half projection of 2^24 elements and
+    more) are made at the first call, kept while the parameters stay the same, made again after an in-place update
+    or a replaced parameter, and never from a stale tensor that happens to sit at the same address."""
+    from prnn_tvm.torch.split import SplitLayers
 
-    def __init__(self, layer, per_gpu: list):
-        self.layer, self.per_gpu, self.outputs = layer, per_gpu, None
+    split, made = SplitLayers(), []
 
-    def run(self) -> None:
+    def make(t):
+        made.append(t)
+        return t.clone()
+
+    W = torch.randn(4, 3)
+    first = split._kept(("W",), (W,), lambda: make(W))
+    assert split._kept(("W",), (W,), lambda: make(W)) is first and len(made) == 1
+    W.add_(1.0)  # in place: its version moves
+    second = split._kept(("W",), (W,), lambda: make(W))
+    assert second is not first and len(made) == 2
+    other = W.view(4, 3)  # another tensor at the same address and version: not the one the copy was made from
+    assert split._kept(("W",), (other,), lambda: make(other)) is not second and len(made) == 3
+    b = torch.randn(4)
+    split._kept(("Wb",), (W, b), lambda: make(W))
+    split._kept(("Wb",), (W, None), lambda: make(W))  # b_ih folded away: another set of sources
+    assert len(made) == 5
+
+
+class _EmulatedLauncher:
+    """What ``SplitLayer.launcher`` returns, its launches emulated on the host (``prnn_tvm.verify.split``)."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __call__(self, per_gpu: list, streams: list) -> list:
         from prnn_tvm.verify.split import run_each
 
-        arrays = [{name: t.numpy() for name, t in named.items()} for named in self.per_gpu]
+        assert streams == [0] * len(per_gpu)
+        arrays = [{name: t.numpy() for name, t in named.items()} for named in per_gpu]
         outputs, words = run_each(self.layer, arrays, arrays[0]["xp"].shape[0])
         assert words == [0] * len(arrays)
-        self.outputs = [[torch.from_numpy(a.copy()) for a in own] for own in outputs]
+        return [[torch.from_numpy(a.copy()) for a in own] for own in outputs]
 
 
 @pytest.mark.skipif("not __import__('prnn_tvm.verify.emulator').verify.emulator.available()",
@@ -120,20 +147,23 @@ def test_a_stack_of_split_layers_as_the_gpus_run_it(monkeypatch):
 
     monkeypatch.setattr(split, "gpu", lambda index: torch.device("cpu"))
     monkeypatch.setattr(split, "current_stream", lambda device: 0)
-    monkeypatch.setattr(split.tvm_ffi, "use_raw_stream", lambda device, stream: contextlib.nullcontext())
     monkeypatch.setattr(modules, "call_refusal", lambda *args: None)
-    monkeypatch.setattr(SplitLayer, "bind_each", lambda layer, per_gpu, recurrent: _EmulatedCall(layer, per_gpu))
+    monkeypatch.setattr(split.SplitLayers, "launcher", lambda self, layer, devices: _EmulatedLauncher(layer))
     monkeypatch.setattr(SplitLayer, "check", lambda layer, wait=True: None)
     torch.manual_seed(0)
     exact = torch.nn.LSTM(3, 10, num_layers=2).double()
     ours = pt.LSTM(3, 10, num_layers=2, device="cpu", devices=[0, 1], arch="sm_90",
                    config=dict(units_per_cta=3, k_split=4, rows_per_thread=2, batch_tile=2, vec=2))
     ours.load_state_dict({k: v.float() for k, v in exact.state_dict().items()})
+    phases = []
+    ours._split.phase = phases.append
     x, h0, c0 = torch.randn(5, 3, 3), torch.randn(2, 3, 10), torch.randn(2, 3, 10)
     packed = pack_padded_sequence(x, torch.tensor([5, 2, 4]), enforce_sorted=False)
     with torch.no_grad():
         got, (h_n, c_n) = ours(packed, (h0, c0))
         want, (h_w, c_w) = exact(packed.to(torch.float64), (h0.double(), c0.double()))
     assert ours._split.layers and all(layer.devices == (0, 1) for layer in ours._split.layers.values())
+    # the benchmark's breakdown, per layer
+    assert phases == ["arguments", "inputs", "projections", "recurrent", "gather"] * 2
     for a, b in ((got.data, want.data), (h_n, h_w), (c_n, c_w)):
         assert (a.double() - b).abs().max().item() <= tolerance("float32", 5)

@@ -30,6 +30,8 @@ from ..target import local_gpu
 from . import peers
 from .base import DEFAULT_TIMEOUT_US, RuntimeLayer
 from .binding import COPY, BoundCall
+from .launcher import Arrays
+from .split_launch import SplitLauncher
 
 FIRST_TIMEOUT_US = 10_000_000  # a device's first launch loads the module there, while its peers already wait
 
@@ -53,6 +55,10 @@ class DevicePart(RuntimeLayer):
     @property
     def stream(self) -> int:
         return tvm_ffi.get_raw_stream(self.device)
+
+    def check(self, wait: bool = True) -> None:
+        """The whole layer's check (:meth:`SplitLayer.check`): a timeout on one GPU resets every GPU's exchange."""
+        self.owner.check(wait)
 
     def scalars(self) -> dict:
         found = super().scalars()
@@ -149,6 +155,13 @@ class SplitLayer:
             raise InputError(f"{len(per_gpu)} sets of arrays given for a layer split over {len(self.parts)} GPUs")
         signature = self.signature.starting_at("recurrent") if recurrent else self.signature
         return self._bind_parts(signature, per_gpu)
+
+    def launcher(self, arrays: list[Arrays]) -> SplitLauncher:
+        """The recurrent launch on every GPU, called again and again with arrays the caller's library makes
+        (``arrays``: one :class:`~prnn_tvm.runtime.launcher.Arrays` per GPU): what ``prnn_tvm.torch`` runs, whose
+        outputs come from torch's caching allocator (:meth:`bind_each`'s are TVM's, freed with ``cudaFree``, which
+        waits for the GPU)."""
+        return SplitLauncher(self, arrays)
 
     @peers.keeps_current_device
     def _bind_parts(self, signature: Signature, per_gpu: list) -> SplitCall:
