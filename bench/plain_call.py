@@ -6,10 +6,14 @@ piece, against torch.nn's call of the same LSTM (cuDNN on the GPU): what issue 4
 Microseconds per call, the minimum over ``--rounds`` rounds of ``--calls`` calls issued back to back (the GPU
 drained between rounds, so a figure is the host's work, not the GPU's, as long as the calls only enqueue):
 
-- ``ours`` / ``torch.nn``: the whole call, ``module(x, (h, c))`` under ``torch.no_grad()``;
+- ``ours`` / ``torch.nn``: the whole call, ``module(x, (h, c))`` under ``torch.no_grad()``: from the third call on,
+  the module's plan of it (``prnn_tvm.torch.repeat``);
 - ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
-- ``ours around its launches``: the call with each layer's run (projection and recurrent launch) answered from a
-  memo: the module's own Python (checks, which layer, the launch's arguments, the final states stacked);
+- ``ours planned, launches memoized``: the planned call with each recurrent launch answered from a memo (the
+  runtime's Launcher): the plan's checks, the projection, the states' views and stacks;
+- ``ours, own path``: the call with plans off (every check and decision made again, as before plans);
+- ``ours around its launches`` (own path): the call with each layer's run (projection and recurrent launch) answered
+  from a memo: the module's own Python (checks, which layer, the launch's arguments, the final states stacked);
 - ``ours, a layer's run``: one layer's projection and recurrent launch (``Dispatch._run``), and of it
   ``the recurrent launch`` (the runtime's Launcher: its arguments, outputs from torch's allocator, the launch);
 - ``ours, states stacked after``: a stack's call as it was before its launch wrote the final states into the
@@ -17,7 +21,7 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
   either way, ``prnn_tvm.torch.dispatch.WRITTEN_IN_PLACE``);
 - ``ours, kernels a no-op``: the call with every launch's kernel replaced by TVM's ``testing.nop`` (its arguments
   converted all the same): the host's whole work, and on the CPU the figure to compare (there a kernel's run is its
-  arithmetic, not a launch).
+  arithmetic, not a launch); ``own path, kernels a no-op`` the same with plans off.
 
 ``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work).
 """
@@ -29,6 +33,8 @@ import torch
 import tvm_ffi
 
 import prnn_tvm.torch as pt
+from prnn_tvm.runtime.launcher import Launcher
+from prnn_tvm.torch import repeat
 from prnn_tvm.torch.projection import project
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,6 +84,18 @@ with torch.no_grad():
     rows["torch.nn"] = us(lambda: reference(x, state))
     rows["ours"] = us(lambda: ours(x, state))
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
+    launched, launch = {}, Launcher.__call__
+
+    def answered(self, data, stream=0, state=None, into=None):  # the launch's first outputs, or the caller's arrays
+        if id(self) not in launched:
+            launched[id(self)] = launch(self, data, stream, state)
+        return [mine if mine is not None else made for mine, made in zip(into or [None] * 99, launched[id(self)])]
+
+    Launcher.__call__ = answered
+    rows["ours planned, launches memoized"] = us(lambda: ours(x, state))
+    Launcher.__call__ = launch
+    planned_key, repeat.call_key = repeat.call_key, lambda *_: None  # plans off: the module's own path
+    rows["ours, own path"] = us(lambda: ours(x, state))
     runs, memo, real = [], {}, ours._run
 
     def remembered(layer, arguments, grad=False, into=None):  # into: where the launch writes, as the call asks
@@ -104,6 +122,8 @@ with torch.no_grad():
     functions = {key: launcher.function for key, launcher in ours._launchers.items()}
     for launcher in ours._launchers.values():
         launcher.function = tvm_ffi.get_global_func("testing.nop")
+    rows["own path, kernels a no-op"] = us(lambda: ours(x, state))
+    repeat.call_key = planned_key
     rows["ours, kernels a no-op"] = us(lambda: ours(x, state))
     for key, launcher in ours._launchers.items():
         launcher.function = functions[key]

@@ -159,7 +159,7 @@ class BatchBuckets:
     """The part of a prnn_tvm.torch module that runs a call with the rows of a bucket and bounds the compiled
     layers it keeps (see the module's doc). Its options: :attr:`batch_buckets`, :attr:`kept_batch_sizes`. It keeps
     ``_kept`` (:class:`KeptShapes`) and drops, with a batch size, what the module keeps for it: ``_layers`` (their
-    launchers, argument lists and training kernels with them), ``_launch_notes``, ``_fallbacks``, the notes
+    launchers, argument lists and training kernels with them), ``_launch_notes``, ``_fallbacks``, ``_plans``, the notes
     (``stack_notes``, ``direction_notes``, ``fallback_notes``) and constants of its rows. Runs the rows through
     ``_run_rows`` (:class:`~prnn_tvm.torch.dispatch.Dispatch`)."""
 
@@ -230,6 +230,7 @@ class BatchBuckets:
         for notes in (self.stack_notes, self.direction_notes, self.fallback_notes):
             for key in [key for key in notes if key[:3] == (batch, str(device), dtype)]:
                 del notes[key]
+        self._plans.clear()  # repeated calls' plans hold layers (:mod:`~prnn_tvm.torch.repeat`)
         for by_layer in (self._launchers, self._arguments):  # keyed by the layers' ids, which new objects reuse
             for key in [key for key in by_layer if key[0] in ids]:
                 del by_layer[key]

@@ -382,14 +382,8 @@ class Dispatch(BatchBuckets):
         allocator; no waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for
         ``recurrent``: the recurrent weights, params, initial states and lengths); ``into``: where it writes, as the
         Launcher takes it. Returns what it writes, in its order."""
-        launcher = self._launchers.get((id(layer), function))
         device = xp.device
-        if launcher is None:
-            from prnn_tvm.runtime.launcher import Launcher  # TVM's runtime, at the first launch
-
-            launcher = self._launchers[id(layer), function] = Launcher(
-                layer, function, torch_arrays(device), tvm_ffi.device(device.type, device.index or 0)
-            )
+        launcher = self._launcher(layer, device, function)
         if device.type != "cuda":
             return launcher([xp, *recurrent], into=into)
         state = None
@@ -397,6 +391,18 @@ class Dispatch(BatchBuckets):
             state = launcher.new_state()
             self._captured.append(state)
         return launcher([xp, *recurrent], current_stream(device), state, into)
+
+    def _launcher(self, layer, device: torch.device, function: str = "recurrent"):
+        """The runtime's :class:`~prnn_tvm.runtime.launcher.Launcher` of ``function`` of ``layer`` on ``device``
+        with torch's allocator (made at the first launch, then kept with the layer)."""
+        launcher = self._launchers.get((id(layer), function))
+        if launcher is None:
+            from prnn_tvm.runtime.launcher import Launcher  # TVM's runtime, at the first launch
+
+            launcher = self._launchers[id(layer), function] = Launcher(
+                layer, function, torch_arrays(device), tvm_ffi.device(device.type, device.index or 0)
+            )
+        return launcher
 
     def _training_kernels(self, layer):
         """The training kernels of a CUDA layer (compiled on first use); an InputError saying what to do

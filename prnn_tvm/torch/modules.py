@@ -14,7 +14,7 @@ from torch.nn.utils.rnn import PackedSequence
 from prnn_tvm.deferred import analyze, resolve
 from prnn_tvm.errors import ConfigError, InputError, UnsupportedError
 
-from . import ops
+from . import ops, repeat
 from .amp import autocast_dtype
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .buckets import KeptShapes
@@ -160,6 +160,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         self._joined: dict = {}
         self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what runs, and why
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
+        self._plans: dict = {}  # a repeated call's key -> its plan (:mod:`~prnn_tvm.torch.repeat`)
         # batch buckets (options batch_buckets, kept_batch_sizes) and torch.nn's kernels where nothing fits
         self._kept = KeptShapes()  # the batch sizes whose layers are kept, least recently called first
         self._fallbacks: dict = {}  # (batch, device type, index, dtype, input size, training) -> refusal or None
@@ -186,6 +187,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         "stack_notes",
         "direction_notes",
         "_split",
+        "_plans",
     )
 
     def __getstate__(self) -> dict:
@@ -201,6 +203,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         """Not RNNBase's (which reads torch.nn's layouts): a thread's parameters made anew, and RNNBase's
         bookkeeping made from the parameters for a module pickled before it was one."""
         state.setdefault("_split", SplitLayers())  # a module pickled before modules split over GPUs
+        state.setdefault("_plans", {})  # a module pickled before repeated calls were planned
         torch.nn.Module.__setstate__(self, state)
         self._given = _Given()
         if "_all_weights" not in state:
@@ -208,6 +211,14 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
             self._all_weights, self._flat_weights_names = [list(self._shapes)], list(self._shapes)
             self.mode, self.proj_size = str(self.cell).upper(), 0
         self._init_flat_weights()
+
+    def __setattr__(self, name: str, value) -> None:
+        """As torch.nn's, and every repeated call's plan forgotten (:mod:`~prnn_tvm.torch.repeat`): an option, the
+        training mode or a parameter may have changed."""
+        super().__setattr__(name, value)
+        plans = self.__dict__.get("_plans")
+        if plans:
+            plans.clear()
 
     def flatten_parameters(self) -> None:
         """Nothing to do: torch.nn's makes the parameters views of one cuDNN buffer, and the kernels here take
@@ -288,7 +299,31 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
 
     def forward(self, input, hx=None):
         """As torch.nn's: ``input`` (T, B, F), (B, T, F) with ``batch_first``, unbatched (T, F) or a
-        ``PackedSequence``; ``hx`` the initial states (omitted: zeros). Returns ``(output, final states)``."""
+        ``PackedSequence``; ``hx`` the initial states (omitted: zeros). Returns ``(output, final states)``. A call
+        repeated with tensors of the same shapes runs the plan the module made of it (:mod:`~prnn_tvm.torch.repeat`)
+        where that plan still holds."""
+        key = repeat.call_key(self, input, hx)
+        if key is None:
+            return self._call(input, hx)
+        plans = self._plans
+        plan = plans.get(key)
+        if type(plan) is repeat.Plan:
+            done = repeat.run(self, plan, input, hx)
+            if done is not None:
+                return done
+        done = self._call(input, hx)
+        if plan is None:  # called once: planned at the next call
+            plans[key] = repeat.SEEN
+        elif (
+            plan is not repeat.UNPLANNED
+            and not torch.is_grad_enabled()
+            and not (input.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        ):  # made under no_grad, where what it keeps is made (not inside a graph being captured)
+            plans[key] = repeat.plan_for(self, input, hx) or repeat.UNPLANNED
+        return done
+
+    def _call(self, input, hx):
+        """:meth:`forward` by the module's own path: every check, every decision."""
         kind, H = type(self).__name__, self.hidden_size
         if torch.jit.is_tracing():
             raise UnsupportedError(

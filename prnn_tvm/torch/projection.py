@@ -18,7 +18,15 @@ def project(
 ) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
     type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
-    (widened first where autograd must differentiate it).
+    (widened first where autograd must differentiate it). :func:`projector` says how."""
+    if differentiable and x.dtype not in (torch.float32, torch.float64):
+        return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
+    return projector(W_ih, b_ih, biased_weight)(x)
+
+
+def projector(W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None):
+    """The inference projection with its weights bound, ``x -> xp``: what a repeated call keeps
+    (:mod:`~prnn_tvm.torch.repeat`), the transposed weight made once.
 
     A half GEMM into float32 has no bias epilogue in torch (``addmm`` with ``out_dtype`` measured as slow as
     the GEMM and a separate ``add_``). The ``add_`` reads and writes the float32 result: at
@@ -28,20 +36,24 @@ def project(
     matrix. Below, the padded GEMM measured slower than the two kernels. Where the cell's plan lets params carry
     ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the caller), ``b_ih`` is None: the
     GEMM alone."""
-    if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
-        return torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
-    if x.device.type == "cuda" and not differentiable:
+    if W_ih.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
+        return lambda x: torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
+    if W_ih.device.type != "cuda":  # a half layer on the CPU: float32 math
+        return lambda x: torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
+    transposed, gates = W_ih.t(), W_ih.shape[0]
+
+    def half(x: torch.Tensor) -> torch.Tensor:
         T, B, _ = x.shape
         rows = x.view(T * B, -1)
         if b_ih is None:  # carried by the recurrent bias (folded)
-            return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(T, B, -1)
-        if T * B * W_ih.shape[0] < BIAS_IN_GEMM:
-            return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
+            return torch.mm(rows, transposed, out_dtype=torch.float32).view(T, B, -1)
+        if T * B * gates < BIAS_IN_GEMM:
+            return torch.mm(rows, transposed, out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
         W = biased_weight(W_ih, b_ih)
         ones = torch.nn.functional.pad(rows, (0, W.shape[1] - x.shape[2]), value=1.0)
         return torch.mm(ones, W.t(), out_dtype=torch.float32).view(T, B, -1)
-    # a half layer that trains (or on the CPU): float32 math, differentiable
-    return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
+
+    return half
 
 
 def summed(b_hh: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
