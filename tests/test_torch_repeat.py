@@ -229,3 +229,14 @@ def test_gpu_plans_follow_parameters_and_leave_a_captured_call_to_the_modules_pa
         want, _ = reference(x, state)
         torch.cuda.synchronize()
         _close(out, want, str(dtype).removeprefix("torch."))
+
+
+def test_keys_past_the_most_a_module_remembers_start_again(monkeypatch):
+    """Shapes that keep changing (a sequence's length) do not grow the module's keys without end."""
+    monkeypatch.setattr(repeat, "MOST_KEYS", 4)
+    reference, ours = _pair()
+    with torch.no_grad():
+        for T in range(1, 8):
+            x = torch.randn(T, B, H)
+            _compare(reference, ours, x, _state())
+            assert len(ours._plans) <= 4

@@ -313,6 +313,8 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
                 return done
         done = self._call(input, hx)
         if plan is None:  # called once: planned at the next call
+            if len(plans) >= repeat.MOST_KEYS:  # shapes that keep changing (a sequence's length): start again
+                plans.clear()
             plans[key] = repeat.SEEN
         elif (
             plan is not repeat.UNPLANNED

@@ -33,6 +33,7 @@ _COMPILING = torch.compiler.is_compiling
 _TRACING = torch._C._get_tracing_state
 SEEN = "seen"  # a key called once: the next call of it makes its plan
 UNPLANNED = "unplanned"  # a key whose calls plans do not cover
+MOST_KEYS = 64  # keys a module remembers (seen, planned or not): past it, every key is forgotten and seen anew
 
 
 class Step(NamedTuple):
