@@ -1,20 +1,18 @@
 """The tensor-core template's third weight tier on a real GPU (``pytest -m gpu``): part of each warp's A fragments read
 from global memory every pass (``l2_k_tiles``), against the float64 NumPy reference at the dtype's bound: forced on
 small layers (every code path: 16- and 8-byte loads, load groups past the depth, ldmatrix and direct operands, two row
-tiles a warp), the defaults past the chip (LSTM fp16/bf16 4096, GRU fp16 3072) with and without the L2 window, and
-``from_torch(nn.LSTM(4096, 4096).half())``, which runs prnn-tvm's kernel. The builds are checked without a GPU in
-``tests/test_streamed_fragments.py``."""
+tiles a warp), the defaults past the chip (LSTM fp16/bf16 4096, GRU fp16 3072) with and without the L2 window
+(``from_torch(nn.LSTM(4096, 4096).half())``: ``tests/test_gpu_streamed_weights.py``). The builds are checked without
+a GPU in ``tests/test_streamed_fragments.py``."""
 
 import pytest
 
 import prnn_tvm
 from prnn_tvm.checks import plan_tolerance
-from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_lengths
 from prnn_tvm.runtime import l2
 from prnn_tvm.target import gpu_spec
 
-from .test_gpu_half import errors_against_float64
 from .test_gpu_numerics import run_and_compare
 from .test_streamed_fragments import FORCED
 
@@ -50,20 +48,3 @@ def test_without_the_window_same_numbers():
         l2.use_window(True)
     assert err <= plan_tolerance(layer.plan, 16)
 
-
-def test_from_torch_lstm_4096_half_runs_our_kernel():
-    """``from_torch(nn.LSTM(4096, 4096).half())`` for inference: our kernel with the streamed tier (no torch.nn
-    fallback), error against float64 at most 1.5x cuDNN's own (or the bound)."""
-    torch = pytest.importorskip("torch")
-    import prnn_tvm.torch as pt
-
-    made = []
-
-    def convert(module):
-        made.append(pt.from_torch(module))
-        return made[-1]
-
-    T = 32
-    ours, cudnn = errors_against_float64(torch.nn.LSTM, 4096, 4096, T, 4, "float16", convert)
-    assert ours <= max(1.5 * cudnn, tolerance("float16", T)), f"ours {ours:.2e}, cuDNN {cudnn:.2e}"
-    assert made and not made[0].fallback_notes, made[0].fallback_notes
