@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .dtypes import GPU_DTYPES
 from .errors import CellError, ConfigError, PrnnError
-from .target import known_archs, local_gpu, parse_arch
+from .target import gpu_spec, known_archs, local_gpu, parse_arch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -430,6 +430,14 @@ def _add_bench_parser(sub) -> None:
         help="launch kernels that read part of their weights from global memory every step without an L2 "
         "persistence window over them (to measure what the window gives)",
     )
+    b.add_argument(
+        "--tiers",
+        action="store_true",
+        help="only print where each weight tier (registers, + shared memory, + L2, + DRAM) stops for --cells and "
+        "--dtype at the largest --batch, from compile-time analysis (no GPU needed: name it with --arch); a run "
+        f"with '{matrix.LARGEST}' in --hidden also times those sizes and prints the table with its timings",
+    )
+    b.add_argument("--arch", default=None, help="with --tiers: the GPU architecture (default: the local GPU's)")
     steps = b.add_argument_group("one timestep per call")
     steps.add_argument(
         "--step-latency",
@@ -476,7 +484,7 @@ def _given(args, dests) -> list[str]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import matrix, outputs, runner, table
+    from .bench import matrix, outputs, runner, table, tiers
 
     if args.step_latency:
         return _bench_steps(args)
@@ -493,6 +501,8 @@ def cmd_bench(args) -> int:
         paths = outputs.render_csv(args.from_csv, args.out or Path("."), args.name)
         print(f"wrote {paths['md']} and {paths['png']}")
         return 0
+    if args.tiers:
+        return _bench_tiers(args)
     args.out, args.name = args.out or Path("bench/results"), args.name or "bench"
     problem = runner.missing_requirements()
     if problem:
@@ -524,16 +534,44 @@ def cmd_bench(args) -> int:
     print(outputs.NOTES[0])
     if matrix.LARGEST in args.hidden:
         print("finding the largest hidden size of each cell (built at every batch to check for spills) ...")
+    edges = tier_edges(args, gpu_spec()) if matrix.LARGEST in args.hidden else []
+    extra = [matrix.Case(e.cell, e.hidden, e.batch, args.seq, e.dtype) for e in edges if e.hidden is not None]
     rows = runner.run(
-        args.cells, args.hidden, args.batch, args.seq, args.dtype, repeats=args.repeats, progress=not args.no_progress
+        args.cells, args.hidden, args.batch, args.seq, args.dtype, repeats=args.repeats,
+        progress=not args.no_progress, extra=extra,
     )
     paths = outputs.write_outputs(rows, args.out, args.name, command)
     print(table.markdown(rows, command=command))
+    if edges:
+        paths["tiers"] = args.out / f"{args.name}-tiers.md"
+        paths["tiers"].write_text(tiers.markdown(edges, rows) + "\n")
+        print(tiers.markdown(edges, rows))
     failed = sum(r.get("status") != "ok" for r in rows)
     print(
         f"{len(rows) - failed} of {len(rows)} cases measured, {failed} failed (error rows); wrote "
         f"{', '.join(str(p) for p in paths.values())}"
     )
+    return 0
+
+
+def tier_edges(args, gpu) -> list:
+    """Where each weight tier stops for the run's cells and dtypes at its largest batch (``bench.tiers``)."""
+    from .bench import tiers
+
+    batch = max(args.batch)
+    return [e for cell in args.cells for dtype in args.dtype for e in tiers.tier_edges(cell, dtype, batch, gpu)]
+
+
+def _bench_tiers(args) -> int:
+    """``prnn-tvm bench --tiers``: the tiers' edges from compile-time analysis, printed."""
+    from .bench import tiers
+
+    wrong = _given(args, ("hidden", "seq", "repeats", "from_csv", "no_l2_window"))
+    if wrong:
+        raise ConfigError(f"--tiers finds the hidden sizes itself and times nothing; drop {', '.join(wrong)}")
+    gpu = gpu_spec(args.arch)
+    print(f"where each weight tier stops on {gpu.arch} at batch {max(args.batch)} (untuned configs, no build):")
+    print(tiers.markdown(tier_edges(args, gpu)))
     return 0
 
 

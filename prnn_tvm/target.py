@@ -29,6 +29,7 @@ class GpuSpec:
     fp32_lanes_per_sm: int = 64  # FP32 FMA units per SM (architecture whitepapers)
     boost_clock_mhz: int = 0  # the flagship part's boost clock (datasheets); 0 = unknown
     tensor_flops_per_sm_clock: int = 0  # dense fp16/bf16 mma, fp32 accumulation (whitepapers); 0 = none
+    l2_bytes: int = 0  # the L2 cache (whitepapers); 0 = unknown
     device_name: str = ""
 
     @property
@@ -69,6 +70,7 @@ _KNOWN = {
         max_threads_per_sm=2048,  # V100
         boost_clock_mhz=1530,
         tensor_flops_per_sm_clock=1024,
+        l2_bytes=6 * 1024 * 1024,
     ),
     "sm_75": GpuSpec(
         "sm_75",
@@ -79,6 +81,7 @@ _KNOWN = {
         max_ctas_per_sm=16,  # T4
         boost_clock_mhz=1590,
         tensor_flops_per_sm_clock=1024,
+        l2_bytes=4 * 1024 * 1024,
     ),
     "sm_80": GpuSpec(
         "sm_80",
@@ -87,6 +90,7 @@ _KNOWN = {
         163 * 1024,
         boost_clock_mhz=1410,  # A100
         tensor_flops_per_sm_clock=2048,
+        l2_bytes=40 * 1024 * 1024,
     ),
     "sm_86": GpuSpec(
         "sm_86",
@@ -98,6 +102,7 @@ _KNOWN = {
         fp32_lanes_per_sm=128,
         boost_clock_mhz=1695,
         tensor_flops_per_sm_clock=512,
+        l2_bytes=6 * 1024 * 1024,
     ),  # RTX 3090
     "sm_89": GpuSpec(
         "sm_89",
@@ -109,6 +114,7 @@ _KNOWN = {
         fp32_lanes_per_sm=128,
         boost_clock_mhz=2520,
         tensor_flops_per_sm_clock=512,
+        l2_bytes=72 * 1024 * 1024,
     ),  # RTX 4090
     "sm_90": GpuSpec(
         "sm_90",
@@ -118,6 +124,7 @@ _KNOWN = {
         fp32_lanes_per_sm=128,
         boost_clock_mhz=1980,
         tensor_flops_per_sm_clock=4096,
+        l2_bytes=50 * 1024 * 1024,
     ),
 }
 

@@ -41,7 +41,8 @@ class BackwardMmaConfig(MmaConfig):
 
 
 # what the backward's exchange takes of the forward's knobs (anything else is refused by validate)
-FIXED = {"layout": "shared", "batch_groups": 1, "poll_sleep": 0, "operand_path": "shared"}
+FIXED = {"layout": "shared", "batch_groups": 1, "poll_sleep": 0, "operand_path": "shared", "smem_k_tiles": 0,
+         "l2_k_tiles": 0}  # its own tiers: shared_k_tiles
 # Copying the gate gradients' tile: every CTA reads all of them (128 KB a step at LSTM 1024 x 16, 4x the forward's
 # state), bounded by an SM's share of L2 reads and by L2 itself over the grid, from the forward's figure on the
 # H100 (DESIGN.md: 4 MB of state reads a step cost about a barrier, 1.3 us, ~1750 bytes per cycle). By that

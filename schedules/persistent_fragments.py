@@ -38,7 +38,9 @@ from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.dtypes import itemsize
 
-from .persistent_mma_config import TILE_K, TILE_M, TILE_N, direct_k, direct_loads, product_tiles
+from .persistent_mma_config import TILE_K, TILE_M, TILE_N, product_tiles
+from .streamed_fragments import StreamedFragments
+from .streamed_tier import direct_k, direct_loads
 
 A_REGS, B_REGS, C_REGS = 8, 4, 4  # half elements of A and B, float32 elements of C, per lane and tile
 
@@ -73,7 +75,7 @@ def _weight_or(keep, weight: tirx.Buffer, row, col, lanes: int, otherwise):
     return T.if_then_else(keep, bind_value(inside, "w"), otherwise)
 
 
-class FragmentWeights:
+class FragmentWeights(StreamedFragments):
     """Mixin of the template's builder (see ``persistent_cuda.PersistentBuilder``) for the
     tensor-core template: row tiles per product, fragment registers, mma products, k-group sums.
     The builder's ``operand_base`` / ``thread_phase`` follow from ``first_row`` here."""
@@ -106,6 +108,8 @@ class FragmentWeights:
             self.wsm = T.decl_buffer((g.smem_ws // itemsize(self.dt),), self.dt, data=self.gsum.data,
                                      elem_offset=g.weights_offset // itemsize(self.dt))
             self.afrag = T.alloc_buffer((A_REGS,), self.dt, scope="local")
+        if g.l2_k_tiles:  # the third tier: the fragments read from global memory (``streamed_fragments``)
+            self.alloc_streamed()
         warp, lane = self.tx // 32, self.tx % 32
         self.mt = bind_value(warp // c.k_groups * mw, "mt")  # the warp's first row tile
         self.kg = bind_value(warp % c.k_groups, "kg")
@@ -118,7 +122,11 @@ class FragmentWeights:
         return self.gsum, self.g.smem_gs // itemsize(self.acc_dt) + -(-self.g.smem_ops // itemsize(self.acc_dt))
 
     def before_wait(self):
-        """What a thread does before the step's barrier wait: nothing (every fragment is on chip)."""
+        """What a thread does before the step's barrier wait: ask for the next step's first streamed fragments (nothing
+        where every fragment is on chip)."""
+        if self.g.l2_k_tiles:  # one dense product: one part
+            for _ in self.each_part():
+                self.prefetch_streamed()
 
     def load_weights(self):
         """Prologue: this warp's A fragments into registers; zero outside the matrices.
@@ -129,7 +137,9 @@ class FragmentWeights:
         (:func:`_weight_or`)."""
         if not self.reductions:
             return
-        H, U, kt_per = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp
+        H, U, kt_per, lk = self.H, self.c.units_per_cta, self.g.k_tiles_per_warp, self.g.l2_k_tiles
+        if lk:
+            self.streamed_rows()
         # pairs (2 * quad, 2 * quad + 1) never straddle a row of an even number of columns (hidden, or a head's)
         lanes = 2 if all(int(self.a.weight[r.weight].shape[1]) % 2 == 0 for r in self.reductions) else 1
         for m in range(self.c.m_tiles_per_warp):
@@ -143,7 +153,7 @@ class FragmentWeights:
                     ok = bind_value(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{m}_{half}_{i}")
                     per_product.append((ok, bind_value(((row - lo) // U) * H + unit, f"frag_src{m}_{half}_{i}")))
                 sources.append(per_product)
-            for kt in range(kt_per):
+            for kt in range(lk, kt_per):  # the streamed ones (the first lk) stay in the matrix
                 for j in range(0, A_REGS, lanes):
                     if self.c.direct:  # the columns the lane's B fragments hold (direct_k)
                         k = TILE_K * self.kg * kt_per + direct_k(self.quad, kt, j % 2 + 2 * (j // 4), kt_per)
@@ -153,9 +163,8 @@ class FragmentWeights:
                     for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
                         value = _weight_or(tirx.all(ok, k < red.head_size(H)), self.a.weight[red.weight], src, k,
                                            lanes, value)
-                    if kt < self.g.register_k_tiles:
-                        T.buffer_store(self.wreg, value, [vec_index((m * self.g.register_k_tiles + kt) * A_REGS + j,
-                                                                    lanes)])
+                    if kt < lk + self.g.register_k_tiles:
+                        T.buffer_store(self.wreg, value, [vec_index(self.a_operand(m, kt, 0)[1] + j, lanes)])
                     else:
                         T.buffer_store(self.wsm, value, [vec_index(self.shared_fragment(m, kt) + j, lanes)])
 
@@ -163,7 +172,7 @@ class FragmentWeights:
         """The half where the lane's A fragment of row tile ``m`` and k tile ``kt`` (a shared one) starts (module
         doc)."""
         mw, sk = self.c.m_tiles_per_warp, self.g.smem_k_tiles
-        return ((((self.tx // 32) * mw + m) * sk + kt - self.g.register_k_tiles) * 32 + self.tx % 32) * A_REGS
+        return ((((self.tx // 32) * mw + m) * sk + kt - (self.g.k_tiles_per_warp - sk)) * 32 + self.tx % 32) * A_REGS
 
     def tile_products(self, b0, phase: int):
         """This phase's products for batch rows b0.. (in shared memory) into the k group's partial sums."""
@@ -192,7 +201,9 @@ class FragmentWeights:
                 first = bind_value(self.operand_base + lane_at + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
                 for kt in range(g.k_tiles_per_warp):
                     at = first + TILE_K * kt
-                    if pairs:
+                    if kt < g.l2_k_tiles:  # the streamed range's own column order
+                        self.streamed_b(kt)
+                    elif pairs:
                         for nt in range(0, c.n_tiles, 2):
                             T.evaluate(T.cuda.func_call("prnn_ldmatrix_x4", T.address_of(self.bfrag[nt * B_REGS]),
                                                         T.address_of(self.smem[at + nt * TILE_N * stride]),
@@ -213,7 +224,10 @@ class FragmentWeights:
         """The mma steps of k tile ``kt``: each batch tile's B fragment (at ``b_offset(nt)`` in ``bfrag``) times the
         warp's row tiles, into accumulator chain ``kt % k_chains``."""
         c, g, mma = self.c, self.g, self.p.policy.mma
-        if kt >= g.register_k_tiles:
+        if kt < g.l2_k_tiles:
+            self.multiply_streamed(kt, b_offset, per_chain)
+            return
+        if kt >= g.l2_k_tiles + g.register_k_tiles:
             self.multiply_shared(kt, b_offset, per_chain)
             return
         for nt in range(c.n_tiles):
@@ -226,8 +240,8 @@ class FragmentWeights:
 
     def a_operand(self, m: int, kt: int, nt: int) -> tuple:
         """``(data, offset)`` of the A fragment of the warp's row tile ``m`` and k tile ``kt`` (for batch tile
-        ``nt``): its registers (a k tile below ``register_k_tiles``)."""
-        return self.wreg.data, (m * self.g.register_k_tiles + kt) * A_REGS
+        ``nt``): its registers (k tiles ``l2_k_tiles`` to ``l2_k_tiles + register_k_tiles``)."""
+        return self.wreg.data, (m * self.g.register_k_tiles + kt - self.g.l2_k_tiles) * A_REGS
 
     def multiply_shared(self, kt: int, b_offset, per_chain: int):
         """:meth:`multiply` for a k tile whose A fragments are in shared memory: each row tile's fragment staged in

@@ -47,6 +47,10 @@ their A fragments in shared memory instead of registers, loaded once before the 
 pass (``persistent_fragments`` gives their layout), so a CTA holds more weights than its registers do; 0 (every
 fragment in registers) is what configs and tuning records from before the knob mean.
 
+``l2_k_tiles`` (the third tier, past registers and shared memory together): the first ``l2_k_tiles`` of each warp's
+k tiles keep their A fragments in global memory, read in place every pass (``streamed_tier`` says how); 0 is what
+configs and records from before the knob mean.
+
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
 """
@@ -77,6 +81,7 @@ from .ranking import (
     knobs_of,
     layered_defaults,
     layouts,
+    offers_streaming,
     parts,
     ranked_defaults,
     shared_layout,
@@ -86,6 +91,7 @@ from .ranking import (
     weights_offset,
     with_barrier,
 )
+from .streamed_tier import check_streamed, direct_loads, staging_regs, streamed_cycles, streamed_tiers
 
 SHAPE = M16N8K16  # the mma shape whose fragment layouts persistent_fragments places
 DTYPES = tuple(d for d in TENSOR_CORE_DTYPES if policy(d).mma.shape == SHAPE)  # storage dtypes it places
@@ -123,6 +129,7 @@ class MmaConfig:
     poll_sleep: int = field(default=0, metadata={"short": "ps", "quiet": True})
     operand_path: str = field(default="shared", metadata={"short": "", "quiet": True})
     smem_k_tiles: int = field(default=0, metadata={"short": "sk", "quiet": True, "tier": True})
+    l2_k_tiles: int = field(default=0, metadata={"short": "lk", "quiet": True})
 
     @property
     def direct(self) -> bool:
@@ -161,6 +168,8 @@ class MmaGeometry:
     smem_us: int = 0           # bytes: the shares and totals of the sums over units (``persistent_sums``)
     smem_k_tiles: int = 0      # of a warp's k tiles, those whose A fragments are in shared memory (the tiers)
     smem_ws: int = 0           # bytes: those fragments, after everything else (``weights_offset``)
+    l2_k_tiles: int = 0        # of a warp's k tiles, the first ones, whose A fragments are read from global memory
+    l2_ws: int = 0             # bytes: those fragments, read by the CTA every pass (``streamed_tier``)
 
     @property
     def smem_bytes(self) -> int:
@@ -174,8 +183,8 @@ class MmaGeometry:
 
     @property
     def register_k_tiles(self) -> int:
-        """Of a warp's k tiles, those whose A fragments are in registers."""
-        return self.k_tiles_per_warp - self.smem_k_tiles
+        """Of a warp's k tiles, those whose A fragments are in registers (from k tile ``l2_k_tiles``)."""
+        return self.k_tiles_per_warp - self.smem_k_tiles - self.l2_k_tiles
 
     @property
     def stride(self) -> int:
@@ -210,8 +219,10 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     width = _round_up(cols.tile_width(k_pad), 8) if cols.headed else 0  # 16-byte rows for ldmatrix
     row = max((cols.span(op) for op in cols.sizes), default=H)  # a tile row's values to load
     sk = min(cfg.smem_k_tiles, kt)
-    weights = 4 * (kt - sk) * mw
+    lk = min(max(0, cfg.l2_k_tiles), kt - sk)
+    weights = 4 * (kt - sk - lk) * mw
     smem_ws = 16 * threads * mw * sk  # a lane's A fragment of a row tile and k tile: 16 bytes
+    l2_ws = 16 * threads * mw * lk
     # (group, batch row, unit) items, each group on warps of its own
     ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
               for _, _, groups in runs)
@@ -229,30 +240,11 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
                                                               row, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
-            + PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0))
+            + PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0)
+            + staging_regs(cfg, kt, lk))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width,
-                       unit_sum_bytes(plan, B, cfg.units_per_cta), sk, smem_ws)
-
-
-def direct_loads(k_tiles: int) -> tuple[int, int]:
-    """``(bytes per load, loads per batch tile)`` of a lane's direct fragments over ``k_tiles`` k tiles
-    (:func:`direct_k`): 16 bytes a load (two k tiles) where the k tiles come in pairs, else 8."""
-    width = 16 if k_tiles % 2 == 0 else 8
-    return width, 8 * k_tiles // width
-
-
-def direct_k(quad: int, kt: int, j: int, k_tiles: int) -> int:
-    """``operand_path="direct"``: the column, within its warp's k range of ``k_tiles`` k tiles, that lane quad
-    ``quad`` multiplies as element ``j`` (0..3) of its B fragment of k tile ``kt`` (its A fragment's elements
-    ``2 * (j // 2) + j % 2`` and ``+ 4`` take the same columns). A lane's load ``p`` holds ``v`` consecutive
-    columns (8 for 16-byte loads: two k tiles' fragments; 4 for 8-byte ones), and the four lanes of a batch row
-    load theirs side by side: ``p * 4v + quad * v``, so each load instruction of a warp reads 4v contiguous
-    values of each of its eight rows (cuDNN's persistent LSTM reads its operands the same way: ``LDG.E.128`` at
-    +0, +64, +128, +192 bytes). Any bijection of the range is right as long as A and B agree."""
-    per_load = direct_loads(k_tiles)[0] // 2
-    tiles_per_load = per_load // 4
-    return kt // tiles_per_load * 4 * per_load + quad * per_load + kt % tiles_per_load * 4 + j
+                       unit_sum_bytes(plan, B, cfg.units_per_cta), sk, smem_ws, lk, l2_ws)
 
 
 def gate_sum_stride(rows: int, units: int) -> int:
@@ -339,6 +331,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.smem_k_tiles > g.k_tiles_per_warp:
         raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: a warp has {g.k_tiles_per_warp} k tiles (hidden "
                           f"{plan.hidden} over k_groups {cfg.k_groups}); at most that many can be in shared memory")
+    check_streamed(cfg, g, plan)
     check_mma_heads(cfg, plan)
     K = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta).k_extent
     k_tiles = math.ceil(K / TILE_K)
@@ -364,8 +357,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
              + (" or k_chains" if cfg.k_chains > 1 else ""))
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {accumulators} accumulators",
                     f"raise k_groups or units_per_cta, or {fewer}, or keep more fragments in shared memory (raise "
-                    "smem_k_tiles)", "lower n_tiles or k_groups" + (f" or smem_k_tiles ({g.smem_ws} B of them "
-                                                                     "weights)" if g.smem_ws else ""),
+                    "smem_k_tiles) or in global memory (raise l2_k_tiles)",
+                    "lower n_tiles or k_groups" + (f" or smem_k_tiles ({g.smem_ws} B of them weights)" if g.smem_ws
+                                                   else ""),
                     "raise units_per_cta" + (" or lower batch_groups" if cfg.batch_groups > 1 else ""))
     return g
 
@@ -512,10 +506,14 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
                     for path in paths_for(plan, b)]
-    if not tiers_offered(plan, gpu, configs, validate):
-        return configs
-    return [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
-            for sk in weight_tiers(cfg, plan, gpu)]
+    tiered = configs
+    if tiers_offered(plan, gpu, configs, validate):
+        tiered = [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
+                  for sk in weight_tiers(cfg, plan, gpu)]
+    if not offers_streaming(plan, gpu):
+        return tiered
+    return tiered + [dataclasses.replace(cfg, smem_k_tiles=sk, l2_k_tiles=lk) for cfg in configs
+                     for sk, lk in streamed_options(cfg, plan, gpu)]
 
 
 def weight_tiers(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
@@ -530,15 +528,24 @@ def weight_tiers(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
                        g.k_tiles_per_warp)
 
 
+def streamed_options(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[tuple[int, int]]:
+    """The ``(smem_k_tiles, l2_k_tiles)`` a space offers ``cfg`` past the chip (``streamed_tier.streamed_tiers``)."""
+    try:
+        g = geometry(cfg, plan)
+    except ConfigError:  # validate says why
+        return []
+    return streamed_tiers(cfg, g, plan, gpu, SHARED_FRAGMENT_REGS)
+
+
 GEOMETRY_FEATURES = ("ctas", "threads", "m_tiles", "k_tiles_per_warp", "weights_per_thread", "batch_chunks",
-                     "items_per_thread", "tagged_per_thread", "smem_bytes", "smem_ws")
+                     "items_per_thread", "tagged_per_thread", "smem_bytes", "smem_ws", "l2_ws")
 
 
 def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups", "poll_sleep", "smem_k_tiles")}
+                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)
@@ -565,6 +572,8 @@ def estimated_cycles(cfg: MmaConfig, g: MmaGeometry) -> float:
     # shared A fragments (the tiers), read every pass: 512 bytes a warp, four wavefronts (an uncalibrated guess)
     loads += g.threads / 32 * g.smem_k_tiles * cfg.m_tiles_per_warp * 4
     per_pass = (chain + loads + TILE_OVERHEAD) * max(1.0, 8 / (g.threads / 32))
+    # streamed fragments (the third tier): bound by DRAM, the products hidden behind them
+    per_pass = max(per_pass, streamed_cycles(g) + TILE_OVERHEAD)
     return g.batch_chunks * per_pass + cfg.k_groups * (20 + 4 * g.batch_chunks * cfg.batch_tile)
 
 

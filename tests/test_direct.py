@@ -11,6 +11,7 @@ import prnn_tvm
 from prnn_tvm import ConfigError
 from prnn_tvm.codegen.barriers.source import cuda_source
 from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.schedules import streamed_tier
 from prnn_tvm.target import gpu_spec
 
 from .test_batch_groups import plan_of
@@ -84,9 +85,10 @@ def test_the_lanes_load_every_column_of_their_warp_once_in_whole_contiguous_load
     """``direct_k`` is a bijection of the warp's ``16 * k_tiles`` columns; each of a lane's loads holds ``v``
     consecutive columns (the fragments of ``v / 4`` k tiles, in order), and the four lanes of a batch row load
     side by side: one load instruction of a warp reads ``4v`` consecutive columns of each row."""
-    width, loads = mc.direct_loads(k_tiles)
+    width, loads = streamed_tier.direct_loads(k_tiles)
     v = width // 2
-    columns = {(q, kt, j): mc.direct_k(q, kt, j, k_tiles) for q in range(4) for kt in range(k_tiles) for j in range(4)}
+    columns = {(q, kt, j): streamed_tier.direct_k(q, kt, j, k_tiles)
+               for q in range(4) for kt in range(k_tiles) for j in range(4)}
     assert sorted(columns.values()) == list(range(16 * k_tiles))
     assert loads * v == 4 * k_tiles
     for q in range(4):

@@ -47,9 +47,10 @@ def test_without_the_window_same_numbers():
     assert err <= tolerance("float32", 16)
 
 
-def test_from_torch_lstm_2048_runs_our_kernel():
-    """``from_torch(nn.LSTM(2048, 2048))`` in float32: our kernel with the streamed tier (no torch.nn fallback), error
-    against float64 at most 1.5x cuDNN's own (or the bound)."""
+@pytest.mark.parametrize("hidden, dtype", [(2048, "float32"), (4096, "float16")])  # fp16: the tensor cores' tier
+def test_from_torch_lstm_past_the_chip_runs_our_kernel(hidden, dtype):
+    """``from_torch(nn.LSTM(2048, 2048))`` in float32, ``nn.LSTM(4096, 4096).half()``: our kernel with the streamed
+    tier (no torch.nn fallback) for inference, error against float64 at most 1.5x cuDNN's own (or the bound)."""
     torch = pytest.importorskip("torch")
     import prnn_tvm.torch as pt
 
@@ -60,6 +61,6 @@ def test_from_torch_lstm_2048_runs_our_kernel():
         return made[-1]
 
     T = 32
-    ours, cudnn = errors_against_float64(torch.nn.LSTM, 2048, 2048, T, 4, "float32", convert)
-    assert ours <= max(1.5 * cudnn, tolerance("float32", T)), f"ours {ours:.2e}, cuDNN {cudnn:.2e}"
+    ours, cudnn = errors_against_float64(torch.nn.LSTM, hidden, hidden, T, 4, dtype, convert)
+    assert ours <= max(1.5 * cudnn, tolerance(dtype, T)), f"ours {ours:.2e}, cuDNN {cudnn:.2e}"
     assert made and not made[0].fallback_notes, made[0].fallback_notes

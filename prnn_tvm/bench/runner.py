@@ -129,6 +129,7 @@ def run(
     repeats: int = 5,
     number: int = 3,
     progress: bool = True,
+    extra: Sequence[Case] = (),
 ) -> list[dict]:
     """Measure every case of the matrix on the local GPU; one row per case, in order.
 
@@ -142,6 +143,9 @@ def run(
         after warm-up; the rows hold the median and the minimum.
     progress : bool
         Show a progress bar (tqdm) with the case being measured and the last result.
+    extra : sequence of Case
+        Cases measured after the matrix's, those it has already left out (the sizes where the weight tiers stop:
+        ``prnn-tvm bench`` adds them with ``"max"``, :mod:`~prnn_tvm.bench.tiers`).
     """
     import torch
     from tqdm import tqdm
@@ -158,6 +162,7 @@ def run(
     layers, probes = _Layers(), {}
     log.info("planning the matrix on %s (largest hidden sizes are checked for spills by building)", gpu.arch)
     cases = build_cases(cells, hiddens, batches, seq_len, dtypes, gpu, layers.compiles_clean(batches, seq_len))
+    cases += [case for case in dict.fromkeys(extra) if case not in cases]
     rows = []
     bar = tqdm(cases, desc="bench", unit="case", disable=not progress, dynamic_ncols=True)
     last = ""
