@@ -42,7 +42,7 @@ def _state(layers=1, batch=B):
 
 
 def _close(got, want, dtype="float32"):
-    got, want = got.detach().double().numpy(), want.detach().double().numpy()
+    got, want = got.detach().double().cpu().numpy(), want.detach().double().cpu().numpy()
     assert np.abs(got - want).max() <= tolerance(dtype, 1), np.abs(got - want).max()
 
 
@@ -203,7 +203,7 @@ def test_a_padded_batch_is_not_planned(own_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gpu_plans_follow_parameters_and_leave_a_captured_call_to_the_modules_path(own_path, dtype):
+def test_gpu_plans_follow_parameters_and_leave_a_captured_call_to_the_modules_path(own_path, dtype, no_tf32):
     torch.manual_seed(0)
     reference = torch.nn.LSTM(H, H, 2).cuda().to(dtype).eval()
     ours = pt.from_torch(reference).eval()
