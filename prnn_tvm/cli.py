@@ -425,10 +425,10 @@ def _add_bench_parser(sub) -> None:
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument(
-        "--no-l2-window",
+        "--l2-window",
         action="store_true",
-        help="launch kernels that read part of their weights from global memory every step without an L2 "
-        "persistence window over them (to measure what the window gives)",
+        help="launch kernels that read part of their weights from global memory every step with an L2 "
+        "persistence window over them (off by default: to measure what the window gives)",
     )
     b.add_argument(
         "--tiers",
@@ -524,13 +524,13 @@ def cmd_bench(args) -> int:
             str(args.repeats),
             "--name",
             args.name,
-            *(["--no-l2-window"] if args.no_l2_window else []),
+            *(["--l2-window"] if args.l2_window else []),
         ]
     )
-    if args.no_l2_window:
+    if args.l2_window:
         from .runtime import l2
 
-        l2.use_window(False)
+        l2.use_window(True)
     print(outputs.NOTES[0])
     if matrix.LARGEST in args.hidden:
         print("finding the largest hidden size of each cell (built at every batch to check for spills) ...")
@@ -566,7 +566,7 @@ def _bench_tiers(args) -> int:
     """``prnn-tvm bench --tiers``: the tiers' edges from compile-time analysis, printed."""
     from .bench import tiers
 
-    wrong = _given(args, ("hidden", "seq", "repeats", "from_csv", "no_l2_window"))
+    wrong = _given(args, ("hidden", "seq", "repeats", "from_csv", "l2_window"))
     if wrong:
         raise ConfigError(f"--tiers finds the hidden sizes itself and times nothing; drop {', '.join(wrong)}")
     gpu = gpu_spec(args.arch)

@@ -126,10 +126,10 @@ def test_window_structures_match_the_cuda_runtime():
 
     assert ctypes.sizeof(l2.AccessPolicyWindow) == 32 and ctypes.sizeof(l2.StreamAttrValue) == 64
     assert l2.AccessPolicyWindow.hitRatio.offset == 16 and l2.AccessPolicyWindow.missProp.offset == 24
-    assert l2.window_enabled()
-    l2.use_window(False)
+    assert not l2.window_enabled()  # off by default
+    assert l2.Window(0, 0, 1 << 20, 0).value is None  # off: no runtime call at all
+    l2.use_window(True)
     try:
-        assert not l2.window_enabled()
-        assert l2.Window(0, 0, 1 << 20, 0).value is None  # off: no runtime call at all
+        assert l2.window_enabled()
     finally:
-        l2.use_window(True)
+        l2.use_window(False)
