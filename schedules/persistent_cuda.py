@@ -564,7 +564,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             if leaf.kind == "stage":  # a live-out of an earlier phase
                 return self.lreg[it * w.live + slots.live[leaf]]
             if leaf.kind == "reduction":
-                return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
+                return self.product_value(it, b, leaf, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
             if leaf.kind == "unit_sum":
                 return self.unit_sum(leaf.name, b)
             if leaf.name in slots.priv:
@@ -574,6 +574,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             return as_type(self.previous_state(leaf.name, t, b, unit), self.compute_dt)
 
         return load
+
+    def product_value(self, it, b, leaf: Leaf, row):
+        """Item ``it``'s value of product slice ``leaf`` (batch row ``b``, CTA row ``row``): the shared gate sums'."""
+        return self.gate_sum(b, row)
 
     # ------------------------------------------------------------------ helpers
     def per_product(self, value_of):

@@ -278,7 +278,9 @@ def test_the_tuning_space_places_heads_and_records_key_the_placement():
     assert {"barrier=block", "units_per_cta"} <= set(space.feature_names)
     first = space.configs[space.defaults()[0]]
     assert first.barrier == "block" and first.as_dict()["barrier"] == "block"
-    assert dataclasses.replace(first, barrier="counter") in space.configs  # the same placement, synchronized
+    assert first.in_warp  # a unit's gates in one warp (test_gate_layout.py), which only ``block`` takes
+    synchronized = dataclasses.replace(first, barrier="counter", gate_layout="by_gate")
+    assert synchronized in space.configs  # the same placement, synchronized
 
 
 def test_a_head_wise_exchange_lays_the_workspace_out_by_span():
