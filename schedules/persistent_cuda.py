@@ -671,17 +671,21 @@ class Item:
     def __init__(self, builder, it: int, group: int | None = None):
         self.b, self.it, self.group = builder, it, group
 
-    def __enter__(self):
+    def place(self) -> tuple:
+        """``(batch row, unit in CTA, whether the thread holds the item)``: items ``it * threads + tx`` of the
+        thread, ``U`` units per batch row."""
         bld, U = self.b, self.b.c.units_per_cta
         item = self.it * bld.g.threads + bld.tx
         if self.group is None:
-            b, ul = item // U, item % U
-            inside = item < bld.B * U
-        else:  # group g's items start at g * span (span: B * U up to whole warps, so groups share no warp)
-            first = self.group * group_span(bld.B * U, len(bld.part.groups))
-            b, ul = (item - first) // U, (item - first) % U
-            inside = tirx.all(first <= item, item < first + bld.B * U)
-        unit = bld.cta * U + ul
+            return item // U, item % U, item < bld.B * U
+        # group g's items start at g * span (span: B * U up to whole warps, so groups share no warp)
+        first = self.group * group_span(bld.B * U, len(bld.part.groups))
+        return (item - first) // U, (item - first) % U, tirx.all(first <= item, item < first + bld.B * U)
+
+    def __enter__(self):
+        bld = self.b
+        b, ul, inside = self.place()
+        unit = bld.cta * bld.c.units_per_cta + ul
         self.frames = [T.If(tirx.all(inside, unit < bld.H)), T.Then()]
         for f in self.frames:
             f.__enter__()

@@ -22,6 +22,7 @@ from prnn_tvm.codegen.pointwise import bind_value
 from prnn_tvm.frontend.plan import Leaf
 
 from .gate_layout import UNITS_PER_WARP
+from .persistent_cuda import Item
 from .persistent_fragments import C_REGS
 
 
@@ -99,23 +100,11 @@ class WarpGates:
         return self.smem[self.tile_set(t % 2) + self.tile_at(name, b, unit)]
 
 
-class _WarpItem:
-    """``with _WarpItem(builder, it) as (b, unit, ul)``: a lane's item ``it`` with ``in_warp``, guarded to the batch
-    and the hidden units."""
+class _WarpItem(Item):
+    """A lane's item ``it`` with ``in_warp``: its unit ``8 w + grp`` at batch row ``2 quad + it % 2 + 8 (it // 2)``,
+    guarded to the batch (and, by ``Item``, the hidden units)."""
 
-    def __init__(self, builder, it: int):
-        self.b, self.it = builder, it
-
-    def __enter__(self):
+    def place(self) -> tuple:
         bld = self.b
         b = bind_value(2 * bld.quad + self.it % 2 + 8 * (self.it // 2), f"item_b{self.it}")
-        ul = bld.warp_unit0 + bld.grp
-        unit = bld.cta * bld.c.units_per_cta + ul
-        self.frames = [T.If(tirx.all(b < bld.B, unit < bld.H)), T.Then()]
-        for f in self.frames:
-            f.__enter__()
-        return b, unit, ul
-
-    def __exit__(self, *exc):
-        for f in reversed(self.frames):
-            f.__exit__(*exc)
+        return b, bld.warp_unit0 + bld.grp, b < bld.B
