@@ -564,7 +564,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             if leaf.kind == "stage":  # a live-out of an earlier phase
                 return self.lreg[it * w.live + slots.live[leaf]]
             if leaf.kind == "reduction":
-                return self.gate_sum(b, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
+                return self.product_value(it, b, leaf, red_lo[leaf.name] + leaf.slice * self.c.units_per_cta + ul)
             if leaf.kind == "unit_sum":
                 return self.unit_sum(leaf.name, b)
             if leaf.name in slots.priv:
@@ -574,6 +574,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             return as_type(self.previous_state(leaf.name, t, b, unit), self.compute_dt)
 
         return load
+
+    def product_value(self, it, b, leaf: Leaf, row):
+        """Item ``it``'s value of product slice ``leaf`` (batch row ``b``, CTA row ``row``): the shared gate sums'."""
+        return self.gate_sum(b, row)
 
     # ------------------------------------------------------------------ helpers
     def per_product(self, value_of):
@@ -667,17 +671,21 @@ class Item:
     def __init__(self, builder, it: int, group: int | None = None):
         self.b, self.it, self.group = builder, it, group
 
-    def __enter__(self):
+    def place(self) -> tuple:
+        """``(batch row, unit in CTA, whether the thread holds the item)``: items ``it * threads + tx`` of the
+        thread, ``U`` units per batch row."""
         bld, U = self.b, self.b.c.units_per_cta
         item = self.it * bld.g.threads + bld.tx
         if self.group is None:
-            b, ul = item // U, item % U
-            inside = item < bld.B * U
-        else:  # group g's items start at g * span (span: B * U up to whole warps, so groups share no warp)
-            first = self.group * group_span(bld.B * U, len(bld.part.groups))
-            b, ul = (item - first) // U, (item - first) % U
-            inside = tirx.all(first <= item, item < first + bld.B * U)
-        unit = bld.cta * U + ul
+            return item // U, item % U, item < bld.B * U
+        # group g's items start at g * span (span: B * U up to whole warps, so groups share no warp)
+        first = self.group * group_span(bld.B * U, len(bld.part.groups))
+        return (item - first) // U, (item - first) % U, tirx.all(first <= item, item < first + bld.B * U)
+
+    def __enter__(self):
+        bld = self.b
+        b, ul, inside = self.place()
+        unit = bld.cta * bld.c.units_per_cta + ul
         self.frames = [T.If(tirx.all(inside, unit < bld.H)), T.Then()]
         for f in self.frames:
             f.__enter__()

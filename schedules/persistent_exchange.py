@@ -160,7 +160,7 @@ class OperandExchange:
             self.zero_head_padding()
             return
         pad = self.g.k_pad - self.H
-        total = len(self.part.operands) * self.c.batch_tile * pad
+        total = self.tile_sets * len(self.part.operands) * self.c.batch_tile * pad
         for i in range(ceil_div(total, self.g.threads)):
             idx = i * self.g.threads + self.tx
             with T.If(idx < total):
@@ -169,20 +169,27 @@ class OperandExchange:
                                    [(idx // pad) * self.stride + self.H + idx % pad])
 
 
+    @property
+    def tile_sets(self) -> int:
+        """Sets of the part's operand tiles in shared memory, one after the other: one (the tensor-core template's
+        ``gate_layout="in_warp"`` keeps two, the one a step reads and the one it writes)."""
+        return 1
+
     def zero_head_padding(self):
         """:meth:`zero_operand_padding` where products are head-wise: the columns of each operand's tile that no
         copy loads (from its span to the tile's stride, where a row of the last head reads ``k_pad - D`` on, and
         in the last CTA those past ``hidden``)."""
         BT, stride = self.c.batch_tile, self.stride
-        for name, slot in self.slot.items():
+        for name, first in self.slot.items():
             span, col0 = self.cols.span(name), self.cols.first_column(name, self.cta)
             total = BT * stride
-            for i in range(ceil_div(total, self.g.threads)):
-                idx = i * self.g.threads + self.tx
-                k = idx % stride
-                with T.If(tirx.all(idx < total, tirx.any(k >= span, col0 + k >= self.H))):
-                    with T.Then():
-                        T.buffer_store(self.smem, tirx.const(0.0, self.dt), [slot * BT * stride + idx])
+            for slot in range(first, first + self.tile_sets * len(self.slot), len(self.slot)):  # each set's tile
+                for i in range(ceil_div(total, self.g.threads)):
+                    idx = i * self.g.threads + self.tx
+                    k = idx % stride
+                    with T.If(tirx.all(idx < total, tirx.any(k >= span, col0 + k >= self.H))):
+                        with T.Then():
+                            T.buffer_store(self.smem, tirx.const(0.0, self.dt), [slot * BT * stride + idx])
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -145,13 +145,11 @@ class FragmentWeights(StreamedFragments):
         for m in range(self.c.m_tiles_per_warp):
             sources = []  # per fragment row: [(in this product, weight row), per product]
             for half in range(2):
-                row = bind_value((self.mt + m) * TILE_M + self.grp + 8 * half, f"frag_row{m}_{half}")
                 per_product = []
-                for i, red in enumerate(self.reductions):
-                    lo, hi = self.row_lo[i], self.row_lo[i] + red.slices * U
-                    unit = self.cta * U + (row - lo) % U
-                    ok = bind_value(tirx.all(row >= lo, row < hi, unit < H), f"frag_ok{m}_{half}_{i}")
-                    per_product.append((ok, bind_value(((row - lo) // U) * H + unit, f"frag_src{m}_{half}_{i}")))
+                for i, (inside, slice_, ul) in enumerate(self.fragment_rows(m, half)):
+                    unit = self.cta * U + ul
+                    ok = bind_value(tirx.all(inside, unit < H), f"frag_ok{m}_{half}_{i}")
+                    per_product.append((ok, bind_value(slice_ * H + unit, f"frag_src{m}_{half}_{i}")))
                 sources.append(per_product)
             for kt in range(lk, kt_per):  # the streamed ones (the first lk) stay in the matrix
                 for j in range(0, A_REGS, lanes):
@@ -167,6 +165,15 @@ class FragmentWeights(StreamedFragments):
                         T.buffer_store(self.wreg, value, [vec_index(self.a_operand(m, kt, 0)[1] + j, lanes)])
                     else:
                         T.buffer_store(self.wsm, value, [vec_index(self.shared_fragment(m, kt) + j, lanes)])
+
+    def fragment_rows(self, m: int, half: int) -> list:
+        """Where the rows of the lane's A fragments of its row tile ``m`` (row ``grp + 8 * half`` of the tile) lie in
+        each product: ``(whether the row is that product's, its slice, its unit in the CTA)`` per product. The CTA's
+        rows run product by product, slice by slice, unit by unit (``row_starts``)."""
+        U = self.c.units_per_cta
+        row = bind_value((self.mt + m) * TILE_M + self.grp + 8 * half, f"frag_row{m}_{half}")
+        return [(tirx.all(row >= lo, row < lo + red.slices * U), (row - lo) // U, (row - lo) % U)
+                for lo, red in zip(self.row_lo, self.reductions)]
 
     def shared_fragment(self, m: int, kt: int):
         """The half where the lane's A fragment of row tile ``m`` and k tile ``kt`` (a shared one) starts (module

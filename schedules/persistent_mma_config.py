@@ -68,6 +68,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
+from .gate_layout import UNITS_PER_WARP, check_gate_layout, in_warp_tiles
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
 from .persistent_sums import unit_sum_bytes
@@ -130,6 +131,12 @@ class MmaConfig:
     operand_path: str = field(default="shared", metadata={"short": "", "quiet": True})
     smem_k_tiles: int = field(default=0, metadata={"short": "sk", "quiet": True, "tier": True})
     l2_k_tiles: int = field(default=0, metadata={"short": "lk", "quiet": True})
+    gate_layout: str = field(default="by_gate", metadata={"short": "", "quiet": True})
+
+    @property
+    def in_warp(self) -> bool:
+        """Whether a warp holds every gate of its units (``gate_layout="in_warp"``, ``gate_layout``)."""
+        return self.gate_layout == "in_warp"
 
     @property
     def direct(self) -> bool:
@@ -228,9 +235,13 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
     stride = (width or k_pad) + ROW_SKEW
-    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
+    # in_warp: the tile read this step and the one written for the next; no partial sums (gate_layout)
+    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride * (2 if cfg.in_warp else 1)
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
-    smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1)
+    smem_gs = 0 if cfg.in_warp else (
+        _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1))
+    if cfg.in_warp:  # a lane's items: its unit's batch rows 2 quad, 2 quad + 1 of each batch tile
+        ipt = 2 * cfg.n_tiles
     accumulators = 4 * mw * cfg.k_chains * cfg.n_tiles
     if cfg.direct:  # the lane's fragments of every k tile are its poll's registers
         tagged = cfg.n_tiles * direct_loads(kt)[1]
@@ -332,6 +343,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: a warp has {g.k_tiles_per_warp} k tiles (hidden "
                           f"{plan.hidden} over k_groups {cfg.k_groups}); at most that many can be in shared memory")
     check_streamed(cfg, g, plan)
+    check_gate_layout(cfg, plan, g.batch_chunks)
     check_mma_heads(cfg, plan)
     K = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta).k_extent
     k_tiles = math.ceil(K / TILE_K)
@@ -372,7 +384,8 @@ def check_mma_heads(cfg: MmaConfig, plan: CellPlan) -> None:
     if plan.heads == 1:
         return
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
-    for reductions, _, _ in parts(cfg.layout, plan):
+    # in_warp: a warp's rows are gates of 8 units, in one head where heads are whole warps (check_gate_layout)
+    for reductions, _, _ in parts(cfg.layout, plan) if not cfg.in_warp else ():
         starts, lo = [], 0
         for tiles in product_tiles(reductions, cfg.units_per_cta):
             starts.append(lo)
@@ -506,6 +519,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
                     for path in paths_for(plan, b)]
+    configs += [dataclasses.replace(cfg, gate_layout="in_warp") for cfg in configs if in_warp_offered(cfg, plan)]
     tiered = configs
     if tiers_offered(plan, gpu, configs, validate):
         tiered = [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
@@ -514,6 +528,30 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         return tiered
     return tiered + [dataclasses.replace(cfg, smem_k_tiles=sk, l2_k_tiles=lk) for cfg in configs
                      for sk, lk in streamed_options(cfg, plan, gpu)]
+
+
+def in_warp_offered(cfg: MmaConfig, plan: CellPlan) -> bool:
+    """Whether the space offers ``cfg`` with ``gate_layout="in_warp"`` too: the knobs that layout takes
+    (``gate_layout.in_warp_problem``; validate checks the rest)."""
+    return (cfg.barrier == "block" and cfg.k_groups == 1 and cfg.m_tiles_per_warp == in_warp_tiles(plan)
+            and cfg.units_per_cta % UNITS_PER_WARP == 0 and cfg.batch_tile >= plan.batch)
+
+
+def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
+    """``cfg`` with every gate of a unit in one warp (``gate_layout="in_warp"``: the row tiles per warp that takes,
+    one k group, one batch pass) where that validates, else ``cfg`` as it is. H100, lstm_h12 bf16 768 x 16 at
+    units_per_cta=64: 1.40-1.44 -> 0.95 us per step (bench/changes/heads_gates_in_warp.json, as hand-written)."""
+    mw = in_warp_tiles(plan)
+    passes = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), None)
+    if mw is None or passes is None:
+        return cfg
+    other = dataclasses.replace(cfg, gate_layout="in_warp", m_tiles_per_warp=mw, k_groups=1, n_tiles=passes,
+                                k_chains=1, smem_k_tiles=0, l2_k_tiles=0)
+    try:
+        validate(other, plan, gpu)
+    except ConfigError:
+        return cfg
+    return other
 
 
 def weight_tiers(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
@@ -549,6 +587,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)
+    row["gate_layout=in_warp"] = float(cfg.in_warp)
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})
     row.update(regs_estimate=g.regs_estimate, ctas_per_sm=ctas_per_sm(g.threads, g.regs_estimate, g.smem_bytes, gpu),
                log2_estimated_cycles=math.log2(estimated_cycles(cfg, g)), registers=g.regs_estimate)
@@ -624,6 +663,9 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
     # a block that holds whole heads may need several row tiles per warp to fit (a head of 128: 1024 threads else)
     local = block_local(plan, gpu, lambda p, g, kinds: space(p, g, barriers=kinds, chains=(1,)), validate,
                         estimated_cycles, limit, "tensor-core")
+    # each with a unit's gates in one warp where that fits (no gate exchange through shared memory), the layout
+    # as ranked after it (a fallback where ptxas spills)
+    local = list(dict.fromkeys(c for cfg in local for c in (gates_in_warp(cfg, plan, gpu), cfg)))
     ladder = layered_defaults(plan, gpu, one_tile_space(plan, gpu, (RANKED_WITH,)), validate, estimated_cycles, limit,
                               "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)

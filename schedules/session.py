@@ -56,7 +56,7 @@ def session_config(cfg, plan, gpu, validate, ranked_configs):
     that leaves :data:`FREE_SMS` SMs to other kernels; else the best untuned config that runs so; ConfigError when
     none does."""
     changes = {"barrier": SESSION_BARRIER, "layout": "shared", "batch_groups": 1, "poll_sleep": 0,
-               "operand_path": "shared"}
+               "operand_path": "shared", "gate_layout": "by_gate"}  # (in_warp writes its block's own tiles)
 
     def fitting(candidate):
         knobs = {f.name for f in dataclasses.fields(candidate)}

@@ -65,6 +65,8 @@ def test_every_synchronization_of_one_head_placement(cell, barrier, dtype):
     the head's blocks, counter and grid_sync for every block; the same numbers within the bound."""
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda")
     config = dataclasses.replace(layer.kernel.config, barrier=barrier)
+    if barrier != "block" and getattr(config, "in_warp", False):  # its gates in warps write the block's own tiles
+        config = dataclasses.replace(config, gate_layout="by_gate")
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
     assert error_of(layer, 64, seed=4) <= tolerance(dtype, 64)
 
@@ -167,3 +169,37 @@ def test_the_torch_module_runs_heads_within_the_bound():
     got = tuple(t.float().cpu().numpy() for t in (out, h_n[0], c_n[0]))
     err = max_abs_error(layer.plan, (got[0], got[1:]), reference_layer(layer.plan, inputs))
     assert err <= tolerance("bfloat16", 256), err
+
+
+IN_WARP_CASES = {  # head size D at hidden 768: its cell, and the in_warp config where the default is not one
+    16: ("lstm_h48", None),
+    32: ("lstm_h24", None),
+    64: ("lstm_h12", None),
+    128: ("lstm_h6", mc.MmaConfig(128, 1, 2, "block", m_tiles_per_warp=2, smem_k_tiles=2, gate_layout="in_warp")),
+    256: ("lstm_h3", None),  # no block holds a head of 256 in registers: the default synchronizes the grid
+}
+
+
+@pytest.mark.parametrize("D", sorted(IN_WARP_CASES))
+def test_gates_in_warp_by_head_size(D, capsys, dtype="bfloat16"):
+    """Every head size at hidden 768, batch 16, bfloat16 (float16: test_defaults_match_the_reference): the default
+    (``gate_layout="in_warp"`` where it fits, else the config above) against the float64 reference for T = 1, 7
+    and 255 (odd), with per-row lengths at T > 1; then its recurrent kernel and the first by_gate config the
+    template ranks, timed (us per step, printed: which to rank first)."""
+    cell, config = IN_WARP_CASES[D]
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    assert layer.kernel.config.in_warp == (D <= 128), layer.report.format()
+    for seq_len in (1, 7, 255):
+        lengths = random_lengths(16, seq_len, seed=seq_len) if seq_len > 1 else None
+        err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+    template = by_name(layer.report.template)
+    by_gate = next(c for c in template.default_configs(layer.plan, layer.target, layer.gpu) if not c.in_warp)
+    other = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=by_gate)
+    assert error_of(other, 255, seed=5) <= tolerance(dtype, 255)
+    times = [time_layer(built, 1024).per_step_s * 1e6 for built in (layer, other)]
+    with capsys.disabled():
+        print(f"\n{cell} (D={D}) 768x16 {dtype}: {times[0]:.3f} us/step ({layer.report.config}, "
+              f"{layer.report.registers} registers), by_gate {times[1]:.3f} us/step ({other.report.config})")
+    assert min(times) > 0

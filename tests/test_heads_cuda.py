@@ -98,8 +98,9 @@ def test_the_training_kernels_of_head_wise_products_as_emitted(cell, hidden, bat
 )
 def test_a_block_exchanges_its_values_in_its_operand_tiles(cell, hidden, batch, dtype, config, in_tiles):
     """With ``block`` and one batch pass a step, the time loop never touches the global workspace: a step is its
-    products, one block barrier, the pointwise math writing the tiles, one block barrier (and one more at step 0,
-    after the initial states' copy); the next step's input projection is loaded during this one."""
+    products, one block barrier (none with ``gate_layout="in_warp"``, the default here), the pointwise math writing
+    the tiles, one block barrier (and one more at step 0, after the initial states' copy); the next step's input
+    projection is loaded during this one."""
     layer = prnn_tvm.compile_cell(
         cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[], config=config
     )
@@ -108,8 +109,10 @@ def test_a_block_exchanges_its_values_in_its_operand_tiles(cell, hidden, batch, 
     loop = body[start:end]
     assert ("workspace_ptr[" not in loop) == in_tiles
     if in_tiles:
-        # a phase's products and the barrier after its pointwise math, and the copy at step 0
-        assert loop.count("__syncthreads()") == 2 * layer.plan.phases + 1, loop.count("__syncthreads()")
+        # a phase's products and the barrier after its pointwise math (that one alone where a unit's gates are in
+        # one warp: test_gate_layout.py), and the copy at step 0
+        per_phase = 1 if getattr(layer.kernel.config, "in_warp", False) else 2
+        assert loop.count("__syncthreads()") == per_phase * layer.plan.phases + 1, loop.count("__syncthreads()")
         assert "xp_ptr[" in body[:start]  # step 0's, in the prologue
         assert loop.index("xp_ptr[") > loop.index("if ((v + 1) < seq_len)")  # the next step's, after the math
 
@@ -175,6 +178,8 @@ def test_half_block_kernels_take_sigmoid_through_tanh(cell, dtype, barrier, thro
     most: half a float16 ulp at 0.5), no exp2 or reciprocal left; elsewhere 1 / (1 + e^-x)."""
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     config = dataclasses.replace(layer.kernel.config, barrier=barrier)
+    if barrier != "block" and getattr(config, "in_warp", False):  # (a unit's gates in a warp take block alone)
+        config = dataclasses.replace(config, gate_layout="by_gate")
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[],
                                   config=config)
     body = kernel_source(layer)
@@ -278,7 +283,9 @@ def test_the_tuning_space_places_heads_and_records_key_the_placement():
     assert {"barrier=block", "units_per_cta"} <= set(space.feature_names)
     first = space.configs[space.defaults()[0]]
     assert first.barrier == "block" and first.as_dict()["barrier"] == "block"
-    assert dataclasses.replace(first, barrier="counter") in space.configs  # the same placement, synchronized
+    assert first.in_warp  # a unit's gates in one warp (test_gate_layout.py), which only ``block`` takes
+    synchronized = dataclasses.replace(first, barrier="counter", gate_layout="by_gate")
+    assert synchronized in space.configs  # the same placement, synchronized
 
 
 def test_a_head_wise_exchange_lays_the_workspace_out_by_span():
