@@ -88,6 +88,26 @@ def test_a_half_stack_both_ways_trains_on_tensor_cores(dtype):
     assert _gradient_error(want, got) <= prnn_tvm.dtypes.tolerance(pt.DTYPES[dtype], 2 * T)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_layer_trains_its_projection_in_its_type(dtype):
+    """The input projection of a half layer that trains is the half GEMMs' autograd Function (HalfProjection),
+    not float32 GEMMs on CUDA cores; its gradients arrive in the parameters' type."""
+    fast = pt.from_torch(torch.nn.LSTM(16, 64)).to(dtype).cuda()
+    x = torch.randn(10, 8, 16, device="cuda", dtype=dtype, requires_grad=True)
+    out, _ = fast(x)
+    seen, todo = set(), [out.grad_fn]
+    while todo:  # every node of the backward graph
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(n for n, _ in node.next_functions)
+    names = {n.name() for n in seen}
+    assert "HalfProjectionBackward" in names, names
+    out.float().square().sum().backward()
+    assert x.grad.dtype == dtype and fast.weight_ih_l0.grad.dtype == dtype and fast.bias_ih_l0.grad.dtype == dtype
+    assert torch.isfinite(fast.weight_ih_l0.grad).all() and fast.weight_ih_l0.grad.abs().max() > 0
+
+
 def test_a_half_backward_that_times_out_fills_nan_and_raises():
     """The half gate gradients of a stalled backward are NaN too, so every weight's gradient is."""
     fast = pt.from_torch(torch.nn.LSTM(8, 64)).half().cuda()
