@@ -21,6 +21,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers import row_lanes
 from prnn_tvm.codegen.kernel import Kernel, vec_index
 from prnn_tvm.codegen.pointwise import bind_value
+from prnn_tvm.codegen.prefetch import prefetch_l2
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec
@@ -102,6 +103,21 @@ class _MmaBackward(FragmentWeights, _Backward):
         super().prologue()
         if self.stages and self.g.k_pad > self.K:
             sync_threads()
+
+    def gate_gradients(self, t, phase: int, it, b, unit):
+        """The float32 backward's; at a step's first phase walked (the last), with ``prefetch_steps``, first every
+        forward value this item reads ``prefetch_steps`` steps on (backwards) asked into L2: its ``xp`` and ``saved``
+        columns and ``d_out``, each read once from DRAM where nothing asked them ahead."""
+        ahead = self.c.prefetch_steps
+        if ahead and phase == self.p.phases - 1:
+            with T.If(t >= ahead):
+                with T.Then():
+                    later, H = t - ahead, self.H
+                    columns = [(self.a.xp, s) for s in range(self.p.input.slices)]
+                    columns += [(self.saved, c) for c in range(len(self.saved_column))]
+                    for buffer, column in [*columns, (self.d_out, 0)]:
+                        T.evaluate(prefetch_l2(T.address_of(buffer[later, b, column * H + unit])))
+        super().gate_gradients(t, phase, it, b, unit)
 
     def alloc_product_buffers(self):
         """The forward's buffers, and the A fragments of one k tile read back from shared memory."""

@@ -42,10 +42,15 @@ class BackwardMmaConfig(MmaConfig):
     columns), in that many stages (at most one per k tile of the warp), each its own ``cp.async`` group: it waits
     for a stage's group alone (no block barrier) and multiplies it while the later stages land. 0: the block
     copies the whole tile, waits for all of it and meets at a block barrier before any product (what warps that
-    share a k group always do)."""
+    share a k group always do).
+
+    ``prefetch_steps``: how many steps on (backwards) each item asks the forward's values it will read there (its
+    ``xp``, ``saved`` columns and ``d_out``: float32, from DRAM, read once) into L2 (``prefetch.global.L2``), as the
+    forward does for its ``xp``; 0: none."""
 
     shared_k_tiles: int = field(default=0, metadata={"short": "skt", "quiet": True})
     copy_stages: int = field(default=2, metadata={"short": "cs", "quiet": True})
+    prefetch_steps: int = field(default=2, metadata={"short": "pf", "quiet": True})
 
 
 # what the backward's exchange takes of the forward's knobs (anything else is refused by validate)
@@ -63,6 +68,7 @@ SHARED_TILE_CYCLES = 16  # per k tile of A fragments a warp reads back from shar
 REG_MARGIN = 16
 A_TILE_BYTES = 32 * 16  # a warp's A fragments of one row tile and k tile: 16 bytes a lane
 COPY_STAGES = (0, 1, 2, 4)  # ``copy_stages``: 0 the block's whole-tile copy, else a warp's own columns in stages
+MAX_PREFETCH_STEPS = 8  # ``prefetch_steps``: lines asked into L2 stay there for a few steps, not for long
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -146,6 +152,8 @@ def validate(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometr
                           "warp")
     if cfg.copy_stages not in COPY_STAGES:
         raise ConfigError(f"copy_stages={cfg.copy_stages}: one of {', '.join(map(str, COPY_STAGES))}")
+    if not 0 <= cfg.prefetch_steps <= MAX_PREFETCH_STEPS:
+        raise ConfigError(f"prefetch_steps={cfg.prefetch_steps}: between 0 and {MAX_PREFETCH_STEPS}")
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles x k_groups {cfg.k_groups}); at most "
                           "1024: lower k_groups or units_per_cta, or raise m_tiles_per_warp")

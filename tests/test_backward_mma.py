@@ -60,6 +60,7 @@ def test_refusals_name_the_reason():
         ({"k_chains": 3}, "k_chains=3"),
         ({"k_groups": 1}, "registers per thread"),  # every transposed weight of the CTA in one warp
         ({"copy_stages": 3}, "copy_stages=3"),
+        ({"prefetch_steps": 9}, "prefetch_steps=9"),
     ],
 )
 def test_validate_refuses_what_the_backward_cannot_place(change, match):
@@ -102,7 +103,8 @@ def test_two_operands_start_at_row_tile_boundaries():
 def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, dtype):
     """ptxas's figures for the first ranked config, and the code it runs: mma.sync on half fragments, the gate
     gradients' tile by cp.async where the rows allow: where each k group is one warp, each warp its own columns
-    in two groups (copy_stages=2), waited for one at a time, else the block's whole tile."""
+    in two groups (copy_stages=2), waited for one at a time, else the block's whole tile; the forward's values of
+    two steps on asked into L2 (prefetch_steps=2)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     plan, gpu = layer.plan, layer.gpu
     cfg = bc.ranked_configs(plan, gpu)[0]
@@ -122,6 +124,9 @@ def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, d
     assert ("prnn_cp_async_wait_group<0>();" in calls) == (own and asynchronous)
     assert ("prnn_cp_async_wait_group<1>();" in calls) == (stages == 2 and asynchronous)
     assert calls.count("prnn_sync_warp();") == stages
+    # each item asks its xp, saved and d_out columns of two steps on into L2 (prefetch_steps=2)
+    per_item = plan.input.slices + len(plan.saved_leaves()) + 1
+    assert calls.count("prnn_prefetch_l2(") == per_item * g.items_per_thread, calls.count("prnn_prefetch_l2(")
     assert ("prnn_cp_async_wait_all();" in calls) == (asynchronous and not own)
 
 
