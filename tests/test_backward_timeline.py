@@ -18,15 +18,16 @@ from prnn_tvm.schedules import backward_mma_config as bc
 
 
 @pytest.mark.parametrize(
-    "dtype, copy_stages, copy",
+    "cell, hidden, dtype, copy_stages, copy",
     [
-        ("float16", 2, "prnn_cp_async_wait_group<1>();"),  # the tensor-core backward: each warp its own, staged
-        ("float16", 0, "prnn_cp_async_wait_all();"),  # the block's whole-tile cp.async
-        ("float32", None, None),  # the float32 backward: plain loads, issue and wait one stamp
+        ("lstm", 128, "float16", 2, "prnn_cp_async_wait_group<1>();"),  # tensor cores: each warp its own, staged
+        ("lstm", 128, "float16", 0, "prnn_cp_async_wait_all();"),  # the block's whole-tile cp.async
+        ("rnn_tanh", 37, "bfloat16", 2, "prnn_sync_warp();"),  # odd gate rows: each warp's own by plain loads
+        ("lstm", 128, "float32", None, None),  # the float32 backward: plain loads, issue and wait one stamp
     ],
 )
-def test_the_rewrite_applies_and_compiles(dtype, copy_stages, copy, monkeypatch):
-    layer = prnn_tvm.compile_cell("lstm", 128, 16, dtype=dtype, arch="sm_90", tuning_logs=[])
+def test_the_rewrite_applies_and_compiles(cell, hidden, dtype, copy_stages, copy, monkeypatch):
+    layer = prnn_tvm.compile_cell(cell, hidden, 16, dtype=dtype, arch="sm_90", tuning_logs=[])
     if copy_stages is not None:  # the ranked config with that copy
         cfg = dataclasses.replace(bc.ranked_configs(layer.plan, layer.gpu)[0], copy_stages=copy_stages)
         monkeypatch.setattr(compiler, "gpu_backward", lambda plan, gpu: iter([backward_kernel(plan, gpu, cfg)]))

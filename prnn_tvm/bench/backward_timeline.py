@@ -75,9 +75,11 @@ def instrument(source: str) -> str:
     passed = _find(r"^\s*if \(barrier_abort != 0\) \{\n\s*break;\n\s*\}\n", source, "barrier check", wait.end())
     edits.append((passed.end(), _stamp(2, "clock64()") + _stamp(8, "prnn_btl_ns()") + _stamp(9, "prnn_btl_sm()")))
     copied = _find(r"^\s*__syncthreads\(\);\n", source, "block barrier after the copy", passed.end())
-    staged = list(re.finditer(r"^\s*prnn_cp_async_commit\(\);\n", source[passed.end() : copied.start()], re.M))
-    if staged:  # copy_stages: each warp copies its own columns in groups, with no block barrier before the products
-        issued = passed.end() + staged[-1].end()
+    between = source[passed.end() : copied.start()]
+    staged = list(re.finditer(r"^\s*prnn_cp_async_commit\(\);\n", between, re.M))
+    warp_met = re.search(r"^\s*prnn_sync_warp\(\);\n", between, re.M)
+    if warp_met:  # copy_stages: each warp copies its own columns (in cp.async groups, or plain loads), no block barrier
+        issued = passed.end() + (staged[-1].end() if staged else warp_met.start())
         edits.append((issued, _stamp(3, "clock64()")))
         landed = _find(r"^\s*prnn_sync_warp\(\);\n", source, "wait for the first stage", issued)
         edits.append((landed.end(), _stamp(4, "clock64()")))
