@@ -24,9 +24,9 @@ def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, bias
     :data:`BIAS_IN_GEMM` elements and more (LSTM H=1024 B=16 T=256) it costs as much as the GEMM, so there
     the bias rides in the GEMM: ``x`` padded with columns of ones times ``[W_ih | b_ih | 0]`` (the bias
     multiplied by one and summed in float32: the same value), ``biased_weight(W_ih, b_ih)`` making that
-    matrix. Below, the padded GEMM measured slower than the two kernels. Where the cell's plan lets params carry
-    ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the caller), ``b_ih`` is None: the
-    GEMM alone."""
+    matrix (:func:`biased` where None). Below, the padded GEMM measured slower than the two kernels. Where the
+    cell's plan lets params carry ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the
+    caller), ``b_ih`` is None: the GEMM alone."""
     if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
         return torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
     if x.device.type == "cuda":
@@ -36,7 +36,7 @@ def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, bias
             return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(T, B, -1)
         if T * B * W_ih.shape[0] < BIAS_IN_GEMM:
             return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
-        W = biased_weight(W_ih, b_ih)
+        W = (biased_weight or biased)(W_ih, b_ih)  # a module's keeps it between calls
         ones = torch.nn.functional.pad(rows, (0, W.shape[1] - x.shape[2]), value=1.0)
         return torch.mm(ones, W.t(), out_dtype=torch.float32).view(T, B, -1)
     # a half layer on the CPU: float32 math, differentiable
