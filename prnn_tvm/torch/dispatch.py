@@ -32,7 +32,8 @@ from .arguments import parameter_suffix
 from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
 from .fallback import refusal, run_in_torch
-from .projection import project, trained_projection
+from .half_projection import trained_projection
+from .projection import project
 from .sequences import reversal_within
 
 log = logging.getLogger(__name__)

@@ -13,75 +13,35 @@ import torch  # PyTorch itself: absolute import
 BIAS_IN_GEMM = 1 << 24
 
 
-def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None) -> torch.Tensor:
+def project(
+    x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, differentiable: bool = False, biased_weight=None
+) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
-    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32 (on the
-    CPU, where torch has no half GEMM into float32: widened first, and differentiable by autograd). Not
-    differentiable on the GPU for half layers: training calls :func:`trained_projection`.
+    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
+    (widened first where autograd must differentiate it).
 
     A half GEMM into float32 has no bias epilogue in torch (``addmm`` with ``out_dtype`` measured as slow as
     the GEMM and a separate ``add_``). The ``add_`` reads and writes the float32 result: at
     :data:`BIAS_IN_GEMM` elements and more (LSTM H=1024 B=16 T=256) it costs as much as the GEMM, so there
     the bias rides in the GEMM: ``x`` padded with columns of ones times ``[W_ih | b_ih | 0]`` (the bias
     multiplied by one and summed in float32: the same value), ``biased_weight(W_ih, b_ih)`` making that
-    matrix (:func:`biased` where None). Below, the padded GEMM measured slower than the two kernels. Where the
-    cell's plan lets params carry ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the
-    caller), ``b_ih`` is None: the GEMM alone."""
+    matrix. Below, the padded GEMM measured slower than the two kernels. Where the cell's plan lets params carry
+    ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the caller), ``b_ih`` is None: the
+    GEMM alone."""
     if x.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
         return torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
-    if x.device.type == "cuda":
+    if x.device.type == "cuda" and not differentiable:
         T, B, _ = x.shape
         rows = x.view(T * B, -1)
         if b_ih is None:  # carried by the recurrent bias (folded)
             return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(T, B, -1)
         if T * B * W_ih.shape[0] < BIAS_IN_GEMM:
             return torch.mm(rows, W_ih.t(), out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
-        W = (biased_weight or biased)(W_ih, b_ih)  # a module's keeps it between calls
+        W = biased_weight(W_ih, b_ih)
         ones = torch.nn.functional.pad(rows, (0, W.shape[1] - x.shape[2]), value=1.0)
         return torch.mm(ones, W.t(), out_dtype=torch.float32).view(T, B, -1)
-    # a half layer on the CPU: float32 math, differentiable
-    return torch.nn.functional.linear(x.float(), W_ih.float(), None if b_ih is None else b_ih.float())
-
-
-def trained_projection(
-    x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None
-) -> torch.Tensor:
-    """:func:`project` differentiable by autograd, for a call that trains: float32 (and float64) layers through
-    torch's own ``linear``; half layers through :class:`HalfProjection` (half GEMMs forward and backward)."""
-    if x.dtype in (torch.float32, torch.float64):
-        return torch.nn.functional.linear(x, W_ih, b_ih)
-    return HalfProjection.apply(x, W_ih, b_ih, biased_weight)
-
-
-class HalfProjection(torch.autograd.Function):
-    """A half layer's input projection with a backward of its own, on the tensor cores as the forward is.
-
-    Forward: :func:`project` (half GEMM, float32 accumulation, float32 ``xp``). Backward: the float32 ``d_xp``
-    (the recurrent kernel's) is rounded to the half type once, then ``d_x = d_xp @ W_ih`` and ``d_W_ih =
-    d_xp^T x`` are half GEMMs with float32 accumulation whose results come in the parameters' type, and
-    ``d_b_ih`` is ``d_xp`` summed in float32. That one rounding (2^-11 relative for float16, 2^-8 for bfloat16) is
-    the one the tensor-core backward makes of each step's gate gradients before multiplying them (the recurrent
-    weights' gradients are the same half GEMMs over them): the same bound holds (``checks.plan_tolerance``).
-    Widened to float32 instead, the three GEMMs ran on CUDA cores: 2.0 ms of a 4.9 ms training step (LSTM fp16
-    H=1024 B=16 T=256, H100), against cuDNN's 0.28 ms of half GEMMs. Arguments: ``x`` (T, B, I), ``W_ih``, ``b_ih``
-    (or None), ``biased_weight`` (:func:`project`'s)."""
-
-    @staticmethod
-    def forward(ctx, x, W_ih, b_ih, biased_weight=None):
-        ctx.save_for_backward(x, W_ih)
-        ctx.bias_dtype = None if b_ih is None else b_ih.dtype
-        return project(x, W_ih, b_ih, biased_weight)
-
-    @staticmethod
-    def backward(ctx, d_xp):
-        x, W_ih = ctx.saved_tensors
-        wants_x, wants_W, wants_b = ctx.needs_input_grad[:3]
-        rows = d_xp.reshape(-1, d_xp.shape[-1])
-        d = rows.to(x.dtype)  # the one rounding
-        d_x = (d @ W_ih).view(x.shape) if wants_x else None
-        d_W = d.t() @ x.reshape(-1, x.shape[-1]) if wants_W else None
-        d_b = rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if wants_b else None
-        return d_x, d_W, d_b, None
+    # a half layer that trains (or on the CPU): float32 math, differentiable
+    return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
 
 
 def summed(b_hh: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
