@@ -1,6 +1,7 @@
 """The backward of a half LSTM, config by config, in a training step through the public call on the GPU: the
 tensor-core backward's ranked defaults (``schedules.backward_configs``, the first is what a layer trains with),
-the first's at 16 k groups and at the fewest units that spread over every SM, and the first config of the
+the first's at 16 k groups and at the fewest units that spread over every SM, the first's with the block's whole-tile
+copy of the gate gradients and without L2 prefetch (``copy_stages``, ``prefetch_steps``), and the first config of the
 float32 backward it replaced (transposed weights widened in registers), against cuDNN in the same dtype.
 
     PRNN_TVM_CACHE=0 python bench/backward_configs.py [--hidden 1024] [--batch 16] [--seq 256] [--bf16 0]
@@ -57,8 +58,14 @@ configs = schedules.backward_configs(plan, gpu)  # the tensor-core backward's ra
 tensor_cores = [cfg for cfg in configs if hasattr(cfg, "k_groups")]
 least = math.ceil(H / gpu.sms)
 first_cfg = tensor_cores[0]
-for units, kg in [(first_cfg.units_per_cta, 16), (least, first_cfg.k_groups), (least, 16)]:
-    other = dataclasses.replace(first_cfg, units_per_cta=units, k_groups=kg)
+variants = [{"units_per_cta": units, "k_groups": kg}
+            for units, kg in [(first_cfg.units_per_cta, 16), (least, first_cfg.k_groups), (least, 16)]]
+# the first's gate-gradient copy and L2 prefetch: the block's whole-tile copy and none (the kernel before them), each
+# alone, and more stages
+variants += [{"copy_stages": 0, "prefetch_steps": 0}, {"copy_stages": 0}, {"prefetch_steps": 0}, {"copy_stages": 4},
+             {"prefetch_steps": 1}]
+for change in variants:
+    other = dataclasses.replace(first_cfg, **change)
     if other in tensor_cores:
         continue
     try:

@@ -21,6 +21,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers import row_lanes
 from prnn_tvm.codegen.kernel import Kernel, vec_index
 from prnn_tvm.codegen.pointwise import bind_value
+from prnn_tvm.codegen.prefetch import prefetch_l2
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec
@@ -51,8 +52,27 @@ __device__ __forceinline__ void prnn_cp_async(void* dst, const void* src) {
   }
 }
 __device__ __forceinline__ void prnn_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void prnn_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// until at most N of this thread's latest groups are still in flight (every older one has landed)
+template <int N>
+__device__ __forceinline__ void prnn_cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 #endif
 """
+# the warp's lanes meet, with memory ordering: each reads what the others copied (TVM's storage_sync("warp") emits
+# nothing)
+_SYNC_WARP = r"""
+#ifndef PRNN_SYNC_WARP
+#define PRNN_SYNC_WARP
+__device__ __forceinline__ void prnn_sync_warp() { __syncwarp(); }
+#endif
+"""
+
+
+def _cp_async_call(name: str, *args):
+    """A call of one of :data:`_CP_ASYNC`'s functions."""
+    T.evaluate(T.cuda.func_call(name, *args, source_code=_CP_ASYNC, return_type="void"))
 
 
 def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: BackwardMmaConfig) -> Kernel:
@@ -72,6 +92,32 @@ class _MmaBackward(FragmentWeights, _Backward):
         self.stride = g.stride
         self.U16 = bc.tiles_per_operand(cfg.units_per_cta) * TILE_M
         self.kt_regs = g.k_tiles_per_warp - cfg.shared_k_tiles  # a warp's first k tiles: in registers
+        # each warp copies its own columns where it alone reads them (one warp per k group), in copy_stages stages
+        self.stages = min(cfg.copy_stages, g.k_tiles_per_warp) if g.warp_rows == 1 and g.m_tiles else 0
+        self.stage_starts = [s * g.k_tiles_per_warp // self.stages for s in range(self.stages)]
+
+    def prologue(self):
+        """The float32 backward's; where warps copy their own columns, a block barrier after it: the padding
+        columns it zeroed are read by the last k group's warp, which no block barrier before the products orders
+        otherwise."""
+        super().prologue()
+        if self.stages and self.g.k_pad > self.K:
+            sync_threads()
+
+    def gate_gradients(self, t, phase: int, it, b, unit):
+        """The float32 backward's; at a step's first phase walked (the last), with ``prefetch_steps``, first every
+        forward value this item reads ``prefetch_steps`` steps on (backwards) asked into L2: its ``xp`` and ``saved``
+        columns and ``d_out``, each read once from DRAM where nothing asked them ahead."""
+        ahead = self.c.prefetch_steps
+        if ahead and phase == self.p.phases - 1:
+            with T.If(t >= ahead):
+                with T.Then():
+                    later, H = t - ahead, self.H
+                    columns = [(self.a.xp, s) for s in range(self.p.input.slices)]
+                    columns += [(self.saved, c) for c in range(len(self.saved_column))]
+                    for buffer, column in [*columns, (self.d_out, 0)]:
+                        T.evaluate(prefetch_l2(T.address_of(buffer[later, b, column * H + unit])))
+        super().gate_gradients(t, phase, it, b, unit)
 
     def alloc_product_buffers(self):
         """The forward's buffers, and the A fragments of one k tile read back from shared memory."""
@@ -142,28 +188,60 @@ class _MmaBackward(FragmentWeights, _Backward):
     def products(self, t, phase: int):
         """What ``phase``'s products send back, per batch tile: the gate gradients into the shared tile (rows
         past the batch keep what they held, read only by the accumulators of rows that are never stored), then
-        the tensor cores (``FragmentWeights.tile_products``)."""
-        c, g, K = self.c, self.g, self.K
-        lanes = row_lanes(K, itemsize(self.gates_dt))
-        nbytes = lanes * itemsize(self.gates_dt)
-        per_row = K // lanes
+        the tensor cores (``FragmentWeights.tile_products``). The block copies the whole tile and meets at a
+        barrier, or (``copy_stages``) each warp copies its own columns as its products start
+        (:meth:`before_k_tile`)."""
+        c, g = self.c, self.g
+        self.copied_step = t
         with T.serial(0, g.batch_chunks) as chunk:
             b0 = bind_value(chunk * c.batch_tile, "b0")
-            n = c.batch_tile * per_row
-            for i in range(ceil_div(n, g.threads)):
-                idx = i * g.threads + self.tx
-                bb, k = idx // per_row, idx % per_row * lanes
-                with T.If(tirx.all(idx < n, b0 + bb < self.B)):
-                    with T.Then():
-                        if nbytes < 4:  # cp.async copies 4, 8 or 16 bytes
-                            T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, k], [bb * g.stride + k])
-                        else:
-                            T.evaluate(T.cuda.func_call(f"prnn_cp_async<{nbytes}>",
-                                                        T.address_of(self.smem[bb * g.stride + k]),
-                                                        T.address_of(self.a.ws[t % 2, b0 + bb, k]),
-                                                        source_code=_CP_ASYNC, return_type="void"))
-            if nbytes >= 4:
-                T.evaluate(T.cuda.func_call("prnn_cp_async_wait_all", source_code=_CP_ASYNC, return_type="void"))
-            sync_threads()
+            if not self.stages:
+                self.copy_columns(b0, 0, self.K, self.tx, g.threads)
+                if self.copy_bytes >= 4:
+                    _cp_async_call("prnn_cp_async_wait_all")
+                sync_threads()
             self.tile_products(b0, phase)
             sync_threads()
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes of one copy of the gate gradients: 16 where the rows allow, else 8, 4 or 2 (plain loads)."""
+        return row_lanes(self.K, itemsize(self.gates_dt)) * itemsize(self.gates_dt)
+
+    def copy_columns(self, b0, k0, width: int, thread, threads: int):
+        """``width`` columns from ``k0`` (those before the gate rows' end) of batch rows b0.. of the step's gate
+        gradients into the shared tile, ``threads`` threads sharing the copies, this one being ``thread``; by
+        ``cp.async``, which a caller waits for, where a copy moves 4 bytes or more."""
+        g, t, K = self.g, self.copied_step, self.K
+        lanes = self.copy_bytes // itemsize(self.gates_dt)
+        per_row = ceil_div(width, lanes)  # a multiple of lanes: the whole rows (K), or whole k tiles
+        n = self.c.batch_tile * per_row
+        for i in range(ceil_div(n, threads)):
+            idx = i * threads + thread
+            bb, k = idx // per_row, k0 + idx % per_row * lanes
+            with T.If(tirx.all(idx < n, b0 + bb < self.B, k < K)):
+                with T.Then():
+                    if self.copy_bytes < 4:  # cp.async copies 4, 8 or 16 bytes
+                        T.buffer_store(self.smem, self.a.ws[t % 2, b0 + bb, k], [bb * g.stride + k])
+                    else:
+                        _cp_async_call(f"prnn_cp_async<{self.copy_bytes}>", T.address_of(self.smem[bb * g.stride + k]),
+                                       T.address_of(self.a.ws[t % 2, b0 + bb, k]))
+
+    def before_k_tile(self, b0, kt: int):
+        """With ``copy_stages``: at the warp's first k tile, every stage's copy of its own columns (a ``cp.async``
+        group each); at each stage's first k tile, the wait for that stage's group and the warp's lanes meeting
+        (each lane reads what the others copied)."""
+        if not self.stages:
+            return
+        kt_per, first = self.g.k_tiles_per_warp, TILE_K * self.kg * self.g.k_tiles_per_warp
+        bounds = [*self.stage_starts, kt_per]
+        if kt == 0:
+            for s in range(self.stages):
+                self.copy_columns(b0, first + TILE_K * bounds[s], TILE_K * (bounds[s + 1] - bounds[s]), self.tx % 32,
+                                  32)
+                if self.copy_bytes >= 4:
+                    _cp_async_call("prnn_cp_async_commit")
+        if kt in self.stage_starts:
+            if self.copy_bytes >= 4:
+                _cp_async_call(f"prnn_cp_async_wait_group<{self.stages - 1 - self.stage_starts.index(kt)}>")
+            T.evaluate(T.cuda.func_call("prnn_sync_warp", source_code=_SYNC_WARP, return_type="void"))

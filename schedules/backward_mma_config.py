@@ -35,9 +35,22 @@ class BackwardMmaConfig(MmaConfig):
     fragments in shared memory rather than registers, read back (16 bytes a lane) at every product. A CTA's row
     tile holds 16 rows of every gate row whatever its units: at fp16 LSTM 1536 that is 16 x 6144 weights, 96
     registers per thread at 512 threads besides the ~50 the step takes, and ptxas spilled every config; with a
-    third of the k tiles in shared memory it does not."""
+    third of the k tiles in shared memory it does not.
+
+    ``copy_stages``: where each k group is one warp (``warp_rows`` 1: one row tile of one operand, as LSTM
+    1024 x 16 at 16 units), each warp copies only the gate gradients its own products read (its k group's
+    columns), in that many stages (at most one per k tile of the warp), each its own ``cp.async`` group: it waits
+    for a stage's group alone (no block barrier) and multiplies it while the later stages land. 0: the block
+    copies the whole tile, waits for all of it and meets at a block barrier before any product (what warps that
+    share a k group always do).
+
+    ``prefetch_steps``: how many steps on (backwards) each item asks the forward's values it will read there (its
+    ``xp``, ``saved`` columns and ``d_out``: float32, from DRAM, read once) into L2 (``prefetch.global.L2``), as the
+    forward does for its ``xp``; 0: none."""
 
     shared_k_tiles: int = field(default=0, metadata={"short": "skt", "quiet": True})
+    copy_stages: int = field(default=2, metadata={"short": "cs", "quiet": True})
+    prefetch_steps: int = field(default=2, metadata={"short": "pf", "quiet": True})
 
 
 # what the backward's exchange takes of the forward's knobs (anything else is refused by validate)
@@ -55,6 +68,8 @@ SHARED_TILE_CYCLES = 16  # per k tile of A fragments a warp reads back from shar
 # 8 (192 weight registers, estimated 253 of 255) and took 52-82 registers besides the weights at LSTM 1024 x 16
 REG_MARGIN = 16
 A_TILE_BYTES = 32 * 16  # a warp's A fragments of one row tile and k tile: 16 bytes a lane
+COPY_STAGES = (0, 1, 2, 4)  # ``copy_stages``: 0 the block's whole-tile copy, else a warp's own columns in stages
+MAX_PREFETCH_STEPS = 8  # ``prefetch_steps``: lines asked into L2 stay there for a few steps, not for long
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -136,6 +151,10 @@ def validate(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometr
     if not 0 <= cfg.shared_k_tiles <= g.k_tiles_per_warp:
         raise ConfigError(f"shared_k_tiles={cfg.shared_k_tiles}: between 0 and the {g.k_tiles_per_warp} k tiles of a "
                           "warp")
+    if cfg.copy_stages not in COPY_STAGES:
+        raise ConfigError(f"copy_stages={cfg.copy_stages}: one of {', '.join(map(str, COPY_STAGES))}")
+    if not 0 <= cfg.prefetch_steps <= MAX_PREFETCH_STEPS:
+        raise ConfigError(f"prefetch_steps={cfg.prefetch_steps}: between 0 and {MAX_PREFETCH_STEPS}")
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles x k_groups {cfg.k_groups}); at most "
                           "1024: lower k_groups or units_per_cta, or raise m_tiles_per_warp")

@@ -207,6 +207,7 @@ class FragmentWeights(StreamedFragments):
                            else self.grp * stride + 2 * self.quad)
                 first = bind_value(self.operand_base + lane_at + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
                 for kt in range(g.k_tiles_per_warp):
+                    self.before_k_tile(b0, kt)
                     at = first + TILE_K * kt
                     if kt < g.l2_k_tiles:  # the streamed range's own column order
                         self.streamed_b(kt)
@@ -222,6 +223,11 @@ class FragmentWeights(StreamedFragments):
                     self.multiply(kt, lambda nt: nt * B_REGS, per_chain)
                 self.sum_chains(per_chain)
                 self.store_partials(b0)
+
+    def before_k_tile(self, b0, kt: int):
+        """What a warp does before reading k tile ``kt`` of batch rows b0.. from the shared operand tile: nothing (the
+        block filled the tile before :meth:`tile_products`); the tensor-core backward's warps copy their own
+        columns there."""
 
     def filled_row_tiles(self) -> int:
         """Row tiles that hold weights in this CTA: its products' (the widest part may have more)."""

@@ -59,6 +59,8 @@ def test_refusals_name_the_reason():
         ({"m_tiles_per_warp": 2}, "m_tiles_per_warp=2"),  # 8 units: one row tile
         ({"k_chains": 3}, "k_chains=3"),
         ({"k_groups": 1}, "registers per thread"),  # every transposed weight of the CTA in one warp
+        ({"copy_stages": 3}, "copy_stages=3"),
+        ({"prefetch_steps": 9}, "prefetch_steps=9"),
     ],
 )
 def test_validate_refuses_what_the_backward_cannot_place(change, match):
@@ -100,7 +102,9 @@ def test_two_operands_start_at_row_tile_boundaries():
 )
 def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, dtype):
     """ptxas's figures for the first ranked config, and the code it runs: mma.sync on half fragments, the gate
-    gradients' tile by cp.async where the rows allow."""
+    gradients' tile by cp.async where the rows allow: where each k group is one warp, each warp its own columns
+    in two groups (copy_stages=2), waited for one at a time, else the block's whole tile; the forward's values of
+    two steps on asked into L2 (prefetch_steps=2)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     plan, gpu = layer.plan, layer.gpu
     cfg = bc.ranked_configs(plan, gpu)[0]
@@ -110,7 +114,20 @@ def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, d
     assert fn.spills == 0, (cfg, fn)
     assert (cfg.shared_k_tiles > 0) == (hidden == 1536), cfg
     assert "mma.sync.aligned.m16n8k16" in built.source
-    assert ("prnn_cp_async" in built.source) == (fb.gate_rows(plan) * hidden % 2 == 0)
+    asynchronous = fb.gate_rows(plan) * hidden % 2 == 0
+    assert ("prnn_cp_async" in built.source) == asynchronous
+    g = bc.geometry(cfg, plan)
+    own = g.warp_rows == 1 and cfg.copy_stages == 2
+    stages = min(2, g.k_tiles_per_warp) if own else 0  # a stage per k tile at most
+    calls = built.source.split("recurrent_backward_kernel(")[-1]  # the kernel's body, not the helpers' definitions
+    assert calls.count("prnn_cp_async_commit();") == (stages if asynchronous else 0)
+    assert ("prnn_cp_async_wait_group<0>();" in calls) == (own and asynchronous)
+    assert ("prnn_cp_async_wait_group<1>();" in calls) == (stages == 2 and asynchronous)
+    assert calls.count("prnn_sync_warp();") == stages
+    # each item asks its xp, saved and d_out columns of two steps on into L2 (prefetch_steps=2)
+    per_item = plan.input.slices + len(plan.saved_leaves()) + 1
+    assert calls.count("prnn_prefetch_l2(") == per_item * g.items_per_thread, calls.count("prnn_prefetch_l2(")
+    assert ("prnn_cp_async_wait_all();" in calls) == (asynchronous and not own)
 
 
 def test_a_half_layer_trains_on_the_tensor_cores():

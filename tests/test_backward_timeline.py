@@ -3,24 +3,34 @@ generated backward still finds its anchors and compiles for sm_90 (no GPU needed
 refuses a backward it cannot read, and its summary measures what it says; on the GPU, the stamps of a run through
 the torch module are in program order."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import prnn_tvm
+from prnn_tvm import compiler
 from prnn_tvm.bench import backward_timeline as bt
 from prnn_tvm.codegen import build
 from prnn_tvm.compiler import compile_training
+from prnn_tvm.schedules import backward_kernel
+from prnn_tvm.schedules import backward_mma_config as bc
 
 
 @pytest.mark.parametrize(
-    "dtype, copy",
+    "cell, hidden, dtype, copy_stages, copy",
     [
-        ("float16", "prnn_cp_async_wait_all();"),  # the tensor-core backward: the copy is cp.async
-        ("float32", None),  # the float32 backward: plain loads, issue and wait one stamp
+        ("lstm", 128, "float16", 2, "prnn_cp_async_wait_group<1>();"),  # tensor cores: each warp its own, staged
+        ("lstm", 128, "float16", 0, "prnn_cp_async_wait_all();"),  # the block's whole-tile cp.async
+        ("rnn_tanh", 37, "bfloat16", 2, "prnn_sync_warp();"),  # odd gate rows: each warp's own by plain loads
+        ("lstm", 128, "float32", None, None),  # the float32 backward: plain loads, issue and wait one stamp
     ],
 )
-def test_the_rewrite_applies_and_compiles(dtype, copy):
-    layer = prnn_tvm.compile_cell("lstm", 128, 16, dtype=dtype, arch="sm_90", tuning_logs=[])
+def test_the_rewrite_applies_and_compiles(cell, hidden, dtype, copy_stages, copy, monkeypatch):
+    layer = prnn_tvm.compile_cell(cell, hidden, 16, dtype=dtype, arch="sm_90", tuning_logs=[])
+    if copy_stages is not None:  # the ranked config with that copy
+        cfg = dataclasses.replace(bc.ranked_configs(layer.plan, layer.gpu)[0], copy_stages=copy_stages)
+        monkeypatch.setattr(compiler, "gpu_backward", lambda plan, gpu: iter([backward_kernel(plan, gpu, cfg)]))
     sources = []
 
     def keep(code):

@@ -6,6 +6,7 @@ are rounded to the half type once per step before the tensor cores multiply them
 forward's rounding of each step's state is held to."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -86,6 +87,53 @@ def test_a_half_stack_both_ways_trains_on_tensor_cores(dtype):
     got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx],
                      list(fast.parameters()))
     assert _gradient_error(want, got) <= prnn_tvm.dtypes.tolerance(pt.DTYPES[dtype], 2 * T)
+
+
+@pytest.mark.parametrize("copy_stages", [0, 1, 2, 4])
+@pytest.mark.parametrize("cell, T, B, H, n_in", [("lstm", 48, 16, 256, 32), ("gru", 17, 3, 33, 7)])
+def test_each_copy_of_the_gate_gradients_gives_the_same_gradients(copy_stages, cell, T, B, H, n_in, monkeypatch):
+    """The block's whole-tile copy (0) and each warp's own columns in 1, 2 or 4 stages (the GRU's warps have 2 k
+    tiles: 4 stages are 2): within the tolerance of float64, each config built anew (the layer cache keys the
+    layer, not the backward's config)."""
+    from prnn_tvm import compiler, schedules
+    from prnn_tvm.schedules import backward_mma_config as bc
+
+    def built_with(plan, gpu):  # the layer's (its batch is the call's bucket) first ranked config, that copy
+        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], copy_stages=copy_stages)
+        return iter([schedules.backward_kernel(plan, gpu, cfg)])
+
+    monkeypatch.setenv("PRNN_TVM_CACHE", "0")
+    monkeypatch.setattr(compiler, "gpu_backward", built_with)
+    fast, ref = modules(cell, n_in, H, torch.float16)
+    x = torch.randn(T, B, n_in).half()
+    hx = [(0.5 * torch.randn(1, B, H)).half() for _ in fast._states]
+    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
+                      list(ref.parameters()))
+    got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx],
+                     list(fast.parameters()))
+    layer = _trained_layer(fast)
+    assert f"copy_stages={copy_stages}" in layer._training.report or copy_stages == 2, layer._training.report
+    assert _gradient_error(want, got) <= plan_tolerance(layer.plan, T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_layer_trains_its_projection_in_its_type(dtype):
+    """The input projection of a half layer that trains is the half GEMMs' autograd Function (HalfProjection),
+    not float32 GEMMs on CUDA cores; its gradients arrive in the parameters' type."""
+    fast = pt.from_torch(torch.nn.LSTM(16, 64)).to(dtype).cuda()
+    x = torch.randn(10, 8, 16, device="cuda", dtype=dtype, requires_grad=True)
+    out, _ = fast(x)
+    seen, todo = set(), [out.grad_fn]
+    while todo:  # every node of the backward graph
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(n for n, _ in node.next_functions)
+    names = {n.name() for n in seen}
+    assert "HalfProjectionBackward" in names, names
+    out.float().square().sum().backward()
+    assert x.grad.dtype == dtype and fast.weight_ih_l0.grad.dtype == dtype and fast.bias_ih_l0.grad.dtype == dtype
+    assert torch.isfinite(fast.weight_ih_l0.grad).all() and fast.weight_ih_l0.grad.abs().max() > 0
 
 
 def test_a_half_backward_that_times_out_fills_nan_and_raises():

@@ -14,6 +14,7 @@ from prnn_tvm.bench import training_parts as tp
         ("recurrent_backward_kernel", "prnn backward (recurrent)"),
         ("RNN_blockPersist_bp_LSTM<__half, __half, float, 128>", "cuDNN RNN"),
         ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
+        ("nvjet_sm90_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", "GEMM"),
         ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "reduction"),
         ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise"),
         ("Memcpy DtoD (Device -> Device)", "copy / set"),

@@ -10,6 +10,10 @@ and step, clocks the kernel itself records at the borders of its phases.
     3 clock64 after the gate gradients' copy is issued (cp.async; plain loads: their issue)
     4 clock64 after the copy landed and the block barrier that follows it
     5 clock64 after the products and the block barrier that ends them (the partial sums in shared memory)
+
+With ``copy_stages`` (each warp copies its own columns, ``backward_mma``) thread 0 stamps its warp's: 3 after its
+last stage's copies are issued, 4 once its first stage landed; the products (4 -> 5) then hold the waits for the
+later stages, and the block barrier after the products is the first one after the grid barrier.
     9 the block's SM
 
 The phases a step splits into (:func:`summary`): pointwise (0 -> 1: the saved leaves', ``xp``'s and ``d_out``'s
@@ -71,11 +75,21 @@ def instrument(source: str) -> str:
     passed = _find(r"^\s*if \(barrier_abort != 0\) \{\n\s*break;\n\s*\}\n", source, "barrier check", wait.end())
     edits.append((passed.end(), _stamp(2, "clock64()") + _stamp(8, "prnn_btl_ns()") + _stamp(9, "prnn_btl_sm()")))
     copied = _find(r"^\s*__syncthreads\(\);\n", source, "block barrier after the copy", passed.end())
-    issued = list(re.finditer(r"^\s*prnn_cp_async_wait_all\(\);\n", source[passed.end() : copied.start()], re.M))
-    at = passed.end() + issued[-1].start() if issued else copied.start()  # plain loads: their issue and wait are one
-    edits.append((at, _stamp(3, "clock64()")))
-    edits.append((copied.end(), _stamp(4, "clock64()")))
-    summed = _find(r"^\s*__syncthreads\(\);\n", source, "block barrier after the products", copied.end())
+    between = source[passed.end() : copied.start()]
+    staged = list(re.finditer(r"^\s*prnn_cp_async_commit\(\);\n", between, re.M))
+    warp_met = re.search(r"^\s*prnn_sync_warp\(\);\n", between, re.M)
+    if warp_met:  # copy_stages: each warp copies its own columns (in cp.async groups, or plain loads), no block barrier
+        issued = passed.end() + (staged[-1].end() if staged else warp_met.start())
+        edits.append((issued, _stamp(3, "clock64()")))
+        landed = _find(r"^\s*prnn_sync_warp\(\);\n", source, "wait for the first stage", issued)
+        edits.append((landed.end(), _stamp(4, "clock64()")))
+        summed = copied  # the block barrier that ends the products
+    else:
+        issued = list(re.finditer(r"^\s*prnn_cp_async_wait_all\(\);\n", source[passed.end() : copied.start()], re.M))
+        at = passed.end() + issued[-1].start() if issued else copied.start()  # plain loads: issue and wait are one
+        edits.append((at, _stamp(3, "clock64()")))
+        edits.append((copied.end(), _stamp(4, "clock64()")))
+        summed = _find(r"^\s*__syncthreads\(\);\n", source, "block barrier after the products", copied.end())
     edits.append((summed.end(), _stamp(5, "clock64()")))
     end = _find(r"^  int barrier_error = ", source, "end of the time loop", summed.end())
     dump = (

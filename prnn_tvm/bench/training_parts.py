@@ -31,6 +31,7 @@ KINDS = (
     ("xmma", "GEMM"),
     ("cutlass", "GEMM"),
     ("splitk", "GEMM"),
+    ("nvjet", "GEMM"),  # cuBLAS's Hopper half GEMMs (nvjet_sm90_hsh_...)
     ("reduce", "reduction"),
     ("memcpy", "copy / set"),
     ("memset", "copy / set"),

@@ -32,6 +32,7 @@ from .arguments import parameter_suffix
 from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
 from .fallback import refusal, run_in_torch
+from .half_projection import trained_projection
 from .projection import project
 from .sequences import reversal_within
 
@@ -363,8 +364,8 @@ class Dispatch(BatchBuckets):
         finals)``, finals of shape (B, H); an inference call writes into ``into`` where given (the launch's outputs in
         its order, None where made anew: :class:`~prnn_tvm.runtime.launcher.Launcher`)."""
         x = args[0]
-        if grad and x.device.type == "cuda":  # torch differentiates the projection, and makes dW (one GEMM each)
-            xp = project(*args[:3], differentiable=True)
+        if grad and x.device.type == "cuda":  # the projection's backward: GEMMs in the layer's type (d_x, d_W_ih)
+            xp = trained_projection(*args[:3], biased_weight=self._biased_weight)
             out, *finals = CudaBackprop.apply(self, self._training_kernels(layer), xp, *args[3:])
             return out, finals
         if grad:  # the recurrent kernel's backward is compiled for the CPU
