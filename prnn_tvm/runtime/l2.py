@@ -1,19 +1,20 @@
-"""An L2 persistence window over the weights a kernel reads from global memory every step (the third weight tier,
-``l2_chunks`` of the persistent template), through the CUDA runtime library TVM's CUDA runtime links (``peers.cudart``).
+"""An L2 persistence window over the weights a kernel reads from global memory every step (the third weight tier:
+``l2_chunks`` of the persistent template, ``l2_k_tiles`` of the tensor-core one), through the CUDA runtime library
+TVM's CUDA runtime links (``peers.cudart``).
 
-Where switched on (:func:`use_window`; off by default), before such a launch the launcher sets an access-policy window on the launch's stream (``cudaStreamSetAttribute``,
-``cudaStreamAttributeAccessPolicyWindow``): the whole weight buffer (up to the device's largest window), a hit ratio of
-the persisting L2 set-aside over the window's bytes (lines assigned persisting at random in that ratio, the rest
-normal: as streaming they would be evicted first, and the streamed part of the weights is a strided subset of the
-buffer, the first columns of every row, which one window cannot single out), and clears it after the launch, so
-that the caller's later work on the stream is untouched. The set-aside
-(``cudaLimitPersistingL2CacheSize``) is raised once per device to the most the device allows: that part of L2 then
-serves persisting lines first for the whole process. Where the runtime refuses the window (an older driver, the
-legacy default stream), or the stream is being captured into a CUDA graph, the launch runs without it (a refusal's
-reason logged once). It is off by default: on the H100 it changed nothing measurable for LSTM fp32 2048 at batch 4
-(11.29 us a step with it, 10.86 without) and made the call of LSTM fp16 4096 at batch 4 slower (45.15 against 39.96,
-the kernel alone the same), while raising the process's persisting set-aside for every later kernel;
-:func:`use_window` switches it on and off for the process (to measure both).
+Where switched on (:func:`use_window`; off by default), before such a launch the launcher sets an access-policy
+window on the launch's stream (``cudaStreamSetAttribute``, ``cudaStreamAttributeAccessPolicyWindow``): the whole
+weight buffer (up to the device's largest window), a hit ratio of the persisting L2 set-aside over the window's
+bytes (lines assigned persisting at random in that ratio, the rest normal: as streaming they would be evicted
+first, and the streamed part of the weights is a strided subset of the buffer, the first columns of every row,
+which one window cannot single out), and clears it after the launch, so that the caller's later work on the stream
+is untouched. The set-aside (``cudaLimitPersistingL2CacheSize``) is raised once per device to the most the device
+allows: that part of L2 then serves persisting lines first for the whole process. Where the runtime refuses the
+window (an older driver, the legacy default stream), or the stream is being captured into a CUDA graph, the launch
+runs without it (a refusal's reason logged once). It is off by default: on the H100 it changed nothing measurable
+for LSTM fp32 2048 at batch 4 (11.29 us a step with it, 10.86 without) and made the call of LSTM fp16 4096 at batch
+4 slower (45.15 against 39.96, the kernel alone the same), while raising the process's persisting set-aside for
+every later kernel; :func:`use_window` switches it on and off for the process (to measure both).
 """
 
 from __future__ import annotations

@@ -48,16 +48,3 @@ class HalfProjection(torch.autograd.Function):
         d_b = rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if wants_b else None
         return d_x, d_W, d_b, None
 
-
-def summed(b_hh: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
-    """``b_hh + b_ih`` in float32, rounded once to their type (a param carrying the input projection's bias)."""
-    return (b_hh.float() + b_ih.float()).to(b_hh.dtype)
-
-
-def biased(W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
-    """``[W_ih | b_ih | 0]``, its columns padded to a multiple of 8 (16-byte rows for the GEMM)."""
-    rows, columns = W_ih.shape
-    W = W_ih.new_zeros(rows, -(-(columns + 1) // 8) * 8)
-    W[:, :columns] = W_ih
-    W[:, columns] = b_ih
-    return W

@@ -13,14 +13,10 @@ import torch  # PyTorch itself: absolute import
 BIAS_IN_GEMM = 1 << 24
 
 
-def project(
-    x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, differentiable: bool = False, biased_weight=None
-) -> torch.Tensor:
+def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
-    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32
-    (widened first where autograd must differentiate it). :func:`projector` says how."""
-    if differentiable and x.dtype not in (torch.float32, torch.float64):
-        return torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
+    type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32 (a call
+    that trains on the GPU differentiates it through ``half_projection``). :func:`projector` says how."""
     return projector(W_ih, b_ih, biased_weight)(x)
 
 
