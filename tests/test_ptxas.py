@@ -41,11 +41,31 @@ TANH_FREE_CELLS = ("indrnn", "rnn_relu")
 # before lengths).
 KNOWN_FALLBACKS = {("gru_cho", 1024, 4, "sm_90"): (112,)}
 
+# The no-spill grids check every cell at every shape on sm_90, the arch of the shipped tuning records and of the
+# GPU the kernels are measured on, and a sample on sm_80 (A100 defaults, no records, no GPU to run them): each
+# cell at one shape, the shapes taken in turn down the sorted cells so that every shape and every cell is
+# compiled for sm_80, and every known sm_80 fallback. An sm_80 compile costs nvcc 1.5-3x an sm_90 one
+# (stacked_rnn 1024x4: 16 s of CPU); the whole sm_80 grid was ~150 s of `make test`'s CPU.
+SHAPES = [(256, 4), (1024, 4), (128, 16)]
 
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("hidden, batch", [(256, 4), (1024, 4), (128, 16)])
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_default_configs_have_no_spills(cell, hidden, batch, arch):
+
+def arch_grid(shapes: list, known_sm80: set) -> list:
+    """``(arch, *shape, cell)`` for every shape and cell on sm_90, and on sm_80 cell i at ``shapes[i % n]`` plus
+    the ``(*shape, cell)`` of ``known_sm80`` (see above)."""
+    sm90 = [("sm_90", *shape, cell) for shape in shapes for cell in CELLS]
+    sampled = {(*shapes[i % len(shapes)], cell) for i, cell in enumerate(CELLS)} | set(known_sm80)
+    return sm90 + [("sm_80", *shape, cell) for shape in shapes for cell in CELLS if (*shape, cell) in sampled]
+
+
+@pytest.mark.parametrize(
+    "arch, hidden, batch, cell",
+    arch_grid(SHAPES, {(h, b, c) for c, h, b, a in KNOWN_FALLBACKS if a == "sm_80"}),
+    ids=str,
+)
+def test_default_configs_have_no_spills(arch, hidden, batch, cell):
+    """Every default config of every cell at each shape has no spills and can launch: all of them on sm_90, a
+    sample on sm_80 that compiles every cell, every shape and every known fallback once (``arch_grid``: the
+    whole sm_80 grid cost ~75 s of CPU per run)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, target="cuda", arch=arch, tuning_logs=[])
     rep = layer.report
     assert rep.registers is not None, rep.ptxas_note
@@ -383,11 +403,24 @@ ptxas info    : Used 64 registers, used 1 barriers, 6912 bytes smem, 400 bytes c
 KNOWN_HALF_FALLBACKS = {("gru_cho", 1024, "sm_80")}
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("hidden", [256, 1024])
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_half_default_configs_use_tensor_cores_without_spills(dtype, cell, hidden, arch):
+HALF_SHAPES = [(256, "float16"), (1024, "bfloat16"), (1024, "float16"), (256, "bfloat16")]
+
+
+@pytest.mark.parametrize(
+    "arch, hidden, cell, dtype",
+    [
+        (arch, hidden, cell, dtype)
+        for arch, hidden, dtype, cell in arch_grid(
+            HALF_SHAPES,
+            {(h, d, c) for c, h, a in KNOWN_HALF_FALLBACKS if a == "sm_80" for d in ("float16", "bfloat16")},
+        )
+    ],
+    ids=str,
+)
+def test_half_default_configs_use_tensor_cores_without_spills(arch, hidden, cell, dtype):
+    """Every half default config of every cell, at hidden 256 and 1024 in both half dtypes, multiplies on tensor
+    cores without spills: all of them on sm_90, a sample on sm_80 that compiles every cell, every (hidden, dtype)
+    and the known fallback in both dtypes once (``arch_grid``: the whole sm_80 grid cost ~75 s of CPU per run)."""
     layer = prnn_tvm.compile_cell(cell, hidden, 16, dtype=dtype, target="cuda", arch=arch, tuning_logs=[])
     rep = layer.report
     assert rep.template == "persistent_mma" and rep.registers is not None, rep.ptxas_note

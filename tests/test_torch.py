@@ -1,5 +1,7 @@
 """``prnn_tvm.torch``: the modules against ``torch.nn`` (CPU build here; CUDA with ``-m gpu``)."""
 
+import pathlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,7 +15,10 @@ from prnn_tvm.checks import max_error, relative_error, worst  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
 from prnn_tvm.reference import random_lengths, reference_layer, reference_stack  # noqa: E402
 
+from .cli_run import run_script  # noqa: E402
 from .two_state_cell import TWO_STATE  # noqa: E402
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
 def _reference(kind, **kw):
@@ -836,18 +841,10 @@ def test_cuda_packed_sequences_match_torch(kind, layers, bidirectional, B, no_tf
 
 def test_custom_cell_example_trains_like_the_same_cell_in_torch_ops():
     """examples/custom_cell.py, shortened: a cell prnn-tvm does not ship, its backward derived, trains like the
-    same cell written in PyTorch ops (the script exits 1 when the curves differ)."""
-    import pathlib
-    import subprocess
-    import sys
-
-    script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "custom_cell.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--steps", "10", "--hidden", "16", "--seq", "8", "--tolerance", "1e-4"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    same cell written in PyTorch ops (the script exits 1 when the curves differ). Run in this process
+    (``tests/cli_run.py``: a process of its own imports torch and TVM again, ~4 s of CPU)."""
+    sizes = ["--steps", "10", "--hidden", "16", "--seq", "8", "--tolerance", "1e-4"]
+    run = run_script(EXAMPLES / "custom_cell.py", *sizes)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
 
@@ -855,31 +852,9 @@ def test_custom_cell_example_trains_like_the_same_cell_in_torch_ops():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_char_model_example_trains_like_torch(device):
     """examples/char_lstm.py, shortened: the two loss curves agree (it exits 1 otherwise); on the GPU
-    against cuDNN, through the training kernels."""
-    import pathlib
-    import subprocess
-    import sys
-
-    script = pathlib.Path(__file__).resolve().parent.parent / "examples" / "char_lstm.py"
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--steps",
-            "10",
-            "--hidden",
-            "16",
-            "--seq",
-            "8",
-            "--tolerance",
-            "1e-4",
-            "--device",
-            device,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    against cuDNN, through the training kernels. Run in this process (``tests/cli_run.py``)."""
+    sizes = ["--steps", "10", "--hidden", "16", "--seq", "8", "--tolerance", "1e-4"]
+    run = run_script(EXAMPLES / "char_lstm.py", *sizes, "--device", device)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 10 |" in run.stdout and "largest difference over all steps" in run.stdout
 

@@ -32,6 +32,7 @@ from prnn_tvm.tune.tuner import with_knob
 
 from .cli_run import run_cli
 from .conftest import HAS_GPU
+from .record_appends import append_each
 
 GPU = gpu_spec("sm_90")
 PERSISTENT = by_name("persistent_cuda")
@@ -120,15 +121,14 @@ def test_corrupt_lines_are_skipped_with_a_warning_and_nothing_is_lost(tmp_path, 
     assert [m for m in caplog.messages if "skipping 1 record(s) of schema 99 (lines 5-5)" in m]  # once per file
 
 
-def _append_many(path, tag, n):
-    for i in range(n):
-        records.append(path, [Record(key(), {**CFG, "detail": tag}, (float(i + 1),), 1, detail=tag * 200)] * 3)
+def _batches(tag, n):
+    return [[Record(key(), {**CFG, "detail": tag}, (float(i + 1),), 1, detail=tag * 200)] * 3 for i in range(n)]
 
 
 def test_concurrent_appends_from_two_processes_do_not_interleave(tmp_path):
     path = tmp_path / "log.jsonl"
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_append_many, args=(path, tag, 60)) for tag in "ab"]
+    procs = [ctx.Process(target=append_each, args=(path, _batches(tag, 60))) for tag in "ab"]
     for p in procs:
         p.start()
     for p in procs:
