@@ -154,7 +154,7 @@ class MmaGeometry:
     batch_chunks: int          # passes over the batch
     items_per_thread: int      # (pointwise group, batch row, unit) items per thread
     tagged_per_thread: int
-    smem_ops: int              # bytes: the operand tiles of one pass (none with operand_path="direct")
+    smem_ops: int              # bytes: the operand tiles of one pass, its batch rows (none with operand_path="direct")
     smem_gs: int               # bytes: the k groups' partial sums for the whole batch (two sets: "direct")
     regs_estimate: int
     tile_width: int = 0        # columns of a shared operand tile's row before the skew, where not k_pad (heads)
@@ -217,7 +217,9 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
     stride = (width or k_pad) + ROW_SKEW
-    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride
+    # a tile holds the pass's batch rows, no more (at batch 1 one row, not eight: rows past it are never multiplied
+    # into a stored sum, and their fragments read its last row instead, ``FragmentWeights.tile_products``)
+    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * min(cfg.batch_tile, B) * stride
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
     smem_gs = _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1)
     accumulators = 4 * mw * cfg.k_chains * cfg.n_tiles
