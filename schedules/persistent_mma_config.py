@@ -65,7 +65,7 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .head_columns import OperandColumns, check_heads, fitting_units
-from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
+from .persistent_config import REG_OVERHEAD, group_span
 from .persistent_sums import unit_sum_bytes
 from .ranking import (
     PREFERRED,
@@ -106,6 +106,11 @@ GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least th
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
 SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
 SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (the tiers): two in flight
+# More registers live across a step's phases of products, each after the first: far fewer than the float32
+# template's PHASE_OVERHEAD (a phase's partial sums go to shared memory, not registers). ptxas (CUDA 13, sm_90), fp16
+# batch 1, registers past the weight fragments: LSTM 960 58; Cho's GRU 960 (two phases) 66; two LSTM layers of 480
+# (split) 73; three of 480 (shared layout) 68 at 160 threads, 53 at 320.
+MMA_PHASE_OVERHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -231,7 +236,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
                                                               row, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
-            + PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0))
+            + MMA_PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width,
                        unit_sum_bytes(plan, B, cfg.units_per_cta), sk, smem_ws)
