@@ -173,7 +173,9 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         workspace = self.workspace_shape()  # every batch group's rows
         grid_wide = p.needs_grid_barrier and bar.grid_wide  # ``block``: each block synchronizes with itself
         sync = bar.grid_sync(p.phases) if grid_wide else None
-        streamed = p.reductions[0].weight if getattr(g, "l2_chunks", 0) else ""  # the third tier (one product)
+        # the third tier: the L2 window (one per launch) over the streamed matrix, where the products have one
+        weights = list(dict.fromkeys(r.weight for r in p.reductions))
+        streamed = weights[0] if getattr(g, "l2_chunks", 0) and len(weights) == 1 else ""
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate,
                     streamed=streamed)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
