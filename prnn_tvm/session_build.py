@@ -4,6 +4,7 @@ runs them)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -47,16 +48,24 @@ class SessionKernels:
         )
 
 
-def compile_session(layer) -> SessionKernels:
-    """The kernels of a resident session of a compiled CUDA ``layer`` (once per layer; ``prnn_tvm.runtime.session``
-    runs them). ConfigError where the layer cannot run as a session, with the reason (a bidirectional layer, a
-    wavefront stack: compile the deep stack, ``<cell>_d<layers>``)."""
-    if layer._session is None:
-        plan, target, gpu = layer.plan, layer.target, layer.gpu
-        resident = session_kernel(plan, target, gpu, layer.kernel.config, layer.input_size)
+def _resident(layer) -> tuple:
+    """``(resident kernel, (its launch, publish, collect, close), the module built, the resident's ptxas figures or
+    None, the functions)``: the session's config, else where ptxas spills it its fallbacks holding fewer weights in
+    registers (``session_kernel``), the first that builds without spills (the last where none does: the caller
+    refuses it)."""
+    plan, target, gpu = layer.plan, layer.target, layer.gpu
+    found = None
+    for fallback in itertools.count():
+        try:
+            resident = session_kernel(plan, target, gpu, layer.kernel.config, layer.input_size, fallback)
+        except ConfigError:
+            if found is None:
+                raise
+            return found
         launch = resident.launch
         grids = session_code.grids(plan.batch * layer.input_size, len(plan.states) * plan.batch * plan.hidden)
-        publish, collect, close = session_launches(launch, plan.dtype, grids)
+        launches = (launch, *session_launches(launch, plan.dtype, grids))
+        _, publish, collect, close = launches
         funcs = {
             launch.function: resident.func,
             publish.function: session_code.publish_func(publish),
@@ -65,6 +74,20 @@ def compile_session(layer) -> SessionKernels:
         }
         built = build_functions(funcs, target, gpu)
         fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
+        found = resident, launches, built, fn, funcs
+        if fn is None or not fn.spills:
+            return found
+        log.info("session kernel %s spills %d bytes: the next with fewer weights in registers", resident.config,
+                 fn.spills)
+
+
+def compile_session(layer) -> SessionKernels:
+    """The kernels of a resident session of a compiled CUDA ``layer`` (once per layer; ``prnn_tvm.runtime.session``
+    runs them). ConfigError where the layer cannot run as a session, with the reason (a bidirectional layer, a
+    wavefront stack: compile the deep stack, ``<cell>_d<layers>``)."""
+    if layer._session is None:
+        plan, gpu = layer.plan, layer.gpu
+        resident, (launch, publish, collect, close), built, fn, funcs = _resident(layer)
         if fn is not None:
             launch = dataclasses.replace(
                 launch,

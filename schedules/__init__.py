@@ -78,10 +78,12 @@ def saving_forward(plan, target, gpu, config):
     return Kernel(builder.build(), template.name, builder.launch, config)
 
 
-def session_kernel(plan, target, gpu, config, input_size: int):
+def session_kernel(plan, target, gpu, config, input_size: int, fallback: int = 0):
     """The resident kernel of a session of a layer built with ``config`` (``schedules.session``: the config made to
     run the ``tags`` exchange in the shared layout, or the best untuned one that does), for inputs of ``input_size``
-    values a row; ConfigError with the reason where ``plan`` cannot run as a session."""
+    values a row; ConfigError with the reason where ``plan`` cannot run as a session. ``fallback`` k > 0: the k-th of
+    that config's fallbacks holding fewer weights in registers (``session.offloaded``: what a build that spills takes
+    next), ConfigError past the last."""
     problem = session.session_problem(plan)
     if problem:
         raise ConfigError(problem)
@@ -89,7 +91,15 @@ def session_kernel(plan, target, gpu, config, input_size: int):
         raise ConfigError(f"a session keeps a CUDA kernel resident; target {target.kind.name} has none: compile the "
                           "layer for target='cuda'")
     template = next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
-    config = session.session_config(config, plan, gpu, template.knobs.validate, template.knobs.ranked_configs)
+    config = session.session_config(config, plan, gpu, template.knobs.validate, template.knobs.ranked_configs,
+                                    input_size)
+    if fallback:
+        room = session.session_gpu(plan, gpu, input_size, config.units_per_cta)
+        fallbacks = session.offloaded(config, plan, room, template.knobs.validate)
+        if fallback > len(fallbacks):
+            raise ConfigError(f"{config} has {len(fallbacks)} fallbacks with fewer weights in registers, not "
+                              f"{fallback}")
+        config = fallbacks[fallback - 1]
     geometry = template.knobs.validate(config, plan, gpu)
     builder = session.session_builder(template.builder, input_size)(plan, config, geometry)
     return Kernel(builder.build(), template.name, builder.launch, config)

@@ -90,6 +90,7 @@ class _MmaBackward(FragmentWeights, _Backward):
     def __init__(self, plan: CellPlan, cfg: BackwardMmaConfig, g):
         super().__init__(plan, cfg, g)
         self.stride = g.stride
+        self.tile_rows = cfg.batch_tile  # its gate-gradient tile holds a whole pass's rows
         self.U16 = bc.tiles_per_operand(cfg.units_per_cta) * TILE_M
         self.kt_regs = g.k_tiles_per_warp - cfg.shared_k_tiles  # a warp's first k tiles: in registers
         # each warp copies its own columns where it alone reads them (one warp per k group), in copy_stages stages

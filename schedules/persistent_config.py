@@ -11,7 +11,7 @@ tiles of ``batch_tile`` rows, each a pass over the register-resident weights. ``
 shared memory instead of registers (``persistent_weights`` gives their layout), so a CTA holds
 more weights than its registers do; 0 (every weight in registers) is what configs and tuning
 records from before the knob mean. ``l2_chunks`` (the third tier, for layers past registers and shared memory
-together): the first ``l2_chunks`` of each row's chunks stay in global memory, read in place from the weight matrix
+together): the first ``l2_chunks`` of each row's chunks stay in global memory, read in place from its weight matrix
 (16-byte loads where ``vec`` is 4) every batch tile of every step, served by L2 (the runtime puts an L2 persistence
 window on the weight buffer: ``prnn_tvm.runtime.l2``); chunks ``[l2_chunks, k_chunks - smem_chunks)`` are in
 registers. ``layout``
@@ -254,14 +254,33 @@ def check_streamed(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> None:
     if cfg.smem_chunks + cfg.l2_chunks > g.k_chunks:
         raise ConfigError(f"smem_chunks={cfg.smem_chunks} and l2_chunks={cfg.l2_chunks}: a lane's row has "
                           f"{g.k_chunks} chunks of {cfg.vec} weights; together at most {g.k_chunks}")
-    if len(plan.reductions) != 1 or plan.heads > 1:
-        raise ConfigError(f"l2_chunks={cfg.l2_chunks}: the streamed chunks are read in place from one dense recurrent "
-                          f"weight matrix; cell '{plan.cell.name}' has {len(plan.reductions)} products"
-                          f"{' over heads' if plan.heads > 1 else ''}: use l2_chunks=0")
+    problem = streaming_problem(plan)
+    if problem:
+        raise ConfigError(f"l2_chunks={cfg.l2_chunks}: {problem}: use l2_chunks=0")
+    for reductions, _, _ in parts(cfg.layout, plan):  # a thread reads one product's matrix
+        products = [r.slices * cfg.units_per_cta for r in reductions]
+        if len(products) > 1 and any(rows % cfg.rows_per_thread for rows in products):
+            raise ConfigError(f"l2_chunks={cfg.l2_chunks}: a thread reads its streamed chunks from one product's "
+                              f"weight matrix, so rows_per_thread={cfg.rows_per_thread} must divide the rows of each "
+                              f"product ({', '.join(map(str, products))})")
     if plan.hidden % cfg.vec or cfg.l2_chunks * cfg.vec * cfg.k_split > plan.hidden:
         raise ConfigError(f"l2_chunks={cfg.l2_chunks}: the streamed chunks are read in place, {cfg.vec} weights at a "
                           f"time, from the first {cfg.l2_chunks * cfg.vec * cfg.k_split} columns of each row: vec must "
                           f"divide hidden ({plan.hidden}) and those columns must lie within it: lower l2_chunks or vec")
+
+
+def streaming_problem(plan: CellPlan) -> str | None:
+    """Why ``plan``'s weights cannot stream from global memory (``l2_chunks``), or None. Products over heads have no
+    dense matrix to read in place. A wavefront stack or a bidirectional layer of several products is not streamed:
+    past the chip it runs as a launch per layer or per direction (``prnn_tvm.torch``), each holding its weights on
+    chip, where one launch would read most of them from L2 every step."""
+    if plan.heads > 1:
+        return (f"the streamed chunks are read in place from dense recurrent weight matrices; cell '{plan.cell.name}' "
+                "has products over heads")
+    if len(plan.reductions) > 1 and (plan.lag or plan.reversed_states):
+        return (f"cell '{plan.cell.name}' is a wavefront stack or runs both directions: past the chip it runs a launch "
+                "per layer or direction, each on chip, rather than one streaming most of its weights")
+    return None
 
 
 def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> list[PersistentConfig]:
@@ -313,7 +332,7 @@ def streamed_tiers(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> list[
         g = geometry(cfg, plan)
     except ConfigError:
         return []
-    if not g.rows or len(plan.reductions) != 1 or plan.heads > 1 or plan.hidden % cfg.vec:
+    if not g.rows or streaming_problem(plan) or plan.hidden % cfg.vec:
         return []
     chunk = plan.policy.itemsize * g.threads * cfg.rows_per_thread * cfg.vec  # bytes of one chunk over the CTA
     room = gpu.smem_per_block - STATIC_SMEM_RESERVE - weights_offset(g.smem_hs + g.smem_gs + g.smem_us)

@@ -138,6 +138,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         self.ops = {name: i for i, name in enumerate(plan.operands)}  # each operand's workspace slot
         self.cols = OperandColumns.of(plan.reductions, self.H, cfg.units_per_cta)  # each operand's heads and span
         self.stride = g.stride  # elements between batch rows of a shared operand tile
+        # batch rows of a shared operand tile: a pass's, or the batch where that is less (the tensor-core template's
+        # passes are whole tiles of 8 rows: at batch 1 its tiles hold one row; gate_layout="in_warp" keeps whole
+        # tiles, two sets of them)
+        self.tile_rows = cfg.batch_tile if getattr(cfg, "in_warp", False) else min(cfg.batch_tile, self.B)
         # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
         # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
         self.parts = self.grid_parts() if not save else (
@@ -145,7 +149,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         self.groups = tuple(group for part in self.parts for group in part.groups)
         self.looping = self.parts  # the parts the time loop being emitted runs: one inside ``part_loops``
         # word offset of the float32 template's gate sums: after the operand tiles of the part with the most
-        self.gs0 = max(len(part.operands) for part in self.parts) * cfg.batch_tile * g.stride
+        self.gs0 = max(len(part.operands) for part in self.parts) * self.tile_rows * g.stride
         self.ipt = max(-(-len(part.groups) * group_span(self.B * cfg.units_per_cta, len(part.groups)) // g.threads)
                        for part in self.parts)
         # an item's registers, numbered within its group (a thread holds one group's per item slot)
@@ -170,7 +174,9 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         workspace = self.workspace_shape()  # every batch group's rows
         grid_wide = p.needs_grid_barrier and bar.grid_wide  # ``block``: each block synchronizes with itself
         sync = bar.grid_sync(p.phases) if grid_wide else None
-        streamed = p.reductions[0].weight if getattr(g, "l2_ws", 0) else ""  # the third tier (one product)
+        # the third tier: the L2 window (one per launch) over the streamed matrix, where the products have one
+        weights = list(dict.fromkeys(r.weight for r in p.reductions))
+        streamed = weights[0] if getattr(g, "l2_ws", 0) and len(weights) == 1 else ""
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate,
                     streamed=streamed)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
@@ -594,7 +600,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     @property
     def operand_base(self):
         """Offset of the shared tile this thread's rows multiply (of their head in it, for a head-wise product)."""
-        base = self.per_product(lambda r: self.slot[r.operand]) * (self.c.batch_tile * self.stride)
+        base = self.per_product(lambda r: self.slot[r.operand]) * (self.tile_rows * self.stride)
         if not self.cols.headed:
             return base
         U, first_row = self.c.units_per_cta, self.first_row

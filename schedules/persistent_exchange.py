@@ -51,7 +51,7 @@ class OperandExchange:
         nanoseconds to sleep between polls, values of a row)`` (a row: the CTA's span of the operand, every unit
         of a dense one: ``head_columns``)."""
         BT, row = self.c.batch_tile, self.cols.span(name)
-        dst = T.address_of(self.smem[self.slot[name] * BT * self.stride])
+        dst = T.address_of(self.smem[self.slot[name] * self.tile_rows * self.stride])
         most = min(BT, self.B) * row  # the tensor-core template's tile may be taller than the batch
         return dst, T.min(BT, self.B - b0) * row, most, getattr(self.c, "poll_sleep", 0), row  # tensor-core knob
 
@@ -90,7 +90,7 @@ class OperandExchange:
         slot written before. A CTA loads its span of the operand (``head_columns``: every unit, or its heads'
         units, a contiguous run per batch row in the workspace); columns past ``hidden`` (the last CTA's) are
         not loaded."""
-        H, BT, threads, s = self.H, self.c.batch_tile, self.g.threads, self.slot[name]
+        H, BT, threads, s = self.H, self.tile_rows, self.g.threads, self.slot[name]
         span, col0 = self.cols.span(name), self.cols.first_column(name, self.cta)
         lv = barriers.row_lanes(H if span == H else min(self.cols.sizes[name]), itemsize(self.dt))  # 16-byte loads
         n = BT * span // lv
@@ -130,7 +130,7 @@ class OperandExchange:
         """Where, in shared memory, operand ``name``'s value for batch row ``b`` and unit ``unit`` sits in its tile
         (as :meth:`copy_tile` lays it out), where :attr:`exchange_in_tiles`."""
         column = unit - self.cols.first_column(name, self.cta)
-        return (self.slot[name] * self.c.batch_tile + b) * self.stride + column
+        return (self.slot[name] * self.tile_rows + b) * self.stride + column
 
     def publish(self, name: str, t, b, unit, value):
         """Write this unit's new value of operand ``name`` for the other blocks (the kind's way)."""
@@ -160,7 +160,7 @@ class OperandExchange:
             self.zero_head_padding()
             return
         pad = self.g.k_pad - self.H
-        total = self.tile_sets * len(self.part.operands) * self.c.batch_tile * pad
+        total = self.tile_sets * len(self.part.operands) * self.tile_rows * pad
         for i in range(ceil_div(total, self.g.threads)):
             idx = i * self.g.threads + self.tx
             with T.If(idx < total):
@@ -179,7 +179,7 @@ class OperandExchange:
         """:meth:`zero_operand_padding` where products are head-wise: the columns of each operand's tile that no
         copy loads (from its span to the tile's stride, where a row of the last head reads ``k_pad - D`` on, and
         in the last CTA those past ``hidden``)."""
-        BT, stride = self.c.batch_tile, self.stride
+        BT, stride = self.tile_rows, self.stride
         for name, first in self.slot.items():
             span, col0 = self.cols.span(name), self.cols.first_column(name, self.cta)
             total = BT * stride

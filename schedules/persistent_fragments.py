@@ -15,8 +15,9 @@ sequence into registers (``poll_fragments``), the k columns of a warp's range pe
 are whole 16-byte loads (``persistent_mma_config.direct_k``; the A fragments take the same columns), and the
 partial sums alternate between two sets by step parity. Otherwise the B fragments of two batch tiles are one
 ``ldmatrix.x4`` from the shared operand tile (rows of
-``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks); with one batch tile per pass,
-two 32-bit loads (H100, tuned configs, one process, us per step, 32-bit loads -> ldmatrix: LSTM fp16 1024x64
+``stride`` elements; ``ROW_SKEW`` puts the eight batch rows on distinct banks; a batch smaller than the pass has a
+tile of its own rows only, ``tile_rows``, and the fragments' rows past it read its last row); with one batch tile per
+pass, two 32-bit loads (H100, tuned configs, one process, us per step, 32-bit loads -> ldmatrix: LSTM fp16 1024x64
 5.18 -> 4.88, 1024x32 3.25 -> 3.15, 512x16 1.92 -> 1.91; at one batch tile ``.x2`` was 0-2.5% slower). Each warp
 adds its k range into float32 accumulators and writes them to its k group's slice of the
 shared partial sums; the pointwise math adds the ``k_groups`` partials of the gate it reads.
@@ -204,8 +205,9 @@ class FragmentWeights(StreamedFragments):
                 # ldmatrix: lane l gives the row address of 8 x 8 matrix l // 8 (k 0-7 or 8-15 of batch tile nt or
                 # nt + 1), row l % 8; lane (grp, quad) receives batch row grp, k 2 * quad.. of each
                 lane_at = ((lane % 8 + TILE_N * (lane // 16)) * stride + 8 * (lane // 8 % 2) if pairs
-                           else self.grp * stride + 2 * self.quad)
+                           else self.tile_row(self.grp) * stride + 2 * self.quad)
                 first = bind_value(self.operand_base + lane_at + TILE_K * self.kg * g.k_tiles_per_warp, "frag0")
+                starts = self.pair_starts(lane) if pairs else {}
                 for kt in range(g.k_tiles_per_warp):
                     self.before_k_tile(b0, kt)
                     at = first + TILE_K * kt
@@ -213,8 +215,9 @@ class FragmentWeights(StreamedFragments):
                         self.streamed_b(kt)
                     elif pairs:
                         for nt in range(0, c.n_tiles, 2):
+                            row_at = starts[nt] + TILE_K * kt if starts else at + nt * TILE_N * stride
                             T.evaluate(T.cuda.func_call("prnn_ldmatrix_x4", T.address_of(self.bfrag[nt * B_REGS]),
-                                                        T.address_of(self.smem[at + nt * TILE_N * stride]),
+                                                        T.address_of(self.smem[row_at]),
                                                         source_code=_LDMATRIX, return_type="void"))
                     else:
                         for half in range(2):  # k 2*quad.. and 8 + 2*quad..
@@ -228,6 +231,23 @@ class FragmentWeights(StreamedFragments):
         """What a warp does before reading k tile ``kt`` of batch rows b0.. from the shared operand tile: nothing (the
         block filled the tile before :meth:`tile_products`); the tensor-core backward's warps copy their own
         columns there."""
+
+    def tile_row(self, row):
+        """The row of the shared operand tile that a fragment's batch row ``row`` (of the pass) reads: itself, or
+        where the tile holds fewer rows than the pass (``tile_rows``: a batch under 8) its last row, whose products
+        land in columns never stored (``store_partials``)."""
+        return row if self.tile_rows == self.c.batch_tile else T.min(row, self.tile_rows - 1)
+
+    def pair_starts(self, lane) -> dict:
+        """Where the lane's ``ldmatrix`` row address of batch tiles ``nt, nt + 1`` starts, per even ``nt``, in a tile
+        of fewer rows than the pass (each row clamped by :meth:`tile_row`); empty for a whole tile (one start, the
+        tiles ``TILE_N`` rows apart)."""
+        if self.tile_rows == self.c.batch_tile:
+            return {}
+        g, stride = self.g, self.stride
+        return {nt: bind_value(self.operand_base + self.tile_row(lane % 8 + TILE_N * (lane // 16 + nt)) * stride
+                               + 8 * (lane // 8 % 2) + TILE_K * self.kg * g.k_tiles_per_warp, f"frag_pair{nt}")
+                for nt in range(0, self.c.n_tiles, 2)}
 
     def filled_row_tiles(self) -> int:
         """Row tiles that hold weights in this CTA: its products' (the widest part may have more)."""

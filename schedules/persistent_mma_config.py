@@ -70,7 +70,7 @@ from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .gate_layout import UNITS_PER_WARP, check_gate_layout, in_warp_tiles
 from .head_columns import OperandColumns, check_heads, fitting_units
-from .persistent_config import PHASE_OVERHEAD, REG_OVERHEAD, group_span
+from .persistent_config import REG_OVERHEAD, group_span
 from .persistent_sums import unit_sum_bytes
 from .ranking import (
     PREFERRED,
@@ -113,6 +113,11 @@ GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least th
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
 SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
 SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (the tiers): two in flight
+# More registers live across a step's phases of products, each after the first: far fewer than the float32
+# template's PHASE_OVERHEAD (a phase's partial sums go to shared memory, not registers). ptxas (CUDA 13, sm_90), fp16
+# batch 1, registers past the weight fragments: LSTM 960 58; Cho's GRU 960 (two phases) 66; two LSTM layers of 480
+# (split) 73; three of 480 (shared layout) 68 at 160 threads, 53 at 320.
+MMA_PHASE_OVERHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,7 @@ class MmaGeometry:
     batch_chunks: int          # passes over the batch
     items_per_thread: int      # (pointwise group, batch row, unit) items per thread
     tagged_per_thread: int
-    smem_ops: int              # bytes: the operand tiles of one pass (none with operand_path="direct")
+    smem_ops: int              # bytes: the operand tiles of one pass, its batch rows (none with operand_path="direct")
     smem_gs: int               # bytes: the k groups' partial sums for the whole batch (two sets: "direct")
     regs_estimate: int
     tile_width: int = 0        # columns of a shared operand tile's row before the skew, where not k_pad (heads)
@@ -235,8 +240,11 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
               for _, _, groups in runs)
     n_ops = max(len(operands) for _, operands, _ in runs)
     stride = (width or k_pad) + ROW_SKEW
-    # in_warp: the tile read this step and the one written for the next; no partial sums (gate_layout)
-    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * cfg.batch_tile * stride * (2 if cfg.in_warp else 1)
+    # a tile holds the pass's batch rows, no more (at batch 1 one row, not eight: rows past it are never multiplied
+    # into a stored sum, and their fragments read its last row instead, ``FragmentWeights.tile_products``); in_warp:
+    # whole tiles, the one read this step and the one written for the next, and no partial sums (gate_layout)
+    tile_rows = 2 * cfg.batch_tile if cfg.in_warp else min(cfg.batch_tile, B)
+    smem_ops = 0 if cfg.direct else itemsize(plan.dtype) * n_ops * tile_rows * stride
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
     smem_gs = 0 if cfg.in_warp else (
         _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1))
@@ -251,7 +259,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
                                                               row, itemsize(plan.dtype), n_ops)
         fragments = 2 * cfg.n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
-            + PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0)
+            + MMA_PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0)
             + staging_regs(cfg, kt, lk))
     return MmaGeometry(ctas, threads, m_tiles, warp_rows, m_tiles * TILE_M, sum_stride, kt, k_pad, weights,
                        math.ceil(B / cfg.batch_tile), ipt, tagged, smem_ops, smem_gs, regs, width,

@@ -17,8 +17,9 @@ consecutive ``vec``-wide words, one 128-byte wavefront per word of the vector an
 product reads them once per batch tile: per shared chunk, the tile's state vectors, then per row one weight
 vector multiplied into every batch row.
 
-The third tier (``l2_chunks`` = L > 0, one dense product): chunks ``q < L`` of every row are never loaded into the
-CTA; every batch tile of every step reads them in place from the weight matrix (row ``s * hidden + unit``, columns
+The third tier (``l2_chunks`` = L > 0, dense products): chunks ``q < L`` of every row are never loaded into the
+CTA; every batch tile of every step reads them in place from its product's weight matrix (a thread's rows are all
+one product's; with several, the matrix's address is chosen per thread) (row ``s * hidden + unit``, columns
 ``vec * (ks + k_split * q) ..``: a warp's lanes read consecutive ``vec``-wide words, 16-byte ``__ldg`` loads where
 ``vec`` is 4, the matrix being read-only for the launch), all rows' vectors of a chunk loaded before they are
 multiplied. A thread past the CTA's rows, or a row of a unit past hidden, reads a row that exists (its sums are
@@ -48,6 +49,9 @@ _STREAMED = r"""
 // one weight vector of a streamed chunk, read-only for the launch: ld.global.nc, 16 bytes for a float4
 template <typename V>
 __device__ __forceinline__ V prnn_ldg(const float* p) { return __ldg(reinterpret_cast<const V*>(p)); }
+// where several products stream: the address in the matrix of the product a thread's rows belong to
+template <typename P>
+__device__ __forceinline__ P prnn_pick(bool mine, P here, P before) { return mine ? here : before; }
 #endif
 """
 
@@ -106,10 +110,10 @@ class RegisterWeights:
             self.hvs = T.alloc_buffer((c.batch_tile * c.vec,), self.dt, scope="local")
             self.wv = T.alloc_buffer((c.vec * (c.rows_per_thread if g.l2_chunks else 1),), self.dt, scope="local")
             self.ws0 = g.weights_offset // itemsize(self.dt)
-        if g.l2_chunks:  # the streamed tier: the weight matrix as a flat buffer, each row's first element there
-            (red,) = self.p.reductions
-            matrix = self.a.weight[red.weight]
-            self.wglobal = T.decl_buffer((red.slices * self.H * self.H,), self.dt, data=matrix.data)
+        if g.l2_chunks:  # the streamed tier: each weight matrix as a flat buffer, each row's first element there
+            self.wglobal = {red.weight: T.decl_buffer((red.slices * self.H * self.H,), self.dt,
+                                                      data=self.a.weight[red.weight].data)
+                            for red in self.p.reductions}
             self.wrow = T.alloc_buffer((c.rows_per_thread,), "int32", scope="local")
         self.ks = bind_value(self.tx % c.k_split, "ks")
         self.rg = bind_value(self.tx // c.k_split, "rg")
@@ -143,20 +147,37 @@ class RegisterWeights:
             self.prefetch_streamed()
 
     def streamed_row(self, r: int, row):
-        """Where row ``r`` of the thread starts in the flat weight matrix (the streamed tier): its gate slice's row of
-        its unit, both clamped to rows that exist (a thread past the CTA's rows, a unit past hidden: sums never
-        stored)."""
-        (red,) = self.reductions
+        """Where row ``r`` of the thread starts in its product's flat weight matrix (the streamed tier): its gate
+        slice's row of its unit, both clamped to rows that exist (a thread past the CTA's rows, a unit past hidden:
+        sums never stored)."""
         U = self.c.units_per_cta
-        last = red.slices * U - 1
-        inside = T.if_then_else(row < last, row, last)
+        if len(self.reductions) == 1:
+            (red,) = self.reductions
+            last = red.slices * U - 1
+            inside = T.if_then_else(row < last, row, last)
+        else:  # the thread's rows are all its product's (validate): from that product's first row
+            lo = self.row_lo[0]
+            last = self.reductions[0].slices * U - 1
+            for i, red in enumerate(self.reductions[1:], start=1):
+                mine = self.first_row >= self.row_lo[i]
+                lo = T.if_then_else(mine, self.row_lo[i], lo)
+                last = T.if_then_else(mine, red.slices * U - 1, last)
+            inside = bind_value(T.min(row - lo, last), f"streamed{r}")
         unit = self.cta * U + inside % U
         unit = T.if_then_else(unit < self.H - 1, unit, self.H - 1)
         T.buffer_store(self.wrow, (inside // U * self.H + unit) * self.H, [r])
 
-    def streamed_weight(self, r: int, q: int):
-        """The element where streamed chunk ``q`` of the thread's row ``r`` starts in the flat weight matrix."""
-        return self.wrow[r] + self.c.vec * (self.ks + self.c.k_split * q)
+    def streamed_address(self, r: int, q: int):
+        """The address of streamed chunk ``q`` of the thread's row ``r``: in its product's flat weight matrix (with
+        several products, the one its rows belong to)."""
+        at = self.wrow[r] + self.c.vec * (self.ks + self.c.k_split * q)
+        address = T.address_of(self.wglobal[self.reductions[0].weight][at])
+        for i, red in enumerate(self.reductions[1:], start=1):
+            # (a pointer select: TIR's Select takes no handles)
+            address = T.cuda.func_call("prnn_pick", self.first_row >= self.row_lo[i],
+                                       T.address_of(self.wglobal[red.weight][at]), address, source_code=_STREAMED,
+                                       return_type="handle")
+        return address
 
     def prefetch_streamed(self):
         """Before a barrier wait: the thread's first streamed weight vectors asked into L1 (module doc), as many rows
@@ -166,11 +187,11 @@ class RegisterWeights:
         budget = L1_PREFETCH_BYTES // per_row
         for i in range(min(budget, g.l2_chunks * c.rows_per_thread)):
             q, r = divmod(i, c.rows_per_thread)
-            T.evaluate(prefetch(T.address_of(self.wglobal[self.streamed_weight(r, q)]), "L1"))
+            T.evaluate(prefetch(self.streamed_address(r, q), "L1"))
 
     def before_wait(self):
         """What a thread does before the step's barrier wait: ask for the next step's first streamed weights."""
-        if self.g.l2_chunks:  # one dense product: one part
+        if self.g.l2_chunks:
             for _ in self.each_part():
                 self.prefetch_streamed()
 
@@ -223,7 +244,7 @@ class RegisterWeights:
         c = self.c
         vector = {1: "float", 2: "float2", 4: "float4"}[c.vec]  # the template's storage type is float32
         for r in range(c.rows_per_thread):
-            value = T.cuda.func_call(f"prnn_ldg<{vector}>", T.address_of(self.wglobal[self.streamed_weight(r, q)]),
+            value = T.cuda.func_call(f"prnn_ldg<{vector}>", self.streamed_address(r, q),
                                      source_code=_STREAMED, return_type=self.dt if c.vec == 1 else f"{self.dt}x{c.vec}")
             T.buffer_store(self.wv, value, [vec_index(r * c.vec, c.vec)])
         self.tile_vectors(q)

@@ -37,6 +37,8 @@ from prnn_tvm.signature import (
     with_session,
 )
 
+from .ranking import TIER_STEPS, tier_knob
+
 SESSION_BARRIER = "tags"
 
 
@@ -51,17 +53,31 @@ def session_problem(plan) -> str | None:
     return None
 
 
-def session_config(cfg, plan, gpu, validate, ranked_configs):
-    """``cfg`` as a session kernel runs it: the ``tags`` exchange, the shared layout, one batch group, and a grid
-    that leaves :data:`FREE_SMS` SMs to other kernels; else the best untuned config that runs so; ConfigError when
-    none does."""
+def session_smem(plan, input_size: int, units: int) -> int:
+    """Bytes of static shared memory a session kernel adds to its config's (:meth:`SessionMode.alloc_loop_state`):
+    the step's input and a CTA's part of its projection, float32."""
+    return 4 * plan.batch * (input_size + plan.input.slices * units)
+
+
+def session_gpu(plan, gpu, input_size: int, units: int):
+    """``gpu`` as a session kernel's config sees it: a CTA's shared memory less the session's own
+    (:func:`session_smem`), which comes on top of the config's."""
+    return dataclasses.replace(gpu, smem_per_block=gpu.smem_per_block - session_smem(plan, input_size, units))
+
+
+def session_config(cfg, plan, gpu, validate, ranked_configs, input_size: int = 0):
+    """``cfg`` as a session kernel runs it: the ``tags`` exchange, the shared layout, one batch group, a grid
+    that leaves :data:`FREE_SMS` SMs to other kernels, and shared memory that leaves room for the session's own
+    (:func:`session_gpu`, inputs of ``input_size`` values a row), raising its weight tiers where that fits
+    (:func:`with_tiers_raised`); else the best untuned config that runs so; ConfigError when none does."""
     changes = {"barrier": SESSION_BARRIER, "layout": "shared", "batch_groups": 1, "poll_sleep": 0,
                "operand_path": "shared", "gate_layout": "by_gate"}  # (in_warp writes its block's own tiles)
 
     def fitting(candidate):
         knobs = {f.name for f in dataclasses.fields(candidate)}
         candidate = dataclasses.replace(candidate, **{k: v for k, v in changes.items() if k in knobs})
-        ctas = validate(candidate, plan, gpu).ctas
+        room = session_gpu(plan, gpu, input_size, candidate.units_per_cta)
+        candidate, ctas = with_tiers_raised(candidate, plan, room, validate)
         if ctas > gpu.sms - FREE_SMS:
             raise ConfigError(f"{ctas} CTAs leave fewer than {FREE_SMS} of the {gpu.sms} SMs to other kernels")
         return candidate
@@ -70,13 +86,51 @@ def session_config(cfg, plan, gpu, validate, ranked_configs):
         return fitting(cfg)
     except ConfigError as err:
         reason = err
-    for other in ranked_configs(plan, gpu, limit=64):
+    fewest = -(-plan.hidden // gpu.sms)  # units per CTA: the least any ranked config has
+    try:
+        ranked = ranked_configs(plan, session_gpu(plan, gpu, input_size, fewest), limit=64)
+    except ConfigError:  # none fits beside the session's own shared memory
+        ranked = []
+    for other in ranked:
         try:
             return fitting(other)
         except ConfigError:
             continue
     raise ConfigError(f"no config of this layer runs as a session kernel (the '{SESSION_BARRIER}' exchange, the "
-                      f"shared layout, {FREE_SMS} SMs left free): {reason}")
+                      f"shared layout, {FREE_SMS} SMs left free, {session_smem(plan, input_size, fewest)} B or more of "
+                      f"shared memory for the step's input of {plan.batch} x {input_size} values): {reason}")
+
+
+def offloaded(cfg, plan, gpu, validate) -> list:
+    """``cfg`` with 1 to ``TIER_STEPS`` more of each thread's weights off its registers, those that validate: more
+    streamed from global memory where ``cfg`` streams some (``l2_chunks``: its shared memory is full), else more in
+    shared memory where it keeps some there (its tier knob, ``ranking.tier_knob``); none for a config whose weights
+    are all in registers. The fallbacks of a session kernel, whose ``tags`` exchange polls with registers that the
+    layer's own exchange may not (LSTM 3x960: fp16 three more k tiles of fragments in shared memory, fp32 one more
+    streamed chunk where ptxas spilled)."""
+    knob = "l2_chunks" if getattr(cfg, "l2_chunks", 0) else tier_knob(cfg)
+    held = getattr(cfg, knob) if knob else 0
+    found = []
+    for more in range(held + 1, held + TIER_STEPS + 1) if held else ():
+        raised = dataclasses.replace(cfg, **{knob: more})
+        try:
+            validate(raised, plan, gpu)
+        except ConfigError:
+            continue
+        found.append(raised)
+    return found
+
+
+def with_tiers_raised(cfg, plan, gpu, validate) -> tuple:
+    """``(config, its CTAs)``: ``cfg`` where it validates, else the first of :func:`offloaded` (ConfigError, ``cfg``'s,
+    where there is none)."""
+    try:
+        return cfg, validate(cfg, plan, gpu).ctas
+    except ConfigError:
+        raised = offloaded(cfg, plan, gpu, validate)
+        if not raised:
+            raise
+        return raised[0], validate(raised[0], plan, gpu).ctas
 
 
 def session_builder(builder: type, input_size: int) -> type:

@@ -107,11 +107,12 @@ class StreamedFragments:
 
     def streamed_b(self, kt: int):
         """The shared operand path's B fragments of streamed k tile ``kt``: per batch tile, B indices 0..3 at the
-        columns ``direct_k`` gives, one 8-byte load from the operand tile."""
-        at = self.operand_base + self.grp * self.stride + TILE_K * self.kg * self.g.k_tiles_per_warp
-        at = at + direct_k(self.quad, kt, 0, self.ordered)
+        columns ``direct_k`` gives, one 8-byte load from the operand tile (batch row ``grp`` of the tile, or its last
+        row where the tile holds fewer rows than the pass: ``tile_row``)."""
+        at = self.operand_base + TILE_K * self.kg * self.g.k_tiles_per_warp + direct_k(self.quad, kt, 0, self.ordered)
         for nt in range(self.c.n_tiles):
-            T.buffer_store(self.bfrag, self.smem[vec_index(at + nt * 8 * self.stride, 4)], [vec_index(nt * 4, 4)])
+            row = self.tile_row(self.grp + 8 * nt)
+            T.buffer_store(self.bfrag, self.smem[vec_index(at + row * self.stride, 4)], [vec_index(nt * 4, 4)])
 
     def multiply_streamed(self, kt: int, b_offset, per_chain: int):
         """:meth:`FragmentWeights.multiply` for streamed k tile ``kt``: the loads ``stream_depth`` groups ahead,

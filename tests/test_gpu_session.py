@@ -59,6 +59,8 @@ def _reference(plan, inputs, xs, states=None):
         ("lstm", 640, 8, 640, "float16"),  # an RNN-T prediction network
         ("gru_d3", 96, 4, 80, "bfloat16"),
         ("rnn_tanh", 1, 1, 1, "float32"),
+        ("lstm_d3", 960, 1, 960, "float16"),  # weights in registers and shared memory
+        ("lstm_d3", 960, 1, 960, "float32"),  # weights in registers, shared memory and L2
     ],
 )
 def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, batch, input_size, dtype):
@@ -83,6 +85,8 @@ def test_a_session_serves_each_step_as_the_reference_computes_it(cell, hidden, b
         ("lstm", 33, 3, 1, "float32"),  # an input of one value, odd sizes
         ("gru", 96, 3, 7, "bfloat16"),  # 21 half values in 11 words: the last word's high half pads
         ("lstm", 33, 1, 1, "float16"),  # a single half value: one word, as float32 bits
+        ("lstm_d3", 960, 1, 960, "float16"),  # issue 47's 3x960: registers and shared memory
+        ("lstm_d3", 960, 1, 960, "float32"),  # and the streamed tier (L2)
     ],
 )
 def test_host_steps_equal_the_layers_sequence_call(cell, hidden, batch, input_size, dtype):

@@ -71,6 +71,18 @@ def test_half_forced_splits(cell, config):
     assert run_and_compare(layer, 33) <= plan_tolerance(layer.plan, 33), layer.report.format()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_deep_stack_3x960_at_batch_1_matches_reference(dtype):
+    """Issue 47's three LSTM layers of 960 at batch 1 (five products a unit): fp16 (37 MB) in registers and shared
+    memory, fp32 (74 MB) streaming the rest from L2 too."""
+    layer = prnn_tvm.compile_cell("lstm_d3", 960, 1, dtype=dtype, target="cuda", tuning_logs=[])
+    report = layer.report
+    assert report.spill_bytes == 0 and report.weight_smem_bytes > 0, report.format()
+    assert (report.weight_l2_bytes > 0) == (dtype == "float32"), report.format()
+    err = run_and_compare(layer, 16, seed=960)
+    assert err <= plan_tolerance(layer.plan, 16), f"max abs error {err:.2e}\n{report.format()}"
+
+
 @pytest.mark.parametrize("kind, hidden, dtype", [("LSTM", 1792, "float32"), ("LSTM", 2048, "float16"),
                                                  ("GRU", 1792, "float32")])
 def test_torch_modules_past_registers(kind, hidden, dtype):

@@ -14,7 +14,9 @@ from prnn_tvm.compiler import compile_session
 from prnn_tvm.reference import random_inputs, reference_layer
 from prnn_tvm.runtime import session_words
 from prnn_tvm.runtime.session import Session
+from prnn_tvm.schedules.session import session_smem
 from prnn_tvm.signature import REQUESTS, REQUESTS_HOST, RESPONSES, RESPONSES_HOST, SESSION_IDLE
+from prnn_tvm.target import STATIC_SMEM_RESERVE
 from prnn_tvm.verify import emulator
 from prnn_tvm.verify.session import run_session
 
@@ -116,13 +118,26 @@ def test_an_input_too_large_for_shared_memory_is_refused_with_the_fix():
 
 def test_a_session_past_a_ctas_shared_memory_is_refused_with_the_fix():
     """The session's own shared memory (the step's input) comes on top of the config's (its operand tiles, and the
-    weights a tiered config keeps there): where the sum passes a CTA's limit the launch would fail, so the compile
+    weights a tiered config keeps there): where no config leaves room for it the launch would fail, so the compile
     refuses, naming both parts."""
     layer = prnn_tvm.compile_cell("lstm", 16, 4, input_size=200, target="cuda", arch="sm_90")
-    dynamic = layer.kernel.launch.grid.dynamic_smem_bytes
-    layer.gpu = dataclasses.replace(layer.gpu, smem_per_block=dynamic + 1024)  # the config fits, the input not
-    with pytest.raises(ConfigError, match=r"shared memory per CTA.*4 x 200 values.*fewer weights in shared memory"):
+    layer.gpu = dataclasses.replace(layer.gpu, smem_per_block=4 * 4 * 200)  # the input alone fills it
+    with pytest.raises(ConfigError, match=r"session kernel.*shared memory for the step's input of 4 x 200 values\): "
+                                          r"needs \d+ bytes of shared memory per CTA"):
         compile_session(layer)
+
+
+def test_a_session_takes_a_config_that_leaves_room_for_its_input():
+    """Where the layer's config leaves no room for the step's input beside it, the session runs a config that does:
+    its dynamic and static shared memory together within a CTA's limit."""
+    layer = prnn_tvm.compile_cell("lstm", 64, 4, input_size=200, target="cuda", arch="sm_90")
+    dynamic, units = layer.kernel.launch.grid.dynamic_smem_bytes, layer.kernel.config.units_per_cta
+    limit = dynamic + session_smem(layer.plan, 200, units) + STATIC_SMEM_RESERVE - 1  # one byte short for the config
+    layer.gpu = dataclasses.replace(layer.gpu, smem_per_block=limit)
+    grid = compile_session(layer).resident.grid
+    assert grid.dynamic_smem_bytes < dynamic
+    assert grid.dynamic_smem_bytes + grid.static_smem_bytes <= limit
+    assert grid.static_smem_bytes >= 4 * 4 * 200
 
 
 def test_the_host_transports_words_carry_value_and_tag_in_one_word():

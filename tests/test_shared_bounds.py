@@ -37,6 +37,9 @@ CUDA = dict(target="cuda", arch="sm_90", tuning_logs=[])
         ("gru", 256, 16, "bfloat16", {}),
         ("lstm", 128, 24, "float16", {"layers": 2}),
         ("rnn_tanh", 96, 16, "float16", {"bidirectional": True}),
+        ("lstm", 64, 3, "float16", {}),  # operand tiles of the batch's 3 rows, not the pass's 8
+        ("gru", 48, 12, "float16", {"config": dict(units_per_cta=16, k_groups=1, n_tiles=2)}),  # 12 rows of 16
+        ("lstm_d3", 40, 1, "float16", {}),  # a deep stack at batch 1: five operand tiles of one row
     ],
 )
 def test_every_shared_access_is_inside_what_the_launch_allocates(cell, hidden, batch, dtype, options):

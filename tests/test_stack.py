@@ -366,9 +366,16 @@ def shared_config():
 
 def test_a_stack_that_does_not_fit_on_chip_says_so():
     """Two float32 LSTM layers at hidden 1536 hold 113 MB of weights: more than the H100's registers and shared
-    memory together (about 63 MB)."""
+    memory together (about 63 MB). The wavefront stack is not streamed from L2 (past the chip a launch per layer
+    holds each on chip); the deep stack of the same layers, one step at a time, is."""
     with pytest.raises(ConfigError, match="no persistent config fits cell 'lstm_x2'"):
         prnn_tvm.compile_cell("lstm", 1536, 4, arch="sm_90", layers=2, tuning_logs=[])
+    with pytest.raises(ConfigError, match="is a wavefront stack or runs both directions"):
+        pc.validate(pc.PersistentConfig(24, 8, 4, 4, 4, l2_chunks=1), analyze(stacked(resolve("lstm"), 2), 4, 1536),
+                    gpu_spec("sm_90"))
+    deep = analyze(stacked(resolve("lstm"), 2, wavefront=False), 4, 1536)
+    ranked = pc.ranked_configs(deep, gpu_spec("sm_90"))
+    assert ranked and all(pc.validate(cfg, deep, gpu_spec("sm_90")).l2_ws > 0 for cfg in ranked)
 
 
 # ------------------------------------------------------------------ on the GPU

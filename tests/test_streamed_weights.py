@@ -42,12 +42,32 @@ def test_streamed_weights_as_emitted(cell, hidden, batch, config, steps):
     assert err <= tolerance("float32", steps), (err, layer.report.config)
 
 
+@emulates
+@pytest.mark.parametrize(
+    "cell, hidden, batch, config, steps",
+    [
+        ("lstm_d2", 16, 3, knobs(4, 4, 4, 2, l2_chunks=1), 5),  # two layers: three products, two phases
+        ("lstm_d3", 10, 2, knobs(3, 2, 3, 2, smem_chunks=1, l2_chunks=1, barrier="tags"), 4),  # all tiers, 5 products
+        ("gru_cho", 12, 1, knobs(4, 2, 4, 1, vec=4, l2_chunks=1), 5),  # 16-byte loads, a product per phase
+        ("lstm_d2", 16, 3, knobs(4, 4, 4, 2, l2_chunks=1, layout="split"), 5),  # each layer's CTAs its products
+    ],
+)
+def test_several_products_stream_from_their_own_matrices(cell, hidden, batch, config, steps):
+    """Where a cell has several products (a deep stack's five a unit), each thread reads its streamed chunks from the
+    matrix of the product its rows belong to; the launch names no one matrix for the L2 window."""
+    err, layer = emulated(cell, hidden, batch, config, seq_len=steps)
+    assert len(layer.plan.reductions) > 1
+    assert layer.report.weight_l2_bytes > 0
+    assert layer.kernel.launch.grid.streamed == ""
+    assert err <= tolerance("float32", steps), (err, layer.report.config)
+
+
 @pytest.mark.parametrize(
     "cell, hidden, config, message",
     [
         ("lstm", 256, pc.PersistentConfig(2, 8, 4, 4, 4, l2_chunks=-1), "l2_chunks=-1"),
         ("lstm", 256, pc.PersistentConfig(2, 8, 4, 4, 4, smem_chunks=5, l2_chunks=4), "together at most 8"),
-        ("gru_cho", 256, pc.PersistentConfig(2, 8, 2, 4, 4, l2_chunks=1), "has 2 products"),
+        ("lstm_h4", 256, pc.PersistentConfig(2, 8, 4, 4, 4, l2_chunks=1), "has products over heads"),
         ("lstm", 250, pc.PersistentConfig(2, 8, 4, 4, 4, l2_chunks=1), "vec must divide hidden"),
         ("lstm", 250, pc.PersistentConfig(2, 8, 4, 4, 2, l2_chunks=16), "lie within it"),
     ],

@@ -76,9 +76,9 @@ class ExchangeSite(Protocol):
     and the batch rows a CTA runs; ``dt``: the storage dtype; ``sync``: the barrier's arguments (None without);
     ``barrier_base``: the base read at the start (None without state); ``bx``: the block index; ``smem``: the
     shared operand tiles; ``ops``: each operand's workspace slot; ``own``: the states this thread keeps in
-    registers as it published them (:meth:`Barrier.kept_states`); ``g.threads``, ``stride``: threads per CTA and
-    elements between rows of a shared operand tile; ``aborted``: the thread's abort flag (a one-element local
-    buffer)."""
+    registers as it published them (:meth:`Barrier.kept_states`); ``g.threads``, ``stride``, ``tile_rows``: threads
+    per CTA, elements between rows of a shared operand tile and its rows; ``aborted``: the thread's abort flag (a
+    one-element local buffer)."""
 
     def copy_tile(self, name: str, t, b0, phase: int, initial: bool = False):
         """Plain vector loads of operand ``name``'s rows ``b0..`` into its shared tile: the initial state at step

@@ -38,7 +38,7 @@ class PeerTags(Tags):
             for r0 in range(0, min(BT, B), rows):
                 count = tirx.max(T.min(here - r0, rows), 0) * row
                 src = T.address_of(site.a.ws[site.ws_at(name, parity, T.min(b0 + r0, B - 1), first)])
-                dst = T.address_of(site.smem[(site.slot[name] * BT + r0) * site.stride])
+                dst = T.address_of(site.smem[(site.slot[name] * site.tile_rows + r0) * site.stride])
                 abort = self.poll_copy(site.g.threads, src, dst, site.dt, count, min(rows, B - r0) * row, row,
                                        site.stride, site.barrier_base, step, site.sync, sleep_ns)
                 abort_on(site, abort)
