@@ -296,6 +296,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                         self.prologue()
                     with T.serial(0, self.steps) as t:
                         self.step(t)
+                    for _ in self.each_part():
+                        self.after_steps()
                 if self.sync is not None:  # the last step crosses no barrier
                     for _ in self.each_part():
                         self.report_timeout()
@@ -306,6 +308,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     def alloc_loop_state(self):
         """Before the time loop: registers or shared memory the loop keeps besides the template's own (a session
         kernel's, ``schedules.session``)."""
+
+    def after_steps(self):
+        """After the time loop, for the part being emitted: what a template writes once the steps are done (the final
+        states, where it keeps them in registers: ``persistent_warp_gates``)."""
 
     @property
     def steps_run(self):
@@ -374,8 +380,17 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                         self.load_inputs(t + 1)
         if p.needs_grid_barrier:
             self.before_wait()
-            self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall,
-                              when=t < self.steps - 1)
+            last = None if self.waits_at_last_step else t < self.steps - 1
+            self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall, when=last)
+
+    @property
+    def waits_at_last_step(self) -> bool:
+        """Whether the barrier at the end of a step is emitted unguarded, the last step's included (a block barrier
+        there costs nothing): guarded, it would share the guard of the next step's loads of the projection
+        (:attr:`inputs_early`), and nvcc merges the two and ptxas issues the loads after the barrier. No: a grid-wide
+        kind counts its barriers, and the block kernels' by_gate step is left as the queued A/B changes know it
+        (``persistent_warp_gates`` says yes)."""
+        return False
 
     # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`)
     XP_PREFETCH_STEPS = 0

@@ -99,8 +99,8 @@ def test_the_training_kernels_of_head_wise_products_as_emitted(cell, hidden, bat
 def test_a_block_exchanges_its_values_in_its_operand_tiles(cell, hidden, batch, dtype, config, in_tiles):
     """With ``block`` and one batch pass a step, the time loop never touches the global workspace: a step is its
     products, one block barrier (none with ``gate_layout="in_warp"``, the default here), the pointwise math writing
-    the tiles, one block barrier (and one more at step 0, after the initial states' copy); the next step's input
-    projection is loaded during this one."""
+    the tiles, one block barrier (and one more at step 0, after the initial states' copy, which ``in_warp`` makes
+    before the loop); the next step's input projection is loaded during this one."""
     layer = prnn_tvm.compile_cell(
         cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[], config=config
     )
@@ -109,10 +109,11 @@ def test_a_block_exchanges_its_values_in_its_operand_tiles(cell, hidden, batch, 
     loop = body[start:end]
     assert ("workspace_ptr[" not in loop) == in_tiles
     if in_tiles:
-        # a phase's products and the barrier after its pointwise math (that one alone where a unit's gates are in
-        # one warp: test_gate_layout.py), and the copy at step 0
-        per_phase = 1 if getattr(layer.kernel.config, "in_warp", False) else 2
-        assert loop.count("__syncthreads()") == per_phase * layer.plan.phases + 1, loop.count("__syncthreads()")
+        # a phase's products and the barrier after its pointwise math, and the copy at step 0 (the barrier after the
+        # pointwise math alone where a unit's gates are in one warp: test_gate_layout.py)
+        in_warp = getattr(layer.kernel.config, "in_warp", False)
+        expected = layer.plan.phases if in_warp else 2 * layer.plan.phases + 1
+        assert loop.count("__syncthreads()") == expected, loop.count("__syncthreads()")
         assert "xp_ptr[" in body[:start]  # step 0's, in the prologue
         assert loop.index("xp_ptr[") > loop.index("if ((v + 1) < seq_len)")  # the next step's, after the math
 
