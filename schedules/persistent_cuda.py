@@ -296,8 +296,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                         self.prologue()
                     with T.serial(0, self.steps) as t:
                         self.step(t)
-                    for _ in self.each_part():
-                        self.after_steps()
+                    self.after_steps()
                 if self.sync is not None:  # the last step crosses no barrier
                     for _ in self.each_part():
                         self.report_timeout()
@@ -310,8 +309,9 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         kernel's, ``schedules.session``)."""
 
     def after_steps(self):
-        """After the time loop, for the part being emitted: what a template writes once the steps are done (the final
-        states, where it keeps them in registers: ``persistent_warp_gates``)."""
+        """After the time loop: what a template writes once the steps are done, entering each part itself
+        (:meth:`each_part`; the final states, where it keeps them in registers: ``persistent_warp_gates``). Nothing
+        here, so that the kernels of other templates are as they were."""
 
     @property
     def steps_run(self):

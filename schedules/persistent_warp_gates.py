@@ -164,15 +164,16 @@ class WarpGates:
         super().after_steps()
         if not self.finals_after_steps:
             return
-        for it, group, item in self.items():
-            with item as (b, unit, _ul):
-                priv = self.slots[group].priv
-                for name in group.states:
-                    if name in priv:
-                        value = as_type(self.sreg[it * self.width.priv + priv[name]], self.dt)
-                    else:
-                        value = self.kept[self.kept_at(name)]
-                    T.buffer_store(self.a.final[name], value, [b, unit])
+        for _ in self.each_part():
+            for it, group, item in self.items():
+                with item as (b, unit, _ul):
+                    priv = self.slots[group].priv
+                    for name in group.states:
+                        if name in priv:
+                            value = as_type(self.sreg[it * self.width.priv + priv[name]], self.dt)
+                        else:
+                            value = self.kept[self.kept_at(name)]
+                        T.buffer_store(self.a.final[name], value, [b, unit])
 
 
 class _WarpItem(Item):
