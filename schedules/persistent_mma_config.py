@@ -68,7 +68,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
-from .gate_layout import UNITS_PER_WARP, check_gate_layout, in_warp_tiles
+from .gate_layout import check_gate_layout, in_warp_problem, in_warp_tiles
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import REG_OVERHEAD, group_span
 from .persistent_sums import unit_sum_bytes
@@ -539,10 +539,9 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
 
 
 def in_warp_offered(cfg: MmaConfig, plan: CellPlan) -> bool:
-    """Whether the space offers ``cfg`` with ``gate_layout="in_warp"`` too: the knobs that layout takes
-    (``gate_layout.in_warp_problem``; validate checks the rest)."""
-    return (cfg.barrier == "block" and cfg.k_groups == 1 and cfg.m_tiles_per_warp == in_warp_tiles(plan)
-            and cfg.units_per_cta % UNITS_PER_WARP == 0 and cfg.batch_tile >= plan.batch)
+    """Whether the space offers ``cfg`` with ``gate_layout="in_warp"`` too: where that layout can place ``plan``
+    with ``cfg``'s knobs (``gate_layout.in_warp_problem``, the batch in one pass; validate checks the rest)."""
+    return in_warp_problem(cfg, plan, math.ceil(plan.batch / cfg.batch_tile)) is None
 
 
 def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
