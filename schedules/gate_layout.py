@@ -12,8 +12,8 @@ batch tile ``nt`` are all the gates of unit ``8 w + grp`` for batch rows ``8 nt 
 pointwise math of those ``2 n_tiles`` items runs from the accumulators, with no partial sums and no block barrier
 between products and pointwise; each item writes its unit's new state into the other half of a double-buffered
 operand tile, and one block barrier ends the step (``persistent_warp_gates``). H100, lstm_h12 bf16 768 x 16,
-units_per_cta=64 (a hand-written prototype of this layout, bench/changes/heads_gates_in_warp.json): 1.40-1.44 ->
-0.95 us per step.
+units_per_cta=64, T=1024: 1.40-1.45 us per step by gate, 0.737-0.740 in one warp (the hand-written prototype,
+bench/changes/heads_gates_in_warp.json, 0.95; bench/results/heads-in-warp-h100.md).
 
 It takes a step whose values stay in the block (barrier ``block``) in one batch pass, one product of ``2 m`` slices
 with ``m = m_tiles_per_warp``, its whole k range in each warp (``k_groups=1``) and every head holding whole warps

@@ -547,7 +547,7 @@ def in_warp_offered(cfg: MmaConfig, plan: CellPlan) -> bool:
 def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """``cfg`` with every gate of a unit in one warp (``gate_layout="in_warp"``: the row tiles per warp that takes,
     one k group, one batch pass) where that validates, else ``cfg`` as it is. H100, lstm_h12 bf16 768 x 16 at
-    units_per_cta=64: 1.40-1.44 -> 0.95 us per step (bench/changes/heads_gates_in_warp.json, as hand-written)."""
+    units_per_cta=64: 1.40-1.45 -> 0.737-0.740 us per step (bench/results/heads-in-warp-h100.md)."""
     mw = in_warp_tiles(plan)
     passes = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), None)
     if mw is None or passes is None:
