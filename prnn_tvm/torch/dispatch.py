@@ -81,6 +81,20 @@ class Whole(list):
         self.whole = whole
 
 
+def stacked_finals(finals: list) -> list:
+    """Per state, the final states of every layer and direction ((B, H) each) as one (slots, B, H) tensor: the one
+    they were written into where they are its layers (:class:`Whole`)."""
+    return [f.whole if type(f) is Whole else f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals]
+
+
+def final_slots(wholes: list, layers: int) -> tuple:
+    """``(views, into)``: per state, the (B, H) view of each layer's slot of ``wholes`` (the (layers, B, H) tensors
+    a call returns), and those views in a stack launch's order of final states (layer-major, the cell's states in
+    order within a layer), for the launch to write into."""
+    views = [w.unbind(0) for w in wholes]
+    return views, [v[layer] for layer in range(layers) for v in views]
+
+
 class Dispatch(BatchBuckets):
     """The part of a prnn_tvm.torch module that picks and runs compiled layers. It keeps, on the module:
     ``_layers`` (``(batch, device type, index, dtype, input size or "stack" / "bidirectional")`` -> layer),
@@ -280,8 +294,7 @@ class Dispatch(BatchBuckets):
             if wholes is None:
                 out, ends = self._run(stack, args)
             else:  # the kernel writes each layer's final states into its slot of the states returned
-                views = [w.unbind(0) for w in wholes]
-                into = [v[layer] for layer in range(self.num_layers) for v in views]  # the launch's order
+                views, into = final_slots(wholes, self.num_layers)
                 out, ends = self._run(stack, args, into=[None, *into])
                 if ends[0] is into[0]:  # else a sequence run in pieces, which writes arrays of its own (all of them)
                     return out, [Whole(v, w) for v, w in zip(views, wholes)]

@@ -18,7 +18,7 @@ from . import ops, repeat
 from .amp import autocast_dtype
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .buckets import KeptShapes
-from .dispatch import _NOTHING, DTYPES, Dispatch, Whole
+from .dispatch import _NOTHING, DTYPES, Dispatch, stacked_finals
 from .sequences import packed_like, unpacked
 from .session import ModuleSession
 from .split import SplitLayers, call_refusal, module_refusal
@@ -245,7 +245,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
             out, finals = self._run_layers(x, initial, lengths, grad)
         finally:
             self._given.params = previous
-        return out, _stacked(finals)
+        return out, stacked_finals(finals)
 
     def reset_parameters(self) -> None:
         """PyTorch's initialization: U(-1/sqrt(hidden), 1/sqrt(hidden))."""
@@ -449,7 +449,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
                 params = [getattr(self, name).to(cast) for name in self._flat_weights_names]
                 return self._run_given(x, params, initial, lengths, grad)
             out, finals = self._run_layers(x, initial, lengths, grad)
-            return out, _stacked(finals)
+            return out, stacked_finals(finals)
 
     def _operator_refusal(self) -> str | None:
         """Why the operator ``prnn_tvm::layers`` cannot run this module, or None where it can: its plain
@@ -466,12 +466,6 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         if self.devices is not None:
             return f"its layers are split over GPUs {list(self.devices)}, which the operator's arguments do not carry"
         return None
-
-
-def _stacked(finals: list) -> list:
-    """Per state, the final states of every layer and direction ((B, H) each) as one (slots, B, H) tensor: the one
-    they were written into where they are its layers (:class:`~prnn_tvm.torch.dispatch.Whole`)."""
-    return [f.whole if type(f) is Whole else f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals]
 
 
 # what Dynamo must not trace into (TVM calls, caches keyed by ids): called only while torch.compile traces a call

@@ -24,7 +24,7 @@ import tvm_ffi
 
 from .amp import autocast_dtype
 from .arguments import aligned_state, detached, parameter_suffix
-from .dispatch import current_stream
+from .dispatch import current_stream, final_slots, stacked_finals
 from .fallback import refusal
 from .projection import projector
 
@@ -112,7 +112,7 @@ def run(module, plan: Plan, input: torch.Tensor, hx) -> tuple | None:
             out, *ends = step.launcher([step.project(out), *step.weights, *given, step.lengths], stream)
             for k, end in enumerate(ends):
                 finals[k].append(end)
-        finals = [f[0].unsqueeze(0) if len(f) == 1 else torch.stack(f) for f in finals]
+        finals = stacked_finals(finals)
     if not batched:
         out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
     elif module.batch_first:
@@ -128,8 +128,7 @@ def _stacked_run(module, plan: Plan, x: torch.Tensor, initial: list, stream: int
     data = [step.project(x), *step.weights, *given, step.lengths]
     if plan.whole:  # the kernel writes each layer's final states into its slot of the states returned
         wholes = module._whole_finals(x.shape[1], x.device, x.dtype)
-        views = [w.unbind(0) for w in wholes]
-        into = [v[layer] for layer in range(layers) for v in views]  # the launch's order
+        _, into = final_slots(wholes, layers)
         out, *ends = step.launcher(data, stream, None, [None, *into])
         if ends[0] is into[0]:  # else a sequence run in pieces, which writes arrays of its own
             return out, wholes
@@ -137,7 +136,7 @@ def _stacked_run(module, plan: Plan, x: torch.Tensor, initial: list, stream: int
         out, *ends = step.launcher(data, stream)
     states = len(module._states)
     finals = [[ends[layer * states + k] for layer in range(layers)] for k in range(states)]
-    return out, [f[0].unsqueeze(0) if layers == 1 else torch.stack(f) for f in finals]
+    return out, stacked_finals(finals)
 
 
 def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
