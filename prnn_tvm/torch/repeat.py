@@ -94,7 +94,8 @@ def note(module, key: tuple, input: torch.Tensor, hx, given: dict | None = None,
     plans = module._plans
     plan = plans.get(key)
     if plan is None:  # called once: planned at the next call
-        if len(plans) >= (MOST_KEYS if most is None else most):  # shapes that keep changing (a sequence's length): start again
+        # shapes that keep changing (a sequence's length): start again
+        if len(plans) >= (MOST_KEYS if most is None else most):
             plans.clear()
         plans[key] = SEEN
     elif (
