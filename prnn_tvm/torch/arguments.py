@@ -205,8 +205,9 @@ class LaunchArguments:
             return self._tracked(name) if grad else self._aligned(name, fresh)
 
         entries = self._parameter_arguments(layer, suffix)
-        # what a call derives from the parameters is the same while they are: kept, with what it was made from
-        reuse = not (grad or fresh) and self._given.params is None
+        # what a call derives from the parameters is the same while they are: kept, with what it was made from (the
+        # module's parameters or a call's own, :meth:`_run_given`: the operator's, checked against those it is given)
+        reuse = not (grad or fresh)
         weights = self._kept_weights(layer, suffix, entries) if reuse else None
         if weights is None:
             weights = [param(name, shape) for _, name, shape in entries]
@@ -237,8 +238,12 @@ class LaunchArguments:
         if kept is None:
             return None
         made_from, weights = kept
-        registered = self._parameters  # :meth:`_parameter`'s reading, inline (a call of its own per parameter costs
-        for name, p, address, version in made_from:  # a third of a microsecond); only inference calls reach here
+        # :meth:`_parameter`'s reading, inline (a call of its own per parameter costs a third of a microsecond); only
+        # inference calls reach here
+        registered = self._given.params
+        if registered is None:
+            registered = self._parameters
+        for name, p, address, version in made_from:
             q = registered.get(name)
             if q is None:  # a parametrized one: by attribute
                 q = getattr(self, name)

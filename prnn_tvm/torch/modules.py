@@ -305,23 +305,10 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         key = repeat.call_key(self, input, hx)
         if key is None:
             return self._call(input, hx)
-        plans = self._plans
-        plan = plans.get(key)
-        if type(plan) is repeat.Plan:
-            done = repeat.run(self, plan, input, hx)
-            if done is not None:
-                return done
-        done = self._call(input, hx)
-        if plan is None:  # called once: planned at the next call
-            if len(plans) >= repeat.MOST_KEYS:  # shapes that keep changing (a sequence's length): start again
-                plans.clear()
-            plans[key] = repeat.SEEN
-        elif (
-            plan is not repeat.UNPLANNED
-            and not torch.is_grad_enabled()
-            and not (input.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-        ):  # made under no_grad, where what it keeps is made (not inside a graph being captured)
-            plans[key] = repeat.plan_for(self, input, hx) or repeat.UNPLANNED
+        done = repeat.planned(self, key, input, hx)
+        if done is None:
+            done = self._call(input, hx)
+            repeat.note(self, key, input, hx)
         return done
 
     def _call(self, input, hx):

@@ -20,7 +20,11 @@ the layers again in its backward.
 
 The operators are defined with ``torch.library.Library`` (CPU and CUDA kernels, fake kernels, and an autograd
 kernel of their own): a call that needs no gradient costs a Python call beside the layers (torch.library's
-``custom_op`` wrapper, tens of microseconds a call, would make a warm compiled call slower than an eager one).
+``custom_op`` wrapper, tens of microseconds a call, would make a warm compiled call slower than an eager one). A
+call repeated with tensors of the same shapes runs the plan an eager module's repeated call runs
+(:mod:`~prnn_tvm.torch.repeat`: the runner's, made from the parameters it is given, checked against them at each
+call): inside a compiled call every Python function call costs more than outside it (torch's frame evaluation hook
+stays installed for the whole interpreter), so the fewer the better.
 Needs ``torch.library.register_fake`` (torch 2.4 and later) and torch's dispatch key guards; :data:`AVAILABLE` is
 the feature test. Where it is False a compiled call breaks the graph around the layers, as before, and
 ``torch.export`` is refused.
@@ -37,6 +41,7 @@ from typing import Optional
 import numpy
 import torch  # PyTorch itself: absolute import
 
+from . import repeat
 from .amp import autocast_dtype
 
 AVAILABLE = all(
@@ -49,6 +54,9 @@ AVAILABLE = all(
 )
 
 _RUNNERS: dict = {}  # configuration -> the parameterless module that runs it (layers_for)
+# the repeated calls' plans a configuration's module keeps (:mod:`~prnn_tvm.torch.repeat`; each holds the parameters it
+# was made from, so few: a module let go is let go by the operator after this many new keys at most)
+PLANS = 8
 _MAKING = threading.Lock()
 
 
@@ -122,8 +130,19 @@ def _layers(x, params, initial, lengths, cell, hidden_size, num_layers, bidirect
     row's steps (int32 on ``x``'s device) or None; ``states``: how many states the cell has."""
     options = (wavefront, one_launch, concurrent)
     runner = _runner(x, params, cell, hidden_size, num_layers, bidirectional, bias, torch_names, arch, options)
+    hx = initial or None
+    key = None if lengths is not None else repeat.call_key(runner, x, hx)
+    if key is not None:  # a repeated call: its plan, as an eager module's (the runner's, made from these parameters)
+        key = (*key, id(params[0]))  # modules of one configuration called in turn: a plan each (PLANS at most)
+        given = dict(zip(runner._shapes, params))
+        done = repeat.planned(runner, key, x, hx, given)
+        if done is not None:
+            out, finals = done
+            return [out, *finals] if states > 1 else [out, finals]
     with _autocast_off(x):
         out, finals = runner._run_given(x, params, initial, lengths, False)
+    if key is not None:
+        repeat.note(runner, key, x, hx, given, PLANS)
     return [out, *finals]
 
 

@@ -12,7 +12,8 @@ autograd (grad mode off, or nothing that requires gradients), no autocast, no tr
 them, and every case a plan does not cover (packed sequences, both directions, rows padded up to a bucket, a layer on
 torch.nn's kernels, dropout in training, parametrizations, layers split over GPUs), takes the module's own path.
 Setting any attribute of the module (options, ``train()``/``eval()``, a replaced parameter) and dropping a batch
-size's layers forget every plan.
+size's layers forget every plan. The operator ``prnn_tvm::layers`` (:mod:`~prnn_tvm.torch.ops`: torch.compile,
+torch.export) plans its repeated calls the same way, on the parameters it is given rather than the module's.
 """
 
 from __future__ import annotations
@@ -78,11 +79,45 @@ def call_key(module, input, hx) -> tuple | None:
     return input.shape, input.dtype, device, *((t.shape, t.dtype, t.device) for t in states)
 
 
-def run(module, plan: Plan, input: torch.Tensor, hx) -> tuple | None:
+def planned(module, key: tuple, input: torch.Tensor, hx, registered: dict | None = None) -> tuple | None:
+    """The call of ``key`` (:func:`call_key`) through its plan (:func:`run`), or None where it has none or the plan
+    no longer holds: the module's own path runs it, then :func:`note` is told."""
+    plan = module._plans.get(key)
+    return run(module, plan, input, hx, registered) if type(plan) is Plan else None
+
+
+def note(module, key: tuple, input: torch.Tensor, hx, given: dict | None = None, most: int | None = None) -> None:
+    """After the module's own path ran a call of ``key``: the key seen (planned at its next call), or its plan made
+    (:func:`plan_for`; under ``torch.no_grad``, where what it keeps is made, and not inside a CUDA graph being
+    captured). ``given``: the call's parameters where they are not the module's (the operator's, by name); ``most``:
+    the keys kept, past which every one is forgotten (None: :data:`MOST_KEYS`)."""
+    plans = module._plans
+    plan = plans.get(key)
+    if plan is None:  # called once: planned at the next call
+        # shapes that keep changing (a sequence's length): start again
+        if len(plans) >= (MOST_KEYS if most is None else most):
+            plans.clear()
+        plans[key] = SEEN
+    elif (
+        plan is not UNPLANNED
+        and not torch.is_grad_enabled()
+        and not (input.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    ):
+        previous = module._given.params
+        module._given.params = given  # what plan_for reads the parameters through (the module's own where None)
+        try:
+            plans[key] = plan_for(module, input, hx) or UNPLANNED
+        finally:
+            module._given.params = previous
+
+
+def run(module, plan: Plan, input: torch.Tensor, hx, registered: dict | None = None) -> tuple | None:
     """The call of ``input`` from ``hx`` through ``plan``, as the module's :meth:`forward` returns it; None where
-    the plan no longer holds (a parameter changed, autograd tracks the call, a CUDA graph is being captured)."""
+    the plan no longer holds (a parameter changed, autograd tracks the call, a CUDA graph is being captured).
+    ``registered``: the call's parameters by name where they are not the module's (the operator's)."""
     grad = torch.is_grad_enabled()
-    registered = module._parameters
+    if registered is None:
+        registered = module._parameters
     for name, p, address, version in plan.made_from:
         q = registered.get(name)
         if q is not p or q._version != version or q.data_ptr() != address or (grad and q.requires_grad):
