@@ -86,7 +86,13 @@ def adjoint_values(
     def var(v):
         if v not in bound:
             source, name = roles.get(v, (None, None))
-            bound[v] = bind(source(name) if source is not None else leaf_value(leaf_of_var[v]), v.name)
+            if source is not None:
+                expr = source(name)
+            elif v in adjoints.stages:  # a stage's adjoint, from the variables it reads
+                expr = substitute(adjoints.stages[v], {u: var(u) for u in free_vars(adjoints.stages[v])})
+            else:
+                expr = leaf_value(leaf_of_var[v])
+            bound[v] = bind(expr, v.name)
         return bound[v]
 
     def leaf_value(leaf: Leaf):
