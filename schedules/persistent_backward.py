@@ -45,7 +45,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers import BARRIERS, row_lanes
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
-from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value, fast_transcendentals
+from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_kept, bind_value, fast_transcendentals
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
@@ -447,7 +447,7 @@ class _Backward(RegisterWeights):
             return self.dstage[it * len(self.stage_ops) + self.stage_ops[name]]
 
         def bind(expr, name: str):  # a half layer's math as its forward's: the approximate intrinsics
-            return bind_value(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
+            return bind_kept(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
 
         return adjoint_values(p, self.adj, forward, incoming, operand, bind)
 
