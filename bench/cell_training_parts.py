@@ -16,7 +16,6 @@ import torch
 
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import training_parts as tp
-from prnn_tvm.bench.training_step import PARTS
 
 p = argparse.ArgumentParser()
 p.add_argument("--spec", nargs="+", default=["slstm_h12"])
@@ -33,10 +32,4 @@ for spec in args.spec:
     x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)
     hx = [(0.1 * torch.randn(1, B, H, device="cuda", dtype=dtype)).requires_grad_() for _ in module._states]
     print(f"== {spec} {args.dtype} H={H} B={B} T={T}, {len(hx)} states", flush=True)
-    times = tp.part_times(module, x, hx, args.repeats)
-    print("part        GPU ms    host ms")
-    for part in (*PARTS, "step"):
-        print(f"{part:<10} {times[part][0]:8.3f} {times[part][1]:9.3f}")
-    records = tp.kernel_records(module, x, hx, args.number)
-    print("\n".join(tp.kernel_table(records, args.number)[:25]))
-    print("\n".join(tp.category_table(records, args.number)), flush=True)
+    print("\n".join(tp.breakdown(module, x, hx, args.repeats, args.number, 25)), flush=True)
