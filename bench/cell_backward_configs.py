@@ -1,7 +1,8 @@
 """A cell's GPU backward config by config, in a training step through ``prnn_tvm.torch.Recurrent`` on the GPU: sLSTM
 with 12 heads of 64, bf16, H=768 B=16 T=1024 by default (FlashRNN's shape, ``bench/against_flashrnn.py``). The
 backward's ranked defaults (``schedules.backward_configs``; the first is what a layer trains with), then the first's
-variants: fewer units a CTA (more CTAs a head, a barrier over the grid), other lane splits and rows per thread.
+variants: other units a CTA (whole heads with the ``block`` barrier, or parts of one over the grid), other lane splits
+and rows per thread.
 
     PRNN_TVM_CACHE=0 python bench/cell_backward_configs.py [--spec slstm_h12] [--dtype bfloat16]
                                                            [--hidden 768 --batch 16 --seq 1024]
@@ -59,6 +60,9 @@ variants += [
     for r in (1, 2)
 ]
 variants += [{"k_split": 8, "rows_per_thread": r} for r in (1, 2)]
+variants += [
+    {"units_per_cta": 64, "barrier": "block", "k_split": k, "rows_per_thread": r} for k in (8, 16) for r in (2, 4)
+]
 for change in variants:
     try:
         other = dataclasses.replace(first_cfg, **change)

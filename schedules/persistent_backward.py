@@ -59,11 +59,18 @@ from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
 from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
-from .ranking import RANKED_WITH, block_local, check_resources, ranked_defaults
+from .ranking import RANKED_WITH, check_resources, ranked_defaults
 
 DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
 # the exchange is plain stores and loads between barriers: kinds that poll values instead do not order them
 PLAIN = tuple(name for name, kind in BARRIERS.items() if not kind.polls_values)
+# What a step costs beyond its products (``estimated_cycles``), fitted on the H100 to the backward kernels of 14
+# configs of slstm_h12 bf16 at 768 x 16 (from 12 blocks of a head, barrier ``block``, to 96 blocks of an eighth of
+# one; bench/cell_backward_configs.py): a step ~ 0.47 us per 1000 estimated cycles + 0.74 us per item a thread takes
+# + 0.91 us where the grid meets, every config within 0.75 us. 12 x 256 of whole heads: 5.2 us a step, 4 items a
+# thread; 96 x 256, counter: 3.0 us, one item.
+ITEM_CYCLES = 1500  # a (batch row, unit) item's recomputed stages and adjoints
+GRID_BARRIER_CYCLES = 1900  # a barrier over the grid, per phase
 
 
 def refusal(plan: CellPlan) -> str | None:
@@ -182,13 +189,22 @@ def space(plan: CellPlan, gpu: GpuSpec, kind: str = RANKED_WITH) -> list[Persist
             for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
 
 
+def estimated_cycles(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> float:
+    """The forward's estimate of the products (``persistent_config.estimated_cycles``) plus what the backward's step
+    adds to it: each item's recomputed stages and adjoints (``ITEM_CYCLES`` per item a thread takes) and, where the
+    blocks meet over the grid (any barrier but ``block``), a grid barrier per phase."""
+    grid = 0 if cfg.barrier == "block" else GRID_BARRIER_CYCLES * plan.phases
+    return pc.estimated_cycles(cfg, g) + ITEM_CYCLES * g.items_per_thread + grid
+
+
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
-    """The untuned choices, best first (the forward's cost model over the transposed rows), each later
-    one holding fewer weights per thread: what a build falls back to when ptxas spills."""
-    local = block_local(plan, gpu, lambda plan, gpu, kinds: space(plan, gpu, kinds[0]), validate, pc.estimated_cycles,
-                        limit, "persistent backward")
-    return (local + ranked_defaults(plan, gpu, space(plan, gpu), validate, pc.estimated_cycles, limit,
-                                    "persistent backward"))
+    """The untuned choices, best first by :func:`estimated_cycles`, each later one holding fewer weights per thread:
+    what a build falls back to when ptxas spills. Head-wise products whose heads a block holds whole (barrier
+    ``block``, no grid barrier) rank with the grid's configs, not before them: a block of whole heads takes a
+    head's every item, and the backward's items cost more than the barrier it saves (slstm_h12 above)."""
+    local = [] if plan.heads == 1 else [cfg for cfg in space(plan, gpu, "block") if plan.local_to(cfg.units_per_cta)]
+    return ranked_defaults(plan, gpu, local + space(plan, gpu), validate,
+                           lambda cfg, g: estimated_cycles(cfg, g, plan), limit, "persistent backward")
 
 
 def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: PersistentConfig) -> Kernel:
