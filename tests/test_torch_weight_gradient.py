@@ -31,6 +31,20 @@ def test_a_head_wise_gradient_is_the_dense_ones_diagonal_blocks(rows, hidden, he
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+def test_a_head_wise_gradient_reads_a_products_columns_of_wider_gate_gradients():
+    """The training step hands each product its columns of every product's gate gradients (rows strided by the
+    whole width) and its operand's columns of ``saved``: strided views, read as they are."""
+    rng = np.random.default_rng(5)
+    rows, hidden, heads, slices = 10, 12, 4, 3
+    every = torch.from_numpy(rng.standard_normal((rows, 2 * slices * hidden)))
+    saved = torch.from_numpy(rng.standard_normal((rows, 3 * hidden)))
+    gates, operand = every[:, slices * hidden :], saved[:, hidden : 2 * hidden]
+    assert not gates.is_contiguous() and not operand.is_contiguous()
+    want = diagonal_blocks(gates.numpy().T @ operand.numpy(), heads)
+    got = weight_gradient(gates, operand, slices, heads, torch.float64)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_half_weights_gradient_multiplies_half_values(dtype):
     """Float32 gate gradients (the float32 backward's) are rounded to the weight's type once, the operand is a half
