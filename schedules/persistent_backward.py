@@ -29,7 +29,9 @@ weights' gradients are GEMMs over ``d_gates`` and the saved operands that the ca
 (``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer trains on the tensor-core
 backward (``backward_mma``: this step with the products on mma fragments); where that refuses it (head-wise
 products) or nothing of it fits, this one reads its weights and params in their storage type and keeps and
-computes everything in float32 (the weights widened in registers: the register budget of a float32 layer).
+computes everything in float32 (the weights widened in registers: the register budget of a float32 layer), but
+writes ``d_gates`` in the storage type, which the weight gradients' GEMMs take (a half layer's: half the bytes, no
+cast before them).
 The thread layout of the products, the knobs and the cost model are the forward's
 (``persistent_config``), over rows of the transposed weights.
 """
@@ -223,10 +225,10 @@ class _Backward(RegisterWeights):
         self.p, self.c, self.g = plan, cfg, g
         self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
         self.compute = self.acc_dt = plan.policy.compute  # the adjoints, the carried and the params' gradients
-        # the register weights and the shared tile of gate gradients (published and written in it too): float32
-        # here, the weights widened in registers; the layer's half type on the tensor cores (``backward_mma``)
+        # the register weights and the shared tile of gate gradients (published in it too): float32 here, the
+        # weights widened in registers; the layer's half type on the tensor cores (``backward_mma``)
         self.dt = self.gates_dt = plan.dtype if self.HALF_TILES else self.compute
-        self.storage = plan.dtype
+        self.storage = plan.dtype  # ``d_gates`` too: the weight gradients' GEMMs take the weights' type
         self.gs0 = cfg.batch_tile * g.stride  # word offset of the sums sent back, after the operand tile
         self.D, self.span = head_size(plan), head_span(plan, cfg.units_per_cta)  # hidden, hidden where dense
         self.si = {s.name: i for i, s in enumerate(plan.states)}
@@ -257,7 +259,8 @@ class _Backward(RegisterWeights):
             self.B, H, p.input.slices * H, p.weight_shapes(),
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             len(p.saved_leaves()) * H, max(1, self.K), self.compute,
-            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None, self.gates_dt)
+            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None, self.storage,
+            self.gates_dt)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
 
@@ -400,7 +403,7 @@ class _Backward(RegisterWeights):
                             for s in range(self.p.input.slices):
                                 T.buffer_store(self.d_xp, nan, [t, b, s * H + unit])
                             for column in range(self.K // H):
-                                T.buffer_store(self.d_gates, as_type(nan, self.gates_dt), [t, b, column * H + unit])
+                                T.buffer_store(self.d_gates, as_type(nan, self.storage), [t, b, column * H + unit])
 
     # ------------------------------------------------------------------ one step backwards
     def gate_gradients(self, t, phase: int, it, b, unit):
@@ -414,7 +417,7 @@ class _Backward(RegisterWeights):
                 column = self.red_lo[r.name] + s * H + unit
                 g = bind_value(as_type(value(Leaf("reduction", r.name, s)), self.gates_dt), f"d_{r.name}_{s}")
                 T.buffer_store(self.a.ws, g, [t % 2, b, column])
-                T.buffer_store(self.d_gates, g, [t, b, column])
+                T.buffer_store(self.d_gates, as_type(g, self.storage), [t, b, column])
         if phase:
             return
         for s in range(p.input.slices):
