@@ -12,8 +12,6 @@ median of CUDA-event runs of one step (gradients cleared, forward, loss over eve
 gradients of each config against the first's: the largest difference relative to a gradient's largest entry.
 """
 
-import argparse
-import dataclasses
 
 import torch
 
@@ -22,19 +20,12 @@ import prnn_tvm.compiler
 import prnn_tvm.torch as pt
 from prnn_tvm import schedules
 from prnn_tvm.bench import baselines
-from prnn_tvm.bench.training_step import step
+from prnn_tvm.bench.backward_variants import add_variants
+from prnn_tvm.bench.training_step import cell_arguments, step
 from prnn_tvm.checks import relative_error, worst
-from prnn_tvm.errors import ConfigError
 from prnn_tvm.target import gpu_spec
 
-p = argparse.ArgumentParser()
-p.add_argument("--spec", default="slstm_h12")
-p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-for name, default in {"hidden": 768, "batch": 16, "seq": 1024, "repeats": 5, "number": 2}.items():
-    p.add_argument(f"--{name}", type=int, default=default)
-args = p.parse_args()
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-torch.manual_seed(0)
+args = cell_arguments(False)
 dtype, H, B, T = getattr(torch, args.dtype), args.hidden, args.batch, args.seq
 built_with = prnn_tvm.compiler.gpu_backward  # what a training build asks for its backward; replaced config by config
 
@@ -63,18 +54,7 @@ variants += [{"k_split": 8, "rows_per_thread": r} for r in (1, 2)]
 variants += [
     {"units_per_cta": 64, "barrier": "block", "k_split": k, "rows_per_thread": r} for k in (8, 16) for r in (2, 4)
 ]
-for change in variants:
-    try:
-        other = dataclasses.replace(first_cfg, **change)
-    except TypeError:  # a knob this template's config does not have
-        continue
-    if other in configs:
-        continue
-    try:
-        schedules.backward_kernel(plan, gpu, other)
-        configs.append(other)
-    except ConfigError as err:
-        print(f"skipped {other.as_dict()}: {err}")
+add_variants(first_cfg, variants, configs, plan, gpu)
 
 module = pt.Recurrent(args.spec, H, H, device="cuda", dtype=dtype).train()
 x = torch.randn(T, B, H, device="cuda", dtype=dtype, requires_grad=True)

@@ -10,21 +10,14 @@ backward; CUDA events, median of ``--repeats`` steps), then the kernels of ``--n
 and kind of kernel (``prnn_tvm.bench.training_parts``). Writes nothing.
 """
 
-import argparse
 
 import torch
 
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import training_parts as tp
+from prnn_tvm.bench.training_step import cell_arguments
 
-p = argparse.ArgumentParser()
-p.add_argument("--spec", nargs="+", default=["slstm_h12"])
-p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-for name, default in {"hidden": 768, "batch": 16, "seq": 1024, "repeats": 5, "number": 2}.items():
-    p.add_argument(f"--{name}", type=int, default=default)
-args = p.parse_args()
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-torch.manual_seed(0)
+args = cell_arguments(True)
 dtype, H, B, T = getattr(torch, args.dtype), args.hidden, args.batch, args.seq
 
 for spec in args.spec:
