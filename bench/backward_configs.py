@@ -11,7 +11,6 @@ the median of CUDA-event runs of one step (gradients cleared, forward, loss over
 the gradients of each config against the first's: the largest difference relative to a gradient's largest entry.
 """
 
-import dataclasses
 import math
 
 import torch
@@ -21,8 +20,8 @@ import prnn_tvm.compiler
 import prnn_tvm.torch as pt
 from prnn_tvm import schedules
 from prnn_tvm.bench import baselines
+from prnn_tvm.bench.backward_variants import add_variants
 from prnn_tvm.checks import relative_error, worst
-from prnn_tvm.errors import ConfigError
 from prnn_tvm.target import gpu_spec
 
 args = baselines.script_arguments(number=10, hidden=1024, batch=16, bf16=0)
@@ -64,15 +63,7 @@ variants = [{"units_per_cta": units, "k_groups": kg}
 # alone, and more stages
 variants += [{"copy_stages": 0, "prefetch_steps": 0}, {"copy_stages": 0}, {"prefetch_steps": 0}, {"copy_stages": 4},
              {"prefetch_steps": 1}]
-for change in variants:
-    other = dataclasses.replace(first_cfg, **change)
-    if other in tensor_cores:
-        continue
-    try:
-        schedules.backward_kernel(plan, gpu, other)
-        tensor_cores.append(other)
-    except ConfigError as err:
-        print(f"skipped {other.as_dict()}: {err}")
+add_variants(first_cfg, variants, tensor_cores, plan, gpu)
 widened = [cfg for cfg in configs if not hasattr(cfg, "k_groups")][:1]
 cudnn_ms = ms(lambda: step(ref, x, hx))
 print(f"LSTM {str(dtype)[6:]} H={H} B={B} T={T}; cuDNN training step {cudnn_ms:.3f} ms")

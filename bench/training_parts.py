@@ -14,18 +14,12 @@ import torch
 import prnn_tvm.torch as pt
 from prnn_tvm.bench import baselines
 from prnn_tvm.bench import training_parts as tp
-from prnn_tvm.bench.training_step import PARTS, case
+from prnn_tvm.bench.training_step import case
 
 args = baselines.script_arguments(number=5, hidden=1024, batch=16)
 ref, x, hx = case("LSTM", args.hidden, args.batch, torch.float16, args.seq)
 fast = pt.from_torch(ref)
 for name, module in (("prnn-tvm", fast), ("cuDNN", ref)):
     print(f"== {name}: LSTM fp16 H={args.hidden} B={args.batch} T={args.seq}", flush=True)
-    times = tp.part_times(module, x, hx, args.repeats)
-    print("part        GPU ms    host ms")
-    for part in (*PARTS, "step"):
-        print(f"{part:<10} {times[part][0]:8.3f} {times[part][1]:9.3f}")
-    records = tp.kernel_records(module, x, hx, args.number)
-    print("\n".join(tp.kernel_table(records, args.number)))
-    print("\n".join(tp.category_table(records, args.number)), flush=True)
+    print("\n".join(tp.breakdown(module, x, hx, args.repeats, args.number)), flush=True)
 fast.check()

@@ -284,7 +284,7 @@ def _adjoint(adjoints, leaf: Leaf, env: dict, plan: CellPlan) -> np.ndarray:
     return (
         np.zeros((plan.batch, plan.hidden))
         if expr is None
-        else np.broadcast_to(evaluate(expr, env), (plan.batch, plan.hidden))
+        else np.broadcast_to(adjoints.evaluate(expr, env), (plan.batch, plan.hidden))
     )
 
 

@@ -496,14 +496,16 @@ def gpu_backward_args(
     workspace: tuple,
     sync_words: int | None,
     gates_dtype: str | None = None,
+    exchange_dtype: str | None = None,
 ) -> tuple:
     """The GPU backward kernel's arguments, in kernel order: ``xp``, the weights and params as the forward
     takes them, ``lengths``, ``saved`` (the training forward's, ``saved`` columns), ``d_out`` and each
     ``d_<s>_n`` in; ``d_xp``, ``d_gates`` (T, B, ``gates``: every product's gate gradients, for the weight
     gradients' GEMMs), each ``d_<param>_rows`` (B, width of the param: the param's gradient per batch
     row) and each ``d_<s>0`` out; then the workspace and the barrier's state and scalars. The weights and
-    params are the layer's ``storage`` type, ``d_gates`` and the workspace (the gate gradients the blocks
-    exchange) ``gates_dtype`` (the half type where the tensor cores multiply them), everything else ``dtype``
+    params are the layer's ``storage`` type, ``d_gates`` ``gates_dtype`` (the half type where the weight gradients'
+    GEMMs multiply them), the workspace (the gate gradients the blocks exchange) ``exchange_dtype`` (where not
+    ``gates_dtype``: the float32 backward of a half layer exchanges them in float32), everything else ``dtype``
     (float32)."""
     B, H = batch, hidden
     args = [Arg("xp", ArgRole.INPUT, (SEQ, B, width), dtype)]
@@ -521,7 +523,7 @@ def gpu_backward_args(
     ]
     args += [Arg(f"d_{n}_rows", ArgRole.OUTPUT, (B, *s), dtype) for n, s in params.items()]
     args += [Arg(f"d_{s}0", ArgRole.OUTPUT, (B, H), dtype) for s in states]
-    args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), gates_dtype or dtype))
+    args.append(Arg("workspace", ArgRole.WORKSPACE, tuple(workspace), exchange_dtype or gates_dtype or dtype))
     if sync_words is not None:
         args.append(Arg("sync", ArgRole.SYNC, (sync_words,), "uint32"))
         args += [Arg(name, ArgRole.SCALAR, (), t) for name, t in SYNC_SCALARS.items()]

@@ -29,7 +29,9 @@ weights' gradients are GEMMs over ``d_gates`` and the saved operands that the ca
 (``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer trains on the tensor-core
 backward (``backward_mma``: this step with the products on mma fragments); where that refuses it (head-wise
 products) or nothing of it fits, this one reads its weights and params in their storage type and keeps and
-computes everything in float32 (the weights widened in registers: the register budget of a float32 layer).
+computes everything in float32 (the weights widened in registers: the register budget of a float32 layer), but
+writes ``d_gates`` in the storage type, which the weight gradients' GEMMs take (a half layer's: half the bytes, no
+cast before them).
 The thread layout of the products, the knobs and the cost model are the forward's
 (``persistent_config``), over rows of the transposed weights.
 """
@@ -45,7 +47,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers import BARRIERS, row_lanes
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
-from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_value, fast_transcendentals
+from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_kept, bind_value, fast_transcendentals
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
@@ -59,11 +61,18 @@ from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
 from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
-from .ranking import RANKED_WITH, block_local, check_resources, ranked_defaults
+from .ranking import RANKED_WITH, check_resources, ranked_defaults
 
 DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
 # the exchange is plain stores and loads between barriers: kinds that poll values instead do not order them
 PLAIN = tuple(name for name, kind in BARRIERS.items() if not kind.polls_values)
+# What a step costs beyond its products (``estimated_cycles``), fitted on the H100 to the backward kernels of 14
+# configs of slstm_h12 bf16 at 768 x 16 (from 12 blocks of a head, barrier ``block``, to 96 blocks of an eighth of
+# one; bench/cell_backward_configs.py): a step ~ 0.47 us per 1000 estimated cycles + 0.74 us per item a thread takes
+# + 0.91 us where the grid meets, every config within 0.75 us. 12 x 256 of whole heads: 5.2 us a step, 4 items a
+# thread; 96 x 256, counter: 3.0 us, one item.
+ITEM_CYCLES = 1500  # a (batch row, unit) item's recomputed stages and adjoints
+GRID_BARRIER_CYCLES = 1900  # a barrier over the grid, per phase
 
 
 def refusal(plan: CellPlan) -> str | None:
@@ -182,13 +191,22 @@ def space(plan: CellPlan, gpu: GpuSpec, kind: str = RANKED_WITH) -> list[Persist
             for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
 
 
+def estimated_cycles(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> float:
+    """The forward's estimate of the products (``persistent_config.estimated_cycles``) plus what the backward's step
+    adds to it: each item's recomputed stages and adjoints (``ITEM_CYCLES`` per item a thread takes) and, where the
+    blocks meet over the grid (any barrier but ``block``), a grid barrier per phase."""
+    grid = 0 if cfg.barrier == "block" else GRID_BARRIER_CYCLES * plan.phases
+    return pc.estimated_cycles(cfg, g) + ITEM_CYCLES * g.items_per_thread + grid
+
+
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
-    """The untuned choices, best first (the forward's cost model over the transposed rows), each later
-    one holding fewer weights per thread: what a build falls back to when ptxas spills."""
-    local = block_local(plan, gpu, lambda plan, gpu, kinds: space(plan, gpu, kinds[0]), validate, pc.estimated_cycles,
-                        limit, "persistent backward")
-    return (local + ranked_defaults(plan, gpu, space(plan, gpu), validate, pc.estimated_cycles, limit,
-                                    "persistent backward"))
+    """The untuned choices, best first by :func:`estimated_cycles`, each later one holding fewer weights per thread:
+    what a build falls back to when ptxas spills. Head-wise products whose heads a block holds whole (barrier
+    ``block``, no grid barrier) rank with the grid's configs, not before them: a block of whole heads takes a
+    head's every item, and the backward's items cost more than the barrier it saves (slstm_h12 above)."""
+    local = [] if plan.heads == 1 else [cfg for cfg in space(plan, gpu, "block") if plan.local_to(cfg.units_per_cta)]
+    return ranked_defaults(plan, gpu, local + space(plan, gpu), validate,
+                           lambda cfg, g: estimated_cycles(cfg, g, plan), limit, "persistent backward")
 
 
 def backward_kernel(plan: CellPlan, gpu: GpuSpec, config: PersistentConfig) -> Kernel:
@@ -207,10 +225,10 @@ class _Backward(RegisterWeights):
         self.p, self.c, self.g = plan, cfg, g
         self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
         self.compute = self.acc_dt = plan.policy.compute  # the adjoints, the carried and the params' gradients
-        # the register weights and the shared tile of gate gradients (published and written in it too): float32
-        # here, the weights widened in registers; the layer's half type on the tensor cores (``backward_mma``)
+        # the register weights and the shared tile of gate gradients (published in it too): float32 here, the
+        # weights widened in registers; the layer's half type on the tensor cores (``backward_mma``)
         self.dt = self.gates_dt = plan.dtype if self.HALF_TILES else self.compute
-        self.storage = plan.dtype
+        self.storage = plan.dtype  # ``d_gates`` too: the weight gradients' GEMMs take the weights' type
         self.gs0 = cfg.batch_tile * g.stride  # word offset of the sums sent back, after the operand tile
         self.D, self.span = head_size(plan), head_span(plan, cfg.units_per_cta)  # hidden, hidden where dense
         self.si = {s.name: i for i, s in enumerate(plan.states)}
@@ -241,7 +259,8 @@ class _Backward(RegisterWeights):
             self.B, H, p.input.slices * H, p.weight_shapes(),
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             len(p.saved_leaves()) * H, max(1, self.K), self.compute,
-            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None, self.gates_dt)
+            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None, self.storage,
+            self.gates_dt)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
 
@@ -384,7 +403,7 @@ class _Backward(RegisterWeights):
                             for s in range(self.p.input.slices):
                                 T.buffer_store(self.d_xp, nan, [t, b, s * H + unit])
                             for column in range(self.K // H):
-                                T.buffer_store(self.d_gates, as_type(nan, self.gates_dt), [t, b, column * H + unit])
+                                T.buffer_store(self.d_gates, as_type(nan, self.storage), [t, b, column * H + unit])
 
     # ------------------------------------------------------------------ one step backwards
     def gate_gradients(self, t, phase: int, it, b, unit):
@@ -398,7 +417,7 @@ class _Backward(RegisterWeights):
                 column = self.red_lo[r.name] + s * H + unit
                 g = bind_value(as_type(value(Leaf("reduction", r.name, s)), self.gates_dt), f"d_{r.name}_{s}")
                 T.buffer_store(self.a.ws, g, [t % 2, b, column])
-                T.buffer_store(self.d_gates, g, [t, b, column])
+                T.buffer_store(self.d_gates, as_type(g, self.storage), [t, b, column])
         if phase:
             return
         for s in range(p.input.slices):
@@ -447,7 +466,7 @@ class _Backward(RegisterWeights):
             return self.dstage[it * len(self.stage_ops) + self.stage_ops[name]]
 
         def bind(expr, name: str):  # a half layer's math as its forward's: the approximate intrinsics
-            return bind_value(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
+            return bind_kept(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
 
         return adjoint_values(p, self.adj, forward, incoming, operand, bind)
 

@@ -34,6 +34,19 @@ def test_half_layers_take_the_tensor_core_backward_first(dtype, template):
     assert (args["d_xp"].dtype, args["d_h0"].dtype, args["saved"].dtype) == ("float32",) * 3
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_float32_backward_of_a_half_layer_writes_its_gate_gradients_in_the_half_type(dtype):
+    """Head-wise products take the float32 backward: it exchanges the gate gradients in float32 but writes ``d_gates``
+    in the layer's type, which the weight gradients' GEMMs take (``torch.autograd.weight_gradient``)."""
+    layer = prnn_tvm.compile_cell("lstm_h4", 64, 4, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
+    kernel = next(iter(gpu_backward(layer.plan, layer.gpu)))
+    assert kernel.template == "persistent_backward"
+    args = {a.name: a for a in kernel.launch.args}
+    assert (args["d_gates"].dtype, args["workspace"].dtype, args["d_xp"].dtype) == (dtype, "float32", "float32")
+    source = build_functions({"recurrent_backward": kernel.func}, layer.target, layer.gpu).source
+    assert f"{'half' if dtype == 'float16' else 'nv_bfloat16'}* __restrict__ d_gates" in source
+
+
 def test_refusals_name_the_reason():
     plan, gpu = plan_of("lstm", 64, 4, "float32")
     assert "float16" in bc.refusal(plan, "sm_90")

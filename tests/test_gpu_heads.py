@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.checks import max_abs_error, relative_error, time_layer, worst
+from prnn_tvm.checks import max_abs_error, plan_tolerance, relative_error, time_layer, worst
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
@@ -99,6 +99,41 @@ def test_the_training_kernels_of_heads(cell, hidden, batch, dtype):
     want = plan_gradients(layer.plan, inputs, d_out, d_finals)
     bound = 1e-4 if dtype == "float32" else 5e-2
     assert worst(relative_error(got[n], want[n]) for n in want) <= bound
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize(
+    "cell, T, B, H, n_in",
+    [
+        ("slstm_h12", 64, 16, 768, 48),  # FlashRNN's shape, fewer steps
+        ("lstm_h4", 17, 1, 36, 5),  # one batch row, heads of 9
+        ("rnn_tanh_h7", 9, 3, 7, 4),  # heads of one unit, odd hidden
+        ("slstm_h4", 12, 5, 20, 6),
+    ],
+)
+def test_the_torch_module_trains_heads_within_the_bound(cell, T, B, H, n_in, dtype):
+    """A training step through ``prnn_tvm.torch`` (the saving forward, the GPU backward, each head-wise weight's
+    gradient as a batched GEMM of its heads' blocks, in the half type for half layers: ``autograd.weight_gradient``)
+    against the float64 CPU module on the same (rounded) parameters and inputs, within ``checks.plan_tolerance``
+    relative to a gradient's largest entry (float32: 1e-4)."""
+    import torch
+
+    from .test_gpu_backward_mma import _trained_layer, modules
+    from .test_torch import _gradient_error, _gradients
+
+    torch_dtype = getattr(torch, dtype)
+    fast, ref = modules(cell, n_in, H, torch_dtype)
+    x = torch.randn(T, B, n_in).to(torch_dtype)
+    hx = [(0.5 * torch.randn(1, B, H)).to(torch_dtype) for _ in fast._states]
+    want = _gradients(
+        ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx], list(ref.parameters()), None
+    )
+    params = list(fast.parameters())
+    got = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx], params, None)
+    layer = _trained_layer(fast)
+    assert all(p.grad.dtype == torch_dtype for p in params)
+    bound = 1e-4 if dtype == "float32" else plan_tolerance(layer.plan, T)
+    assert _gradient_error(want, got) <= bound
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -200,6 +235,8 @@ def test_gates_in_warp_by_head_size(D, capsys, dtype="bfloat16"):
     assert error_of(other, 255, seed=5) <= tolerance(dtype, 255)
     times = [time_layer(built, 1024).per_step_s * 1e6 for built in (layer, other)]
     with capsys.disabled():
-        print(f"\n{cell} (D={D}) 768x16 {dtype}: {times[0]:.3f} us/step ({layer.report.config}, "
-              f"{layer.report.registers} registers), by_gate {times[1]:.3f} us/step ({other.report.config})")
+        print(
+            f"\n{cell} (D={D}) 768x16 {dtype}: {times[0]:.3f} us/step ({layer.report.config}, "
+            f"{layer.report.registers} registers), by_gate {times[1]:.3f} us/step ({other.report.config})"
+        )
     assert min(times) > 0

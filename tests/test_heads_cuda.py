@@ -272,6 +272,33 @@ def test_the_gpu_backward_takes_products_of_one_head_size():
     assert "products of heads of different sizes" in pb.refusal(mixed)
 
 
+@pytest.mark.parametrize(
+    "cell, first",
+    [
+        # 12 heads of 64: 96 blocks of an eighth of a head over the grid, not 12 blocks of whole heads (H100,
+        # slstm_h12 bf16: 3.0 us a backward step against 5.2)
+        ("slstm_h12", pc.PersistentConfig(8, 32, 1, 16, 4, "counter")),
+        ("lstm_h12", pc.PersistentConfig(8, 32, 1, 16, 4, "counter")),
+        # heads of 16: whole heads a block, one item a thread, no grid barrier
+        ("slstm_h48", pc.PersistentConfig(16, 16, 1, 16, 4, "block")),
+    ],
+)
+def test_the_gpu_backward_ranks_blocks_of_whole_heads_by_their_cost(cell, first):
+    """The float32 backward's default (head-wise products, every dtype) is its cheapest estimate over blocks of
+    whole heads (barrier ``block``) and blocks over the grid alike: a block of whole heads takes every item of its
+    heads, whose recomputed stages and adjoints cost more than the grid barrier it saves where heads are few."""
+    p = plan(cell, 16, 768, "bfloat16")
+    ranked = pb.ranked_configs(p, GPU)
+    assert ranked[0] == first, ranked
+    block = dataclasses.replace(first, units_per_cta=64, barrier="block", k_split=16, rows_per_thread=4)
+    g_block, g_first = pb.validate(block, p, GPU), pb.validate(first, p, GPU)
+    if first.barrier == "counter":  # the block of a whole head: four items a thread, no grid barrier, dearer
+        assert g_block.items_per_thread > g_first.items_per_thread
+        assert pb.estimated_cycles(block, g_block, p) > pb.estimated_cycles(first, g_first, p)
+    weights = [pb.validate(cfg, p, GPU).weights_per_thread for cfg in ranked]
+    assert weights == sorted(weights, reverse=True) and len(set(weights)) == len(weights)  # fallbacks hold fewer
+
+
 def test_the_tuning_space_places_heads_and_records_key_the_placement():
     """Whole heads per block (one, two, four) with the ``block`` barrier, and divisors of a head shared by blocks,
     beside the usual units; a config's knobs (what records store) say where the heads went."""

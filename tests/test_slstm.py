@@ -3,6 +3,9 @@ below, on FlashRNN's layouts through ``prnn_tvm.bench.flashrnn``), the CPU build
 stabilizer at pre-activations that overflow exp, the derived backward, and the float32 CUDA kernels and training
 kernels as emitted. GPU runs: ``test_gpu_heads.py``."""
 
+import math
+import re
+
 import numpy as np
 import pytest
 
@@ -151,3 +154,19 @@ def test_defaults_build_without_spills(cell, hidden, batch, dtype):
     rep = layer.report
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
     assert_launchable(layer)
+
+
+@pytest.mark.parametrize("cell, dtype", [("slstm_h12", "bfloat16"), ("slstm", "bfloat16"), ("slstm_h12", "float32")])
+def test_the_backward_computes_each_value_of_a_step_once(cell, dtype):
+    """The backward step's CUDA binds every recomputed stage and every adjoint once (``pointwise.bind_kept``): TVM's
+    simplifier had copied each into every expression that read it, and sLSTM's stages read each other so often that
+    its kernel at 768 x 16 bf16 was 850 KB of source with ~1000 exp and ~550 logf calls an item (56 us a step on the
+    H100). Now an item computes a handful of each, as an LSTM's does."""
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
+    training = prnn_tvm.compile_training(layer)
+    source = training.backward.module.imports[0].inspect_source()
+    body = source[source.index("recurrent_backward_kernel(", source.index("recurrent_backward_kernel(") + 1) :]
+    grid = training.backward.signature.launches[0].grid
+    per_item = math.ceil(16 * 768 / (grid.ctas * grid.threads))  # (batch row, unit) items a thread, at most
+    exps, logs = len(re.findall(r"\bexpf\(|__expf\(", body)), body.count("logf(")
+    assert exps <= 16 * per_item and logs <= 2 * per_item, (exps, logs, per_item)

@@ -151,3 +151,14 @@ def category_table(records: list[tuple[str, str, float]], steps: int) -> list[st
         f"{part:<16} {kind:<26} {us / steps:9.1f} us/step"
         for (part, kind), us in sorted(sums.items(), key=lambda kv: -kv[1])
     ]
+
+
+def breakdown(module, x, hx, repeats: int, number: int, kernels: int | None = None) -> list[str]:
+    """A training step's report as the ``bench/*training_parts.py`` scripts print it: each part's GPU and host ms
+    (:func:`part_times`, median of ``repeats`` steps), then the first ``kernels`` lines (all where None) of the
+    kernel table of ``number`` profiled steps (:func:`kernel_table`) and the sums per part and kind."""
+    times = part_times(module, x, hx, repeats)
+    lines = ["part        GPU ms    host ms"]
+    lines += [f"{part:<10} {times[part][0]:8.3f} {times[part][1]:9.3f}" for part in (*PARTS, "step")]
+    records = kernel_records(module, x, hx, number)
+    return lines + kernel_table(records, number)[:kernels] + category_table(records, number)

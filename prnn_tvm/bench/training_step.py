@@ -4,12 +4,29 @@ every output and final state, ``backward()``; optionally each part inside a cont
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Callable
 
 import torch
 
 PARTS = ("zero_grad", "forward", "loss", "backward")
+
+
+def cell_arguments(several: bool) -> argparse.Namespace:
+    """The command line of the benchmarks of a cell's training step through ``prnn_tvm.torch.Recurrent``
+    (``bench/cell_*.py``): ``--spec`` (sLSTM of 12 heads by default; several where ``several``), ``--dtype``, the sizes
+    (FlashRNN's headline shape) and the timing's ``--repeats`` and ``--number``. Float32 GEMMs without TF32, torch
+    seeded."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--spec", nargs="+" if several else None, default=["slstm_h12"] if several else "slstm_h12")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    for name, default in {"hidden": 768, "batch": 16, "seq": 1024, "repeats": 5, "number": 2}.items():
+        p.add_argument(f"--{name}", type=int, default=default)
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    return args
 
 
 def case(kind: str, hidden: int, batch: int, dtype: torch.dtype, seq: int) -> tuple:

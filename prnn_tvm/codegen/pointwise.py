@@ -74,7 +74,7 @@ def adjoint_values(
     states at the step's start, products and sums over units; stages are recomputed from them), what each
     state's incoming adjoint is (``incoming(state)``), what the transposed products sent
     back to an operand stage (``operand(stage)``) and, for a plan with sums over units, the adjoint of a sum's
-    row total (``unit_sum(name)``). Each variable is bound once (``bind``).
+    row total (``unit_sum(name)``). Each variable, and each leaf's adjoint, is bound once (``bind``).
     """
     stages = {st.name: st for st in plan.stages}
     leaf_of_var = {var: leaf for leaf, var in plan.leaf_vars.items()}
@@ -86,7 +86,13 @@ def adjoint_values(
     def var(v):
         if v not in bound:
             source, name = roles.get(v, (None, None))
-            bound[v] = bind(source(name) if source is not None else leaf_value(leaf_of_var[v]), v.name)
+            if source is not None:
+                expr = source(name)
+            elif v in adjoints.stages:  # a stage's adjoint, from the variables it reads
+                expr = substitute(adjoints.stages[v], {u: var(u) for u in free_vars(adjoints.stages[v])})
+            else:
+                expr = leaf_value(leaf_of_var[v])
+            bound[v] = bind(expr, v.name)
         return bound[v]
 
     def leaf_value(leaf: Leaf):
@@ -99,7 +105,9 @@ def adjoint_values(
         expr = adjoints.leaves.get(leaf)
         if expr is None:
             return tirx.const(0.0, plan.policy.compute)
-        return substitute(expr, {v: var(v) for v in free_vars(expr)})
+        if leaf not in bound:
+            bound[leaf] = bind(substitute(expr, {v: var(v) for v in free_vars(expr)}), f"d_{leaf.name}_{leaf.slice}")
+        return bound[leaf]
 
     return value
 
@@ -126,6 +134,28 @@ def bind_value(expr, name: str):
     """Bind ``expr`` to a new variable called ``name`` inside the current IRBuilder frame; returns the variable
     (how templates name the values of a step)."""
     return T.bind(expr, var=tirx.Var(name, expr.ty))
+
+
+# TVM's StmtSimplify substitutes a let-bound value that reads no buffer into every use of its variable, and its
+# CommonSubexprElim leaves expressions with calls alone: a value bound once is emitted again in every expression that
+# reads it, and what reads those again. A backward step's adjoints are a DAG over the recomputed forward stages
+# (sLSTM's: each stage read by several others): inlined, its CUDA grew to 850 KB (4 items a thread) with ~300
+# exp2 and 64 IEEE divisions an item after nvcc's own CSE, the branches of its selects in between. An identity
+# function is opaque to the simplifier (a call of unknown effect) and free to nvcc (inlined).
+_KEEP_SOURCE = r"""
+#ifndef PRNN_KEEP
+#define PRNN_KEEP
+__device__ __forceinline__ float prnn_keep(float x) { return x; }
+#endif
+"""
+
+
+def bind_kept(expr, name: str):
+    """:func:`bind_value` of a float32 value that TVM's simplifier must not copy into its uses (see above): for the
+    values of a DAG of expressions that read each other many times (a backward step's adjoints)."""
+    if str(expr.ty.dtype) != "float32":
+        return bind_value(expr, name)
+    return bind_value(T.cuda.func_call("prnn_keep", expr, source_code=_KEEP_SOURCE, return_type="float32"), name)
 
 
 def _expf(x):

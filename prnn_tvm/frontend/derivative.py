@@ -30,13 +30,15 @@ from tvm.ir.prim import expr as P
 
 from ..errors import CellError
 from .plan import CellPlan, Leaf
-from .texpr import free_vars
+from .texpr import evaluate, free_vars
 
 _UNARY = ("tirx.sigmoid", "tirx.tanh", "tirx.exp", "tirx.log", "tirx.sqrt", "tirx.fabs")
 
 
-def partial(e, var):
-    """``d e / d var`` as an expression (constants folded where they are obvious)."""
+def partial(e, var, value=None):
+    """``d e / d var`` as an expression (constants folded where they are obvious). ``value``: a variable that holds
+    ``e``'s value where the caller has one (a stage's): the derivative of a sigmoid, tanh, exp or sqrt at the top of
+    ``e`` reads it instead of computing the function again."""
     if isinstance(e, E.Var):
         return _one(e) if e.same_as(var) else _zero(e)
     if isinstance(e, (P.FloatImm, P.IntImm)):
@@ -66,7 +68,7 @@ def partial(e, var):
             return _select(e.args[0], partial(e.args[1], var), partial(e.args[2], var))
         if name in _UNARY:
             (u,) = e.args
-            return _mul(_outer(name, e, u), partial(u, var))
+            return _mul(_outer(name, e if value is None else value, u), partial(u, var))
         raise CellError(
             f"cannot differentiate {name or e.op} (in {e}): training supports +, -, *, /, min, max, "
             "select, casts, sigmoid, tanh, exp, log, sqrt and abs"
@@ -75,7 +77,7 @@ def partial(e, var):
 
 
 def _outer(name: str, e, u):
-    """d f(u) / d u for the unary function ``name``, with ``e`` = f(u)."""
+    """d f(u) / d u for the unary function ``name``, with ``e`` = f(u) (an expression or a variable holding it)."""
     one = _one(e)
     if name == "tirx.sigmoid":
         return e * (one - e)
@@ -105,6 +107,14 @@ class StepAdjoints:
     expression in the forward's leaf variables and the ``incoming`` and ``operands``
     variables; leaves the step's result does not depend on are absent.
 
+    ``stages`` maps a variable standing for the adjoint of each stage slice that the step's result depends on to
+    its expression, in the order of the backwards walk: each reads only the forward's leaf variables, the
+    ``incoming``, ``operands`` and ``unit_sums`` variables and the stage adjoints before it. The leaves' adjoints
+    read these variables, as reverse-mode differentiation keeps one adjoint per intermediate value: written out in
+    every expression that reads it, an adjoint is copied into each reader, and the readers' copies into theirs
+    (sLSTM's stages read each other so often that its step's expressions were hundreds of times their size).
+    :meth:`evaluate` computes them where a caller evaluates a leaf's adjoint; a template binds each once.
+
     ``unit_sums`` maps each sum over units (``c.sum``) to the variable standing for the adjoint of its row's
     total: the sum over every unit of the row of that sum's leaf adjoint (``leaves[Leaf("unit_sum", name, 0)]``,
     a unit's share), which reaches each unit's summed values through the sum's own derivative. A backward
@@ -115,6 +125,16 @@ class StepAdjoints:
     operands: dict
     leaves: dict
     unit_sums: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)
+
+    def evaluate(self, expr, env: dict):
+        """``expr`` (a leaf's adjoint) in float64 NumPy (``texpr.evaluate``), ``env`` holding the forward's leaf
+        values and the incoming, operand and sum adjoints it reads; each stage adjoint it reads is evaluated into
+        ``env`` first (once per ``env``)."""
+        for var in free_vars(expr):
+            if var in self.stages and var not in env:
+                env[var] = self.evaluate(self.stages[var], env)
+        return evaluate(expr, env)
 
 
 def step_adjoints(plan: CellPlan) -> StepAdjoints:
@@ -129,6 +149,7 @@ def step_adjoints(plan: CellPlan) -> StepAdjoints:
     for name, var in operands.items():  # a product's operand stage is one slice wide
         _accumulate(adjoint, Leaf("stage", name, 0), var)
     var_leaf = {var: leaf for leaf, var in plan.leaf_vars.items()}
+    stage_adjoints: dict = {}
     for us in plan.unit_sums:  # each unit's summed values, by the row total's adjoint
         for expr in us.exprs:
             for var in free_vars(expr):
@@ -138,10 +159,18 @@ def step_adjoints(plan: CellPlan) -> StepAdjoints:
             seed = adjoint.pop(Leaf("stage", stage.name, slice_), None)
             if seed is None:  # nothing downstream reads this slice
                 continue
+            if not isinstance(seed, E.Var):
+                named = tirx.Var(f"d_{stage.name}_{slice_}", dtype)
+                stage_adjoints[named], seed = seed, named
+            held = plan.leaf_vars.get(Leaf("stage", stage.name, slice_))  # the stage's value, where a variable has it
             for var in free_vars(expr):
-                _accumulate(adjoint, var_leaf[var], _mul(seed, partial(expr, var)))
+                _accumulate(adjoint, var_leaf[var], _mul(seed, partial(expr, var, held)))
     return StepAdjoints(
-        incoming, operands, {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"}, sums
+        incoming,
+        operands,
+        {leaf: value for leaf, value in adjoint.items() if leaf.kind != "stage"},
+        sums,
+        stage_adjoints,
     )
 
 
