@@ -20,22 +20,13 @@ from prnn_tvm.bench.ab import SourceChange
 from prnn_tvm.codegen import build
 from prnn_tvm.compiler import compile_cell
 
-IN_WARP = {
-    "units_per_cta": 64,
-    "k_groups": 1,
-    "n_tiles": 2,
-    "barrier": "block",
-    "m_tiles_per_warp": 2,
-    "gate_layout": "in_warp",
-}
-
 p = argparse.ArgumentParser()
 p.add_argument("--cell", default="lstm_h12")
 p.add_argument("--hidden", type=int, default=768)
 p.add_argument("--batch", type=int, default=16)
 p.add_argument("--seq", type=int, default=1024)
 p.add_argument("--dtype", default="bfloat16")
-p.add_argument("--config", type=json.loads, default=IN_WARP, help="default: issue 49's in_warp config")
+p.add_argument("--config", type=json.loads, default=htl.IN_WARP, help="default: issue 49's in_warp config")
 p.add_argument("--change", nargs="*", default=[], help="source changes applied before the stamps")
 p.add_argument("--first", type=int, default=None, help="first step recorded (default: the middle 256)")
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")

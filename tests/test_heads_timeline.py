@@ -9,15 +9,6 @@ import prnn_tvm
 from prnn_tvm.bench import heads_timeline as htl
 from prnn_tvm.codegen import build
 
-IN_WARP = {
-    "units_per_cta": 64,
-    "k_groups": 1,
-    "n_tiles": 2,
-    "barrier": "block",
-    "m_tiles_per_warp": 2,
-    "gate_layout": "in_warp",
-}
-
 
 def instrumented(arch="sm_90", first=0):
     sources = []
@@ -27,7 +18,7 @@ def instrumented(arch="sm_90", first=0):
         return sources[-1]
 
     with build.rewriting_sources(keep):
-        layer = prnn_tvm.compile_cell("lstm_h2", 128, 16, dtype="bfloat16", config=IN_WARP, arch=arch)
+        layer = prnn_tvm.compile_cell("lstm_h2", 128, 16, dtype="bfloat16", config=htl.IN_WARP, arch=arch)
     return layer, next(s for s in sources if "prnn_htl_t[" in s)
 
 

@@ -30,6 +30,15 @@ import numpy as np
 
 PHASES = ("operands", "products", "xp wait", "pointwise", "stores", "xp issue", "barrier")
 STEPS = 256  # steps recorded per launch
+# lstm_h12's config of issue 49 (12 heads of 64, bf16 768 x 16): a head a block, every gate of a unit in one warp
+IN_WARP = {
+    "units_per_cta": 64,
+    "k_groups": 1,
+    "n_tiles": 2,
+    "barrier": "block",
+    "m_tiles_per_warp": 2,
+    "gate_layout": "in_warp",
+}
 KERNEL = r'^extern "C" __global__ void __launch_bounds__\((\d+), 1\) recurrent_kernel\(.*\{$'
 _HELPERS = """__device__ volatile int prnn_htl_sink;
 template <class T> __device__ __forceinline__ unsigned prnn_htl_bits(T v) {
