@@ -9,9 +9,11 @@ in shared memory:
     products   to every accumulator of the mma chains final
     xp wait    to the step's projection values (loaded a step ahead) arrived
     pointwise  to every pointwise result computed (the values the stores then write)
-    stores     to the last ``out`` store issued (the new states into the operand tile, registers, ``out``)
+    stores     to the last store of the step's states issued (into the operand tile and registers; ``out`` too, where
+               the kernel stores it in the pointwise math)
     xp issue   to the block barrier (the next step's projection loads issued)
-    barrier    the block barrier (``__syncthreads``) itself
+    barrier    the block barrier (``__syncthreads``) and what follows it to the step's end (the outputs copied from
+               the operand tile the step wrote)
 
 A border waits for its values through a test no value passes (a store to a volatile word under it), so each span
 is the wait for its phase's results once the one before ended, not the issue of its instructions. After the time
@@ -134,7 +136,7 @@ def instrument(source: str, first: int = 0) -> str:
         (mma_end.end() + staged[-1].end(), _border(4, [f"{m[1]}[{m[2]}]" for m in staged])),
         (out.end(), _border(5, [])),
         (end.start(), _border(6, [])),
-        (end.end(), _border(7, []) + record),
+        (source.rindex("\n", 0, close) + 1, _border(7, []) + record),
     ]
     words = words_per_block(warps)
     dump = (
