@@ -20,8 +20,8 @@ step's loads of the projection.
 
 The output sequence is copied from the set of operand tiles the step wrote, after its barrier (that set is read-only
 until the next step's barrier): a thread's 16 bytes of a batch row's units in one shared load and one global store,
-rather than each item's 2-byte store in the pointwise math (bench/changes/heads_out_from_tile.json: H100, lstm_h12
-bf16 768 x 16, T=1024, 0.735 -> 0.706 us a step, outputs bitwise equal).
+rather than each item's 2-byte store in the pointwise math (heads_out_from_tile in bench/results/heads-in-warp-h100.md:
+H100, lstm_h12 bf16 768 x 16, T=1024, 0.735 -> 0.706 us a step, outputs bitwise equal).
 """
 
 from __future__ import annotations
