@@ -374,14 +374,24 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                         self.save_leaves(t, it, group, b, unit, ul)
                     self.write_states(t, it, group, b, unit, ul)
         if self.inputs_early:  # the next step's, now that this step's are used
-            with T.If(t + 1 < self.steps):
-                with T.Then():
-                    for _ in self.each_part():
-                        self.load_inputs(t + 1)
+            self.next_inputs(t)
         if p.needs_grid_barrier:
             self.before_wait()
             last = None if self.waits_at_last_step else t < self.steps - 1
             self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall, when=last)
+        self.after_barrier(t)
+
+    def next_inputs(self, t):
+        """Where :attr:`inputs_early`, at the end of step ``t``: the next step's input projection into the registers
+        the step reads (two steps on, ``persistent_warp_gates``)."""
+        with T.If(t + 1 < self.steps):
+            with T.Then():
+                for _ in self.each_part():
+                    self.load_inputs(t + 1)
+
+    def after_barrier(self, t):
+        """At the end of step ``t``, after its barrier: what a template does once every value of the step is in place
+        (the output sequence copied from the operand tile: ``persistent_warp_gates``). Nothing here."""
 
     @property
     def waits_at_last_step(self) -> bool:
@@ -403,11 +413,11 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         rather than waiting on DRAM (bench/results/exchange-probes-h100.md, "Two source changes timed and adopted")."""
         return 0 if self.inputs_early else self.XP_PREFETCH_STEPS
 
-    def load_inputs(self, t):
-        """Step ``t``'s input projection for the items of the part being emitted, into registers: issued now,
-        consumed after the products (of this step, or the next where :attr:`inputs_early`); and, where
-        :attr:`inputs_prefetched`, that of a later step asked into L2."""
-        ahead = self.inputs_prefetched
+    def load_inputs(self, t, regs=None):
+        """Step ``t``'s input projection for the items of the part being emitted, into registers (``regs``, else the
+        ones the step reads): issued now, consumed after the products (of this step, or the next where
+        :attr:`inputs_early`); and, where :attr:`inputs_prefetched`, that of a later step asked into L2."""
+        ahead, regs = self.inputs_prefetched, self.xreg if regs is None else regs
         for it, group, item in self.items():
             with item as (b, unit, _ul):
                 if ahead:
@@ -420,7 +430,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                                 T.evaluate(prefetch_l2(xp))
                 timing = self.timing(t, it)
                 for i, leaf in enumerate(self.slots[group].x):
-                    T.buffer_store(self.xreg, self.a.xp[timing.input_step(leaf.slice), b, self.xp_column(leaf, unit)],
+                    T.buffer_store(regs, self.a.xp[timing.input_step(leaf.slice), b, self.xp_column(leaf, unit)],
                                    [it * self.width.x + i])
 
     def xp_column(self, leaf: Leaf, unit):

@@ -17,16 +17,26 @@ The time loop is the step alone, as in the hand-written prototype it was measure
 exchanged states in registers too (``kept``: a row past its length rewrites them without reading the tile), the
 final states are written after it from those registers, and its one block barrier is unguarded, after the next
 step's loads of the projection.
+
+The output sequence is copied from the set of operand tiles the step wrote, after its barrier (that set is read-only
+until the next step's barrier): a thread's 16 bytes of a batch row's units in one shared load and one global store,
+rather than each item's 2-byte store in the pointwise math (heads_out_from_tile in bench/results/heads-in-warp-h100.md:
+H100, lstm_h12 bf16 768 x 16, T=1024, 0.735 -> 0.706 us a step, outputs bitwise equal).
 """
 
 from __future__ import annotations
 
+import math
+
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.barriers.base import sync_threads
+from prnn_tvm.codegen.barriers.base import row_lanes, sync_threads
+from prnn_tvm.codegen.kernel import StepTiming, vec_index
 from prnn_tvm.codegen.pointwise import as_type, bind_value
+from prnn_tvm.dtypes import itemsize
 from prnn_tvm.frontend.plan import Leaf
+from prnn_tvm.target import GpuSpec, max_regs_per_thread
 
 from .gate_layout import UNITS_PER_WARP
 from .persistent_cuda import Item
@@ -49,6 +59,10 @@ class WarpGates:
         super().alloc_loop_state()
         if self.c.in_warp:
             self.kept = T.alloc_buffer((self.ipt * len(self.slot),), self.dt, scope="local")
+        if self.xp_two_ahead:  # the projection of the step after next (:meth:`next_inputs`)
+            self.xnext = T.alloc_buffer(self.xreg.shape, self.xreg.dtype, scope="local")
+        if self.outputs_from_tile:  # the length of the row each of the thread's copies of the outputs is of
+            self.out_len = T.alloc_buffer((len(self.out_copies()),), "int32", scope="local")
 
     def kept_at(self, name: str) -> int:
         """Where, in ``kept``, the state ``name`` of the item being emitted sits."""
@@ -93,6 +107,15 @@ class WarpGates:
                 with item as (b, unit, _ul):
                     for name in self.slot:
                         T.buffer_store(self.kept, self.a.init[name][b, unit], [self.kept_at(name)])
+            if self.xp_two_ahead:
+                with T.If(1 < self.steps):
+                    with T.Then():
+                        self.load_inputs(1, self.xnext)
+            if self.outputs_from_tile and self.a.lengths is not None:
+                for i, (inside, b, _k) in enumerate(self.out_copies()):
+                    with T.If(inside):
+                        with T.Then():
+                            T.buffer_store(self.out_len, self.a.lengths[b], [i])
             sync_threads()
 
     def load_operands(self, t, b0, phase: int):
@@ -100,6 +123,32 @@ class WarpGates:
         writes, ordered by its block barrier)."""
         if not self.c.in_warp:
             super().load_operands(t, b0, phase)
+
+    @property
+    def xp_two_ahead(self) -> bool:
+        """With ``in_warp``: whether each step's projection is loaded two steps ahead (:meth:`next_inputs`), where the
+        geometry's register estimate with a second bank of the projection's registers stays within what a thread of
+        a CTA of its threads may have (H100, lstm_h12 bf16 768 x 16, T=1024: 0.977x a step for 34 registers more,
+        bench/results/heads-in-warp-h100.md; a CTA of 512 threads has 128 a thread and spilled)."""
+        if not (self.c.in_warp and self.inputs_early):
+            return False
+        any_gpu = GpuSpec("any", 0, 0, 0)  # the register file, the same on every GpuSpec (its defaults)
+        return self.g.regs_estimate + self.ipt * self.width.x <= max_regs_per_thread(self.g.threads, any_gpu)
+
+    def next_inputs(self, t):
+        """With :attr:`xp_two_ahead`, at the end of step ``t``: the next step's projection from the registers it was
+        loaded into a step before, and the loads of the step after next issued into those (about two steps against
+        DRAM's latency where the projection is past L2)."""
+        if not self.xp_two_ahead:
+            super().next_inputs(t)
+            return
+        with T.If(t + 1 < self.steps):
+            with T.Then():
+                for i in range(int(self.xreg.shape[0])):
+                    T.buffer_store(self.xreg, self.xnext[i], [i])
+        with T.If(t + 2 < self.steps):
+            with T.Then():
+                self.load_inputs(t + 2, self.xnext)
 
     def store_partials(self, b0):
         """Nothing with ``in_warp``: the pointwise math reads the accumulators."""
@@ -155,10 +204,61 @@ class WarpGates:
         return all(name in self.slot or name in s.priv for g, s in self.slots.items() for name in g.states)
 
     def write_outputs(self, t, timing, stored: dict, b, unit):
+        """Each item's outputs, but those copied from the operand tile after the barrier (:meth:`after_barrier`),
+        and, unless :attr:`finals_after_steps`, the final states after the last step."""
+        per_item = {name: value for name, value in stored.items() if name not in self.outputs_from_tile}
+        self.barrier.write_outputs(self, t, timing, per_item, b, unit)
         if not self.finals_after_steps:
-            super().write_outputs(t, timing, stored, b, unit)
+            with T.If(t == self.steps - 1):
+                with T.Then():
+                    self.write_final(stored, b, unit)
+
+    @property
+    def outputs_from_tile(self) -> tuple:
+        """With ``in_warp``: the outputs copied from the operand tile (module doc), each an exchanged state of the
+        output sequence's type, written at its own step."""
+        if not self.c.in_warp or self.a.out is None or str(self.a.out.dtype) != str(self.dt):
+            return ()
+        p = self.p
+        return tuple(n for n in p.outputs if n in self.slot and not p.delays[n] and n not in p.reversed_states)
+
+    @property
+    def out_lanes(self) -> int:
+        """Values per copy of the outputs: 16 bytes where the CTA's units, the hidden size and the tile's row allow."""
+        return row_lanes(math.gcd(self.c.units_per_cta, self.H, self.stride), itemsize(self.dt))
+
+    def out_copies(self) -> list:
+        """``(inside, batch row, first unit in the CTA)`` of each of the thread's copies of a row's ``out_lanes``
+        values (``inside``: the copy is one of the CTA's rows and units)."""
+        U, lv, threads = self.c.units_per_cta, self.out_lanes, self.g.threads
+        n = self.B * U // lv
+        copies = []
+        for i in range(-(-n // threads)):
+            idx = i * threads + self.tx
+            b, k = idx * lv // U, idx * lv % U
+            copies.append((tirx.all(idx < n, self.cta * U + k < self.H), b, k))
+        return copies
+
+    def after_barrier(self, t):
+        """With :attr:`outputs_from_tile`: step ``t``'s outputs from the set of operand tiles it wrote (zeros past a
+        row's length), ``out_lanes`` values a load and a store."""
+        super().after_barrier(t)
+        names = self.outputs_from_tile
+        if not names:
             return
-        self.barrier.write_outputs(self, t, timing, stored, b, unit)
+        lv, column = self.out_lanes, {name: k * self.H for k, name in enumerate(self.p.outputs)}
+        for i, (inside, b, k) in enumerate(self.out_copies()):
+            unit = self.cta * self.c.units_per_cta + k
+            with T.If(inside):
+                with T.Then():
+                    timing = StepTiming(self.p, self.a, t, None if self.a.lengths is None else self.out_len[i])
+                    for name in names:
+                        value = self.smem[vec_index(self.tile_set((t + 1) % 2) + self.tile_at(name, b, unit), lv)]
+                        running = timing.running(name)
+                        if running is not None:
+                            value = T.if_then_else(running, value, tirx.const(0, self.dt) if lv == 1
+                                                   else T.broadcast(tirx.const(0, self.dt), lv))
+                        T.buffer_store(self.a.out, value, [t, b, vec_index(column[name] + unit, lv)])
 
     def after_steps(self):
         super().after_steps()

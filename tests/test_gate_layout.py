@@ -111,14 +111,19 @@ def assert_the_step_alone(layer, body: str, loop: str):
     no test for the first step (the initial states go into the tiles before the loop), no test for the last (the
     final states are written after it, from registers), the operand tile read by ldmatrix alone (a row past its
     length keeps its state in registers), and one block barrier, unguarded, after the next step's loads of the
-    projection (a guarded one shared their guard, and ptxas issued the loads after the barrier)."""
+    projection (a guarded one shared their guard, and ptxas issued the loads after the barrier). After the barrier,
+    the outputs alone: 16-byte copies from the tile the step wrote (heads_out_from_tile), no store of them before."""
     assert "v == 0" not in loop and "seq_len - 1" not in loop, loop
     finals = [f"{a.name}_ptr[" for a in layer.kernel.launch.args if a.role == "final"]
     assert finals and all(f not in loop and f in body[body.index(loop) + len(loop):] for f in finals), finals
     tile_reads = [ln for ln in loop.splitlines() if "_ptr_3)[" in ln and not re.match(r"\s*\(\(\w+\*\)_ptr_3\)\[", ln)]
     assert tile_reads and all("prnn_ldmatrix_x4(" in ln for ln in tile_reads), tile_reads
-    assert loop.count("__syncthreads()") == 1 and re.search(r"\n    __syncthreads\(\);\s*\}$", loop), loop[-300:]
-    assert loop.rindex("xp_ptr[") < loop.index("__syncthreads()")
+    assert loop.count("__syncthreads()") == 1 and "\n    __syncthreads();\n" in loop, loop[-300:]
+    step, after = loop.split("__syncthreads()")
+    assert step.rindex("xp_ptr[") and "out_ptr" not in step, step[-300:]
+    copies = [ln for ln in after.splitlines() if "out_ptr" in ln]
+    assert copies and all(ln.lstrip().startswith("*(uint4*)(out_ptr + ") for ln in copies), after
+    assert "*(uint4*)(((" in after and "_ptr_3) + (((((v + 1) & 1) * " in after, after  # the set the step wrote
 
 
 def test_by_gate_keeps_two_barriers_a_step_and_the_shared_gate_sums():
@@ -136,3 +141,23 @@ def test_the_operand_tile_is_double_buffered():
     assert layer.kernel.launch.grid.smem_bytes >= 2 * 2 * set_elements
     body = kernel_source(layer)
     assert f"((v & 1) * {set_elements})" in body and f"(((v + 1) & 1) * {set_elements})" in body
+
+
+@pytest.mark.parametrize(
+    "cell, config, ahead",
+    [
+        ("lstm_h12", IN_WARP, 2),  # 256 threads: 255 registers a thread, room for a second bank
+        ("lstm_h6", mc.MmaConfig(128, 1, 2, "block", m_tiles_per_warp=2, smem_k_tiles=2, gate_layout="in_warp"), 1),
+    ],
+)
+def test_the_projection_is_loaded_two_steps_ahead_where_the_registers_allow(cell, config, ahead):
+    """The prologue loads the first ``ahead`` steps' projection, each step the one ``ahead`` steps on; a CTA of 512
+    threads (128 registers a thread) keeps one step ahead, without spills."""
+    layer = build(cell, "bfloat16", config)
+    body = kernel_source(layer)
+    begin, end = time_loops(body)[0]
+    per_step = body[begin:end].count("= xp_ptr[")
+    assert per_step and body[:begin].count("= xp_ptr[") == ahead * per_step
+    assert layer.report.spill_store_bytes == 0 and layer.report.stack_bytes == 0, layer.report.format()
+    stride = 16 * 4 * 768  # a step of the projection: batch x 4 gates x hidden
+    assert f"+ {ahead * stride})]" in body[begin:end], body[begin:end][-2000:]

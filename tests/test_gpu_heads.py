@@ -240,3 +240,21 @@ def test_gates_in_warp_by_head_size(D, capsys, dtype="bfloat16"):
             f"{layer.report.registers} registers), by_gate {times[1]:.3f} us/step ({other.report.config})"
         )
     assert min(times) > 0
+
+
+@pytest.mark.parametrize(
+    "cell, batch, config",
+    [
+        ("lstm_h12", 16, None),  # 256 threads: the projection two steps ahead
+        ("lstm_h12", 5, None),  # one batch tile, 5 of its 8 rows: copies of the outputs for 5 rows only
+        ("slstm_h12", 16, None),
+        ("lstm_h6", 16, IN_WARP_CASES[128][1]),  # 512 threads: one step ahead
+    ],
+)
+def test_in_warp_over_a_long_ragged_sequence(cell, batch, config, dtype="bfloat16"):
+    """T=1024 with per-row lengths (a row of one step, one of all): the outputs copied from the operand tile after
+    each step's barrier (zeros past a row's length) and the projection loaded ahead, against float64."""
+    layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", config=config)
+    assert layer.kernel.config.in_warp and layer.report.spill_bytes == 0, layer.report.format()
+    err = error_of(layer, 1024, seed=11, lengths=random_lengths(batch, 1024, seed=11))
+    assert err <= tolerance(dtype, 1024), f"{err:.2e}\n{layer.report.format()}"
