@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import prnn_tvm.torch as pt  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
-from prnn_tvm.torch import repeat  # noqa: E402
+from prnn_tvm.torch import dispatch, repeat  # noqa: E402
 
 CASES = [  # (cell, layers, input size, hidden, batch, steps, form, states given, dtype)
     ("lstm", 1, 1, 1, 1, 1, "time-major", True, torch.float32),  # hidden 1, one row
@@ -21,10 +21,12 @@ CASES = [  # (cell, layers, input size, hidden, batch, steps, form, states given
     ("lstm", 2, 3, 5, 1, 1, "unbatched", True, torch.float32),
     ("lstm", 3, 2, 4, 4, 3, "unbatched", False, torch.float32),
     ("lstm", 2, 8, 8, 2, 4, "time-major", True, torch.float32),  # a few steps
+    ("lstm", 3, 4, 16, 1, 1, "time-major", True, torch.float32),  # rows of 64 bytes: final states in place
+    ("lstm", 2, 3, 16, 1, 1, "unbatched", False, torch.float32),
     ("gru", 2, 5, 6, 1, 1, "time-major", True, torch.float32),
     ("rnn_tanh", 1, 3, 7, 2, 1, "batch_first", False, torch.float32),
     ("lstm", 1, 5, 3, 2, 1, "time-major", True, torch.float16),  # the CPU's half path
-    ("lstm", 2, 4, 8, 1, 1, "batch_first", True, torch.float16),
+    ("lstm", 2, 4, 16, 2, 1, "batch_first", True, torch.float16),
     ("gru", 1, 3, 5, 3, 1, "unbatched", False, torch.bfloat16),
 ]
 _TORCH = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}
@@ -43,8 +45,11 @@ def _flat(result):
     return [out, *(finals if isinstance(finals, tuple) else (finals,))]
 
 
+@pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace("torch.", ""))
-def test_a_planned_call_is_the_modules_own_path_bit_for_bit(case, monkeypatch):
+def test_a_planned_call_is_the_modules_own_path_bit_for_bit(case, in_place, monkeypatch):
+    """``in_place``: the final states written into the tensors the call returns, as on the GPU."""
+    monkeypatch.setattr(dispatch, "WRITTEN_IN_PLACE", ("cuda", "cpu") if in_place else ("cuda",))
     _compare_with_own_path(case, "cpu", monkeypatch)
 
 
@@ -80,6 +85,8 @@ def _compare_with_own_path(case, device, monkeypatch, wavefront=True):
         calls = [ours(x, hx) for _ in range(3)]  # the third runs the plan the second made
         plan = ours._plans[repeat.call_key(ours, x, hx)]
         assert type(plan) is repeat.Plan and (wavefront or not plan.stack)
+        rows = 1 if form == "unbatched" else batch
+        assert plan.whole == (x.device.type in dispatch.WRITTEN_IN_PLACE and rows * hidden * dtype.itemsize % 64 == 0)
         with monkeypatch.context() as plans_off:
             plans_off.setattr(repeat, "call_key", lambda *_: None)
             own = ours(x, hx)
@@ -95,11 +102,15 @@ def _moved(hx, move):
     return tuple(move(t) for t in hx) if isinstance(hx, tuple) else move(hx)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", "cpu in place", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("wavefront", [True, False])
-def test_a_planned_call_returns_tensors_of_its_own(device, wavefront):
+def test_a_planned_call_returns_tensors_of_its_own(device, wavefront, monkeypatch):
     """Each call's outputs are new tensors (a decoder keeps them, and passes the states back in): the next planned
-    call writes none of the last one's, and shares no memory with them."""
+    call writes none of the last one's, and shares no memory with them (``in place``: the final states written into
+    the tensors the call returns, as on the GPU)."""
+    if device == "cpu in place":
+        monkeypatch.setattr(dispatch, "WRITTEN_IN_PLACE", ("cuda", "cpu"))
+        device = "cpu"
     torch.manual_seed(2)
     ours = pt.from_torch(torch.nn.LSTM(16, 16, 2).to(device)).eval()
     ours.wavefront = wavefront
