@@ -33,7 +33,8 @@ Issue 47's levers, each a row of its own (the planned call is ``ours``):
   alone), with ``b_ih`` (float32: ``addmm``; half: the GEMM into float32 then ``add_``), and the other ways to make a
   half layer's float32 ``xp`` (the input widened, then a float32 GEMM on a float32 copy of ``W_ih``; for reference, the
   half GEMM into half);
-- ``torch.empty on the device``, ``a view``: what each output and each state's view costs the call.
+- ``torch.empty on the device``, ``a view``: what each output and each state's view costs the call; ``outputs: ...``
+  the output and the final states (an LSTM's) as a tensor each, or as views of one allocation.
 
 ``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work).
 """
@@ -138,9 +139,13 @@ with torch.no_grad():
         wide, narrow, rows2d = W.float().t(), W.t(), x.view(B, -1)
         rows["projection: widened x, float32 GEMM"] = us(lambda: torch.mm(rows2d.float(), wide))
         rows["projection: half GEMM into half"] = us(lambda: torch.mm(rows2d, narrow))
-    on = torch.device(args.device)
+    on, sizes = torch.device(args.device), [1, L, L]  # the output at T=1, then each state's (L, B, H)
     rows["torch.empty on the device"] = us(lambda: torch.empty(B, H, device=on, dtype=dtype))
     rows["a view"] = us(lambda: state[0][0])
+    rows["outputs: an allocation each"] = us(lambda: [torch.empty(n, B, H, device=on, dtype=dtype) for n in sizes])
+    rows["outputs: one allocation, split"] = us(
+        lambda: torch.empty(2 * L + 1, B, H, device=on, dtype=dtype).split_with_sizes(sizes)
+    )
     planned_key, repeat.call_key = repeat.call_key, lambda *_: None  # plans off: the module's own path
     rows["ours, own path"] = us(lambda: ours(x, state))
     runs, memo, real = [], {}, ours._run
