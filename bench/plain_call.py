@@ -25,8 +25,6 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 
 Issue 47's levers, each a row of its own (the planned call is ``ours``):
 
-- ``ours, half projection widened``: a half layer's projection as a float32 GEMM on a float32 copy of ``W_ih``, the
-  input widened first (``projection.WIDENED_ROWS``), rather than torch's half GEMM into float32;
 - ``plan, launches unbound``: the plan's launches through the Launcher's whole call (every argument placed each call)
   instead of its bound launch (``Launcher.bound``: weights, params, lengths placed once);
 - ``the recurrent launch, bound`` / ``, kernel a no-op``: one bound launch as the plan calls it, and the same with TVM's
@@ -49,7 +47,7 @@ import tvm_ffi
 
 import prnn_tvm.torch as pt
 from prnn_tvm.runtime.launcher import Bound
-from prnn_tvm.torch import projection, repeat
+from prnn_tvm.torch import repeat
 from prnn_tvm.torch.projection import project, projector
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,10 +96,6 @@ with torch.no_grad():
     assert (want.float() - got.float()).abs().max() < 1e-2, "our call differs from torch.nn's"
     rows["torch.nn"] = us(lambda: reference(x, state))
     rows["ours"] = us(lambda: ours(x, state))
-    if dtype != torch.float32:  # the half projection as a float32 GEMM on a float32 copy of W_ih (two launches)
-        projection.WIDENED_ROWS, widened_rows = B, projection.WIDENED_ROWS
-        rows["ours, half projection widened"] = us(lambda: ours(x, state))
-        projection.WIDENED_ROWS = widened_rows
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
     launched, launch = {}, Bound.__call__
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import prnn_tvm.torch as pt  # noqa: E402
 from prnn_tvm.dtypes import tolerance  # noqa: E402
-from prnn_tvm.torch import dispatch, projection, repeat  # noqa: E402
+from prnn_tvm.torch import dispatch, repeat  # noqa: E402
 
 CASES = [  # (cell, layers, input size, hidden, batch, steps, form, states given, dtype)
     ("lstm", 1, 1, 1, 1, 1, "time-major", True, torch.float32),  # hidden 1, one row
@@ -69,14 +69,6 @@ GPU_CASES = [  # as CASES, on the GPU: float32 with b_ih folded too, a stack lay
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(map(str, c)).replace("torch.", ""))
 def test_gpu_a_planned_call_is_the_modules_own_path_bit_for_bit(case, wavefront, monkeypatch, no_tf32):
     _compare_with_own_path(case, "cuda", monkeypatch, wavefront)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [c for c in GPU_CASES if c[-1] != torch.float32], ids=str)
-def test_gpu_a_half_projection_widened_is_planned_as_the_modules_own_path(case, monkeypatch, no_tf32):
-    """A half projection of few rows as a float32 GEMM on a float32 copy of ``W_ih`` (``WIDENED_ROWS``)."""
-    monkeypatch.setattr(projection, "WIDENED_ROWS", 64)
-    _compare_with_own_path(case, "cuda", monkeypatch)
 
 
 def _compare_with_own_path(case, device, monkeypatch, wavefront=True):

@@ -18,7 +18,7 @@ from prnn_tvm.errors import InputError
 from prnn_tvm.runtime.limits import ALIGNMENT
 from prnn_tvm.signature import ArgRole
 
-from .projection import biased, summed, widened
+from .projection import biased, summed
 
 BIASES = ("b_ih", "b_hh")  # what bias=False leaves out (zeros)
 ALL_STEPS = 2**31 - 1  # a row length that no sequence reaches: the kernels clamp lengths to the sequence's
@@ -125,11 +125,6 @@ class LaunchArguments:
         """``[W_ih | b_ih | 0]`` for a half projection on the GPU (:func:`~prnn_tvm.torch.projection.project`),
         made once per weight update (:meth:`_derived_from`)."""
         return self._derived_from("biased", biased, W_ih, b_ih, fresh=torch.cuda.is_current_stream_capturing())
-
-    def _widened_weight(self, W_ih: torch.Tensor) -> torch.Tensor:
-        """``W_ih.T`` in float32 for a half projection of few rows (:data:`~prnn_tvm.torch.projection.WIDENED_ROWS`),
-        made once per weight update (:meth:`_derived_from`)."""
-        return self._derived_from("widened", widened, W_ih, fresh=torch.cuda.is_current_stream_capturing())
 
     def _derived_from(self, what: str, make, *tensors: torch.Tensor, fresh: bool = False) -> torch.Tensor:
         """``make(*tensors)``, made once per weight update: kept while the same tensors (:meth:`_aligned` or

@@ -386,8 +386,7 @@ class Dispatch(BatchBuckets):
             return out, finals
         # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
         # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
-        xp = project(*args[:3], biased_weight=self._biased_weight, widened_weight=self._widened_weight)
-        out, *finals = self._launch(layer, xp, args[3:], into=into)
+        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:], into=into)
         return out, finals
 
     def _launch(

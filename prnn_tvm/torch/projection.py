@@ -11,23 +11,16 @@ import torch  # PyTorch itself: absolute import
 # (H=1024 B=8, H=512 B=16, H=256 B=32) 0.068 / 0.060, 0.057 / 0.068, 0.052 / 0.064; 2^22 and less:
 # 0.042-0.045 / 0.060-0.075.
 BIAS_IN_GEMM = 1 << 24
-# Rows (T x B) of a half projection without a bias (folded into the recurrent one) up to which it runs as a float32
-# GEMM on a float32 copy of W_ih (``widened_weight``), the input widened first: the half values are exact in float32
-# (and in TF32), the products as exact and the sums float32 as on tensor cores. Two launches, against torch's GEMM
-# into float32 (``out_dtype``); which costs the host less at T=1 is measured by bench/plain_call.py.
-WIDENED_ROWS = 0
 
 
-def project(
-    x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None, widened_weight=None
-) -> torch.Tensor:
+def project(x: torch.Tensor, W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None) -> torch.Tensor:
     """``x @ W_ih.T + b_ih`` for every step as one GEMM (cuBLAS on the GPU) in the recurrent kernel's ``xp``
     type: float32 layers follow torch's TF32 setting; half layers multiply on tensor cores into float32 (a call
     that trains on the GPU differentiates it through ``half_projection``). :func:`projector` says how."""
-    return projector(W_ih, b_ih, biased_weight, widened_weight)(x)
+    return projector(W_ih, b_ih, biased_weight)(x)
 
 
-def projector(W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None, widened_weight=None):
+def projector(W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None):
     """The inference projection with its weights bound, ``x -> xp``: what a repeated call keeps
     (:mod:`~prnn_tvm.torch.repeat`), the transposed weight made once.
 
@@ -38,23 +31,17 @@ def projector(W_ih: torch.Tensor, b_ih: torch.Tensor | None, biased_weight=None,
     multiplied by one and summed in float32: the same value), ``biased_weight(W_ih, b_ih)`` making that
     matrix. Below, the padded GEMM measured slower than the two kernels. Where the cell's plan lets params carry
     ``b_ih`` (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`, folded by the caller), ``b_ih`` is None: the
-    GEMM alone, or up to :data:`WIDENED_ROWS` rows a float32 GEMM on ``widened_weight(W_ih)`` (``W_ih.T`` in
-    float32, made once per weight update)."""
+    GEMM alone."""
     if W_ih.dtype in (torch.float32, torch.float64):  # float64: the CPU build's
         return lambda x: torch.nn.functional.linear(x, W_ih, b_ih)  # one addmm over the (T * B) rows
     if W_ih.device.type != "cuda":  # a half layer on the CPU: float32 math
         return lambda x: torch.nn.functional.linear(x.float(), W_ih.float(), b_ih.float())
     transposed, gates = W_ih.t(), W_ih.shape[0]
-    wide = []  # widened_weight(W_ih), asked once: a projector lives no longer than the weights it was made with
 
     def half(x: torch.Tensor) -> torch.Tensor:
         T, B, _ = x.shape
         rows = x.view(T * B, -1)
         if b_ih is None:  # carried by the recurrent bias (folded)
-            if T * B <= WIDENED_ROWS and widened_weight is not None:
-                if not wide:
-                    wide.append(widened_weight(W_ih))
-                return torch.mm(rows.float(), wide[0]).view(T, B, -1)
             return torch.mm(rows, transposed, out_dtype=torch.float32).view(T, B, -1)
         if T * B * gates < BIAS_IN_GEMM:
             return torch.mm(rows, transposed, out_dtype=torch.float32).add_(b_ih).view(T, B, -1)
@@ -77,8 +64,3 @@ def biased(W_ih: torch.Tensor, b_ih: torch.Tensor) -> torch.Tensor:
     W[:, :columns] = W_ih
     W[:, columns] = b_ih
     return W
-
-
-def widened(W_ih: torch.Tensor) -> torch.Tensor:
-    """``W_ih.T`` in float32 (a transposed view of a compact copy: the GEMM takes it as it is)."""
-    return W_ih.float().t()

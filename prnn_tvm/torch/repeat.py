@@ -183,6 +183,6 @@ def _step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> St
         return None
     return Step(
         launch,
-        projector(weights[0], weights[1], module._biased_weight, module._widened_weight),
+        projector(weights[0], weights[1], module._biased_weight),
         module._arguments[(id(layer), suffix, "weights")][0],  # kept by _launch_arguments with the weights
     )
