@@ -107,7 +107,7 @@ def _moved(hx, move):
 def test_a_planned_call_returns_tensors_of_its_own(device, wavefront, monkeypatch):
     """Each call's outputs are new tensors (a decoder keeps them, and passes the states back in): the next planned
     call writes none of the last one's, and shares no memory with them (``in place``: the final states written into
-    the tensors the call returns, as on the GPU)."""
+    the tensors the call returns, as on the GPU, the output and they views of one allocation)."""
     if device == "cpu in place":
         monkeypatch.setattr(dispatch, "WRITTEN_IN_PLACE", ("cuda", "cpu"))
         device = "cpu"
@@ -125,4 +125,7 @@ def test_a_planned_call_returns_tensors_of_its_own(device, wavefront, monkeypatc
             assert not storages & {t.untyped_storage().data_ptr() for t in (out2, *state2)}
             out, state = out2, state2
             kept = [out.clone(), *(t.clone() for t in state)]
-        assert type(ours._plans[repeat.call_key(ours, x, state)]) is repeat.Plan
+        plan = ours._plans[repeat.call_key(ours, x, state)]
+        assert type(plan) is repeat.Plan
+        if plan.whole:  # the output and the final states: views of one allocation
+            assert len({t.untyped_storage().data_ptr() for t in (out, *state)}) == 1
