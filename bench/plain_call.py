@@ -25,6 +25,9 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 
 Issue 47's levers, each a row of its own (the planned call is ``ours``):
 
+- ``ours, projection answered``: the planned call with each layer's projection answered from a memo (its ``xp`` made
+  once): the bound of a call whose layers are one launch each (the input projected inside the recurrent kernel, as a
+  session's kernel does), what that lever can win;
 - ``plan, launches unbound``: the plan's launches through the Launcher's whole call (every argument placed each call)
   instead of its bound launch (``Launcher.bound``: weights, params, lengths placed once);
 - ``the recurrent launch, bound`` / ``, kernel a no-op``: one bound launch as the plan calls it, and the same with TVM's
@@ -108,7 +111,7 @@ with torch.no_grad():
     rows["ours planned, launches memoized"] = us(lambda: ours(x, state))
     Bound.__call__ = launch
     (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
-    bound = [step.launch for step in plan.steps]
+    bound, projections = [step.launch for step in plan.steps], [step.project for step in plan.steps]
 
     def unbound(step):  # the Launcher's whole call with the plan's arguments, as the plan made it before Bound
         b, order = step.launch, step.launch.launcher.slots.data
@@ -122,6 +125,10 @@ with torch.no_grad():
 
         return call
 
+    made = [step.project(x) for step in plan.steps]  # every layer's input is (1, B, H) here: each xp, made once
+    plan.steps[:] = [step._replace(project=lambda _x, xp=xp: xp) for step, xp in zip(plan.steps, made)]
+    rows["ours, projection answered (one launch a layer)"] = us(lambda: ours(x, state))
+    plan.steps[:] = [step._replace(project=project) for step, project in zip(plan.steps, projections)]
     plan.steps[:] = [step._replace(launch=unbound(step)) for step in plan.steps]
     rows["plan, launches unbound"] = us(lambda: ours(x, state))
     plan.steps[:] = [step._replace(launch=b) for step, b in zip(plan.steps, bound)]
