@@ -7,8 +7,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from .cache import layers as layer_cache
 from .codegen.build import build_functions
 from .errors import ConfigError
+from .runtime.base import RuntimeLayer
 from .schedules import projected_kernel
 from .target import smem_launch_problem
 
@@ -18,14 +20,18 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ProjectedKernel:
     """A layer's ``recurrent_projected`` launch (:func:`compile_projected`): ``launch`` (its grid with ptxas's
-    figures where there are some), ``module`` the module built (its one function), ``source`` its CUDA source,
-    ``func`` the PrimFunc, ``report`` one line (its config and ptxas figures)."""
+    figures where there are some), ``module`` the module built (its one function), ``source`` its CUDA source and
+    ``func`` the PrimFunc (both None where it came from the layer cache), ``report`` one line (its config and ptxas
+    figures), ``runtime`` a :class:`~prnn_tvm.runtime.base.RuntimeLayer` of that launch alone (its own launch state
+    and error word, the layer's barrier timeout as it was when built), which a
+    :class:`~prnn_tvm.runtime.launcher.Launcher` launches."""
 
     launch: object
     module: object
     source: str
     func: object
     report: str
+    runtime: object
 
 
 def compile_projected(layer) -> ProjectedKernel:
@@ -48,7 +54,14 @@ def compile_projected(layer) -> ProjectedKernel:
 
 
 def _compiled(layer) -> ProjectedKernel:
+    """Built, or from the layer cache where the layer came from it (its ``source`` and ``func`` then None)."""
     plan, gpu = layer.plan, layer.gpu
+    key = layer_cache.projected_key(layer)
+    found = layer_cache.lookup_kernels(key, layer.target, gpu)
+    if found is not None:
+        module, (signature,), info = found
+        runtime = RuntimeLayer(signature, module, True, layer.barrier_timeout_us)
+        return ProjectedKernel(signature.launches[0], module, None, None, info["report"], runtime)
     kernel = projected_kernel(plan, layer.target, gpu, layer.kernel.config, layer.input_size)
     launch = kernel.launch
     built = build_functions({launch.function: kernel.func}, layer.target, gpu)
@@ -67,4 +80,8 @@ def _compiled(layer) -> ProjectedKernel:
         f"{launch.function}: {launch.grid.ctas} CTAs x {launch.grid.threads} threads, {figures} "
         f"({' '.join(f'{k}={v}' for k, v in kernel.config.as_dict().items())})"
     )
-    return ProjectedKernel(launch, built.module, built.source, kernel.func, report)
+    signature = dataclasses.replace(layer.signature, launches=(launch,))
+    module = layer_cache.store_kernels(key, built.module, [signature], built.source, layer.target, gpu,
+                                       {"report": report})
+    runtime = RuntimeLayer(signature, module, True, layer.barrier_timeout_us)
+    return ProjectedKernel(launch, module, built.source, kernel.func, report, runtime)

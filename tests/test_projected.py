@@ -94,10 +94,16 @@ def test_a_layer_that_cannot_project_in_its_kernel_says_why_once(make, match):
     assert layer._projected is first
 
 
-def test_the_projected_launch_reads_each_argument_it_declares():
-    """Inputs by role: the raw input, the projection's weights, the recurrent weights, params, states, lengths."""
+def test_the_projected_launch_takes_the_recurrent_launchs_data_after_its_own():
+    """Its data arguments (what ``prnn_tvm.torch``'s plan binds by position): the raw input, the projection's weight
+    and bias, then the recurrent launch's after ``xp`` in its order (weights, params, initial states, lengths); its
+    runtime is that launch alone."""
     layer = prnn_tvm.compile_cell("gru", 8, 2, input_size=3, target="cuda", arch="sm_90")
-    launch = compile_projected(layer).launch
-    roles = {a.name: a.role for a in launch.args}
-    assert roles["x"] is ArgRole.INPUT and roles["W_ih"] is ArgRole.WEIGHT and roles["b_ih"] is ArgRole.PARAM
-    assert launch.function == "recurrent_projected"
+    kernel = compile_projected(layer)
+    data = [a for a in kernel.launch.args if a.role.data]
+    recurrent = [a for a in layer.signature.launch("recurrent").args if a.role.data]
+    assert [a.name for a in data[:3]] == ["x", "W_ih", "b_ih"] and recurrent[0].name == "xp"
+    assert [(a.role, a.name) for a in data[:3]] == [(ArgRole.INPUT, "x"), (ArgRole.WEIGHT, "W_ih"),
+                                                     (ArgRole.PARAM, "b_ih")]
+    assert data[3:] == recurrent[1:]
+    assert [x.function for x in kernel.runtime.signature.launches] == ["recurrent_projected"]

@@ -21,6 +21,9 @@ from typing import NamedTuple
 
 import torch  # PyTorch itself: absolute import
 
+from prnn_tvm.deferred import compile_projected
+from prnn_tvm.errors import ConfigError
+
 from .amp import autocast_dtype
 from .arguments import aligned_state, detached, parameter_suffix
 from .dispatch import current_stream, stacked_finals
@@ -34,6 +37,10 @@ _CAPTURING = torch.cuda.is_current_stream_capturing
 SEEN = "seen"  # a key called once: the next call of it makes its plan
 UNPLANNED = "unplanned"  # a key whose calls plans do not cover
 MOST_KEYS = 64  # keys a module remembers (seen, planned or not): past it, every key is forgotten and seen anew
+# whether a plan of one timestep launches each layer of a layer-by-layer call once, the input projected in its
+# recurrent kernel (:func:`_projected_step`), where the layer's config leaves room for it; else (and for a wavefront
+# stack) the projection is a launch of its own (torch's GEMM)
+ONE_LAUNCH = True
 
 
 class Step(NamedTuple):
@@ -168,7 +175,9 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
             if refusal(module, layer, rows, device, dtype, width, False):
                 return None  # torch.nn's kernels run it
             compiled = module.layer_for(rows, device, dtype, width)
-            steps.append(_step(module, compiled, x.new_empty(T, rows, width), parameter_suffix(layer, 0), given))
+            like, suffix = x.new_empty(T, rows, width), parameter_suffix(layer, 0)
+            one = _projected_step(module, compiled, like, suffix, given) if T == 1 and ONE_LAUNCH else None
+            steps.append(one or _step(module, compiled, like, suffix, given))
             width = module.hidden_size
     if any(step is None for step in steps):
         return None  # a sequence that runs in pieces
@@ -177,6 +186,33 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
     form = UNBATCHED if input.dim() != 3 else BATCH_FIRST if module.batch_first else TIME_MAJOR
     group = (rows, device.type, device.index, dtype)
     return Plan(steps, stack is not None, whole, tuple(made_from.values()), group, device, form)
+
+
+def _projected_step(module, layer, x: torch.Tensor, suffix: str, given: bool) -> Step | None:
+    """A plan's launch of a CUDA ``layer`` that projects its own input (``recurrent_projected``: one launch where the
+    projection and the recurrent kernel are two, :func:`~prnn_tvm.projected_build.compile_projected`, compiled here
+    once per layer), on inputs like ``x``; its ``project`` only aligns the input as the kernel takes it. None where
+    the layer has none (the reason logged once, when compiled): the two launches then."""
+    if x.device.type != "cuda":
+        return None
+    try:
+        kernel = compile_projected(layer)
+    except ConfigError:
+        return None
+    entries = module._parameter_arguments(layer, suffix)
+    args = module._launch_arguments(layer, detached(x, False), suffix, [], None)
+    weights = args[1 : 1 + len(entries)]
+    zeros = args[1 + len(entries) : -1]
+    W_ih, b_ih = weights[0], weights[1]
+    if b_ih is None:  # carried by the recurrent params (folded)
+        b_ih = module._constant((W_ih.shape[0],), x.device, W_ih.dtype)
+    # kernel order: x, W_ih, b_ih, the recurrent weights and params, the initial states, the lengths
+    launch = module._launcher(kernel.runtime, x.device, kernel.launch.function).bound(
+        [None, W_ih, b_ih, *weights[2:], *([None] * len(zeros) if given else zeros), args[-1]], x.shape[0]
+    )
+    if launch is None:
+        return None
+    return Step(launch, aligned_state, module._arguments[(id(layer), suffix, "weights")][0])
 
 
 def _step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> Step | None:
