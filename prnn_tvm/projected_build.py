@@ -48,6 +48,7 @@ def compile_projected(layer) -> ProjectedKernel:
         layer._projected = _compiled(layer)
     except ConfigError as err:
         layer._projected = err
+        log.info("no projected kernel of %s (its projection a launch of its own): %s", layer.plan.cell.name, err)
         raise
     log.info("projected kernel of %s: %s", layer.plan.cell.name, layer._projected.report)
     return layer._projected

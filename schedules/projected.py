@@ -8,8 +8,8 @@ the step's input x_t (B x input values of its batch group, float32) from global 
 projects it for its own units with ``W_ih`` and ``b_ih`` read from global memory (float32 sums,
 ``prnn_tvm.codegen.session.project``) into shared memory, whence its items' registers. That shared memory comes on
 top of the config's (:func:`~schedules.session.session_smem`): a config it does not fit beside raises ConfigError,
-and the caller keeps the two launches. A stack of layers (``CellPlan.lag``) and a layer that runs both directions
-are refused: their first layer's input is not every layer's.
+and the caller keeps the two launches. In a wavefront stack (``CellPlan.lag``) the first layer's input is projected
+so (the upper layers' inputs are the kernel's own products already); a layer that runs both directions is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import session
+from prnn_tvm.codegen.kernel import input_step
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.signature import with_projected
 
@@ -28,8 +29,6 @@ def projected_problem(plan) -> str | None:
     """Why ``plan`` (a CellPlan) cannot project its own input in its recurrent kernel, or None."""
     if plan.reversed_states:
         return f"cell '{plan.cell.name}' runs both directions: its projected launch would serve one"
-    if plan.lag:
-        return f"cell '{plan.cell.name}' is a wavefront stack: only its first layer reads the input"
     return None
 
 
@@ -86,13 +85,13 @@ class ProjectedMode:
         """Step ``t``'s input into shared memory (float32), projected for this CTA's units, and each item's
         projection values into its registers. CTA-wide: the template calls it where every thread of a CTA does."""
         a, n, threads, K = self.a, self.input_values, self.g.threads, self.input_size
-        x = a.named["x"]
+        x, step = a.named["x"], input_step(self.p, a, t)  # a stack's first layer: its last step through the lag
         T.evaluate(T.tvm_storage_sync("shared"))  # the last step's values read by every thread before they change
         with T.serial(0, -(-n // threads)) as j:
             i = self.tx + j * threads
             with T.If(i < n):
                 with T.Then():
-                    T.buffer_store(self.x_shared, tirx.Cast("float32", x[t, i // K, i % K]), [i])
+                    T.buffer_store(self.x_shared, tirx.Cast("float32", x[step, i // K, i % K]), [i])
         T.evaluate(T.tvm_storage_sync("shared"))
         S, U = self.p.input.slices, self.c.units_per_cta
         T.evaluate(session.project(T.address_of(self.x_shared[0]), a.named["W_ih"], a.named["b_ih"],

@@ -16,20 +16,26 @@ from prnn_tvm.verify import emulator
 
 @pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
 @pytest.mark.parametrize(
-    "cell, hidden, batch, input_size, steps",
+    "cell, hidden, batch, input_size, steps, layers",
     [
-        ("lstm", 12, 2, 5, 3),  # input size != hidden, several steps
-        ("lstm", 1, 1, 1, 1),  # hidden 1, one row, an input of one value
-        ("gru", 7, 3, 1, 2),  # three input slices, odd hidden and batch
-        ("rnn_tanh", 9, 1, 181, 1),  # an input past a warp's lanes many times, odd sizes
-        ("rnn_relu", 13, 2, 13, 2),
+        ("lstm", 12, 2, 5, 3, 1),  # input size != hidden, several steps
+        ("lstm", 1, 1, 1, 1, 1),  # hidden 1, one row, an input of one value
+        ("gru", 7, 3, 1, 2, 1),  # three input slices, odd hidden and batch
+        ("rnn_tanh", 9, 1, 181, 1, 1),  # an input past a warp's lanes many times, odd sizes
+        ("rnn_relu", 13, 2, 13, 2, 1),
+        ("lstm", 12, 2, 5, 3, 2),  # a wavefront stack (the split layout)
+        ("gru", 7, 3, 1, 1, 3),  # three layers at T=1: the first layer's input read through the lag
+        ("lstm", 1, 1, 1, 1, 2),
     ],
 )
-def test_a_projected_launch_is_the_two_launch_path_and_the_reference(cell, hidden, batch, input_size, steps):
+def test_a_projected_launch_is_the_two_launch_path_and_the_reference(cell, hidden, batch, input_size, steps, layers):
     """The projected launch on the raw input, the layer's recurrent launch on the projection made beforehand (as the
     two-launch path runs it), and the float64 reference: every output and final state within float32's tolerance of
-    the reference, and of each other; no timeout."""
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, target="cuda", arch="sm_90")
+    the reference, and of each other; no timeout. ``layers``: a wavefront stack's (its first layer's input projected
+    in the kernel, through the stack's lag)."""
+    layer = prnn_tvm.compile_cell(
+        cell, hidden, batch, input_size=input_size, target="cuda", arch="sm_90", layers=layers
+    )
     kernel = compile_projected(layer)
     inputs = random_inputs(layer.plan, steps, input_size, seed=3)
     run = emulator.run_launch(kernel.source, kernel.launch, inputs, steps, kernel=kernel.func, target=layer.target)
@@ -51,12 +57,17 @@ def test_a_projected_launch_is_the_two_launch_path_and_the_reference(cell, hidde
         ("lstm", 640, 8, "float16"),  # the issue's 1x640 B=8 (the tensor-core template, two batch groups)
         ("lstm", 480, 1, "float32"),  # each layer of the issue's 3x480 B=1
         ("gru", 640, 8, "bfloat16"),
+        ("lstm_x2", 128, 1, "float32"),  # the issue's 2x128 B=1 as a wavefront stack
+        ("lstm_x3", 480, 1, "float32"),  # the issue's 3x480 B=1 as a wavefront stack
     ],
 )
 def test_projected_kernels_of_the_default_configs_build_without_spills(cell, hidden, batch, dtype):
     """The layer's own config, its arguments the recurrent launch's with ``x``, ``W_ih`` and ``b_ih`` in place of
     ``xp``, and the same owned buffers (the layer's launch state serves both launches)."""
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=hidden, target="cuda", arch="sm_90", dtype=dtype)
+    cell, _, layers = cell.partition("_x")
+    layer = prnn_tvm.compile_cell(
+        cell, hidden, batch, input_size=hidden, target="cuda", arch="sm_90", dtype=dtype, layers=int(layers or 1)
+    )
     kernel = compile_projected(layer)
     assert ", 0 spill bytes" in kernel.report, kernel.report
     recurrent = layer.signature.launch("recurrent")
@@ -73,14 +84,14 @@ def test_projected_kernels_of_the_default_configs_build_without_spills(cell, hid
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: prnn_tvm.compile_cell("lstm", 8, 2, input_size=4, target="cuda", arch="sm_90", layers=2),
-         "wavefront stack"),
+        (lambda: prnn_tvm.compile_cell("lstm", 640, 8, input_size=640, target="cuda", arch="sm_90", dtype="float16",
+                                       layers=2), "cannot launch on sm_90"),
         (lambda: prnn_tvm.compile_cell("lstm_bi", 8, 2, input_size=4, target="cuda", arch="sm_90"), "both directions"),
         (lambda: prnn_tvm.compile_cell("lstm", 16, 64, input_size=200, target="cuda", arch="sm_90"),
          "at most 8192 values"),
         (lambda: prnn_tvm.compile_cell("lstm", 8, 2, input_size=4, target="llvm"), "target llvm"),
     ],
-    ids=["stack", "bidirectional", "input past shared memory", "cpu"],
+    ids=["no room beside the config", "bidirectional", "input past shared memory", "cpu"],
 )
 def test_a_layer_that_cannot_project_in_its_kernel_says_why_once(make, match):
     """ConfigError with the reason (the caller keeps the projection's launch), kept: the next ask raises it again

@@ -75,7 +75,7 @@ def test_gpu_a_planned_call_is_the_modules_own_path_bit_for_bit(case, wavefront,
     _compare_with_own_path(case, "cuda", monkeypatch, wavefront)
 
 
-ONE_LAUNCH_CASES = [  # T=1, layer by layer: each layer's input projected in its recurrent kernel
+ONE_LAUNCH_CASES = [  # T=1: each layer's input (a wavefront stack's first layer's) projected in its recurrent kernel
     *(c for c in GPU_CASES if c[5] == 1),
     ("lstm", 1, 1, 1, 1, 1, "time-major", True, torch.float32),  # hidden 1, one row, an input of one value
     ("gru", 1, 1, 13, 3, 1, "batch_first", True, torch.float16),
@@ -86,11 +86,13 @@ ONE_LAUNCH_CASES = [  # T=1, layer by layer: each layer's input projected in its
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wavefront", [True, False])
 @pytest.mark.parametrize("case", ONE_LAUNCH_CASES, ids=lambda c: "-".join(map(str, c)).replace("torch.", ""))
-def test_gpu_a_one_launch_plan_is_the_two_launch_path_within_tolerance(case, monkeypatch, no_tf32):
-    """At T=1 layer by layer, every layer one launch (``recurrent_projected``): its projection sums in float32 in
-    another order than torch's GEMM, so the planned call is the module's own path within the dtype's tolerance."""
-    _compare_with_own_path(case, "cuda", monkeypatch, wavefront=False, one_launch=True)
+def test_gpu_a_one_launch_plan_is_the_two_launch_path_within_tolerance(case, wavefront, monkeypatch, no_tf32):
+    """At T=1 every layer one launch (``recurrent_projected``; a wavefront stack one launch in all): its projection
+    sums in float32 in another order than torch's GEMM, so the planned call is the module's own path within the
+    dtype's tolerance."""
+    _compare_with_own_path(case, "cuda", monkeypatch, wavefront, one_launch=True)
 
 
 def _compare_with_own_path(case, device, monkeypatch, wavefront=True, one_launch=False):

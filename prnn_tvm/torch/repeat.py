@@ -37,9 +37,9 @@ _CAPTURING = torch.cuda.is_current_stream_capturing
 SEEN = "seen"  # a key called once: the next call of it makes its plan
 UNPLANNED = "unplanned"  # a key whose calls plans do not cover
 MOST_KEYS = 64  # keys a module remembers (seen, planned or not): past it, every key is forgotten and seen anew
-# whether a plan of one timestep launches each layer of a layer-by-layer call once, the input projected in its
-# recurrent kernel (:func:`_projected_step`), where the layer's config leaves room for it; else (and for a wavefront
-# stack) the projection is a launch of its own (torch's GEMM)
+# whether a plan of one timestep launches each layer once (a wavefront stack: the stack once), the input projected in
+# the recurrent kernel (:func:`_projected_step`), where the layer's config leaves room for it; else the projection is a
+# launch of its own (torch's GEMM)
 ONE_LAUNCH = True
 
 
@@ -168,7 +168,8 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
     given, T = hx is not None, x.shape[0]
     stack = module.stack_for(rows, device, dtype)
     if stack is not None:
-        steps = [_step(module, stack, x, None, given)]
+        one = _projected_step(module, stack, x, None, given) if T == 1 and ONE_LAUNCH else None
+        steps = [one or _step(module, stack, x, None, given)]
     else:
         steps, width = [], x.shape[2]
         for layer in range(module.num_layers):
@@ -188,11 +189,12 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
     return Plan(steps, stack is not None, whole, tuple(made_from.values()), group, device, form)
 
 
-def _projected_step(module, layer, x: torch.Tensor, suffix: str, given: bool) -> Step | None:
-    """A plan's launch of a CUDA ``layer`` that projects its own input (``recurrent_projected``: one launch where the
-    projection and the recurrent kernel are two, :func:`~prnn_tvm.projected_build.compile_projected`, compiled here
-    once per layer), on inputs like ``x``; its ``project`` only aligns the input as the kernel takes it. None where
-    the layer has none (the reason logged once, when compiled): the two launches then."""
+def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> Step | None:
+    """A plan's launch of a CUDA ``layer`` (``suffix`` as :func:`_step`'s) that projects its own input
+    (``recurrent_projected``: one launch where the projection and the recurrent kernel are two,
+    :func:`~prnn_tvm.projected_build.compile_projected`, compiled here once per layer), on inputs like ``x``; its
+    ``project`` only aligns the input as the kernel takes it. None where the layer has none (the reason logged once,
+    when compiled): the two launches then."""
     if x.device.type != "cuda":
         return None
     try:
