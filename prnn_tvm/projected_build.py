@@ -82,7 +82,8 @@ def _compiled(layer) -> ProjectedKernel:
         f"({' '.join(f'{k}={v}' for k, v in kernel.config.as_dict().items())})"
     )
     signature = dataclasses.replace(layer.signature, launches=(launch,))
-    module = layer_cache.store_kernels(key, built.module, [signature], built.source, layer.target, gpu,
-                                       {"report": report})
+    module = layer_cache.store_kernels(
+        key, built.module, [signature], built.source, layer.target, gpu, {"report": report}
+    )
     runtime = RuntimeLayer(signature, module, True, layer.barrier_timeout_us)
     return ProjectedKernel(launch, module, built.source, kernel.func, report, runtime)

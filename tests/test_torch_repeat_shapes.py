@@ -30,8 +30,12 @@ CASES = [  # (cell, layers, input size, hidden, batch, steps, form, states given
     ("lstm", 2, 4, 16, 2, 1, "batch_first", True, torch.float16),
     ("gru", 1, 3, 5, 3, 1, "unbatched", False, torch.bfloat16),
 ]
-_TORCH = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN,
-          "rnn_relu": lambda *a, **k: torch.nn.RNN(*a, nonlinearity="relu", **k)}
+_TORCH = {
+    "lstm": torch.nn.LSTM,
+    "gru": torch.nn.GRU,
+    "rnn_tanh": torch.nn.RNN,
+    "rnn_relu": lambda *a, **k: torch.nn.RNN(*a, nonlinearity="relu", **k),
+}
 
 
 def _inputs(cell, layers, width, hidden, batch, steps, form, given, dtype):
