@@ -222,7 +222,8 @@ class BatchBuckets:
         device = torch.device(kind, index)
         dropped = [self._layers.pop(key) for key in [key for key in self._layers if key[:4] == group]]
         trained = [layer._training for layer in dropped if layer._training is not None]
-        projected = [layer._projected.runtime for layer in dropped if hasattr(layer._projected, "runtime")]
+        projected = [getattr(layer, "_projected", None) for layer in dropped]  # kernels, or why there are none
+        projected = [p.runtime for p in projected if hasattr(p, "runtime")]
         # the layers' ids, and their training kernels' and projected launches' (which launch by their own)
         ids = {
             id(kernel)
