@@ -7,7 +7,11 @@ Microseconds per call, the minimum over ``--rounds`` rounds of ``--calls`` calls
 drained between rounds, so a figure is the host's work, not the GPU's, as long as the calls only enqueue):
 
 - ``ours`` / ``torch.nn``: the whole call, ``module(x, (h, c))`` under ``torch.no_grad()``: from the third call on,
-  the module's plan of it (``prnn_tvm.torch.repeat``);
+  the module's plan of it (``prnn_tvm.torch.repeat``): on the GPU one launch a layer (a wavefront stack: one in all),
+  its input projected in the recurrent kernel, where the layer's config leaves room (``repeat.ONE_LAUNCH``);
+- ``the one launch (x projected in it), bound``: that launch alone (the first layer's), as the plan calls it;
+- ``ours, two launches a layer``: the planned call with the projection a launch of its own (torch's GEMM) and the
+  recurrent launch on its result: what ``ours`` was before; the rows after it measure this plan;
 - ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
 - ``ours planned, launches memoized``: the planned call with each recurrent launch answered from a memo (the
   runtime's Launcher): the plan's checks, the projection, the states' views and stacks;
@@ -51,6 +55,7 @@ import tvm_ffi
 import prnn_tvm.torch as pt
 from prnn_tvm.runtime.launcher import Bound
 from prnn_tvm.torch import repeat
+from prnn_tvm.torch.arguments import aligned_state
 from prnn_tvm.torch.projection import project, projector
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,6 +105,16 @@ with torch.no_grad():
     rows["torch.nn"] = us(lambda: reference(x, state))
     rows["ours"] = us(lambda: ours(x, state))
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
+    stream = torch.cuda.current_stream().cuda_stream if cuda else 0
+    (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
+    if plan.steps[0].project is aligned_state:  # one launch a layer (repeat.ONE_LAUNCH): the first one alone
+        states = [t[layer] for layer in range(L if plan.stack else 1) for t in state]
+        rows["the one launch (x projected in it), bound"] = us(lambda: plan.steps[0].launch([x, *states], stream))
+    # the rows below: the plan with each layer's projection a launch of its own (torch's GEMM)
+    repeat.ONE_LAUNCH = False
+    ours._plans.clear()
+    ours(x, state), ours(x, state)  # seen, then planned again
+    rows["ours, two launches a layer"] = us(lambda: ours(x, state))
     launched, launch = {}, Bound.__call__
 
     def answered(self, varying, stream=0, into=None):  # the launch's first outputs, or the caller's arrays
@@ -127,12 +142,11 @@ with torch.no_grad():
 
     made = [step.project(x) for step in plan.steps]  # every layer's input is (1, B, H) here: each xp, made once
     plan.steps[:] = [step._replace(project=lambda _x, xp=xp: xp) for step, xp in zip(plan.steps, made)]
-    rows["ours, projection answered (one launch a layer)"] = us(lambda: ours(x, state))
+    rows["ours, projection answered"] = us(lambda: ours(x, state))
     plan.steps[:] = [step._replace(project=project) for step, project in zip(plan.steps, projections)]
     plan.steps[:] = [step._replace(launch=unbound(step)) for step in plan.steps]
     rows["plan, launches unbound"] = us(lambda: ours(x, state))
     plan.steps[:] = [step._replace(launch=b) for step, b in zip(plan.steps, bound)]
-    stream = torch.cuda.current_stream().cuda_stream if cuda else 0
     xp = plan.steps[0].project(x)
     states = [t[layer] for layer in range(L if plan.stack else 1) for t in state]  # the first launch's
     rows["the recurrent launch, bound"] = us(lambda: bound[0]([xp, *states], stream))
