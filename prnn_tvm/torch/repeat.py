@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch  # PyTorch itself: absolute import
 
 from prnn_tvm.deferred import compile_projected
-from prnn_tvm.errors import ConfigError
+from prnn_tvm.errors import ConfigError, LaunchError
 
 from .amp import autocast_dtype
 from .arguments import aligned_state, detached, parameter_suffix
@@ -194,12 +194,13 @@ def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: b
     (``recurrent_projected``: one launch where the projection and the recurrent kernel are two,
     :func:`~prnn_tvm.projected_build.compile_projected`, compiled here once per layer), on inputs like ``x``; its
     ``project`` only aligns the input as the kernel takes it. None where the layer has none (the reason logged once,
-    when compiled): the two launches then."""
+    when compiled) or its grid cannot be co-resident on this GPU (ptxas's registers): the two launches then."""
     if x.device.type != "cuda":
         return None
     try:
         kernel = compile_projected(layer)
-    except ConfigError:
+        launcher = module._launcher(kernel.runtime, x.device, kernel.launch.function)  # co-residency checked here
+    except (ConfigError, LaunchError):
         return None
     entries = module._parameter_arguments(layer, suffix)
     args = module._launch_arguments(layer, detached(x, False), suffix, [], None)
@@ -209,7 +210,7 @@ def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: b
     if b_ih is None:  # carried by the recurrent params (folded)
         b_ih = module._constant((W_ih.shape[0],), x.device, W_ih.dtype)
     # kernel order: x, W_ih, b_ih, the recurrent weights and params, the initial states, the lengths
-    launch = module._launcher(kernel.runtime, x.device, kernel.launch.function).bound(
+    launch = launcher.bound(
         [None, W_ih, b_ih, *weights[2:], *([None] * len(zeros) if given else zeros), args[-1]], x.shape[0]
     )
     if launch is None:
