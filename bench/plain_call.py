@@ -7,7 +7,11 @@ Microseconds per call, the minimum over ``--rounds`` rounds of ``--calls`` calls
 drained between rounds, so a figure is the host's work, not the GPU's, as long as the calls only enqueue):
 
 - ``ours`` / ``torch.nn``: the whole call, ``module(x, (h, c))`` under ``torch.no_grad()``: from the third call on,
-  the module's plan of it (``prnn_tvm.torch.repeat``);
+  the module's plan of it (``prnn_tvm.torch.repeat``): on the GPU one launch a layer (a wavefront stack: one in all),
+  its input projected in the recurrent kernel, where the layer's config leaves room (``repeat.ONE_LAUNCH``);
+- ``the one launch (x projected in it), bound``: that launch alone (the first layer's), as the plan calls it;
+- ``ours, two launches a layer``: the planned call with the projection a launch of its own (torch's GEMM) and the
+  recurrent launch on its result: what ``ours`` was before; the rows after it measure this plan;
 - ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
 - ``ours planned, launches memoized``: the planned call with each recurrent launch answered from a memo (the
   runtime's Launcher): the plan's checks, the projection, the states' views and stacks;
@@ -23,6 +27,22 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
   converted all the same): the host's whole work, and on the CPU the figure to compare (there a kernel's run is its
   arithmetic, not a launch); ``own path, kernels a no-op`` the same with plans off.
 
+Issue 47's levers, each a row of its own (the planned call is ``ours``):
+
+- ``ours, projection answered``: the planned call with each layer's projection answered from a memo (its ``xp`` made
+  once): the bound of a call whose layers are one launch each (the input projected inside the recurrent kernel, as a
+  session's kernel does), what that lever can win;
+- ``plan, launches unbound``: the plan's launches through the Launcher's whole call (every argument placed each call)
+  instead of its bound launch (``Launcher.bound``: weights, params, lengths placed once);
+- ``the recurrent launch, bound`` / ``, kernel a no-op``: one bound launch as the plan calls it, and the same with TVM's
+  ``testing.nop`` for its kernel (the difference: the launch itself, driver and TVM's CUDA module);
+- the projection at T=1 alone (``projection: ...``): as planned (``b_ih`` folded into the recurrent bias: the GEMM
+  alone), with ``b_ih`` (float32: ``addmm``; half: the GEMM into float32 then ``add_``), and the other ways to make a
+  half layer's float32 ``xp`` (the input widened, then a float32 GEMM on a float32 copy of ``W_ih``; for reference, the
+  half GEMM into half);
+- ``torch.empty on the device``, ``a view``: what each output and each state's view costs the call; ``outputs: ...``
+  the output and the final states (an LSTM's) as a tensor each, or as views of one allocation.
+
 ``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work).
 """
 
@@ -33,9 +53,10 @@ import torch
 import tvm_ffi
 
 import prnn_tvm.torch as pt
-from prnn_tvm.runtime.launcher import Launcher
+from prnn_tvm.runtime.launcher import Bound
 from prnn_tvm.torch import repeat
-from prnn_tvm.torch.projection import project
+from prnn_tvm.torch.arguments import aligned_state
+from prnn_tvm.torch.projection import project, projector
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -84,16 +105,68 @@ with torch.no_grad():
     rows["torch.nn"] = us(lambda: reference(x, state))
     rows["ours"] = us(lambda: ours(x, state))
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
-    launched, launch = {}, Launcher.__call__
+    stream = torch.cuda.current_stream().cuda_stream if cuda else 0
+    (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
+    if plan.steps[0].project is aligned_state:  # one launch a layer (repeat.ONE_LAUNCH): the first one alone
+        states = [t[layer] for layer in range(L if plan.stack else 1) for t in state]
+        rows["the one launch (x projected in it), bound"] = us(lambda: plan.steps[0].launch([x, *states], stream))
+    # the rows below: the plan with each layer's projection a launch of its own (torch's GEMM)
+    repeat.ONE_LAUNCH = False
+    ours._plans.clear()
+    ours(x, state), ours(x, state)  # seen, then planned again
+    rows["ours, two launches a layer"] = us(lambda: ours(x, state))
+    launched, launch = {}, Bound.__call__
 
-    def answered(self, data, stream=0, state=None, into=None):  # the launch's first outputs, or the caller's arrays
+    def answered(self, varying, stream=0, into=None):  # the launch's first outputs, or the caller's arrays
         if id(self) not in launched:
-            launched[id(self)] = launch(self, data, stream, state)
+            launched[id(self)] = launch(self, varying, stream)
         return [mine if mine is not None else made for mine, made in zip(into or [None] * 99, launched[id(self)])]
 
-    Launcher.__call__ = answered
+    Bound.__call__ = answered
     rows["ours planned, launches memoized"] = us(lambda: ours(x, state))
-    Launcher.__call__ = launch
+    Bound.__call__ = launch
+    (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
+    bound, projections = [step.launch for step in plan.steps], [step.project for step in plan.steps]
+
+    def unbound(step):  # the Launcher's whole call with the plan's arguments, as the plan made it before Bound
+        b, order = step.launch, step.launch.launcher.slots.data
+        data, at = [dict(b.fixed).get(i) for i in order], [order.index(i) for i in b.varying]
+
+        def call(varying, stream=0, into=None):
+            given = data.copy()
+            for i, value in zip(at, varying):
+                given[i] = value
+            return b.launcher(given, stream, None, into)
+
+        return call
+
+    made = [step.project(x) for step in plan.steps]  # every layer's input is (1, B, H) here: each xp, made once
+    plan.steps[:] = [step._replace(project=lambda _x, xp=xp: xp) for step, xp in zip(plan.steps, made)]
+    rows["ours, projection answered"] = us(lambda: ours(x, state))
+    plan.steps[:] = [step._replace(project=project) for step, project in zip(plan.steps, projections)]
+    plan.steps[:] = [step._replace(launch=unbound(step)) for step in plan.steps]
+    rows["plan, launches unbound"] = us(lambda: ours(x, state))
+    plan.steps[:] = [step._replace(launch=b) for step, b in zip(plan.steps, bound)]
+    xp = plan.steps[0].project(x)
+    states = [t[layer] for layer in range(L if plan.stack else 1) for t in state]  # the first launch's
+    rows["the recurrent launch, bound"] = us(lambda: bound[0]([xp, *states], stream))
+    real_kernel, bound[0].launcher.function = bound[0].launcher.function, tvm_ffi.get_global_func("testing.nop")
+    rows["the recurrent launch, bound, kernel a no-op"] = us(lambda: bound[0]([xp, *states], stream))
+    bound[0].launcher.function = real_kernel
+    W, b = ours.weight_ih_l0.detach(), ours.bias_ih_l0.detach()
+    rows["projection: as planned"] = us(lambda: plan.steps[0].project(x))
+    rows["projection: with b_ih"] = us(lambda: projector(W, b)(x))
+    if dtype != torch.float32:
+        wide, narrow, rows2d = W.float().t(), W.t(), x.view(B, -1)
+        rows["projection: widened x, float32 GEMM"] = us(lambda: torch.mm(rows2d.float(), wide))
+        rows["projection: half GEMM into half"] = us(lambda: torch.mm(rows2d, narrow))
+    on, sizes = torch.device(args.device), [1, L, L]  # the output at T=1, then each state's (L, B, H)
+    rows["torch.empty on the device"] = us(lambda: torch.empty(B, H, device=on, dtype=dtype))
+    rows["a view"] = us(lambda: state[0][0])
+    rows["outputs: an allocation each"] = us(lambda: [torch.empty(n, B, H, device=on, dtype=dtype) for n in sizes])
+    rows["outputs: one allocation, split"] = us(
+        lambda: torch.empty(2 * L + 1, B, H, device=on, dtype=dtype).split_with_sizes(sizes)
+    )
     planned_key, repeat.call_key = repeat.call_key, lambda *_: None  # plans off: the module's own path
     rows["ours, own path"] = us(lambda: ours(x, state))
     runs, memo, real = [], {}, ours._run
@@ -113,7 +186,6 @@ with torch.no_grad():
     if ours._launchers:  # none on the CPU in an older checkout
         launcher = next(iter(ours._launchers.values()))
         data = [project(*arguments[:3], biased_weight=ours._biased_weight), *arguments[3:]]
-        stream = torch.cuda.current_stream().cuda_stream if cuda else 0
         rows["of it, the recurrent launch"] = us(lambda: launcher(data, stream))
     if L > 1:
         ours._whole_finals = lambda *_: None  # the module's method shadowed: every state stacked after the launch
@@ -130,4 +202,4 @@ with torch.no_grad():
 where = torch.cuda.get_device_name() if cuda else "CPU"
 print(f"LSTM {L}x{H} B={B} {args.dtype}, T=1, on {where}, us per call ({args.clock} clock):")
 for name, value in rows.items():
-    print(f"  {name:32s} {value:8.1f}")
+    print(f"  {name:44s} {value:8.1f}")

@@ -19,6 +19,7 @@ def _deferred(module: str, name: str):
 compile_cell = _deferred("prnn_tvm.compiler", "compile_cell")
 compile_backward = _deferred("prnn_tvm.compiler", "compile_backward")
 compile_training = _deferred("prnn_tvm.compiler", "compile_training")
+compile_projected = _deferred("prnn_tvm.projected_build", "compile_projected")
 analyze = _deferred("prnn_tvm.frontend.analysis", "analyze")
 resolve = _deferred("prnn_tvm.frontend.registry", "resolve")
 split_direction_name = _deferred("prnn_tvm.frontend.directions", "split_direction_name")

@@ -361,6 +361,25 @@ def with_saved(launch: Launch, columns: int, dtype: str) -> Launch:
     return replace(launch, function="recurrent_save", args=tuple(args))
 
 
+def with_projected(launch: Launch, input_size: int, width: int) -> Launch:
+    """``launch`` (a recurrent launch) projecting its own input, ``recurrent_projected``: in place of ``xp`` the raw
+    input ``x`` (T, B, ``input_size``) and the projection's ``W_ih`` (``width``, ``input_size``) and ``b_ih``; the
+    rest as it is (the same owned buffers: the layer's launch state serves both). One launch a layer where the
+    projection would be a launch of its own (``schedules/projected.py``)."""
+    args = []
+    for a in launch.args:
+        if a.name == "xp":
+            dtype = next(f.dtype for f in launch.args if f.role is ArgRole.FINAL)
+            args += [
+                Arg("x", ArgRole.INPUT, (a.shape[0], a.shape[1], input_size), dtype),
+                Arg("W_ih", ArgRole.WEIGHT, (width, input_size), dtype),
+                Arg("b_ih", ArgRole.PARAM, (width,), dtype),
+            ]
+        else:
+            args.append(a)
+    return replace(launch, function="recurrent_projected", args=tuple(args))
+
+
 # ------------------------------------------------------------------ a resident session's launches
 # A session (prnn_tvm.runtime.session) launches a layer's recurrent kernel once and has it serve a step per
 # request: a step's input x_t goes tagged into a mailbox the kernel polls (a launch on the caller's stream

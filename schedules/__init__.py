@@ -23,6 +23,7 @@ from . import (
     persistent_backward,
     persistent_cuda,
     persistent_mma,
+    projected,
     session,
     split,
 )
@@ -31,8 +32,8 @@ from .template import Acceptance, Template, as_config, knob_text, short_names
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
 
 __all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_configs", "backward_for", "backward_kernel",
-           "by_name", "gpu_backward", "knob_short_names", "knob_text", "saving_forward", "session_kernel",
-           "split_kernels", "template_for", "templates_for"]
+           "by_name", "gpu_backward", "knob_short_names", "knob_text", "projected_kernel", "saving_forward",
+           "session_kernel", "split_kernels", "template_for", "templates_for"]
 
 
 def templates_for(plan, target) -> list:
@@ -84,13 +85,9 @@ def session_kernel(plan, target, gpu, config, input_size: int, fallback: int = 0
     values a row; ConfigError with the reason where ``plan`` cannot run as a session. ``fallback`` k > 0: the k-th of
     that config's fallbacks holding fewer weights in registers (``session.offloaded``: what a build that spills takes
     next), ConfigError past the last."""
-    problem = session.session_problem(plan)
-    if problem:
-        raise ConfigError(problem)
-    if target.kind.name != "cuda":
-        raise ConfigError(f"a session keeps a CUDA kernel resident; target {target.kind.name} has none: compile the "
-                          "layer for target='cuda'")
-    template = next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
+    template = _cuda_template(plan, target, config, session.session_problem(plan),
+                              f"a session keeps a CUDA kernel resident; target {target.kind.name} has none: compile "
+                              "the layer for target='cuda'")
     config = session.session_config(config, plan, gpu, template.knobs.validate, template.knobs.ranked_configs,
                                     input_size)
     if fallback:
@@ -103,6 +100,29 @@ def session_kernel(plan, target, gpu, config, input_size: int, fallback: int = 0
     geometry = template.knobs.validate(config, plan, gpu)
     builder = session.session_builder(template.builder, input_size)(plan, config, geometry)
     return Kernel(builder.build(), template.name, builder.launch, config)
+
+
+def projected_kernel(plan, target, gpu, config, input_size: int):
+    """The recurrent kernel of a layer built with ``config`` projecting its own input (``schedules.projected``), for
+    inputs of ``input_size`` values a row: the same config, its shared memory less the step's input and projection;
+    ConfigError with the reason where ``plan`` or that config cannot (the caller keeps the projection's launch)."""
+    template = _cuda_template(plan, target, config, projected.projected_problem(plan),
+                              f"a projected kernel is a CUDA kernel; target {target.kind.name} projects in a launch "
+                              "of its own")
+    room = projected.projected_gpu(plan, gpu, input_size, config.units_per_cta)
+    geometry = template.knobs.validate(config, plan, room)
+    builder = projected.projected_builder(template.builder, input_size)(plan, config, geometry)
+    return Kernel(builder.build(), template.name, builder.launch, config)
+
+
+def _cuda_template(plan, target, config, problem: str | None, not_cuda: str):
+    """The CUDA template of ``config`` for a kernel made from a layer's (a session's, a projected one); ConfigError
+    with ``problem`` where ``plan`` has one, with ``not_cuda`` where ``target`` is not CUDA."""
+    if problem:
+        raise ConfigError(problem)
+    if target.kind.name != "cuda":
+        raise ConfigError(not_cuda)
+    return next(t for t in templates_for(plan, target) if isinstance(config, t.config_type or ()))
 
 
 def split_kernels(plan, target, gpu, gpus: int, config=None):

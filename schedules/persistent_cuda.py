@@ -250,8 +250,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
             row = functools.reduce(operator.mul, buf.shape[axis + 1:], 1)  # elements between batch rows
             return T.decl_buffer(buf.shape, buf.dtype, data=buf.data, elem_offset=first * row)
 
-        views = dict(xp=rows(a.xp, 1), init={k: rows(v, 0) for k, v in a.init.items()},
-                     final={k: rows(v, 0) for k, v in a.final.items()})
+        views = {} if a.xp is None else {"xp": rows(a.xp, 1)}  # none where the kernel projects its input itself
+        views.update(init={k: rows(v, 0) for k, v in a.init.items()}, final={k: rows(v, 0) for k, v in a.final.items()})
         views.update({name: rows(getattr(a, name), axis)
                       for name, axis in (("out", 1), ("ws", 2), ("exchange", 2), ("lengths", 0))
                       if getattr(a, name) is not None})

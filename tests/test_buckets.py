@@ -144,19 +144,24 @@ def test_the_least_recently_called_batch_sizes_are_dropped(compiles):
 
 
 def test_a_dropped_batch_size_takes_its_training_kernels_launchers_along():
-    """The launchers of a dropped layer's training kernels (keyed by their own ids) go with it; another batch
-    size's stay."""
+    """The launchers of a dropped layer's training kernels and projected launch (keyed by their own ids) go with it;
+    another batch size's stay."""
     module = pt.LSTM(3, 4)
     layers = {}
     for batch in (1, 2):
         training = SimpleNamespace(forward=object(), backward=object())
-        layers[batch] = SimpleNamespace(_training=training)
+        layers[batch] = SimpleNamespace(_training=training, _projected=SimpleNamespace(runtime=object()))
         module._layers[batch, "cpu", None, torch.float32, 3] = layers[batch]
-        for kernel, function in ((training.forward, "recurrent_save"), (training.backward, "recurrent_backward")):
+        for kernel, function in (
+            (training.forward, "recurrent_save"),
+            (training.backward, "recurrent_backward"),
+            (layers[batch]._projected.runtime, "recurrent_projected"),
+        ):
             module._launchers[id(kernel), function] = object()
     module._forget((1, "cpu", None, torch.float32))
     assert list(module._layers) == [(2, "cpu", None, torch.float32, 3)]
-    assert {key[0] for key in module._launchers} == {id(layers[2]._training.forward), id(layers[2]._training.backward)}
+    kept = layers[2]._training.forward, layers[2]._training.backward, layers[2]._projected.runtime
+    assert {key[0] for key in module._launchers} == {id(kernel) for kernel in kept}
 
 
 def test_kept_shapes_keep_pinned_and_recent_ones():

@@ -36,6 +36,7 @@ GENERATORS = (
     "runtime/library.py",
     "runtime/module_format.py",
     "compiler.py",
+    "projected_build.py",
     "choice.py",
     "signature.py",
     "dtypes.py",

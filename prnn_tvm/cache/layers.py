@@ -159,6 +159,11 @@ def training_key(layer: Layer) -> dict | None:
     return derived_key(layer.cache_key, "training") if layer.cache_key is not None else None
 
 
+def projected_key(layer: Layer) -> dict | None:
+    """The key of ``layer``'s projected launch (None for a layer that was not cached)."""
+    return derived_key(layer.cache_key, "projected") if layer.cache_key is not None else None
+
+
 def describe(signature: Signature, target: str) -> dict:
     """What ``prnn-tvm cache list`` shows of an entry."""
     return {

@@ -107,6 +107,7 @@ class RuntimeLayer:
         self.signature, self.module, self._is_cuda = signature, module, is_cuda
         self.arg_names = list(signature.arg_names)
         self.input_size = signature.input_size
+        self._scalars: dict | None = None  # made at the first :meth:`scalars`, again after a value changes
         self.barrier_timeout_us = barrier_timeout_us
         self.debug_stall_step = -1
         self._states: dict[int, dict] = {}  # per stream: workspace and barrier state, by argument name
@@ -133,6 +134,17 @@ class RuntimeLayer:
                 f"{value!r} (the kernels read it as unsigned: a negative one would never time out)"
             )
         self._barrier_timeout_us = value
+        self._scalars = None
+
+    @property
+    def debug_stall_step(self) -> int:
+        """Tests only: the step at which block 0 skips its arrival at the grid barrier (-1: none)."""
+        return self._debug_stall_step
+
+    @debug_stall_step.setter
+    def debug_stall_step(self, value: int) -> None:
+        self._debug_stall_step = value
+        self._scalars = None
 
     def __reduce__(self):
         raise UnsupportedError(
@@ -204,12 +216,16 @@ class RuntimeLayer:
         return self._error.address
 
     def scalars(self) -> dict:
-        """The scalar arguments the layer passes its kernels, by name."""
-        return {
-            "timeout_us": self.barrier_timeout_us,
-            "stall_step": self.debug_stall_step,
-            "error_host": self.error_address,
-        }
+        """The scalar arguments the layer passes its kernels, by name: the same dict until one of them changes (a
+        :class:`~prnn_tvm.runtime.launcher.Launcher` places them again only when it gets another); do not modify it."""
+        found = self._scalars
+        if found is None:
+            found = self._scalars = {
+                "timeout_us": self.barrier_timeout_us,
+                "stall_step": self.debug_stall_step,
+                "error_host": self.error_address,
+            }
+        return found
 
     def time(self, *args, number: int = 10, repeat: int = 5, **kwargs) -> dict[str, float]:
         """Seconds per launch of each kernel (minimum over ``repeat`` runs of ``number`` launches).

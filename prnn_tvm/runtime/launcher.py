@@ -95,18 +95,45 @@ class Launcher:
         """``into``: where the launch writes, the caller's arrays (kernel order; None where ``arrays.empty`` makes
         it), each of its argument's shape and dtype and compact on a 64-byte boundary (views of one allocation
         that the caller returns whole: a stack's final states). Unchecked, as ``data``."""
-        layer, slots = self.layer, self.slots
-        layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
+        self.layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
         T = int(data[0].shape[0])
         if T > self.max_steps:
             return self._in_pieces(data, stream, T)
-        args = self._arguments(stream, state)
-        scalars = layer.scalars()
-        for i, name in slots.scalars:
-            args[i] = scalars[name]
-        for i, value in zip(slots.data, data):
+        args = self._with_owned(state) if state is not None else self._placed_for(stream)[2].copy()
+        for i, value in zip(self.slots.data, data):
             args[i] = value
-        written, scratch = slots.sized(T)
+        return self._launch(args, stream, T, into)
+
+    def bound(self, data: list, steps: int) -> Bound | None:
+        """This launch of ``steps`` steps with the data arguments that stay the same from call to call in place
+        (``data`` in kernel order, None at each that a call passes): :class:`Bound`. None where ``steps`` runs in
+        pieces (a call of :meth:`__call__` then)."""
+        return Bound(self, data, steps) if steps <= self.max_steps else None
+
+    def _placed_for(self, stream: int) -> tuple:
+        """``(launch state, scalars, argument list)`` of ``stream``: the list holds the stream's own workspace and
+        barrier state (kept by the layer, made anew after a timeout) and the layer's scalars, made again only when
+        either is another object (:meth:`RuntimeLayer.scalars` keeps one while its values stay)."""
+        layer = self.layer
+        state, scalars = layer.launch_state(stream, self.arrays.zeros), layer.scalars()
+        placed = self._placed.get(stream)
+        if placed is None or placed[0] is not state or placed[1] is not scalars:
+            placed = self._placed[stream] = (state, scalars, self._with_owned(state))
+        return placed
+
+    def _with_owned(self, state: dict) -> list:
+        """A new argument list holding the launch state ``state`` (each buffer converted to a TVM tensor once
+        here, rather than by every launch) and the layer's scalars."""
+        args = self.slots.with_owned({name: _tvm(buffer) for name, buffer in state.items()})
+        scalars = self.layer.scalars()
+        for i, name in self.slots.scalars:
+            args[i] = scalars[name]
+        return args
+
+    def _launch(self, args: list, stream: int, T: int, into: list | None) -> list:
+        """Launch ``function`` on ``args`` (every input in place) with what it writes made here (or the caller's,
+        ``into``); returns what it writes."""
+        written, scratch = self.slots.sized(T)
         empty, outputs = self.arrays.empty, []
         for k, (i, shape, dtype) in enumerate(written):
             value = None if into is None else into[k]
@@ -128,19 +155,8 @@ class Launcher:
                     with self._stream(self._device, stream):
                         self.function(*args)
         except Exception as err:  # a refused launch surfaces as a TVM error; keep its text
-            raise layer.launch_error(self.name, err) from err
+            raise self.layer.launch_error(self.name, err) from err
         return outputs
-
-    def _arguments(self, stream: int, state: dict | None) -> list:
-        """A fresh argument list with the launch state in place: ``state``, else the stream's own (kept by the
-        layer, made anew after a timeout)."""
-        if state is not None:
-            return self.slots.with_owned(state)
-        state = self.layer.launch_state(stream, self.arrays.zeros)
-        placed = self._placed.get(stream)
-        if placed is None or placed[0] is not state:
-            placed = self._placed[stream] = (state, self.slots.with_owned(state))
-        return placed[1].copy()
 
     def _in_pieces(self, data: list, stream: int, T: int) -> list:
         """The recurrent launch over a sequence past 2^31 elements: the layer's chunked call (not capturable)."""
@@ -155,6 +171,42 @@ class Launcher:
             out, finals = self.layer.recurrent(*data)
         adopt = self.arrays.adopt
         return [adopt(out), *(adopt(f) for f in finals)]
+
+
+class Bound:
+    """A :class:`Launcher`'s launch of ``steps`` steps with the data arguments that stay the same from call to call
+    in place, each converted to a TVM tensor once (a repeated call's weights, params, row lengths, zeros): a call
+    passes the others (``varying``, in kernel order) and the stream, and is otherwise the launcher's call (an earlier
+    launch's timeout raised first, the stream's launch state and the layer's scalars, ``into``). Made by
+    :meth:`Launcher.bound`; unchecked, as the launcher's data: each varying array of its argument's shape for
+    ``steps`` steps (its ``steps`` is not read from them)."""
+
+    def __init__(self, launcher: Launcher, data: list, steps: int):
+        positions = launcher.slots.data
+        self.launcher, self.steps = launcher, steps
+        self.fixed = [(i, _tvm(value)) for i, value in zip(positions, data) if value is not None]
+        self.varying = [i for i, value in zip(positions, data) if value is None]
+        self._placed: dict = {}  # stream -> (the launcher's placed tuple it was made from, an argument list)
+
+    def __call__(self, varying: list, stream: int = 0, into: list | None = None) -> list:
+        launcher = self.launcher
+        launcher.layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
+        base = launcher._placed_for(stream)
+        placed = self._placed.get(stream)
+        if placed is None or placed[0] is not base:  # a new stream, launch state or scalars
+            args = base[2].copy()
+            for i, value in self.fixed:
+                args[i] = value
+            placed = self._placed[stream] = (base, args)
+        args = placed[1].copy()  # each call its own: calls from several threads
+        for i, value in zip(self.varying, varying):
+            args[i] = value
+        return launcher._launch(args, stream, self.steps, into)
+
+
+def _tvm(value):
+    """``value`` as a TVM tensor (through DLPack, without a copy): what the FFI would convert at every launch."""
+    return value if isinstance(value, tvm_ffi.Tensor) else tvm_ffi.from_dlpack(value)
 
 
 def streamed_weight(launch) -> tuple[int, int] | None:

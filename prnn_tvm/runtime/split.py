@@ -61,7 +61,7 @@ class DevicePart(RuntimeLayer):
         self.owner.check(wait)
 
     def scalars(self) -> dict:
-        found = super().scalars()
+        found = dict(super().scalars())  # a new dict each call: the peers' workspaces follow the current stream
         if not self.launched:
             found["timeout_us"] = max(self.barrier_timeout_us, FIRST_TIMEOUT_US)
         found["stall_step"] = self.owner.debug_stall_step

@@ -14,7 +14,6 @@ import weakref
 import torch  # PyTorch itself: absolute import
 
 from prnn_tvm.deferred import split_direction_name, split_layer_name
-from prnn_tvm.dtypes import POLICIES
 from prnn_tvm.errors import InputError
 from prnn_tvm.runtime.limits import ALIGNMENT
 from prnn_tvm.signature import ArgRole
@@ -211,11 +210,12 @@ class LaunchArguments:
         weights = self._kept_weights(layer, suffix, entries) if reuse else None
         if weights is None:
             weights = [param(name, shape) for _, name, shape in entries]
-            # a half layer's projection is torch's GEMM into float32, which has no bias epilogue: where params of the
-            # cell carry b_ih, an inference call on the GPU adds it to them instead (once per weight update)
+            # where params of the cell carry b_ih, an inference call on the GPU adds it to them (once per weight
+            # update) and its projection is the GEMM alone: a half layer's GEMM into float32 has no bias epilogue in
+            # torch (the bias is a kernel of its own), nor has a float32 addmm of one row (T=1 at B=1: torch copies
+            # the bias into the output first)
             if self.bias and not grad and device.type == "cuda" and layer.plan.input_bias:
-                if POLICIES[layer.plan.dtype].widens:
-                    weights = self._folded_input_bias(layer, suffix, weights, fresh)
+                weights = self._folded_input_bias(layer, suffix, weights, fresh)
             if reuse:
                 self._keep_weights(layer, suffix, entries, weights)
         if initial:

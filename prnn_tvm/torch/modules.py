@@ -285,7 +285,7 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
 
     @property
     def _FOLDS_INPUT_BIAS(self) -> bool:
-        """Whether a half inference call on the GPU adds ``b_ih`` to the cell's params instead of to its projection
+        """Whether an inference call on the GPU adds ``b_ih`` to the cell's params instead of to its projection
         (one GEMM, no bias pass): where the cell's plan finds params that carry the input projection's bias
         (:attr:`~prnn_tvm.frontend.plan.CellPlan.input_bias`: torch.nn's LSTM and RNN, not GRU)."""
         return bool(self._input_bias)

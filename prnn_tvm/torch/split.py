@@ -5,7 +5,7 @@ For layers too big for one GPU (LSTM fp16 hidden 4096: 134 MB of recurrent weigh
 H100s). Inference only: the parameters and a call's tensors live on the first device, and so do its outputs. Per
 call and layer: the input goes to every other GPU (one copy each, over NVLink); each GPU computes its own columns of
 the input projection with torch's GEMM (cuBLAS, :func:`~prnn_tvm.torch.projection.project`: its rows of ``W_ih``;
-a half layer's ``b_ih`` is folded into ``b_hh`` as on one GPU, so that the projection is the GEMM alone); the
+``b_ih`` is folded into the params that carry it as on one GPU, so that the projection is the GEMM alone); the
 recurrent kernels run on every GPU's current torch stream through a
 :class:`~prnn_tvm.runtime.split_launch.SplitLauncher` whose outputs come from torch's caching allocator (TVM's own
 would be freed with ``cudaFree``, which waits for the GPU); torch's copies between GPUs synchronize with both GPUs'
@@ -123,7 +123,7 @@ class SplitLayers:
         devices = [gpu(d) for d in module.devices]
         suffix = parameter_suffix(index, 0)
         # the first GPU's arguments as a one-GPU call makes them (kept between calls while the parameters stay the
-        # same; a half layer's b_ih folded into the params that carry it: its projection is then the GEMM alone)
+        # same; b_ih folded into the params that carry it, where some do: its projection is then the GEMM alone)
         named = dict(zip(layer.signature.arg_names, module._launch_arguments(layer, x, suffix, states, lengths)))
         self._mark("arguments")
         data = [k for k in named if k not in ("x", "W_ih", "b_ih")]  # the recurrent launch's, but its projection
