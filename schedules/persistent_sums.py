@@ -7,12 +7,18 @@ its phases (the plain one: a kind that polls values is refused, ``Barrier.proble
                into shared memory; after a block barrier a thread per (sum, batch row) adds the block's shares up
                (its units in order) and writes the block's partial sum to the workspace (float32, a slot per step
                parity), then the grid barrier between the phases
-    phase p+1  a thread per (sum, batch row) adds every block's partial up (blocks in order: the same total in
-               every block, run after run), into shared memory; a block barrier; every item reads the total
+    phase p+1  a warp per (sum, batch row) adds every block's partial up: each lane the blocks lane, lane + 32, ...
+               in that order, then the lanes' sums through xor shuffles (a fixed order: the same total in every
+               block, run after run), into shared memory; a block barrier; every item reads the total
+
+With a kind that polls values (``tags``) each partial sum carries the step that wrote it, as the exchanged states
+do: the warp polls its blocks' partials until every tag is the step's, and no grid barrier stands between the
+phases (the values are the synchronization, every block reading every block's partials). Elsewhere the partials
+are plain float32 words read after the grid barrier (``counter``, ``grid_sync``).
 
 Shared memory, after the template's own (``Geometry.smem_us``): the shares ``[sum][batch row][unit of the
 block]`` and the totals ``[sum][batch row]``, float32. The workspace holds the partial sums after the operands'
-slots, as float32 ``[sum][parity][batch row][block]`` (``sum_slots`` more slots).
+slots, ``[sum][parity][batch row][block]`` (``sum_slots`` more slots), float32 words or tagged 64-bit words.
 """
 
 from __future__ import annotations
@@ -22,10 +28,14 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.barriers.base import sync_threads
+from prnn_tvm.codegen.barriers.base import abort_on, sync_threads
+from prnn_tvm.codegen.barriers.tags import poll_sum, tag_store
 from prnn_tvm.dtypes import itemsize
 
 SUM_DTYPE = "float32"
+WARP = 32
+FULL_MASK = 0xFFFFFFFF
+MAX_PER_LANE = 16  # partials a lane loads (a tagged one: two registers)
 
 
 def unit_sum_bytes(plan, batch: int, units: int) -> int:
@@ -33,18 +43,43 @@ def unit_sum_bytes(plan, batch: int, units: int) -> int:
     return itemsize(SUM_DTYPE) * len(plan.unit_sums) * batch * (units + 1)
 
 
-def sum_slots(plan, slot_elements: int, storage: str, ctas: int) -> int:
-    """Workspace slots (of ``slot_elements`` ``storage`` values) the partial sums of ``ctas`` blocks take."""
+def tagged_partials(plan, barrier) -> bool:
+    """Whether ``plan``'s partial sums over units carry the step that wrote them under ``barrier``: where the kind
+    synchronizes blocks with each other and counts a base in its state (``counter``, ``tags``), which the tag
+    counts from; ``grid_sync`` has no state, and a ``block`` kernel's one block holds every unit."""
+    return bool(plan.unit_sums) and barrier.grid_wide and barrier.state_words is not None
+
+
+def partial_dtype(plan, barrier) -> str:
+    """The workspace type of a block's partial sum: a tagged 64-bit word (:func:`tagged_partials`), else float32."""
+    return "uint64" if tagged_partials(plan, barrier) else SUM_DTYPE
+
+
+def sum_slots(plan, slot_elements: int, exchanged: str, ctas: int, partial: str = SUM_DTYPE) -> int:
+    """Workspace slots (of ``slot_elements`` values of the exchange's type ``exchanged``) the partial sums
+    (each a ``partial``, :func:`partial_dtype`) of ``ctas`` blocks take."""
     if not plan.unit_sums:
         return 0
-    needed = len(plan.unit_sums) * 2 * plan.batch * ctas * itemsize(SUM_DTYPE)
-    return math.ceil(needed / (slot_elements * itemsize(storage)))
+    needed = (len(plan.unit_sums) * 2 * plan.batch * ctas + 1) * itemsize(partial)  # one more: the alignment
+    return math.ceil(needed / (slot_elements * itemsize(exchanged)))
+
+
+def lane_groups(pairs: int, warps: int, ctas: int) -> tuple[int, int]:
+    """``(lanes, rounds)``: each (sum, batch row) pair of ``pairs`` is added up by a group of ``lanes`` lanes (a power
+    of two), ``32 / lanes`` groups a warp, in ``rounds`` rounds over the block's ``warps``; narrower groups where a
+    warp has several pairs (their loads in flight together), while a lane loads at most ``MAX_PER_LANE`` of the
+    ``ctas`` partials."""
+    lanes = WARP
+    while lanes > 1 and WARP // lanes * warps < pairs and -(-ctas // (lanes // 2)) <= MAX_PER_LANE:
+        lanes //= 2
+    return lanes, -(-pairs // (warps * (WARP // lanes)))
 
 
 class UnitSumExchange:
     """Mixin of the template's builder (``persistent_cuda.PersistentBuilder``): the shares, partial sums and
     totals of the plan's sums over units. Uses the builder's ``p``, ``g``, ``c``, ``B``, ``H``, ``tx``, ``cta``,
-    ``a`` and the products mixin's ``unit_sum_memory()`` (the shared allocation and the word the sums start at)."""
+    ``a``, ``barrier``, ``barrier_base``, ``sync`` and the products mixin's ``unit_sum_memory()`` (the shared
+    allocation and the word the sums start at)."""
 
     def alloc_unit_sums(self, operand_slots: int):
         """Views of shared memory and of the workspace (after its ``operand_slots`` slots) for the sums."""
@@ -57,10 +92,11 @@ class UnitSumExchange:
         self.shares = T.decl_buffer((n * B * U,), SUM_DTYPE, data=memory.data, elem_offset=first)
         self.totals = T.decl_buffer((n * B,), SUM_DTYPE, data=memory.data, elem_offset=first + n * B * U)
         self.sum_acc = T.alloc_buffer((1,), SUM_DTYPE, scope="local")
-        ws = self.a.ws
+        self.sum_failed = T.alloc_buffer((1,), "int32", scope="local")  # a poll of partials timed out
+        ws, kind = self.a.ws, partial_dtype(self.p, self.barrier)
         slot = math.prod(int(d) for d in ws.shape[1:])
-        offset = operand_slots * slot * itemsize(ws.dtype) // itemsize(SUM_DTYPE)
-        self.partials = T.decl_buffer((n * 2 * B * self.g.ctas,), SUM_DTYPE, data=ws.data, elem_offset=offset)
+        offset = -(-operand_slots * slot * itemsize(ws.dtype) // itemsize(kind))  # aligned to a partial
+        self.partials = T.decl_buffer((n * 2 * B * self.g.ctas,), kind, data=ws.data, elem_offset=offset)
 
     def unit_sum(self, name: str, b):
         """The total of sum ``name`` for batch row ``b`` (in shared memory from the phase that reads it on)."""
@@ -70,6 +106,14 @@ class UnitSumExchange:
         """This item's (unit ``ul`` of the block) share of sum ``name`` for row ``b``."""
         T.buffer_store(self.shares, share, [(self.sum_index[name] * self.B + b) * self.c.units_per_cta + ul])
 
+    def which_sum(self, sums, pair):
+        """The plan's index of the sum of pair ``pair`` of ``(sum, batch row)`` pairs over ``sums`` (``B`` pairs
+        each)."""
+        which = tirx.const(self.sum_index[sums[0].name], "int32")
+        for j, us in enumerate(sums[1:], start=1):
+            which = T.if_then_else(pair // self.B == j, self.sum_index[us.name], which)
+        return which
+
     def per_row(self, sums, body):
         """``body(i, b)`` for each (sum ``i``: the plan's index of one of ``sums``; batch row ``b``), a thread each."""
         work = len(sums) * self.B
@@ -77,13 +121,15 @@ class UnitSumExchange:
             idx = k * self.g.threads + self.tx
             with T.If(idx < work):
                 with T.Then():
-                    which = tirx.const(self.sum_index[sums[0].name], "int32")
-                    for j, us in enumerate(sums[1:], start=1):
-                        which = T.if_then_else(idx // self.B == j, self.sum_index[us.name], which)
-                    body(which, idx % self.B)
+                    body(self.which_sum(sums, idx), idx % self.B)
+
+    def partial_at(self, i, t, b):
+        """Where the partials of sum ``i``, batch row ``b``, written at step ``t``, start (one per block after)."""
+        return ((i * 2 + t % 2) * self.B + b) * self.g.ctas
 
     def sum_partials(self, t, phase: int):
-        """End of ``phase``: the block's partial sum of each sum the next phase reads, to the workspace."""
+        """End of ``phase``: the block's partial sum of each sum the next phase reads, to the workspace (tagged with
+        the step where the kind polls values)."""
         sums = self.p.sums_of(phase)
         if not sums:
             return
@@ -95,22 +141,65 @@ class UnitSumExchange:
             T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
             with T.serial(0, units) as ul:
                 T.buffer_store(total, total[0] + self.shares[(i * B + b) * U + ul], [0])
-            T.buffer_store(self.partials, total[0], [((i * 2 + t % 2) * B + b) * self.g.ctas + self.cta])
+            at = self.partial_at(i, t, b) + self.cta
+            if tagged_partials(self.p, self.barrier):
+                T.evaluate(tag_store(T.address_of(self.partials[at]), total[0], self.barrier_base, t))
+            else:
+                T.buffer_store(self.partials, total[0], [at])
 
         self.per_row(sums, body)
 
     def sum_totals(self, t, phase: int):
-        """Start of ``phase``: every block's partial of each sum it reads from now on, added up in block order."""
+        """Start of ``phase``: every block's partial of each sum it reads from now on, added up by a group of lanes per
+        (sum, batch row) in a fixed order (:func:`lane_groups`); polled until written where the partials are tagged,
+        else read after the grid barrier."""
         sums = [us for us in self.p.unit_sums if us.phase == phase]
         if not sums:
             return
-        B, ctas, total = self.B, self.g.ctas, self.sum_acc
+        B, ctas, warps, polled = self.B, self.g.ctas, self.g.threads // WARP, tagged_partials(self.p, self.barrier)
+        work, lane = len(sums) * B, self.tx % WARP
+        lanes, rounds = lane_groups(work, warps, ctas)
+        groups = WARP // lanes
+        if polled:
+            T.buffer_store(self.sum_failed, 0, [0])
+        for k in range(rounds):
+            pair = (k * warps + self.tx // WARP) * groups + lane // lanes
+            # a group past the last pair adds nothing (its lanes still join the warp's shuffles)
+            inside = None if rounds * warps * groups == work else pair < work
+            i, b = self.which_sum(sums, pair), pair % B
+            first, at = self.partial_at(i, t, b), i * B + b
+            if polled:
+                n = ctas if inside is None else T.if_then_else(inside, ctas, 0)
+                failed = poll_sum(T.address_of(self.partials[first]), n, lanes, ctas,
+                                  T.address_of(self.totals[at]), self.barrier_base, t + 1, self.sync)
+                T.buffer_store(self.sum_failed, self.sum_failed[0] | failed, [0])
+            else:
+                self.group_total(first, at, lanes, inside)
+        if polled:
+            abort_on(self, T.call_extern("int32", "__syncthreads_or", self.sum_failed[0]))
+        else:
+            sync_threads()
 
-        def body(i, b):
-            T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
-            with T.serial(0, ctas) as cta:
-                T.buffer_store(total, total[0] + self.partials[((i * 2 + t % 2) * B + b) * ctas + cta], [0])
-            T.buffer_store(self.totals, total[0], [i * B + b])
-
-        self.per_row(sums, body)
-        sync_threads()
+    def group_total(self, first, at, lanes: int, inside):
+        """The sum of the ``ctas`` plain partials from ``first`` over a group of ``lanes`` lanes, into the totals'
+        ``at`` (where ``inside``, None: always): lane g of the group adds partials g, g + lanes, ... in order, then
+        the group's sums meet through xor shuffles (every lane of it ends with the same total: a + b is b + a)."""
+        ctas, total, g = self.g.ctas, self.sum_acc, self.tx % lanes
+        T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
+        for j in range(-(-ctas // lanes)):
+            cta = g + j * lanes
+            guard = [c for c in (inside, cta < ctas if (j + 1) * lanes > ctas else None) if c is not None]
+            if not guard:
+                T.buffer_store(total, total[0] + self.partials[first + cta], [0])
+                continue
+            with T.If(tirx.all(*guard)):
+                with T.Then():
+                    T.buffer_store(total, total[0] + self.partials[first + cta], [0])
+        offset = lanes // 2
+        while offset:
+            other = T.call_extern(SUM_DTYPE, "__shfl_xor_sync", T.uint32(FULL_MASK), total[0], offset, WARP)
+            T.buffer_store(total, total[0] + other, [0])
+            offset //= 2
+        with T.If(g == 0 if inside is None else tirx.all(g == 0, inside)):
+            with T.Then():
+                T.buffer_store(self.totals, total[0], [at])

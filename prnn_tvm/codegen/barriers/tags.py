@@ -34,12 +34,6 @@ class Tags(Barrier):
         return steps
 
     def problem(self, plan, layout: str) -> str | None:
-        if plan.unit_sums:
-            return (
-                f"barrier '{self.name}' moves the values products multiply; cell '{plan.cell.name}' sums over "
-                "units, whose blocks' partial sums meet through the plain exchange: use counter, grid_sync or "
-                "block"
-            )
         if layout == "split" and plan.cta_parts and not plan.independent_parts:
             return (
                 f"barrier '{self.name}' synchronizes only blocks that read each other's values, and the split "
@@ -81,14 +75,7 @@ class Tags(Barrier):
     # ------------------------------------------------------------------ device code
     def store(self, ptr, value, base, step):
         """Store ``value`` written at ``step`` with its tag (an expression to evaluate)."""
-        return T.cuda.func_call(
-            "prnn_tag_store",
-            ptr,
-            value,
-            T.Cast("uint32", base + step + 1),
-            source_code=cuda_source("tags.cuh"),
-            return_type="void",
-        )
+        return tag_store(ptr, value, base, step)
 
     def value(self, ptr, dtype: str):
         """The ``dtype`` value part of a tagged word (the caller's own earlier store: no polling)."""
@@ -182,3 +169,37 @@ class Tags(Barrier):
     def previous(self, site: ExchangeSite, name: str, t, b, unit):
         """The value part of the thread's own tagged word."""
         return self.value(T.address_of(super().previous(site, name, t, b, unit)), site.dt)
+
+
+def tag_store(ptr, value, base, step):
+    """Store ``value`` (of at most 32 bits) written at ``step`` with its tag, ``base + step + 1``, in one 64-bit word
+    (an expression to evaluate): the protocol of this kind's exchange, which the sums over units' partials take
+    under any kind with a base (``schedules.persistent_sums``)."""
+    return T.cuda.func_call(
+        "prnn_tag_store",
+        ptr,
+        value,
+        T.Cast("uint32", base + step + 1),
+        source_code=cuda_source("tags.cuh"),
+        return_type="void",
+    )
+
+
+def poll_sum(src, n, lanes: int, most: int, dst, base, step, args: SyncArgs):
+    """The sum of ``n`` (at most ``most``) tagged float32 values from ``src`` (written at ``step - 1`` by
+    :func:`tag_store`) over a group of ``lanes`` lanes of a warp, polled until every tag is the step's, into ``dst``
+    (the group's first lane stores it); every lane of the warp calls it, each group with its own values. Returns the
+    warp-uniform abort flag (a timeout, or another block's)."""
+    call = T.cuda.func_call(
+        f"prnn_tag_sum<{-(-most // lanes)}, {lanes}>",
+        src,
+        n,
+        dst,
+        base,
+        step,
+        args.sync.data,
+        args.timeout_us,
+        source_code=cuda_source("tag_sum.cuh"),
+        return_type="int32",
+    )
+    return T.bind(call, var=tirx.Var("sum_abort", "int32"))
