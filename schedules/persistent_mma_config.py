@@ -675,9 +675,11 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
     local = list(dict.fromkeys(c for cfg in local for c in (gates_in_warp(cfg, plan, gpu), cfg)))
     ladder = layered_defaults(plan, gpu, one_tile_space(plan, gpu, (RANKED_WITH,)), validate, estimated_cycles, limit,
                               "tensor-core", widen)
-    # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
+    # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1); not
+    # where the plan sums over units: the ranked kind tags their partials too, so a step meets once either way, and
+    # the polls of both (uncounted by the estimate) spilled ``tags`` at lstm_layernorm 1024 x 8 (208 and 416 bytes)
     return (local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) if min(cfg.batch_tile, plan.batch)
-                     <= TAGS_MAX_ROWS else cfg for cfg in ladder])
+                     <= TAGS_MAX_ROWS and not plan.unit_sums else cfg for cfg in ladder])
 
 
 def _round_up(x: int, m: int) -> int:
