@@ -8,7 +8,7 @@
 // group's lane 0 stores it to *dst (n > 0). Every lane of the warp calls it (n = 0: a group with nothing to add).
 // Returns 1 in every lane of the warp if a wait timed out or another block reported one (*dst is then not written).
 template <int PER, int LANES>
-__device__ __forceinline__ int prnn_tag_sum(const uint64_t* src, int n, float* dst, int base, int step,
+__device__ __forceinline__ int prnn_tag_sum(const uint64_t* src, float* dst, int n, int base, int step,
                                             unsigned* sync, int timeout_us) {
   static_assert(PER <= 32 && LANES <= 32 && 32 % LANES == 0, "stale bits, lane groups");
   const unsigned tag = (unsigned)base + (unsigned)step;  // written at step - 1

@@ -106,19 +106,8 @@ class Tags(Barrier):
         flag."""
         vec = 2 if row % 2 == 0 else 1
         per, _ = self.polled_loads(max_n, threads, row, itemsize(dtype))  # as the config's validate counts them
-        call = T.cuda.func_call(
-            f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>",
-            src,
-            dst,
-            n,
-            base,
-            step,
-            args.sync.data,
-            args.timeout_us,
-            source_code=cuda_source("tags.cuh"),
-            return_type="int32",
-        )
-        return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
+        function = f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>"
+        return _poll(function, "tags.cuh", src, dst, n, base, step, args, "exchange_abort")
 
     # ------------------------------------------------------------------ the exchange
     def load_operands(self, site: ExchangeSite, names: list, t, b0, phase: int) -> None:
@@ -190,16 +179,23 @@ def poll_sum(src, n, lanes: int, most: int, dst, base, step, args: SyncArgs):
     :func:`tag_store`) over a group of ``lanes`` lanes of a warp, polled until every tag is the step's, into ``dst``
     (the group's first lane stores it); every lane of the warp calls it, each group with its own values. Returns the
     warp-uniform abort flag (a timeout, or another block's)."""
+    function = f"prnn_tag_sum<{-(-most // lanes)}, {lanes}>"
+    return _poll(function, "tag_sum.cuh", src, dst, n, base, step, args, "sum_abort")
+
+
+def _poll(function: str, file: str, src, dst, n, base, step, args: SyncArgs, flag: str):
+    """A call of a polling device function of ``file`` (``function(src, dst, n, base, step, sync, timeout_us)``),
+    its abort flag bound to a var named ``flag``."""
     call = T.cuda.func_call(
-        f"prnn_tag_sum<{-(-most // lanes)}, {lanes}>",
+        function,
         src,
-        n,
         dst,
+        n,
         base,
         step,
         args.sync.data,
         args.timeout_us,
-        source_code=cuda_source("tag_sum.cuh"),
+        source_code=cuda_source(file),
         return_type="int32",
     )
-    return T.bind(call, var=tirx.Var("sum_abort", "int32"))
+    return T.bind(call, var=tirx.Var(flag, "int32"))
