@@ -72,7 +72,7 @@ from . import persistent_config as pc
 from .head_columns import OperandColumns
 from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
-from .persistent_sums import UnitSumExchange, tagged_partials
+from .persistent_sums import UnitSumExchange
 from .persistent_weights import RegisterWeights
 from .ranking import parts
 from .template import ACCEPTED, Acceptance, config_from_dict, refused
@@ -173,7 +173,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         # to a slot per step)
         workspace = self.workspace_shape()  # every batch group's rows
         grid_wide = p.needs_grid_barrier and bar.grid_wide  # ``block``: each block synchronizes with itself
-        sync = bar.grid_sync(self.barriers_per_step) if grid_wide else None
+        sync = bar.grid_sync(p.phases) if grid_wide else None
         # the third tier: the L2 window (one per launch) over the streamed matrix, where the products have one
         weights = list(dict.fromkeys(r.weight for r in p.reductions))
         streamed = weights[0] if getattr(g, "l2_ws", 0) and len(weights) == 1 else ""
@@ -300,9 +300,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 if self.sync is not None:  # the last step crosses no barrier
                     for _ in self.each_part():
                         self.report_timeout()
-                    steps, tagged = self.steps_run, tagged_partials(p, self.barrier)
-                    passed = steps * self.barriers_per_step - (0 if tagged else 1)  # tagged: the last step's too
-                    self.barrier.end(self.sync, self.barrier_base, steps, passed)
+                    steps = self.steps_run
+                    self.barrier.end(self.sync, self.barrier_base, steps, steps * p.phases - 1)
         return ib.get()
 
     def alloc_loop_state(self):
@@ -358,7 +357,6 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         if self.tiles_in_turn:
             self.tile_by_tile(t)
             return
-        W, waits = self.barriers_per_step, 0
         for phase in range(p.phases):
             for _ in self.each_part():
                 self.sum_totals(t, phase)  # sums over units read from this phase on (none: nothing emitted)
@@ -367,9 +365,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                     with item as (b, unit, ul):
                         self.pointwise(t, phase, it, group, b, unit, ul)
                 self.sum_partials(t, phase)
-            if phase < p.phases - 1 and self.waits_after(phase):
-                self.barrier.wait(t * W + waits, self.barrier_base, self.sync, self.stall)
-                waits += 1
+            if phase < p.phases - 1:
+                self.barrier.wait(t * p.phases + phase, self.barrier_base, self.sync, self.stall)
         for _ in self.each_part():
             for it, group, item in self.items():
                 with item as (b, unit, ul):
@@ -384,18 +381,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         if p.needs_grid_barrier:
             self.before_wait()
             last = None if self.waits_at_last_step else t < self.steps - 1
-            self.barrier.wait(t * W + W - 1, self.barrier_base, self.sync, self.stall, when=last)
-
-    def waits_after(self, phase: int) -> bool:
-        """Whether the blocks meet at a barrier between ``phase`` and the next: where the next phase multiplies
-        what this one published, not where only sums over units cross with tagged partials, which a block polls
-        (``persistent_sums``; a layer-normalized LSTM's step then meets once, at its end)."""
-        return not tagged_partials(self.p, self.barrier) or any(r.phase == phase + 1 for r in self.p.reductions)
-
-    @property
-    def barriers_per_step(self) -> int:
-        """The barriers a step meets at (every one but the last step's end, unless partials are tagged)."""
-        return 1 + sum(self.waits_after(phase) for phase in range(self.p.phases - 1))
+            self.barrier.wait(t * p.phases + p.phases - 1, self.barrier_base, self.sync, self.stall, when=last)
 
     @property
     def waits_at_last_step(self) -> bool:
@@ -403,9 +389,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         there costs nothing): guarded, it would share the guard of the next step's loads of the projection
         (:attr:`inputs_early`), and nvcc merges the two and ptxas issues the loads after the barrier. No: a grid-wide
         kind counts its barriers, and the block kernels' by_gate step is left as the queued A/B changes know it
-        (``persistent_warp_gates`` says yes). Yes where partial sums over units are tagged: the base then moves at
-        least a launch's steps, so no tag a step polls for is one an earlier launch wrote (``persistent_sums``)."""
-        return tagged_partials(self.p, self.barrier)
+        (``persistent_warp_gates`` says yes)."""
+        return False
 
     # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`)
     XP_PREFETCH_STEPS = 0
@@ -648,8 +633,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     @property
     def stall(self):
         """The barrier ordinal the test knob stalls: the end-of-step barrier of ``stall_step``."""
-        W = self.barriers_per_step
-        return self.sync.stall_step * W + (W - 1) if self.sync is not None else None
+        return self.sync.stall_step * self.p.phases + (self.p.phases - 1) if self.sync is not None else None
 
 
     def item(self, it: int, group: int | None = None):

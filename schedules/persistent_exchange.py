@@ -26,7 +26,7 @@ from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.codegen.kernel import vec_index
 from prnn_tvm.dtypes import itemsize
 
-from .persistent_sums import partial_dtype, sum_slots
+from .persistent_sums import sum_slots
 
 
 class OperandExchange:
@@ -61,9 +61,7 @@ class OperandExchange:
         sums of the sums over units (``persistent_sums``)."""
         rows = (self.p.batch, self.H) if not self.cols.headed else (self.p.batch * self.cols.padded_hidden(),)
         operands = max(1, len(self.p.operands))  # then the partial sums of the sums over units
-        exchanged = self.barrier.exchange_dtype(self.dt)
-        partials = sum_slots(self.p, 2 * math.prod(rows), exchanged, self.g.ctas, partial_dtype(self.p, self.barrier))
-        return (operands + partials, 2, *rows)
+        return (operands + sum_slots(self.p, 2 * math.prod(rows), self.dt, self.g.ctas), 2, *rows)
 
     def ws_at(self, name: str, parity, b, unit) -> tuple:
         """The workspace indices of operand ``name``'s value for batch row ``b``, unit ``unit``, at ``parity``: by span

@@ -7,18 +7,17 @@ its phases (the plain one: a kind that polls values is refused, ``Barrier.proble
                into shared memory; after a block barrier a thread per (sum, batch row) adds the block's shares up
                (its units in order) and writes the block's partial sum to the workspace (float32, a slot per step
                parity), then the grid barrier between the phases
-    phase p+1  a warp per (sum, batch row) adds every block's partial up: each lane the blocks lane, lane + 32, ...
-               in that order, then the lanes' sums through xor shuffles (a fixed order: the same total in every
-               block, run after run), into shared memory; a block barrier; every item reads the total
+    phase p+1  a group of lanes per (sum, batch row) adds every block's partial up (:func:`lane_groups`): lane g of
+               the group the blocks g, g + lanes, ... in that order, then the lanes' sums through xor shuffles (a
+               fixed order: the same total in every block, run after run), into shared memory; a block barrier;
+               every item reads the total
 
-With a kind that polls values (``tags``) each partial sum carries the step that wrote it, as the exchanged states
-do: the warp polls its blocks' partials until every tag is the step's, and no grid barrier stands between the
-phases (the values are the synchronization, every block reading every block's partials). Elsewhere the partials
-are plain float32 words read after the grid barrier (``counter``, ``grid_sync``).
+A step of a cell whose sums take two phases (the layer-normalized LSTM: the gates' means, then the cell state's)
+thus meets at three grid barriers: one after each phase.
 
 Shared memory, after the template's own (``Geometry.smem_us``): the shares ``[sum][batch row][unit of the
 block]`` and the totals ``[sum][batch row]``, float32. The workspace holds the partial sums after the operands'
-slots, ``[sum][parity][batch row][block]`` (``sum_slots`` more slots), float32 words or tagged 64-bit words.
+slots, as float32 ``[sum][parity][batch row][block]`` (``sum_slots`` more slots).
 """
 
 from __future__ import annotations
@@ -28,14 +27,13 @@ import math
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen.barriers.base import abort_on, sync_threads
-from prnn_tvm.codegen.barriers.tags import poll_sum, tag_store
+from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.dtypes import itemsize
 
 SUM_DTYPE = "float32"
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
-MAX_PER_LANE = 16  # partials a lane loads (a tagged one: two registers)
+MAX_PER_LANE = 16  # partials a lane loads and adds
 
 
 def unit_sum_bytes(plan, batch: int, units: int) -> int:
@@ -43,25 +41,12 @@ def unit_sum_bytes(plan, batch: int, units: int) -> int:
     return itemsize(SUM_DTYPE) * len(plan.unit_sums) * batch * (units + 1)
 
 
-def tagged_partials(plan, barrier) -> bool:
-    """Whether ``plan``'s partial sums over units carry the step that wrote them under ``barrier``: where the kind
-    synchronizes blocks with each other and counts a base in its state (``counter``, ``tags``), which the tag
-    counts from; ``grid_sync`` has no state, and a ``block`` kernel's one block holds every unit."""
-    return bool(plan.unit_sums) and barrier.grid_wide and barrier.state_words is not None
-
-
-def partial_dtype(plan, barrier) -> str:
-    """The workspace type of a block's partial sum: a tagged 64-bit word (:func:`tagged_partials`), else float32."""
-    return "uint64" if tagged_partials(plan, barrier) else SUM_DTYPE
-
-
-def sum_slots(plan, slot_elements: int, exchanged: str, ctas: int, partial: str = SUM_DTYPE) -> int:
-    """Workspace slots (of ``slot_elements`` values of the exchange's type ``exchanged``) the partial sums
-    (each a ``partial``, :func:`partial_dtype`) of ``ctas`` blocks take."""
+def sum_slots(plan, slot_elements: int, storage: str, ctas: int) -> int:
+    """Workspace slots (of ``slot_elements`` ``storage`` values) the partial sums of ``ctas`` blocks take."""
     if not plan.unit_sums:
         return 0
-    needed = (len(plan.unit_sums) * 2 * plan.batch * ctas + 1) * itemsize(partial)  # one more: the alignment
-    return math.ceil(needed / (slot_elements * itemsize(exchanged)))
+    needed = len(plan.unit_sums) * 2 * plan.batch * ctas * itemsize(SUM_DTYPE)
+    return math.ceil(needed / (slot_elements * itemsize(storage)))
 
 
 def lane_groups(pairs: int, warps: int, ctas: int) -> tuple[int, int]:
@@ -78,8 +63,7 @@ def lane_groups(pairs: int, warps: int, ctas: int) -> tuple[int, int]:
 class UnitSumExchange:
     """Mixin of the template's builder (``persistent_cuda.PersistentBuilder``): the shares, partial sums and
     totals of the plan's sums over units. Uses the builder's ``p``, ``g``, ``c``, ``B``, ``H``, ``tx``, ``cta``,
-    ``a``, ``barrier``, ``barrier_base``, ``sync`` and the products mixin's ``unit_sum_memory()`` (the shared
-    allocation and the word the sums start at)."""
+    ``a`` and the products mixin's ``unit_sum_memory()`` (the shared allocation and the word the sums start at)."""
 
     def alloc_unit_sums(self, operand_slots: int):
         """Views of shared memory and of the workspace (after its ``operand_slots`` slots) for the sums."""
@@ -92,11 +76,10 @@ class UnitSumExchange:
         self.shares = T.decl_buffer((n * B * U,), SUM_DTYPE, data=memory.data, elem_offset=first)
         self.totals = T.decl_buffer((n * B,), SUM_DTYPE, data=memory.data, elem_offset=first + n * B * U)
         self.sum_acc = T.alloc_buffer((1,), SUM_DTYPE, scope="local")
-        self.sum_failed = T.alloc_buffer((1,), "int32", scope="local")  # a poll of partials timed out
-        ws, kind = self.a.ws, partial_dtype(self.p, self.barrier)
+        ws = self.a.ws
         slot = math.prod(int(d) for d in ws.shape[1:])
-        offset = -(-operand_slots * slot * itemsize(ws.dtype) // itemsize(kind))  # aligned to a partial
-        self.partials = T.decl_buffer((n * 2 * B * self.g.ctas,), kind, data=ws.data, elem_offset=offset)
+        offset = operand_slots * slot * itemsize(ws.dtype) // itemsize(SUM_DTYPE)
+        self.partials = T.decl_buffer((n * 2 * B * self.g.ctas,), SUM_DTYPE, data=ws.data, elem_offset=offset)
 
     def unit_sum(self, name: str, b):
         """The total of sum ``name`` for batch row ``b`` (in shared memory from the phase that reads it on)."""
@@ -128,8 +111,7 @@ class UnitSumExchange:
         return ((i * 2 + t % 2) * self.B + b) * self.g.ctas
 
     def sum_partials(self, t, phase: int):
-        """End of ``phase``: the block's partial sum of each sum the next phase reads, to the workspace (tagged with
-        the step where the kind polls values)."""
+        """End of ``phase``: the block's partial sum of each sum the next phase reads, to the workspace."""
         sums = self.p.sums_of(phase)
         if not sums:
             return
@@ -141,47 +123,30 @@ class UnitSumExchange:
             T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
             with T.serial(0, units) as ul:
                 T.buffer_store(total, total[0] + self.shares[(i * B + b) * U + ul], [0])
-            at = self.partial_at(i, t, b) + self.cta
-            if tagged_partials(self.p, self.barrier):
-                T.evaluate(tag_store(T.address_of(self.partials[at]), total[0], self.barrier_base, t))
-            else:
-                T.buffer_store(self.partials, total[0], [at])
+            T.buffer_store(self.partials, total[0], [self.partial_at(i, t, b) + self.cta])
 
         self.per_row(sums, body)
 
     def sum_totals(self, t, phase: int):
-        """Start of ``phase``: every block's partial of each sum it reads from now on, added up by a group of lanes per
-        (sum, batch row) in a fixed order (:func:`lane_groups`); polled until written where the partials are tagged,
-        else read after the grid barrier."""
+        """Start of ``phase`` (after the grid barrier): every block's partial of each sum it reads from now on, added
+        up by a group of lanes per (sum, batch row) in a fixed order (:func:`lane_groups`)."""
         sums = [us for us in self.p.unit_sums if us.phase == phase]
         if not sums:
             return
-        B, ctas, warps, polled = self.B, self.g.ctas, self.g.threads // WARP, tagged_partials(self.p, self.barrier)
+        B, warps = self.B, self.g.threads // WARP
         work, lane = len(sums) * B, self.tx % WARP
-        lanes, rounds = lane_groups(work, warps, ctas)
+        lanes, rounds = lane_groups(work, warps, self.g.ctas)
         groups = WARP // lanes
-        if polled:
-            T.buffer_store(self.sum_failed, 0, [0])
         for k in range(rounds):
             pair = (k * warps + self.tx // WARP) * groups + lane // lanes
             # a group past the last pair adds nothing (its lanes still join the warp's shuffles)
             inside = None if rounds * warps * groups == work else pair < work
             i, b = self.which_sum(sums, pair), pair % B
-            first, at = self.partial_at(i, t, b), i * B + b
-            if polled:
-                n = ctas if inside is None else T.if_then_else(inside, ctas, 0)
-                failed = poll_sum(T.address_of(self.partials[first]), n, lanes, ctas,
-                                  T.address_of(self.totals[at]), self.barrier_base, t + 1, self.sync)
-                T.buffer_store(self.sum_failed, self.sum_failed[0] | failed, [0])
-            else:
-                self.group_total(first, at, lanes, inside)
-        if polled:
-            abort_on(self, T.call_extern("int32", "__syncthreads_or", self.sum_failed[0]))
-        else:
-            sync_threads()
+            self.group_total(self.partial_at(i, t, b), i * B + b, lanes, inside)
+        sync_threads()
 
     def group_total(self, first, at, lanes: int, inside):
-        """The sum of the ``ctas`` plain partials from ``first`` over a group of ``lanes`` lanes, into the totals'
+        """The sum of the ``ctas`` partials from ``first`` over a group of ``lanes`` lanes, into the totals'
         ``at`` (where ``inside``, None: always): lane g of the group adds partials g, g + lanes, ... in order, then
         the group's sums meet through xor shuffles (every lane of it ends with the same total: a + b is b + a)."""
         ctas, total, g = self.g.ctas, self.sum_acc, self.tx % lanes

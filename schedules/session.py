@@ -51,8 +51,8 @@ def session_problem(plan) -> str | None:
         return (f"cell '{plan.cell.name}' is a wavefront stack, whose last layer answers a step's request "
                 f"{plan.lag} steps later: a session runs the deep stack of the same layers (<cell>_d<layers>)")
     if plan.unit_sums:
-        return (f"cell '{plan.cell.name}' sums over units, whose tagged partial sums a session kernel has not been "
-                "checked with: run the layer over whole sequences")
+        return (f"cell '{plan.cell.name}' sums over units, whose blocks' partial sums meet through the plain exchange, "
+                f"and a session runs the '{SESSION_BARRIER}' exchange: run the layer over whole sequences")
     return None
 
 

@@ -157,9 +157,7 @@ def test_the_derived_backward_matches_central_differences(cell):
     [
         ("lstm_layernorm", 8, 3, knobs(4, 4, 2, 2), {}),
         ("lstm_layernorm", 10, 3, knobs(4, 4, 3, 2, barrier="grid_sync"), {}),  # the last block's units past hidden
-        ("lstm_layernorm", 10, 3, knobs(4, 4, 3, 2, barrier="tags"), {}),  # tagged partials, polled
-        ("lstm_layernorm", 40, 2, knobs(1, 1, 1, 2, vec=1, barrier="tags"), {}),  # 40 blocks: two partials a lane
-        ("lstm_layernorm", 40, 2, knobs(1, 1, 1, 2, vec=1), {}),  # the same, plain (one lane's second guarded)
+        ("lstm_layernorm", 40, 2, knobs(1, 1, 1, 2, vec=1), {}),  # 40 blocks: two partials a lane, one guarded
         ("lstm_layernorm", 8, 2, knobs(8, 4, 4, 2, barrier="block"), {}),  # one block holds every unit
         ("lstm_layernorm", 7, 1, knobs(1, 1, 1, 1, vec=1), {}),  # a block per unit
         (RMS, 9, 5, knobs(2, 2, 1, 3, vec=1), {}),
@@ -175,11 +173,15 @@ def test_sums_over_units_as_emitted(cell, hidden, batch, config, options):
 @pytest.mark.parametrize(
     "config, message",
     [
+        (
+            pc.PersistentConfig(4, 4, 2, 2, 2, "tags"),
+            "sums over units, whose blocks' partial sums meet through the plain exchange",
+        ),
         (pc.PersistentConfig(4, 4, 2, 2, 2, "sentinel"), r"exchanges sums over units within each step \(3 phases\)"),
         (pc.PersistentConfig(4, 4, 2, 2, 2, "block"), "a block must hold every unit its products read"),
     ],
 )
-def test_sums_over_units_refuse_a_slot_per_step_and_a_lone_block(config, message):
+def test_sums_over_units_take_the_plain_exchange(config, message):
     with pytest.raises(ConfigError, match=message):
         prnn_tvm.compile_cell("lstm_layernorm", 8, 2, target="cuda", arch="sm_90", config=config)
 
@@ -199,5 +201,5 @@ def test_defaults_build_without_spills(hidden, batch, dtype):
     )
     rep = layer.report
     assert rep.spill_store_bytes == 0 and rep.spill_load_bytes == 0 and rep.stack_bytes == 0, rep.format()
-    assert rep.config["barrier"] in ("counter", "tags", "grid_sync", "block")
+    assert rep.config["barrier"] in ("counter", "grid_sync", "block")
     assert_launchable(layer)

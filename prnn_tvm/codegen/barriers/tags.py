@@ -34,6 +34,12 @@ class Tags(Barrier):
         return steps
 
     def problem(self, plan, layout: str) -> str | None:
+        if plan.unit_sums:
+            return (
+                f"barrier '{self.name}' moves the values products multiply; cell '{plan.cell.name}' sums over "
+                "units, whose blocks' partial sums meet through the plain exchange: use counter, grid_sync or "
+                "block"
+            )
         if layout == "split" and plan.cta_parts and not plan.independent_parts:
             return (
                 f"barrier '{self.name}' synchronizes only blocks that read each other's values, and the split "
@@ -75,7 +81,14 @@ class Tags(Barrier):
     # ------------------------------------------------------------------ device code
     def store(self, ptr, value, base, step):
         """Store ``value`` written at ``step`` with its tag (an expression to evaluate)."""
-        return tag_store(ptr, value, base, step)
+        return T.cuda.func_call(
+            "prnn_tag_store",
+            ptr,
+            value,
+            T.Cast("uint32", base + step + 1),
+            source_code=cuda_source("tags.cuh"),
+            return_type="void",
+        )
 
     def value(self, ptr, dtype: str):
         """The ``dtype`` value part of a tagged word (the caller's own earlier store: no polling)."""
@@ -106,8 +119,19 @@ class Tags(Barrier):
         flag."""
         vec = 2 if row % 2 == 0 else 1
         per, _ = self.polled_loads(max_n, threads, row, itemsize(dtype))  # as the config's validate counts them
-        function = f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>"
-        return _poll(function, "tags.cuh", src, dst, n, base, step, args, "exchange_abort")
+        call = T.cuda.func_call(
+            f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>",
+            src,
+            dst,
+            n,
+            base,
+            step,
+            args.sync.data,
+            args.timeout_us,
+            source_code=cuda_source("tags.cuh"),
+            return_type="int32",
+        )
+        return T.bind(call, var=tirx.Var("exchange_abort", "int32"))
 
     # ------------------------------------------------------------------ the exchange
     def load_operands(self, site: ExchangeSite, names: list, t, b0, phase: int) -> None:
@@ -158,44 +182,3 @@ class Tags(Barrier):
     def previous(self, site: ExchangeSite, name: str, t, b, unit):
         """The value part of the thread's own tagged word."""
         return self.value(T.address_of(super().previous(site, name, t, b, unit)), site.dt)
-
-
-def tag_store(ptr, value, base, step):
-    """Store ``value`` (of at most 32 bits) written at ``step`` with its tag, ``base + step + 1``, in one 64-bit word
-    (an expression to evaluate): the protocol of this kind's exchange, which the sums over units' partials take
-    under any kind with a base (``schedules.persistent_sums``)."""
-    return T.cuda.func_call(
-        "prnn_tag_store",
-        ptr,
-        value,
-        T.Cast("uint32", base + step + 1),
-        source_code=cuda_source("tags.cuh"),
-        return_type="void",
-    )
-
-
-def poll_sum(src, n, lanes: int, most: int, dst, base, step, args: SyncArgs):
-    """The sum of ``n`` (at most ``most``) tagged float32 values from ``src`` (written at ``step - 1`` by
-    :func:`tag_store`) over a group of ``lanes`` lanes of a warp, polled until every tag is the step's, into ``dst``
-    (the group's first lane stores it); every lane of the warp calls it, each group with its own values. Returns the
-    warp-uniform abort flag (a timeout, or another block's)."""
-    function = f"prnn_tag_sum<{-(-most // lanes)}, {lanes}>"
-    return _poll(function, "tag_sum.cuh", src, dst, n, base, step, args, "sum_abort")
-
-
-def _poll(function: str, file: str, src, dst, n, base, step, args: SyncArgs, flag: str):
-    """A call of a polling device function of ``file`` (``function(src, dst, n, base, step, sync, timeout_us)``),
-    its abort flag bound to a var named ``flag``."""
-    call = T.cuda.func_call(
-        function,
-        src,
-        dst,
-        n,
-        base,
-        step,
-        args.sync.data,
-        args.timeout_us,
-        source_code=cuda_source(file),
-        return_type="int32",
-    )
-    return T.bind(call, var=tirx.Var(flag, "int32"))
