@@ -11,7 +11,9 @@ Gate order i, f, g, o as in torch.nn.LSTM; ``ln_x_g``/``ln_x_b``, ``ln_h_g``/``l
 LayerNorm weight and bias), and stand in for the recurrent bias. The cell state c keeps its value before the
 normalization, as in the paper. The input projection's bias ``b_ih`` comes before its normalization (zero it
 for the paper's form). Each mean and mean square is a sum over units (``c.mean``): the input's and the
-product's in the step's first phase, the cell state's in its second, so a step synchronizes three times.
+product's in the step's first phase, the cell state's in its second, so a step meets at three grid barriers on the
+GPU: after the first phase (the blocks' partials of the gates' sums), after the second (the cell state's) and at
+its end (the new state), each block then adding every block's partials itself (``schedules/persistent_sums.py``).
 """
 
 import numpy as np

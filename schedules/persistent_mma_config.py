@@ -102,6 +102,10 @@ MMA_CYCLES = 8  # per dependent mma.sync step, as it overlaps with the loads (fi
 TILE_OVERHEAD = 800  # cycles per batch pass: an L2 round trip for the states and two block barriers
 MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
+# The kind of a plan that sums over units (``persistent_sums``: a grid barrier after each phase of sums, three a step
+# of the layer-normalized LSTM): H100, lstm_layernorm fp16 1024 x 8 at 8 units and 4 k groups a block, grid.sync()
+# outran counter (whose partials were then polled as tagged words, one barrier a step), 6.54 against 8.30 us a step
+SUMS_BARRIER = "grid_sync"
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
 M_TILES_PER_WARP = (1, 2, 4)
 OPERAND_PATHS = ("shared", "direct")
@@ -675,9 +679,16 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
     local = list(dict.fromkeys(c for cfg in local for c in (gates_in_warp(cfg, plan, gpu), cfg)))
     ladder = layered_defaults(plan, gpu, one_tile_space(plan, gpu, (RANKED_WITH,)), validate, estimated_cycles, limit,
                               "tensor-core", widen)
-    # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1)
-    return (local + [with_barrier(cfg, PREFERRED, plan, gpu, validate) if min(cfg.batch_tile, plan.batch)
-                     <= TAGS_MAX_ROWS else cfg for cfg in ladder])
+    # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1);
+    # SUMS_BARRIER where the plan sums over units (``tags`` cannot carry them)
+    def preferred(cfg: MmaConfig) -> MmaConfig:
+        if plan.unit_sums:
+            return with_barrier(cfg, SUMS_BARRIER, plan, gpu, validate)
+        if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS:
+            return with_barrier(cfg, PREFERRED, plan, gpu, validate)
+        return cfg
+
+    return local + [preferred(cfg) for cfg in ladder]
 
 
 def _round_up(x: int, m: int) -> int:

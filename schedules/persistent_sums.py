@@ -7,8 +7,13 @@ its phases (the plain one: a kind that polls values is refused, ``Barrier.proble
                into shared memory; after a block barrier a thread per (sum, batch row) adds the block's shares up
                (its units in order) and writes the block's partial sum to the workspace (float32, a slot per step
                parity), then the grid barrier between the phases
-    phase p+1  a thread per (sum, batch row) adds every block's partial up (blocks in order: the same total in
-               every block, run after run), into shared memory; a block barrier; every item reads the total
+    phase p+1  a group of lanes per (sum, batch row) adds every block's partial up (:func:`lane_groups`): lane g of
+               the group the blocks g, g + lanes, ... in that order, then the lanes' sums through xor shuffles (a
+               fixed order: the same total in every block, run after run), into shared memory; a block barrier;
+               every item reads the total
+
+A step of a cell whose sums take two phases (the layer-normalized LSTM: the gates' means, then the cell state's)
+thus meets at three grid barriers: one after each phase.
 
 Shared memory, after the template's own (``Geometry.smem_us``): the shares ``[sum][batch row][unit of the
 block]`` and the totals ``[sum][batch row]``, float32. The workspace holds the partial sums after the operands'
@@ -26,6 +31,9 @@ from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.dtypes import itemsize
 
 SUM_DTYPE = "float32"
+WARP = 32
+FULL_MASK = 0xFFFFFFFF
+MAX_PER_LANE = 16  # partials a lane loads and adds
 
 
 def unit_sum_bytes(plan, batch: int, units: int) -> int:
@@ -39,6 +47,17 @@ def sum_slots(plan, slot_elements: int, storage: str, ctas: int) -> int:
         return 0
     needed = len(plan.unit_sums) * 2 * plan.batch * ctas * itemsize(SUM_DTYPE)
     return math.ceil(needed / (slot_elements * itemsize(storage)))
+
+
+def lane_groups(pairs: int, warps: int, ctas: int) -> tuple[int, int]:
+    """``(lanes, rounds)``: each (sum, batch row) pair of ``pairs`` is added up by a group of ``lanes`` lanes (a power
+    of two), ``32 / lanes`` groups a warp, in ``rounds`` rounds over the block's ``warps``; narrower groups where a
+    warp has several pairs (their loads in flight together), while a lane loads at most ``MAX_PER_LANE`` of the
+    ``ctas`` partials."""
+    lanes = WARP
+    while lanes > 1 and WARP // lanes * warps < pairs and -(-ctas // (lanes // 2)) <= MAX_PER_LANE:
+        lanes //= 2
+    return lanes, -(-pairs // (warps * (WARP // lanes)))
 
 
 class UnitSumExchange:
@@ -70,6 +89,14 @@ class UnitSumExchange:
         """This item's (unit ``ul`` of the block) share of sum ``name`` for row ``b``."""
         T.buffer_store(self.shares, share, [(self.sum_index[name] * self.B + b) * self.c.units_per_cta + ul])
 
+    def which_sum(self, sums, pair):
+        """The plan's index of the sum of pair ``pair`` of ``(sum, batch row)`` pairs over ``sums`` (``B`` pairs
+        each)."""
+        which = tirx.const(self.sum_index[sums[0].name], "int32")
+        for j, us in enumerate(sums[1:], start=1):
+            which = T.if_then_else(pair // self.B == j, self.sum_index[us.name], which)
+        return which
+
     def per_row(self, sums, body):
         """``body(i, b)`` for each (sum ``i``: the plan's index of one of ``sums``; batch row ``b``), a thread each."""
         work = len(sums) * self.B
@@ -77,10 +104,11 @@ class UnitSumExchange:
             idx = k * self.g.threads + self.tx
             with T.If(idx < work):
                 with T.Then():
-                    which = tirx.const(self.sum_index[sums[0].name], "int32")
-                    for j, us in enumerate(sums[1:], start=1):
-                        which = T.if_then_else(idx // self.B == j, self.sum_index[us.name], which)
-                    body(which, idx % self.B)
+                    body(self.which_sum(sums, idx), idx % self.B)
+
+    def partial_at(self, i, t, b):
+        """Where the partials of sum ``i``, batch row ``b``, written at step ``t``, start (one per block after)."""
+        return ((i * 2 + t % 2) * self.B + b) * self.g.ctas
 
     def sum_partials(self, t, phase: int):
         """End of ``phase``: the block's partial sum of each sum the next phase reads, to the workspace."""
@@ -95,22 +123,48 @@ class UnitSumExchange:
             T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
             with T.serial(0, units) as ul:
                 T.buffer_store(total, total[0] + self.shares[(i * B + b) * U + ul], [0])
-            T.buffer_store(self.partials, total[0], [((i * 2 + t % 2) * B + b) * self.g.ctas + self.cta])
+            T.buffer_store(self.partials, total[0], [self.partial_at(i, t, b) + self.cta])
 
         self.per_row(sums, body)
 
     def sum_totals(self, t, phase: int):
-        """Start of ``phase``: every block's partial of each sum it reads from now on, added up in block order."""
+        """Start of ``phase`` (after the grid barrier): every block's partial of each sum it reads from now on, added
+        up by a group of lanes per (sum, batch row) in a fixed order (:func:`lane_groups`)."""
         sums = [us for us in self.p.unit_sums if us.phase == phase]
         if not sums:
             return
-        B, ctas, total = self.B, self.g.ctas, self.sum_acc
-
-        def body(i, b):
-            T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
-            with T.serial(0, ctas) as cta:
-                T.buffer_store(total, total[0] + self.partials[((i * 2 + t % 2) * B + b) * ctas + cta], [0])
-            T.buffer_store(self.totals, total[0], [i * B + b])
-
-        self.per_row(sums, body)
+        B, warps = self.B, self.g.threads // WARP
+        work, lane = len(sums) * B, self.tx % WARP
+        lanes, rounds = lane_groups(work, warps, self.g.ctas)
+        groups = WARP // lanes
+        for k in range(rounds):
+            pair = (k * warps + self.tx // WARP) * groups + lane // lanes
+            # a group past the last pair adds nothing (its lanes still join the warp's shuffles)
+            inside = None if rounds * warps * groups == work else pair < work
+            i, b = self.which_sum(sums, pair), pair % B
+            self.group_total(self.partial_at(i, t, b), i * B + b, lanes, inside)
         sync_threads()
+
+    def group_total(self, first, at, lanes: int, inside):
+        """The sum of the ``ctas`` partials from ``first`` over a group of ``lanes`` lanes, into the totals'
+        ``at`` (where ``inside``, None: always): lane g of the group adds partials g, g + lanes, ... in order, then
+        the group's sums meet through xor shuffles (every lane of it ends with the same total: a + b is b + a)."""
+        ctas, total, g = self.g.ctas, self.sum_acc, self.tx % lanes
+        T.buffer_store(total, tirx.const(0.0, SUM_DTYPE), [0])
+        for j in range(-(-ctas // lanes)):
+            cta = g + j * lanes
+            guard = [c for c in (inside, cta < ctas if (j + 1) * lanes > ctas else None) if c is not None]
+            if not guard:
+                T.buffer_store(total, total[0] + self.partials[first + cta], [0])
+                continue
+            with T.If(tirx.all(*guard)):
+                with T.Then():
+                    T.buffer_store(total, total[0] + self.partials[first + cta], [0])
+        offset = lanes // 2
+        while offset:
+            other = T.call_extern(SUM_DTYPE, "__shfl_xor_sync", T.uint32(FULL_MASK), total[0], offset, WARP)
+            T.buffer_store(total, total[0] + other, [0])
+            offset //= 2
+        with T.If(g == 0 if inside is None else tirx.all(g == 0, inside)):
+            with T.Then():
+                T.buffer_store(self.totals, total[0], [at])

@@ -50,6 +50,9 @@ def session_problem(plan) -> str | None:
     if plan.lag:
         return (f"cell '{plan.cell.name}' is a wavefront stack, whose last layer answers a step's request "
                 f"{plan.lag} steps later: a session runs the deep stack of the same layers (<cell>_d<layers>)")
+    if plan.unit_sums:
+        return (f"cell '{plan.cell.name}' sums over units, whose blocks' partial sums meet through the plain exchange, "
+                f"and a session runs the '{SESSION_BARRIER}' exchange: run the layer over whole sequences")
     return None
 
 

@@ -47,6 +47,9 @@ def split_problem(plan, gpus: int) -> str | None:
     if plan.hidden % 2:
         return (f"hidden={plan.hidden} is odd: a split layer polls its peers' tagged words two at a time (one "
                 "system-scope vector load), which needs an even hidden size")
+    if plan.unit_sums:
+        return (f"cell '{plan.cell.name}' sums over units, whose blocks' partial sums go to this GPU's workspace only, "
+                "not to every peer's copy: compile it for one GPU")
     return Tags().problem(plan, "shared")
 
 

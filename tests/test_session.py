@@ -181,6 +181,7 @@ def test_the_session_kernel_is_the_layers_kernel_but_for_its_input_and_outputs()
     [
         ("lstm", {"bidirectional": True}, "both directions"),
         ("lstm_x2", {}, "deep stack"),
+        ("lstm_layernorm", {}, "sums over units"),
     ],
 )
 def test_what_cannot_run_as_a_session_is_refused_with_the_reason(cell, options, message):

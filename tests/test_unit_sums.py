@@ -157,6 +157,7 @@ def test_the_derived_backward_matches_central_differences(cell):
     [
         ("lstm_layernorm", 8, 3, knobs(4, 4, 2, 2), {}),
         ("lstm_layernorm", 10, 3, knobs(4, 4, 3, 2, barrier="grid_sync"), {}),  # the last block's units past hidden
+        ("lstm_layernorm", 40, 2, knobs(1, 1, 1, 2, vec=1), {}),  # 40 blocks: two partials a lane, one guarded
         ("lstm_layernorm", 8, 2, knobs(8, 4, 4, 2, barrier="block"), {}),  # one block holds every unit
         ("lstm_layernorm", 7, 1, knobs(1, 1, 1, 1, vec=1), {}),  # a block per unit
         (RMS, 9, 5, knobs(2, 2, 1, 3, vec=1), {}),
