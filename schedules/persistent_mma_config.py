@@ -104,7 +104,7 @@ MAX_K_GROUPS = 16
 TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batches (H100: 1.25x at batch 1)
 # The kind of a plan that sums over units (``persistent_sums``: a grid barrier after each phase of sums, three a step
 # of the layer-normalized LSTM): H100, lstm_layernorm fp16 1024 x 8 at 8 units and 4 k groups a block, grid.sync()
-# outran counter (whose partials were then polled as tagged words, one barrier a step), 6.54 against 8.30 us a step
+# 5.833 us a step against counter's 6.592 (bench/results/heads-flashrnn-h100.md)
 SUMS_BARRIER = "grid_sync"
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
 M_TILES_PER_WARP = (1, 2, 4)
