@@ -118,3 +118,22 @@ def test_the_projected_launch_takes_the_recurrent_launchs_data_after_its_own():
                                                      (ArgRole.PARAM, "b_ih")]
     assert data[3:] == recurrent[1:]
     assert [x.function for x in kernel.runtime.signature.launches] == ["recurrent_projected"]
+
+
+def test_a_projected_kernel_that_fails_to_build_leaves_the_two_launches(monkeypatch, caplog):
+    """A build of the optional one-launch kernel that fails for any reason (not only a ConfigError the build
+    expects) must not fail the call that plans it: the plan keeps the projection as a launch of its own, and says
+    why in the log."""
+    from types import SimpleNamespace
+
+    from prnn_tvm.torch import repeat
+
+    def broken(layer):
+        raise RuntimeError("nvcc crashed")
+
+    monkeypatch.setattr(repeat, "compile_projected", broken)
+    layer = SimpleNamespace(plan=SimpleNamespace(cell=SimpleNamespace(name="lstm")))
+    x = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    with caplog.at_level("WARNING", logger="prnn_tvm.torch.repeat"):
+        assert repeat._projected_step(None, layer, x, None, False) is None
+    assert "nvcc crashed" in caplog.text and "a launch of its own" in caplog.text

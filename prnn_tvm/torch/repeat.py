@@ -18,6 +18,7 @@ torch.export) plans its repeated calls the same way, on the parameters it is giv
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch  # PyTorch itself: absolute import
@@ -30,6 +31,8 @@ from .arguments import aligned_state, detached, parameter_suffix
 from .dispatch import current_stream, stacked_finals
 from .fallback import refusal
 from .projection import projector
+
+log = logging.getLogger(__name__)
 
 _EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)
 _COMPILING = torch.compiler.is_compiling
@@ -236,6 +239,10 @@ def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: b
         kernel = compile_projected(layer)
         launcher = module._launcher(kernel.runtime, x.device, kernel.launch.function)  # co-residency checked here
     except (ConfigError, LaunchError):
+        return None
+    except Exception as err:  # a failed build of this optional kernel: the call must not fail for want of it
+        log.warning("the projected kernel of %s failed to build (%s: %s); its projection stays a launch of its own",
+                    layer.plan.cell.name, type(err).__name__, err)
         return None
     entries = module._parameter_arguments(layer, suffix)
     args = module._launch_arguments(layer, detached(x, False), suffix, [], None)
