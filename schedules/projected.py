@@ -17,12 +17,11 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from prnn_tvm.codegen import session
 from prnn_tvm.codegen.kernel import input_step
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.signature import with_projected
 
-from .session import session_gpu
+from .session import InputProjection, session_gpu
 
 
 def projected_problem(plan) -> str | None:
@@ -43,11 +42,9 @@ def projected_builder(builder: type, input_size: int) -> type:
     return type(f"Projected{builder.__name__}", (ProjectedMode, builder), {"input_size": int(input_size)})
 
 
-class ProjectedMode:
+class ProjectedMode(InputProjection):
     """Mixin over a persistent template's builder (see the module's doc); ``input_size``: the layer's (set by
     :func:`projected_builder`)."""
-
-    input_size: int
 
     def __init__(self, plan, cfg, g, save: bool = False):
         problem = projected_problem(plan)
@@ -56,14 +53,7 @@ class ProjectedMode:
         if save:
             raise ConfigError("a training forward reads a projection that autograd differentiates, not its own")
         super().__init__(plan, cfg, g, save)
-        self.input_values = self.B * self.input_size  # a step's input, this CTA's batch group's rows
-        if self.input_values > session.MAX_INPUT_VALUES:
-            raise ConfigError(
-                f"a projected kernel takes a step's whole input into each CTA's shared memory, at most "
-                f"{session.MAX_INPUT_VALUES} values; batch x input_size is {self.B} x {self.input_size}: the "
-                "projection runs as a launch of its own"
-            )
-        self.projected_values = self.B * plan.input.slices * cfg.units_per_cta  # one CTA's part of the projection
+        self.size_projection(plan, cfg, "projected kernel", "the projection runs as a launch of its own")
 
     def _launch(self):
         return with_projected(super()._launch(), self.input_size, self.p.input.slices * self.H)
@@ -78,8 +68,7 @@ class ProjectedMode:
 
     def alloc_loop_state(self):
         super().alloc_loop_state()
-        self.x_shared = T.alloc_buffer((self.input_values,), "float32", scope="shared")
-        self.projected = T.alloc_buffer((self.projected_values,), "float32", scope="shared")
+        self.alloc_projection()
 
     def load_inputs(self, t):
         """Step ``t``'s input into shared memory (float32), projected for this CTA's units, and each item's
@@ -93,10 +82,4 @@ class ProjectedMode:
                 with T.Then():
                     T.buffer_store(self.x_shared, tirx.Cast("float32", x[step, i // K, i % K]), [i])
         T.evaluate(T.tvm_storage_sync("shared"))
-        S, U = self.p.input.slices, self.c.units_per_cta
-        T.evaluate(session.project(T.address_of(self.x_shared[0]), a.named["W_ih"], a.named["b_ih"],
-                                   T.address_of(self.projected[0]), self.B, K, self.H, S, U, self.cta))
-        for it, group, item in self.items():
-            with item as (b, _unit, ul):
-                for i, leaf in enumerate(self.slots[group].x):
-                    T.buffer_store(self.xreg, self.projected[(b * S + leaf.slice) * U + ul], [it * self.width.x + i])
+        self.project_input()

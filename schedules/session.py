@@ -141,11 +141,45 @@ def session_builder(builder: type, input_size: int) -> type:
     return type(f"Session{builder.__name__}", (SessionMode, builder), {"input_size": int(input_size)})
 
 
-class SessionMode:
-    """Mixin over a persistent template's builder (see the module's doc); ``input_size``: the layer's (set by
-    :func:`session_builder`)."""
+class InputProjection:
+    """What a kernel that projects its own input adds to a persistent template's builder (the session's and the
+    projected mode's, ``schedules/projected.py``): a step's whole input x_t of its ``B`` rows and this CTA's part of
+    its projection in shared memory (float32), the projection (``prnn_tvm.codegen.session.project``: ``W_ih`` and
+    ``b_ih`` read from global memory) and each item's values of it into its registers. Uses the builder's ``B``,
+    ``H``, ``p``, ``c``, ``a``, ``cta``, ``items()``, ``slots``, ``xreg`` and ``width``, and the mode's
+    ``input_size``."""
 
     input_size: int
+
+    def size_projection(self, plan, cfg, kernel: str, remedy: str) -> None:
+        """The shared buffers' sizes; ConfigError where the step's input is past
+        :data:`~prnn_tvm.codegen.session.MAX_INPUT_VALUES` (``kernel`` names the kernel, ``remedy`` what to do)."""
+        self.input_values = self.B * self.input_size  # the step's input x_t, this CTA's batch rows
+        if self.input_values > session.MAX_INPUT_VALUES:
+            raise ConfigError(f"a {kernel} takes a step's whole input into each CTA's shared memory, at most "
+                              f"{session.MAX_INPUT_VALUES} values; batch x input_size is {self.B} x "
+                              f"{self.input_size}: {remedy}")
+        self.projected_values = self.B * plan.input.slices * cfg.units_per_cta  # one CTA's part of the projection
+
+    def alloc_projection(self) -> None:
+        self.x_shared = T.alloc_buffer((self.input_values,), "float32", scope="shared")
+        self.projected = T.alloc_buffer((self.projected_values,), "float32", scope="shared")
+
+    def project_input(self) -> None:
+        """The step's input in ``x_shared`` projected for this CTA's units, and each item's projection values into
+        its registers. CTA-wide."""
+        a, S, U = self.a, self.p.input.slices, self.c.units_per_cta
+        T.evaluate(session.project(T.address_of(self.x_shared[0]), a.named["W_ih"], a.named["b_ih"],
+                                   T.address_of(self.projected[0]), self.B, self.input_size, self.H, S, U, self.cta))
+        for it, group, item in self.items():
+            with item as (b, _unit, ul):
+                for i, leaf in enumerate(self.slots[group].x):
+                    T.buffer_store(self.xreg, self.projected[(b * S + leaf.slice) * U + ul], [it * self.width.x + i])
+
+
+class SessionMode(InputProjection):
+    """Mixin over a persistent template's builder (see the module's doc); ``input_size``: the layer's (set by
+    :func:`session_builder`)."""
 
     def __init__(self, plan, cfg, g, save: bool = False):
         problem = session_problem(plan)
@@ -155,12 +189,7 @@ class SessionMode:
             raise ConfigError(f"a session kernel runs the '{SESSION_BARRIER}' exchange, the shared layout and one "
                               f"batch group (session_config), not {cfg}")
         super().__init__(plan, cfg, g, save)
-        self.input_values = self.B * self.input_size  # a request: the step's input x_t
-        if self.input_values > session.MAX_INPUT_VALUES:
-            raise ConfigError(f"a session kernel takes a step's whole input into each CTA's shared memory, at most "
-                              f"{session.MAX_INPUT_VALUES} values; batch x input_size is {self.B} x "
-                              f"{self.input_size}: use a smaller batch or project the input before the session")
-        self.request_words = self.B * plan.input.slices * cfg.units_per_cta  # one CTA's part of the projection
+        self.size_projection(plan, cfg, "session kernel", "use a smaller batch or project the input before the session")
 
     def _launch(self):
         return with_session(super()._launch(), self.input_size, self.p.input.slices * self.H)
@@ -176,16 +205,16 @@ class SessionMode:
     def alloc_loop_state(self):
         self.done = T.alloc_buffer((1,), "int32", scope="local")
         T.buffer_store(self.done, self.steps, [0])
-        self.x = T.alloc_buffer((self.input_values,), "float32", scope="shared")
-        self.request = T.alloc_buffer((self.request_words,), "float32", scope="shared")
+        self.alloc_projection()
 
     def load_inputs(self, t):
         """Wait for step ``t``'s input; leave the time loop after ``t`` steps on the close mark (or a wait that timed
         out); else project it for this CTA's units and each item's projection values into its registers."""
         a = self.a
         src = T.address_of(a.named[REQUESTS][t % a.seq_len, 0])
-        got = session.take(src, a.named[REQUESTS_HOST], t % a.seq_len, T.address_of(self.x[0]), self.input_values,
-                           self.p.dtype, self.g.threads, self.barrier_base + t + 1, t, self.sync, a.named["idle_us"])
+        got = session.take(src, a.named[REQUESTS_HOST], t % a.seq_len, T.address_of(self.x_shared[0]),
+                           self.input_values, self.p.dtype, self.g.threads, self.barrier_base + t + 1, t, self.sync,
+                           a.named["idle_us"])
         with T.If(got != 0):
             with T.Then():
                 # the close counts as a step: the next launch's first request is tagged past the close mark, which
@@ -195,13 +224,7 @@ class SessionMode:
                     with T.Then():
                         T.buffer_store(self.aborted, 1, [0])
                 T.Break()
-        S, U = self.p.input.slices, self.c.units_per_cta
-        T.evaluate(session.project(T.address_of(self.x[0]), a.named["W_ih"], a.named["b_ih"],
-                                   T.address_of(self.request[0]), self.B, self.input_size, self.H, S, U, self.cta))
-        for it, group, item in self.items():
-            with item as (b, _unit, ul):
-                for i, leaf in enumerate(self.slots[group].x):
-                    T.buffer_store(self.xreg, self.request[(b * S + leaf.slice) * U + ul], [it * self.width.x + i])
+        self.project_input()
 
     def states_lost(self, error):
         """An idle exit (no request within ``idle_us``, recorded with the IDLE bit) took no request: the final
