@@ -113,11 +113,12 @@ class Launcher:
     def _placed_for(self, stream: int) -> tuple:
         """``(launch state, scalars, argument list)`` of ``stream``: the list holds the stream's own workspace and
         barrier state (kept by the layer, made anew after a timeout) and the layer's scalars, made again only when
-        either is another object (:meth:`RuntimeLayer.scalars` keeps one while its values stay)."""
+        the state is another object or a scalar another value (a split layer's part makes its scalars anew each call:
+        :class:`~prnn_tvm.runtime.split.DevicePart`)."""
         layer = self.layer
         state, scalars = layer.launch_state(stream, self.arrays.zeros), layer.scalars()
         placed = self._placed.get(stream)
-        if placed is None or placed[0] is not state or placed[1] is not scalars:
+        if placed is None or placed[0] is not state or (placed[1] is not scalars and placed[1] != scalars):
             placed = self._placed[stream] = (state, scalars, self._with_owned(state))
         return placed
 
