@@ -30,9 +30,10 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers.base import sync_threads
 from prnn_tvm.dtypes import itemsize
 
+from .persistent_weights import FULL_MASK
+
 SUM_DTYPE = "float32"
 WARP = 32
-FULL_MASK = 0xFFFFFFFF
 MAX_PER_LANE = 16  # partials a lane loads and adds
 
 
