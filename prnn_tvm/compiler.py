@@ -199,7 +199,7 @@ class Training:
       ``signature.gpu_backward_args``; its ``d_gates`` and the saved operands make the weight
       gradients, one GEMM per product, which the caller runs (cuBLAS in ``prnn_tvm.torch``).
 
-    Both take the layer's ``barrier_timeout_us`` as it was when they were built.
+    Both take the layer's ``barrier_timeout_us``, and follow it when it is set.
 
     ``report`` is ptxas's figures of both kernels and the backward's config, one line each.
     """

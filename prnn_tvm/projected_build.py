@@ -23,7 +23,7 @@ class ProjectedKernel:
     figures where there are some), ``module`` the module built (its one function), ``source`` its CUDA source and
     ``func`` the PrimFunc (both None where it came from the layer cache), ``report`` one line (its config and ptxas
     figures), ``runtime`` a :class:`~prnn_tvm.runtime.base.RuntimeLayer` of that launch alone (its own launch state
-    and error word, the layer's barrier timeout as it was when built), which a
+    and error word, the layer's barrier timeout, which follows the layer's when set), which a
     :class:`~prnn_tvm.runtime.launcher.Launcher` launches."""
 
     launch: object

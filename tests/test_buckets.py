@@ -150,7 +150,9 @@ def test_a_dropped_batch_size_takes_its_training_kernels_launchers_along():
     layers = {}
     for batch in (1, 2):
         training = SimpleNamespace(forward=object(), backward=object())
-        layers[batch] = SimpleNamespace(_training=training, _projected=SimpleNamespace(runtime=object()))
+        projected = SimpleNamespace(runtime=object())
+        derived = [training.forward, training.backward, projected.runtime]
+        layers[batch] = SimpleNamespace(_training=training, _projected=projected, _derived_runtimes=derived.copy)
         module._layers[batch, "cpu", None, torch.float32, 3] = layers[batch]
         for kernel, function in (
             (training.forward, "recurrent_save"),

@@ -137,3 +137,25 @@ def test_a_projected_kernel_that_fails_to_build_leaves_the_two_launches(monkeypa
     with caplog.at_level("WARNING", logger="prnn_tvm.torch.repeat"):
         assert repeat._projected_step(None, layer, x, None, False) is None
     assert "nvcc crashed" in caplog.text and "a launch of its own" in caplog.text
+
+
+def test_a_layers_barrier_timeout_reaches_its_training_kernels_and_projected_launch():
+    """Setting a layer's ``barrier_timeout_us`` sets its derived runtimes' (they launch by their own scalars), and
+    a bad value is refused before any of them changes."""
+    from types import SimpleNamespace
+
+    from prnn_tvm.runtime.base import RuntimeLayer
+
+    layer = prnn_tvm.compile_cell("rnn_tanh", 3, 1, target="llvm")
+    derived = [RuntimeLayer(layer.signature, None, False) for _ in range(3)]
+    layer._training = SimpleNamespace(forward=derived[0], backward=derived[1])
+    layer._projected = SimpleNamespace(runtime=derived[2])
+    layer.barrier_timeout_us = 1234
+    assert [d.barrier_timeout_us for d in derived] == [1234] * 3
+    assert all(d.scalars()["timeout_us"] == 1234 for d in derived)
+    with pytest.raises(ConfigError):
+        layer.barrier_timeout_us = 0
+    assert [d.barrier_timeout_us for d in derived] == [1234] * 3
+    layer._projected = ConfigError("no projected kernel")  # why there is none: nothing to follow
+    layer.barrier_timeout_us = 99
+    assert [d.barrier_timeout_us for d in derived] == [99, 99, 1234]

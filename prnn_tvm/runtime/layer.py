@@ -16,7 +16,7 @@ import tvm
 
 from ..codegen.build import Built
 from ..codegen.kernel import Kernel, layer_signature
-from ..errors import PrnnError
+from ..errors import ConfigError, PrnnError
 from ..frontend.plan import CellPlan
 from ..report import CompileReport
 from ..session_build import compile_session
@@ -34,7 +34,8 @@ class Layer(RuntimeLayer):
     :func:`prnn_tvm.export` writes it to a shared library that :func:`prnn_tvm.load` runs
     with the TVM runtime alone. ``signature`` describes its launches and arguments.
 
-    ``barrier_timeout_us`` bounds every grid-barrier wait: a timed-out launch fills its outputs
+    ``barrier_timeout_us`` bounds every grid-barrier wait, the layer's training kernels' and projected launch's
+    too (setting it sets theirs): a timed-out launch fills its outputs
     with NaN, and :class:`~prnn_tvm.errors.BarrierTimeout` is raised by the call itself when it
     returns NumPy, else by the next call or :meth:`check` (see :class:`RuntimeLayer`);
     ``debug_stall_step`` (tests only) makes block 0 skip its arrival at that step, forcing the
@@ -111,6 +112,28 @@ class Layer(RuntimeLayer):
         self.cache_key = None  # its key in the layer cache (prnn_tvm.cache), which its backward's extends
         self._gpu_code = loaded  # a CUDA layer whose module holds code this process can launch
         super().__init__(signature, module, target.kind.name == "cuda")
+
+    @property
+    def barrier_timeout_us(self) -> int:
+        return self._barrier_timeout_us
+
+    @barrier_timeout_us.setter
+    def barrier_timeout_us(self, value: int) -> None:
+        RuntimeLayer.barrier_timeout_us.fset(self, value)  # checks it
+        for derived in self._derived_runtimes():
+            derived.barrier_timeout_us = value
+
+    def _derived_runtimes(self) -> list[RuntimeLayer]:
+        """The runtimes of the launches made from this layer that launch by their own (its training kernels, its
+        projected launch), once built."""
+        found = []
+        training = getattr(self, "_training", None)  # not yet set while RuntimeLayer.__init__ sets the timeout
+        if training is not None:
+            found += [training.forward, training.backward]
+        projected = getattr(self, "_projected", None)
+        if projected is not None and not isinstance(projected, ConfigError):  # a ConfigError: why there is none
+            found.append(projected.runtime)
+        return found
 
     @property
     def kernel(self) -> Kernel:

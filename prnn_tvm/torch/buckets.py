@@ -221,14 +221,8 @@ class BatchBuckets:
         batch, kind, index, dtype = group
         device = torch.device(kind, index)
         dropped = [self._layers.pop(key) for key in [key for key in self._layers if key[:4] == group]]
-        trained = [layer._training for layer in dropped if layer._training is not None]
-        projected = [getattr(layer, "_projected", None) for layer in dropped]  # kernels, or why there are none
-        projected = [p.runtime for p in projected if hasattr(p, "runtime")]
         # the layers' ids, and their training kernels' and projected launches' (which launch by their own)
-        ids = {
-            id(kernel)
-            for kernel in (*dropped, *(t.forward for t in trained), *(t.backward for t in trained), *projected)
-        }
+        ids = {id(kernel) for layer in dropped for kernel in (layer, *layer._derived_runtimes())}
         for kept in (self._launch_notes, self._fallbacks):
             for key in [key for key in kept if key[:4] == group]:
                 del kept[key]
