@@ -85,6 +85,42 @@ def test_the_training_kernels_of_a_cached_layer_are_cached_too(cache_dir):
     assert found.backward.signature == first.backward.signature
 
 
+PROJECTED_PROCESS = """
+import json
+import torch
+import prnn_tvm.torch as pt
+
+torch.manual_seed(0)
+module = pt.LSTM(16, 64).cuda()
+x = torch.randn(1, 4, 16, device="cuda")
+with torch.no_grad():
+    outs = [module(x)[0] for _ in range(4)]  # a repeated call's plan compiles (or finds) the projected launch
+(layer,) = [layer for layer in module._layers.values() if layer is not None]
+kernel = layer._projected
+print(json.dumps({"from_cache": kernel.source is None, "report": kernel.report,
+                  "out": outs[-1].double().cpu().ravel().tolist(), "first": outs[0].double().cpu().ravel().tolist()}))
+"""
+
+
+@pytest.mark.gpu
+def test_a_second_process_finds_the_projected_launch_in_the_cache(cache_dir):
+    """The one-launch T=1 kernel (``recurrent_projected``) is stored beside its layer: a second process loads it
+    (no build: its source is not there) and computes what the first computed, bit for bit."""
+    env = {**os.environ, "PRNN_TVM_CACHE_DIR": str(cache_dir)}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", PROJECTED_PROCESS], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+    first, second = runs
+    assert not first["from_cache"] and second["from_cache"] and second["report"] == first["report"]
+    assert second["out"] == first["out"]
+    assert np.allclose(first["out"], first["first"], atol=1e-5)  # the one launch against the first call's two
+    assert {e.info["kind"] for e in _entries(cache_dir)} >= {"layer", "projected"}
+
+
 def test_a_cached_layer_computes_and_reports_as_a_compiled_one(cache_dir):
     built = prnn_tvm.compile_cell("gru", 16, 3, input_size=5, seq_len=7, target="llvm", cache=False)
     stored = prnn_tvm.compile_cell("gru", 16, 3, input_size=5, seq_len=7, target="llvm")
