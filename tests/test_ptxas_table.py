@@ -66,7 +66,7 @@ def test_a_checked_hit_that_differs_fails_and_names_the_fix(table, monkeypatch):
     compiled = _read_only(monkeypatch)
     assert ptxas.report(TINY_KERNEL, "sm_90").function("recurrent").registers == 200  # unchecked: the table's word
     monkeypatch.setenv(ptxas_table.CHECK, "1")
-    with pytest.raises(PtxasTableError, match=r"differs from ptxas's report .*make ptxas-table"):
+    with pytest.raises(PtxasTableError, match=r"(?s)differs from ptxas's report .*make ptxas-table"):
         ptxas.report(TINY_KERNEL, "sm_90")
     assert compiled == [TINY_KERNEL]
 
