@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test gpu-test wheel-test clean
+.PHONY: install run test gpu-test wheel-test ptxas-table clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ run: $(STAMP)
 # (each holds TVM and torch; on two cores: 8.5-11 minutes instead of 17).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
+
+# The table of ptxas's reports the tests read instead of running nvcc (docs/tests.md): written again from a run of the
+# suite that compiles every kernel source and records its report; commit it after a change to the generated code.
+PTXAS_TABLE := tests/data/ptxas-reports.jsonl
+ptxas-table: $(STAMP)
+	rm -f $(PTXAS_TABLE)
+	PRNN_TVM_PTXAS_TABLE_RECORD=1 $(BIN)/python -m pytest -q -n auto --maxprocesses=4
+	LC_ALL=C sort -u -t'"' -k4,4 -o $(PTXAS_TABLE) $(PTXAS_TABLE)  # one line per key (field 4), by key
 
 # The GPU tests (on a machine with a CUDA GPU), one process per core: they share the GPU and spend most of
 # their time in nvcc and in the float64 references (H100 host, 16 cores: about 6 minutes).

@@ -9,6 +9,7 @@ standard library (the runtime-only import of :func:`prnn_tvm.load` uses it too).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -46,3 +47,16 @@ def regular_file(path: str | Path, what: str, expected: str, limit: int, error: 
             "ever holds; give the path of one"
         )
     return path
+
+
+def append_locked(path: str | Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` (created if missing) under an exclusive ``flock``, in one ``write`` on an
+    ``O_APPEND`` descriptor, so that processes appending to one file never interleave their lines."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        written = 0
+        while written < len(data):  # one write in practice; the lock covers a short write
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)  # closing releases the lock

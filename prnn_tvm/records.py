@@ -23,7 +23,6 @@ same cell and shapes, so a compile can say why it used none.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -36,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import ConfigError
-from .files import MiB, regular_file
+from .files import MiB, append_locked, regular_file
 
 log = logging.getLogger(__name__)
 
@@ -229,14 +228,7 @@ def append(path: str | Path, records: list[Record]) -> None:
     _log_file(path)  # a FIFO would block the open, a device swallow the records
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(r.to_json() + "\n" for r in records).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        written = 0
-        while written < len(data):  # one write in practice; the lock covers a short write
-            written += os.write(fd, data[written:])
-    finally:
-        os.close(fd)  # closing releases the lock
+    append_locked(path, data)
 
 
 def load(path: str | Path) -> list[Record]:

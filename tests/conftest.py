@@ -23,6 +23,9 @@ LAYER_CACHES = BUILD / "test-layer-cache"
 if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ["PRNN_TVM_CACHE_DIR"] = str(LAYER_CACHES / f"session-{os.getpid()}")
 os.environ["XDG_DATA_HOME"] = str(BUILD / "test-data")
+# ptxas's reports of the kernel sources the suite compiles, known ahead (prnn_tvm.cache.ptxas_table): a build without a
+# GPU reads its report there instead of running nvcc, unless its source is new; `make ptxas-table` rewrites the table.
+os.environ.setdefault("PRNN_TVM_PTXAS_TABLE", str(Path(__file__).resolve().parent / "data" / "ptxas-reports.jsonl"))
 STALE_S = 86400  # a session's folder this old was left by one that did not end
 
 import pytest  # noqa: E402

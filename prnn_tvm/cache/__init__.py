@@ -11,7 +11,10 @@ code generators, so a change to any of them is a miss, never a stale kernel.
 - :mod:`.settings`: where the cache lives and how large it may grow (environment variables);
 - :mod:`.store`: the folders on disk, safe under concurrent processes, evicted least recently used first;
 - :mod:`.key`: what keys an entry;
-- :mod:`.layers`: a compiled layer to an entry and back.
+- :mod:`.layers`: a compiled layer to an entry and back;
+- :mod:`.nvcc`: nvcc's results by source, beside the layers;
+- :mod:`.ptxas_table`: a table of known ptxas reports (``PRNN_TVM_PTXAS_TABLE``; the test suite's), read
+  instead of running nvcc where only the report is wanted.
 
 ``settings`` and ``store`` import only the standard library (``prnn-tvm cache list`` needs no TVM).
 """

@@ -191,7 +191,7 @@ def build_functions(funcs: dict, target: tvm.target.Target, gpu: GpuSpec | None)
     if reports:
         return Built(lib, source, reports[-1])
     try:
-        return Built(lib, source, ptxas.compile_cuda(source, gpu.arch)[1])
+        return Built(lib, source, ptxas.report(source, gpu.arch))
     except ptxas.NvccNotFound as err:
         note = str(err).splitlines()[0]
         log.warning("no ptxas report: %s", note)

@@ -108,14 +108,44 @@ def compile_cuda(source: str, arch: str) -> tuple[bytes, PtxasReport]:
     found = on_disk.lookup(source, arch, flags)
     if found is None:
         with tempfile.TemporaryDirectory(prefix="prnn_tvm_") as tmp:
-            src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
-            src.write_text(source)
-            proc = subprocess.run([nvcc, "-cubin", *flags, str(src), "-o", str(cubin)], capture_output=True, text=True)
+            Path(tmp, "kernel.cu").write_text(source)
+            # run in the folder, named relatively: the log names "kernel.cu", the same for one source in every run
+            proc = subprocess.run(
+                [nvcc, "-cubin", *flags, "kernel.cu", "-o", "kernel.cubin"], capture_output=True, text=True, cwd=tmp
+            )
             if proc.returncode != 0:
                 errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or proc.stderr.splitlines()
                 raise NvccError(f"nvcc failed for {arch}:\n" + "\n".join(errors[:20]))
-            found = cubin.read_bytes(), proc.stderr + proc.stdout
+            found = Path(tmp, "kernel.cubin").read_bytes(), proc.stderr + proc.stdout
         on_disk.store(source, arch, flags, *found)
     result = found[0], parse_report(found[1], arch)
     _CACHE[key] = result
     return result
+
+
+def report(source: str, arch: str) -> PtxasReport:
+    """ptxas's report of ``source`` for ``arch`` where the cubin is not wanted (a CUDA build without a GPU).
+
+    A table of known reports (:mod:`prnn_tvm.cache.ptxas_table`, ``PRNN_TVM_PTXAS_TABLE``) answers first, keyed by
+    the source's hash, the arch, the flags and nvcc's version, so nvcc runs only for a source it does not hold; a
+    sample of its answers is compiled anyway and compared (a differing one raises ``PtxasTableError``).
+    """
+    from ..cache import ptxas_table as table
+
+    cached = _CACHE.get((hashlib.sha256(source.encode()).hexdigest(), arch))
+    if cached is not None:
+        return cached[1]
+    flags = [f"-arch={arch}", *FLAGS]
+    key = table.key(source, arch, flags)
+    known = table.lookup(key)
+    if known is not None and not table.should_check():
+        return parse_report(known, arch)
+    compiled = compile_cuda(source, arch)[1]
+    if known is not None and parse_report(known, arch).functions != compiled.functions:
+        raise table.PtxasTableError(
+            f"{table.table_path()}: the entry {key} (arch {arch}) differs from ptxas's report of its source:\n"
+            f"table:\n{known}\nptxas:\n{compiled.log}\nthe table is stale or edited: run `make ptxas-table`"
+        )
+    if known is None:
+        table.record(key, arch, compiled.log)
+    return compiled
