@@ -16,12 +16,22 @@ blocks then stop publishing, so the peers time out too, and every GPU's call end
 
 It runs the ``tags`` exchange, the shared layout, one batch group and the shared operand path (direct fragments
 poll a slot per step of the output sequence, which a peer does not hold): :func:`split_configs` makes a config so.
+
+The hop (``hop``, a split knob beside the template's, :data:`HOPS`): a GPU's own units' states come from its own
+blocks, a peer's over NVLink, later. ``overlap`` (the default where :func:`overlap_problem` allows it): each warp's
+k tiles run a GPU's units at a time, its own GPU's first (:func:`part_k_tile`); a block polls its own GPU's columns,
+multiplies their k tiles while the peers' values travel, then polls and multiplies each peer's in turn. ``exposed``:
+the whole state polled before the product (as one GPU's kernel does). ``floor`` (timing only: its outputs are
+wrong): ``overlap`` without the peers, no poll of their columns (their values stay as the first step left them) and
+no store into their copies, so that a GPU's step is its local work alone, the hop taken out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.barriers.peers import PeerTags
 from prnn_tvm.codegen.barriers.tags import Tags
@@ -31,11 +41,13 @@ from prnn_tvm.signature import CTA_OFFSET, split_args
 from prnn_tvm.target import max_regs_per_thread
 
 from .head_columns import OperandColumns
+from .persistent_mma_config import TILE_K
 from .ranking import tier_knob
 
 UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
 
 SPLIT_BARRIER = "tags"
+HOPS = ("overlap", "exposed", "floor")  # the split's own knob ``hop`` (module doc)
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
@@ -177,9 +189,51 @@ def combined(gpu, gpus: int):
     return dataclasses.replace(gpu, sms=gpu.sms * gpus)
 
 
-def split_builder(builder: type, gpus: int, chunk_rows: int) -> type:
-    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time."""
-    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder), {"gpus": gpus, "chunk_rows": chunk_rows})
+def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "overlap") -> type:
+    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time, its
+    hop run as ``hop`` (:data:`HOPS`)."""
+    if hop not in HOPS:
+        raise ConfigError(f"hop={hop!r}: one of {', '.join(HOPS)} (a split layer's knob beside the template's)")
+    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder),
+                {"gpus": gpus, "chunk_rows": chunk_rows, "hop": hop})
+
+
+def split_knobs(config) -> tuple:
+    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop``."""
+    if not isinstance(config, dict) or "hop" not in config:
+        return config, "overlap"
+    rest = {k: v for k, v in config.items() if k != "hop"}
+    return rest or None, config["hop"]
+
+
+def part_k_tile(kt: int, kg, gpu, gpus: int, per_part: int, k_groups: int):
+    """The k tile (of the whole state) that warp k group ``kg`` multiplies as its ``kt``-th on GPU ``gpu`` under the
+    ``overlap`` hop: a warp's k tiles run ``per_part`` at a time over the GPUs' units, its own GPU's first, then
+    each next GPU's; inside a GPU's part (``k_groups * per_part`` k tiles) group ``kg`` takes its ``kg``-th run.
+    ``kg`` and ``gpu`` may be expressions."""
+    j, r = divmod(kt, per_part)
+    return (gpu + j) % gpus * (k_groups * per_part) + kg * per_part + r
+
+
+def overlap_problem(builder) -> str | None:
+    """Why a split kernel's builder cannot multiply its k tiles a GPU's units at a time (the ``overlap`` hop), or
+    None: the tensor-core template's shared operand tile, one product of the whole state in one phase that every
+    warp multiplies, no streamed k tiles, and each warp's k range whole GPUs' units (hidden a multiple of
+    ``gpus * k_groups * 16``, every GPU's units whole k tiles)."""
+    from .persistent_fragments import FragmentWeights
+
+    if not isinstance(builder, FragmentWeights):
+        return "the k tiles of the tensor-core template alone are ordered by GPU"
+    g, c, gpus = builder.g, builder.c, builder.gpus
+    if len(builder.reductions) != 1 or builder.cols.headed or g.l2_k_tiles:
+        return "one dense product whose k tiles are all on chip"
+    if builder.filled_row_tiles() != g.m_tiles:
+        return "every warp multiplies (the product's row tiles fill the CTA)"
+    if builder.gpu_units * gpus != builder.H or g.k_tiles_per_warp * c.k_groups * TILE_K != builder.H \
+            or g.k_tiles_per_warp % gpus:
+        return (f"hidden={builder.H} is not whole k tiles of {gpus} GPUs' units for each of the {c.k_groups} k groups "
+                f"(a multiple of {gpus * c.k_groups * TILE_K} run as {gpus} GPUs of {builder.gpu_units} units)")
+    return None
 
 
 class SplitMode:
@@ -198,7 +252,63 @@ class SplitMode:
         if g.ctas % self.gpus:
             raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_configs)")
         super().__init__(plan, cfg, g, save)
-        self.barrier = PeerTags(self.gpus, self.chunk_rows)  # tags, with the peers' copies and chunked polls
+        self.per_part = 0  # k tiles of a GPU's units in each warp's range, polled and multiplied in turn; 0: at once
+        self.hop_problem = overlap_problem(self) if self.hop != "exposed" else None
+        if self.hop != "exposed" and self.hop_problem is None:
+            self.per_part = self.g.k_tiles_per_warp // self.gpus
+        elif self.hop == "floor":
+            raise ConfigError(f"hop='floor' multiplies a GPU's own k tiles alone, which needs {self.hop_problem}")
+        # tags, with the peers' copies and chunked polls
+        self.barrier = PeerTags(self.gpus, self.chunk_rows, peers=self.hop != "floor")
+
+    @property
+    def hop_note(self) -> str:
+        """How this kernel's steps take the hop (the compile report's note)."""
+        if self.hop == "floor":
+            return "hop floor: the peers' values neither polled nor stored (timing only, wrong outputs)"
+        if self.per_part:
+            return f"hop overlapped: own units' {self.per_part} k tiles a warp first, then each peer's"
+        why = f" ({self.hop_problem})" if self.hop_problem else ""
+        return f"hop exposed: the whole state polled before the product{why}"
+
+    @property
+    def gpu_index(self):
+        """This GPU's place among the split's GPUs (from its run's first CTA)."""
+        return self.a.named[CTA_OFFSET] // (self.g.ctas // self.gpus)
+
+    def k_tile(self, kt: int):
+        """The warp's ``kt``-th k tile of the state: a GPU's units at a time, own first (:func:`part_k_tile`)."""
+        if not self.per_part:
+            return super().k_tile(kt)
+        return part_k_tile(kt, self.kg, self.gpu_index, self.gpus, self.per_part, self.c.k_groups)
+
+    def k_step(self, kt: int):
+        """Columns from the warp's first k tile in the operand tile to its ``kt``-th (:meth:`k_tile`)."""
+        if not self.per_part:
+            return super().k_step(kt)
+        return TILE_K * (self.k_tile(kt) - self.kg * self.g.k_tiles_per_warp)
+
+    def products(self, t, phase: int):
+        """The template's products; the step and phase kept for the polls of the peers' parts
+        (:meth:`before_k_tile`)."""
+        self.polled_step = (t, phase)
+        super().products(t, phase)
+
+    def before_k_tile(self, b0, kt: int):
+        """Before the first k tile of a peer's units (``overlap``): poll that peer's columns of the operand tile (the
+        block polled its own GPU's before the product: ``PeerTags.poll_tiles``); at step 0 the initial states are
+        in the tile already."""
+        super().before_k_tile(b0, kt)
+        if not self.per_part or kt == 0 or kt % self.per_part or self.hop == "floor":
+            return
+        t, phase = self.polled_step
+        names, part = self.operands_of_phase(phase), kt // self.per_part
+        if phase > 0:
+            self.barrier.poll_part(self, names, b0, t % 2, t + 1, part)
+            return
+        with T.If(t > 0):
+            with T.Then():
+                self.barrier.poll_part(self, names, b0, (t + 1) % 2, t, part)
 
     @property
     def gpu_units(self) -> int:

@@ -51,6 +51,55 @@ def test_two_gpus_match_the_reference(cell, hidden, batch, dtype):
     assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
 
 
+def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs):
+    """LSTM split over ``gpus`` GPUs with the split's knob ``hop`` (16 units a CTA, two k groups unless ``knobs``)."""
+    config = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "hop": hop, **knobs}
+    return prnn_tvm.compile_cell("lstm", hidden, batch, dtype=dtype, devices=list(range(gpus)), config=config,
+                                 cache=False)
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize("hop", ["overlap", "exposed"])
+@pytest.mark.parametrize(
+    "hidden, batch, dtype, knobs",
+    [
+        (192, 5, "float16", {}),  # 96 units a GPU: each warp its own 3 k tiles, then the peer's 3
+        (192, 5, "float16", {"smem_k_tiles": 2}),  # the peer's last two k tiles of a warp in shared memory
+        (320, 3, "bfloat16", {}),
+        (1024, 8, "float16", {"units_per_cta": 8, "k_groups": 4}),
+    ],
+)
+def test_each_hop_matches_the_reference_on_two_gpus(hop, hidden, batch, dtype, knobs):
+    """``overlap`` (own units' k tiles first, the peer's polled between) and ``exposed`` (the whole state polled
+    before the product), each against float64 at awkward batches, a few steps and rows of their own lengths."""
+    layer = hop_layer(hidden, batch, dtype, 2, hop, **knobs)
+    assert f"hop {'overlapped' if hop == 'overlap' else hop}" in layer.report.format()
+    assert layer.report.spill_store_bytes == 0, layer.report.format()
+    for seq_len in (1, 7, 64):
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+    lengths = random_lengths(batch, 9, seed=1)
+    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+
+
+@pytest.mark.gpus(4)
+def test_overlap_matches_the_reference_on_four_gpus():
+    layer = hop_layer(256, 3, "float16", 4, "overlap")
+    assert "hop overlapped" in layer.report.format()
+    for seq_len in (1, 33):
+        assert error_of(layer, seq_len) <= plan_tolerance(layer.plan, seq_len)
+
+
+@pytest.mark.gpus(2)
+def test_the_floor_runs_each_gpu_alone_and_ends():
+    """``hop='floor'`` (timing only): no GPU waits for a peer's values, so a call ends without a timeout even with
+    the peers' columns never polled; its outputs are finite (wrong: the peers' part of each product is stale)."""
+    layer = hop_layer(192, 5, "float16", 2, "floor")
+    layer.barrier_timeout_us = 200_000
+    out, finals = layer(**random_inputs(layer.plan, 16, 192))
+    assert np.isfinite(out).all() and all(np.isfinite(f).all() for f in finals)
+
+
 @pytest.mark.gpus(4)
 @pytest.mark.parametrize("hidden, batch, dtype", [(512, 3, "float32"), (2048, 4, "float16")])
 def test_four_gpus_match_the_reference(hidden, batch, dtype):

@@ -23,31 +23,52 @@ from .tags import Tags
 
 
 class PeerTags(Tags):
-    """``tags`` over ``gpus`` GPUs, polling ``chunk_rows`` batch rows of a tile at a time."""
+    """``tags`` over ``gpus`` GPUs, polling ``chunk_rows`` batch rows of a tile at a time; ``peers`` False (the split's
+    ``floor`` hop, timing only): no store into the peers' copies."""
 
-    def __init__(self, gpus: int, chunk_rows: int):
-        self.gpus, self.chunk_rows = gpus, chunk_rows
+    def __init__(self, gpus: int, chunk_rows: int, peers: bool = True):
+        self.gpus, self.chunk_rows, self.peers = gpus, chunk_rows, peers
 
     def poll_tiles(self, site: ExchangeSite, names: list, t, b0, parity, step) -> None:
-        """Each operand's rows b0.. (written at ``step - 1``), ``chunk_rows`` rows per poll, into shared memory."""
-        BT, B, rows = site.c.batch_tile, site.B, self.chunk_rows
+        """Each operand's rows b0.. (written at ``step - 1``), ``chunk_rows`` rows per poll, into shared memory: every
+        column, or where the site multiplies a GPU's units at a time (``site.per_part``) its own GPU's alone (the
+        peers' come before their k tiles: :meth:`poll_part`)."""
+        if site.per_part:
+            self.poll_part(site, names, b0, parity, step, 0)
+            return
         for name in names:
-            _dst, _n, _most, sleep_ns, row = site.polled_tile(name, b0)
-            first = site.cols.first_column(name, site.cta)
-            here = T.min(BT, B - b0)  # rows of this tile
-            for r0 in range(0, min(BT, B), rows):
-                count = tirx.max(T.min(here - r0, rows), 0) * row
-                src = T.address_of(site.a.ws[site.ws_at(name, parity, T.min(b0 + r0, B - 1), first)])
-                dst = T.address_of(site.smem[(site.slot[name] * site.tile_rows + r0) * site.stride])
-                abort = self.poll_copy(site.g.threads, src, dst, site.dt, count, min(rows, B - r0) * row, row,
-                                       site.stride, site.barrier_base, step, site.sync, sleep_ns)
-                abort_on(site, abort)
+            self._poll_columns(site, name, b0, parity, step, site.cols.first_column(name, site.cta), None)
+
+    def poll_part(self, site: ExchangeSite, names: list, b0, parity, step, part: int) -> None:
+        """Each operand's columns of the ``part``-th GPU after this one (0: its own), rows b0.., as
+        :meth:`poll_tiles` polls."""
+        for name in names:
+            first = bind_value((site.gpu_index + part) % self.gpus * site.gpu_units, f"part{part}_column")
+            self._poll_columns(site, name, b0, parity, step, first, site.gpu_units)
+
+    def _poll_columns(self, site: ExchangeSite, name: str, b0, parity, step, first, width) -> None:
+        """Operand ``name``'s rows b0.. from column ``first``: ``width`` columns of each row (None: the whole row)."""
+        _dst, _n, _most, sleep_ns, row = site.polled_tile(name, b0)
+        width = width or row
+        # a chunk holds as many values as one of whole rows (the registers its loads take: split.poll_chunk)
+        BT, B, rows = site.c.batch_tile, site.B, self.chunk_rows * (row // width)
+        column = 0 if width == row else first  # of the operand tile: a part sits where it is in the row
+        here = T.min(BT, B - b0)  # rows of this tile
+        for r0 in range(0, min(BT, B), rows):
+            count = tirx.max(T.min(here - r0, rows), 0) * width
+            src = T.address_of(site.a.ws[site.ws_at(name, parity, T.min(b0 + r0, B - 1), first)])
+            dst = T.address_of(site.smem[(site.slot[name] * site.tile_rows + r0) * site.stride + column])
+            abort = self.poll_copy(site.g.threads, src, dst, site.dt, count, min(rows, B - r0) * width, width,
+                                   site.stride, site.barrier_base, step, site.sync, sleep_ns, src_row=row)
+            abort_on(site, abort)
 
     def publish(self, site: ExchangeSite, name: str, t, b, unit, value) -> None:
         """The tagged store into this GPU's copy, and the same word into each peer's; CTA 0 of the whole grid skips
         them all at ``stall_step`` (the test knob: every GPU then times out)."""
         value = bind_value(value, "published")  # once, for every copy
         super().publish(site, name, t, b, unit, value)
+        if not self.peers:
+            return
         with T.If(tirx.Not(tirx.all(site.bx == 0, t == site.sync.stall_step))):
             with T.Then():
                 slot = T.address_of(site.a.ws[site.ws_at(name, t % 2, b, unit)])
