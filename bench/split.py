@@ -4,7 +4,13 @@ GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
     python bench/split.py [--hidden 2048 --batch 8 --gpus 2 --seq 256] [--config '{"k_groups": 4, ...}'] [--breakdown]
 
 ``--config`` takes one config (a JSON object) or several (a JSON list; ``null`` for the default): each is compiled,
-its report printed and its layer and recurrent kernels timed; the public call runs the first.
+its report printed, its public call, layer and recurrent kernels timed (``--breakdown``: the first's). A config may
+name the split's knob ``hop`` (``schedules/split.py``): ``overlap`` (the default: own units' k tiles first, the
+peers' polled between), ``exposed`` (the whole state polled before the product) or ``floor`` (timing only, wrong
+outputs: no GPU polls or stores a peer's values, its step the local work alone); with a floor, the step of each other
+hop is printed as local work + hop:
+
+    python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "exposed"}, {"hop": "floor"}]'
 
 Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
 part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
@@ -48,6 +54,8 @@ p.add_argument("--config", type=json.loads, default=None,
                help="the split layer's knobs (a dict, as JSON), or a list of them (null: the default)")
 p.add_argument("--breakdown", action="store_true", help="where the split public call's time goes, per phase")
 p.add_argument("--calls", type=int, default=20, help="calls the breakdown takes the median of")
+p.add_argument("--profile", action="store_true",
+               help="the host's own time per function over --calls public calls of the first config (cProfile)")
 args = p.parse_args()
 configs = args.config if isinstance(args.config, list) else [args.config]
 H, B, T, G = args.hidden, args.batch, args.seq, args.gpus
@@ -106,9 +114,17 @@ def public_row(what: str, make) -> dict:
     return row(what, ms)
 
 
+def hop_of(knobs) -> str:
+    """The split's knob ``hop`` a config names (``overlap`` by default)."""
+    return knobs.get("hop", "overlap") if isinstance(knobs, dict) else "overlap"
+
+
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
-split_module = pt.from_torch(lstm, devices=list(range(G)), config=configs[0])
-rows.append(public_row(f"prnn-tvm, {G} GPUs: public call", lambda: split_module))
+split_modules = [pt.from_torch(lstm, devices=list(range(G)), config=knobs) for knobs in configs]
+for i, (knobs, module) in enumerate(zip(configs, split_modules)):
+    rows.append(public_row(f"prnn-tvm, {G} GPUs: public call, hop {hop_of(knobs)}"
+                           + (f" (config {i})" if len(configs) > 1 else ""), lambda module=module: module))
+split_module = split_modules[0]
 one_public, split_public = rows[1]["ms"], rows[2]["ms"]
 
 
@@ -175,6 +191,27 @@ def breakdown(module, calls: int) -> list:
 
 phases = breakdown(split_module, args.calls) if args.breakdown and split_public is not None else []
 
+
+def profile(module, calls: int) -> None:
+    """The functions the host spends most of its own time in over ``calls`` public calls (every GPU drained after
+    each, outside the profile)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        for _ in range(calls):
+            profiler.enable()
+            module(x)
+            profiler.disable()
+            every_gpu()
+    print(f"\nthe host's own time in a public call over {G} GPUs, {calls} calls (cProfile; tottime, cumtime in s)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+
+
+if args.profile and split_public is not None:
+    profile(split_module, args.calls)
+
 # ours on one GPU, where it fits
 inputs = None
 try:
@@ -194,12 +231,14 @@ else:
     one.check()
 
 # ours split over G GPUs, each config given
-for knobs in configs:
-    try:  # the first config's layer is the public call's, compiled already (a split layer's compile is not cached)
-        reused = knobs is configs[0] and next(iter(split_module._split.layers.values()), None)
+recurrent_us = {}  # hop -> the recurrent kernel's us a step (the first config of each hop)
+for knobs, module in zip(configs, split_modules):
+    hop = hop_of(knobs)
+    try:  # each config's layer is its public call's, compiled already (a split layer's compile is not cached)
+        reused = next(iter(module._split.layers.values()), None)
         split = reused or prnn_tvm.compile_cell("lstm", H, B, dtype="float16", devices=list(range(G)), config=knobs)
     except ConfigError as err:
-        rows.append(row(f"prnn-tvm, {G} GPUs", None, f"refused: {err}"))
+        rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}", None, f"refused: {err}"))
         continue
     print(split.report.format())
     if inputs is None:  # one GPU refused the layer
@@ -208,11 +247,13 @@ for knobs in configs:
     call = split.bind(**inputs)
     recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
-    rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
+    floor = " (floor: no hop, wrong outputs)" if hop == "floor" else ""
+    rows.append(row(f"prnn-tvm, {G} GPUs: layer, hop {hop}{floor}", wall_ms(call.run, split.check), config))
     # every CTA polls every unit's tagged word (8 bytes: the value and its step) of every batch row each step
     polled = split.ctas_per_gpu * B * H * 8 / 1e6
-    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check),
+    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent, hop {hop}{floor}", wall_ms(recurrent.run, split.check),
                     f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
+    recurrent_us.setdefault(hop, rows[-1]["us_per_step"])
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
@@ -222,6 +263,12 @@ cudnn = rows[0]["ms"]
 for r in rows[1:]:
     if r["ms"] is not None:
         print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
+if "floor" in recurrent_us:  # a step: the GPU's local work (the floor) and what the hop adds to it
+    for hop in ("exposed", "overlap"):
+        if hop in recurrent_us:
+            print(f"recurrent step, hop {hop}: {recurrent_us[hop]:.2f} us = local work {recurrent_us['floor']:.2f} "
+                  f"+ hop {recurrent_us[hop] - recurrent_us['floor']:.2f}")
 if one_public is not None and split_public is not None:
     print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
-print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases}))
+print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases,
+                  "recurrent_us_by_hop": recurrent_us}))
