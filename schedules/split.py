@@ -199,11 +199,19 @@ def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "overlap
 
 
 def split_knobs(config) -> tuple:
-    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop``."""
+    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop`` (None where it
+    does not: ``overlap`` where its kernel builds without spills, else ``exposed``: :func:`split_hops`)."""
     if not isinstance(config, dict) or "hop" not in config:
-        return config, "overlap"
+        return config, None
     rest = {k: v for k, v in config.items() if k != "hop"}
     return rest or None, config["hop"]
+
+
+def split_hops(hop: str | None) -> tuple:
+    """The hops a placement is built with, in turn until ptxas reports no spills: the one named, else ``overlap``
+    then ``exposed`` (a poll between k tiles holds its loads beside the product's accumulators: LSTM fp16 hidden
+    4096 over four GPUs spills with it at the 35 k tiles of shared weights that run ``exposed`` without spills)."""
+    return (hop,) if hop is not None else ("overlap", "exposed")
 
 
 def part_k_tile(kt: int, kg, gpu, gpus: int, per_part: int, k_groups: int):

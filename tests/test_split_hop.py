@@ -88,5 +88,6 @@ def test_an_unknown_hop_is_refused_naming_the_choices():
 def test_the_split_knob_leaves_the_templates_config():
     assert split.split_knobs({"hop": "exposed"}) == (None, "exposed")
     assert split.split_knobs({"hop": "floor", "k_groups": 4}) == ({"k_groups": 4}, "floor")
-    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, "overlap")
-    assert split.split_knobs(None) == (None, "overlap")
+    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, None)
+    assert split.split_knobs(None) == (None, None)
+    assert split.split_hops(None) == ("overlap", "exposed") and split.split_hops("floor") == ("floor",)
