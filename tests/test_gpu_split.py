@@ -30,6 +30,16 @@ def error_of(layer, seq_len: int, seed: int = 0, lengths=None) -> float:
     return max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs))
 
 
+def matches_the_reference(layer, seq_lens) -> None:
+    """No spills; against float64 at each of ``seq_lens`` steps and with rows of their own lengths."""
+    assert layer.report.spill_store_bytes == 0, layer.report.format()
+    for seq_len in seq_lens:
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+    lengths = random_lengths(layer.signature.batch, 9, seed=1)
+    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+
+
 @pytest.mark.gpus(2)
 @pytest.mark.parametrize(
     "cell, hidden, batch, dtype",
@@ -42,13 +52,7 @@ def error_of(layer, seq_len: int, seed: int = 0, lengths=None) -> float:
     ],
 )
 def test_two_gpus_match_the_reference(cell, hidden, batch, dtype):
-    layer = split_layer(hidden, batch, dtype, 2, cell)
-    assert layer.report.spill_store_bytes == 0, layer.report.format()
-    for seq_len in (1, 7, 256):
-        err = error_of(layer, seq_len, seed=seq_len)
-        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
-    lengths = random_lengths(batch, 9, seed=1)
-    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+    matches_the_reference(split_layer(hidden, batch, dtype, 2, cell), (1, 7, 256))
 
 
 def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs):
@@ -74,12 +78,7 @@ def test_each_hop_matches_the_reference_on_two_gpus(hop, hidden, batch, dtype, k
     before the product), each against float64 at awkward batches, a few steps and rows of their own lengths."""
     layer = hop_layer(hidden, batch, dtype, 2, hop, **knobs)
     assert f"hop {'overlapped' if hop == 'overlap' else hop}" in layer.report.format()
-    assert layer.report.spill_store_bytes == 0, layer.report.format()
-    for seq_len in (1, 7, 64):
-        err = error_of(layer, seq_len, seed=seq_len)
-        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
-    lengths = random_lengths(batch, 9, seed=1)
-    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+    matches_the_reference(layer, (1, 7, 64))
 
 
 @pytest.mark.gpus(4)
