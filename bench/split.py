@@ -7,8 +7,8 @@ GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
 its report printed, its public call, layer and recurrent kernels timed (``--breakdown``: the first's). A config may
 name the split's knob ``hop`` (``schedules/split.py``): ``overlap`` (the default: own units' k tiles first, the
 peers' polled between), ``exposed`` (the whole state polled before the product) or ``floor`` (timing only, wrong
-outputs: no GPU polls or stores a peer's values, its step the local work alone); with a floor, the step of each other
-hop is printed as local work + hop:
+outputs: each GPU polls and stores a peer's part in its own copy, every load and store kept, no NVLink: its step the
+local work alone); with a floor, the step of each other hop is printed as local work + hop:
 
     python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "exposed"}, {"hop": "floor"}]'
 

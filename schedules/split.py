@@ -22,8 +22,9 @@ blocks, a peer's over NVLink, later. ``overlap`` (the default where :func:`overl
 k tiles run a GPU's units at a time, its own GPU's first (:func:`part_k_tile`); a block polls its own GPU's columns,
 multiplies their k tiles while the peers' values travel, then polls and multiplies each peer's in turn. ``exposed``:
 the whole state polled before the product (as one GPU's kernel does). ``floor`` (timing only: its outputs are
-wrong): ``overlap`` without the peers, no poll of their columns (their values stay as the first step left them) and
-no store into their copies, so that a GPU's step is its local work alone, the hop taken out.
+wrong): ``overlap`` with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns
+polled from its own (``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own
+slot again, so that a GPU's step is its whole local work without the hop.
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ class SplitMode:
         if self.hop != "exposed" and self.hop_problem is None:
             self.per_part = self.g.k_tiles_per_warp // self.gpus
         elif self.hop == "floor":
-            raise ConfigError(f"hop='floor' multiplies a GPU's own k tiles alone, which needs {self.hop_problem}")
+            raise ConfigError(f"hop='floor' polls each peer's part from this GPU's own, which needs {self.hop_problem}")
         # tags, with the peers' copies and chunked polls
         self.barrier = PeerTags(self.gpus, self.chunk_rows, peers=self.hop != "floor")
 
@@ -273,7 +274,7 @@ class SplitMode:
     def hop_note(self) -> str:
         """How this kernel's steps take the hop (the compile report's note)."""
         if self.hop == "floor":
-            return "hop floor: the peers' values neither polled nor stored (timing only, wrong outputs)"
+            return "hop floor: each peer's part polled from and stored into this GPU's own (timing only, wrong outputs)"
         if self.per_part:
             return f"hop overlapped: own units' {self.per_part} k tiles a warp first, then each peer's"
         why = f" ({self.hop_problem})" if self.hop_problem else ""
@@ -307,7 +308,7 @@ class SplitMode:
         block polled its own GPU's before the product: ``PeerTags.poll_tiles``); at step 0 the initial states are
         in the tile already."""
         super().before_k_tile(b0, kt)
-        if not self.per_part or kt == 0 or kt % self.per_part or self.hop == "floor":
+        if not self.per_part or kt == 0 or kt % self.per_part:
             return
         t, phase = self.polled_step
         names, part = self.operands_of_phase(phase), kt // self.per_part

@@ -91,8 +91,9 @@ def test_overlap_matches_the_reference_on_four_gpus():
 
 @pytest.mark.gpus(2)
 def test_the_floor_runs_each_gpu_alone_and_ends():
-    """``hop='floor'`` (timing only): no GPU waits for a peer's values, so a call ends without a timeout even with
-    the peers' columns never polled; its outputs are finite (wrong: the peers' part of each product is stale)."""
+    """``hop='floor'`` (timing only): each GPU polls a peer's part from its own copy and stores the peer's words there,
+    so no GPU waits for another and a call ends without a timeout; its outputs are finite (wrong: a peer's part of
+    each product is this GPU's own values)."""
     layer = hop_layer(192, 5, "float16", 2, "floor")
     layer.barrier_timeout_us = 200_000
     out, finals = layer(**random_inputs(layer.plan, 16, 192))

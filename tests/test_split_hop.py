@@ -65,18 +65,24 @@ def test_exposed_polls_the_whole_state_before_the_product():
     assert "part0_column" not in layer.cuda_source
 
 
-def test_floor_leaves_the_peers_out():
-    layer = half_split(192, 5, 2, "floor")
-    assert "hop floor" in layer.report.format()
-    assert "prnn_tag_store_peer" not in layer.cuda_source.split("extern \"C\"")[-1]  # no store into a peer's copy
-    assert set(re.findall(r"part(\d+)_column", layer.cuda_source)) == {"0"}  # its own columns alone
-    assert shared_problems(layer) == []
+def test_floor_keeps_every_load_and_store_local():
+    """The floor's kernel is overlap's with each peer replaced by the GPU's own copy: the same polls and stores, none
+    reaching a peer."""
+    floor, overlap = (half_split(192, 5, 2, hop) for hop in ("floor", "overlap"))
+    assert "hop floor" in floor.report.format()
+    kernel = floor.cuda_source.split("recurrent_kernel(")[-1]
+    assert "peer_workspace_0" not in kernel.split(") {", 1)[1]  # the peer's address is never used
+    assert kernel.count("prnn_tag_store_peer<half>(") == overlap.cuda_source.split("recurrent_kernel(")[-1].count(
+        "prnn_tag_store_peer<half>(")
+    assert polls(floor.cuda_source) == polls(overlap.cuda_source)
+    assert "part1_source" in kernel  # the peer's columns read from its own
+    assert shared_problems(floor) == []
 
 
 def test_a_layer_whose_gpus_are_not_whole_k_tiles_takes_the_hop_exposed():
     layer = half_split(96, 3, 2, None)  # 48 units a GPU: three k tiles, which two k groups do not share evenly
     assert "hop exposed" in layer.report.format() and "not whole k tiles" in layer.report.format()
-    with pytest.raises(ConfigError, match="hop='floor' multiplies a GPU's own k tiles alone, which needs"):
+    with pytest.raises(ConfigError, match="hop='floor' polls each peer's part from this GPU's own, which needs"):
         half_split(96, 3, 2, "floor")
 
 

@@ -24,7 +24,9 @@ from .tags import Tags
 
 class PeerTags(Tags):
     """``tags`` over ``gpus`` GPUs, polling ``chunk_rows`` batch rows of a tile at a time; ``peers`` False (the split's
-    ``floor`` hop, timing only): no store into the peers' copies."""
+    ``floor`` hop, timing only): the peers replaced by this GPU's own copy, so that a step does all its local work
+    and no hop: a store meant for a peer goes to its own slot again, and a peer's columns are polled from its own
+    (fresh as soon as its own blocks wrote them) into the peer's place in the operand tile."""
 
     def __init__(self, gpus: int, chunk_rows: int, peers: bool = True):
         self.gpus, self.chunk_rows, self.peers = gpus, chunk_rows, peers
@@ -44,10 +46,12 @@ class PeerTags(Tags):
         :meth:`poll_tiles` polls."""
         for name in names:
             first = bind_value((site.gpu_index + part) % self.gpus * site.gpu_units, f"part{part}_column")
-            self._poll_columns(site, name, b0, parity, step, first, site.gpu_units)
+            source = first if self.peers else bind_value(site.gpu_index * site.gpu_units, f"part{part}_source")
+            self._poll_columns(site, name, b0, parity, step, first, site.gpu_units, source)
 
-    def _poll_columns(self, site: ExchangeSite, name: str, b0, parity, step, first, width) -> None:
-        """Operand ``name``'s rows b0.. from column ``first``: ``width`` columns of each row (None: the whole row)."""
+    def _poll_columns(self, site: ExchangeSite, name: str, b0, parity, step, first, width, source=None) -> None:
+        """Operand ``name``'s rows b0.. from column ``first``: ``width`` columns of each row (None: the whole row),
+        read from column ``source`` of the workspace (None: ``first``)."""
         _dst, _n, _most, sleep_ns, row = site.polled_tile(name, b0)
         width = width or row
         # a chunk holds as many values as one of whole rows (the registers its loads take: split.poll_chunk)
@@ -56,7 +60,8 @@ class PeerTags(Tags):
         here = T.min(BT, B - b0)  # rows of this tile
         for r0 in range(0, min(BT, B), rows):
             count = tirx.max(T.min(here - r0, rows), 0) * width
-            src = T.address_of(site.a.ws[site.ws_at(name, parity, T.min(b0 + r0, B - 1), first)])
+            at = first if source is None else source
+            src = T.address_of(site.a.ws[site.ws_at(name, parity, T.min(b0 + r0, B - 1), at)])
             dst = T.address_of(site.smem[(site.slot[name] * site.tile_rows + r0) * site.stride + column])
             abort = self.poll_copy(site.g.threads, src, dst, site.dt, count, min(rows, B - r0) * width, width,
                                    site.stride, site.barrier_base, step, site.sync, sleep_ns, src_row=row)
@@ -67,15 +72,14 @@ class PeerTags(Tags):
         them all at ``stall_step`` (the test knob: every GPU then times out)."""
         value = bind_value(value, "published")  # once, for every copy
         super().publish(site, name, t, b, unit, value)
-        if not self.peers:
-            return
         with T.If(tirx.Not(tirx.all(site.bx == 0, t == site.sync.stall_step))):
             with T.Then():
                 slot = T.address_of(site.a.ws[site.ws_at(name, t % 2, b, unit)])
                 first = T.address_of(site.a.ws[(0,) * len(site.a.ws.shape)])
                 tag = T.Cast("uint32", site.barrier_base + t + 1)  # as Tags.store tags it
                 for k in range(self.gpus - 1):
+                    peer = site.a.named[PEER_WORKSPACE.format(k)] if self.peers else first
                     T.evaluate(T.cuda.func_call(
                         f"prnn_tag_store_peer<{payload_type(site.dt, self.name)}>",
-                        slot, first, site.a.named[PEER_WORKSPACE.format(k)], value, tag,
+                        slot, first, peer, value, tag,
                         source_code=cuda_source("peers.cuh"), return_type="void"))
