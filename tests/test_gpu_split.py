@@ -69,6 +69,7 @@ def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs)
     [
         (192, 5, "float16", {}),  # 96 units a GPU: each warp its own 3 k tiles, then the peer's 3
         (192, 5, "float16", {"smem_k_tiles": 2}),  # the peer's last two k tiles of a warp in shared memory
+        (192, 11, "float16", {}),  # two batch tiles (8 rows, then 3)
         (320, 3, "bfloat16", {}),
         (1024, 8, "float16", {"units_per_cta": 8, "k_groups": 4}),
     ],

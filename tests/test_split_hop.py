@@ -44,6 +44,7 @@ def test_each_warp_takes_every_k_tile_once_its_own_gpus_first(gpus, k_groups, pe
 @pytest.mark.parametrize("hidden, batch, gpus, knobs", [
     (192, 5, 2, {}),  # 6 CTAs of 16 units a GPU: 96 units, 6 k tiles, 3 of each GPU's a warp
     (256, 3, 4, {}),  # 4 CTAs a GPU, 2 k tiles of each GPU's a warp
+    (192, 11, 2, {}),  # two batch tiles (8 rows, then 3): each polled part by part
     (192, 5, 2, {"smem_k_tiles": 2}),  # the last two k tiles of a warp (the peer's) in shared memory
 ])
 def test_overlap_polls_its_own_columns_then_each_peers(hidden, batch, gpus, knobs):
