@@ -35,6 +35,7 @@ are placed on the GPUs once (a split call's public form copies NumPy to every GP
 import argparse
 import json
 import os
+import re
 import statistics
 import time
 
@@ -241,6 +242,8 @@ for knobs, module in zip(configs, split_modules):
         rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}", None, f"refused: {err}"))
         continue
     print(split.report.format())
+    ran = re.search(r"hop (overlap|exposed|floor)", split.report.format())  # the default's may fall back to exposed
+    hop = ran.group(1) if ran else hop
     if inputs is None:  # one GPU refused the layer
         inputs = random_inputs(split.plan, T, H)
     xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
