@@ -130,7 +130,7 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
     asked for: the caller's ``config`` (an object or a dict) made to run split, else the best few ranked untuned
     configs that run split (a build takes the first that ptxas reports without spills), each with how it takes the
     hop (``SplitMode.hop_note``): ``(kernel, note)``. A dict ``config`` may name the split's knob ``hop``
-    (``split.HOPS``). ConfigError with the reason where none does."""
+    (``split.HOPS``; ``exposed`` where it does not). ConfigError with the reason where none does."""
     config, hop = split.split_knobs(config)
     problem = split.split_problem(plan, gpus)
     if problem:
@@ -149,14 +149,9 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
         placements = [(t, p) for t in cuda
                       for p in split.split_configs(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs)]
     for template, placed in placements:
-        for each in split.split_hops(hop):
-            builder = split.split_builder(template.builder, gpus, placed.chunk_rows, each)(plan, placed.config,
-                                                                                          placed.geometry)
-            # asked for after the same placement's overlap: that one spilled (compile_split takes the first without)
-            note = builder.hop_note + (" (overlapped, it spills)" if each != split.split_hops(hop)[0] else "")
-            yield Kernel(builder.build(), template.name, builder.launch, placed.config), note
-            if not builder.per_part:  # the whole state polled before the product already (the note says why)
-                break
+        builder = split.split_builder(template.builder, gpus, placed.chunk_rows, hop)(plan, placed.config,
+                                                                                     placed.geometry)
+        yield Kernel(builder.build(), template.name, builder.launch, placed.config), builder.hop_note
 
 
 def gpu_backward(plan, gpu):

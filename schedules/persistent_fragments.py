@@ -157,7 +157,7 @@ class FragmentWeights(StreamedFragments):
                     if self.c.direct:  # the columns the lane's B fragments hold (direct_k)
                         k = TILE_K * self.kg * kt_per + direct_k(self.quad, kt, j % 2 + 2 * (j // 4), kt_per)
                     else:
-                        k = TILE_K * self.k_tile(kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
+                        k = TILE_K * (self.kg * kt_per + kt) + 2 * self.quad + j % 2 + 8 * (j // 4)
                     value = tirx.const(0.0, self.dt) if lanes == 1 else T.broadcast(tirx.const(0.0, self.dt), lanes)
                     for red, (ok, src) in reversed(list(zip(self.reductions, sources[(j // 2) % 2]))):
                         value = _weight_or(tirx.all(ok, k < red.head_size(H)), self.a.weight[red.weight], src, k,
@@ -210,12 +210,12 @@ class FragmentWeights(StreamedFragments):
                 starts = self.pair_starts(lane) if pairs else {}
                 for kt in range(g.k_tiles_per_warp):
                     self.before_k_tile(b0, kt)
-                    at = first + self.k_step(kt)
+                    at = first + TILE_K * kt
                     if kt < g.l2_k_tiles:  # the streamed range's own column order
                         self.streamed_b(kt)
                     elif pairs:
                         for nt in range(0, c.n_tiles, 2):
-                            row_at = starts[nt] + self.k_step(kt) if starts else at + nt * TILE_N * stride
+                            row_at = starts[nt] + TILE_K * kt if starts else at + nt * TILE_N * stride
                             T.evaluate(T.cuda.func_call("prnn_ldmatrix_x4", T.address_of(self.bfrag[nt * B_REGS]),
                                                         T.address_of(self.smem[row_at]),
                                                         source_code=_LDMATRIX, return_type="void"))
@@ -226,14 +226,6 @@ class FragmentWeights(StreamedFragments):
                     self.multiply(kt, lambda nt: nt * B_REGS, per_chain)
                 self.sum_chains(per_chain)
                 self.store_partials(b0)
-
-    def k_tile(self, kt: int):
-        """The k tile of the whole product that the warp's ``kt``-th is: its k group's run, in order."""
-        return self.kg * self.g.k_tiles_per_warp + kt
-
-    def k_step(self, kt: int):
-        """Columns from the warp's first k tile in the shared operand tile to its ``kt``-th."""
-        return TILE_K * kt
 
     def before_k_tile(self, b0, kt: int):
         """What a warp does before reading k tile ``kt`` of batch rows b0.. from the shared operand tile: nothing (the

@@ -18,21 +18,19 @@ It runs the ``tags`` exchange, the shared layout, one batch group and the shared
 poll a slot per step of the output sequence, which a peer does not hold): :func:`split_configs` makes a config so.
 
 The hop (``hop``, a split knob beside the template's, :data:`HOPS`): a GPU's own units' states come from its own
-blocks, a peer's over NVLink, later. ``overlap`` (the default where :func:`overlap_problem` allows it): each warp's
-k tiles run a GPU's units at a time, its own GPU's first (:func:`part_k_tile`); a block polls its own GPU's columns,
-multiplies their k tiles while the peers' values travel, then polls and multiplies each peer's in turn. ``exposed``:
-the whole state polled before the product (as one GPU's kernel does). ``floor`` (timing only: its outputs are
-wrong): ``overlap`` with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns
-polled from its own (``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own
-slot again, so that a GPU's step is its whole local work without the hop.
+blocks, a peer's over NVLink, later. ``exposed`` (the default): the whole state polled before the product, as one
+GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls (two H200s, LSTM fp16
+H=2048 B=8: 5.75 us a step against a floor of 5.90). ``floor`` (timing only: its outputs are wrong): ``exposed``
+with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns polled from its own
+(``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own slot again, so that a
+GPU's step is its whole local work without the hop. ``floor_own`` (timing only): the floor polling its own GPU's
+columns alone (1/``gpus`` of the polled words), so that floor minus floor_own is what the peers' polled words cost.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.barriers.peers import PeerTags
 from prnn_tvm.codegen.barriers.tags import Tags
@@ -42,13 +40,12 @@ from prnn_tvm.signature import CTA_OFFSET, split_args
 from prnn_tvm.target import max_regs_per_thread
 
 from .head_columns import OperandColumns
-from .persistent_mma_config import TILE_K
 from .ranking import tier_knob
 
 UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
 
 SPLIT_BARRIER = "tags"
-HOPS = ("overlap", "exposed", "floor")  # the split's own knob ``hop`` (module doc)
+HOPS = ("exposed", "floor", "floor_own")  # the split's own knob ``hop`` (module doc)
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
@@ -190,7 +187,7 @@ def combined(gpu, gpus: int):
     return dataclasses.replace(gpu, sms=gpu.sms * gpus)
 
 
-def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "overlap") -> type:
+def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "exposed") -> type:
     """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time, its
     hop run as ``hop`` (:data:`HOPS`)."""
     if hop not in HOPS:
@@ -200,48 +197,23 @@ def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "overlap
 
 
 def split_knobs(config) -> tuple:
-    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop`` (None where it
-    does not: ``overlap`` where its kernel builds without spills, else ``exposed``: :func:`split_hops`)."""
+    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop`` (``exposed``
+    where it does not)."""
     if not isinstance(config, dict) or "hop" not in config:
-        return config, None
+        return config, "exposed"
     rest = {k: v for k, v in config.items() if k != "hop"}
     return rest or None, config["hop"]
 
 
-def split_hops(hop: str | None) -> tuple:
-    """The hops a placement is built with, in turn until ptxas reports no spills: the one named, else ``overlap``
-    then ``exposed`` (a poll between k tiles holds its loads beside the product's accumulators: LSTM fp16 hidden
-    4096 over four GPUs spills with it at the 35 k tiles of shared weights that run ``exposed`` without spills)."""
-    return (hop,) if hop is not None else ("overlap", "exposed")
-
-
-def part_k_tile(kt: int, kg, gpu, gpus: int, per_part: int, k_groups: int):
-    """The k tile (of the whole state) that warp k group ``kg`` multiplies as its ``kt``-th on GPU ``gpu`` under the
-    ``overlap`` hop: a warp's k tiles run ``per_part`` at a time over the GPUs' units, its own GPU's first, then
-    each next GPU's; inside a GPU's part (``k_groups * per_part`` k tiles) group ``kg`` takes its ``kg``-th run.
-    ``kg`` and ``gpu`` may be expressions."""
-    j, r = divmod(kt, per_part)
-    return (gpu + j) % gpus * (k_groups * per_part) + kg * per_part + r
-
-
-def overlap_problem(builder) -> str | None:
-    """Why a split kernel's builder cannot multiply its k tiles a GPU's units at a time (the ``overlap`` hop), or
-    None: the tensor-core template's shared operand tile, one product of the whole state in one phase that every
-    warp multiplies, no streamed k tiles, and each warp's k range whole GPUs' units (hidden a multiple of
-    ``gpus * k_groups * 16``, every GPU's units whole k tiles)."""
-    from .persistent_fragments import FragmentWeights
-
-    if not isinstance(builder, FragmentWeights):
-        return "the k tiles of the tensor-core template alone are ordered by GPU"
-    g, c, gpus = builder.g, builder.c, builder.gpus
-    if len(builder.reductions) != 1 or builder.cols.headed or g.l2_k_tiles:
-        return "one dense product whose k tiles are all on chip"
-    if builder.filled_row_tiles() != g.m_tiles:
-        return "every warp multiplies (the product's row tiles fill the CTA)"
-    if builder.gpu_units * gpus != builder.H or g.k_tiles_per_warp * c.k_groups * TILE_K != builder.H \
-            or g.k_tiles_per_warp % gpus:
-        return (f"hidden={builder.H} is not whole k tiles of {gpus} GPUs' units for each of the {c.k_groups} k groups "
-                f"(a multiple of {gpus * c.k_groups * TILE_K} run as {gpus} GPUs of {builder.gpu_units} units)")
+def floor_problem(builder) -> str | None:
+    """Why a split kernel's builder cannot poll a GPU's units' columns at a time (the ``floor`` hops), or None: one
+    product of the whole state, every column of a CTA's operand tile its own unit's, and every GPU's units whole
+    (hidden a multiple of the GPUs' units)."""
+    if len(builder.reductions) != 1 or builder.cols.headed:
+        return "one product of the whole state, each operand tile every unit's column"
+    if builder.gpu_units * builder.gpus != builder.H:
+        return (f"hidden={builder.H} run as {builder.gpus} GPUs of {builder.gpu_units} units (the last GPU's run past "
+                "it)")
     return None
 
 
@@ -261,63 +233,28 @@ class SplitMode:
         if g.ctas % self.gpus:
             raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_configs)")
         super().__init__(plan, cfg, g, save)
-        self.per_part = 0  # k tiles of a GPU's units in each warp's range, polled and multiplied in turn; 0: at once
-        self.hop_problem = overlap_problem(self) if self.hop != "exposed" else None
-        if self.hop != "exposed" and self.hop_problem is None:
-            self.per_part = self.g.k_tiles_per_warp // self.gpus
-        elif self.hop == "floor":
-            raise ConfigError(f"hop='floor' polls each peer's part from this GPU's own, which needs {self.hop_problem}")
-        # tags, with the peers' copies and chunked polls
-        self.barrier = PeerTags(self.gpus, self.chunk_rows, peers=self.hop != "floor")
+        if self.hop != "exposed":
+            problem = floor_problem(self)
+            if problem:
+                raise ConfigError(f"hop={self.hop!r} polls each peer's part from this GPU's own, which needs {problem}")
+        # tags, with the peers' copies and chunked polls (the floors: each peer's part this GPU's own)
+        parts = None if self.hop == "exposed" else self.gpus if self.hop == "floor" else 1
+        self.barrier = PeerTags(self.gpus, self.chunk_rows, floor_parts=parts)
 
     @property
     def hop_note(self) -> str:
         """How this kernel's steps take the hop (the compile report's note)."""
         if self.hop == "floor":
             return "hop floor: each peer's part polled from and stored into this GPU's own (timing only, wrong outputs)"
-        if self.per_part:
-            return f"hop overlapped: own units' {self.per_part} k tiles a warp first, then each peer's"
-        why = f" ({self.hop_problem})" if self.hop_problem else ""
-        return f"hop exposed: the whole state polled before the product{why}"
+        if self.hop == "floor_own":
+            return ("hop floor_own: the floor polling its own GPU's part alone, each peer's store into its own (timing "
+                    "only, wrong outputs)")
+        return "hop exposed: the whole state polled before the product"
 
     @property
     def gpu_index(self):
         """This GPU's place among the split's GPUs (from its run's first CTA)."""
         return self.a.named[CTA_OFFSET] // (self.g.ctas // self.gpus)
-
-    def k_tile(self, kt: int):
-        """The warp's ``kt``-th k tile of the state: a GPU's units at a time, own first (:func:`part_k_tile`)."""
-        if not self.per_part:
-            return super().k_tile(kt)
-        return part_k_tile(kt, self.kg, self.gpu_index, self.gpus, self.per_part, self.c.k_groups)
-
-    def k_step(self, kt: int):
-        """Columns from the warp's first k tile in the operand tile to its ``kt``-th (:meth:`k_tile`)."""
-        if not self.per_part:
-            return super().k_step(kt)
-        return TILE_K * (self.k_tile(kt) - self.kg * self.g.k_tiles_per_warp)
-
-    def products(self, t, phase: int):
-        """The template's products; the step and phase kept for the polls of the peers' parts
-        (:meth:`before_k_tile`)."""
-        self.polled_step = (t, phase)
-        super().products(t, phase)
-
-    def before_k_tile(self, b0, kt: int):
-        """Before the first k tile of a peer's units (``overlap``): poll that peer's columns of the operand tile (the
-        block polled its own GPU's before the product: ``PeerTags.poll_tiles``); at step 0 the initial states are
-        in the tile already."""
-        super().before_k_tile(b0, kt)
-        if not self.per_part or kt == 0 or kt % self.per_part:
-            return
-        t, phase = self.polled_step
-        names, part = self.operands_of_phase(phase), kt // self.per_part
-        if phase > 0:
-            self.barrier.poll_part(self, names, b0, t % 2, t + 1, part)
-            return
-        with T.If(t > 0):
-            with T.Then():
-                self.barrier.poll_part(self, names, b0, (t + 1) % 2, t, part)
 
     @property
     def gpu_units(self) -> int:

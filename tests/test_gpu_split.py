@@ -63,39 +63,32 @@ def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs)
 
 
 @pytest.mark.gpus(2)
-@pytest.mark.parametrize("hop", ["overlap", "exposed"])
 @pytest.mark.parametrize(
     "hidden, batch, dtype, knobs",
     [
-        (192, 5, "float16", {}),  # 96 units a GPU: each warp its own 3 k tiles, then the peer's 3
-        (192, 5, "float16", {"smem_k_tiles": 2}),  # the peer's last two k tiles of a warp in shared memory
+        (192, 5, "float16", {}),
+        (192, 5, "float16", {"smem_k_tiles": 2}),  # a warp's last two k tiles in shared memory
         (192, 11, "float16", {}),  # two batch tiles (8 rows, then 3)
         (320, 3, "bfloat16", {}),
         (1024, 8, "float16", {"units_per_cta": 8, "k_groups": 4}),
     ],
 )
-def test_each_hop_matches_the_reference_on_two_gpus(hop, hidden, batch, dtype, knobs):
-    """``overlap`` (own units' k tiles first, the peer's polled between) and ``exposed`` (the whole state polled
-    before the product), each against float64 at awkward batches, a few steps and rows of their own lengths."""
-    layer = hop_layer(hidden, batch, dtype, 2, hop, **knobs)
-    assert f"hop {'overlapped' if hop == 'overlap' else hop}" in layer.report.format()
+def test_the_exposed_hop_matches_the_reference_on_two_gpus(hidden, batch, dtype, knobs):
+    """``exposed`` (the default: the whole state polled before the product), named as the knob, against float64 at
+    awkward batches, a few steps and rows of their own lengths."""
+    layer = hop_layer(hidden, batch, dtype, 2, "exposed", **knobs)
+    assert "hop exposed" in layer.report.format()
     matches_the_reference(layer, (1, 7, 64))
 
 
-@pytest.mark.gpus(4)
-def test_overlap_matches_the_reference_on_four_gpus():
-    layer = hop_layer(256, 3, "float16", 4, "overlap")
-    assert "hop overlapped" in layer.report.format()
-    for seq_len in (1, 33):
-        assert error_of(layer, seq_len) <= plan_tolerance(layer.plan, seq_len)
-
-
 @pytest.mark.gpus(2)
-def test_the_floor_runs_each_gpu_alone_and_ends():
-    """``hop='floor'`` (timing only): each GPU polls a peer's part from its own copy and stores the peer's words there,
-    so no GPU waits for another and a call ends without a timeout; its outputs are finite (wrong: a peer's part of
-    each product is this GPU's own values)."""
-    layer = hop_layer(192, 5, "float16", 2, "floor")
+@pytest.mark.parametrize("hop", ["floor", "floor_own"])
+def test_a_floor_runs_each_gpu_alone_and_ends(hop):
+    """The floors (timing only): each GPU polls a peer's part from its own copy (``floor``; ``floor_own``: its own
+    part alone) and stores the peer's words there, so no GPU waits for another and a call ends without a timeout;
+    its outputs are finite (wrong: a peer's part of each product is this GPU's own values, or the initial state's)."""
+    layer = hop_layer(192, 5, "float16", 2, hop)
+    assert f"hop {hop}:" in layer.report.format()
     layer.barrier_timeout_us = 200_000
     out, finals = layer(**random_inputs(layer.plan, 16, 192))
     assert np.isfinite(out).all() and all(np.isfinite(f).all() for f in finals)

@@ -1,9 +1,8 @@
-"""How a split layer's step takes the hop (``schedules/split.py``, the split's knob ``hop``), on the CPU: the k tile
-order of ``overlap`` (own GPU's units first), the generated polls (own columns before the product, each peer's
-before its k tiles), every shared access inside the launch's allocation, and the refusals. The emulator does not run
-the tensor-core template: the numerics of each hop against float64 are in ``test_gpu_split.py``."""
+"""How a split layer's step takes the hop (``schedules/split.py``, the split's knob ``hop``), on the CPU: ``exposed``
+(the default) is the split kernel as it was, and the timing floors keep its work on this GPU's own copy: the floor
+every poll and store, ``floor_own`` its own GPU's columns' polls alone. The numerics against float64 and the
+floors' runs are in ``test_gpu_split.py``."""
 
-import itertools
 import re
 
 import pytest
@@ -22,79 +21,87 @@ def half_split(hidden: int, batch: int, gpus: int, hop: str | None, **knobs):
                                  devices=list(range(gpus)), config=config, cache=False)
 
 
-def polls(source: str) -> list:
-    """The tagged polls' template arguments: (per-thread loads, vec, row, row pad, sleep[, source row])."""
-    return re.findall(r"prnn_tag_copy<half, ([0-9, ]+)>\(", source)
+def kernel_body(layer) -> str:
+    """The recurrent kernel's body (its parameters and the device functions before it left out)."""
+    return layer.cuda_source.split("recurrent_kernel(")[-1].split(") {", 1)[1]
 
 
-@pytest.mark.parametrize("gpus, k_groups, per_part", [(2, 2, 3), (2, 4, 1), (4, 2, 2), (4, 1, 5)])
-def test_each_warp_takes_every_k_tile_once_its_own_gpus_first(gpus, k_groups, per_part):
-    part = k_groups * per_part  # k tiles of one GPU's units
-    for gpu in range(gpus):
-        taken = [split.part_k_tile(kt, kg, gpu, gpus, per_part, k_groups)
-                 for kg, kt in itertools.product(range(k_groups), range(gpus * per_part))]
-        assert sorted(taken) == list(range(gpus * part))  # every k tile of the state, once
-        for kg in range(k_groups):
-            owners = [split.part_k_tile(kt, kg, gpu, gpus, per_part, k_groups) // part
-                      for kt in range(gpus * per_part)]
-            # a run of per_part k tiles per GPU: this one's first, then each next GPU's
-            assert owners == [(gpu + kt // per_part) % gpus for kt in range(gpus * per_part)]
+def polls(layer) -> list:
+    """The kernel's tagged polls' template arguments: (per-thread loads, vec, row, row pad, sleep[, source row])."""
+    return re.findall(r"prnn_tag_copy<half, ([0-9, ]+)>\(", kernel_body(layer))
 
 
-@pytest.mark.parametrize("hidden, batch, gpus, knobs", [
-    (192, 5, 2, {}),  # 6 CTAs of 16 units a GPU: 96 units, 6 k tiles, 3 of each GPU's a warp
-    (256, 3, 4, {}),  # 4 CTAs a GPU, 2 k tiles of each GPU's a warp
-    (192, 11, 2, {}),  # two batch tiles (8 rows, then 3): each polled part by part
-    (192, 5, 2, {"smem_k_tiles": 2}),  # the last two k tiles of a warp (the peer's) in shared memory
-])
-def test_overlap_polls_its_own_columns_then_each_peers(hidden, batch, gpus, knobs):
-    layer = half_split(hidden, batch, gpus, None, **knobs)  # overlap: the default
-    assert "hop overlapped" in layer.report.format()
-    width = hidden // gpus
-    sites = polls(layer.cuda_source)
-    assert sites and all(s.split(", ")[2] == str(width) and s.split(", ")[-1] == str(hidden) for s in sites), sites
-    assert len(set(re.findall(r"part(\d+)_column", layer.cuda_source))) == gpus  # its own, then each peer's
-    assert layer.cuda_source.count("prnn_tag_store_peer<half>(") == gpus - 1
-    assert shared_problems(layer) == [], layer.report.format()
-
-
-def test_exposed_polls_the_whole_state_before_the_product():
-    layer = half_split(192, 5, 2, "exposed")
+def test_exposed_is_the_default_and_polls_the_whole_state_before_the_product():
+    layer, named = half_split(192, 5, 2, None), half_split(192, 5, 2, "exposed")
     assert "hop exposed" in layer.report.format()
-    sites = polls(layer.cuda_source)
+    assert layer.cuda_source == named.cuda_source
+    sites = polls(layer)
     assert sites and all(s.split(", ")[2] == "192" and len(s.split(", ")) == 5 for s in sites), sites
     assert "part0_column" not in layer.cuda_source
+    assert kernel_body(layer).count("prnn_tag_store_peer<half>(") == 1
+    assert "peer_workspace_0" in kernel_body(layer)
 
 
-def test_floor_keeps_every_load_and_store_local():
-    """The floor's kernel is overlap's with each peer replaced by the GPU's own copy: the same polls and stores, none
-    reaching a peer."""
-    floor, overlap = (half_split(192, 5, 2, hop) for hop in ("floor", "overlap"))
-    assert "hop floor" in floor.report.format()
-    kernel = floor.cuda_source.split("recurrent_kernel(")[-1]
-    assert "peer_workspace_0" not in kernel.split(") {", 1)[1]  # the peer's address is never used
-    assert kernel.count("prnn_tag_store_peer<half>(") == overlap.cuda_source.split("recurrent_kernel(")[-1].count(
-        "prnn_tag_store_peer<half>(")
-    assert polls(floor.cuda_source) == polls(overlap.cuda_source)
-    assert "part1_source" in kernel  # the peer's columns read from its own
-    assert shared_problems(floor) == []
+@pytest.mark.parametrize("hidden, batch, gpus", [
+    (256, 8, 2),  # one chunk of rows a poll: as many polls of as many values as exposed's
+    (192, 11, 2),  # two batch tiles (8 rows, then 3)
+    (256, 3, 4),  # 4 CTAs a GPU, each polling its own and 3 peers' parts
+])
+def test_the_floor_keeps_every_load_and_store_local(hidden, batch, gpus):
+    """The floor's kernel is exposed's with each peer replaced by the GPU's own copy: a GPU's part of each row at a
+    time, each read from its own columns (``own_column``), and as many stores, none reaching a peer."""
+    floor, exposed = (half_split(hidden, batch, gpus, hop) for hop in ("floor", "exposed"))
+    assert "hop floor:" in floor.report.format()
+    body = kernel_body(floor)
+    assert "peer_workspace_" not in body  # the peers' addresses are never used
+    assert body.count("prnn_tag_store_peer<half>(") == kernel_body(exposed).count("prnn_tag_store_peer<half>(")
+    width = hidden // gpus
+    sites = polls(floor)
+    # (rows, per-thread loads) as polled: a GPU's part (``width`` columns of rows ``hidden`` apart) at a time
+    assert sites and all(s.split(", ")[2] == str(width) and s.split(", ")[-1] == str(hidden) for s in sites), sites
+    assert len(set(re.findall(r"part(\d+)_column", body))) == gpus and "own_column" in body
+    assert shared_problems(floor) == [], floor.report.format()
 
 
-def test_a_layer_whose_gpus_are_not_whole_k_tiles_takes_the_hop_exposed():
-    layer = half_split(96, 3, 2, None)  # 48 units a GPU: three k tiles, which two k groups do not share evenly
-    assert "hop exposed" in layer.report.format() and "not whole k tiles" in layer.report.format()
-    with pytest.raises(ConfigError, match="hop='floor' polls each peer's part from this GPU's own, which needs"):
-        half_split(96, 3, 2, "floor")
+def test_at_the_measured_layer_the_floor_polls_as_exposed_and_floor_own_half():
+    """LSTM fp16 H=2048 B=8 over two GPUs (8 units a CTA, 4 k groups: a poll waits for one row of 2048 words): the
+    floor polls a GPU's 1024 columns of two rows at a time, as many polls of as many loads a thread as exposed's 8
+    (its local work holds every polled word), and floor_own half of them (the peers' words left out); every kernel
+    without spills, as ptxas reports."""
+    exposed, floor, own = (half_split(2048, 8, 2, hop, units_per_cta=8, k_groups=4)
+                           for hop in ("exposed", "floor", "floor_own"))
+    loads = [[s.split(", ")[0] for s in polls(layer)] for layer in (exposed, floor, own)]
+    assert loads[0] == loads[1] == ["4"] * 8 and loads[2] == ["4"] * 4, loads
+    assert all(layer.report.spill_store_bytes == 0 for layer in (exposed, floor, own))
+
+
+def test_floor_own_polls_its_own_gpus_part_alone():
+    """``floor_own``: the floor without the peers' polls (1/gpus of the polled words), every store kept."""
+    own, floor = (half_split(256, 3, 4, hop) for hop in ("floor_own", "floor"))
+    assert "hop floor_own" in own.report.format()
+    body = kernel_body(own)
+    assert set(re.findall(r"part(\d+)_column", body)) == {"0"}
+    assert polls(own) and len(polls(floor)) == 4 * len(polls(own))
+    assert body.count("prnn_tag_store_peer<half>(") == kernel_body(floor).count("prnn_tag_store_peer<half>(") == 3
+    assert "peer_workspace_" not in body
+    assert shared_problems(own) == []
+
+
+def test_a_floor_needs_every_gpus_units_whole():
+    # 120 units as 8 CTAs of 16 over 2 GPUs: 64 units a GPU, the second's run past hidden
+    with pytest.raises(ConfigError, match="hop='floor' polls each peer's part from this GPU's own, which needs "
+                                          "hidden=120 run as 2 GPUs of 64 units"):
+        half_split(120, 3, 2, "floor")
+    assert "hop exposed" in half_split(120, 3, 2, None).report.format()
 
 
 def test_an_unknown_hop_is_refused_naming_the_choices():
-    with pytest.raises(ConfigError, match="hop='pull': one of overlap, exposed, floor"):
-        half_split(192, 5, 2, "pull")
+    with pytest.raises(ConfigError, match="hop='overlap': one of exposed, floor, floor_own"):
+        half_split(192, 5, 2, "overlap")
 
 
 def test_the_split_knob_leaves_the_templates_config():
-    assert split.split_knobs({"hop": "exposed"}) == (None, "exposed")
-    assert split.split_knobs({"hop": "floor", "k_groups": 4}) == ({"k_groups": 4}, "floor")
-    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, None)
-    assert split.split_knobs(None) == (None, None)
-    assert split.split_hops(None) == ("overlap", "exposed") and split.split_hops("floor") == ("floor",)
+    assert split.split_knobs({"hop": "floor"}) == (None, "floor")
+    assert split.split_knobs({"hop": "floor_own", "k_groups": 4}) == ({"k_groups": 4}, "floor_own")
+    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, "exposed")
+    assert split.split_knobs(None) == (None, "exposed")
