@@ -5,12 +5,13 @@ GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
 
 ``--config`` takes one config (a JSON object) or several (a JSON list; ``null`` for the default): each is compiled,
 its report printed, its public call, layer and recurrent kernels timed (``--breakdown``: the first's). A config may
-name the split's knob ``hop`` (``schedules/split.py``): ``overlap`` (the default: own units' k tiles first, the
-peers' polled between), ``exposed`` (the whole state polled before the product) or ``floor`` (timing only, wrong
-outputs: each GPU polls and stores a peer's part in its own copy, every load and store kept, no NVLink: its step the
-local work alone); with a floor, the step of each other hop is printed as local work + hop:
+name the split's knob ``hop`` (``schedules/split.py``): ``exposed`` (the default: the whole state polled before the
+product), or a floor (timing only, wrong outputs, no public call timed): ``floor`` (each GPU polls and stores a
+peer's part in its own copy, every load and store kept, no NVLink: its step the local work alone) or ``floor_own``
+(the floor polling its own GPU's part alone: 1/G of the polled words). With a floor, exposed's step is printed as
+local work + hop; with both floors, what the peers' polled words cost a step:
 
-    python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "exposed"}, {"hop": "floor"}]'
+    python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "floor"}, {"hop": "floor_own"}]'
 
 Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
 part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
@@ -35,7 +36,6 @@ are placed on the GPUs once (a split call's public form copies NumPy to every GP
 import argparse
 import json
 import os
-import re
 import statistics
 import time
 
@@ -116,17 +116,18 @@ def public_row(what: str, make) -> dict:
 
 
 def hop_of(knobs) -> str:
-    """The split's knob ``hop`` a config names (``overlap`` by default)."""
-    return knobs.get("hop", "overlap") if isinstance(knobs, dict) else "overlap"
+    """The split's knob ``hop`` a config names (``exposed`` by default)."""
+    return knobs.get("hop", "exposed") if isinstance(knobs, dict) else "exposed"
 
 
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
 split_modules = [pt.from_torch(lstm, devices=list(range(G)), config=knobs) for knobs in configs]
-for i, (knobs, module) in enumerate(zip(configs, split_modules)):
-    rows.append(public_row(f"prnn-tvm, {G} GPUs: public call, hop {hop_of(knobs)}"
-                           + (f" (config {i})" if len(configs) > 1 else ""), lambda module=module: module))
-split_module = split_modules[0]
-one_public, split_public = rows[1]["ms"], rows[2]["ms"]
+public = [i for i, knobs in enumerate(configs) if not hop_of(knobs).startswith("floor")]  # a floor's outputs are wrong
+for i in public:
+    rows.append(public_row(f"prnn-tvm, {G} GPUs: public call, hop {hop_of(configs[i])}"
+                           + (f" (config {i})" if len(configs) > 1 else ""), lambda module=split_modules[i]: module))
+split_module = split_modules[public[0]] if public else None
+one_public, split_public = rows[1]["ms"], (rows[2]["ms"] if public else None)
 
 
 def events() -> list:
@@ -232,7 +233,7 @@ else:
     one.check()
 
 # ours split over G GPUs, each config given
-recurrent_us = {}  # hop -> the recurrent kernel's us a step (the first config of each hop)
+recurrent_us, polled_mb = {}, {}  # hop -> the recurrent kernel's us a step, MB a GPU polls a step (its first config)
 for knobs, module in zip(configs, split_modules):
     hop = hop_of(knobs)
     try:  # each config's layer is its public call's, compiled already (a split layer's compile is not cached)
@@ -242,21 +243,21 @@ for knobs, module in zip(configs, split_modules):
         rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}", None, f"refused: {err}"))
         continue
     print(split.report.format())
-    ran = re.search(r"hop (overlap|exposed|floor)", split.report.format())  # the default's may fall back to exposed
-    hop = ran.group(1) if ran else hop
     if inputs is None:  # one GPU refused the layer
         inputs = random_inputs(split.plan, T, H)
     xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
     call = split.bind(**inputs)
     recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
-    floor = " (floor: no hop, wrong outputs)" if hop == "floor" else ""
+    floor = f" ({hop}: no hop, wrong outputs)" if hop.startswith("floor") else ""
     rows.append(row(f"prnn-tvm, {G} GPUs: layer, hop {hop}{floor}", wall_ms(call.run, split.check), config))
     # every CTA polls every unit's tagged word (8 bytes: the value and its step) of every batch row each step
-    polled = split.ctas_per_gpu * B * H * 8 / 1e6
+    # (floor_own: its own GPU's units' alone)
+    polled = split.ctas_per_gpu * B * H * 8 / 1e6 / (G if hop == "floor_own" else 1)
     rows.append(row(f"prnn-tvm, {G} GPUs: recurrent, hop {hop}{floor}", wall_ms(recurrent.run, split.check),
                     f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
     recurrent_us.setdefault(hop, rows[-1]["us_per_step"])
+    polled_mb.setdefault(hop, polled)
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
@@ -266,12 +267,14 @@ cudnn = rows[0]["ms"]
 for r in rows[1:]:
     if r["ms"] is not None:
         print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
-if "floor" in recurrent_us:  # a step: the GPU's local work (the floor) and what the hop adds to it
-    for hop in ("exposed", "overlap"):
-        if hop in recurrent_us:
-            print(f"recurrent step, hop {hop}: {recurrent_us[hop]:.2f} us = local work {recurrent_us['floor']:.2f} "
-                  f"+ hop {recurrent_us[hop] - recurrent_us['floor']:.2f}")
+if "floor" in recurrent_us and "exposed" in recurrent_us:  # a step: the local work (the floor) and the hop on it
+    print(f"recurrent step, hop exposed: {recurrent_us['exposed']:.2f} us = local work {recurrent_us['floor']:.2f} "
+          f"+ hop {recurrent_us['exposed'] - recurrent_us['floor']:.2f}")
+if "floor" in recurrent_us and "floor_own" in recurrent_us:  # what the polled words the peers wrote cost a step
+    us, mb = (recurrent_us["floor"] - recurrent_us["floor_own"], polled_mb["floor"] - polled_mb["floor_own"])
+    print(f"the peers' polled words: floor - floor_own = {us:.2f} us a step for {mb:.1f} MB a GPU ({us / mb:.3f} us "
+          "per MB polled)")
 if one_public is not None and split_public is not None:
     print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
 print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases,
-                  "recurrent_us_by_hop": recurrent_us}))
+                  "recurrent_us_by_hop": recurrent_us, "polled_mb_by_hop": polled_mb}))
