@@ -20,7 +20,7 @@ poll a slot per step of the output sequence, which a peer does not hold): :func:
 The hop (``hop``, a split knob beside the template's, :data:`HOPS`): a GPU's own units' states come from its own
 blocks, a peer's over NVLink, later. ``exposed`` (the default): the whole state polled before the product, as one
 GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls (two H200s, LSTM fp16
-H=2048 B=8: 5.75 us a step against a floor of 5.90). ``floor`` (timing only: its outputs are wrong): ``exposed``
+H=2048 B=8: 5.75 us a step, 5.90 for the local work alone). ``floor`` (timing only: its outputs are wrong): ``exposed``
 with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns polled from its own
 (``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own slot again, so that a
 GPU's step is its whole local work without the hop. ``floor_own`` (timing only): the floor polling its own GPU's

@@ -49,7 +49,7 @@ def run_each(layer, per_gpu: list, seq_len: int, timeout_us: int = TIMEOUT_US, s
 
 def shared_problems(layer) -> list[str]:
     """What in each GPU's run of CTAs of a split ``layer`` does not fit its shared memory (:func:`.bounds.
-    launch_problems` with that GPU's ``cta_offset``: a GPU's k tiles follow its place among the GPUs)."""
+    launch_problems` with that GPU's ``cta_offset``: a floor's polled columns follow its place among the GPUs)."""
     from tvm import tirx
 
     from .bounds import launch_problems
