@@ -256,8 +256,9 @@ for knobs, module in zip(configs, split_modules):
     polled = split.ctas_per_gpu * B * H * 8 / 1e6 / (G if hop == "floor_own" else 1)
     rows.append(row(f"prnn-tvm, {G} GPUs: recurrent, hop {hop}{floor}", wall_ms(recurrent.run, split.check),
                     f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
-    recurrent_us.setdefault(hop, rows[-1]["us_per_step"])
-    polled_mb.setdefault(hop, polled)
+    if rows[-1]["us_per_step"] is not None:
+        recurrent_us.setdefault(hop, rows[-1]["us_per_step"])
+        polled_mb.setdefault(hop, polled)
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
