@@ -4,7 +4,14 @@ GPU (ours, where it fits) and cuDNN on one GPU (``torch.nn.LSTM``), fp16, T=256.
     python bench/split.py [--hidden 2048 --batch 8 --gpus 2 --seq 256] [--config '{"k_groups": 4, ...}'] [--breakdown]
 
 ``--config`` takes one config (a JSON object) or several (a JSON list; ``null`` for the default): each is compiled,
-its report printed and its layer and recurrent kernels timed; the public call runs the first.
+its report printed, its public call, layer and recurrent kernels timed (``--breakdown``: the first's). A config may
+name the split's knob ``hop`` (``schedules/split.py``): ``exposed`` (the default: the whole state polled before the
+product), or a floor (timing only, wrong outputs, no public call timed): ``floor`` (each GPU polls and stores a
+peer's part in its own copy, every load and store kept, no NVLink: its step the local work alone) or ``floor_own``
+(the floor polling its own GPU's part alone: 1/G of the polled words). With a floor, exposed's step is printed as
+local work + hop; with both floors, what the peers' polled words cost a step:
+
+    python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "floor"}, {"hop": "floor_own"}]'
 
 Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
 part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
@@ -48,6 +55,8 @@ p.add_argument("--config", type=json.loads, default=None,
                help="the split layer's knobs (a dict, as JSON), or a list of them (null: the default)")
 p.add_argument("--breakdown", action="store_true", help="where the split public call's time goes, per phase")
 p.add_argument("--calls", type=int, default=20, help="calls the breakdown takes the median of")
+p.add_argument("--profile", action="store_true",
+               help="the host's own time per function over --calls public calls of the first config (cProfile)")
 args = p.parse_args()
 configs = args.config if isinstance(args.config, list) else [args.config]
 H, B, T, G = args.hidden, args.batch, args.seq, args.gpus
@@ -106,10 +115,19 @@ def public_row(what: str, make) -> dict:
     return row(what, ms)
 
 
+def hop_of(knobs) -> str:
+    """The split's knob ``hop`` a config names (``exposed`` by default)."""
+    return knobs.get("hop", "exposed") if isinstance(knobs, dict) else "exposed"
+
+
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
-split_module = pt.from_torch(lstm, devices=list(range(G)), config=configs[0])
-rows.append(public_row(f"prnn-tvm, {G} GPUs: public call", lambda: split_module))
-one_public, split_public = rows[1]["ms"], rows[2]["ms"]
+split_modules = [pt.from_torch(lstm, devices=list(range(G)), config=knobs) for knobs in configs]
+public = [i for i, knobs in enumerate(configs) if not hop_of(knobs).startswith("floor")]  # a floor's outputs are wrong
+for i in public:
+    rows.append(public_row(f"prnn-tvm, {G} GPUs: public call, hop {hop_of(configs[i])}"
+                           + (f" (config {i})" if len(configs) > 1 else ""), lambda module=split_modules[i]: module))
+split_module = split_modules[public[0]] if public else None
+one_public, split_public = rows[1]["ms"], (rows[2]["ms"] if public else None)
 
 
 def events() -> list:
@@ -175,6 +193,27 @@ def breakdown(module, calls: int) -> list:
 
 phases = breakdown(split_module, args.calls) if args.breakdown and split_public is not None else []
 
+
+def profile(module, calls: int) -> None:
+    """The functions the host spends most of its own time in over ``calls`` public calls (every GPU drained after
+    each, outside the profile)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        for _ in range(calls):
+            profiler.enable()
+            module(x)
+            profiler.disable()
+            every_gpu()
+    print(f"\nthe host's own time in a public call over {G} GPUs, {calls} calls (cProfile; tottime, cumtime in s)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+
+
+if args.profile and split_public is not None:
+    profile(split_module, args.calls)
+
 # ours on one GPU, where it fits
 inputs = None
 try:
@@ -194,12 +233,14 @@ else:
     one.check()
 
 # ours split over G GPUs, each config given
-for knobs in configs:
-    try:  # the first config's layer is the public call's, compiled already (a split layer's compile is not cached)
-        reused = knobs is configs[0] and next(iter(split_module._split.layers.values()), None)
+recurrent_us, polled_mb = {}, {}  # hop -> the recurrent kernel's us a step, MB a GPU polls a step (its first config)
+for knobs, module in zip(configs, split_modules):
+    hop = hop_of(knobs)
+    try:  # each config's layer is its public call's, compiled already (a split layer's compile is not cached)
+        reused = next(iter(module._split.layers.values()), None)
         split = reused or prnn_tvm.compile_cell("lstm", H, B, dtype="float16", devices=list(range(G)), config=knobs)
     except ConfigError as err:
-        rows.append(row(f"prnn-tvm, {G} GPUs", None, f"refused: {err}"))
+        rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}", None, f"refused: {err}"))
         continue
     print(split.report.format())
     if inputs is None:  # one GPU refused the layer
@@ -208,11 +249,16 @@ for knobs in configs:
     call = split.bind(**inputs)
     recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
-    rows.append(row(f"prnn-tvm, {G} GPUs: layer", wall_ms(call.run, split.check), config))
+    floor = f" ({hop}: no hop, wrong outputs)" if hop.startswith("floor") else ""
+    rows.append(row(f"prnn-tvm, {G} GPUs: layer, hop {hop}{floor}", wall_ms(call.run, split.check), config))
     # every CTA polls every unit's tagged word (8 bytes: the value and its step) of every batch row each step
-    polled = split.ctas_per_gpu * B * H * 8 / 1e6
-    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent", wall_ms(recurrent.run, split.check),
+    # (floor_own: its own GPU's units' alone)
+    polled = split.ctas_per_gpu * B * H * 8 / 1e6 / (G if hop == "floor_own" else 1)
+    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent, hop {hop}{floor}", wall_ms(recurrent.run, split.check),
                     f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
+    if rows[-1]["us_per_step"] is not None:
+        recurrent_us.setdefault(hop, rows[-1]["us_per_step"])
+        polled_mb.setdefault(hop, polled)
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
@@ -222,6 +268,14 @@ cudnn = rows[0]["ms"]
 for r in rows[1:]:
     if r["ms"] is not None:
         print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
+if "floor" in recurrent_us and "exposed" in recurrent_us:  # a step: the local work (the floor) and the hop on it
+    print(f"recurrent step, hop exposed: {recurrent_us['exposed']:.2f} us = local work {recurrent_us['floor']:.2f} "
+          f"+ hop {recurrent_us['exposed'] - recurrent_us['floor']:.2f}")
+if "floor" in recurrent_us and "floor_own" in recurrent_us:  # what the polled words the peers wrote cost a step
+    us, mb = (recurrent_us["floor"] - recurrent_us["floor_own"], polled_mb["floor"] - polled_mb["floor_own"])
+    print(f"the peers' polled words: floor - floor_own = {us:.2f} us a step for {mb:.1f} MB a GPU ({us / mb:.3f} us "
+          "per MB polled)")
 if one_public is not None and split_public is not None:
     print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
-print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases}))
+print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases,
+                  "recurrent_us_by_hop": recurrent_us, "polled_mb_by_hop": polled_mb}))

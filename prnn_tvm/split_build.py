@@ -32,7 +32,8 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
     if gpu is None:
         raise ConfigError("a layer split over GPUs runs CUDA kernels: compile it for target='cuda'")
     kernel = built = None
-    for kernel in split_kernels(plan, target, gpu, len(devices), config):
+    for found in split_kernels(plan, target, gpu, len(devices), config):
+        kernel, hop = found
         width = kernel.launch.arg("xp").shape[2]  # one GPU's columns of the input projection
         funcs = {"recurrent": kernel.func, "projection": gpu_projection(plan, width, input_size, target)}
         built = build_functions(funcs, target, gpu)
@@ -40,7 +41,7 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
             break
     origin = ConfigOrigin.USER if config is not None else ConfigOrigin.DEFAULT
     choice = ConfigChoice(kernel.config, origin, f"split over {len(devices)} GPUs, the grid below on each (tags "
-                          "exchange, shared layout)")
+                          f"exchange, shared layout; {hop})")
     rep = report(plan, kernel, built, choice)
     log.info("compiled %s over GPUs %s: %s", plan.cell.name, devices, rep.format().replace("\n", "; "))
     projection = projection_launch(plan.batch, input_size, width, plan.dtype, plan.policy.accumulate)

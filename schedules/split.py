@@ -16,6 +16,15 @@ blocks then stop publishing, so the peers time out too, and every GPU's call end
 
 It runs the ``tags`` exchange, the shared layout, one batch group and the shared operand path (direct fragments
 poll a slot per step of the output sequence, which a peer does not hold): :func:`split_configs` makes a config so.
+
+The hop (``hop``, a split knob beside the template's, :data:`HOPS`): a GPU's own units' states come from its own
+blocks, a peer's over NVLink, later. ``exposed`` (the default): the whole state polled before the product, as one
+GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls (two H200s, LSTM fp16
+H=2048 B=8: 5.75 us a step, 5.90 for the local work alone). ``floor`` (timing only: its outputs are wrong): ``exposed``
+with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns polled from its own
+(``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own slot again, so that a
+GPU's step is its whole local work without the hop. ``floor_own`` (timing only): the floor polling its own GPU's
+columns alone (1/``gpus`` of the polled words), so that floor minus floor_own is what the peers' polled words cost.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from .ranking import tier_knob
 UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
 
 SPLIT_BARRIER = "tags"
+HOPS = ("exposed", "floor", "floor_own")  # the split's own knob ``hop`` (module doc)
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
@@ -177,9 +187,34 @@ def combined(gpu, gpus: int):
     return dataclasses.replace(gpu, sms=gpu.sms * gpus)
 
 
-def split_builder(builder: type, gpus: int, chunk_rows: int) -> type:
-    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time."""
-    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder), {"gpus": gpus, "chunk_rows": chunk_rows})
+def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "exposed") -> type:
+    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time, its
+    hop run as ``hop`` (:data:`HOPS`)."""
+    if hop not in HOPS:
+        raise ConfigError(f"hop={hop!r}: one of {', '.join(HOPS)} (a split layer's knob beside the template's)")
+    return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder),
+                {"gpus": gpus, "chunk_rows": chunk_rows, "hop": hop})
+
+
+def split_knobs(config) -> tuple:
+    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop`` (``exposed``
+    where it does not)."""
+    if not isinstance(config, dict) or "hop" not in config:
+        return config, "exposed"
+    rest = {k: v for k, v in config.items() if k != "hop"}
+    return rest or None, config["hop"]
+
+
+def floor_problem(builder) -> str | None:
+    """Why a split kernel's builder cannot poll a GPU's units' columns at a time (the ``floor`` hops), or None: one
+    product of the whole state, every column of a CTA's operand tile its own unit's, and every GPU's units whole
+    (hidden a multiple of the GPUs' units)."""
+    if len(builder.reductions) != 1 or builder.cols.headed:
+        return "one product of the whole state, each operand tile every unit's column"
+    if builder.gpu_units * builder.gpus != builder.H:
+        return (f"hidden={builder.H} run as {builder.gpus} GPUs of {builder.gpu_units} units (the last GPU's run past "
+                "it)")
+    return None
 
 
 class SplitMode:
@@ -198,7 +233,28 @@ class SplitMode:
         if g.ctas % self.gpus:
             raise ConfigError(f"a grid of {g.ctas} CTAs does not divide among {self.gpus} GPUs (split_configs)")
         super().__init__(plan, cfg, g, save)
-        self.barrier = PeerTags(self.gpus, self.chunk_rows)  # tags, with the peers' copies and chunked polls
+        if self.hop != "exposed":
+            problem = floor_problem(self)
+            if problem:
+                raise ConfigError(f"hop={self.hop!r} polls each peer's part from this GPU's own, which needs {problem}")
+        # tags, with the peers' copies and chunked polls (the floors: each peer's part this GPU's own)
+        parts = None if self.hop == "exposed" else self.gpus if self.hop == "floor" else 1
+        self.barrier = PeerTags(self.gpus, self.chunk_rows, floor_parts=parts)
+
+    @property
+    def hop_note(self) -> str:
+        """How this kernel's steps take the hop (the compile report's note)."""
+        if self.hop == "floor":
+            return "hop floor: each peer's part polled from and stored into this GPU's own (timing only, wrong outputs)"
+        if self.hop == "floor_own":
+            return ("hop floor_own: the floor polling its own GPU's part alone, each peer's store into its own (timing "
+                    "only, wrong outputs)")
+        return "hop exposed: the whole state polled before the product"
+
+    @property
+    def gpu_index(self):
+        """This GPU's place among the split's GPUs (from its run's first CTA)."""
+        return self.a.named[CTA_OFFSET] // (self.g.ctas // self.gpus)
 
     @property
     def gpu_units(self) -> int:

@@ -30,6 +30,16 @@ def error_of(layer, seq_len: int, seed: int = 0, lengths=None) -> float:
     return max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs))
 
 
+def matches_the_reference(layer, seq_lens) -> None:
+    """No spills; against float64 at each of ``seq_lens`` steps and with rows of their own lengths."""
+    assert layer.report.spill_store_bytes == 0, layer.report.format()
+    for seq_len in seq_lens:
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+    lengths = random_lengths(layer.signature.batch, 9, seed=1)
+    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+
+
 @pytest.mark.gpus(2)
 @pytest.mark.parametrize(
     "cell, hidden, batch, dtype",
@@ -42,13 +52,46 @@ def error_of(layer, seq_len: int, seed: int = 0, lengths=None) -> float:
     ],
 )
 def test_two_gpus_match_the_reference(cell, hidden, batch, dtype):
-    layer = split_layer(hidden, batch, dtype, 2, cell)
-    assert layer.report.spill_store_bytes == 0, layer.report.format()
-    for seq_len in (1, 7, 256):
-        err = error_of(layer, seq_len, seed=seq_len)
-        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
-    lengths = random_lengths(batch, 9, seed=1)
-    assert error_of(layer, 9, lengths=lengths) <= plan_tolerance(layer.plan, 9)
+    matches_the_reference(split_layer(hidden, batch, dtype, 2, cell), (1, 7, 256))
+
+
+def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs):
+    """LSTM split over ``gpus`` GPUs with the split's knob ``hop`` (16 units a CTA, two k groups unless ``knobs``)."""
+    config = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "hop": hop, **knobs}
+    return prnn_tvm.compile_cell("lstm", hidden, batch, dtype=dtype, devices=list(range(gpus)), config=config,
+                                 cache=False)
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize(
+    "hidden, batch, dtype, knobs",
+    [
+        (192, 5, "float16", {}),
+        (192, 5, "float16", {"smem_k_tiles": 2}),  # a warp's last two k tiles in shared memory
+        (192, 11, "float16", {}),  # two batch tiles (8 rows, then 3)
+        (320, 3, "bfloat16", {}),
+        (1024, 8, "float16", {"units_per_cta": 8, "k_groups": 4}),
+    ],
+)
+def test_the_exposed_hop_matches_the_reference_on_two_gpus(hidden, batch, dtype, knobs):
+    """``exposed`` (the default: the whole state polled before the product), named as the knob, against float64 at
+    awkward batches, a few steps and rows of their own lengths."""
+    layer = hop_layer(hidden, batch, dtype, 2, "exposed", **knobs)
+    assert "hop exposed" in layer.report.format()
+    matches_the_reference(layer, (1, 7, 64))
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize("hop", ["floor", "floor_own"])
+def test_a_floor_runs_each_gpu_alone_and_ends(hop):
+    """The floors (timing only): each GPU polls a peer's part from its own copy (``floor``; ``floor_own``: its own
+    part alone) and stores the peer's words there, so no GPU waits for another and a call ends without a timeout;
+    its outputs are finite (wrong: a peer's part of each product is this GPU's own values, or the initial state's)."""
+    layer = hop_layer(192, 5, "float16", 2, hop)
+    assert f"hop {hop}:" in layer.report.format()
+    layer.barrier_timeout_us = 200_000
+    out, finals = layer(**random_inputs(layer.plan, 16, 192))
+    assert np.isfinite(out).all() and all(np.isfinite(f).all() for f in finals)
 
 
 @pytest.mark.gpus(4)

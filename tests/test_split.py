@@ -21,8 +21,8 @@ from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
 from prnn_tvm.schedules import by_name, split
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import STATIC_SMEM_RESERVE, gpu_spec, max_regs_per_thread
-from prnn_tvm.verify import bounds, emulator
-from prnn_tvm.verify.split import run_split
+from prnn_tvm.verify import emulator
+from prnn_tvm.verify.split import run_split, shared_problems
 
 H100 = gpu_spec("sm_90")
 emulated_only = pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
@@ -217,7 +217,7 @@ def test_tiered_half_split_stays_inside_its_shared_memory():
     layer = prnn_tvm.compile_cell("lstm", 64, 4, dtype="float16", arch="sm_90", tuning_logs=[], devices=[0, 1],
                                   config=dict(units_per_cta=16, k_groups=2, n_tiles=1, smem_k_tiles=1), cache=False)
     assert layer.report.weight_smem_bytes > 0 and layer.kernel.config.smem_k_tiles == 1
-    assert bounds.launch_problems(layer.kernel.func, layer.kernel.launch.grid) == [], layer.report.format()
+    assert shared_problems(layer) == [], layer.report.format()
 
 
 @pytest.mark.slow

@@ -45,3 +45,17 @@ def run_each(layer, per_gpu: list, seq_len: int, timeout_us: int = TIMEOUT_US, s
     runs = emulate_devices(layer.cuda_source, launch, devices)
     written = [a.name for a in launch.args if a.role in (ArgRole.OUTPUT, ArgRole.FINAL)]
     return [[run.buffers[name] for name in written] for run in runs], [run.error_word for run in runs]
+
+
+def shared_problems(layer) -> list[str]:
+    """What in each GPU's run of CTAs of a split ``layer`` does not fit its shared memory (:func:`.bounds.
+    launch_problems` with that GPU's ``cta_offset``: a floor's polled columns follow its place among the GPUs)."""
+    from tvm import tirx
+
+    from .bounds import launch_problems
+
+    func = layer.kernel.func
+    offset = next(v for v in func.params if v.name == CTA_OFFSET)
+    runs = [func.specialize({offset: tirx.const(g * layer.ctas_per_gpu, "int32")})
+            for g in range(len(layer.devices))]
+    return [problem for run in runs for problem in launch_problems(run, layer.kernel.launch.grid)]

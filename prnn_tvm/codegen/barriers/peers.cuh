@@ -12,4 +12,10 @@ __device__ __forceinline__ void prnn_tag_store_peer(const uint64_t* slot, const 
   const unsigned long long word = ((unsigned long long)tag << 32) | prnn_payload_bits(v);
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(word) : "memory");
 }
+// The split's floor (timing only): the "peer" is this GPU's own copy, the same store into the same slot again.
+template <typename V>
+__device__ __forceinline__ void prnn_tag_store_peer(const uint64_t* slot, const uint64_t* ws, const uint64_t* own,
+                                                    V v, unsigned tag) {
+  prnn_tag_store_peer<V>(slot, ws, (long long)own, v, tag);
+}
 #endif

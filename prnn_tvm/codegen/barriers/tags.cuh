@@ -35,7 +35,8 @@ __device__ __forceinline__ V prnn_tag_value(const uint64_t* p) {
 // wait timed out or another block reported one. VEC = 2 loads two tagged words at once with a
 // volatile vector load (each 64-bit word stays single-copy atomic; ld.relaxed has no vector form).
 // SLEEP_NS > 0: the thread sleeps about that long before each poll after the first (prnn_poll_pause).
-template <typename V, int PER, int VEC, int ROW, int ROW_PAD, int SLEEP_NS>
+// SRC_ROW: values between the source's rows (ROW: contiguous; more: ROW columns of each row of a wider array).
+template <typename V, int PER, int VEC, int ROW, int ROW_PAD, int SLEEP_NS, int SRC_ROW = ROW>
 __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n, int base, int step,
                                              unsigned* sync, int timeout_us) {
   static_assert(PER <= 32 && (VEC == 1 || VEC == 2) && ROW % VEC == 0, "stale bits, vector width");
@@ -51,7 +52,8 @@ __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n,
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       if (stale & (1u << j)) {
-        const uint64_t* p = src + (threadIdx.x + j * blockDim.x) * VEC;
+        const unsigned i = (threadIdx.x + j * blockDim.x) * VEC;
+        const uint64_t* p = src + (SRC_ROW == ROW ? i : i / ROW * SRC_ROW + i % ROW);
         if (VEC == 2) {
           asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v[j][0]), "=l"(v[j][VEC - 1]) : "l"(p)
                        : "memory");

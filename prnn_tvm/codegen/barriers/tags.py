@@ -113,14 +113,16 @@ class Tags(Barrier):
         step,
         args: SyncArgs,
         sleep_ns: int = 0,
+        src_row: int | None = None,
     ):
-        """Poll-and-copy ``n`` (at most ``max_n``) tagged ``dtype`` values, rows of ``row``, into shared memory
-        rows of ``row_pad``, sleeping about ``sleep_ns`` between polls (0: none); returns the block-uniform abort
-        flag."""
+        """Poll-and-copy ``n`` (at most ``max_n``) tagged ``dtype`` values, rows of ``row`` (``src_row`` apart in the
+        source where not contiguous), into shared memory rows of ``row_pad``, sleeping about ``sleep_ns`` between
+        polls (0: none); returns the block-uniform abort flag."""
         vec = 2 if row % 2 == 0 else 1
         per, _ = self.polled_loads(max_n, threads, row, itemsize(dtype))  # as the config's validate counts them
+        strided = f", {src_row}" if src_row not in (None, row) else ""
         call = T.cuda.func_call(
-            f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}>",
+            f"prnn_tag_copy<{payload_type(dtype, self.name)}, {per}, {vec}, {row}, {row_pad}, {sleep_ns}{strided}>",
             src,
             dst,
             n,
