@@ -2,22 +2,29 @@
 in-graph step (a chain of dependent ``session.post`` steps replayed from a CUDA graph, as ``prnn-tvm bench
 --step-latency`` times it) told apart by what changes between runs of the same model.
 
-    python bench/session_phases.py [--hidden 640 --batch 8 --half 1 --chain 100 --steps 10000]
+    python bench/session_phases.py [--hidden 640 --batch 8 --half 1 --layers 1 --chain 100 --steps 10000]
     python bench/session_phases.py --hidden 128 --batch 1 --half 0 --layers 2 --steps 100000   # 2x128's host share
+    python bench/session_phases.py --hidden 480 --batch 1 --half 0 --layers 3 --chains 0       # the floors alone
 
 1. Host share (no GPU): the host transport's work per step (``prnn_tvm.runtime.session_host``) with rings in
    ordinary memory and every response already tagged, as the resident kernel would leave them: the floor the host
    puts under a host step. In Python (``host_step="python"``): pack the request, spin on the responses, copy the
    states out; natively (the default, ``prnn_tvm.runtime.session_native``): the one call that does all three. Then
    the return (a step's ``(y, states)``), and all of it with the output's allocation. ``--layers`` sets the states
-   of a deep stack here (two a layer: an LSTM's); the GPU part times one layer.
-2. On the GPU, us per step (medians of CUDA-event replays):
-   - the chain at input sizes K = hidden, hidden / 4 and 16: the take (a CTA takes all B x K words) and the
-     projection (B x K x 4 units per CTA) scale with K, nothing else does; the slope is their cost per input;
-   - the layer's own recurrent kernel over ``chain`` steps of a projected input (no take, no projection, no
-     publish or collect): the recurrence's floor;
+   of a deep stack (two a layer: an LSTM's).
+2. On the GPU, us per step (medians of CUDA-event replays), of the deep stack of ``--layers`` (``lstm_d<layers>``;
+   one layer: ``lstm``):
    - two dependent small kernels per step in a graph (torch's): what the publish and the collect cost as nodes;
-   - ``session.step`` (host to host) and ``session.post`` with the caller waiting, p50 over ``--steps``.
+   - the layer's own recurrent kernel over ``chain`` steps of a projected input (no take, no projection, no
+     publish or collect, no transport): the recurrence's floor, the step of a session whose input is already on the
+     device with nothing to wait for;
+   - with ``--chains 1`` (the default): the chain at input sizes K = hidden, hidden / 4 and 16: the take (a CTA
+     takes all B x K words) and the projection (B x K x 4 units per CTA) scale with K, nothing else does; the slope
+     is their cost per input; then ``session.step`` (host to host) and ``session.post`` with the caller waiting, p50
+     over ``--steps``. ``--chains 0`` leaves them out (no session compiled: the floors alone, in seconds).
+
+The transport's floor, a session's own transport around a step that does nothing, is
+``bench/probes/session_transport.cu``'s ``session`` form.
 """
 
 import time
@@ -33,8 +40,9 @@ from prnn_tvm.runtime import session_words
 from prnn_tvm.runtime.session_host import HostRings
 from prnn_tvm.signature import request_words
 
-args = baselines.script_arguments(number=1, hidden=640, batch=8, half=1, chain=100, steps=10_000, layers=1)
-H, B, CHAIN = args.hidden, args.batch, args.chain
+args = baselines.script_arguments(number=1, hidden=640, batch=8, half=1, chain=100, steps=10_000, layers=1, chains=1)
+H, B, CHAIN, L = args.hidden, args.batch, args.chain, args.layers
+CELL = f"lstm_d{L}" if L > 1 else "lstm"
 DTYPE = "float16" if args.half else "float32"
 
 
@@ -78,8 +86,8 @@ def host_share(input_size: int, states: int, native: bool) -> dict:
 
 def chain_us(input_size: int) -> float:
     """Per step, a chain of ``--chain`` dependent session steps of an LSTM with ``input_size`` inputs."""
-    lstm = torch.nn.LSTM(input_size, H).cuda().to(getattr(torch, DTYPE)).eval()
-    layer = prnn_tvm.compile_cell("lstm", H, B, input_size=input_size, dtype=DTYPE)
+    lstm = torch.nn.LSTM(input_size, H, L).cuda().to(getattr(torch, DTYPE)).eval()
+    layer = prnn_tvm.compile_cell(CELL, H, B, input_size=input_size, dtype=DTYPE)
     session = layer.session(**session_weights(lstm), release_after=None)
     x = torch.zeros(B, input_size, device="cuda", dtype=lstm.weight_ih_l0.dtype)
     out = torch.empty(len(session.state_names), B, H, device="cuda", dtype=x.dtype)
@@ -101,13 +109,18 @@ def chain_us(input_size: int) -> float:
 
 
 def recurrence_us() -> float:
-    """Per step, the layer's own recurrent kernel over ``--chain`` steps of a projected input."""
-    layer = prnn_tvm.compile_cell("lstm", H, B, dtype=DTYPE)
+    """Per step, the layer's own recurrent kernel (a deep stack's: every layer, the first one's input projected)
+    over ``--chain`` steps of a projected input."""
+    layer = prnn_tvm.compile_cell(CELL, H, B, dtype=DTYPE)
     dtype = getattr(torch, DTYPE)
     xp = torch.randn(CHAIN, B, 4 * H, device="cuda", dtype=torch.float32)  # xp is float32 for every dtype
-    W_hh, b_hh = torch.randn(4 * H, H, device="cuda", dtype=dtype) / H**0.5, torch.zeros(4 * H, device="cuda",
-                                                                                         dtype=dtype)
-    ((name, bound),) = layer.bind_recurrent(xp, W_hh, b_hh).launches
+    launch = layer.signature.launch("recurrent")
+    weights = {  # W_hh and b_hh, and each layer above the first one's W_ih and b_ih
+        name: torch.randn(*launch.arg(name).shape, device="cuda", dtype=dtype) / H**0.5
+        for name in layer.signature.starting_at("recurrent").arg_names
+        if name.split("_")[-2:-1] in (["W"], ["b"])
+    }
+    ((name, bound),) = layer.bind_recurrent(xp, **weights).launches
     function = layer.module[name]
     return baselines.cuda_event_times(lambda: function(*bound), args.repeats, 10)[0] * 1e6 / CHAIN
 
@@ -123,18 +136,21 @@ def two_nodes_us() -> float:
     return float(np.median(chain_samples(step, CHAIN)))
 
 
-print(f"LSTM {args.layers}x{H} B={B} {DTYPE}")
+print(f"LSTM {L}x{H} B={B} {DTYPE}")
 for native in (False, True):
     print(f"host share, {'native' if native else 'Python'}, us (p50, p99) on this CPU:",
-          host_share(H, 2 * args.layers, native))
+          host_share(H, 2 * L, native))
 if torch.cuda.is_available():
     with torch.no_grad():
         print("two small kernels per step in a graph, us/step:", round(two_nodes_us(), 2))
-        print("recurrent kernel alone, us/step:", round(recurrence_us(), 2))
+        print(f"recurrent kernel alone ({CELL}), us/step:", round(recurrence_us(), 2))
+    if not args.chains:
+        raise SystemExit(0)
+    with torch.no_grad():
         for K in dict.fromkeys((H, max(H // 4, 1), 16)):
             print(f"session chain at input size {K}, us/step:", round(chain_us(K), 2))
-        lstm = torch.nn.LSTM(H, H).cuda().to(getattr(torch, DTYPE)).eval()
-        layer = prnn_tvm.compile_cell("lstm", H, B, dtype=DTYPE)
+        lstm = torch.nn.LSTM(H, H, L).cuda().to(getattr(torch, DTYPE)).eval()
+        layer = prnn_tvm.compile_cell(CELL, H, B, dtype=DTYPE)
         xs = np.random.default_rng(0).standard_normal((args.steps, B, H)).astype(DTYPE)
         with layer.session(**session_weights(lstm), release_after=None) as session:
             print("session.step (host to host) p50 us:", round(float(np.median(latencies(session.step, xs))), 2))

@@ -21,16 +21,34 @@
 //            stream waits for the count, and the next producer reads the plain y
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o session_transport session_transport.cu
-//   ./session_transport
+//   ./session_transport                                            # the survey above
+//   ./session_transport session VALUES HALF OUT CTAS THREADS [STEPS]  # a session's own transport, its step a no-op
+//
+// The second form times the transport of one session shape with the session's own device code
+// (prnn_tvm/codegen/barriers/session.cuh: its take, relay, respond, publish and collect) around a step that does
+// nothing (response word j is input value j % VALUES plus one): what a step of that shape costs with no recurrence.
+// VALUES: the step's input (batch x input), HALF 1: 16-bit values, two a request word (else float32, one a word);
+// OUT: the response words (states x batch x hidden); CTAS x THREADS: the session kernel's grid (one CTA an SM).
+//   host   the host transport as the native host step runs it: the host packs the request into the page-locked
+//          ring, CTA 0 relays it, every CTA takes it, every CTA stores its share of the responses into the
+//          page-locked response ring, the host spins on the last word, then on the others; p50 / p99 / max over
+//          STEPS (default 10^5) of the host's round trip, the first 5% left out; every value checked
+//   graph  the device transport in a chain of dependent steps replayed from one CUDA graph, as the bench's chain:
+//          the publish kernel, the collect kernel, and a copy of the collected states into the next input (three
+//          nodes a step); us per step, best and median of 20 replays of 100 steps
 //
 // H100 figures and what they say: bench/results/session-transport-h100.md.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 #include <cuda.h>
+#include <cuda_fp16.h>
 #include "probe_common.cuh"
+#include "../../prnn_tvm/codegen/barriers/session.cuh"
 
 constexpr int THREADS = 256;
 constexpr unsigned SENTINEL = 0xffffffffu;
@@ -331,8 +349,234 @@ static void gpu_chain(bool memops, int ctas, int in_n, int out_n, int graph_step
   cudaFree(count); cudaFreeHost(errors); cudaStreamDestroy(rs); cudaStreamDestroy(cs);
 }
 
-int main() {
+// ---------------------------------------------------------------- a session's own transport, its step a no-op
+constexpr int SESSION_DEPTH = 2;             // request and response slots, as prnn_tvm/runtime/session.py's DEPTH
+constexpr int SESSION_LIMIT_US = 2000000;    // every wait of the no-op session gives up after 2 s
+constexpr int SESSION_TAKE_PER = 10;         // prnn_tvm/codegen/session.py's TAKE_PER
+constexpr int SESSION_COLLECT_THREADS = 1024;  // and its COLLECT_THREADS
+constexpr int SESSION_PER_MAX = 16;          // words a collect thread polls at most here (16384 response words)
+
+// Calls f with std::integral_constant<int, per>, 1 <= per <= N (a template argument picked at run time).
+template <int N, typename F>
+static void with_per(int per, F f) {
+  if constexpr (N > 0) {
+    if (per == N) f(std::integral_constant<int, N>{});
+    else with_per<N - 1>(per, f);
+  }
+}
+
+// The resident kernel of a session whose step is a no-op: each step's request taken as the session takes it (with
+// host_req, CTA 0 relays it from the page-locked ring), then this CTA's share of the response words stored tagged
+// (with host_resp, into the page-locked ring), as the session's threads store their new states.
+template <int PER, typename V, bool PAIRS>
+__global__ void __launch_bounds__(1024, 1) session_noop(uint64_t* mailbox, unsigned long long host_req,
+                                                        uint64_t* resp, unsigned long long host_resp, int words,
+                                                        int values, int out_n, int steps, unsigned* sync) {
+  extern __shared__ float x[];
+  const int per = (out_n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(out_n, lo + per);
+  for (int t = 0; t < steps; ++t) {
+    const int slot = t % SESSION_DEPTH;
+    const unsigned tag = prnn_session_tag(sync, (unsigned)t);
+    const unsigned long long host_slot = host_req ? host_req + 8ull * slot * words : 0ull;
+    if (prnn_session_take<PER, V, PAIRS>(mailbox + (long long)slot * words, host_slot, x, words, values, tag, t, sync,
+                                         SESSION_LIMIT_US))
+      return;
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x)
+      prnn_session_respond<V>(resp, host_resp, (long long)slot * out_n + j, (V)(x[j % values] + 1.0f), tag);
+    __syncthreads();  // x is the next take's
+  }
+}
+
+template <typename V, bool PAIRS>
+__global__ void session_publish_kernel(const V* x, uint64_t* mailbox, unsigned* control, const unsigned* sync,
+                                       int values, int words) {
+  prnn_session_publish<V, PAIRS>(x, mailbox, control, sync, values, words, SESSION_DEPTH);
+}
+
+template <typename V, int PER>
+__global__ void session_collect_kernel(const uint64_t* resp, V* y, int out_n, unsigned* control, unsigned* sync) {
+  prnn_session_collect<V, PER>(resp, y, out_n, control, sync, SESSION_LIMIT_US, SESSION_DEPTH, 0ull);
+}
+
+// The next step's input from the states collected (as the bench's chain copies the output into x).
+template <typename V>
+__global__ void session_next_input(const V* y, V* x, int values) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < values; i += gridDim.x * blockDim.x) x[i] = y[i];
+}
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+template <int PER, typename V, bool PAIRS>
+static void launch_noop(cudaStream_t s, int ctas, int threads, uint64_t* mailbox, uint64_t* host_req, uint64_t* resp,
+                        uint64_t* host_resp, int words, int values, int out_n, int steps, unsigned* sync) {
+  auto kernel = session_noop<PER, V, PAIRS>;
+  // at least 120 KB of shared memory: one CTA an SM, as the session's kernel (its registers) is
+  const int smem = std::max<int>(values * (int)sizeof(float), 120 * 1024);
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<ctas, threads, smem, s>>>(mailbox, (unsigned long long)host_req, resp, (unsigned long long)host_resp,
+                                     words, values, out_n, steps, sync);
+  CK(cudaGetLastError());
+}
+
+static unsigned read_error(const unsigned* sync) {
+  unsigned error = 0;
+  CK(cudaMemcpy(&error, sync, sizeof error, cudaMemcpyDeviceToHost));
+  return error;
+}
+
+// The payload bits of input_value's values (0-999, exact in 16 bits too) and of each plus one (a response).
+static std::vector<unsigned> payload_bits(bool half_values, int plus) {
+  std::vector<unsigned> bits(1000);
+  for (int v = 0; v < 1000; ++v) {
+    const float f = (float)(v + plus);
+    if (half_values) bits[v] = __half_as_ushort(__float2half(f));
+    else memcpy(&bits[v], &f, 4);
+  }
+  return bits;
+}
+
+template <int PER, typename V, bool PAIRS>
+static void session_host(int ctas, int threads, int values, int words, int out_n, int steps) {
+  uint64_t *req, *resp, *mailbox; unsigned* sync;
+  CK(cudaHostAlloc(&req, 8ull * SESSION_DEPTH * words, cudaHostAllocMapped));
+  CK(cudaHostAlloc(&resp, 8ull * SESSION_DEPTH * out_n, cudaHostAllocMapped));
+  memset(req, 0, 8ull * SESSION_DEPTH * words); memset(resp, 0, 8ull * SESSION_DEPTH * out_n);
+  CK(cudaMalloc(&mailbox, 8ull * SESSION_DEPTH * words)); CK(cudaMemset(mailbox, 0, 8ull * SESSION_DEPTH * words));
+  CK(cudaMalloc(&sync, 64)); CK(cudaMemset(sync, 0, 64));  // sync[0] the error word, sync[2] the tags' base (0)
+  cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  launch_noop<PER, V, PAIRS>(s, ctas, threads, mailbox, req, nullptr, resp, words, values, out_n, steps, sync);
+  std::vector<double> lat;
+  const std::vector<unsigned> in_bits = payload_bits(PAIRS, 0), out_bits = payload_bits(PAIRS, 1);
+  std::vector<unsigned> x(values), out(out_n);
+  unsigned wrong = 0, timeouts = 0;
+  for (int t = 0; t < steps && !timeouts; ++t) {
+    for (int i = 0; i < values; ++i) x[i] = in_bits[(t * 7 + i) % 1000];  // the caller's input, before the step
+    const unsigned tag = (unsigned)t + 1;  // the base (0) + step + 1, as the kernel's
+    uint64_t* slot = req + (long long)(t % SESSION_DEPTH) * words;
+    const uint64_t* answer = resp + (long long)(t % SESSION_DEPTH) * out_n;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < words; ++i) {  // packed as the native step packs (prnn_tvm/runtime/session_native.c)
+      unsigned bits = PAIRS ? x[2 * i] | (2 * i + 1 < values ? x[2 * i + 1] << 16 : 0u) : x[i];
+      if (bits > PRNN_SESSION_CLOSE - 1) bits = PRNN_SESSION_CLOSE - 1;
+      __atomic_store_n(slot + i, ((uint64_t)tag << 32) | bits, __ATOMIC_RELAXED);
+    }
+    int i = 0;  // the words before i carry the tag and are unpacked
+    for (unsigned polls = 1;; ++polls) {
+      if ((unsigned)(__atomic_load_n(answer + out_n - 1, __ATOMIC_ACQUIRE) >> 32) == tag) {
+        for (; i < out_n; ++i) {
+          const uint64_t word = __atomic_load_n(answer + i, __ATOMIC_ACQUIRE);
+          if ((unsigned)(word >> 32) != tag) break;
+          out[i] = (unsigned)word;
+        }
+        if (i == out_n) break;
+      }
+      __builtin_ia32_pause();
+      if (polls % 64 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(2)) { timeouts = 1; break; }
+    }
+    if (timeouts) break;
+    lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    for (int j = 0; j < out_n; ++j) wrong += out[j] != out_bits[(t * 7 + j % values) % 1000];
+  }
+  CK(cudaStreamSynchronize(s));  // a step that timed out: the kernel gives up 2 s after its last request
+  const unsigned error = read_error(sync);
+  if (lat.size() < 100) {
+    printf("  host to host: gave up after %zu steps (error word %u)\n", lat.size(), error);
+  } else {
+    std::vector<double> m(lat.begin() + lat.size() / 20, lat.end());
+    std::sort(m.begin(), m.end());
+    printf("  host to host                         p50 %7.2f  p99 %7.2f  max %8.2f us over %zu steps   wrong %u "
+           "timeouts %u\n", m[m.size() / 2], m[m.size() * 99 / 100], m.back(), lat.size(), wrong,
+           timeouts + (error != 0));
+  }
+  cudaFreeHost(req); cudaFreeHost(resp); cudaFree(mailbox); cudaFree(sync); cudaStreamDestroy(s);
+}
+
+template <int PER, typename V, bool PAIRS>
+static void session_graph(int ctas, int threads, int values, int words, int out_n, int graph_steps, int replays) {
+  const int collect_threads = std::min(SESSION_COLLECT_THREADS, ceil_div(out_n, 32) * 32);
+  const int collect_per = ceil_div(out_n, collect_threads);
+  uint64_t *mailbox, *resp; V *x, *y; unsigned *control, *sync;
+  CK(cudaMalloc(&mailbox, 8ull * SESSION_DEPTH * words)); CK(cudaMemset(mailbox, 0, 8ull * SESSION_DEPTH * words));
+  CK(cudaMalloc(&resp, 8ull * SESSION_DEPTH * out_n)); CK(cudaMemset(resp, 0, 8ull * SESSION_DEPTH * out_n));
+  CK(cudaMalloc(&x, sizeof(V) * values)); CK(cudaMemset(x, 0, sizeof(V) * values));
+  CK(cudaMalloc(&y, sizeof(V) * out_n));
+  CK(cudaMalloc(&control, 64)); CK(cudaMemset(control, 0, 64));
+  CK(cudaMalloc(&sync, 64)); CK(cudaMemset(sync, 0, 64));
+  cudaStream_t rs, cs; CK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  const auto publish = session_publish_kernel<V, PAIRS>;
+  const auto next = session_next_input<V>;
+  void (*collect)(const uint64_t*, V*, int, unsigned*, unsigned*) = nullptr;
+  with_per<SESSION_PER_MAX>(collect_per, [&](auto per) { collect = session_collect_kernel<V, decltype(per)::value>; });
+  // every kernel of the chain loaded before the resident one starts (CUDA's lazy loading would wait for it)
+  for (const void* f : {(const void*)publish, (const void*)next, (const void*)collect}) {
+    cudaFuncAttributes attr; CK(cudaFuncGetAttributes(&attr, f));
+  }
+  launch_noop<PER, V, PAIRS>(rs, ctas, threads, mailbox, nullptr, resp, nullptr, words, values, out_n,
+                             graph_steps * (replays + 1), sync);
+  cudaGraph_t graph; cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < graph_steps; ++k) {
+    publish<<<std::min(ceil_div(values, 256), 64), 256, 0, cs>>>(x, mailbox, control, sync, values, words);
+    collect<<<1, collect_threads, 0, cs>>>(resp, y, out_n, control, sync);
+    next<<<ceil_div(values, 256), 256, 0, cs>>>(y, x, values);
+  }
+  CK(cudaStreamEndCapture(cs, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<double> per_step;
+  for (int r = 0; r <= replays; ++r) {  // the first replay warms up
+    CK(cudaEventRecord(e0, cs));
+    CK(cudaGraphLaunch(exec, cs));
+    CK(cudaEventRecord(e1, cs));
+    CK(cudaEventSynchronize(e1));
+    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r) per_step.push_back(1000.0 * ms / graph_steps);
+  }
+  CK(cudaStreamSynchronize(rs));
+  unsigned steps_done = 0;
+  CK(cudaMemcpy(&steps_done, control, sizeof steps_done, cudaMemcpyDeviceToHost));
+  std::sort(per_step.begin(), per_step.end());
+  printf("  in a graph (publish, collect, copy)  best %7.2f  median %7.2f us/step   steps %u of %d, error word %u\n",
+         per_step.front(), per_step[per_step.size() / 2], steps_done, graph_steps * (replays + 1), read_error(sync));
+  CK(cudaGraphExecDestroy(exec)); CK(cudaGraphDestroy(graph));
+  cudaFree(mailbox); cudaFree(resp); cudaFree(x); cudaFree(y); cudaFree(control); cudaFree(sync);
+  cudaStreamDestroy(rs); cudaStreamDestroy(cs);
+}
+
+template <typename V, bool PAIRS>
+static void session_transport(int values, int out_n, int ctas, int threads, int steps) {
+  const int words = PAIRS ? ceil_div(values, 2) : values;
+  const int take_per = std::min(SESSION_TAKE_PER, ceil_div(words, threads));
+  printf("session transport, the step a no-op: %d %s values in %d request words, %d response words, %d CTAs x %d "
+         "threads\n", values, PAIRS ? "16-bit" : "float32", words, out_n, ctas, threads);
+  with_per<SESSION_TAKE_PER>(take_per, [&](auto per) {
+    session_host<decltype(per)::value, V, PAIRS>(ctas, threads, values, words, out_n, steps);
+    session_graph<decltype(per)::value, V, PAIRS>(ctas, threads, values, words, out_n, 100, 20);
+  });
+}
+
+static int session_main(int argc, char** argv) {
+  if (argc < 7) {
+    printf("usage: %s session VALUES HALF OUT CTAS THREADS [STEPS]\n", argv[0]);
+    return 2;
+  }
+  const int values = atoi(argv[2]), half_values = atoi(argv[3]), out_n = atoi(argv[4]), ctas = atoi(argv[5]);
+  const int threads = atoi(argv[6]), steps = argc > 7 ? atoi(argv[7]) : 100000;
+  if (values < 1 || values > 8192 || out_n < 1 || out_n > SESSION_COLLECT_THREADS * SESSION_PER_MAX || ctas < 1 ||
+      threads < 32 || threads > 1024 || threads % 32 || steps < 100) {
+    printf("VALUES 1-8192, OUT 1-%d, CTAS >= 1, THREADS a multiple of 32 up to 1024, STEPS >= 100\n",
+           SESSION_COLLECT_THREADS * SESSION_PER_MAX);
+    return 2;
+  }
+  if (half_values) session_transport<half, true>(values, out_n, ctas, threads, steps);
+  else session_transport<float, false>(values, out_n, ctas, threads, steps);
+  return 0;
+}
+
+int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
+  if (argc > 1 && std::string(argv[1]) == "session") return session_main(argc, argv);
   const int steps = 5000;
   struct Shape { int in_n, out_n; } shapes[] = {{128, 128}, {960, 960}, {5120, 5120}};
   for (auto sh : shapes)
