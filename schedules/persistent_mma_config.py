@@ -624,7 +624,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles")}
+                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)

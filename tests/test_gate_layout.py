@@ -73,7 +73,7 @@ def test_the_tuning_space_offers_both_layouts():
     space = ConfigSpace(plan("lstm_h12", dtype="float16"), GPU, by_name("persistent_mma"))
     in_warp = [c for c in space.configs if c.in_warp]
     assert in_warp and all(c.barrier == "block" and c.k_groups == 1 for c in in_warp)
-    assert all(dataclasses.replace(c, gate_layout="by_gate") in space.configs for c in in_warp)  # each a twin
+    assert all(dataclasses.replace(c, gate_layout="by_gate", batch_warps=1) in space.configs for c in in_warp)  # twins
     assert "gate_layout=in_warp" in space.feature_names
     assert space.configs[space.defaults()[0]].in_warp
 
@@ -161,3 +161,81 @@ def test_the_projection_is_loaded_two_steps_ahead_where_the_registers_allow(cell
     assert layer.report.spill_store_bytes == 0 and layer.report.stack_bytes == 0, layer.report.format()
     stride = 16 * 4 * 768  # a step of the projection: batch x 4 gates x hidden
     assert f"+ {ahead * stride})]" in body[begin:end], body[begin:end][-2000:]
+
+
+# ---------------------------------------------------------------- batch_warps: a pass's batch tiles over sets of warps
+SPLIT = dataclasses.replace(IN_WARP, batch_warps=2)
+
+
+@pytest.mark.parametrize(
+    "config, batch, message",
+    [
+        (dataclasses.replace(IN_WARP, batch_warps=3), 16, "batch_warps=3: must be one of 1, 2, 4, 8"),
+        (dataclasses.replace(SPLIT, gate_layout="by_gate"), 16, "take gate_layout='in_warp', or batch_warps=1"),
+        (dataclasses.replace(SPLIT, n_tiles=1), 8, "n_tiles=1 does not split into 2"),
+        (dataclasses.replace(IN_WARP, n_tiles=4, batch_warps=4), 32, "a 1024-thread CTA allows 64"),
+    ],
+)
+def test_batch_warps_it_cannot_place_are_refused_with_the_reason(config, batch, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        mc.validate(config, plan("lstm_h12", batch=batch), GPU)
+
+
+def test_split_batch_tiles_halve_a_threads_work_and_double_the_warps():
+    one, two = (mc.validate(c, plan("lstm_h12"), GPU) for c in (IN_WARP, SPLIT))
+    assert (one.threads, two.threads) == (256, 512) and (one.items_per_thread, two.items_per_thread) == (4, 2)
+    assert two.weights_per_thread == one.weights_per_thread and two.regs_estimate < one.regs_estimate
+    assert mc.MmaConfig(64, 1, 4, batch_warps=2).warp_n_tiles == 2
+    assert SPLIT.as_dict()["batch_warps"] == 2 and "batch_warps" not in IN_WARP.as_dict()  # records from before
+
+
+def test_the_tuning_space_offers_each_in_warp_config_split():
+    space = ConfigSpace(plan("lstm_h12"), GPU, by_name("persistent_mma"))
+    split = [c for c in space.configs if c.batch_warps > 1]
+    assert split and all(c.in_warp and c.n_tiles % c.batch_warps == 0 for c in split)
+    assert all(dataclasses.replace(c, batch_warps=1) in space.configs for c in split)  # each a twin
+
+
+@pytest.mark.parametrize("cell", ["lstm_h12", "lstm_h48", "lstm_h24", "slstm_h12"])
+def test_the_default_splits_the_batch_tiles_only_below_the_measured_warps(cell, monkeypatch):
+    """BATCH_WARPS_BELOW = 0: the default as before; set to 16 (what the H100 figures may say), the CTAs of fewer
+    than 16 warps take twice the warps, each with half the batch tiles, and the unsplit config follows (a fallback)."""
+    p = plan(cell)
+    before = mc.ranked_configs(p, GPU)
+    assert mc.BATCH_WARPS_BELOW == 0 and all(c.batch_warps == 1 for c in before)
+    monkeypatch.setattr(mc, "BATCH_WARPS_BELOW", 16)
+    first, second, *_ = mc.ranked_configs(p, GPU)
+    assert first == dataclasses.replace(before[0], batch_warps=2) and second == before[0], (first, second)
+    assert mc.geometry(first, p).threads == 2 * mc.geometry(second, p).threads <= 16 * 32
+
+
+@pytest.mark.parametrize(
+    "cell, batch, config",
+    [
+        ("lstm_h12", 16, SPLIT),  # 512 threads, warps 8-15 on batch rows 8-15
+        ("lstm_h12", 9, SPLIT),  # the second set's tile holds one row of the batch
+        ("lstm_h48", 16, dataclasses.replace(SPLIT, units_per_cta=32)),  # two heads a CTA
+        ("lstm_h12", 32, dataclasses.replace(SPLIT, n_tiles=4)),  # two batch tiles a warp (ldmatrix pairs)
+        ("slstm_h12", 16, SPLIT),
+    ],
+)
+def test_split_kernels_build_without_spills_and_place_each_warp_on_its_tiles(cell, batch, config):
+    layer = build(cell, "bfloat16", config, batch=batch)
+    rep = layer.report
+    assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
+    assert rep.threads == 2 * 32 * config.units_per_cta // 8 and rep.registers <= max_regs_per_thread(rep.threads, GPU)
+    body = kernel_source(layer)
+    sets = rep.threads // 2  # threads of one set of warps
+    # a set's warps hold the same units (tx % sets) and start at batch tile tx / sets of the pass's
+    assert f"((((int)threadIdx.x) & {sets - 1}) >> 2)" in body, body[:3000]
+    assert f"((((int)threadIdx.x) >> {sets.bit_length() - 1}) * {8 * config.warp_n_tiles})" in body, body[:5000]
+    begin, end = time_loops(body)[0]
+    assert body[begin:end].count("__syncthreads()") == 1
+
+
+def test_a_session_runs_a_split_config_by_gate_on_one_set_of_warps():
+    """A session kernel (``tags``, by_gate: in_warp writes its block's own tiles) takes batch_warps=1 with it."""
+    from prnn_tvm.schedules import session
+
+    got = session.session_config(SPLIT, plan("lstm_h12"), GPU, mc.validate, mc.ranked_configs, 768)
+    assert not got.in_warp and got.batch_warps == 1, got

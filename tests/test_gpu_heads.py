@@ -258,3 +258,30 @@ def test_in_warp_over_a_long_ragged_sequence(cell, batch, config, dtype="bfloat1
     assert layer.kernel.config.in_warp and layer.report.spill_bytes == 0, layer.report.format()
     err = error_of(layer, 1024, seed=11, lengths=random_lengths(batch, 1024, seed=11))
     assert err <= tolerance(dtype, 1024), f"{err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("batch", [16, 9])
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_split_batch_tiles_match_the_reference(D, batch, dtype="bfloat16"):
+    """``batch_warps=2`` (schedules/gate_layout.py): the default in_warp config with its pass's two batch tiles on
+    two sets of warps, against float64 at T = 1, 7, 255 with per-row lengths; batch 9: the second set's tile holds
+    one row of the batch."""
+    cell = IN_WARP_CASES[D][0]
+    default = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda")
+    config = dataclasses.replace(default.kernel.config, batch_warps=2)
+    layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", config=config)
+    assert layer.kernel.config.batch_warps == 2 and layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (1, 7, 255):
+        lengths = random_lengths(batch, seq_len, seed=seq_len) if seq_len > 1 else None
+        err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("D", sorted(IN_WARP_CASES))
+def test_every_head_size_at_batch_1(D, dtype="bfloat16"):
+    """The default at batch 1 (one batch tile: nothing to split) for every head size at hidden 768, odd T."""
+    layer = prnn_tvm.compile_cell(IN_WARP_CASES[D][0], 768, 1, dtype=dtype, target="cuda")
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (7, 255):
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
