@@ -266,9 +266,8 @@ def test_split_batch_tiles_match_the_reference(D, batch, dtype="bfloat16"):
     """``batch_warps=2`` (schedules/gate_layout.py): the default in_warp config with its pass's two batch tiles on
     two sets of warps, against float64 at T = 1, 7, 255 with per-row lengths; batch 9: the second set's tile holds
     one row of the batch."""
-    cell = IN_WARP_CASES[D][0]
-    default = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda")
-    config = dataclasses.replace(default.kernel.config, batch_warps=2)
+    cell = IN_WARP_CASES[D][0]  # the default's in_warp config (test_gate_layout.py), split
+    config = mc.MmaConfig(max(D, 32), 1, 2, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_warps=2)
     layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", config=config)
     assert layer.kernel.config.batch_warps == 2 and layer.report.spill_bytes == 0, layer.report.format()
     for seq_len in (1, 7, 255):
