@@ -123,9 +123,10 @@ SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (
 # (split) 73; three of 480 (shared layout) 68 at 160 threads, 53 at 320.
 MMA_PHASE_OVERHEAD = 8
 # The untuned default splits an in_warp pass's batch tiles over more sets of warps (``batch_warps``) while its CTA has
-# fewer warps than this: 0, never, until the H100 figures of bench/batch_warps.py (every head size at 768 x 16, bf16)
-# say where a CTA of twice the warps runs the step faster.
-BATCH_WARPS_BELOW = 0
+# fewer warps than this. H200, bench/batch_warps.py (768 x 16, bf16, us per step; heads-batch-warps-h200.md): heads of
+# 16 at 4 -> 8 warps 0.668 -> 0.605 (2 -> 4 warps, a head a CTA: 0.653 -> 0.588), of 32 0.670 -> 0.605, of 64 at
+# 8 -> 16 warps 0.717 -> 0.678; 32 warps (1024 threads, 64 registers) never measured.
+BATCH_WARPS_BELOW = 16
 
 
 @dataclass(frozen=True)
@@ -564,19 +565,41 @@ def in_warp_offered(cfg: MmaConfig, plan: CellPlan) -> bool:
 
 def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """``cfg`` with every gate of a unit in one warp (``gate_layout="in_warp"``: the row tiles per warp that takes,
-    one k group, one batch pass) where that validates, else ``cfg`` as it is. H100, lstm_h12 bf16 768 x 16 at
-    units_per_cta=64: 1.40-1.45 -> 0.737-0.740 us per step (bench/results/heads-in-warp-h100.md)."""
+    one k group, one batch pass), a head a CTA where the heads fit one an SM, and the fewest shared k tiles that
+    validate (:func:`fewest_shared_tiles`), else ``cfg`` as it is. H100, lstm_h12 bf16 768 x 16 at units_per_cta=64:
+    1.40-1.45 -> 0.737-0.740 us per step (bench/results/heads-in-warp-h100.md); H200, lstm_h6 (heads of 128, whose
+    warps hold two k tiles' weights in shared memory): 2.435 -> 1.425 (bench/results/heads-batch-warps-h200.md).
+
+    A head a CTA: blocks of a ``block`` barrier never wait for each other, so where the ranked config's CTAs hold
+    several heads and one head a CTA still fits the SMs, each CTA does half the work on SMs that were idle (H200,
+    lstm_h48, heads of 16: 0.668 -> 0.653 us per step, 0.605 -> 0.588 with ``batch_warps=2``)."""
     mw = in_warp_tiles(plan)
     passes = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), None)
     if mw is None or passes is None:
         return cfg
     other = dataclasses.replace(cfg, gate_layout="in_warp", m_tiles_per_warp=mw, k_groups=1, n_tiles=passes,
                                 k_chains=1, smem_k_tiles=0, l2_k_tiles=0, batch_warps=1)
+    head = plan.reductions[0].head_size(plan.hidden)
+    one_head = dataclasses.replace(other, units_per_cta=head)
+    tries = (one_head, other) if head < cfg.units_per_cta and geometry(one_head, plan).ctas <= gpu.sms else (other,)
+    return next((found for found in map(lambda c: fewest_shared_tiles(c, plan, gpu), tries) if found), cfg)
+
+
+def fewest_shared_tiles(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
+    """``cfg`` with the fewest ``smem_k_tiles``, from its own up, with which it validates: the weights that its
+    registers cannot hold, in shared memory (None where no count validates)."""
     try:
-        validate(other, plan, gpu)
-    except ConfigError:
-        return cfg
-    return other
+        k_tiles = geometry(cfg, plan).k_tiles_per_warp
+    except ConfigError:  # validate says why
+        return None
+    for sk in range(cfg.smem_k_tiles, k_tiles + 1):
+        other = dataclasses.replace(cfg, smem_k_tiles=sk)
+        try:
+            validate(other, plan, gpu)
+        except ConfigError:
+            continue
+        return other
+    return None
 
 
 def split_batch_tiles(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
