@@ -66,6 +66,7 @@ if args.arch is None:
     spans, clocks = htl.run(stamped, args.seq)
     if not spans.any():
         raise SystemExit("heads timeline: no spans came back (was the recurrent kernel instrumented?)")
-    print(f"{args.cell} {args.dtype} H={args.hidden} B={args.batch} T={args.seq}, steps {first}-{first + htl.STEPS}:")
+    last = first + spans.shape[1]
+    print(f"{args.cell} {args.dtype} H={args.hidden} B={args.batch} T={args.seq}, steps {first}-{last}:")
     for line in htl.summary(spans, clocks, args.seq):
         print(line)

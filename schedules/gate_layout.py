@@ -15,6 +15,12 @@ operand tile, and one block barrier ends the step (``persistent_warp_gates``). H
 units_per_cta=64, T=1024: 1.40-1.45 us per step by gate, 0.737-0.740 in one warp (the hand-written prototype,
 bench/changes/heads_gates_in_warp.json, 0.95; bench/results/heads-in-warp-h100.md).
 
+``batch_warps`` (``in_warp`` only): the pass's batch tiles split over that many sets of warps, each set holding every
+unit's gates (the weights once per set) and multiplying ``n_tiles / batch_warps`` of the tiles: warp ``w`` holds units
+``8 (w % W) ..`` and batch tiles from ``(w // W) n_tiles / batch_warps`` (``W``: the warps of one set). A thread has
+that many times fewer products, pointwise items and projection loads a step, and the CTA that many times more warps
+to hide their latencies; 1 is what configs and records from before the knob mean.
+
 It takes a step whose values stay in the block (barrier ``block``) in one batch pass, one product of ``2 m`` slices
 with ``m = m_tiles_per_warp``, its whole k range in each warp (``k_groups=1``) and every head holding whole warps
 of units (a multiple of 8).
@@ -26,6 +32,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 
 GATE_LAYOUTS = ("by_gate", "in_warp")
+BATCH_WARPS = (1, 2, 4, 8)
 UNITS_PER_WARP = 8  # a row tile's 16 rows hold two gates of 8 units (one per lane group ``grp``)
 
 
@@ -66,6 +73,21 @@ def in_warp_problem(cfg, plan: CellPlan, batch_chunks: int) -> str | None:
         return ("keeps every batch row of a step in one pass through the shared operand tile: take n_tiles covering "
                 "the batch, operand_path='shared', one batch group and the shared layout")
     return None
+
+
+def check_batch_warps(cfg) -> None:
+    """ConfigError where ``cfg.batch_warps`` cannot split its pass's batch tiles, with the reason (before the
+    geometry, which divides by it)."""
+    bw = cfg.batch_warps
+    if bw not in BATCH_WARPS:
+        raise ConfigError(f"batch_warps={bw}: must be one of {', '.join(map(str, BATCH_WARPS))} (sets of warps over "
+                          "a pass's batch tiles)")
+    if bw > 1 and not cfg.in_warp:
+        raise ConfigError(f"batch_warps={bw} splits the batch tiles of a unit's gates held in one warp: take "
+                          "gate_layout='in_warp', or batch_warps=1")
+    if cfg.n_tiles % bw:
+        raise ConfigError(f"batch_warps={bw} gives each set of warps n_tiles / batch_warps batch tiles: n_tiles="
+                          f"{cfg.n_tiles} does not split into {bw}; take a batch_warps that divides it")
 
 
 def check_gate_layout(cfg, plan: CellPlan, batch_chunks: int) -> None:

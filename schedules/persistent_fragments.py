@@ -94,9 +94,9 @@ class FragmentWeights(StreamedFragments):
         g, c = self.g, self.c
         mw = c.m_tiles_per_warp
         self.wreg = T.alloc_buffer((max(1, A_REGS * g.register_k_tiles * mw),), self.dt, scope="local")
-        self.acc = T.alloc_buffer((C_REGS * c.n_tiles * mw * c.k_chains,), self.acc_dt, scope="local")
+        self.acc = T.alloc_buffer((C_REGS * c.warp_n_tiles * mw * c.k_chains,), self.acc_dt, scope="local")
         # direct: the lane's fragments of every k tile, as its poll loads them; else one k tile's
-        self.bfrag = T.alloc_buffer((B_REGS * c.n_tiles * (g.k_tiles_per_warp if c.direct else 1),), self.dt,
+        self.bfrag = T.alloc_buffer((B_REGS * c.warp_n_tiles * (g.k_tiles_per_warp if c.direct else 1),), self.dt,
                                     scope="local")
         gs_words = g.smem_gs // itemsize(self.acc_dt)
         # the sums and the tiles, or all of g.smem_bytes where that is more (rounded up to 48 KB: launchable_smem)
@@ -185,7 +185,7 @@ class FragmentWeights(StreamedFragments):
     def tile_products(self, b0, phase: int):
         """This phase's products for batch rows b0.. (in shared memory) into the k group's partial sums."""
         c, g, stride, mw = self.c, self.g, self.stride, self.c.m_tiles_per_warp
-        per_chain = C_REGS * c.n_tiles * mw  # accumulators of one chain; k tile kt adds into chain kt % k_chains
+        per_chain = C_REGS * c.warp_n_tiles * mw  # accumulators of one chain; k tile kt adds into chain kt % k_chains
         for i in range(per_chain * c.k_chains):
             T.buffer_store(self.acc, tirx.const(0.0, self.acc_dt), [i])
         tiles = self.filled_row_tiles()
@@ -200,7 +200,7 @@ class FragmentWeights(StreamedFragments):
                     self.sum_chains(per_chain)
                     self.store_partials(b0)
                     return
-                pairs = c.n_tiles > 1  # B fragments of two batch tiles per ldmatrix, else two 32-bit loads
+                pairs = c.warp_n_tiles > 1  # B fragments of two batch tiles per ldmatrix, else two 32-bit loads
                 lane = self.tx % 32
                 # ldmatrix: lane l gives the row address of 8 x 8 matrix l // 8 (k 0-7 or 8-15 of batch tile nt or
                 # nt + 1), row l % 8; lane (grp, quad) receives batch row grp, k 2 * quad.. of each
@@ -214,7 +214,7 @@ class FragmentWeights(StreamedFragments):
                     if kt < g.l2_k_tiles:  # the streamed range's own column order
                         self.streamed_b(kt)
                     elif pairs:
-                        for nt in range(0, c.n_tiles, 2):
+                        for nt in range(0, c.warp_n_tiles, 2):
                             row_at = starts[nt] + TILE_K * kt if starts else at + nt * TILE_N * stride
                             T.evaluate(T.cuda.func_call("prnn_ldmatrix_x4", T.address_of(self.bfrag[nt * B_REGS]),
                                                         T.address_of(self.smem[row_at]),
@@ -247,7 +247,7 @@ class FragmentWeights(StreamedFragments):
         g, stride = self.g, self.stride
         return {nt: bind_value(self.operand_base + self.tile_row(lane % 8 + TILE_N * (lane // 16 + nt)) * stride
                                + 8 * (lane // 8 % 2) + TILE_K * self.kg * g.k_tiles_per_warp, f"frag_pair{nt}")
-                for nt in range(0, self.c.n_tiles, 2)}
+                for nt in range(0, self.c.warp_n_tiles, 2)}
 
     def filled_row_tiles(self) -> int:
         """Row tiles that hold weights in this CTA: its products' (the widest part may have more)."""
@@ -263,9 +263,9 @@ class FragmentWeights(StreamedFragments):
         if kt >= g.l2_k_tiles + g.register_k_tiles:
             self.multiply_shared(kt, b_offset, per_chain)
             return
-        for nt in range(c.n_tiles):
+        for nt in range(c.warp_n_tiles):
             for m in range(c.m_tiles_per_warp):  # the warp's row tiles share the B fragment
-                accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
+                accumulators = (kt % c.k_chains) * per_chain + (m * c.warp_n_tiles + nt) * C_REGS
                 a_data, a_offset = self.a_operand(m, kt, nt)
                 T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
                                             a_data, a_offset, self.bfrag.data,
@@ -283,8 +283,8 @@ class FragmentWeights(StreamedFragments):
         for m in range(c.m_tiles_per_warp):
             T.buffer_store(self.afrag, self.wsm[vec_index(self.shared_fragment(m, kt), A_REGS)],
                            [vec_index(0, A_REGS)])
-            for nt in range(c.n_tiles):
-                accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * C_REGS
+            for nt in range(c.warp_n_tiles):
+                accumulators = (kt % c.k_chains) * per_chain + (m * c.warp_n_tiles + nt) * C_REGS
                 T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
                                             self.afrag.data, 0, self.bfrag.data, b_offset(nt), self.acc.data,
                                             accumulators, False))

@@ -68,7 +68,7 @@ from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 
-from .gate_layout import check_gate_layout, in_warp_problem, in_warp_tiles
+from .gate_layout import BATCH_WARPS, check_batch_warps, check_gate_layout, in_warp_problem, in_warp_tiles
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import REG_OVERHEAD, group_span
 from .persistent_sums import unit_sum_bytes
@@ -122,6 +122,11 @@ SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (
 # batch 1, registers past the weight fragments: LSTM 960 58; Cho's GRU 960 (two phases) 66; two LSTM layers of 480
 # (split) 73; three of 480 (shared layout) 68 at 160 threads, 53 at 320.
 MMA_PHASE_OVERHEAD = 8
+# The untuned default splits an in_warp pass's batch tiles over more sets of warps (``batch_warps``) while its CTA has
+# fewer warps than this. H200, bench/batch_warps.py (768 x 16, bf16, us per step; heads-batch-warps-h200.md): heads of
+# 16 at 4 -> 8 warps 0.668 -> 0.605 (2 -> 4 warps, a head a CTA: 0.653 -> 0.588), of 32 0.670 -> 0.605, of 64 at
+# 8 -> 16 warps 0.717 -> 0.678; 32 warps (1024 threads, 64 registers) never measured.
+BATCH_WARPS_BELOW = 16
 
 
 @dataclass(frozen=True)
@@ -141,11 +146,18 @@ class MmaConfig:
     smem_k_tiles: int = field(default=0, metadata={"short": "sk", "quiet": True, "tier": True})
     l2_k_tiles: int = field(default=0, metadata={"short": "lk", "quiet": True})
     gate_layout: str = field(default="by_gate", metadata={"short": "", "quiet": True})
+    batch_warps: int = field(default=1, metadata={"short": "bw", "quiet": True})
 
     @property
     def in_warp(self) -> bool:
         """Whether a warp holds every gate of its units (``gate_layout="in_warp"``, ``gate_layout``)."""
         return self.gate_layout == "in_warp"
+
+    @property
+    def warp_n_tiles(self) -> int:
+        """Batch tiles a warp multiplies each pass: the pass's ``n_tiles`` over its ``batch_warps`` sets of warps
+        (``gate_layout``)."""
+        return self.n_tiles // self.batch_warps
 
     @property
     def direct(self) -> bool:
@@ -228,7 +240,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     ctas = cfg.batch_groups * len(runs) * math.ceil(H / cfg.units_per_cta)
     mw = cfg.m_tiles_per_warp
     warp_rows = math.ceil(m_tiles / mw)
-    warps = max(1, warp_rows * cfg.k_groups)
+    warps = max(1, warp_rows * cfg.k_groups * cfg.batch_warps)
     threads = 32 * warps
     kt = math.ceil(math.ceil(K / TILE_K) / cfg.k_groups) if m_tiles else 0
     k_pad = TILE_K * kt * cfg.k_groups if m_tiles else _round_up(H, TILE_K)
@@ -252,16 +264,16 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
     sum_stride = gate_sum_stride(m_tiles * TILE_M, cfg.units_per_cta)
     smem_gs = 0 if cfg.in_warp else (
         _round_up(itemsize(plan.policy.accumulate) * cfg.k_groups * B * sum_stride, 16) * (2 if cfg.direct else 1))
-    if cfg.in_warp:  # a lane's items: its unit's batch rows 2 quad, 2 quad + 1 of each batch tile
-        ipt = 2 * cfg.n_tiles
-    accumulators = 4 * mw * cfg.k_chains * cfg.n_tiles
+    if cfg.in_warp:  # a lane's items: its unit's batch rows 2 quad, 2 quad + 1 of each of its warp's batch tiles
+        ipt = 2 * cfg.warp_n_tiles
+    accumulators = 4 * mw * cfg.k_chains * cfg.warp_n_tiles
     if cfg.direct:  # the lane's fragments of every k tile are its poll's registers
         tagged = cfg.n_tiles * direct_loads(kt)[1]
         fragments = 2 * kt * cfg.n_tiles
     else:  # the loads the kind's poll holds while it waits (none for a kind that polls no values)
         tagged, poll_regs = barrier(cfg.barrier).polled_loads(min(cfg.batch_tile, B) * row if n_ops else 0, threads,
                                                               row, itemsize(plan.dtype), n_ops)
-        fragments = 2 * cfg.n_tiles + poll_regs * tagged
+        fragments = 2 * cfg.warp_n_tiles + poll_regs * tagged
     regs = (weights + accumulators + fragments + ipt * plan.item_values + REG_OVERHEAD
             + MMA_PHASE_OVERHEAD * (plan.product_phases - 1) + (SHARED_FRAGMENT_REGS if sk else 0)
             + staging_regs(cfg, kt, lk))
@@ -347,6 +359,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         group = f" group of {rows} rows" if cfg.batch_groups > 1 else f" of {rows}"
         raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch{group} "
                           f"needs at most {_round_up(rows, TILE_N) // TILE_N}")
+    check_batch_warps(cfg)
     if cfg.smem_k_tiles < 0:
         raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: the k tiles of a warp whose weights are in shared "
                           "memory, 0 or more")
@@ -376,7 +389,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         per_warp = f", {cfg.m_tiles_per_warp} per warp" if cfg.m_tiles_per_warp > 1 else ""
         raise ConfigError(f"{g.threads} threads per CTA ({g.m_tiles} row tiles{per_warp} x k_groups {cfg.k_groups}); "
                           "at most 1024: lower k_groups or units_per_cta")
-    accumulators = 4 * cfg.n_tiles * cfg.m_tiles_per_warp * cfg.k_chains
+    accumulators = 4 * cfg.warp_n_tiles * cfg.m_tiles_per_warp * cfg.k_chains
     fewer = ("lower n_tiles" + (" or m_tiles_per_warp" if cfg.m_tiles_per_warp > 1 else "")
              + (" or k_chains" if cfg.k_chains > 1 else ""))
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of weight fragments, {accumulators} accumulators",
@@ -531,7 +544,9 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
                     if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
                     for path in paths_for(plan, b)]
-    configs += [dataclasses.replace(cfg, gate_layout="in_warp") for cfg in configs if in_warp_offered(cfg, plan)]
+    in_warp = [dataclasses.replace(cfg, gate_layout="in_warp") for cfg in configs if in_warp_offered(cfg, plan)]
+    configs += in_warp + [dataclasses.replace(cfg, batch_warps=bw) for cfg in in_warp for bw in BATCH_WARPS
+                          if 1 < bw and cfg.n_tiles % bw == 0]
     tiered = configs
     if tiers_offered(plan, gpu, configs, validate):
         tiered = [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
@@ -550,19 +565,57 @@ def in_warp_offered(cfg: MmaConfig, plan: CellPlan) -> bool:
 
 def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """``cfg`` with every gate of a unit in one warp (``gate_layout="in_warp"``: the row tiles per warp that takes,
-    one k group, one batch pass) where that validates, else ``cfg`` as it is. H100, lstm_h12 bf16 768 x 16 at
-    units_per_cta=64: 1.40-1.45 -> 0.737-0.740 us per step (bench/results/heads-in-warp-h100.md)."""
+    one k group, one batch pass), a head a CTA where the heads fit one an SM, and the fewest shared k tiles that
+    validate (:func:`fewest_shared_tiles`), else ``cfg`` as it is. H100, lstm_h12 bf16 768 x 16 at units_per_cta=64:
+    1.40-1.45 -> 0.737-0.740 us per step (bench/results/heads-in-warp-h100.md); H200, lstm_h6 (heads of 128, whose
+    warps hold two k tiles' weights in shared memory): 2.435 -> 1.425 (bench/results/heads-batch-warps-h200.md).
+
+    A head a CTA: blocks of a ``block`` barrier never wait for each other, so where the ranked config's CTAs hold
+    several heads and one head a CTA still fits the SMs, each CTA does half the work on SMs that were idle (H200,
+    lstm_h48, heads of 16: 0.668 -> 0.653 us per step, 0.605 -> 0.588 with ``batch_warps=2``)."""
     mw = in_warp_tiles(plan)
     passes = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), None)
     if mw is None or passes is None:
         return cfg
     other = dataclasses.replace(cfg, gate_layout="in_warp", m_tiles_per_warp=mw, k_groups=1, n_tiles=passes,
-                                k_chains=1, smem_k_tiles=0, l2_k_tiles=0)
+                                k_chains=1, smem_k_tiles=0, l2_k_tiles=0, batch_warps=1)
+    head = plan.reductions[0].head_size(plan.hidden)
+    one_head = dataclasses.replace(other, units_per_cta=head)
+    tries = (one_head, other) if head < cfg.units_per_cta and geometry(one_head, plan).ctas <= gpu.sms else (other,)
+    return next((found for found in map(lambda c: fewest_shared_tiles(c, plan, gpu), tries) if found), cfg)
+
+
+def fewest_shared_tiles(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
+    """``cfg`` with the fewest ``smem_k_tiles``, from its own up, with which it validates: the weights that its
+    registers cannot hold, in shared memory (None where no count validates)."""
     try:
-        validate(other, plan, gpu)
-    except ConfigError:
-        return cfg
-    return other
+        k_tiles = geometry(cfg, plan).k_tiles_per_warp
+    except ConfigError:  # validate says why
+        return None
+    for sk in range(cfg.smem_k_tiles, k_tiles + 1):
+        other = dataclasses.replace(cfg, smem_k_tiles=sk)
+        try:
+            validate(other, plan, gpu)
+        except ConfigError:
+            continue
+        return other
+    return None
+
+
+def split_batch_tiles(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
+    """An ``in_warp`` ``cfg`` with its pass's batch tiles split over more sets of warps (``batch_warps``, doubled
+    while the CTA has fewer than BATCH_WARPS_BELOW warps and the split validates), else ``cfg`` as it is."""
+    best = cfg
+    while cfg.in_warp and cfg.n_tiles % (2 * best.batch_warps) == 0:
+        other = dataclasses.replace(best, batch_warps=2 * best.batch_warps)
+        try:
+            if geometry(best, plan).threads // 32 >= BATCH_WARPS_BELOW:
+                break
+            validate(other, plan, gpu)
+        except ConfigError:
+            break
+        best = other
+    return best
 
 
 def weight_tiers(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
@@ -594,7 +647,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles")}
+                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)
@@ -676,7 +729,8 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
                         estimated_cycles, limit, "tensor-core")
     # each with a unit's gates in one warp where that fits (no gate exchange through shared memory), the layout
     # as ranked after it (a fallback where ptxas spills)
-    local = list(dict.fromkeys(c for cfg in local for c in (gates_in_warp(cfg, plan, gpu), cfg)))
+    local = list(dict.fromkeys(c for cfg in local for warp in (gates_in_warp(cfg, plan, gpu),)
+                               for c in (split_batch_tiles(warp, plan, gpu), warp, cfg)))
     ladder = layered_defaults(plan, gpu, one_tile_space(plan, gpu, (RANKED_WITH,)), validate, estimated_cycles, limit,
                               "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1);

@@ -41,6 +41,7 @@ from prnn_tvm.target import GpuSpec, max_regs_per_thread
 from .gate_layout import UNITS_PER_WARP
 from .persistent_cuda import Item
 from .persistent_fragments import C_REGS
+from .persistent_mma_config import TILE_N
 
 
 class WarpGates:
@@ -70,8 +71,17 @@ class WarpGates:
 
     @property
     def warp_unit0(self):
-        """The first of this warp's units in the CTA."""
-        return self.tx // 32 * UNITS_PER_WARP
+        """The first of this warp's units in the CTA (the same in each of the ``batch_warps`` sets of warps)."""
+        if self.c.batch_warps == 1:
+            return self.tx // 32 * UNITS_PER_WARP
+        return self.tx // 32 % self.g.warp_rows * UNITS_PER_WARP
+
+    @property
+    def warp_tile0(self):
+        """The first of the pass's batch tiles this warp multiplies: its set's (``batch_warps``), 0 with one set."""
+        if self.c.batch_warps == 1:
+            return 0
+        return self.tx // 32 // self.g.warp_rows * self.c.warp_n_tiles
 
     def fragment_rows(self, m: int, half: int) -> list:
         """Row ``grp + 8 * half`` of the warp's row tile ``m``: gate ``2 m + half`` of unit ``8 w + grp``."""
@@ -94,7 +104,8 @@ class WarpGates:
             return super().operand_base
         (red,) = self.reductions
         head = self.cols.head_offset(red.operand, red.head_size(self.H), self.cta, self.warp_unit0)
-        return self.tile_set(self.t % 2) + self.slot[red.operand] * (self.c.batch_tile * self.stride) + head
+        base = self.tile_set(self.t % 2) + self.slot[red.operand] * (self.c.batch_tile * self.stride) + head
+        return base if self.c.batch_warps == 1 else base + self.warp_tile0 * (TILE_N * self.stride)
 
     def prologue(self):
         """With ``in_warp``: the initial states into set 0 of the operand tiles before the time loop, then a block
@@ -162,11 +173,11 @@ class WarpGates:
 
     def product_value(self, it, b, leaf: Leaf, row):
         """Item ``it``'s gate ``leaf.slice``: accumulator ``2 * half + it % 2`` of row tile ``slice // 2`` (``half``:
-        ``slice % 2``) and batch tile ``it // 2``."""
+        ``slice % 2``) and the warp's batch tile ``it // 2``."""
         if not self.c.in_warp:
             return super().product_value(it, b, leaf, row)
         m, half = divmod(leaf.slice, 2)
-        return self.acc[(m * self.c.n_tiles + it // 2) * C_REGS + 2 * half + it % 2]
+        return self.acc[(m * self.c.warp_n_tiles + it // 2) * C_REGS + 2 * half + it % 2]
 
     def item(self, it: int, group: int | None = None):
         if not self.c.in_warp:
@@ -277,12 +288,14 @@ class WarpGates:
 
 
 class _WarpItem(Item):
-    """A lane's item ``it`` with ``in_warp``: its unit ``8 w + grp`` at batch row ``2 quad + it % 2 + 8 (it // 2)``,
-    guarded to the batch (and, by ``Item``, the hidden units)."""
+    """A lane's item ``it`` with ``in_warp``: its unit ``8 w + grp`` at batch row ``2 quad + it % 2 + 8 (it // 2)``
+    (past the warp's first batch tile, with ``batch_warps``), guarded to the batch (and, by ``Item``, the hidden
+    units)."""
 
     def place(self) -> tuple:
         bld = self.b
-        b = bind_value(2 * bld.quad + self.it % 2 + 8 * (self.it // 2), f"item_b{self.it}")
+        row = 2 * bld.quad + self.it % 2 + 8 * (self.it // 2)
+        b = bind_value(row if bld.c.batch_warps == 1 else row + 8 * bld.warp_tile0, f"item_b{self.it}")
         return b, bld.warp_unit0 + bld.grp, b < bld.B
 
     def __enter__(self):

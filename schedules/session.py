@@ -74,7 +74,8 @@ def session_config(cfg, plan, gpu, validate, ranked_configs, input_size: int = 0
     (:func:`session_gpu`, inputs of ``input_size`` values a row), raising its weight tiers where that fits
     (:func:`with_tiers_raised`); else the best untuned config that runs so; ConfigError when none does."""
     changes = {"barrier": SESSION_BARRIER, "layout": "shared", "batch_groups": 1, "poll_sleep": 0,
-               "operand_path": "shared", "gate_layout": "by_gate"}  # (in_warp writes its block's own tiles)
+               "operand_path": "shared", "gate_layout": "by_gate",
+               "batch_warps": 1}  # (in_warp, and its batch_warps, write the block's own tiles)
 
     def fitting(candidate):
         knobs = {f.name for f in dataclasses.fields(candidate)}

@@ -79,7 +79,8 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
     GPUs, validated on :func:`combined`), then up to ``limit`` of the best untuned configs that run so, best first
     (the fallbacks where ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
     changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared",
-               "gate_layout": "by_gate"}  # (in_warp writes its block's own tiles)
+               "gate_layout": "by_gate",
+               "batch_warps": 1}  # (in_warp, and its batch_warps, write the block's own tiles)
     whole = combined(gpu, gpus)
 
     def fitting(candidate):

@@ -110,7 +110,7 @@ class StreamedFragments:
         columns ``direct_k`` gives, one 8-byte load from the operand tile (batch row ``grp`` of the tile, or its last
         row where the tile holds fewer rows than the pass: ``tile_row``)."""
         at = self.operand_base + TILE_K * self.kg * self.g.k_tiles_per_warp + direct_k(self.quad, kt, 0, self.ordered)
-        for nt in range(self.c.n_tiles):
+        for nt in range(self.c.warp_n_tiles):
             row = self.tile_row(self.grp + 8 * nt)
             T.buffer_store(self.bfrag, self.smem[vec_index(at + row * self.stride, 4)], [vec_index(nt * 4, 4)])
 
@@ -133,8 +133,8 @@ class StreamedFragments:
                 row = base + (2 * m + (j // 2) % 2) * halves
                 T.buffer_store(self.sfrag, self.lfrag[vec_index(row + 4 * within + 2 * (j // 4), 2)],
                                [vec_index(m * A_REGS + j, 2)])
-            for nt in range(c.n_tiles):
-                accumulators = (kt % c.k_chains) * per_chain + (m * c.n_tiles + nt) * 4
+            for nt in range(c.warp_n_tiles):
+                accumulators = (kt % c.k_chains) * per_chain + (m * c.warp_n_tiles + nt) * 4
                 T.evaluate(T.ptx_legacy.mma(mma.shape, "row", "col", mma.ptx, mma.ptx, mma.accumulator,
                                             self.sfrag.data, m * A_REGS, self.bfrag.data, b_offset(nt), self.acc.data,
                                             accumulators, False))

@@ -56,12 +56,47 @@ def test_a_single_block_of_a_dense_cell_takes_it():
 
 @pytest.mark.parametrize("cell", ["lstm_h12", "lstm_h48", "lstm_h24", "slstm_h12", "slstm_h48"])
 def test_the_default_puts_a_units_gates_in_one_warp(cell):
-    """Where it fits, the first untuned config is ``in_warp``, the same placement ``by_gate`` next (a fallback)."""
+    """Where it fits, the first untuned config is ``in_warp``, a head a CTA (48 heads fit the SMs one an SM), the
+    placement ``by_gate`` later (a fallback)."""
     p = plan(cell)
     first, *rest = mc.ranked_configs(p, GPU)
     assert first.in_warp and first.barrier == "block" and first.k_groups == 1, first
     assert first.m_tiles_per_warp == p.reductions[0].slices // 2
-    assert any(not c.in_warp and c.units_per_cta == first.units_per_cta for c in rest), rest
+    assert first.units_per_cta == p.reductions[0].head_size(768), first
+    assert any(not c.in_warp for c in rest), rest
+
+
+@pytest.mark.parametrize("cell, hidden, units", [("lstm_h48", 768, 16), ("lstm_h96", 1536, 16),
+                                                ("lstm_h192", 3072, 32)])
+def test_the_default_takes_a_head_a_cta_where_the_heads_fit_the_sms(cell, hidden, units):
+    """A block of the ``block`` barrier waits for no other: heads of 16 take a CTA each (48 or 96 CTAs, where the
+    estimate ranks two heads a CTA first), 192 heads (more than the 132 SMs) keep two a CTA."""
+    p = plan(cell, hidden)
+    first = mc.ranked_configs(p, GPU)[0]
+    assert first.in_warp and first.units_per_cta == units, first
+    assert next(c for c in mc.ranked_configs(p, GPU) if not c.in_warp).units_per_cta == 32
+
+
+@pytest.mark.parametrize("batch, sk", [(16, 2), (9, 2), (32, 6), (1, 0), (5, 0)])
+def test_a_head_of_128_takes_its_gates_in_one_warp_with_shared_k_tiles(batch, sk):
+    """Heads of 128 at batch 16: in_warp at 512 threads (128 registers) holds 2 of a warp's 8 k tiles' weights in
+    shared memory (H200: 1.425 us per step against 2.435 by gate, 252 registers at 256 threads); the fewest that
+    validate at each batch (none at one batch tile), the by_gate config next (a fallback)."""
+    p = plan("lstm_h6", batch=batch)
+    first, second, *_ = mc.ranked_configs(p, GPU)
+    assert first.in_warp and first.smem_k_tiles == sk and mc.geometry(first, p).threads == 512, first
+    if sk:
+        with pytest.raises(ConfigError, match="registers per thread"):
+            mc.validate(dataclasses.replace(first, smem_k_tiles=sk - 1), p, GPU)
+    assert not second.in_warp and second.units_per_cta == 128, second
+
+
+def test_fewest_shared_tiles_is_none_where_no_count_fits():
+    """Heads of 256: a unit's gates in one warp make 1024 threads of 64 registers, short even with every weight in
+    shared memory."""
+    cfg = mc.MmaConfig(256, 1, 2, "block", m_tiles_per_warp=2, gate_layout="in_warp")
+    assert mc.fewest_shared_tiles(cfg, plan("lstm_h3"), GPU) is None
+    assert mc.fewest_shared_tiles(IN_WARP, plan("lstm_h12"), GPU) == IN_WARP
 
 
 @pytest.mark.parametrize("cell", ["lstm_h3", "lstm"])  # heads of 256: no block holds one; dense: the grid
@@ -73,7 +108,7 @@ def test_the_tuning_space_offers_both_layouts():
     space = ConfigSpace(plan("lstm_h12", dtype="float16"), GPU, by_name("persistent_mma"))
     in_warp = [c for c in space.configs if c.in_warp]
     assert in_warp and all(c.barrier == "block" and c.k_groups == 1 for c in in_warp)
-    assert all(dataclasses.replace(c, gate_layout="by_gate") in space.configs for c in in_warp)  # each a twin
+    assert all(dataclasses.replace(c, gate_layout="by_gate", batch_warps=1) in space.configs for c in in_warp)  # twins
     assert "gate_layout=in_warp" in space.feature_names
     assert space.configs[space.defaults()[0]].in_warp
 
@@ -82,11 +117,12 @@ def test_the_tuning_space_offers_both_layouts():
 @pytest.mark.parametrize(
     "cell, config",
     [
-        ("lstm_h12", None),
+        ("lstm_h12", None),  # batch_warps=2: a warp's one batch tile
+        ("lstm_h12", IN_WARP),  # two batch tiles a warp: ldmatrix
         ("lstm_h48", None),
         ("slstm_h12", None),
         ("slstm_h48", None),
-        ("lstm_h6", mc.MmaConfig(128, 1, 2, "block", m_tiles_per_warp=2, smem_k_tiles=2, gate_layout="in_warp")),
+        ("lstm_h6", None),  # 512 threads, 2 of a warp's k tiles in shared memory
     ],
 )
 def test_the_kernels_build_without_spills(cell, config, dtype):
@@ -110,16 +146,22 @@ def assert_the_step_alone(layer, body: str, loop: str):
     """What the hand-written prototype's loop does and no more (bench/changes/heads_gates_in_warp.json, issue 49):
     no test for the first step (the initial states go into the tiles before the loop), no test for the last (the
     final states are written after it, from registers), the operand tile read by ldmatrix alone (a row past its
-    length keeps its state in registers), and one block barrier, unguarded, after the next step's loads of the
+    length keeps its state in registers; a warp of one batch tile, ``batch_warps``: by two 32-bit loads into its B
+    fragment a k tile), and one block barrier, unguarded, after the next step's loads of the
     projection (a guarded one shared their guard, and ptxas issued the loads after the barrier). After the barrier,
     the outputs alone: 16-byte copies from the tile the step wrote (heads_out_from_tile), no store of them before."""
     assert "v == 0" not in loop and "seq_len - 1" not in loop, loop
     finals = [f"{a.name}_ptr[" for a in layer.kernel.launch.args if a.role == "final"]
     assert finals and all(f not in loop and f in body[body.index(loop) + len(loop):] for f in finals), finals
     tile_reads = [ln for ln in loop.splitlines() if "_ptr_3)[" in ln and not re.match(r"\s*\(\(\w+\*\)_ptr_3\)\[", ln)]
-    assert tile_reads and all("prnn_ldmatrix_x4(" in ln for ln in tile_reads), tile_reads
     assert loop.count("__syncthreads()") == 1 and "\n    __syncthreads();\n" in loop, loop[-300:]
     step, after = loop.split("__syncthreads()")
+    if layer.kernel.config.warp_n_tiles > 1:
+        assert tile_reads and all("prnn_ldmatrix_x4(" in ln for ln in tile_reads), tile_reads
+    else:
+        loads = [ln for ln in step.splitlines() if "_ptr_3) + " in ln]
+        assert not tile_reads and loads, (tile_reads, step[:2000])
+        assert all(re.match(r"\s*\*\(\w+2\*\)\(_ptr_2 \+ \d+\) = \*\(\w+2\*\)\(", ln) for ln in loads), loads
     assert step.rindex("xp_ptr[") and "out_ptr" not in step, step[-300:]
     copies = [ln for ln in after.splitlines() if "out_ptr" in ln]
     assert copies and all(ln.lstrip().startswith("*(uint4*)(out_ptr + ") for ln in copies), after
@@ -161,3 +203,92 @@ def test_the_projection_is_loaded_two_steps_ahead_where_the_registers_allow(cell
     assert layer.report.spill_store_bytes == 0 and layer.report.stack_bytes == 0, layer.report.format()
     stride = 16 * 4 * 768  # a step of the projection: batch x 4 gates x hidden
     assert f"+ {ahead * stride})]" in body[begin:end], body[begin:end][-2000:]
+
+
+# ---------------------------------------------------------------- batch_warps: a pass's batch tiles over sets of warps
+SPLIT = dataclasses.replace(IN_WARP, batch_warps=2)
+
+
+@pytest.mark.parametrize(
+    "config, batch, message",
+    [
+        (dataclasses.replace(IN_WARP, batch_warps=3), 16, "batch_warps=3: must be one of 1, 2, 4, 8"),
+        (dataclasses.replace(SPLIT, gate_layout="by_gate"), 16, "take gate_layout='in_warp', or batch_warps=1"),
+        (dataclasses.replace(SPLIT, n_tiles=1), 8, "n_tiles=1 does not split into 2"),
+        (dataclasses.replace(IN_WARP, n_tiles=4, batch_warps=4), 32, "a 1024-thread CTA allows 64"),
+    ],
+)
+def test_batch_warps_it_cannot_place_are_refused_with_the_reason(config, batch, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        mc.validate(config, plan("lstm_h12", batch=batch), GPU)
+
+
+def test_split_batch_tiles_halve_a_threads_work_and_double_the_warps():
+    one, two = (mc.validate(c, plan("lstm_h12"), GPU) for c in (IN_WARP, SPLIT))
+    assert (one.threads, two.threads) == (256, 512) and (one.items_per_thread, two.items_per_thread) == (4, 2)
+    assert two.weights_per_thread == one.weights_per_thread and two.regs_estimate < one.regs_estimate
+    assert mc.MmaConfig(64, 1, 4, batch_warps=2).warp_n_tiles == 2
+    assert SPLIT.as_dict()["batch_warps"] == 2 and "batch_warps" not in IN_WARP.as_dict()  # records from before
+
+
+def test_the_tuning_space_offers_each_in_warp_config_split():
+    space = ConfigSpace(plan("lstm_h12"), GPU, by_name("persistent_mma"))
+    split = [c for c in space.configs if c.batch_warps > 1]
+    assert split and all(c.in_warp and c.n_tiles % c.batch_warps == 0 for c in split)
+    assert all(dataclasses.replace(c, batch_warps=1) in space.configs for c in split)  # each a twin
+
+
+@pytest.mark.parametrize("cell", ["lstm_h12", "lstm_h48", "lstm_h24", "slstm_h12"])
+def test_the_default_splits_the_batch_tiles_only_below_the_measured_warps(cell, monkeypatch):
+    """BATCH_WARPS_BELOW = 16 (H200, 768 x 16: heads of 16, 32 and 64 0.88-0.95x the step unsplit): the CTAs of
+    fewer than 16 warps take twice the warps, each with half the batch tiles, and the unsplit config follows (a
+    fallback); 0 would never split."""
+    p = plan(cell)
+    assert mc.BATCH_WARPS_BELOW == 16
+    first, second, *_ = mc.ranked_configs(p, GPU)
+    assert first == dataclasses.replace(second, batch_warps=2), (first, second)
+    assert mc.geometry(first, p).threads == 2 * mc.geometry(second, p).threads <= 16 * 32
+    monkeypatch.setattr(mc, "BATCH_WARPS_BELOW", 0)
+    assert all(c.batch_warps == 1 for c in mc.ranked_configs(p, GPU))
+
+
+@pytest.mark.parametrize("batch, warps", [(1, 1), (5, 1), (9, 2), (32, 4), (64, 8)])
+def test_the_split_takes_the_batch_tiles_of_each_batch_up_to_16_warps(batch, warps):
+    """Heads of 16 (2 warps a CTA unsplit): one batch tile has nothing to split; 2, 4, 8 tiles a pass take as many
+    sets of warps (4, 8, 16 warps), each set one tile."""
+    p = plan("lstm_h48", batch=batch)
+    first = mc.ranked_configs(p, GPU)[0]
+    assert first.in_warp and first.batch_warps == warps and first.warp_n_tiles == 1, first
+    assert mc.geometry(first, p).threads == 64 * warps
+
+
+@pytest.mark.parametrize(
+    "cell, batch, config",
+    [
+        ("lstm_h12", 16, SPLIT),  # 512 threads, warps 8-15 on batch rows 8-15
+        ("lstm_h12", 9, SPLIT),  # the second set's tile holds one row of the batch
+        ("lstm_h48", 16, dataclasses.replace(SPLIT, units_per_cta=32)),  # two heads a CTA
+        ("lstm_h12", 32, dataclasses.replace(SPLIT, n_tiles=4)),  # two batch tiles a warp (ldmatrix pairs)
+        ("slstm_h12", 16, SPLIT),
+    ],
+)
+def test_split_kernels_build_without_spills_and_place_each_warp_on_its_tiles(cell, batch, config):
+    layer = build(cell, "bfloat16", config, batch=batch)
+    rep = layer.report
+    assert rep.spill_store_bytes == rep.spill_load_bytes == rep.stack_bytes == 0, rep.format()
+    assert rep.threads == 2 * 32 * config.units_per_cta // 8 and rep.registers <= max_regs_per_thread(rep.threads, GPU)
+    body = kernel_source(layer)
+    sets = rep.threads // 2  # threads of one set of warps
+    # a set's warps hold the same units (tx % sets) and start at batch tile tx / sets of the pass's
+    assert f"((((int)threadIdx.x) & {sets - 1}) >> 2)" in body, body[:3000]
+    assert f"((((int)threadIdx.x) >> {sets.bit_length() - 1}) * {8 * config.warp_n_tiles})" in body, body[:5000]
+    begin, end = time_loops(body)[0]
+    assert body[begin:end].count("__syncthreads()") == 1
+
+
+def test_a_session_runs_a_split_config_by_gate_on_one_set_of_warps():
+    """A session kernel (``tags``, by_gate: in_warp writes its block's own tiles) takes batch_warps=1 with it."""
+    from prnn_tvm.schedules import session
+
+    got = session.session_config(SPLIT, plan("lstm_h12"), GPU, mc.validate, mc.ranked_configs, 768)
+    assert not got.in_warp and got.batch_warps == 1, got

@@ -66,7 +66,7 @@ def test_every_synchronization_of_one_head_placement(cell, barrier, dtype):
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda")
     config = dataclasses.replace(layer.kernel.config, barrier=barrier)
     if barrier != "block" and getattr(config, "in_warp", False):  # its gates in warps write the block's own tiles
-        config = dataclasses.replace(config, gate_layout="by_gate")
+        config = dataclasses.replace(config, gate_layout="by_gate", batch_warps=1)
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
     assert error_of(layer, 64, seed=4) <= tolerance(dtype, 64)
 
@@ -206,23 +206,23 @@ def test_the_torch_module_runs_heads_within_the_bound():
     assert err <= tolerance("bfloat16", 256), err
 
 
-IN_WARP_CASES = {  # head size D at hidden 768: its cell, and the in_warp config where the default is not one
-    16: ("lstm_h48", None),
-    32: ("lstm_h24", None),
-    64: ("lstm_h12", None),
-    128: ("lstm_h6", mc.MmaConfig(128, 1, 2, "block", m_tiles_per_warp=2, smem_k_tiles=2, gate_layout="in_warp")),
-    256: ("lstm_h3", None),  # no block holds a head of 256 in registers: the default synchronizes the grid
+IN_WARP_CASES = {  # head size D at hidden 768: its cell, whose default is in_warp up to heads of 128
+    16: "lstm_h48",  # a head a CTA, batch_warps=2 at batch 16
+    32: "lstm_h24",
+    64: "lstm_h12",
+    128: "lstm_h6",  # 512 threads, 2 of a warp's 8 k tiles in shared memory at batch 16
+    256: "lstm_h3",  # no block holds a head of 256 (bench/batch_warps.py): the default synchronizes the grid
 }
 
 
 @pytest.mark.parametrize("D", sorted(IN_WARP_CASES))
 def test_gates_in_warp_by_head_size(D, capsys, dtype="bfloat16"):
     """Every head size at hidden 768, batch 16, bfloat16 (float16: test_defaults_match_the_reference): the default
-    (``gate_layout="in_warp"`` where it fits, else the config above) against the float64 reference for T = 1, 7
+    (``gate_layout="in_warp"`` up to heads of 128) against the float64 reference for T = 1, 7
     and 255 (odd), with per-row lengths at T > 1; then its recurrent kernel and the first by_gate config the
     template ranks, timed (us per step, printed: which to rank first)."""
-    cell, config = IN_WARP_CASES[D]
-    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
+    cell = IN_WARP_CASES[D]
+    layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda")
     assert layer.report.spill_bytes == 0, layer.report.format()
     assert layer.kernel.config.in_warp == (D <= 128), layer.report.format()
     for seq_len in (1, 7, 255):
@@ -243,18 +243,44 @@ def test_gates_in_warp_by_head_size(D, capsys, dtype="bfloat16"):
 
 
 @pytest.mark.parametrize(
-    "cell, batch, config",
+    "cell, batch",
     [
-        ("lstm_h12", 16, None),  # 256 threads: the projection two steps ahead
-        ("lstm_h12", 5, None),  # one batch tile, 5 of its 8 rows: copies of the outputs for 5 rows only
-        ("slstm_h12", 16, None),
-        ("lstm_h6", 16, IN_WARP_CASES[128][1]),  # 512 threads: one step ahead
+        ("lstm_h12", 16),  # 512 threads (batch_warps=2): the projection one step ahead
+        ("lstm_h12", 5),  # one batch tile, 5 of its 8 rows, 256 threads: copies of the outputs for 5 rows, two ahead
+        ("slstm_h12", 16),
+        ("lstm_h6", 16),  # 512 threads, shared k tiles: one step ahead
     ],
 )
-def test_in_warp_over_a_long_ragged_sequence(cell, batch, config, dtype="bfloat16"):
+def test_in_warp_over_a_long_ragged_sequence(cell, batch, dtype="bfloat16"):
     """T=1024 with per-row lengths (a row of one step, one of all): the outputs copied from the operand tile after
     each step's barrier (zeros past a row's length) and the projection loaded ahead, against float64."""
-    layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", config=config)
+    layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda")
     assert layer.kernel.config.in_warp and layer.report.spill_bytes == 0, layer.report.format()
     err = error_of(layer, 1024, seed=11, lengths=random_lengths(batch, 1024, seed=11))
     assert err <= tolerance(dtype, 1024), f"{err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("batch", [16, 9])
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_split_batch_tiles_match_the_reference(D, batch, dtype="bfloat16"):
+    """``batch_warps=2`` (schedules/gate_layout.py): the default in_warp config with its pass's two batch tiles on
+    two sets of warps, against float64 at T = 1, 7, 255 with per-row lengths; batch 9: the second set's tile holds
+    one row of the batch."""
+    cell = IN_WARP_CASES[D]  # units of 32 at D=16: two heads a CTA (the default takes one: test_gate_layout.py)
+    config = mc.MmaConfig(max(D, 32), 1, 2, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_warps=2)
+    layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", config=config)
+    assert layer.kernel.config.batch_warps == 2 and layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (1, 7, 255):
+        lengths = random_lengths(batch, seq_len, seed=seq_len) if seq_len > 1 else None
+        err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("D", sorted(IN_WARP_CASES))
+def test_every_head_size_at_batch_1(D, dtype="bfloat16"):
+    """The default at batch 1 (one batch tile: nothing to split) for every head size at hidden 768, odd T."""
+    layer = prnn_tvm.compile_cell(IN_WARP_CASES[D], 768, 1, dtype=dtype, target="cuda")
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    for seq_len in (7, 255):
+        err = error_of(layer, seq_len, seed=seq_len)
+        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"

@@ -73,3 +73,23 @@ def test_the_spans_of_a_run_add_up_to_the_step():
     total = np.median(spans.sum(axis=-1))
     assert 0.8 * step_cycles < total < 1.05 * step_cycles, (total, step_cycles)  # the phases cover the step
     assert np.median(spans[..., 1]) > 0 and np.median(spans[..., 6]) > 0  # products and barrier take time
+
+
+def test_a_block_of_16_warps_records_fewer_steps_and_its_one_tile_loads():
+    """``batch_warps=2`` (512 threads, a warp's one batch tile read by two 32-bit loads, no ``ldmatrix``): 128 steps,
+    so that the spans stay within the static shared memory, the first border after the second load."""
+    config = dict(htl.IN_WARP, batch_warps=2)
+    sources = []
+
+    def keep(code):
+        sources.append(htl.instrument(code) if "recurrent_kernel(" in code else code)
+        return sources[-1]
+
+    with build.rewriting_sources(keep):
+        layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", config=config, arch="sm_90")
+    source = next(s for s in sources if "prnn_htl_t[" in s)
+    assert htl.steps_recorded(16) == 128 and htl.steps_recorded(8) == htl.STEPS
+    assert f"__shared__ unsigned short prnn_htl[{128 * 16 * len(htl.PHASES)}];" in source
+    border = source.index("prnn_htl_t[1] = clock64();")
+    assert "prnn_ldmatrix_x4" not in source and "(_ptr_2 + 2) = *(" in source[border - 400 : border], source
+    assert layer.report.spill_store_bytes == 0 and layer.report.threads == 512, layer.report

@@ -31,7 +31,8 @@ import re
 import numpy as np
 
 PHASES = ("operands", "products", "xp wait", "pointwise", "stores", "xp issue", "barrier")
-STEPS = 256  # steps recorded per launch
+STEPS = 256  # steps recorded per launch, up to 8 warps a block (fewer with more: steps_recorded)
+SPAN_BYTES = STEPS * 8 * len(PHASES) * 2  # static shared memory the spans may take (the kernel's own too: 48 KB)
 # lstm_h12's config of issue 49 (12 heads of 64, bf16 768 x 16): a head a block, every gate of a unit in one warp
 IN_WARP = {
     "units_per_cta": 64,
@@ -77,6 +78,18 @@ def _closing_brace(source: str, start: int) -> int:
     raise ValueError("heads timeline: the loop over the steps never closes")
 
 
+def _operand_load(source: str, start: int) -> tuple[re.Match, int]:
+    """The step's first load of operand fragments from the tile, and the 32-bit words it fills: an ``ldmatrix`` of
+    two batch tiles (4), or, where a warp multiplies one batch tile (``batch_warps``, a batch of 8 or fewer), the
+    second of its two 32-bit shared loads (2)."""
+    pairs = re.compile(r"^\s*prnn_ldmatrix_x4\(\(&\((\w+)\[0\]\)\), .*\);\n", re.M).search(source, start)
+    single = re.compile(r"^\s*\*\((?:nv_bfloat162|half2)\*\)\((\w+) \+ 2\) = \*\(.*\);\n", re.M).search(source, start)
+    found = [(m, words) for m, words in ((pairs, 4), (single, 2)) if m is not None]
+    if not found:
+        _find(r"prnn_ldmatrix_x4", source, "operand fragment load", start)  # raises, naming it
+    return min(found, key=lambda f: f[0].start())
+
+
 def _border(slot: int, values: list[str]) -> str:
     """Lane 0's stamp ``slot``, after ``values`` (C expressions) are ready."""
     wait = ""
@@ -88,21 +101,28 @@ def _border(slot: int, values: list[str]) -> str:
 
 def words_per_block(warps: int) -> int:
     """16-bit words a block dumps: its spans, then four 64-bit clocks (padded to 8 bytes)."""
-    return -(-(STEPS * warps * len(PHASES)) // 4) * 4 + 16
+    return -(-(steps_recorded(warps) * warps * len(PHASES)) // 4) * 4 + 16
+
+
+def steps_recorded(warps: int) -> int:
+    """Steps a block of ``warps`` warps records: STEPS, fewer where its spans would pass SPAN_BYTES (16 warps, e.g.
+    ``batch_warps=2``: 128)."""
+    return min(STEPS, SPAN_BYTES // (2 * warps * len(PHASES)))
 
 
 def instrument(source: str, first: int = 0) -> str:
-    """``source`` with the spans of :data:`PHASES` recorded for steps ``first .. first + STEPS`` in its
+    """``source`` with the spans of :data:`PHASES` recorded for steps ``first .. first + steps_recorded`` in its
     ``recurrent_kernel`` (a block kernel: one ``__syncthreads`` ends its step)."""
     head = _find(KERNEL, source, "recurrent_kernel")
     warps, n = int(head[1]) // 32, len(PHASES)
-    spans = STEPS * warps * len(PHASES)
+    steps = steps_recorded(warps)
+    spans = steps * warps * len(PHASES)
     source = source[: head.start()] + _HELPERS + source[head.start() :]
     body = head.end() + len(_HELPERS)
     loop = _find(r"^  for \(int v = 0; v < seq_len; \+\+v\) \{\n", source, "loop over the steps", body)
     close = _closing_brace(source, loop.end())
     end = _last(r"^    __syncthreads\(\);\n", source, "block barrier ending the step", loop.end(), close)
-    ld = _find(r"^\s*prnn_ldmatrix_x4\(\(&\((\w+)\[0\]\)\), .*\);\n", source, "operand fragment load", loop.end())
+    ld, ld_words = _operand_load(source, loop.end())
     mmas = list(re.finditer(r'"=f"\(\(\(float \*\)\((\w+) \+ (\d+)\)\)\[(\d)\]\)', source[loop.end() : end.start()]))
     if not mmas:
         raise ValueError("heads timeline: no mma accumulators in the step (not a tensor-core kernel?)")
@@ -121,7 +141,7 @@ def instrument(source: str, first: int = 0) -> str:
     loads = re.finditer(r"(_ptr_\d+)\[(\d+)\] = [^;]*\bxp_ptr\b", source[body : loop.start()])
     xp = sorted({(m[1], int(m[2])) for m in loads})  # the step's projection values, loaded the step before
     record = (
-        f"    if ((threadIdx.x & 31) == 0 && v >= prnn_htl_first && v < prnn_htl_first + {STEPS}) {{\n"
+        f"    if ((threadIdx.x & 31) == 0 && v >= prnn_htl_first && v < prnn_htl_first + {steps}) {{\n"
         f"      unsigned short* r = prnn_htl + ((v - prnn_htl_first) * {warps} + (threadIdx.x >> 5)) * {len(PHASES)};\n"
         + "".join(
             f"      r[{i}] = (unsigned short)min(prnn_htl_t[{i + 1}] - prnn_htl_t[{i}], 65535LL);\n" for i in range(n)
@@ -131,7 +151,7 @@ def instrument(source: str, first: int = 0) -> str:
     edits = [
         (loop.start(), "  if (threadIdx.x == 0) { prnn_htl_clk[0] = clock64(); prnn_htl_clk[1] = prnn_htl_ns(); }\n"),
         (loop.end(), "    long long prnn_htl_t[8];\n" + _border(0, [])),
-        (ld.end(), _border(1, [f"((unsigned*)&{ld[1]}[0])[{i}]" for i in range(4)])),
+        (ld.end(), _border(1, [f"((unsigned*)&{ld[1]}[0])[{i}]" for i in range(ld_words)])),
         (mma_end.end(), _border(2, [f"{b}[{i}]" for b, i in accs]) + _border(3, [f"{b}[{i}]" for b, i in xp])),
         (mma_end.end() + staged[-1].end(), _border(4, [f"{m[1]}[{m[2]}]" for m in staged])),
         (out.end(), _border(5, [])),
@@ -160,8 +180,8 @@ def instrument(source: str, first: int = 0) -> str:
 
 def run(layer, seq_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Run an instrumented layer's recurrent kernel on random inputs of ``seq_len`` steps: its spans, ``(blocks,
-    STEPS, warps, phases)`` cycles, and its clocks, ``(blocks, 4)``: ``clock64`` and ``%globaltimer`` (ns) of thread
-    0 at the time loop's start and end."""
+    steps_recorded, warps, phases)`` cycles, and its clocks, ``(blocks, 4)``: ``clock64`` and ``%globaltimer`` (ns)
+    of thread 0 at the time loop's start and end."""
     import tvm
 
     from ..reference import random_inputs
@@ -179,7 +199,8 @@ def run(layer, seq_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     layer.recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     layer.device.sync()
     dumped = xp.numpy().view(np.uint16).reshape(-1)[: blocks * words].reshape(blocks, words)
-    spans = dumped[:, : STEPS * warps * len(PHASES)].astype(np.int64).reshape(blocks, STEPS, warps, len(PHASES))
+    steps = steps_recorded(warps)
+    spans = dumped[:, : steps * warps * len(PHASES)].astype(np.int64).reshape(blocks, steps, warps, len(PHASES))
     clocks = np.ascontiguousarray(dumped[:, words - 16 :]).view(np.uint64).astype(np.int64)
     return spans, clocks
 
