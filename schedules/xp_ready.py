@@ -32,9 +32,11 @@ class XpReady:
     def waits_for_projection(self) -> bool:
         """Whether the kernel takes the chunk flags: ``gate_layout="in_warp"`` loading each step's projection during
         the step before (``block``), one direction reading the projection step by step in order (no stack's lag, no
-        reversed slices), not a training forward."""
-        p = self.p
-        return bool(self.c.in_warp and self.inputs_early and not self.save and not p.lag and not p.reversed_slices)
+        reversed slices), not a training forward, nor a kernel that projects its input itself (the session and projected
+        modes, ``schedules/session.py``: their ``input_size``)."""
+        p, own_projection = self.p, getattr(self, "input_size", None) is not None
+        elsewhere = self.save or p.lag or p.reversed_slices or own_projection
+        return bool(self.c.in_warp and self.inputs_early and not elsewhere)
 
     def _launch(self):
         launch = super()._launch()

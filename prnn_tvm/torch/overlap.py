@@ -4,11 +4,12 @@ most SMs free (head-wise layers: a CTA per head, 12 of the H100's 132 SMs at 12 
 The call's order (:func:`run_overlapped`), all on the GPU, nothing waiting on the host:
 
 - the caller's stream: the call's epoch (word 0 of the stream's flag words) incremented, the first chunk of steps
-  projected (cuBLAS), then, once the side stream has its work queued, the recurrent kernel, launched once;
-- a side stream, forked from the caller's after the first chunk: every later piece of the sequence projected (each
-  piece as long as all before it, so that the GEMMs keep ahead of the recurrence), each piece followed, in stream
-  order, by a copy of the epoch into the flag of each chunk it completed;
-- the caller's stream joins the side stream after the recurrent launch.
+  projected (cuBLAS), the side stream forked there, then the recurrent kernel, launched once;
+- the side stream, queued after that launch (the host's time to queue the pieces, ~15 us each, overlaps the first
+  chunk's steps rather than delaying the launch): every later piece of the sequence projected (each piece as long as
+  all before it, so that the GEMMs keep ahead of the recurrence), each followed, in stream order, by a copy of the
+  epoch into the flag of each chunk it completed;
+- the caller's stream joins the side stream.
 
 The kernel (``schedules/xp_ready.py``) waits, before its first load of each chunk's first step, until the chunk's
 flag holds the call's epoch: flags are never reset, a replayed CUDA graph increments the epoch on the device, and the
@@ -39,7 +40,9 @@ from prnn_tvm.signature import XP_READY_SCALARS
 # bench/against_flashrnn.py --cases heads, which times the module call with and without it.
 MAX_GRID_SHARE = 0.5
 MIN_CHUNK_STEPS = 8  # the first chunk's least steps: a GEMM over fewer rows costs its launch alone
-MAX_CHUNKS = 32  # flags per call: a wait costs the step it is in an L2 round trip (~0.2 us) even where the flag is set
+# Chunks per call at most: a wait costs its step an L2 round trip even where the flag is set, and the first chunk
+# (T / MAX_CHUNKS steps) is what the recurrence runs while the host queues the side stream's first pieces
+MAX_CHUNKS = 16
 FLAG_WORDS = 1 + MAX_CHUNKS  # the epoch, then a flag per chunk
 
 
@@ -169,19 +172,18 @@ def run_overlapped(module, layer, plan: ChunkPlan, x, W_ih, b_ih, launch) -> lis
     main = torch.cuda.current_stream(device)
     flags = overlaps.flags(device, main.cuda_stream)
     flags[:1].add_(1)  # this call's epoch, on the device: a replayed graph's too
-    width = layer.signature.launch("recurrent").arg("xp")
-    xp = torch.empty(plan.steps, x.shape[1], width.shape[2], dtype=getattr(torch, width.dtype), device=device)
+    declared = layer.signature.launch("recurrent").arg("xp")
+    xp = torch.empty(plan.steps, x.shape[1], declared.shape[2], dtype=getattr(torch, declared.dtype), device=device)
     project_into(x[: plan.chunk], W_ih, b_ih, xp[: plan.chunk])
     side = module._side_stream(device)
-    side.wait_stream(main)
+    side.wait_stream(main)  # forked before the launch: the side stream must not wait for the recurrence
+    scalars = dict(zip(XP_READY_SCALARS, (flags.data_ptr(), plan.chunk, layer.barrier_timeout_us,
+                                          overlaps.error_word(device).address)))
+    written = launch(xp, scalars)
     with torch.cuda.stream(side):
         for start, stop in plan.pieces:
             before_piece(start)
             project_into(x[start:stop], W_ih, b_ih, xp[start:stop])
             write_flags(flags, plan, start, stop)
-    scalars = dict(zip(XP_READY_SCALARS, (flags.data_ptr(), plan.chunk, layer.barrier_timeout_us,
-                                          overlaps.error_word(device).address)))
-    try:
-        return launch(xp, scalars)
-    finally:
-        main.wait_stream(side)  # joined before anything after the call: xp and x are freed or reused after it
+    main.wait_stream(side)  # joined before anything after the call: xp and x are freed or reused after it
+    return written
