@@ -6,27 +6,17 @@ grid holds at most ``MAX_GRID_SHARE`` of the SMs, two chunks or more), the modul
 (eager, then replayed from a CUDA graph), and the largest difference between the two calls' outputs. Median of
 CUDA-event runs (``prnn_tvm.bench.baselines.cuda_event_times``), ms per sequence.
 
-    python bench/overlap_projection.py [--seq 1024 --batch 16 --hidden 768 --head-dims 16 32 64 128 256 768]
+    python bench/overlap_projection.py [--seq 1024 --batch 16 --hidden 768 --repeats 7 --number 5]
 """
-
-import argparse
 
 import torch
 
 import prnn_tvm.torch as pt
-from prnn_tvm.bench.baselines import captured, cuda_event_times
+from prnn_tvm.bench.baselines import captured, cuda_event_times, script_arguments
 from prnn_tvm.torch import overlap
 
-p = argparse.ArgumentParser()
-p.add_argument("--hidden", type=int, default=768)
-p.add_argument("--batch", type=int, default=16)
-p.add_argument("--seq", type=int, default=1024)
-p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128, 256, 768])
-p.add_argument("--repeats", type=int, default=7)
-p.add_argument("--number", type=int, default=5)
-args = p.parse_args()
-torch.backends.cuda.matmul.allow_tf32 = False
-torch.manual_seed(0)
+args = script_arguments(5, seq=1024, hidden=768, batch=16)  # TF32 off, seed 0
+HEAD_DIMS = (16, 32, 64, 128, 256, 768)
 H, B, T, BF16 = args.hidden, args.batch, args.seq, torch.bfloat16
 # heads of 128 in_warp (the default synchronizes by gate): tests/test_gpu_heads.py's IN_WARP_CASES, as knobs
 IN_WARP_128 = {"units_per_cta": 128, "k_groups": 1, "n_tiles": 2, "barrier": "block", "m_tiles_per_warp": 2,
@@ -70,7 +60,7 @@ print(
     "max abs diff |"
 )
 print("|---|---|---|---|---|---|---|---|---|---|")
-for D in args.head_dims:
+for D in HEAD_DIMS:
     print(row(D), flush=True)
     if D == 128:
         print(row(D, IN_WARP_128), flush=True)
