@@ -84,6 +84,20 @@ def test_the_overlapped_call_matches_the_reference_and_the_plain_call(cell, batc
     assert max_abs_error(plan, got, as_expected(plan, plain)) <= bound
 
 
+def test_repeated_calls_keep_overlapping():
+    """A repeated call of the same shapes (which a plan would serve with the projection first: ``torch.repeat``)
+    overlaps every time, and the same outputs come back; switched off, none does."""
+    module, plan, _, x, hx = module_and_inputs("lstm_h12", 16, 128, seed=5)
+    first = call(module, x, hx, True)
+    for calls in (2, 3, 4):
+        again = call(module, x, hx, True)
+        assert overlapped_calls(module) == calls
+        assert max_abs_error(plan, again, as_expected(plan, first)) <= tolerance("bfloat16", 128)
+    for _ in range(3):
+        call(module, x, hx, False)
+    assert overlapped_calls(module) == 4
+
+
 def test_a_late_side_stream_is_waited_for(monkeypatch):
     """Every piece on the side stream (4) starts after a spin of ~10 ms (the recurrence: 0.2 ms): the kernel
     waits for each chunk's flag (within its 50 ms bound) and computes what the plain call computes."""
