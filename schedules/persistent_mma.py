@@ -4,8 +4,7 @@ The step is the persistent template's (``persistent_cuda``: operand exchange, fu
 pointwise math, grid barrier between steps); the products are ``mma.sync.m16n8k16`` with
 the recurrent weights held as A fragments in registers for the whole launch
 (``persistent_fragments``; with ``gate_layout="in_warp"`` a unit's gates in one
-warp, ``persistent_warp_gates``; with its input projection arriving in chunks during the launch,
-``xp_ready``) and float32 accumulation. Exchanged states and stages travel in
+warp, ``persistent_warp_gates``) and float32 accumulation. Exchanged states and stages travel in
 the half type; private states (LSTM's c) and the pointwise math stay float32
 (``prnn_tvm.dtypes``). Knobs and their validation: ``persistent_mma_config``.
 """
@@ -17,10 +16,9 @@ from .persistent_cuda import PersistentBuilder, PersistentTemplate
 from .persistent_fragments import FragmentWeights
 from .persistent_mma_config import MmaConfig
 from .persistent_warp_gates import WarpGates
-from .xp_ready import XpReady
 
 
-class _MmaBuilder(XpReady, WarpGates, FragmentWeights, PersistentBuilder):
+class _MmaBuilder(WarpGates, FragmentWeights, PersistentBuilder):
     """The persistent step with tensor-core products."""
 
     XP_PREFETCH_STEPS = 2  # timed on the H100: bench/results/exchange-probes-h100.md, "Two source changes timed"

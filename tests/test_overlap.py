@@ -5,8 +5,9 @@ waiting for nothing, the error a wait that gave up raises. The GPU's side: tests
 import pytest
 
 import prnn_tvm
-from prnn_tvm.errors import BarrierTimeout
+from prnn_tvm.errors import BarrierTimeout, ConfigError
 from prnn_tvm.signature import XP_READY_SCALARS
+from prnn_tvm.xp_ready_build import compile_xp_ready
 
 torch = pytest.importorskip("torch")
 overlap = pytest.importorskip("prnn_tvm.torch.overlap")
@@ -42,9 +43,13 @@ def heads():
 
 
 def test_the_heads_kernel_waits_for_each_chunk_with_a_bound(heads):
-    names = [a.name for a in heads.signature.launch("recurrent").args]
+    """The variant built for the overlap waits; the layer's own kernel is as it was (no wait, ``xp`` restricted)."""
+    waiting = compile_xp_ready(heads)
+    names = [a.name for a in waiting.launch.args]
     assert names[-len(XP_READY_SCALARS) :] == list(XP_READY_SCALARS)
-    src = heads.cuda_source
+    assert [a.name for a in heads.signature.launch("recurrent").args] == names[: -len(XP_READY_SCALARS)]
+    assert overlap.waiting_kernel(heads) is waiting.runtime and compile_xp_ready(heads) is waiting  # built once
+    src = waiting.source
     kernel = src[src.index("void __launch_bounds__(256, 1) recurrent_kernel(") :]
     # the wait beside the projection's loads: the prologue's step 0, its step 1 and every step's load two ahead
     assert kernel.count("prnn_xp_wait(xp_flags, xp_chunk, ") == 3, kernel[:2000]
@@ -54,16 +59,25 @@ def test_the_heads_kernel_waits_for_each_chunk_with_a_bound(heads):
     assert "ld.acquire.gpu" in wait
     params = kernel[: kernel.index(") {")]  # written by the side stream's GEMMs during the launch: no __restrict__
     assert "float* xp_ptr" in params and "__restrict__ xp_ptr" not in params
+    assert "0 spill bytes" in waiting.report, waiting.report
+    own = heads.cuda_source
+    assert "prnn_xp_wait" not in own and "float* __restrict__ xp_ptr" in own  # the plain call's kernel: main's
     assert heads.report.spill_bytes == 0, heads.report.format()
 
 
-def test_other_kernels_take_no_flags():
-    """A grid-synchronized layer (heads of 256 at hidden 768, the default) and a dense one keep their arguments."""
+def test_other_kernels_have_no_kernel_that_waits():
+    """A grid-synchronized layer (heads of 256 at hidden 768, the default) and a dense one: no variant (the reason
+    said), so the projection runs before their launch; their own kernels take no flags."""
     for cell in ("lstm_h3", "lstm"):
         layer = prnn_tvm.compile_cell(cell, 768, 16, dtype="bfloat16", target="cuda", arch="sm_90")
         names = {a.name for a in layer.signature.launch("recurrent").args}
         assert not names & set(XP_READY_SCALARS), (cell, layer.report.config)
         assert "prnn_xp_wait" not in layer.cuda_source
+        with pytest.raises(ConfigError, match="runs before its launch"):
+            compile_xp_ready(layer)
+        assert overlap.waiting_kernel(layer) is None
+        with pytest.raises(ConfigError, match="runs before its launch"):  # kept, not built again
+            compile_xp_ready(layer)
 
 
 def test_the_layers_own_call_waits_for_nothing():

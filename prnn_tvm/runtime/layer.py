@@ -108,6 +108,7 @@ class Layer(RuntimeLayer):
         self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
         self._session = None  # a CUDA layer's session kernels, once compiled (prnn_tvm.compiler.compile_session)
         self._projected = None  # its projected launch, or why it has none, once asked (prnn_tvm.projected_build)
+        self._xp_ready = None  # its kernel waiting for a projection beside it, or why none (prnn_tvm.xp_ready_build)
         self.cache_key = None  # its key in the layer cache (prnn_tvm.cache), which its backward's extends
         self._gpu_code = loaded  # a CUDA layer whose module holds code this process can launch
         super().__init__(signature, module, target.kind.name == "cuda")

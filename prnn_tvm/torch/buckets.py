@@ -222,9 +222,10 @@ class BatchBuckets:
         device = torch.device(kind, index)
         dropped = [self._layers.pop(key) for key in [key for key in self._layers if key[:4] == group]]
         trained = [layer._training for layer in dropped if layer._training is not None]
-        projected = [getattr(layer, "_projected", None) for layer in dropped]  # kernels, or why there are none
+        # their projected launches and kernels that wait for a projection beside them: kernels, or why there are none
+        projected = [getattr(layer, name, None) for layer in dropped for name in ("_projected", "_xp_ready")]
         projected = [p.runtime for p in projected if hasattr(p, "runtime")]
-        # the layers' ids, and their training kernels' and projected launches' (which launch by their own)
+        # the layers' ids, and their training kernels' and variant launches' (which launch by their own)
         ids = {
             id(kernel)
             for kernel in (*dropped, *(t.forward for t in trained), *(t.backward for t in trained), *projected)

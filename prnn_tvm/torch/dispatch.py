@@ -33,7 +33,7 @@ from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
 from .fallback import refusal, run_in_torch
 from .half_projection import trained_projection
-from .overlap import overlaps, run_overlapped
+from .overlap import overlaps, run_overlapped, waiting_kernel
 from .projection import project
 from .sequences import reversal_within
 
@@ -398,7 +398,7 @@ class Dispatch(BatchBuckets):
                 layer,
                 plan,
                 *args[:3],
-                lambda xp, scalars: self._launch(layer, xp, args[3:], into=into, scalars=scalars),
+                lambda xp, scalars: self._launch(waiting_kernel(layer), xp, args[3:], into=into, scalars=scalars),
             )
             return out, finals
         out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:], into=into)

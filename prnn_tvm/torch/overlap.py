@@ -4,12 +4,17 @@ most SMs free (head-wise layers: a CTA per head, 12 of the H100's 132 SMs at 12 
 The call's order (:func:`run_overlapped`), all on the GPU, nothing waiting on the host:
 
 - the caller's stream: the call's epoch (word 0 of the stream's flag words) incremented, the first chunk of steps
-  projected (cuBLAS), the side stream forked there, then the recurrent kernel, launched once;
-- the side stream, queued after that launch (the host's time to queue the pieces, ~15 us each, overlaps the first
-  chunk's steps rather than delaying the launch): every later piece of the sequence projected (each piece as long as
-  all before it, so that the GEMMs keep ahead of the recurrence), each followed, in stream order, by a copy of the
-  epoch into the flag of each chunk it completed;
-- the caller's stream joins the side stream.
+  projected (cuBLAS), the side stream forked there;
+- the side stream: every later piece of the sequence projected (each piece as long as all before it, so that the
+  GEMMs keep ahead of the recurrence), each followed, in stream order, by a copy of the epoch into the flag of each
+  chunk it completed;
+- the caller's stream: the recurrent kernel, launched once (the layer's kernel that waits for the flags,
+  ``prnn_tvm.xp_ready_build``), then the join of the side stream.
+
+Every piece is queued before the recurrent launch: a launch on the side stream may block the host until the GPU is
+idle (CUDA's lazy loading loads a kernel at its first launch, cuBLAS's of each new shape among them, and that may
+synchronize the context), and queued after the launch it would wait for a recurrence that waits for it, until the
+bound. Queued before, nothing the host does after the launch can hold a piece back.
 
 The kernel (``schedules/xp_ready.py``) waits, before its first load of each chunk's first step, until the chunk's
 flag holds the call's epoch: flags are never reset, a replayed CUDA graph increments the epoch on the device, and the
@@ -17,11 +22,12 @@ fork and join are events, so a capture keeps all of it. A wait is bounded by the
 that gives up writes a page-locked host word, fills every later step with NaN, and the next call (or the module's
 ``check()``) raises :class:`~prnn_tvm.errors.BarrierTimeout`.
 
-Off (the projection, then the launch, as before): with the module's ``overlap_projection`` False; for a grid of more
-than :data:`MAX_GRID_SHARE` of the SMs (a dense layer's projection has no free SMs to run on: the pieces would wait
-for SMs the recurrence holds, and i51over measured a sequence cut into launches slower everywhere); for sequences of
-fewer than two chunks; for kernels without the flags (every other template and layout, training). The compiled
-layer's own call, a repeated call (:mod:`~prnn_tvm.torch.repeat`) and an exported layer keep the old order.
+Off (the projection, then the layer's own kernel, as before): with the module's ``overlap_projection`` False; for a
+grid of more than :data:`MAX_GRID_SHARE` of the SMs (a dense layer's projection has no free SMs to run on: the pieces
+would wait for SMs the recurrence holds, and i51over measured a sequence cut into launches slower everywhere); for
+sequences of fewer than two chunks; for layers whose config has no kernel that waits (every other template and
+layout, stacks, both directions; training). The compiled layer's own call, a repeated call
+(:mod:`~prnn_tvm.torch.repeat`) and an exported layer keep the old order.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 import torch  # PyTorch itself: absolute import
 
-from prnn_tvm.errors import BarrierTimeout
+from prnn_tvm.errors import BarrierTimeout, ConfigError
 from prnn_tvm.signature import XP_READY_SCALARS
 
 # The recurrent grid's share of the SMs up to which the projection runs beside it: the GEMM pieces need SMs the
@@ -80,16 +86,25 @@ def chunk_plan(steps: int) -> ChunkPlan | None:
 
 def overlaps(layer, steps: int, device: torch.device, enabled: bool) -> ChunkPlan | None:
     """The plan of an inference call of ``steps`` steps of ``layer`` on ``device`` with the projection beside the
-    recurrence, or None where it runs before it (module doc)."""
-    if not enabled or device.type != "cuda" or "xp_flags" not in _scalar_names(layer):
+    recurrence, or None where it runs before it (module doc). Builds the layer's kernel that waits
+    (:func:`waiting_kernel`) at the first call that would overlap."""
+    if not enabled or device.type != "cuda":
         return None
     if layer.report.ctas > MAX_GRID_SHARE * _sm_count(device.index or 0):
         return None
-    return chunk_plan(steps)
+    plan = chunk_plan(steps)
+    return plan if plan is not None and waiting_kernel(layer) is not None else None
 
 
-def _scalar_names(layer) -> frozenset:
-    return frozenset(a.name for a in layer.signature.launch("recurrent").args)
+def waiting_kernel(layer):
+    """The runtime layer of ``layer``'s recurrent kernel that waits for its projection's chunks
+    (:func:`~prnn_tvm.xp_ready_build.compile_xp_ready`, built once), or None where its config has none."""
+    from prnn_tvm.xp_ready_build import compile_xp_ready  # the compiler, at the first call that would overlap
+
+    try:
+        return compile_xp_ready(layer).runtime
+    except ConfigError:
+        return None
 
 
 @functools.cache
@@ -165,9 +180,9 @@ class Overlaps:
 
 
 def run_overlapped(module, layer, plan: ChunkPlan, x, W_ih, b_ih, launch) -> list:
-    """One inference call with its projection beside the recurrence (module doc): ``launch(xp, scalars)`` launches the
-    recurrent kernel on the current stream with ``scalars`` (the :data:`~prnn_tvm.signature.XP_READY_SCALARS`) and
-    returns what it writes."""
+    """One inference call with its projection beside the recurrence (module doc): ``launch(xp, scalars)`` launches
+    :func:`waiting_kernel` of ``layer`` on the current stream with ``scalars`` (the
+    :data:`~prnn_tvm.signature.XP_READY_SCALARS`) and returns what it writes."""
     overlaps, device = module._overlaps, x.device
     main = torch.cuda.current_stream(device)
     flags = overlaps.flags(device, main.cuda_stream)
@@ -175,15 +190,15 @@ def run_overlapped(module, layer, plan: ChunkPlan, x, W_ih, b_ih, launch) -> lis
     declared = layer.signature.launch("recurrent").arg("xp")
     xp = torch.empty(plan.steps, x.shape[1], declared.shape[2], dtype=getattr(torch, declared.dtype), device=device)
     project_into(x[: plan.chunk], W_ih, b_ih, xp[: plan.chunk])
-    side = module._side_stream(device)
-    side.wait_stream(main)  # forked before the launch: the side stream must not wait for the recurrence
     scalars = dict(zip(XP_READY_SCALARS, (flags.data_ptr(), plan.chunk, layer.barrier_timeout_us,
                                           overlaps.error_word(device).address)))
-    written = launch(xp, scalars)
-    with torch.cuda.stream(side):
+    side = module._side_stream(device)
+    side.wait_stream(main)  # forked after the first chunk, before the launch
+    with torch.cuda.stream(side):  # every piece queued before the launch (module doc)
         for start, stop in plan.pieces:
             before_piece(start)
             project_into(x[start:stop], W_ih, b_ih, xp[start:stop])
             write_flags(flags, plan, start, stop)
+    written = launch(xp, scalars)
     main.wait_stream(side)  # joined before anything after the call: xp and x are freed or reused after it
     return written
