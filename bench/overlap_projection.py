@@ -1,9 +1,9 @@
 """The torch module's inference call with its input projection beside the recurrence (``prnn_tvm.torch.overlap``)
 against the call that projects first, in one process on one GPU: LSTM with heads of D at hidden 768 (issue 49's
 shape: batch 16, T=1024, bfloat16), D from 16 to 256 and dense (768), the defaults and, for D=128, the in_warp
-config. Per row: the recurrent grid's CTAs, whether the call overlaps (``overlaps``: the kernel takes the flags, the
-grid holds at most ``MAX_GRID_SHARE`` of the SMs, two chunks or more), the module call with and without the overlap
-(eager, then replayed from a CUDA graph), and the largest difference between the two calls' outputs. Median of
+config. Per row: the recurrent grid's CTAs, whether the call overlaps (``overlaps``: the layer has a kernel that
+waits, the grid holds at most ``MAX_GRID_SHARE`` of the SMs, two chunks or more), the module call with and without the
+overlap (eager, then replayed from a CUDA graph), and the largest difference between the two calls' outputs. Median of
 CUDA-event runs (``prnn_tvm.bench.baselines.cuda_event_times``), ms per sequence.
 
     python bench/overlap_projection.py [--seq 1024 --batch 16 --hidden 768 --repeats 7 --number 5]
