@@ -57,6 +57,12 @@ def test_the_heads_kernel_waits_for_each_chunk_with_a_bound(heads):
     assert "%globaltimer" in wait and "1000ull * (unsigned long long)timeout_us" in wait  # bounded
     assert "*(volatile unsigned int*)error_host = 1u + (unsigned int)step" in wait  # reported to the host
     assert "ld.acquire.gpu" in wait
+    # a wait that gave up: NaN chosen where the step reads its projection (a thread's 4 items x 4 gate inputs),
+    # never written over the registers the loads fill (ptxas then waited for each load right after issuing it: an FSEL
+    # per register, 1.9x a step on the H200)
+    lines = kernel.splitlines()
+    nans = [i for i, line in enumerate(lines) if "2143289344" in line]  # 0x7FC00000
+    assert len(nans) == 16 and all("condval" in lines[i + 1] for i in nans), [lines[i + 1] for i in nans]
     params = kernel[: kernel.index(") {")]  # written by the side stream's GEMMs during the launch: no __restrict__
     assert "float* xp_ptr" in params and "__restrict__ xp_ptr" not in params
     assert "0 spill bytes" in waiting.report, waiting.report
