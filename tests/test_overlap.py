@@ -102,6 +102,9 @@ def test_where_the_projection_overlaps(heads, monkeypatch):
     assert overlap.overlaps(heads, 1024, cuda, False) is None  # the module's switch
     assert overlap.overlaps(heads, 15, cuda, True) is None  # one chunk
     assert overlap.overlaps(heads, 1024, torch.device("cpu"), True) is None
+    # buffers of 2^31 elements or more (16 x 3072 a step: 43691 steps) run as launches over pieces: projected first
+    assert overlap.overlaps(heads, 43690, cuda, True) == overlap.chunk_plan(43690)
+    assert overlap.overlaps(heads, 43691, cuda, True) is None
     monkeypatch.setattr(overlap, "_sm_count", lambda index: 23)  # 12 CTAs: more than half of the SMs
     assert overlap.overlaps(heads, 1024, cuda, True) is None
 

@@ -25,9 +25,10 @@ that gives up writes a page-locked host word, fills every later step with NaN, a
 Off (the projection, then the layer's own kernel, as before): with the module's ``overlap_projection`` False; for a
 grid of more than :data:`MAX_GRID_SHARE` of the SMs (a dense layer's projection has no free SMs to run on: the pieces
 would wait for SMs the recurrence holds, and i51over measured a sequence cut into launches slower everywhere); for
-sequences of fewer than two chunks; for layers whose config has no kernel that waits (every other template and
-layout, stacks, both directions; training). The compiled layer's own call, a repeated call
-(:mod:`~prnn_tvm.torch.repeat`) and an exported layer keep the old order.
+sequences of fewer than two chunks, and those whose buffers reach 2^31 elements (launches over pieces of the
+sequence); for layers whose config has no kernel that waits (every other template and layout, stacks, both
+directions; training). The compiled layer's own call, a repeated call (:mod:`~prnn_tvm.torch.repeat`) and an
+exported layer keep the old order.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import torch  # PyTorch itself: absolute import
 
 from prnn_tvm.errors import BarrierTimeout, ConfigError
+from prnn_tvm.runtime.limits import chunk_length
 from prnn_tvm.signature import XP_READY_SCALARS
 
 # The recurrent grid's share of the SMs up to which the projection runs beside it: the GEMM pieces need SMs the
@@ -91,6 +93,8 @@ def overlaps(layer, steps: int, device: torch.device, enabled: bool) -> ChunkPla
     if not enabled or device.type != "cuda":
         return None
     if layer.report.ctas > MAX_GRID_SHARE * _sm_count(device.index or 0):
+        return None
+    if steps > chunk_length(layer.signature, steps):  # launches over pieces of the sequence: the projection first
         return None
     plan = chunk_plan(steps)
     return plan if plan is not None and waiting_kernel(layer) is not None else None
