@@ -50,19 +50,20 @@ def test_the_heads_kernel_waits_for_each_chunk_with_a_bound(heads):
     assert [a.name for a in heads.signature.launch("recurrent").args] == names[: -len(XP_READY_SCALARS)]
     assert overlap.waiting_kernel(heads) is waiting.runtime and compile_xp_ready(heads) is waiting  # built once
     src = waiting.source
-    kernel = src[src.index("void __launch_bounds__(256, 1) recurrent_kernel(") :]
+    kernel = src[src.index(f"void __launch_bounds__({heads.report.threads}, 1) recurrent_kernel(") :]
     # the wait beside the projection's loads: the prologue's step 0, its step 1 and every step's load two ahead
     assert kernel.count("prnn_xp_wait(xp_flags, xp_chunk, ") == 3, kernel[:2000]
     wait = src[src.index("__device__ __forceinline__ int prnn_xp_wait(") :]
     assert "%globaltimer" in wait and "1000ull * (unsigned long long)timeout_us" in wait  # bounded
     assert "*(volatile unsigned int*)error_host = 1u + (unsigned int)step" in wait  # reported to the host
     assert "ld.acquire.gpu" in wait
-    # a wait that gave up: NaN chosen where the step reads its projection (a thread's 4 items x 4 gate inputs),
+    # a wait that gave up: NaN chosen where the step reads its projection (a thread's items x 4 gate inputs),
     # never written over the registers the loads fill (ptxas then waited for each load right after issuing it: an FSEL
     # per register, 1.9x a step on the H200)
     lines = kernel.splitlines()
     nans = [i for i, line in enumerate(lines) if "2143289344" in line]  # 0x7FC00000
-    assert len(nans) == 16 and all("condval" in lines[i + 1] for i in nans), [lines[i + 1] for i in nans]
+    inputs = 16 // heads.report.config.get("batch_warps", 1)  # a split's thread has its share of the items
+    assert len(nans) == inputs and all("condval" in lines[i + 1] for i in nans), [lines[i + 1] for i in nans]
     params = kernel[: kernel.index(") {")]  # written by the side stream's GEMMs during the launch: no __restrict__
     assert "float* xp_ptr" in params and "__restrict__ xp_ptr" not in params
     assert "0 spill bytes" in waiting.report, waiting.report
