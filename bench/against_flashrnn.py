@@ -46,6 +46,10 @@ p.add_argument("--hidden", type=int, default=768)
 p.add_argument("--batch", type=int, default=16)
 p.add_argument("--seq", type=int, default=1024)
 p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128, 256, 768])
+p.add_argument(
+    "--flashrnn-backends", nargs="+", default=list(flashrnn.BACKENDS), choices=flashrnn.BACKENDS,
+    help="FlashRNN backends timed (each builds its kernels by JIT at first use: its fused CUDA ~2.5 min a shape)",
+)
 p.add_argument("--repeats", type=int, default=7)
 p.add_argument("--number", type=int, default=5)
 p.add_argument("--out", default=None)
@@ -78,6 +82,9 @@ def flashrnn_times(cell: str, Wx, R, b) -> dict:
     """Each backend's forward, ms (or why it did not run)."""
     found = {}
     for backend in flashrnn.BACKENDS:
+        if backend not in args.flashrnn_backends:
+            found[backend] = "not run (--flashrnn-backends)"
+            continue
         try:
             with torch.no_grad():
                 found[backend] = ms(lambda backend=backend: flashrnn.call(cell, Wx, R, b, backend, "bfloat16"))
