@@ -118,20 +118,14 @@ def best(times: dict) -> float:
 
 
 def module_call(spec: str, x, weights: dict):
-    """The torch module's inference call on ``x`` with ``weights`` (the compiled layer's argument names), ms, the same
-    call with its projection before the launch rather than beside the recurrence (``overlap_projection`` False; the
-    same path where it does not overlap: ``prnn_tvm.torch.overlap``), ms, and its output (``prnn_tvm.torch.Recurrent``:
-    cuBLAS projection, torch's allocator, the launch's arguments kept)."""
+    """The torch module's inference call on ``x`` with ``weights`` (the compiled layer's argument names), ms, and its
+    output (``prnn_tvm.torch.Recurrent``: cuBLAS projection, torch's allocator, the launch's arguments kept)."""
     module = prnn_tvm.torch.Recurrent(spec, H, H, device="cuda", dtype=BF16)
     with torch.no_grad():
         for name, value in weights.items():
             getattr(module, f"{name}_l0").copy_(value)
         out, _ = module(x)
-        beside = ms(lambda: module(x))
-        module.overlap_projection = False
-        first = ms(lambda: module(x))
-        module.check()
-        return beside, first, out
+        return ms(lambda: module(x)), out
 
 
 def case_heads():
@@ -139,8 +133,7 @@ def case_heads():
     say("")
     say(
         "| head size | heads | FlashRNN fused CUDA | alternating CUDA | fused Triton | prnn-tvm recurrent (us/step) | "
-        "prnn-tvm layer call | prnn-tvm module call (projection first) | "
-        "FlashRNN's best / ours: recurrent, layer call, module call |"
+        "prnn-tvm layer call | prnn-tvm module call | FlashRNN's best / ours: recurrent, layer call, module call |"
     )
     say("|---|---|---|---|---|---|---|---|---|")
     for D in args.head_dims:
@@ -158,13 +151,12 @@ def case_heads():
         }
         recurrent, call = our_times(layer, xp, x, weights)
         spec = f"lstm_h{heads}" if heads > 1 else "lstm"
-        module, module_first, module_out = module_call(spec, x, weights)
+        module, module_out = module_call(spec, x, weights)
         cells = [theirs[k] if isinstance(theirs[k], str) else f"{theirs[k]:.3f}" for k in flashrnn.BACKENDS]
         fastest = best(theirs)
         say(
             f"| {D} | {heads} | {' | '.join(cells)} | {recurrent:.3f} ({recurrent / T * 1e3:.2f}) | {call:.3f} | "
-            f"{module:.3f} ({module_first:.3f}) | "
-            f"{fastest / recurrent:.2f}x, {fastest / call:.2f}x, {fastest / module:.2f}x |"
+            f"{module:.3f} | {fastest / recurrent:.2f}x, {fastest / call:.2f}x, {fastest / module:.2f}x |"
         )
         layer_out, _ = layer(x, **weights)
         say(

@@ -39,53 +39,41 @@ def compile_projected(layer) -> ProjectedKernel:
     ConfigError with the reason where it cannot run so (a stack or a bidirectional layer, the step's input and its
     projection past a CTA's shared memory beside the config's, a build that spills): the caller keeps the projection
     as a launch of its own."""
-    return kept_variant(
-        layer,
-        "_projected",
-        layer_cache.projected_key(layer),
-        lambda: projected_kernel(layer.plan, layer.target, layer.gpu, layer.kernel.config, layer.input_size),
-        "projected kernel",
-    )
-
-
-def kept_variant(layer, attribute: str, key: dict | None, make_kernel, what: str) -> ProjectedKernel:
-    """A variant of ``layer``'s recurrent kernel with the layer's config (``make_kernel()``: its Kernel, or
-    ConfigError), built once and kept on the layer as ``attribute`` (or the ConfigError, raised again at every ask),
-    cached under ``key``. ``what``: the variant's name, for the log and the errors."""
-    found = getattr(layer, attribute)
+    found = layer._projected
     if isinstance(found, ConfigError):
         raise found
     if found is not None:
         return found
     try:
-        setattr(layer, attribute, _compiled(layer, key, make_kernel, what))
+        layer._projected = _compiled(layer)
     except ConfigError as err:
-        setattr(layer, attribute, err)
-        log.info("no %s of %s: %s", what, layer.plan.cell.name, err)
+        layer._projected = err
+        log.info("no projected kernel of %s (its projection a launch of its own): %s", layer.plan.cell.name, err)
         raise
-    log.info("%s of %s: %s", what, layer.plan.cell.name, getattr(layer, attribute).report)
-    return getattr(layer, attribute)
+    log.info("projected kernel of %s: %s", layer.plan.cell.name, layer._projected.report)
+    return layer._projected
 
 
-def _compiled(layer, key: dict | None, make_kernel, what: str) -> ProjectedKernel:
+def _compiled(layer) -> ProjectedKernel:
     """Built, or from the layer cache where the layer came from it (its ``source`` and ``func`` then None)."""
-    gpu = layer.gpu
+    plan, gpu = layer.plan, layer.gpu
+    key = layer_cache.projected_key(layer)
     found = layer_cache.lookup_kernels(key, layer.target, gpu)
     if found is not None:
         module, (signature,), info = found
         runtime = RuntimeLayer(signature, module, True, layer.barrier_timeout_us)
         return ProjectedKernel(signature.launches[0], module, None, None, info["report"], runtime)
-    kernel = make_kernel()
+    kernel = projected_kernel(plan, layer.target, gpu, layer.kernel.config, layer.input_size)
     launch = kernel.launch
     built = build_functions({launch.function: kernel.func}, layer.target, gpu)
     fn = built.ptxas.function(launch.function) if built.ptxas is not None else None
     figures = built.note
     if fn is not None:
         if fn.spills:
-            raise ConfigError(f"the {what} of this layer spills {fn.spills} bytes ({kernel.config})")
+            raise ConfigError(f"the projected kernel of this layer spills {fn.spills} bytes ({kernel.config})")
         problem = smem_launch_problem(launch.grid.dynamic_smem_bytes, fn.static_smem_bytes, gpu.smem_per_block)
         if problem:
-            raise ConfigError(f"the {what} of this layer cannot launch on {gpu.arch}: {problem}")
+            raise ConfigError(f"the projected kernel of this layer cannot launch on {gpu.arch}: {problem}")
         grid = dataclasses.replace(launch.grid, registers=fn.registers, static_smem_bytes=fn.static_smem_bytes)
         launch = dataclasses.replace(launch, grid=grid)
         figures = f"{fn.registers} registers, {fn.spills} spill bytes, {fn.static_smem_bytes} B static shared"

@@ -270,10 +270,6 @@ def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dt
 # The scalars a stateful barrier takes, with their types: the per-wait bound, the test knob that
 # stalls block 0 (-1: none), and the address of the page-locked host word a timeout is copied to.
 SYNC_SCALARS = {"timeout_us": "int32", "stall_step": "int32", "error_host": "int64"}
-# The scalars of a kernel that can start before its input projection is complete (schedules/xp_ready.py): the device
-# address of the projection's chunk flags (0: complete before the launch), the steps of a chunk, the bound of a wait
-# for one, and the address of the page-locked host word a wait that gave up writes. The runtime's own call passes 0s.
-XP_READY_SCALARS = {"xp_flags": "int64", "xp_chunk": "int32", "xp_timeout_us": "int32", "xp_error_host": "int64"}
 # A layer split over GPUs (schedules/split.py): a GPU's recurrent launch also takes the first CTA of the whole grid
 # that it runs and the address of each other GPU's copy of the exchange (peers in device order, itself left out).
 CTA_OFFSET = "cta_offset"

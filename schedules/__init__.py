@@ -26,7 +26,6 @@ from . import (
     projected,
     session,
     split,
-    xp_ready,
 )
 from .template import Acceptance, Template, as_config, knob_text, short_names
 
@@ -34,7 +33,7 @@ TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_refer
 
 __all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_configs", "backward_for", "backward_kernel",
            "by_name", "gpu_backward", "knob_short_names", "knob_text", "projected_kernel", "saving_forward",
-           "session_kernel", "split_kernels", "template_for", "templates_for", "xp_ready_kernel"]
+           "session_kernel", "split_kernels", "template_for", "templates_for"]
 
 
 def templates_for(plan, target) -> list:
@@ -113,15 +112,6 @@ def projected_kernel(plan, target, gpu, config, input_size: int):
     room = projected.projected_gpu(plan, gpu, input_size, config.units_per_cta)
     geometry = template.knobs.validate(config, plan, room)
     builder = projected.projected_builder(template.builder, input_size)(plan, config, geometry)
-    return Kernel(builder.build(), template.name, builder.launch, config)
-
-
-def xp_ready_kernel(plan, target, gpu, config):
-    """The recurrent kernel of a layer built with ``config`` that waits for its input projection's chunks during the
-    launch (``schedules.xp_ready``): the same config; ConfigError with the reason where it cannot (the caller projects
-    before the launch)."""
-    template = _cuda_template(plan, target, config, None, f"target {target.kind.name} projects before its launch")
-    builder = xp_ready.xp_ready_builder(template.builder)(plan, config, template.knobs.validate(config, plan, gpu))
     return Kernel(builder.build(), template.name, builder.launch, config)
 
 

@@ -271,7 +271,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         with IRBuilder() as ib:
             # what other blocks write while this one reads it gets no __restrict__ (nor does the exchange sequence,
             # a scratch argument)
-            with persistent_frame(self.launch, plain=self.plain_args) as (self.a, self.bx, self.tx):
+            with persistent_frame(self.launch, plain=self.barrier.plain_args) as (self.a, self.bx, self.tx):
                 if self.batch_groups > 1:
                     self.a = self.batch_group_views(self.a)
                 self.sync = self.a.sync
@@ -303,11 +303,6 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                     steps = self.steps_run
                     self.barrier.end(self.sync, self.barrier_base, steps, steps * p.phases - 1)
         return ib.get()
-
-    @property
-    def plain_args(self) -> tuple:
-        """Arguments to declare without ``__restrict__``: what other blocks (or kernels) write while this one reads."""
-        return self.barrier.plain_args
 
     def alloc_loop_state(self):
         """Before the time loop: registers or shared memory the loop keeps besides the template's own (a session

@@ -164,11 +164,6 @@ def projected_key(layer: Layer) -> dict | None:
     return derived_key(layer.cache_key, "projected") if layer.cache_key is not None else None
 
 
-def xp_ready_key(layer: Layer) -> dict | None:
-    """The key of ``layer``'s kernel that waits for its projection's chunks (None for a layer that was not cached)."""
-    return derived_key(layer.cache_key, "xp_ready") if layer.cache_key is not None else None
-
-
 def describe(signature: Signature, target: str) -> dict:
     """What ``prnn-tvm cache list`` shows of an entry."""
     return {

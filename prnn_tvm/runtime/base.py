@@ -224,11 +224,6 @@ class RuntimeLayer:
                 "timeout_us": self.barrier_timeout_us,
                 "stall_step": self.debug_stall_step,
                 "error_host": self.error_address,
-                # a kernel that can start before its projection is complete (XP_READY_SCALARS): complete here
-                "xp_flags": 0,
-                "xp_chunk": 0,
-                "xp_timeout_us": self.barrier_timeout_us,
-                "xp_error_host": 0,
             }
         return found
 

@@ -91,19 +91,10 @@ class Launcher:
         must outlive the graph and is zeroed at the start of every replay)."""
         return self.layer.new_launch_state(self.arrays.zeros)
 
-    def __call__(
-        self,
-        data: list,
-        stream: int = 0,
-        state: dict | None = None,
-        into: list | None = None,
-        scalars: dict | None = None,
-    ) -> list:
+    def __call__(self, data: list, stream: int = 0, state: dict | None = None, into: list | None = None) -> list:
         """``into``: where the launch writes, the caller's arrays (kernel order; None where ``arrays.empty`` makes
         it), each of its argument's shape and dtype and compact on a 64-byte boundary (views of one allocation
-        that the caller returns whole: a stack's final states). Unchecked, as ``data``. ``scalars``: values of this
-        call's own for some of the launch's scalars, by name (the projection's chunk flags, ``prnn_tvm.torch.overlap``);
-        the layer's for the others."""
+        that the caller returns whole: a stack's final states). Unchecked, as ``data``."""
         self.layer.check(wait=False)  # an earlier launch's timeout is raised before this one starts
         T = int(data[0].shape[0])
         if T > self.max_steps:
@@ -111,9 +102,6 @@ class Launcher:
         args = self._with_owned(state) if state is not None else self._placed_for(stream)[2].copy()
         for i, value in zip(self.slots.data, data):
             args[i] = value
-        if scalars:
-            for i, name in self.slots.scalars:
-                args[i] = scalars.get(name, args[i])
         return self._launch(args, stream, T, into)
 
     def bound(self, data: list, steps: int) -> Bound | None:

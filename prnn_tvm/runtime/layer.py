@@ -109,7 +109,6 @@ class Layer(RuntimeLayer):
         self._training = None  # a CUDA layer's training kernels, once compiled (prnn_tvm.compiler.compile_training)
         self._session = None  # a CUDA layer's session kernels, once compiled (prnn_tvm.compiler.compile_session)
         self._projected = None  # its projected launch, or why it has none, once asked (prnn_tvm.projected_build)
-        self._xp_ready = None  # its kernel waiting for a projection beside it, or why none (prnn_tvm.xp_ready_build)
         self.cache_key = None  # its key in the layer cache (prnn_tvm.cache), which its backward's extends
         self._gpu_code = loaded  # a CUDA layer whose module holds code this process can launch
         super().__init__(signature, module, target.kind.name == "cuda")
@@ -126,15 +125,14 @@ class Layer(RuntimeLayer):
 
     def _derived_runtimes(self) -> list[RuntimeLayer]:
         """The runtimes of the launches made from this layer that launch by their own (its training kernels, its
-        projected launch, its kernel that waits for a projection beside it), once built."""
+        projected launch), once built."""
         found = []
         training = getattr(self, "_training", None)  # not yet set while RuntimeLayer.__init__ sets the timeout
         if training is not None:
             found += [training.forward, training.backward]
-        for name in ("_projected", "_xp_ready"):
-            variant = getattr(self, name, None)
-            if variant is not None and not isinstance(variant, ConfigError):  # a ConfigError: why there is none
-                found.append(variant.runtime)
+        projected = getattr(self, "_projected", None)
+        if projected is not None and not isinstance(projected, ConfigError):  # a ConfigError: why there is none
+            found.append(projected.runtime)
         return found
 
     @property

@@ -221,7 +221,7 @@ class BatchBuckets:
         batch, kind, index, dtype = group
         device = torch.device(kind, index)
         dropped = [self._layers.pop(key) for key in [key for key in self._layers if key[:4] == group]]
-        # the layers' ids, and their training kernels' and variant launches' (which launch by their own)
+        # the layers' ids, and their training kernels' and projected launches' (which launch by their own)
         ids = {id(kernel) for layer in dropped for kernel in (layer, *layer._derived_runtimes())}
         for kept in (self._launch_notes, self._fallbacks):
             for key in [key for key in kept if key[:4] == group]:

@@ -33,7 +33,6 @@ from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
 from .fallback import refusal, run_in_torch
 from .half_projection import trained_projection
-from .overlap import overlaps, run_overlapped, waiting_kernel
 from .projection import project
 from .sequences import reversal_within
 
@@ -101,12 +100,11 @@ class Dispatch(BatchBuckets):
     ``_layers`` (``(batch, device type, index, dtype, input size or "stack" / "bidirectional")`` -> layer),
     ``_kept`` (the batch sizes whose layers are kept, :class:`~prnn_tvm.torch.buckets.KeptShapes`),
     ``_launch_notes``, ``stack_notes``, ``direction_notes``, ``_fallbacks``, ``fallback_notes``, ``_launchers``,
-    ``_side_streams``, ``_captured`` and ``_overlaps``; it reads the module's options (``cell``, ``hidden_size``,
-    ``arch``, ``config``, ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``,
-    ``concurrent_directions``, ``overlap_projection``, ``batch_buckets``, ``kept_batch_sizes``). A call pads its
-    rows to the batch size of a bucket (:class:`~prnn_tvm.torch.buckets.BatchBuckets`); a layer that no config of
-    prnn-tvm's places runs on torch.nn's kernels where the cell is one of torch.nn's
-    (:mod:`~prnn_tvm.torch.fallback`)."""
+    ``_side_streams`` and ``_captured``; it reads the module's options (``cell``, ``hidden_size``, ``arch``,
+    ``config``, ``num_layers``, ``bidirectional``, ``wavefront``, ``one_launch_directions``,
+    ``concurrent_directions``, ``batch_buckets``, ``kept_batch_sizes``). A call pads its rows to the batch size
+    of a bucket (:class:`~prnn_tvm.torch.buckets.BatchBuckets`); a layer that no config of prnn-tvm's places runs
+    on torch.nn's kernels where the cell is one of torch.nn's (:mod:`~prnn_tvm.torch.fallback`)."""
 
     def layer_for(
         self, batch: int, device: torch.device, dtype: torch.dtype | None = None, input_size: int | None = None
@@ -260,7 +258,6 @@ class Dispatch(BatchBuckets):
                 layer._training.forward.check(wait=False)
                 layer._training.backward.check(wait=False)
         self._split.check()  # the layers split over GPUs (every GPU's)
-        self._overlaps.check(type(self).__name__, "the layer's barrier_timeout_us")  # a projection beside a launch
 
     def _run_rows(
         self,
@@ -388,36 +385,17 @@ class Dispatch(BatchBuckets):
             out, *finals = CpuBackprop.apply(layer, project(*args[:3]), *args[3:])
             return out, finals
         # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
-        # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart); where the grid leaves
-        # SMs free, the projection in chunks beside the recurrence (:mod:`~prnn_tvm.torch.overlap`)
-        plan = overlaps(layer, x.shape[0], x.device, self.overlap_projection)
-        if plan is not None:
-            self._overlaps.check(type(self).__name__, f"{layer.barrier_timeout_us} us")
-            out, *finals = run_overlapped(
-                self,
-                layer,
-                plan,
-                *args[:3],
-                lambda xp, scalars: self._launch(waiting_kernel(layer), xp, args[3:], into=into, scalars=scalars),
-            )
-            return out, finals
+        # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
         out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:], into=into)
         return out, finals
 
     def _launch(
-        self,
-        layer,
-        xp: torch.Tensor,
-        recurrent: list,
-        function: str = "recurrent",
-        into: list | None = None,
-        scalars: dict | None = None,
+        self, layer, xp: torch.Tensor, recurrent: list, function: str = "recurrent", into: list | None = None
     ) -> list:
         """Launch ``function`` of ``layer`` (on the GPU: on torch's current stream), into tensors from torch's
         allocator; no waiting. ``recurrent``: the launch's data arguments after ``xp``, in its order (for
         ``recurrent``: the recurrent weights, params, initial states and lengths); ``into``: where it writes, as the
-        Launcher takes it; ``scalars``: scalars of this call's own, as the Launcher takes them. Returns what it writes,
-        in its order."""
+        Launcher takes it. Returns what it writes, in its order."""
         device = xp.device
         launcher = self._launcher(layer, device, function)
         if device.type != "cuda":
@@ -426,7 +404,7 @@ class Dispatch(BatchBuckets):
         if torch.cuda.is_current_stream_capturing():  # the graph's own state, zeroed at the start of every replay
             state = launcher.new_state()
             self._captured.append(state)
-        return launcher([xp, *recurrent], current_stream(device), state, into, scalars)
+        return launcher([xp, *recurrent], current_stream(device), state, into)
 
     def _launcher(self, layer, device: torch.device, function: str = "recurrent"):
         """The runtime's :class:`~prnn_tvm.runtime.launcher.Launcher` of ``function`` of ``layer`` on ``device``

@@ -19,7 +19,6 @@ from .amp import autocast_dtype
 from .arguments import BIASES, LaunchArguments, detached, parameter_suffix
 from .buckets import KeptShapes
 from .dispatch import _NOTHING, DTYPES, Dispatch, stacked_finals
-from .overlap import Overlaps
 from .sequences import packed_like, unpacked
 from .session import ModuleSession
 from .split import SplitLayers, call_refusal, module_refusal
@@ -118,10 +117,6 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         # a launch per direction on the GPU runs the reverse one on a stream of its own, beside the forward
         # one, where both grids fit on the GPU together (False: always one after the other)
         self.concurrent_directions = True
-        # an inference call of a layer whose grid leaves most SMs free (head-wise layers) projects its input in
-        # chunks beside the recurrence, in one recurrent launch (False: the projection, then the launch;
-        # prnn_tvm.torch.overlap says where it applies)
-        self.overlap_projection = True
         self.one_launch_directions = True
         self.direction_notes: dict = {}
         # a one-directional stack's inference call runs as one wavefront launch where it fits (False:
@@ -165,7 +160,6 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         self._joined: dict = {}
         self._launch_notes: dict = {}  # one-launch builds (stacks, both directions) -> what runs, and why
         self._captured: list = []  # launch states captured in CUDA graphs: kept as long as the module
-        self._overlaps = Overlaps()  # flag words of projections beside the recurrence (:mod:`~.overlap`)
         self._plans: dict = {}  # a repeated call's key -> its plan (:mod:`~prnn_tvm.torch.repeat`)
         # batch buckets (options batch_buckets, kept_batch_sizes) and torch.nn's kernels where nothing fits
         self._kept = KeptShapes()  # the batch sizes whose layers are kept, least recently called first
@@ -187,7 +181,6 @@ class _Recurrent(Dispatch, LaunchArguments, torch.nn.RNNBase):
         "_joined",
         "_launch_notes",
         "_captured",
-        "_overlaps",
         "_kept",
         "_fallbacks",
         "fallback_notes",

@@ -30,7 +30,6 @@ from .amp import autocast_dtype
 from .arguments import aligned_state, detached, parameter_suffix
 from .dispatch import current_stream, stacked_finals
 from .fallback import refusal
-from .overlap import overlaps
 from .projection import projector
 
 log = logging.getLogger(__name__)
@@ -220,7 +219,7 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
             steps.append(one or _step(module, compiled, like, suffix, given))
             width = module.hidden_size
     if any(step is None for step in steps):
-        return None  # a sequence that runs in pieces, or a projection beside the recurrence
+        return None  # a sequence that runs in pieces
     made_from = {entry[0]: entry for step in steps for entry in step.made_from}  # a stack's, each layer's
     whole = module._whole_finals(rows, device, dtype) is not None
     form = UNBATCHED if input.dim() != 3 else BATCH_FIRST if module.batch_first else TIME_MAJOR
@@ -263,10 +262,7 @@ def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: b
 
 def _step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> Step | None:
     """A plan's launch of ``layer`` (``suffix``: its layer's parameters, None for a stack) on inputs like ``x``; None
-    where its sequence runs in pieces, or its projection beside the recurrence (:mod:`~prnn_tvm.torch.overlap`: the
-    module's own path runs that; it saves more than a plan's host time)."""
-    if overlaps(layer, x.shape[0], x.device, module.overlap_projection) is not None:
-        return None
+    where its sequence runs in pieces."""
     entries = module._parameter_arguments(layer, suffix)
     args = module._launch_arguments(layer, detached(x, False), suffix, [], None)
     weights = args[1 : 1 + len(entries)]
