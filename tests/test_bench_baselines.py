@@ -95,3 +95,36 @@ def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
     assert rows[0]["config_origin"] == ORIGIN and rows[0]["cudnn_ms"] == 3.0 and rows[0]["gpu"] == "test GPU"
     assert rows[1]["error"].startswith("LaunchError: launching 'recurrent' failed")
     assert rows[2]["error"] == "ConfigError: no persistent config fits"
+
+
+def test_free_before_capture_frees_and_names_what_unreachable_cycles_held():
+    """A TVM tensor held by an unreachable cycle would be freed by the next collection, inside a CUDA graph's capture
+    (a refused cudaFree that aborts the process): the benchmarks' captures collect first and say what was held."""
+    import gc
+
+    import tvm
+
+    class Holder:
+        pass
+
+    freed = []
+    holder = Holder()
+    holder.me, holder.tensor = holder, tvm.runtime.tensor(np.zeros(4, "float32"))
+    holder.canary = Canary(freed)
+    del holder
+    gc.disable()  # no collection but the function's own
+    try:
+        found = baselines.free_before_capture()
+    finally:
+        gc.enable()
+    assert found == {"tvm.runtime._tensor.Tensor": 1}
+    assert freed == [True]  # the cycle is gone, not merely counted
+    assert baselines.free_before_capture() == {}  # nothing left
+
+
+class Canary:
+    def __init__(self, freed: list):
+        self.freed = freed
+
+    def __del__(self):
+        self.freed.append(True)
