@@ -12,7 +12,9 @@
   saving forward, the backward, R's gradient). Target: at least 2x FlashRNN's training step.
 - The layer-normalized LSTM (``lstm_layernorm``), hidden 1024, batch 8, T=256, fp16, against the same step in
   torch (two LayerNorms over the gates, one over the cell, a GEMM per step) replayed as a CUDA graph, and against
-  prnn-tvm's plain LSTM at the size. Targets: at least 5x the graph; within 1.3x of the plain LSTM.
+  prnn-tvm's plain LSTM at the size: each through the torch module's call (``prnn_tvm.torch.Recurrent``, weights
+  copied from the same tensors), the compiled layer's call and the recurrent kernel alone beside it. Targets (the
+  module calls): at least 5x the graph; within 1.3x of the plain LSTM.
 
 Setup (../shared/device/README.md, "FlashRNN as a baseline"): on this machine
     python3 -m pip download --no-deps -d .peers flashrnn einops
@@ -117,10 +119,10 @@ def best(times: dict) -> float:
     return min((v for v in times.values() if isinstance(v, float)), default=float("nan"))
 
 
-def module_call(spec: str, x, weights: dict):
+def module_call(spec: str, x, weights: dict, hidden: int = H, dtype=BF16):
     """The torch module's inference call on ``x`` with ``weights`` (the compiled layer's argument names), ms, and its
     output (``prnn_tvm.torch.Recurrent``: cuBLAS projection, torch's allocator, the launch's arguments kept)."""
-    module = prnn_tvm.torch.Recurrent(spec, H, H, device="cuda", dtype=BF16)
+    module = prnn_tvm.torch.Recurrent(spec, hidden, hidden, device="cuda", dtype=dtype)
     with torch.no_grad():
         for name, value in weights.items():
             getattr(module, f"{name}_l0").copy_(value)
@@ -283,8 +285,7 @@ def case_layernorm():
         "ln_c_g": ones,
         "ln_c_b": zeros,
     }
-    ours_ms = ms(lambda: layer(x, **params))
-    plain_ms = ms(lambda: plain(x, W_ih=W_ih, b_ih=zeros4, W_hh=W, b_hh=zeros4))
+    plain_params = {"W_ih": W_ih, "b_ih": zeros4, "W_hh": W, "b_hh": zeros4}
     ln_x, ln_h = torch.nn.LayerNorm(4 * hidden).cuda().to(dtype), torch.nn.LayerNorm(4 * hidden).cuda().to(dtype)
     ln_c = torch.nn.LayerNorm(hidden).cuda().to(dtype)
     state = [torch.zeros(batch, hidden, device="cuda", dtype=dtype) for _ in range(2)]
@@ -300,20 +301,53 @@ def case_layernorm():
             out[t] = h
 
     torch_loop()
+    # the graph is captured before any of our calls, and with the garbage collected first: a TVM tensor freed during
+    # a capture (cudaFree) aborts the process (baselines.free_before_capture)
+    freed = baselines.free_before_capture()
+    if freed:
+        say(f"  freed before the capture, held by unreachable cycles: {freed}")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         torch_loop()
     graph_ms = ms(graph.replay)
+    rows = x.view(steps * batch, hidden)
+    xp = torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(steps, batch, -1)  # b_ih is zero
+    ln_recurrent, ln_call = our_times(layer, xp, x, params)
+    plain_recurrent, plain_call = our_times(plain, xp, x, plain_params)
+    ln_module, ln_out = module_call("lstm_layernorm", x, params, hidden, dtype)
+    plain_module, _ = module_call("lstm", x, plain_params, hidden, dtype)
     got, _ = layer(x, **params)
     torch_loop()
+    unreachable = baselines.free_before_capture()  # what a capture here would have freed (and died of)
+    say(f"  after our calls, held by unreachable cycles: {unreachable or 'nothing of TVM or prnn-tvm'}")
     # this layer is chaotic at this shape: in float64, a 1e-6 change of h at step 0 grows to 1e-4 by step 64 and to
     # 0.94 by step 255, so two half-precision runs agree only over the first steps
     early = LAYERNORM_AGREE_STEPS
+
+    def early_diff(a, b) -> float:
+        return (a[:early].float() - b[:early].float()).abs().max().item()
+
     say(
-        f"prnn-tvm {ours_ms:.3f} ms; torch LayerNorm + LSTM step loop as a CUDA graph {graph_ms:.3f} ms "
-        f"({graph_ms / ours_ms:.2f}x); prnn-tvm plain LSTM {plain_ms:.3f} ms ({ours_ms / plain_ms:.2f}x of it); "
-        f"outputs of the first {early} steps against the loop's: max abs difference "
-        f"{(torch.from_dlpack(got)[:early].float() - out[:early].float()).abs().max().item():.2e}"
+        "| layer | torch step loop as a CUDA graph | prnn-tvm module call | prnn-tvm layer call | "
+        "prnn-tvm recurrent kernel (us/step) |"
+    )
+    say("|---|---|---|---|---|")
+    say(
+        f"| LayerNorm-LSTM | {graph_ms:.3f} | {ln_module:.3f} | {ln_call:.3f} | {ln_recurrent:.3f} "
+        f"({ln_recurrent / steps * 1e3:.2f}) |"
+    )
+    say(
+        f"| LSTM | | {plain_module:.3f} | {plain_call:.3f} | {plain_recurrent:.3f} "
+        f"({plain_recurrent / steps * 1e3:.2f}) |"
+    )
+    say(
+        f"targets, module calls: {graph_ms / ln_module:.2f}x the torch graph (at least 5x), "
+        f"{ln_module / plain_module:.2f}x the plain LSTM (at most 1.3x); layer calls {graph_ms / ln_call:.2f}x, "
+        f"{ln_call / plain_call:.2f}x; recurrent kernels {ln_recurrent / plain_recurrent:.2f}x"
+    )
+    say(
+        f"outputs of the first {early} steps: module call against the loop's, max abs difference "
+        f"{early_diff(ln_out, out):.2e}; layer call against the loop's {early_diff(torch.from_dlpack(got), out):.2e}"
     )
     say("")
 

@@ -41,13 +41,15 @@ def compile_projected(layer) -> ProjectedKernel:
     as a launch of its own."""
     found = layer._projected
     if isinstance(found, ConfigError):
-        raise found
+        raise ConfigError(*found.args)  # a new one: raising the kept one would add the caller's frames to it
     if found is not None:
         return found
     try:
         layer._projected = _compiled(layer)
     except ConfigError as err:
-        layer._projected = err
+        # why, kept without the frames: they hold this layer, which a kept traceback would put in a reference cycle
+        # (the layer then freed by a later collection, which, during a CUDA graph capture, aborts the process)
+        layer._projected = ConfigError(*err.args)
         log.info("no projected kernel of %s (its projection a launch of its own): %s", layer.plan.cell.name, err)
         raise
     log.info("projected kernel of %s: %s", layer.plan.cell.name, layer._projected.report)

@@ -59,6 +59,8 @@ ORIGIN = "tuned: 1.00 us/step measured on test GPU"
 
 def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
     """The run loop alone (compile and measurement faked): a failed compile or measurement is a row."""
+    import gc
+    import weakref
     from types import SimpleNamespace
 
     from prnn_tvm.bench import measure, runner
@@ -85,7 +87,23 @@ def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
     monkeypatch.setattr(runner, "environment", lambda gpu: {"gpu": "test GPU", "sms": 132})
     monkeypatch.setattr(runner, "compile_cell", fake_compile)
     monkeypatch.setattr(measure, "measure", fake_measure)
-    rows = runner.run(["lstm"], [256, 512], [4, 64], seq_len=8, dtypes=["float32"], progress=False)
+    made = []  # the run's cache of compiled layers, weakly
+
+    class Layers(runner._Layers):
+        def __init__(self):
+            super().__init__()
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(runner, "_Layers", Layers)
+    monkeypatch.setattr(runner, "recover", lambda torch: None)  # no GPU to recover here (its log would hold frames)
+    gc.disable()  # no collection: what a reference cycle holds stays
+    try:
+        rows = runner.run(["lstm"], [256, 512], [4, 64], seq_len=8, dtypes=["float32"], progress=False)
+        # no compile error's traceback holds a frame of the run: its layers are freed when it returns, not by the
+        # next collection (which may come during a CUDA graph capture, where freeing a TVM tensor is fatal)
+        assert len(made) == 1 and made[0]() is None
+    finally:
+        gc.enable()
     assert [(r["hidden"], r["batch"], r["status"]) for r in rows] == [
         (256, 4, "ok"),
         (256, 64, "error"),
@@ -95,3 +113,37 @@ def test_run_turns_failures_into_error_rows_and_goes_on(monkeypatch):
     assert rows[0]["config_origin"] == ORIGIN and rows[0]["cudnn_ms"] == 3.0 and rows[0]["gpu"] == "test GPU"
     assert rows[1]["error"].startswith("LaunchError: launching 'recurrent' failed")
     assert rows[2]["error"] == "ConfigError: no persistent config fits"
+
+
+def test_free_before_capture_frees_and_names_what_unreachable_cycles_held():
+    """A TVM tensor held by an unreachable cycle would be freed by the next collection, inside a CUDA graph's capture
+    (a refused cudaFree that aborts the process): the benchmarks' captures collect first and say what was held."""
+    import gc
+
+    import tvm
+
+    class Holder:
+        pass
+
+    baselines.free_before_capture()  # what earlier tests left unreachable
+    freed = []
+    holder = Holder()
+    holder.me, holder.tensor = holder, tvm.runtime.tensor(np.zeros(4, "float32"))
+    holder.canary = Canary(freed)
+    del holder
+    gc.disable()  # no collection but the function's own
+    try:
+        found = baselines.free_before_capture()
+    finally:
+        gc.enable()
+    assert found == {"tvm.runtime._tensor.Tensor": 1}
+    assert freed == [True]  # the cycle is gone, not merely counted
+    assert baselines.free_before_capture() == {}  # nothing left
+
+
+class Canary:
+    def __init__(self, freed: list):
+        self.freed = freed
+
+    def __del__(self):
+        self.freed.append(True)

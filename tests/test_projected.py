@@ -2,6 +2,9 @@
 emitted on the host (``prnn_tvm.verify.emulator``) against the float64 reference and against the layer's two-launch
 path (the projection, then the recurrent kernel), built with ptxas at the issue's shapes, and what it refuses."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -103,6 +106,14 @@ def test_a_layer_that_cannot_project_in_its_kernel_says_why_once(make, match):
     with pytest.raises(ConfigError, match=match):
         compile_projected(layer)
     assert layer._projected is first
+    assert first.__traceback__ is None  # its frames would hold the layer in a reference cycle
+    gc.disable()  # no collection: the layer goes when its last reference does, never inside a later CUDA graph capture
+    try:
+        ref = weakref.ref(layer)
+        del layer
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_the_projected_launch_takes_the_recurrent_launchs_data_after_its_own():

@@ -13,8 +13,10 @@ captured once and replayed as a CUDA graph, so no launch overhead is left in it.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -140,10 +142,43 @@ def _capture(fn) -> torch.cuda.CUDAGraph:
     with torch.cuda.stream(side):  # warm-up outside the capture, as PyTorch recommends
         fn()
     torch.cuda.current_stream().wait_stream(side)
+    free_before_capture()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
     return graph
+
+
+HELD_BY_CYCLES = ("Tensor", "Module", "Layer", "Launcher")  # type names whose freeing reaches the CUDA API
+
+
+def free_before_capture() -> dict[str, int]:
+    """Free what unreachable reference cycles hold, then wait for the GPU: call before ``torch.cuda.graph``. Returns
+    how many objects the collection freed whose type names a tensor, a module, a layer or a launcher (TVM's and
+    prnn-tvm's), by type, so that a benchmark can say what it would have crashed on.
+
+    torch no longer collects garbage when a capture begins (``torch.compiler.config.force_cudagraph_gc`` is off by
+    default), so an unreachable cycle holding a TVM tensor (a compiled layer's call returns tensors TVM allocated)
+    or a TVM module is freed by whichever collection runs next. During a capture (torch's default capture mode,
+    ``"global"``) that ``cudaFree`` is refused, and TVM, raising from a destructor, aborts the process with
+    ``cudaErrorStreamCaptureUnsupported``."""
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # the unreachable objects are kept in gc.garbage, to be named, then freed
+    try:
+        gc.collect()
+        found = Counter(
+            f"{type(o).__module__}.{type(o).__qualname__}"
+            for o in gc.garbage
+            if type(o).__module__.split(".")[0] in ("tvm", "tvm_ffi", "prnn_tvm")
+            and any(word in type(o).__qualname__ for word in HELD_BY_CYCLES)
+        )
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    gc.collect()  # the cycles, no longer kept, freed now: outside any capture
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return dict(found)
 
 
 def cuda_event_times(fn: Callable[[], object], repeats: int, number: int, warmup: int = 3) -> tuple[float, float]:
@@ -193,6 +228,7 @@ def captured(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
         for _ in range(2):
             fn()
     torch.cuda.current_stream().wait_stream(side)
+    free_before_capture()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         result = fn()

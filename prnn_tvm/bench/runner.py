@@ -98,7 +98,9 @@ class _Layers:
             try:
                 built = compile_cell(cell, hidden, batch, seq_len=seq_len, dtype=dtype, target="cuda")
             except Exception as err:  # noqa: BLE001 - a compile failure is that case's result
-                built = err
+                # without its traceback, whose frame of this method would hold this cache in a reference cycle
+                # (its compiled layers freed by whichever collection comes next: inside a CUDA graph capture, fatal)
+                built = err.with_traceback(None)
             self._built[key] = built, time.perf_counter() - start
         return self._built[key]
 
@@ -199,6 +201,7 @@ def run(
             log.warning("%s: %s", case.label, row["error"].splitlines()[0])
             last = f"{case.label} error"
             recover(torch)
+            layer = None  # a re-raised compile error's traceback holds this frame: no cycle through it
         rows.append(row)
     return rows
 

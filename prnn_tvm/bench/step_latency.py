@@ -33,7 +33,7 @@ from ..compiler import compile_cell, compile_session
 from ..errors import ConfigError, PrnnError
 from ..target import gpu_spec
 from . import step_table
-from .baselines import captured
+from .baselines import captured, free_before_capture
 from .runner import environment, missing_requirements, recover
 from .step_cases import CHAIN_REPLAYS, StepModel
 
@@ -70,6 +70,7 @@ def chain_samples(step, chain: int, replays: int = CHAIN_REPLAYS, warm_up: bool 
     if warm_up:
         graph, _ = captured(lambda: [step() for _ in range(chain)])
     else:
+        free_before_capture()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(chain):
