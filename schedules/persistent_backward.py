@@ -47,7 +47,7 @@ from tvm.script.ir_builder import tirx as T
 from prnn_tvm.codegen.barriers import BARRIERS, row_lanes
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
-from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_kept, bind_value, fast_transcendentals
+from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_kept, bind_value, gpu_math
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
@@ -465,8 +465,8 @@ class _Backward(RegisterWeights):
         def operand(name: str):  # an operand stage's adjoint, received from a later phase's products
             return self.dstage[it * len(self.stage_ops) + self.stage_ops[name]]
 
-        def bind(expr, name: str):  # a half layer's math as its forward's: the approximate intrinsics
-            return bind_kept(fast_transcendentals(expr) if p.policy.fast_math else expr, name)
+        def bind(expr, name: str):  # the math as its forward's: rsqrtf, a half layer's approximate intrinsics
+            return bind_kept(gpu_math(expr, p.policy.fast_math), name)
 
         return adjoint_values(p, self.adj, forward, incoming, operand, bind)
 

@@ -59,7 +59,7 @@ from prnn_tvm.codegen.pointwise import (
     as_type,
     bind_value,
     emit_phase,
-    fast_transcendentals,
+    gpu_math,
     new_state_values,
 )
 from prnn_tvm.codegen.prefetch import prefetch_l2
@@ -522,11 +522,9 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 self.publish(leaf.name, t, b, unit, as_type(value, self.dt))
 
     def bind_stage(self, expr, name: str):
-        """Bind a stage's value; its exp, sigmoid and tanh on the fast units where the dtype policy allows (sigmoid
-        through tanh where :attr:`sigmoid_through_tanh`)."""
-        if not self.p.policy.fast_math:
-            return bind_value(expr, name)
-        return bind_value(fast_transcendentals(expr, sigmoid_through_tanh=self.sigmoid_through_tanh), name)
+        """Bind a stage's value as the GPU computes it (``gpu_math``): its exp, sigmoid and tanh on the fast units
+        where the dtype policy allows (sigmoid through tanh where :attr:`sigmoid_through_tanh`)."""
+        return bind_value(gpu_math(expr, self.p.policy.fast_math, self.sigmoid_through_tanh), name)
 
     @property
     def sigmoid_through_tanh(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
+from tvm.ir.prim import expr as P
 from tvm.script.ir_builder import tirx as T
 
 from ..frontend.plan import CellPlan, Leaf
@@ -221,3 +222,38 @@ def fast_transcendentals(expr, sigmoid_through_tanh: bool = False):
         return fast(rebuild(node.args[0], replace))
 
     return rebuild(expr, replace)
+
+
+def _rsqrtf(x):
+    return T.call_pure_extern("float32", "rsqrtf", x)  # MUFU.RSQ: 2 ulp (CUDA's guide), one instruction
+
+
+def reciprocal_roots(expr):
+    """``expr`` with each float32 ``a / sqrt(v)`` as ``a * rsqrtf(v)`` (``rsqrtf(v)`` where a is 1): the reciprocal
+    square root unit where an IEEE sqrtf and an IEEE division take ~20 instructions between them, on the critical
+    path of a normalizing step (a LayerNorm's 1 / sqrt(var + eps), three a step in ``lstm_layernorm``: 0.968x its
+    step on the H200, bench/results/exchange-probes-h100.md). rsqrtf's 2 ulp, and the multiply's rounding, are
+    ~2^-22 relative: a fraction of float32's tolerance per step (``prnn_tvm.dtypes``). The pointwise math of every
+    GPU kernel, forward and backward alike (a backward recomputes the forward's stages: the same values); float64
+    layers build for the CPU alone and keep the IEEE form."""
+
+    def replace(node):
+        if isinstance(node, TensorLoad):
+            return node
+        if not (isinstance(node, P.Div) and getattr(getattr(node.b, "op", None), "name", None) == "tirx.sqrt"):
+            return None
+        if str(node.ty.dtype) != "float32":
+            return None
+        root = _rsqrtf(rebuild(node.b.args[0], replace))
+        if isinstance(node.a, P.FloatImm) and node.a.value == 1.0:
+            return root
+        return rebuild(node.a, replace) * root
+
+    return rebuild(expr, replace)
+
+
+def gpu_math(expr, fast_math: bool, sigmoid_through_tanh: bool = False):
+    """``expr`` as a GPU kernel computes it: reciprocal square roots on their unit (:func:`reciprocal_roots`),
+    and where the dtype policy says ``fast_math`` exp, sigmoid and tanh on theirs (:func:`fast_transcendentals`)."""
+    expr = reciprocal_roots(expr)
+    return fast_transcendentals(expr, sigmoid_through_tanh) if fast_math else expr

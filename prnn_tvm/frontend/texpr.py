@@ -121,9 +121,9 @@ _NUMPY_CALLS = {
     "tirx.sqrt": np.sqrt,
     "tirx.fabs": np.abs,
 }
-# CUDA's approximate intrinsics that half-precision kernels compute with (``codegen.pointwise.fast_transcendentals``),
-# as the exact functions they approximate
-_NUMPY_EXTERNS = {"__expf": np.exp, "__fdividef": np.divide}
+# CUDA's approximate intrinsics that GPU kernels compute with (``codegen.pointwise.gpu_math``), as the exact functions
+# they approximate
+_NUMPY_EXTERNS = {"__expf": np.exp, "__fdividef": np.divide, "rsqrtf": lambda u: 1.0 / np.sqrt(u)}
 
 
 def evaluate(e, env: dict):
