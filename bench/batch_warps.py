@@ -20,13 +20,14 @@ SM's registers and shared memory together.
 """
 
 import argparse
+import dataclasses
 import statistics
 
 from prnn_tvm.checks import check_against_reference, plan_tolerance, time_layer
 from prnn_tvm.compiler import compile_cell
+from prnn_tvm.errors import ConfigError
 from prnn_tvm.reference import random_lengths
-from prnn_tvm.schedules import persistent_mma_config as mc
-from prnn_tvm.schedules.gate_layout import BATCH_WARPS, in_warp_tiles
+from prnn_tvm.schedules import by_name
 
 HIDDEN = 768
 
@@ -48,17 +49,36 @@ def build(cell: str, batch: int, config):
 
 
 def candidates(layer) -> list:
-    """The in_warp configs of a head and of two heads a CTA, each split of their pass (``batch_warps``), with the
-    fewest shared k tiles that validate; then the first ranked config of the other layout (the fallback)."""
+    """The in_warp configs of a head and of two heads a CTA, each split of their pass (``batch_warps``, the values the
+    tuning space offers), with the fewest shared k tiles that validate; then the first ranked config of the other
+    layout (the fallback). Through the template's contract (``schedules.by_name``): the default's config is the base."""
     cfg, plan, gpu = layer.kernel.config, layer.plan, layer.gpu
-    mw, passes = in_warp_tiles(plan), -(-plan.batch // mc.TILE_N)
+    template = by_name(layer.report.template)
     D = plan.reductions[0].head_size(plan.hidden)
-    family = [] if mw is None else [
-        mc.fewest_shared_tiles(mc.MmaConfig(units, 1, passes, "block", m_tiles_per_warp=mw, gate_layout="in_warp",
-                                            batch_warps=bw), plan, gpu)
-        for units in (D, 2 * D) for bw in BATCH_WARPS if passes % bw == 0]
-    fallback = next((c for c in mc.ranked_configs(plan, gpu) if c.in_warp != cfg.in_warp), None)
+    splits = sorted({c.batch_warps for c in template.space(plan, gpu)})
+    family = [] if not cfg.in_warp else [
+        fewest_shared_tiles(template, dataclasses.replace(cfg, units_per_cta=units, batch_warps=bw, smem_k_tiles=0),
+                            plan, gpu)
+        for units in (D, 2 * D) for bw in splits if cfg.n_tiles % bw == 0]
+    ranked = template.default_configs(plan, layer.target, gpu)
+    fallback = next((c for c in ranked if c.in_warp != cfg.in_warp), None)
     return [c for c in dict.fromkeys(family + [fallback]) if c is not None and c != cfg]
+
+
+def fewest_shared_tiles(template, cfg, plan, gpu):
+    """``cfg`` with the fewest ``smem_k_tiles`` with which the template validates it, or None."""
+    try:
+        k_tiles = template.geometry(cfg, plan).k_tiles_per_warp
+    except ConfigError:  # a geometry the template refuses (validate says why)
+        return None
+    for sk in range(k_tiles + 1):
+        other = dataclasses.replace(cfg, smem_k_tiles=sk)
+        try:
+            template.validate(other, plan, gpu)
+        except ConfigError:
+            continue
+        return other
+    return None
 
 
 for D, batch in ((D, batch) for batch in args.batch for D in args.heads):
