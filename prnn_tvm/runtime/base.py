@@ -135,6 +135,12 @@ class RuntimeLayer:
             )
         self._barrier_timeout_us = value
         self._scalars = None
+        for follower in self._timeout_followers():
+            follower.barrier_timeout_us = value
+
+    def _timeout_followers(self) -> list:
+        """The runtimes whose barrier timeout follows this one's when it is set (none here)."""
+        return []
 
     @property
     def debug_stall_step(self) -> int:

@@ -113,15 +113,8 @@ class Layer(RuntimeLayer):
         self._gpu_code = loaded  # a CUDA layer whose module holds code this process can launch
         super().__init__(signature, module, target.kind.name == "cuda")
 
-    @property
-    def barrier_timeout_us(self) -> int:
-        return self._barrier_timeout_us
-
-    @barrier_timeout_us.setter
-    def barrier_timeout_us(self, value: int) -> None:
-        RuntimeLayer.barrier_timeout_us.fset(self, value)  # checks it
-        for derived in self._derived_runtimes():
-            derived.barrier_timeout_us = value
+    def _timeout_followers(self) -> list:
+        return self._derived_runtimes()
 
     def _derived_runtimes(self) -> list[RuntimeLayer]:
         """The runtimes of the launches made from this layer that launch by their own (its training kernels, its

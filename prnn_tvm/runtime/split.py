@@ -101,15 +101,8 @@ class SplitLayer:
         per = self.ctas_per_gpu * self.units_per_cta
         return range(index * per, min((index + 1) * per, self.signature.hidden))
 
-    @property
-    def barrier_timeout_us(self) -> int:
-        return self._barrier_timeout_us
-
-    @barrier_timeout_us.setter
-    def barrier_timeout_us(self, value: int) -> None:
-        RuntimeLayer.barrier_timeout_us.fset(self, value)  # checks it
-        for part in getattr(self, "parts", ()):
-            part.barrier_timeout_us = value
+    def _timeout_followers(self) -> list:
+        return list(getattr(self, "parts", ()))  # none yet while RuntimeLayer.__init__ sets the timeout
 
     def __call__(self, *args, **kwargs):
         """Run the layer on every GPU; NumPy in, the gathered ``(out, final_states)`` NumPy out."""
