@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/prnn-tvm compile lstm --hidden 256 --batch 4 --seq 64
 
 # The tests CI runs (GPU tests skip themselves without a GPU), one process per core, at most four
-# (each holds TVM and torch; on two cores: 8.5-11 minutes instead of 17).
+# (each holds TVM and torch; ptxas's reports from the committed table below, docs/tests.md).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
