@@ -30,6 +30,7 @@ columns alone (1/``gpus`` of the polled words), so that floor minus floor_own is
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from prnn_tvm.codegen.barriers.peers import PeerTags
@@ -41,6 +42,8 @@ from prnn_tvm.target import max_regs_per_thread
 
 from .head_columns import OperandColumns
 from .ranking import tier_knob
+
+log = logging.getLogger(__name__)
 
 UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split kernel's is worked out from it
 
@@ -238,6 +241,8 @@ class SplitMode:
             problem = floor_problem(self)
             if problem:
                 raise ConfigError(f"hop={self.hop!r} polls each peer's part from this GPU's own, which needs {problem}")
+            log.warning("hop=%r: a timing probe whose outputs are wrong (no peer's values reach a GPU): for "
+                        "measurements only", self.hop)
         # tags, with the peers' copies and chunked polls (the floors: each peer's part this GPU's own)
         parts = None if self.hop == "exposed" else self.gpus if self.hop == "floor" else 1
         self.barrier = PeerTags(self.gpus, self.chunk_rows, floor_parts=parts)

@@ -3,6 +3,7 @@
 every poll and store, ``floor_own`` its own GPU's columns' polls alone. The numerics against float64 and the
 floors' runs are in ``test_gpu_split.py``."""
 
+import logging
 import re
 
 import pytest
@@ -105,3 +106,12 @@ def test_the_split_knob_leaves_the_templates_config():
     assert split.split_knobs({"hop": "floor_own", "k_groups": 4}) == ({"k_groups": 4}, "floor_own")
     assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, "exposed")
     assert split.split_knobs(None) == (None, "exposed")
+
+
+def test_a_floor_says_its_outputs_are_wrong(caplog):
+    """A floor is a timing probe: building one warns that its outputs are wrong; the real exchange does not."""
+    with caplog.at_level(logging.WARNING, logger="prnn_tvm.schedules.split"):
+        half_split(192, 5, 2, None)
+        assert not [r for r in caplog.records if "outputs are wrong" in r.getMessage()]
+        half_split(192, 5, 2, "floor_own")
+    assert any("hop='floor_own': a timing probe whose outputs are wrong" in r.getMessage() for r in caplog.records)
