@@ -9,22 +9,13 @@ issue 49.
     python bench/half_xp.py [--hidden 768 --batch 16 --seq 1024 --gates 4 --dtype bfloat16 --repeats 7 --number 20]
 """
 
-import argparse
 
 import torch
 
-from prnn_tvm.bench.baselines import cuda_event_times
+from prnn_tvm.bench.baselines import cuda_event_times, script_arguments
 from prnn_tvm.torch.projection import biased, projector
 
-p = argparse.ArgumentParser()
-p.add_argument("--hidden", type=int, default=768)
-p.add_argument("--batch", type=int, default=16)
-p.add_argument("--seq", type=int, default=1024)
-p.add_argument("--gates", type=int, default=4)
-p.add_argument("--dtype", default="bfloat16")
-p.add_argument("--repeats", type=int, default=7)
-p.add_argument("--number", type=int, default=20)
-args = p.parse_args()
+args = script_arguments(number=20, hidden=768, batch=16, seq=1024, gates=4, dtype="bfloat16")
 
 dt, H = getattr(torch, args.dtype), args.hidden
 g = torch.Generator(device="cuda").manual_seed(0)

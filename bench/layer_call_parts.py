@@ -24,7 +24,6 @@ CUDA-event rows: the median of ``--repeats`` runs of ``--number`` calls issued b
 minimum, the GPU drained between runs (``prnn_tvm.bench.baselines``). Milliseconds per call.
 """
 
-import argparse
 
 import torch
 import tvm
@@ -36,16 +35,7 @@ from prnn_tvm.dtypes import policy
 from prnn_tvm.reference import random_inputs
 from prnn_tvm.runtime.binding import COPY
 
-p = argparse.ArgumentParser()
-p.add_argument("--cells", nargs="+", default=["lstm_layernorm", "lstm"])
-p.add_argument("--hidden", type=int, default=1024)
-p.add_argument("--batch", type=int, default=8)
-p.add_argument("--seq", type=int, default=256)
-p.add_argument("--dtype", default="float16")
-p.add_argument("--repeats", type=int, default=7)
-p.add_argument("--number", type=int, default=5)
-args = p.parse_args()
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+args = baselines.script_arguments(number=5, cells=["lstm_layernorm", "lstm"], hidden=1024, batch=8, dtype="float16")
 
 
 def gpu_ms(fn) -> float:

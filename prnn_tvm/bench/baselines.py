@@ -235,13 +235,16 @@ def captured(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
     return graph, result
 
 
-def script_arguments(number: int, **sizes: int) -> argparse.Namespace:
+def script_arguments(number: int, **options) -> argparse.Namespace:
     """The command line of a benchmark script under ``bench/``: ``--seq`` (256), ``--repeats`` (7), ``--number``
-    (``number``) and an int option per entry of ``sizes`` (its default). Also sets what every figure is
-    measured under: TF32 off for cuBLAS and cuDNN, torch's seed 0."""
+    (``number``) and an option per entry of ``options``, of its default's type (a list: one or more values of its
+    first's type). Also sets what every figure is measured under: TF32 off for cuBLAS and cuDNN, torch's seed 0."""
     p = argparse.ArgumentParser()
-    for name, default in {"seq": 256, **sizes, "repeats": 7, "number": number}.items():
-        p.add_argument(f"--{name}", type=int, default=default)
+    for name, default in {"seq": 256, **options, "repeats": 7, "number": number}.items():
+        if isinstance(default, list):
+            p.add_argument(f"--{name}", nargs="+", type=type(default[0]), default=default)
+        else:
+            p.add_argument(f"--{name}", type=type(default), default=default)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     return p.parse_args()
