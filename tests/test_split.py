@@ -84,7 +84,7 @@ def test_a_gpus_slice_with_weights_in_shared_memory(cell, hidden, batch, gpus, u
 @emulated_only
 def test_a_tile_polled_a_row_at_a_time(monkeypatch):
     """A wide layer polls its tile in chunks of batch rows (``PeerTags``): forced to one row per poll here."""
-    monkeypatch.setattr(split, "poll_chunk", lambda g, cfg, plan, gpu: (1, 0))
+    monkeypatch.setattr(split, "poll_chunk", lambda g, cfg, plan, gpu, words: (1, 0))
     layer = split_layer("lstm", 12, 5, 2, 3, tile=3)
     assert layer.kernel.config.batch_tile == 3
     inputs = random_inputs(layer.plan, 4, 3)

@@ -102,10 +102,10 @@ def test_an_unknown_hop_is_refused_naming_the_choices():
 
 
 def test_the_split_knob_leaves_the_templates_config():
-    assert split.split_knobs({"hop": "floor"}) == (None, "floor")
-    assert split.split_knobs({"hop": "floor_own", "k_groups": 4}) == ({"k_groups": 4}, "floor_own")
-    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, "exposed")
-    assert split.split_knobs(None) == (None, "exposed")
+    assert split.split_knobs({"hop": "floor"}) == (None, split.SplitKnobs("floor"))
+    assert split.split_knobs({"hop": "floor_own", "k_groups": 4}) == ({"k_groups": 4}, split.SplitKnobs("floor_own"))
+    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, split.SplitKnobs("exposed"))
+    assert split.split_knobs(None) == (None, split.SplitKnobs())
 
 
 def test_a_floor_says_its_outputs_are_wrong(caplog):
