@@ -22,9 +22,9 @@ only after it polled step ``s - 1``. So while a reader polls, a slot holds the w
 ``base + s``, and 2 is not 0 modulo 65536. Between launches the runtime joins the GPUs' streams (a launch starts after
 every GPU's last one ended). A bounded wait that times out leaves the launch (every block stops publishing, so no
 writer gets further ahead), and the host then zeroes the barrier state (base 0) with the workspace (tags 0), whose
-first waits are for tags 1 and 2. A tag of 32 bits (``Tags``) would alias only after 2^32 steps where a slot is
-rewritten every other step; it is indexed by the step's parity, which holds the same only because launches there
-never leave a slot unwritten for 2^31 launches.
+first waits are for tags 1 and 2. The 32-bit tags of ``Tags`` keep the step's parity for the slot: a session of
+one-step launches leaves the other slot unwritten, and a stale word there would look fresh after 2^32 of them (after
+65536 with 16 bits, which is why the slot follows the tag here).
 """
 
 from __future__ import annotations
