@@ -151,8 +151,8 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
                       for p in split.split_configs(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs,
                                                    words=knobs.words)]
     for template, placed in placements:
-        builder = split.split_builder(template.builder, gpus, placed.chunk_rows, knobs)(plan, placed.config,
-                                                                                       placed.geometry)
+        builder = split.split_builder(template.builder, gpus, placed.chunk_rows, knobs.hop, placed.words)(
+            plan, placed.config, placed.geometry)
         yield Kernel(builder.build(), template.name, builder.launch, placed.config), builder.hop_note
 
 

@@ -29,7 +29,8 @@ columns alone (1/``gpus`` of the polled words), so that floor minus floor_own is
 The words (``words``, a split knob beside ``hop``, :data:`WORDS`): ``single`` (the default), one value and its
 32-bit tag a word (``PeerTags``); ``packed``, three float16/bfloat16 values and a 16-bit tag a word (``PackedTags``:
 a third of the polled words, each CTA's new states staged in shared memory and stored a word at a time after a block
-barrier). Every hop runs with either.
+barrier). Every hop runs with either. A config that names no words gets :data:`DEFAULT_WORDS` where it can run
+them, else ``single``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split 
 
 SPLIT_BARRIER = "tags"
 HOPS = ("exposed", "floor", "floor_own")  # the split's own knob ``hop`` (module doc)
-WORDS = ("single", "packed")  # the split's own knob ``words`` (module doc); the first is the default
+WORDS = ("single", "packed")  # the split's own knob ``words`` (module doc)
+DEFAULT_WORDS = "single"  # where a config names none: these where the config can run them, else single
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
@@ -75,20 +77,21 @@ def split_problem(plan, gpus: int) -> str | None:
 
 @dataclass(frozen=True)
 class SplitPlacement:
-    """A config as a split layer runs it: the template's ``config``, its ``geometry`` (on :func:`combined`) and the
-    batch rows a poll waits for at a time (``chunk_rows``)."""
+    """A config as a split layer runs it: the template's ``config``, its ``geometry`` (on :func:`combined`), the
+    batch rows a poll waits for at a time (``chunk_rows``) and the tagged words the states travel in (:data:`WORDS`)."""
 
     config: object
     geometry: object
     chunk_rows: int
+    words: str = WORDS[0]
 
 
-def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: int = 4, words: str = WORDS[0]):
+def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: int = 4, words: str | None = None):
     """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu`` (a :class:`SplitPlacement`: the ``tags``
     exchange, the shared layout, one batch group, shared operands, a grid of a multiple of ``gpus`` CTAs that fits G
-    GPUs, validated on :func:`combined`, its poll of ``words``), then up to ``limit`` of the best untuned configs that
-    run so, best first (the fallbacks where ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when
-    none runs so."""
+    GPUs, validated on :func:`combined`, its poll of ``words``: None, :data:`DEFAULT_WORDS` where the config can run
+    them, else single), then up to ``limit`` of the best untuned configs that run so, best first (the fallbacks where
+    ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
     changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared",
                "gate_layout": "by_gate",
                "batch_warps": 1}  # (in_warp, and its batch_warps, write the block's own tiles)
@@ -103,12 +106,16 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
             raise ConfigError(f"its grid of {g.ctas} CTAs does not divide among {gpus} GPUs: take units_per_cta so "
                               f"that hidden / units_per_cta is a multiple of {gpus}")
         problem = Tags().placement_problem(plan, candidate.units_per_cta)
-        if not problem and words == "packed":
-            cols = OperandColumns.of(plan.reductions, plan.hidden, candidate.units_per_cta)
-            problem = packed_problem(plan, candidate.units_per_cta, cols.headed)
         if problem:
             raise ConfigError(problem)
-        return with_poll(candidate, g, plan, whole, validate, words)
+        chosen = words or DEFAULT_WORDS
+        if chosen == "packed":
+            cols = OperandColumns.of(plan.reductions, plan.hidden, candidate.units_per_cta)
+            problem = packed_problem(plan, candidate.units_per_cta, cols.headed)
+            if problem and words:
+                raise ConfigError(problem)
+            chosen = "single" if problem else chosen
+        return with_poll(candidate, g, plan, whole, validate, chosen)
 
     found, reason = [], None
     if cfg is not None:
@@ -157,7 +164,8 @@ def with_poll(cfg, g, plan, gpu, validate, words: str = WORDS[0]) -> list[SplitP
             err = err or why
         else:
             if last is None or g.regs_estimate + regs <= last - SPILL_STEP_REGS:
-                found.append(SplitPlacement(cfg, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows))
+                found.append(SplitPlacement(cfg, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows,
+                                            words))
                 last = g.regs_estimate + regs
         if tier is None or not getattr(found[0].config if found else cfg, tier):
             if found:  # every weight in registers: no tiered fallbacks
@@ -206,23 +214,24 @@ def combined(gpu, gpus: int):
 @dataclass(frozen=True)
 class SplitKnobs:
     """The split's own knobs beside the template's (module doc): how a step takes the hop (:data:`HOPS`) and the
-    words the states travel in (:data:`WORDS`)."""
+    words the states travel in (:data:`WORDS`; None: :data:`DEFAULT_WORDS` where a config can run them)."""
 
     hop: str = HOPS[0]
-    words: str = WORDS[0]
+    words: str | None = None
 
     def __post_init__(self):
         for name, choices in (("hop", HOPS), ("words", WORDS)):
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in choices and (name, getattr(self, name)) != ("words", None):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: one of {', '.join(choices)} (a split layer's "
                                   "knob beside the template's)")
 
 
-def split_builder(builder: type, gpus: int, chunk_rows: int, knobs: SplitKnobs = SplitKnobs()) -> type:
-    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time, with
-    the split's ``knobs``."""
+def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = HOPS[0], words: str = WORDS[0]) -> type:
+    """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time, its
+    hop run as ``hop``, its states in ``words``."""
+    SplitKnobs(hop, words)  # the knobs' check
     return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder),
-                {"gpus": gpus, "chunk_rows": chunk_rows, "hop": knobs.hop, "words": knobs.words})
+                {"gpus": gpus, "chunk_rows": chunk_rows, "hop": hop, "words": words})
 
 
 def split_knobs(config) -> tuple:

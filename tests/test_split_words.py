@@ -36,7 +36,7 @@ def test_the_split_knobs_leave_the_templates_config():
     assert split.split_knobs({"words": "packed"}) == (None, split.SplitKnobs(words="packed"))
     assert split.split_knobs({"hop": "floor", "words": "packed", "k_groups": 4}) == (
         {"k_groups": 4}, split.SplitKnobs("floor", "packed"))
-    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, split.SplitKnobs("exposed", "single"))
+    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, split.SplitKnobs("exposed", None))
     with pytest.raises(ConfigError, match="words='triple': one of single, packed"):
         split.SplitKnobs(words="triple")
 
@@ -132,6 +132,21 @@ def test_what_cannot_be_packed_is_refused_naming_the_fix(options, message):
     with pytest.raises(ConfigError, match=re.escape(message) + ".*words='single'"):
         prnn_tvm.compile_cell("lstm", 64, options.get("batch", 4), dtype=options.get("dtype", "float16"),
                               arch="sm_90", tuning_logs=[], devices=[0, 1], config=knobs, cache=False)
+
+
+def test_the_default_words_are_packed_where_a_config_can_run_them(monkeypatch):
+    """With packed words the default (``DEFAULT_WORDS``): a half layer that names no words runs them, one whose
+    config cannot (float32) runs single words; a config that names packed words it cannot run is refused."""
+    monkeypatch.setattr(split, "DEFAULT_WORDS", "packed")
+    half = packed_split(192, 5, words=None)
+    assert "words packed" in half.report.format() and polls(half)
+    fp32 = {"units_per_cta": 3, "k_split": 4, "rows_per_thread": 2, "batch_tile": 2, "vec": 2}
+    single = prnn_tvm.compile_cell("lstm", 12, 3, input_size=3, arch="sm_90", tuning_logs=[], devices=[0, 1],
+                                   config=fp32, cache=False)
+    assert "words single" in single.report.format() and "prnn_tag_store_peer<float>(" in single.cuda_source
+    with pytest.raises(ConfigError, match="not float32"):
+        prnn_tvm.compile_cell("lstm", 12, 3, input_size=3, arch="sm_90", tuning_logs=[], devices=[0, 1],
+                              config={**fp32, "words": "packed"}, cache=False)
 
 
 def test_without_a_config_packed_takes_a_default_that_packs():

@@ -27,52 +27,17 @@ __device__ __forceinline__ void prnn_packed_store_peer(const uint64_t* slot, con
                                                        unsigned long long word) {
   prnn_packed_store_peer(slot, ws, (long long)own, word);
 }
-// Poll-and-copy n packed words (rows of WROW words, SRC_ROW words apart in the source) into dst: word w of a row
+// Poll-and-copy n packed words (rows of WROW words, SRC_ROW words apart in the source) into dst, polled by
+// prnn_poll_tagged (tags.cuh) until every word carries the low 16 bits of the tag written at step - 1: word w of a row
 // holds units (w / W) * U + (w % W) * 3 + lane, lane < 3, of which those of the CTA's U and below COLS go to
-// dst[row * ROW_PAD + unit]. Thread t takes the VEC-wide groups t + j * blockDim.x, j < PER, and polls until every
-// word carries the low 16 bits of the tag written at step - 1 (only stale groups are loaded again). As
-// prnn_tag_copy (tags.cuh): VEC = 2 loads two words with one volatile vector load, each word single-copy atomic;
-// returns 1 for the whole block if a wait timed out or another block reported one.
+// dst[row * ROW_PAD + unit]. Returns 1 for the whole block if a wait timed out or another block reported one.
 template <typename V, int PER, int VEC, int WROW, int W, int U, int COLS, int ROW_PAD, int SLEEP_NS, int SRC_ROW>
 __device__ __forceinline__ int prnn_packed_copy(const uint64_t* src, V* dst, int n, int base, int step,
                                                 unsigned* sync, int timeout_us) {
-  static_assert(PER <= 32 && (VEC == 1 || VEC == 2) && WROW % VEC == 0 && SRC_ROW % VEC == 0, "stale bits, vector");
   static_assert(W == (U + 2) / 3, "three units a word");
   const unsigned tag = ((unsigned)base + (unsigned)step) & 0xffffu;  // written at step - 1
   uint64_t v[PER][VEC];
-  int failed = 0;
-  const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
-  unsigned stale = 0;  // bit j: group j still carries an older tag; only those are polled again
-#pragma unroll
-  for (int j = 0; j < PER; ++j) stale |= ((int)(threadIdx.x + j * blockDim.x) * VEC < n ? 1u : 0u) << j;
-  for (unsigned polls = 1; stale; ++polls) {
-    prnn_poll_pause<SLEEP_NS>(polls);
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      if (stale & (1u << j)) {
-        const unsigned i = (threadIdx.x + j * blockDim.x) * VEC;
-        const uint64_t* p = src + (SRC_ROW == WROW ? i : i / WROW * SRC_ROW + i % WROW);
-        if (VEC == 2) {
-          asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v[j][0]), "=l"(v[j][VEC - 1]) : "l"(p)
-                       : "memory");
-        } else {
-          asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v[j][0]) : "l"(p) : "memory");
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      bool fresh = true;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) fresh &= (unsigned)(v[j][e] >> 48) == tag;
-      if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
-    }
-    // the step whose values never came is step - 1: record it as (step - 1) + 1
-    if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
-      failed = 1;
-      break;
-    }
-  }
+  const int failed = prnn_poll_tagged<PER, VEC, WROW, SRC_ROW, 48, SLEEP_NS>(v, src, n, tag, step, sync, timeout_us);
   if (!failed) {
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
