@@ -15,7 +15,7 @@ from prnn_tvm.verify.split import shared_problems
 
 
 def half_split(hidden: int, batch: int, gpus: int, hop: str | None, **knobs):
-    config = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, **knobs}
+    config = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "words": "single", **knobs}  # packed: test_split_words
     if hop is not None:
         config["hop"] = hop
     return prnn_tvm.compile_cell("lstm", hidden, batch, dtype="float16", arch="sm_90", tuning_logs=[],
