@@ -147,14 +147,13 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
 
 def with_poll(cfg, g, plan, gpu, validate, words: str = WORDS[0]) -> list[SplitPlacement]:
     """``cfg`` (of geometry ``g`` without the poll's registers) placed with the chunk of rows its poll of ``words``
-    waits for
-    (:func:`poll_chunk`). Where not even one row's loads fit beside the weights, more of the weights go to shared
-    memory (the tiers: ``ranking.tier_knob``), one chunk of them at a time, until they do: a GPU's slice of a layer
-    past its registers (LSTM fp16 hidden 4096 over four H100s: 254 KB of weights a CTA) keeps part of them there.
-    A tiered placement is followed by up to ``SPILL_STEPS`` with more tiers, each estimated ``SPILL_STEP_REGS``
-    registers lighter than the one before (the fallbacks where ptxas spills: the estimate is rough, and at hidden
-    4096 over four GPUs the first tier count without spills was 9 k tiles past the estimate's). ConfigError with the
-    reason where no tier makes room (or the template has none)."""
+    waits for (:func:`poll_chunk`). Where not even one row's loads fit beside the weights, more of the weights go to
+    shared memory (the tiers: ``ranking.tier_knob``), one chunk of them at a time, until they do: a GPU's slice of a
+    layer past its registers (LSTM fp16 hidden 4096 over four H100s: 254 KB of weights a CTA) keeps part of them
+    there. A tiered placement is followed by up to ``SPILL_STEPS`` with more tiers, each estimated
+    ``SPILL_STEP_REGS`` registers lighter than the one before (the fallbacks where ptxas spills: the estimate is
+    rough, and at hidden 4096 over four GPUs the first tier count without spills was 9 k tiles past the estimate's).
+    ConfigError with the reason where no tier makes room (or the template has none)."""
     tier = tier_knob(cfg)
     found, last, err = [], None, None
     while len(found) <= SPILL_STEPS:
@@ -192,7 +191,7 @@ def poll_chunk(g, cfg, plan, gpu, words: str = WORDS[0]) -> tuple[int, int]:
     spare = max_regs_per_thread(g.threads, gpu) - g.regs_estimate
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
     row = max((cols.span(op) for op in cols.sizes), default=plan.hidden)  # a tile row's values (its CTA's span)
-    tags = Tags() if words != "packed" else PackedTags(2, 1, cfg.units_per_cta, g.ctas)
+    tags = Tags() if words != "packed" else PackedTags(2, 1, cfg.units_per_cta, g.ctas)  # (its loads alone asked)
     for rows in range(min(cfg.batch_tile, plan.batch), 0, -1):
         loads, per_load = tags.polled_loads(rows * row, g.threads, row, itemsize(plan.dtype))
         if loads <= 32 and loads * per_load <= spare // 2:
