@@ -65,11 +65,12 @@ def packed_problem(plan, units_per_cta: int, headed: bool) -> str | None:
         return f"words='packed' publishes the states once a step; cell '{plan.cell.name}' exchanges stages: {fix}"
     if headed:
         return f"words='packed' packs a CTA's units of each dense product's whole state, not head-wise spans: {fix}"
-    staged = max(1, len(plan.operands)) * plan.batch * units_per_cta * itemsize(plan.dtype)
+    per_unit = max(1, len(plan.operands)) * itemsize(plan.dtype)  # a state's bytes of each exchanged operand
+    staged = plan.batch * units_per_cta * per_unit
     if staged > STAGING_BYTES:
         return (f"words='packed' stages a CTA's new states in {staged} bytes of static shared memory, more than "
-                f"{STAGING_BYTES}: take fewer units_per_cta (batch x units_per_cta at most {STAGING_BYTES // 2}) or "
-                f"{fix}")
+                f"{STAGING_BYTES}: take fewer units_per_cta (batch x units_per_cta at most "
+                f"{STAGING_BYTES // per_unit}) or {fix}")
     return None
 
 
