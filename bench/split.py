@@ -13,8 +13,9 @@ local work + hop; with both floors, what the peers' polled words cost a step:
 
     python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "floor"}, {"hop": "floor_own"}]'
 
-A config may also name the split's knob ``words``: ``single`` (the default: a value and its 32-bit tag a word) or
-``packed`` (three values and a 16-bit tag a word: a third of the polled words); each words' floors are reported apart.
+A config may also name the split's knob ``words``: ``packed`` (the default where the config can run them: three
+values and a 16-bit tag a word) or ``single`` (a value and its 32-bit tag a word: three times the polled words); each
+words' floors are reported apart, each layer's rows naming the words it runs.
 
 Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
 part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
@@ -51,7 +52,7 @@ import prnn_tvm.torch as pt
 from prnn_tvm.codegen.barriers.packed import words_of
 from prnn_tvm.errors import ConfigError, UnsupportedError
 from prnn_tvm.reference import random_inputs
-from prnn_tvm.schedules.split import split_knobs
+from prnn_tvm.schedules.split import WORDS, split_knobs
 
 p = argparse.ArgumentParser()
 for name, default in {"hidden": 2048, "batch": 8, "gpus": 2, "seq": 256, "repeats": 7, "number": 5}.items():
@@ -126,8 +127,13 @@ def hop_of(knobs) -> str:
 
 
 def words_of_config(knobs) -> str:
-    """The split's knob ``words`` a config names (``single`` by default)."""
-    return split_knobs(knobs)[1].words
+    """The split's knob ``words`` a config names (``default`` where it names none)."""
+    return split_knobs(knobs)[1].words or "default"
+
+
+def words_run(layer) -> str:
+    """The words a compiled split layer's states travel in (its report's config note names them)."""
+    return next(w for w in WORDS if f"words {w}:" in layer.report.format())
 
 
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
@@ -255,6 +261,7 @@ for knobs, module in zip(configs, split_modules):
         rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}, words {words}", None, f"refused: {err}"))
         continue
     print(split.report.format())
+    words = words_run(split)
     if inputs is None:  # one GPU refused the layer
         inputs = random_inputs(split.plan, T, H)
     xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
@@ -292,6 +299,7 @@ for words, us_by_hop in recurrent_us.items():
         print(f"words {words}, the peers' polled words: floor - floor_own = {us:.2f} us a step for {mb:.1f} MB a GPU "
               f"({us / mb:.3f} us per MB polled)")
 if one_public is not None and split_public is not None:
-    print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
+    print(f"public calls: {G} GPUs at {one_public / split_public:.2f}x the speed of 1 GPU ({split_public:.3f} ms a "
+          f"call against {one_public:.3f})")
 print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases,
                   "recurrent_us_by_words_and_hop": recurrent_us, "polled_mb_by_words_and_hop": polled_mb}))
