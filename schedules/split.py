@@ -19,18 +19,20 @@ poll a slot per step of the output sequence, which a peer does not hold): :func:
 
 The hop (``hop``, a split knob beside the template's, :data:`HOPS`): a GPU's own units' states come from its own
 blocks, a peer's over NVLink, later. ``exposed`` (the default): the whole state polled before the product, as one
-GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls (two H200s, LSTM fp16
-H=2048 B=8: 5.75 us a step, 5.90 for the local work alone). ``floor`` (timing only: its outputs are wrong): ``exposed``
-with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns polled from its own
-(``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own slot again, so that a
-GPU's step is its whole local work without the hop. ``floor_own`` (timing only): the floor polling its own GPU's
-columns alone (1/``gpus`` of the polled words), so that floor minus floor_own is what the peers' polled words cost.
+GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls. ``floor`` (timing
+only: its outputs are wrong): ``exposed`` with each peer replaced by the GPU's own copy, every load and store kept: a
+peer's columns polled from its own (``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer
+into its own slot again, so that a GPU's step is its local work without the hop (two H200s, LSTM fp16 H=2048 B=8:
+exposed 5.75 us a step against the floor's 5.90 in single words; in packed words 3.83 against 4.51: not a floor
+there, its own copy taking every store twice). ``floor_own`` (timing only): the floor polling its own GPU's columns
+alone (1/``gpus`` of the polled words), so that floor minus floor_own is what the peers' polled words cost.
 
-The words (``words``, a split knob beside ``hop``, :data:`WORDS`): ``single`` (the default), one value and its
-32-bit tag a word (``PeerTags``); ``packed``, three float16/bfloat16 values and a 16-bit tag a word (``PackedTags``:
-a third of the polled words, each CTA's new states staged in shared memory and stored a word at a time after a block
-barrier). Every hop runs with either. A config that names no words gets :data:`DEFAULT_WORDS` where it can run
-them, else ``single``.
+The words (``words``, a split knob beside ``hop``, :data:`WORDS`): ``single``, one value and its 32-bit tag a word
+(``PeerTags``); ``packed`` (the default where a config can run them: float16/bfloat16, the staging tile within
+``packed_problem``'s limit), three values and a 16-bit tag a word (``PackedTags``: a third of the polled words, each
+CTA's new states staged in shared memory and stored a word at a time after a block barrier). Every hop runs with
+either. A config that names no words gets :data:`DEFAULT_WORDS` where it can run them, else ``single`` (two H200s,
+LSTM fp16 H=2048 B=8: the recurrent step 3.83 us with packed words, 5.72 with single).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split 
 SPLIT_BARRIER = "tags"
 HOPS = ("exposed", "floor", "floor_own")  # the split's own knob ``hop`` (module doc)
 WORDS = ("single", "packed")  # the split's own knob ``words`` (module doc)
-DEFAULT_WORDS = "single"  # where a config names none: these where the config can run them, else single
+DEFAULT_WORDS = "packed"  # where a config names none: these where the config can run them, else single
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 

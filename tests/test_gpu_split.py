@@ -74,10 +74,11 @@ def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs)
     ],
 )
 def test_the_exposed_hop_matches_the_reference_on_two_gpus(hidden, batch, dtype, knobs):
-    """``exposed`` (the default: the whole state polled before the product), named as the knob, against float64 at
-    awkward batches, a few steps and rows of their own lengths."""
-    layer = hop_layer(hidden, batch, dtype, 2, "exposed", **knobs)
-    assert "hop exposed" in layer.report.format()
+    """``exposed`` (the default: the whole state polled before the product), named as the knob, in single words (the
+    default words' own test: ``test_packed_words_match_the_reference_on_two_gpus``), against float64 at awkward
+    batches, a few steps and rows of their own lengths."""
+    layer = hop_layer(hidden, batch, dtype, 2, "exposed", words="single", **knobs)
+    assert "hop exposed" in layer.report.format() and "words single" in layer.report.format()
     matches_the_reference(layer, (1, 7, 64))
 
 

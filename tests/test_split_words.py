@@ -134,12 +134,15 @@ def test_what_cannot_be_packed_is_refused_naming_the_fix(options, message):
                               arch="sm_90", tuning_logs=[], devices=[0, 1], config=knobs, cache=False)
 
 
-def test_the_default_words_are_packed_where_a_config_can_run_them(monkeypatch):
-    """With packed words the default (``DEFAULT_WORDS``): a half layer that names no words runs them, one whose
-    config cannot (float32) runs single words; a config that names packed words it cannot run is refused."""
-    monkeypatch.setattr(split, "DEFAULT_WORDS", "packed")
+def test_the_default_words_are_packed_where_a_config_can_run_them():
+    """Packed words are the default (``DEFAULT_WORDS``): a half layer that names no words runs them, one whose
+    config cannot (float32; a batch of 64 whose staging tile is past the limit) runs single words; a config that
+    names packed words it cannot run is refused."""
+    assert split.DEFAULT_WORDS == "packed"
     half = packed_split(192, 5, words=None)
     assert "words packed" in half.report.format() and polls(half)
+    wide = packed_split(64, 64, words=None)
+    assert "words single" in wide.report.format() and "prnn_tag_store_peer<half>(" in wide.cuda_source
     fp32 = {"units_per_cta": 3, "k_split": 4, "rows_per_thread": 2, "batch_tile": 2, "vec": 2}
     single = prnn_tvm.compile_cell("lstm", 12, 3, input_size=3, arch="sm_90", tuning_logs=[], devices=[0, 1],
                                    config=fp32, cache=False)
