@@ -13,6 +13,10 @@ local work + hop; with both floors, what the peers' polled words cost a step:
 
     python bench/split.py --hidden 2048 --batch 8 --gpus 2 --config '[null, {"hop": "floor"}, {"hop": "floor_own"}]'
 
+A config may also name the split's knob ``words``: ``packed`` (the default where the config can run them: three
+values and a 16-bit tag a word) or ``single`` (a value and its 32-bit tag a word: three times the polled words); each
+words' floors are reported apart, each layer's rows naming the words it runs.
+
 Cases of issue 52: LSTM fp16 H=2048 B=8 on 2 GPUs against the same layer on one (weights past one GPU's registers:
 part of them in shared memory there) and ``--gpus 4 --hidden 4096 --batch 4`` (134 MB of weights, 254 KB per SM
 over four H100s: each GPU's slice keeps part of them in shared memory) against cuDNN on one GPU.
@@ -45,8 +49,10 @@ import tvm
 
 import prnn_tvm
 import prnn_tvm.torch as pt
+from prnn_tvm.codegen.barriers.packed import words_of
 from prnn_tvm.errors import ConfigError, UnsupportedError
 from prnn_tvm.reference import random_inputs
+from prnn_tvm.schedules.split import WORDS, split_knobs
 
 p = argparse.ArgumentParser()
 for name, default in {"hidden": 2048, "batch": 8, "gpus": 2, "seq": 256, "repeats": 7, "number": 5}.items():
@@ -117,14 +123,25 @@ def public_row(what: str, make) -> dict:
 
 def hop_of(knobs) -> str:
     """The split's knob ``hop`` a config names (``exposed`` by default)."""
-    return knobs.get("hop", "exposed") if isinstance(knobs, dict) else "exposed"
+    return split_knobs(knobs)[1].hop
+
+
+def words_of_config(knobs) -> str:
+    """The split's knob ``words`` a config names (``default`` where it names none)."""
+    return split_knobs(knobs)[1].words or "default"
+
+
+def words_run(layer) -> str:
+    """The words a compiled split layer's states travel in (its report's config note names them)."""
+    return next(w for w in WORDS if f"words {w}:" in layer.report.format())
 
 
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))
 split_modules = [pt.from_torch(lstm, devices=list(range(G)), config=knobs) for knobs in configs]
 public = [i for i, knobs in enumerate(configs) if not hop_of(knobs).startswith("floor")]  # a floor's outputs are wrong
 for i in public:
-    rows.append(public_row(f"prnn-tvm, {G} GPUs: public call, hop {hop_of(configs[i])}"
+    rows.append(public_row(f"prnn-tvm, {G} GPUs: public call, hop {hop_of(configs[i])}, words "
+                           f"{words_of_config(configs[i])}"
                            + (f" (config {i})" if len(configs) > 1 else ""), lambda module=split_modules[i]: module))
 split_module = split_modules[public[0]] if public else None
 one_public, split_public = rows[1]["ms"], (rows[2]["ms"] if public else None)
@@ -233,16 +250,18 @@ else:
     one.check()
 
 # ours split over G GPUs, each config given
-recurrent_us, polled_mb = {}, {}  # hop -> the recurrent kernel's us a step, MB a GPU polls a step (its first config)
+# words -> hop -> the recurrent kernel's us a step, MB a GPU polls a step (the first config of each)
+recurrent_us, polled_mb = {}, {}
 for knobs, module in zip(configs, split_modules):
-    hop = hop_of(knobs)
+    hop, words = hop_of(knobs), words_of_config(knobs)
     try:  # each config's layer is its public call's, compiled already (a split layer's compile is not cached)
         reused = next(iter(module._split.layers.values()), None)
         split = reused or prnn_tvm.compile_cell("lstm", H, B, dtype="float16", devices=list(range(G)), config=knobs)
     except ConfigError as err:
-        rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}", None, f"refused: {err}"))
+        rows.append(row(f"prnn-tvm, {G} GPUs, hop {hop}, words {words}", None, f"refused: {err}"))
         continue
     print(split.report.format())
+    words = words_run(split)
     if inputs is None:  # one GPU refused the layer
         inputs = random_inputs(split.plan, T, H)
     xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
@@ -250,15 +269,18 @@ for knobs, module in zip(configs, split_modules):
     recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     config = " ".join(f"{k}={v}" for k, v in split.report.config.items())
     floor = f" ({hop}: no hop, wrong outputs)" if hop.startswith("floor") else ""
-    rows.append(row(f"prnn-tvm, {G} GPUs: layer, hop {hop}{floor}", wall_ms(call.run, split.check), config))
-    # every CTA polls every unit's tagged word (8 bytes: the value and its step) of every batch row each step
-    # (floor_own: its own GPU's units' alone)
-    polled = split.ctas_per_gpu * B * H * 8 / 1e6 / (G if hop == "floor_own" else 1)
-    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent, hop {hop}{floor}", wall_ms(recurrent.run, split.check),
+    rows.append(row(f"prnn-tvm, {G} GPUs: layer, hop {hop}, words {words}{floor}", wall_ms(call.run, split.check),
+                    config))
+    # every CTA polls every batch row's tagged words each step, 8 bytes each: a unit's value and its step (single),
+    # or three units' values and their step (packed); floor_own: its own GPU's units' alone
+    row_words = H if words == "single" else words_of(H, split.units_per_cta)
+    polled = split.ctas_per_gpu * B * row_words * 8 / 1e6 / (G if hop == "floor_own" else 1)
+    rows.append(row(f"prnn-tvm, {G} GPUs: recurrent, hop {hop}, words {words}{floor}",
+                    wall_ms(recurrent.run, split.check),
                     f"{config}; {split.ctas_per_gpu} CTAs a GPU polling {polled:.1f} MB a step"))
     if rows[-1]["us_per_step"] is not None:
-        recurrent_us.setdefault(hop, rows[-1]["us_per_step"])
-        polled_mb.setdefault(hop, polled)
+        recurrent_us.setdefault(words, {}).setdefault(hop, rows[-1]["us_per_step"])
+        polled_mb.setdefault(words, {}).setdefault(hop, polled)
 # what a GPU's projection would cost were it its own units' columns alone, by cuBLAS (the GPUs run theirs at once)
 w_slice = torch.randn(4 * H // G, H, device=x.device, dtype=torch.float16)
 rows.append(row(f"cuBLAS projection of 1/{G} of the columns", wall_ms(
@@ -268,14 +290,16 @@ cudnn = rows[0]["ms"]
 for r in rows[1:]:
     if r["ms"] is not None:
         print(f"{r['what']}: {cudnn / r['ms']:.2f}x cuDNN")
-if "floor" in recurrent_us and "exposed" in recurrent_us:  # a step: the local work (the floor) and the hop on it
-    print(f"recurrent step, hop exposed: {recurrent_us['exposed']:.2f} us = local work {recurrent_us['floor']:.2f} "
-          f"+ hop {recurrent_us['exposed'] - recurrent_us['floor']:.2f}")
-if "floor" in recurrent_us and "floor_own" in recurrent_us:  # what the polled words the peers wrote cost a step
-    us, mb = (recurrent_us["floor"] - recurrent_us["floor_own"], polled_mb["floor"] - polled_mb["floor_own"])
-    print(f"the peers' polled words: floor - floor_own = {us:.2f} us a step for {mb:.1f} MB a GPU ({us / mb:.3f} us "
-          "per MB polled)")
+for words, us_by_hop in recurrent_us.items():
+    if "floor" in us_by_hop and "exposed" in us_by_hop:  # a step: the local work (the floor) and the hop on it
+        print(f"recurrent step, words {words}, hop exposed: {us_by_hop['exposed']:.2f} us = local work "
+              f"{us_by_hop['floor']:.2f} + hop {us_by_hop['exposed'] - us_by_hop['floor']:.2f}")
+    if "floor" in us_by_hop and "floor_own" in us_by_hop:  # what the polled words the peers wrote cost a step
+        us, mb = us_by_hop["floor"] - us_by_hop["floor_own"], polled_mb[words]["floor"] - polled_mb[words]["floor_own"]
+        print(f"words {words}, the peers' polled words: floor - floor_own = {us:.2f} us a step for {mb:.1f} MB a GPU "
+              f"({us / mb:.3f} us per MB polled)")
 if one_public is not None and split_public is not None:
-    print(f"public calls: {G} GPUs {one_public / split_public:.2f}x faster than 1 GPU")
+    print(f"public calls: {G} GPUs at {one_public / split_public:.2f}x the speed of 1 GPU ({split_public:.3f} ms a "
+          f"call against {one_public:.3f})")
 print(json.dumps({"hidden": H, "batch": B, "seq": T, "gpus": G, "rows": rows, "phases": phases,
-                  "recurrent_us_by_hop": recurrent_us, "polled_mb_by_hop": polled_mb}))
+                  "recurrent_us_by_words_and_hop": recurrent_us, "polled_mb_by_words_and_hop": polled_mb}))

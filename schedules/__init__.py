@@ -129,9 +129,9 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
     """The kernels of ``plan`` split over ``gpus`` GPUs like ``gpu`` (``schedules.split``), best first, each made when
     asked for: the caller's ``config`` (an object or a dict) made to run split, else the best few ranked untuned
     configs that run split (a build takes the first that ptxas reports without spills), each with how it takes the
-    hop (``SplitMode.hop_note``): ``(kernel, note)``. A dict ``config`` may name the split's knob ``hop``
-    (``split.HOPS``; ``exposed`` where it does not). ConfigError with the reason where none does."""
-    config, hop = split.split_knobs(config)
+    hop (``SplitMode.hop_note``): ``(kernel, note)``. A dict ``config`` may name the split's knobs ``hop`` and
+    ``words`` (``split.SplitKnobs``; their defaults where it does not). ConfigError with the reason where none does."""
+    config, knobs = split.split_knobs(config)
     problem = split.split_problem(plan, gpus)
     if problem:
         raise ConfigError(problem)
@@ -144,13 +144,15 @@ def split_kernels(plan, target, gpu, gpus: int, config=None):
         template = chosen or cuda[0]
         config = config if chosen else as_config(template, config)
         placements = [(template, p) for p in split.split_configs(config, plan, gpu, gpus, template.knobs.validate,
-                                                                 template.knobs.ranked_configs)]
+                                                                 template.knobs.ranked_configs,
+                                                                 words=knobs.words)]
     else:
         placements = [(t, p) for t in cuda
-                      for p in split.split_configs(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs)]
+                      for p in split.split_configs(None, plan, gpu, gpus, t.knobs.validate, t.knobs.ranked_configs,
+                                                   words=knobs.words)]
     for template, placed in placements:
-        builder = split.split_builder(template.builder, gpus, placed.chunk_rows, hop)(plan, placed.config,
-                                                                                     placed.geometry)
+        builder = split.split_builder(template.builder, gpus, placed.chunk_rows, knobs.hop, placed.words)(
+            plan, placed.config, placed.geometry)
         yield Kernel(builder.build(), template.name, builder.launch, placed.config), builder.hop_note
 
 

@@ -19,12 +19,20 @@ poll a slot per step of the output sequence, which a peer does not hold): :func:
 
 The hop (``hop``, a split knob beside the template's, :data:`HOPS`): a GPU's own units' states come from its own
 blocks, a peer's over NVLink, later. ``exposed`` (the default): the whole state polled before the product, as one
-GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls (two H200s, LSTM fp16
-H=2048 B=8: 5.75 us a step, 5.90 for the local work alone). ``floor`` (timing only: its outputs are wrong): ``exposed``
-with each peer replaced by the GPU's own copy, every load and store kept: a peer's columns polled from its own
-(``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer into its own slot again, so that a
-GPU's step is its whole local work without the hop. ``floor_own`` (timing only): the floor polling its own GPU's
-columns alone (1/``gpus`` of the polled words), so that floor minus floor_own is what the peers' polled words cost.
+GPU's kernel does; the tagged words the blocks push to every peer hide the hop behind the polls. ``floor`` (timing
+only: its outputs are wrong): ``exposed`` with each peer replaced by the GPU's own copy, every load and store kept: a
+peer's columns polled from its own (``PeerTags``: fresh once its own blocks wrote them) and a store meant for a peer
+into its own slot again, so that a GPU's step is its local work without the hop (two H200s, LSTM fp16 H=2048 B=8:
+exposed 5.75 us a step against the floor's 5.90 in single words; in packed words 3.83 against 4.51: not a floor
+there, its own copy taking every store twice). ``floor_own`` (timing only): the floor polling its own GPU's columns
+alone (1/``gpus`` of the polled words), so that floor minus floor_own is what the peers' polled words cost.
+
+The words (``words``, a split knob beside ``hop``, :data:`WORDS`): ``single``, one value and its 32-bit tag a word
+(``PeerTags``); ``packed`` (the default where a config can run them: float16/bfloat16, the staging tile within
+``packed_problem``'s limit), three values and a 16-bit tag a word (``PackedTags``: a third of the polled words, each
+CTA's new states staged in shared memory and stored a word at a time after a block barrier). Every hop runs with
+either. A config that names no words gets :data:`DEFAULT_WORDS` where it can run them, else ``single`` (two H200s,
+LSTM fp16 H=2048 B=8: the recurrent step 3.83 us with packed words, 5.72 with single).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from prnn_tvm.codegen.barriers.packed import PackedTags, packed_problem, words_of
 from prnn_tvm.codegen.barriers.peers import PeerTags
 from prnn_tvm.codegen.barriers.tags import Tags
 from prnn_tvm.dtypes import itemsize
@@ -49,6 +58,8 @@ UNPOLLED = "counter"  # a kind whose geometry holds no polled values: the split 
 
 SPLIT_BARRIER = "tags"
 HOPS = ("exposed", "floor", "floor_own")  # the split's own knob ``hop`` (module doc)
+WORDS = ("single", "packed")  # the split's own knob ``words`` (module doc)
+DEFAULT_WORDS = "packed"  # where a config names none: these where the config can run them, else single
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
@@ -68,19 +79,21 @@ def split_problem(plan, gpus: int) -> str | None:
 
 @dataclass(frozen=True)
 class SplitPlacement:
-    """A config as a split layer runs it: the template's ``config``, its ``geometry`` (on :func:`combined`) and the
-    batch rows a poll waits for at a time (``chunk_rows``)."""
+    """A config as a split layer runs it: the template's ``config``, its ``geometry`` (on :func:`combined`), the
+    batch rows a poll waits for at a time (``chunk_rows``) and the tagged words the states travel in (:data:`WORDS`)."""
 
     config: object
     geometry: object
     chunk_rows: int
+    words: str = WORDS[0]
 
 
-def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: int = 4):
+def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: int = 4, words: str | None = None):
     """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu`` (a :class:`SplitPlacement`: the ``tags``
     exchange, the shared layout, one batch group, shared operands, a grid of a multiple of ``gpus`` CTAs that fits G
-    GPUs, validated on :func:`combined`), then up to ``limit`` of the best untuned configs that run so, best first
-    (the fallbacks where ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
+    GPUs, validated on :func:`combined`, its poll of ``words``: None, :data:`DEFAULT_WORDS` where the config can run
+    them, else single), then up to ``limit`` of the best untuned configs that run so, best first (the fallbacks where
+    ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
     changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared",
                "gate_layout": "by_gate",
                "batch_warps": 1}  # (in_warp, and its batch_warps, write the block's own tiles)
@@ -97,7 +110,14 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
         problem = Tags().placement_problem(plan, candidate.units_per_cta)
         if problem:
             raise ConfigError(problem)
-        return with_poll(candidate, g, plan, whole, validate)
+        chosen = words or DEFAULT_WORDS
+        if chosen == "packed":
+            cols = OperandColumns.of(plan.reductions, plan.hidden, candidate.units_per_cta)
+            problem = packed_problem(plan, candidate.units_per_cta, cols.headed)
+            if problem and words:
+                raise ConfigError(problem)
+            chosen = "single" if problem else chosen
+        return with_poll(candidate, g, plan, whole, validate, chosen)
 
     found, reason = [], None
     if cfg is not None:
@@ -127,25 +147,26 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
     return found
 
 
-def with_poll(cfg, g, plan, gpu, validate) -> list[SplitPlacement]:
-    """``cfg`` (of geometry ``g`` without the poll's registers) placed with the chunk of rows its poll waits for
-    (:func:`poll_chunk`). Where not even one row's loads fit beside the weights, more of the weights go to shared
-    memory (the tiers: ``ranking.tier_knob``), one chunk of them at a time, until they do: a GPU's slice of a layer
-    past its registers (LSTM fp16 hidden 4096 over four H100s: 254 KB of weights a CTA) keeps part of them there.
-    A tiered placement is followed by up to ``SPILL_STEPS`` with more tiers, each estimated ``SPILL_STEP_REGS``
-    registers lighter than the one before (the fallbacks where ptxas spills: the estimate is rough, and at hidden
-    4096 over four GPUs the first tier count without spills was 9 k tiles past the estimate's). ConfigError with the
-    reason where no tier makes room (or the template has none)."""
+def with_poll(cfg, g, plan, gpu, validate, words: str = WORDS[0]) -> list[SplitPlacement]:
+    """``cfg`` (of geometry ``g`` without the poll's registers) placed with the chunk of rows its poll of ``words``
+    waits for (:func:`poll_chunk`). Where not even one row's loads fit beside the weights, more of the weights go to
+    shared memory (the tiers: ``ranking.tier_knob``), one chunk of them at a time, until they do: a GPU's slice of a
+    layer past its registers (LSTM fp16 hidden 4096 over four H100s: 254 KB of weights a CTA) keeps part of them
+    there. A tiered placement is followed by up to ``SPILL_STEPS`` with more tiers, each estimated
+    ``SPILL_STEP_REGS`` registers lighter than the one before (the fallbacks where ptxas spills: the estimate is
+    rough, and at hidden 4096 over four GPUs the first tier count without spills was 9 k tiles past the estimate's).
+    ConfigError with the reason where no tier makes room (or the template has none)."""
     tier = tier_knob(cfg)
     found, last, err = [], None, None
     while len(found) <= SPILL_STEPS:
         try:
-            rows, regs = poll_chunk(g, cfg, plan, gpu)
+            rows, regs = poll_chunk(g, cfg, plan, gpu, words)
         except ConfigError as why:
             err = err or why
         else:
             if last is None or g.regs_estimate + regs <= last - SPILL_STEP_REGS:
-                found.append(SplitPlacement(cfg, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows))
+                found.append(SplitPlacement(cfg, dataclasses.replace(g, regs_estimate=g.regs_estimate + regs), rows,
+                                            words))
                 last = g.regs_estimate + regs
         if tier is None or not getattr(found[0].config if found else cfg, tier):
             if found:  # every weight in registers: no tiered fallbacks
@@ -164,15 +185,15 @@ def with_poll(cfg, g, plan, gpu, validate) -> list[SplitPlacement]:
     return found
 
 
-def poll_chunk(g, cfg, plan, gpu) -> tuple[int, int]:
+def poll_chunk(g, cfg, plan, gpu, words: str = WORDS[0]) -> tuple[int, int]:
     """``(batch rows a poll waits for at a time, the registers it holds)``: the most rows of a tile whose tagged
-    loads (at most 32, the poll's stale mask) take at most half the registers the geometry ``g`` leaves a thread, else
-    one row where it fits them (the estimate is rough: LSTM fp16 hidden 2048 at k_groups 4 spilled with the three
-    rows that fit the estimate, not with one)."""
+    loads of ``words`` (at most 32, the poll's stale mask) take at most half the registers the geometry ``g`` leaves a
+    thread, else one row where it fits them (the estimate is rough: LSTM fp16 hidden 2048 at k_groups 4 spilled with
+    the three rows that fit the estimate, not with one)."""
     spare = max_regs_per_thread(g.threads, gpu) - g.regs_estimate
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
     row = max((cols.span(op) for op in cols.sizes), default=plan.hidden)  # a tile row's values (its CTA's span)
-    tags = Tags()
+    tags = Tags() if words != "packed" else PackedTags(2, 1, cfg.units_per_cta, g.ctas)  # (its loads alone asked)
     for rows in range(min(cfg.batch_tile, plan.batch), 0, -1):
         loads, per_load = tags.polled_loads(rows * row, g.threads, row, itemsize(plan.dtype))
         if loads <= 32 and loads * per_load <= spare // 2:
@@ -191,22 +212,37 @@ def combined(gpu, gpus: int):
     return dataclasses.replace(gpu, sms=gpu.sms * gpus)
 
 
-def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = "exposed") -> type:
+@dataclass(frozen=True)
+class SplitKnobs:
+    """The split's own knobs beside the template's (module doc): how a step takes the hop (:data:`HOPS`) and the
+    words the states travel in (:data:`WORDS`; None: :data:`DEFAULT_WORDS` where a config can run them)."""
+
+    hop: str = HOPS[0]
+    words: str | None = None
+
+    def __post_init__(self):
+        for name, choices in (("hop", HOPS), ("words", WORDS)):
+            if getattr(self, name) not in choices and (name, getattr(self, name)) != ("words", None):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: one of {', '.join(choices)} (a split layer's "
+                                  "knob beside the template's)")
+
+
+def split_builder(builder: type, gpus: int, chunk_rows: int, hop: str = HOPS[0], words: str = WORDS[0]) -> type:
     """The template's kernel builder for a layer split over ``gpus`` GPUs, polling ``chunk_rows`` rows at a time, its
-    hop run as ``hop`` (:data:`HOPS`)."""
-    if hop not in HOPS:
-        raise ConfigError(f"hop={hop!r}: one of {', '.join(HOPS)} (a split layer's knob beside the template's)")
+    hop run as ``hop``, its states in ``words``."""
+    SplitKnobs(hop, words)  # the knobs' check
     return type(f"Split{gpus}{builder.__name__}", (SplitMode, builder),
-                {"gpus": gpus, "chunk_rows": chunk_rows, "hop": hop})
+                {"gpus": gpus, "chunk_rows": chunk_rows, "hop": hop, "words": words})
 
 
 def split_knobs(config) -> tuple:
-    """``(the template's config or None, hop)``: a dict config may name the split's own knob ``hop`` (``exposed``
-    where it does not)."""
-    if not isinstance(config, dict) or "hop" not in config:
-        return config, "exposed"
-    rest = {k: v for k, v in config.items() if k != "hop"}
-    return rest or None, config["hop"]
+    """``(the template's config or None, SplitKnobs)``: a dict config may name the split's own knobs ``hop`` and
+    ``words`` (their defaults where it does not)."""
+    if not isinstance(config, dict):
+        return config, SplitKnobs()
+    own = {k: config[k] for k in ("hop", "words") if k in config}
+    rest = {k: v for k, v in config.items() if k not in own}
+    return (rest or None) if own else config, SplitKnobs(**own)
 
 
 def floor_problem(builder) -> str | None:
@@ -224,7 +260,7 @@ def floor_problem(builder) -> str | None:
 class SplitMode:
     """Mixin over a persistent template's builder (see the module's doc)."""
 
-    gpus, chunk_rows = 2, 1
+    gpus, chunk_rows, hop, words = 2, 1, HOPS[0], WORDS[0]
 
     def __init__(self, plan, cfg, g, save: bool = False):
         problem = split_problem(plan, self.gpus)
@@ -243,19 +279,46 @@ class SplitMode:
                 raise ConfigError(f"hop={self.hop!r} polls each peer's part from this GPU's own, which needs {problem}")
             log.warning("hop=%r: a timing probe whose outputs are wrong (no peer's values reach a GPU): for "
                         "measurements only", self.hop)
+        if not plan.needs_grid_barrier:  # a step's packed words are stored before its (data-carried) barrier
+            raise ConfigError(f"a split layer's blocks exchange states every step; {plan.cell.name} reads none")
         # tags, with the peers' copies and chunked polls (the floors: each peer's part this GPU's own)
         parts = None if self.hop == "exposed" else self.gpus if self.hop == "floor" else 1
-        self.barrier = PeerTags(self.gpus, self.chunk_rows, floor_parts=parts)
+        if self.words == "packed":
+            problem = packed_problem(plan, cfg.units_per_cta, self.cols.headed)
+            if problem:
+                raise ConfigError(problem)
+            self.barrier = PackedTags(self.gpus, self.chunk_rows, cfg.units_per_cta, g.ctas, floor_parts=parts)
+        else:
+            self.barrier = PeerTags(self.gpus, self.chunk_rows, floor_parts=parts)
 
     @property
     def hop_note(self) -> str:
-        """How this kernel's steps take the hop (the compile report's note)."""
+        """How this kernel's steps take the hop, and in which words (the compile report's note)."""
+        words = ("; words packed: three values and a 16-bit tag a word" if self.words == "packed"
+                 else "; words single: a value and its 32-bit tag a word")
         if self.hop == "floor":
-            return "hop floor: each peer's part polled from and stored into this GPU's own (timing only, wrong outputs)"
+            return ("hop floor: each peer's part polled from and stored into this GPU's own (timing only, wrong "
+                    "outputs)" + words)
         if self.hop == "floor_own":
             return ("hop floor_own: the floor polling its own GPU's part alone, each peer's store into its own (timing "
-                    "only, wrong outputs)")
-        return "hop exposed: the whole state polled before the product"
+                    "only, wrong outputs)" + words)
+        return "hop exposed: the whole state polled before the product" + words
+
+    def workspace_shape(self) -> tuple:
+        """With packed words: each row of an operand's slot ``ctas x W`` words (``PackedTags``) instead of ``hidden``
+        values."""
+        shape = super().workspace_shape()
+        if self.words != "packed":
+            return shape
+        U = self.c.units_per_cta
+        return (*shape[:2], self.p.batch, words_of(self.g.ctas * U, U))
+
+    def before_wait(self):
+        """With packed words: the step's staged states packed and stored (``PackedTags.flush``), first."""
+        if self.words == "packed":
+            for _ in self.each_part():
+                self.barrier.flush(self, self.t)
+        super().before_wait()
 
     @property
     def gpu_index(self):

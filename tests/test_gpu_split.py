@@ -74,24 +74,91 @@ def hop_layer(hidden: int, batch: int, dtype: str, gpus: int, hop: str, **knobs)
     ],
 )
 def test_the_exposed_hop_matches_the_reference_on_two_gpus(hidden, batch, dtype, knobs):
-    """``exposed`` (the default: the whole state polled before the product), named as the knob, against float64 at
-    awkward batches, a few steps and rows of their own lengths."""
-    layer = hop_layer(hidden, batch, dtype, 2, "exposed", **knobs)
-    assert "hop exposed" in layer.report.format()
+    """``exposed`` (the default: the whole state polled before the product), named as the knob, in single words (the
+    default words' own test: ``test_packed_words_match_the_reference_on_two_gpus``), against float64 at awkward
+    batches, a few steps and rows of their own lengths."""
+    layer = hop_layer(hidden, batch, dtype, 2, "exposed", words="single", **knobs)
+    assert "hop exposed" in layer.report.format() and "words single" in layer.report.format()
     matches_the_reference(layer, (1, 7, 64))
 
 
 @pytest.mark.gpus(2)
+@pytest.mark.parametrize("words", ["single", "packed"])
 @pytest.mark.parametrize("hop", ["floor", "floor_own"])
-def test_a_floor_runs_each_gpu_alone_and_ends(hop):
+def test_a_floor_runs_each_gpu_alone_and_ends(hop, words):
     """The floors (timing only): each GPU polls a peer's part from its own copy (``floor``; ``floor_own``: its own
     part alone) and stores the peer's words there, so no GPU waits for another and a call ends without a timeout;
     its outputs are finite (wrong: a peer's part of each product is this GPU's own values, or the initial state's)."""
-    layer = hop_layer(192, 5, "float16", 2, hop)
-    assert f"hop {hop}:" in layer.report.format()
+    layer = hop_layer(192, 5, "float16", 2, hop, words=words)
+    assert f"hop {hop}:" in layer.report.format() and f"words {words}" in layer.report.format()
     layer.barrier_timeout_us = 200_000
     out, finals = layer(**random_inputs(layer.plan, 16, 192))
     assert np.isfinite(out).all() and all(np.isfinite(f).all() for f in finals)
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize(
+    "hidden, batch, dtype, knobs",
+    [
+        (192, 5, "float16", {}),  # 12 CTAs of 16 units: 6 words each
+        (192, 11, "float16", {}),  # two batch tiles (8 rows, then 3)
+        (120, 3, "float16", {}),  # the last CTA's 8 units: 3 words, the last holding 2
+        (320, 3, "bfloat16", {}),
+        (240, 4, "float16", {"units_per_cta": 8}),  # 30 CTAs of 3 words: one word a load
+        (192, 5, "float16", {"smem_k_tiles": 2}),  # a warp's last two k tiles in shared memory
+        (2048, 8, "float16", {"units_per_cta": 8, "k_groups": 4}),  # the layer packed words are for
+    ],
+)
+def test_packed_words_match_the_reference_on_two_gpus(hidden, batch, dtype, knobs):
+    """``words="packed"`` (three values and a 16-bit tag a word) against float64 at awkward sizes, a few steps and rows
+    of their own lengths, no spills."""
+    layer = hop_layer(hidden, batch, dtype, 2, "exposed", words="packed", **knobs)
+    assert "words packed" in layer.report.format()
+    matches_the_reference(layer, (1, 7, 64))
+
+
+@pytest.mark.gpus(2)
+def test_packed_words_carry_a_gru_whose_step_reads_its_previous_state():
+    """GRU (its new state reads the old one, which a thread takes from the CTA's staging tile) with packed words."""
+    layer = prnn_tvm.compile_cell("gru", 192, 5, dtype="float16", devices=[0, 1], cache=False,
+                                  config={"units_per_cta": 8, "k_groups": 2, "n_tiles": 1, "words": "packed"})
+    assert "words packed" in layer.report.format()
+    matches_the_reference(layer, (1, 7, 64))
+
+
+def start_at(layer, base: int) -> None:
+    """Every GPU's step base (word 2 of its barrier state) set to ``base``, its workspace as fresh (zeros)."""
+    for part in layer.parts:
+        sync = part.launch_state(part.stream)["sync"]
+        words = sync.numpy()
+        words[2] = base
+        sync.copyfrom(words)
+
+
+@pytest.mark.gpus(2)
+def test_packed_words_across_the_16_bit_tags_wrap():
+    """A layer whose step base starts 5 short of 65536: its steps' 16-bit tags wrap to 0 inside the first call, and
+    the calls after run on, against float64 (the same numbers as a layer started at 0)."""
+    fresh, wrapped = (hop_layer(192, 5, "float16", 2, "exposed", words="packed") for _ in range(2))
+    start_at(wrapped, 65_531)
+    for seed in range(3):
+        inputs = random_inputs(wrapped.plan, 16, 192, seed=seed)
+        got, want = wrapped(**inputs), fresh(**inputs)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert max_abs_error(wrapped.plan, got, reference_layer(wrapped.plan, inputs)) <= plan_tolerance(
+            wrapped.plan, 16)
+
+
+@pytest.mark.gpus(2)
+def test_packed_words_stall_raises_and_the_next_call_is_clean():
+    layer = hop_layer(192, 5, "float16", 2, "exposed", words="packed")
+    first = error_of(layer, 16)
+    layer.debug_stall_step, layer.barrier_timeout_us = 3, 20_000
+    with pytest.raises(BarrierTimeout, match="after step 3"):
+        error_of(layer, 16)
+    layer.debug_stall_step = -1
+    assert error_of(layer, 16) == first
+    assert error_of(layer, 16) == first
 
 
 @pytest.mark.gpus(4)

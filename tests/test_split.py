@@ -84,7 +84,7 @@ def test_a_gpus_slice_with_weights_in_shared_memory(cell, hidden, batch, gpus, u
 @emulated_only
 def test_a_tile_polled_a_row_at_a_time(monkeypatch):
     """A wide layer polls its tile in chunks of batch rows (``PeerTags``): forced to one row per poll here."""
-    monkeypatch.setattr(split, "poll_chunk", lambda g, cfg, plan, gpu: (1, 0))
+    monkeypatch.setattr(split, "poll_chunk", lambda g, cfg, plan, gpu, words: (1, 0))
     layer = split_layer("lstm", 12, 5, 2, 3, tile=3)
     assert layer.kernel.config.batch_tile == 3
     inputs = random_inputs(layer.plan, 4, 3)
@@ -200,15 +200,21 @@ def test_a_slice_that_fits_registers_keeps_them_there():
     plan = half_plan(2048, 8)
     first = split.split_configs(None, plan, H100, 2, template.knobs.validate, template.knobs.ranked_configs)[0]
     assert first.config.smem_k_tiles == 0
-    given = mc.MmaConfig(8, 4, 1, smem_k_tiles=20)  # hidden 4096: the weights fit, the poll finds no room beside
-    raised = split.split_configs(given, half_plan(4096, 4), H100, 4, template.knobs.validate,
-                                 template.knobs.ranked_configs)
+    given = mc.MmaConfig(8, 4, 1, smem_k_tiles=20)  # hidden 4096: the weights fit, a poll of single words finds no
+    raised = split.split_configs(given, half_plan(4096, 4), H100, 4, template.knobs.validate,  # room beside them
+                                 template.knobs.ranked_configs, words="single")
     assert raised[0].config.smem_k_tiles > 20 and raised[0].config.k_groups == 4
+    packed = split.split_configs(given, half_plan(4096, 4), H100, 4, template.knobs.validate,
+                                 template.knobs.ranked_configs, words="packed")
+    assert packed[0].config.smem_k_tiles == 20  # a third of the words: its poll fits beside them
 
 
 def test_a_layer_past_registers_and_shared_memory_is_refused():
+    """LSTM fp16 8192 x 4 over two GPUs with single words: no poll of a row fits beside the weights any tier leaves
+    (packed words' third of the registers does: their placement streams most weights from L2)."""
     with pytest.raises(ConfigError, match="no config of this layer splits over 2 GPUs"):
-        prnn_tvm.compile_cell("lstm", 8192, 4, dtype="float16", arch="sm_90", devices=[0, 1], cache=False)
+        prnn_tvm.compile_cell("lstm", 8192, 4, dtype="float16", arch="sm_90", devices=[0, 1], cache=False,
+                              config={"words": "single"})
 
 
 def test_tiered_half_split_stays_inside_its_shared_memory():
@@ -233,7 +239,9 @@ def test_the_half_layers_it_is_for_build_without_spills(hidden, batch, gpus):
     assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
     assert layer.ctas_per_gpu * gpus * layer.units_per_cta == hidden
     assert (layer.report.weight_smem_bytes > 0) == (hidden == 4096), layer.report.format()
-    assert "prnn_tag_store_peer<half>(" in layer.cuda_source  # every new state also goes to the peer
+    # every new state also goes to the peer, in the default words
+    assert f"prnn_{'tag_store_peer<half>' if split.DEFAULT_WORDS == 'single' else 'packed_store_peer'}(" in \
+        layer.cuda_source
 
 
 class _Launches:

@@ -15,7 +15,7 @@ from prnn_tvm.verify.split import shared_problems
 
 
 def half_split(hidden: int, batch: int, gpus: int, hop: str | None, **knobs):
-    config = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, **knobs}
+    config = {"units_per_cta": 16, "k_groups": 2, "n_tiles": 1, "words": "single", **knobs}  # packed: test_split_words
     if hop is not None:
         config["hop"] = hop
     return prnn_tvm.compile_cell("lstm", hidden, batch, dtype="float16", arch="sm_90", tuning_logs=[],
@@ -102,10 +102,10 @@ def test_an_unknown_hop_is_refused_naming_the_choices():
 
 
 def test_the_split_knob_leaves_the_templates_config():
-    assert split.split_knobs({"hop": "floor"}) == (None, "floor")
-    assert split.split_knobs({"hop": "floor_own", "k_groups": 4}) == ({"k_groups": 4}, "floor_own")
-    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, "exposed")
-    assert split.split_knobs(None) == (None, "exposed")
+    assert split.split_knobs({"hop": "floor"}) == (None, split.SplitKnobs("floor"))
+    assert split.split_knobs({"hop": "floor_own", "k_groups": 4}) == ({"k_groups": 4}, split.SplitKnobs("floor_own"))
+    assert split.split_knobs({"k_groups": 4}) == ({"k_groups": 4}, split.SplitKnobs("exposed"))
+    assert split.split_knobs(None) == (None, split.SplitKnobs())
 
 
 def test_a_floor_says_its_outputs_are_wrong(caplog):

@@ -29,20 +29,16 @@ template <typename V>
 __device__ __forceinline__ V prnn_tag_value(const uint64_t* p) {
   return prnn_from_payload<V>((unsigned)*p);
 }
-// Copy n tagged values (row-major rows of ROW) into dst (rows padded to ROW_PAD): thread t
-// takes the VEC-wide groups t + j * blockDim.x, j < PER, and polls until every tag is the one
-// written at step - 1 (only stale groups are loaded again). Returns 1 for the whole block if a
-// wait timed out or another block reported one. VEC = 2 loads two tagged words at once with a
-// volatile vector load (each 64-bit word stays single-copy atomic; ld.relaxed has no vector form).
-// SLEEP_NS > 0: the thread sleeps about that long before each poll after the first (prnn_poll_pause).
-// SRC_ROW: values between the source's rows (ROW: contiguous; more: ROW columns of each row of a wider array).
-template <typename V, int PER, int VEC, int ROW, int ROW_PAD, int SLEEP_NS, int SRC_ROW = ROW>
-__device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n, int base, int step,
-                                             unsigned* sync, int timeout_us) {
-  static_assert(PER <= 32 && (VEC == 1 || VEC == 2) && ROW % VEC == 0, "stale bits, vector width");
-  const unsigned tag = (unsigned)base + (unsigned)step;  // written at step - 1
-  uint64_t v[PER][VEC];
-  int failed = 0;
+// Poll the tagged words this thread takes into v until every one carries `tag` in its bits from TAG_SHIFT up: the
+// VEC-wide groups (threadIdx.x + j * blockDim.x) * VEC, j < PER, of the n words of src (rows of ROW words, SRC_ROW
+// apart in the source; only stale groups are loaded again). VEC = 2 loads two words at once with a volatile vector
+// load (each 64-bit word stays single-copy atomic; ld.relaxed has no vector form). SLEEP_NS > 0: the thread sleeps
+// about that long before each poll after the first (prnn_poll_pause). Returns 1 if the wait timed out here or another
+// block reported one (this thread's alone: the caller makes it the block's).
+template <int PER, int VEC, int ROW, int SRC_ROW, int TAG_SHIFT, int SLEEP_NS>
+__device__ __forceinline__ int prnn_poll_tagged(uint64_t (&v)[PER][VEC], const uint64_t* src, int n, unsigned tag,
+                                                int step, unsigned* sync, int timeout_us) {
+  static_assert(PER <= 32 && (VEC == 1 || VEC == 2) && ROW % VEC == 0 && SRC_ROW % VEC == 0, "stale bits, vector");
   const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
   unsigned stale = 0;  // bit j: group j still carries an older tag; only those are polled again
 #pragma unroll
@@ -66,15 +62,24 @@ __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n,
     for (int j = 0; j < PER; ++j) {
       bool fresh = true;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) fresh &= (unsigned)(v[j][e] >> 32) == tag;
+      for (int e = 0; e < VEC; ++e) fresh &= (unsigned)(v[j][e] >> TAG_SHIFT) == tag;
       if ((stale & (1u << j)) && fresh) stale &= ~(1u << j);
     }
     // the step whose values never came is step - 1: record it as (step - 1) + 1
-    if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) {
-      failed = 1;
-      break;
-    }
+    if (stale && polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step - 1, start, limit)) return 1;
   }
+  return 0;
+}
+// Copy n tagged values (row-major rows of ROW) into dst (rows padded to ROW_PAD), polled by prnn_poll_tagged until
+// every tag is the one written at step - 1. Returns 1 for the whole block if a wait timed out or another block
+// reported one. SRC_ROW: values between the source's rows (ROW: contiguous; more: ROW columns of each row of a wider
+// array).
+template <typename V, int PER, int VEC, int ROW, int ROW_PAD, int SLEEP_NS, int SRC_ROW = ROW>
+__device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n, int base, int step,
+                                             unsigned* sync, int timeout_us) {
+  const unsigned tag = (unsigned)base + (unsigned)step;  // written at step - 1
+  uint64_t v[PER][VEC];
+  const int failed = prnn_poll_tagged<PER, VEC, ROW, SRC_ROW, 32, SLEEP_NS>(v, src, n, tag, step, sync, timeout_us);
   if (!failed) {
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
