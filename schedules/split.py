@@ -31,8 +31,9 @@ The words (``words``, a split knob beside ``hop``, :data:`WORDS`): ``single``, o
 (``PeerTags``); ``packed`` (the default where a config can run them: float16/bfloat16, the staging tile within
 ``packed_problem``'s limit), three values and a 16-bit tag a word (``PackedTags``: a third of the polled words, each
 CTA's new states staged in shared memory and stored a word at a time after a block barrier). Every hop runs with
-either. A config that names no words gets :data:`DEFAULT_WORDS` where it can run them, else ``single`` (two H200s,
-LSTM fp16 H=2048 B=8: the recurrent step 3.83 us with packed words, 5.72 with single).
+either. A config that names no words gets :data:`DEFAULT_WORDS` where it can run them over at most
+:data:`DEFAULT_WORDS_GPUS` GPUs, else ``single`` (two H200s, LSTM fp16 H=2048 B=8: the recurrent step 3.83 us with
+packed words, 5.72 with single; packed words have not run over four GPUs, where ``words="packed"`` asks for them).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ SPLIT_BARRIER = "tags"
 HOPS = ("exposed", "floor", "floor_own")  # the split's own knob ``hop`` (module doc)
 WORDS = ("single", "packed")  # the split's own knob ``words`` (module doc)
 DEFAULT_WORDS = "packed"  # where a config names none: these where the config can run them, else single
+DEFAULT_WORDS_GPUS = 2  # the most GPUs DEFAULT_WORDS is the default for: packed words have run on two GPUs, not four
 SPILL_STEPS = 3  # tiered fallbacks of a placement (with_poll)
 SPILL_STEP_REGS = 16  # estimated registers a thread each tiered fallback holds fewer of than the one before
 
@@ -92,7 +94,7 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
     """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu`` (a :class:`SplitPlacement`: the ``tags``
     exchange, the shared layout, one batch group, shared operands, a grid of a multiple of ``gpus`` CTAs that fits G
     GPUs, validated on :func:`combined`, its poll of ``words``: None, :data:`DEFAULT_WORDS` where the config can run
-    them, else single), then up to ``limit`` of the best untuned configs that run so, best first (the fallbacks where
+    them over at most :data:`DEFAULT_WORDS_GPUS` GPUs, else single), then up to ``limit`` of the best untuned configs that run so, best first (the fallbacks where
     ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
     changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared",
                "gate_layout": "by_gate",
@@ -110,7 +112,7 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
         problem = Tags().placement_problem(plan, candidate.units_per_cta)
         if problem:
             raise ConfigError(problem)
-        chosen = words or DEFAULT_WORDS
+        chosen = words or (DEFAULT_WORDS if gpus <= DEFAULT_WORDS_GPUS else "single")
         if chosen == "packed":
             cols = OperandColumns.of(plan.reductions, plan.hidden, candidate.units_per_cta)
             problem = packed_problem(plan, candidate.units_per_cta, cols.headed)

@@ -152,6 +152,15 @@ def test_the_default_words_are_packed_where_a_config_can_run_them():
                               config={**fp32, "words": "packed"}, cache=False)
 
 
+def test_over_more_gpus_than_packed_words_ran_on_the_default_is_single():
+    """Packed words are the default over at most ``DEFAULT_WORDS_GPUS`` GPUs (where they ran); over four a config that
+    names no words runs single words, and one that names packed words gets them."""
+    assert split.DEFAULT_WORDS_GPUS == 2
+    four = dict(dtype="float16", arch="sm_90", tuning_logs=[], devices=[0, 1, 2, 3], cache=False)
+    assert "words single" in prnn_tvm.compile_cell("lstm", 192, 5, **four).report.format()
+    assert "words packed" in prnn_tvm.compile_cell("lstm", 192, 5, config={"words": "packed"}, **four).report.format()
+
+
 def test_without_a_config_packed_takes_a_default_that_packs():
     """``{"words": "packed"}`` alone: the ranked configs that can pack (fewer units where B x U stages too much)."""
     layer = prnn_tvm.compile_cell("lstm", 256, 32, dtype="float16", arch="sm_90", tuning_logs=[], devices=[0, 1],
