@@ -239,9 +239,9 @@ def test_the_half_layers_it_is_for_build_without_spills(hidden, batch, gpus):
     assert layer.report.spill_store_bytes == 0 and layer.report.spill_load_bytes == 0, layer.report.format()
     assert layer.ctas_per_gpu * gpus * layer.units_per_cta == hidden
     assert (layer.report.weight_smem_bytes > 0) == (hidden == 4096), layer.report.format()
-    # every new state also goes to the peer, in the default words
-    assert f"prnn_{'tag_store_peer<half>' if split.DEFAULT_WORDS == 'single' else 'packed_store_peer'}(" in \
-        layer.cuda_source
+    # every new state also goes to the peer, in the default words of that many GPUs
+    packed = split.DEFAULT_WORDS == "packed" and gpus <= split.DEFAULT_WORDS_GPUS
+    assert f"prnn_{'packed_store_peer' if packed else 'tag_store_peer<half>'}(" in layer.cuda_source
 
 
 class _Launches:
