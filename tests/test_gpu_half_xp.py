@@ -1,13 +1,10 @@
 """A half layer's input projection in its own type (the tensor-core knob ``xp``, ``pytest -m gpu``): against the
-float64 reference with the unchanged bounds, either type on the same config; the projection's rounding; the torch
-modules' inference and training. The CPU side: ``test_half_xp.py``."""
+float64 reference with the unchanged bounds, either type on the same config; the torch modules' inference and
+training. The projection's single rounding: ``test_gpu_half.py``; the CPU side: ``test_half_xp.py``."""
 
 import dataclasses
 
-import ml_dtypes  # noqa: F401  (NumPy's 'bfloat16')
-import numpy as np
 import pytest
-import tvm
 
 import prnn_tvm
 from prnn_tvm.checks import max_abs_error, plan_tolerance
@@ -57,26 +54,6 @@ def test_either_projection_matches_float64(dtype, cell, hidden, batch, input_siz
             inputs["lengths"] = random_lengths(batch, seq_len, seed=seq_len)
             err = max_abs_error(layer.plan, layer(**inputs), reference_layer(layer.plan, inputs), BOUND_MAGNITUDE)
             assert err <= plan_tolerance(layer.plan, seq_len), f"xp {xp}, T={seq_len}: {err:.2e}"
-
-
-@pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
-@pytest.mark.parametrize(
-    "hidden, batch, input_size, seq_len", [(1024, 16, 1024, 256), (33, 3, 5, 7), (129, 7, 200, 301), (1, 1, 1, 1)]
-)
-def test_the_projection_rounds_once(dtype, hidden, batch, input_size, seq_len):
-    """The tensor-core projection into the half type: the float64 product rounded once, to within float32's rounding
-    of the sums (an odd width stores a value at a time; a width of 516 leaves a part tile of columns)."""
-    layer = layers("lstm", hidden, batch, dtype, input_size)["half"]
-    inputs = random_inputs(layer.plan, seq_len, input_size, seed=1)
-    dev = tvm.cuda(0)
-    xp = tvm.runtime.tensor(np.full((seq_len, batch, inputs["W_ih"].shape[0]), np.nan, dtype), dev)
-    layer.module["projection"](*(tvm.runtime.tensor(inputs[k], dev) for k in ("x", "W_ih", "b_ih")), xp)
-    x, w, b = (inputs[k].astype(np.float64) for k in ("x", "W_ih", "b_ih"))
-    ref = x @ w.T + b
-    got = xp.numpy().astype(np.float64)
-    unit = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]  # half a unit in the last place, relative
-    slack = 1e-6 * np.sqrt(input_size) * max(1.0, np.abs(ref).max())
-    assert np.all(np.abs(got - ref) <= unit * np.abs(ref) + slack)  # NaN (never written) fails too
 
 
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
