@@ -106,8 +106,15 @@ def ours(cell: str, heads: int, dtype: str, hidden: int = H, batch: int = B):
     return layer
 
 
+def layer_xp(layer, xp):
+    """``xp`` (float32) in the type ``layer``'s recurrent kernel reads it in: float32, or the layer's half type (the
+    tensor-core template's knob ``xp``)."""
+    return xp.to(getattr(torch, layer.signature.launch("recurrent").arg("xp").dtype))
+
+
 def our_times(layer, xp, x, weights: dict) -> tuple:
     """(the recurrent kernel given ``xp``, its arguments bound once, ms; the public call from ``x``, ms)."""
+    xp = layer_xp(layer, xp)
     bound = layer.bind_recurrent(xp, **{k: v for k, v in weights.items() if k not in ("W_ih", "b_ih")})
     kernels = [(layer.function(name), a) for name, a in bound.launches if name != COPY]
     recurrent = ms(lambda: [fn(*a) for fn, a in kernels])
@@ -170,7 +177,7 @@ def case_heads():
             say(f"  FlashRNN ran no backend at heads of {D}: no outputs to compare")
             continue
         check = flashrnn.states(flashrnn.call("lstm", Wx[:, :64], R, b, ran[0], "bfloat16"), 0).float()
-        got, _ = layer.recurrent(xp[:64].contiguous(), W_hh=weights["W_hh"], b_hh=weights["b_hh"])
+        got, _ = layer.recurrent(layer_xp(layer, xp[:64]).contiguous(), W_hh=weights["W_hh"], b_hh=weights["b_hh"])
         say(
             f"  outputs of the first 64 steps, prnn-tvm against FlashRNN ({ran[0]}): max abs difference "
             f"{(torch.from_dlpack(got).float() - check).abs().max().item():.2e}"
@@ -200,7 +207,7 @@ def case_slstm():
     )
     with torch.no_grad():
         check = flashrnn.states(flashrnn.call("slstm", Wx[:, :64], R, b, "cuda_fused", "bfloat16"), 0).float()
-    got, _ = layer.recurrent(xp[:64].contiguous(), **weights)
+    got, _ = layer.recurrent(layer_xp(layer, xp[:64]).contiguous(), **weights)
     say(
         f"outputs of the first 64 steps, prnn-tvm against FlashRNN: relative difference "
         f"{relative_error(torch.from_dlpack(got).float().cpu().numpy(), check.cpu().numpy()):.2e}"

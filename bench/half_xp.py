@@ -2,9 +2,8 @@
 over all T x B rows of a half layer into float32 (what ``prnn_tvm.torch`` runs today: ``projection.project``) against
 the same GEMM written in the layer's half type (``torch.addmm``, bias in cuBLAS's epilogue, float32 accumulation,
 one rounding), timed with CUDA events in one process; and how far the half result is from the float32 one (the
-rounding a half ``xp`` adds to every gate pre-activation). The recurrent kernel's side is
-the probe heads_xp_half_probe (timed and removed: bench/results/heads-in-warp-h100.md). Default: the heads shape of
-issue 49.
+rounding a half ``xp`` adds to every gate pre-activation). The layer's side, since built (the tensor-core knob
+``xp``): ``bench/xp_types.py`` times the module call with either type. Default: the heads shape of issue 49.
 
     python bench/half_xp.py [--hidden 768 --batch 16 --seq 1024 --gates 4 --dtype bfloat16 --repeats 7 --number 20]
 """

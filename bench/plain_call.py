@@ -56,7 +56,7 @@ import prnn_tvm.torch as pt
 from prnn_tvm.runtime.launcher import Bound
 from prnn_tvm.torch import repeat
 from prnn_tvm.torch.arguments import aligned_state
-from prnn_tvm.torch.projection import project, projector
+from prnn_tvm.torch.projection import project, projector, rounds
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -185,7 +185,7 @@ with torch.no_grad():
     rows["ours, a layer's run"] = us(lambda: real(layer, arguments))
     if ours._launchers:  # none on the CPU in an older checkout
         launcher = next(iter(ours._launchers.values()))
-        data = [project(*arguments[:3], biased_weight=ours._biased_weight), *arguments[3:]]
+        data = [project(*arguments[:3], biased_weight=ours._biased_weight, rounded=rounds(layer)), *arguments[3:]]
         rows["of it, the recurrent launch"] = us(lambda: launcher(data, stream))
     if L > 1:
         ours._whole_finals = lambda *_: None  # the module's method shadowed: every state stacked after the launch

@@ -113,8 +113,8 @@ def recurrence_us() -> float:
     over ``--chain`` steps of a projected input."""
     layer = prnn_tvm.compile_cell(CELL, H, B, dtype=DTYPE)
     dtype = getattr(torch, DTYPE)
-    xp = torch.randn(CHAIN, B, 4 * H, device="cuda", dtype=torch.float32)  # xp is float32 for every dtype
     launch = layer.signature.launch("recurrent")
+    xp = torch.randn(CHAIN, B, 4 * H, device="cuda", dtype=getattr(torch, launch.arg("xp").dtype))  # float32 or half
     weights = {  # W_hh and b_hh, and each layer above the first one's W_ih and b_ih
         name: torch.randn(*launch.arg(name).shape, device="cuda", dtype=dtype) / H**0.5
         for name in layer.signature.starting_at("recurrent").arg_names

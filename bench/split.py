@@ -264,7 +264,8 @@ for knobs, module in zip(configs, split_modules):
     words = words_run(split)
     if inputs is None:  # one GPU refused the layer
         inputs = random_inputs(split.plan, T, H)
-    xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(np.float32)
+    xp = (inputs["x"].astype(np.float64) @ inputs["W_ih"].T.astype(np.float64) + inputs["b_ih"]).astype(
+        split.signature.launch("recurrent").arg("xp").dtype)  # float32, or the half type (the knob xp)
     call = split.bind(**inputs)
     recurrent = split.bind_recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     config = " ".join(f"{k}={v}" for k, v in split.report.config.items())

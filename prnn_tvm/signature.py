@@ -255,7 +255,7 @@ class Signature:
 
 def projection_launch(batch: int, input_size: int, width: int, dtype: str, xp_dtype: str | None = None) -> Launch:
     """``xp = x @ W_ih.T + b_ih`` for every step: ``projection(x, W_ih, b_ih, xp)``; ``xp`` is
-    ``xp_dtype`` (the accumulation type: a half-precision layer keeps its projection in float32)."""
+    ``xp_dtype`` (the type the recurrent launch reads it in: float32, or a half layer's own type)."""
     return Launch(
         "projection",
         (

@@ -35,7 +35,8 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
     for found in split_kernels(plan, target, gpu, len(devices), config):
         kernel, hop = found
         width = kernel.launch.arg("xp").shape[2]  # one GPU's columns of the input projection
-        funcs = {"recurrent": kernel.func, "projection": gpu_projection(plan, width, input_size, target)}
+        funcs = {"recurrent": kernel.func,
+                 "projection": gpu_projection(plan, width, input_size, target, kernel.launch.arg("xp").dtype)}
         built = build_functions(funcs, target, gpu)
         if not built.spill_bytes:
             break
@@ -44,7 +45,7 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
                           f"exchange, shared layout; {hop})")
     rep = report(plan, kernel, built, choice)
     log.info("compiled %s over GPUs %s: %s", plan.cell.name, devices, rep.format().replace("\n", "; "))
-    projection = projection_launch(plan.batch, input_size, width, plan.dtype, plan.policy.accumulate)
+    projection = projection_launch(plan.batch, input_size, width, plan.dtype, kernel.launch.arg("xp").dtype)
     signature = Signature(plan.cell.name, plan.batch, plan.hidden, input_size, plan.dtype, (projection, kernel.launch),
                           bool(plan.reversed_states))
     fn = built.recurrent
@@ -54,7 +55,7 @@ def compile_split(plan: CellPlan, devices, input_size: int, target, gpu, config,
     return SplitLayer(signature, built.module, devices, kernel, rep, built.source, plan, target)
 
 
-def gpu_projection(plan: CellPlan, width: int, input_size: int, target):
+def gpu_projection(plan: CellPlan, width: int, input_size: int, target, xp_dtype: str | None = None):
     """The input projection of one GPU's ``width`` columns (its units of every input slice, ``SplitLayer`` gives it
-    those rows of ``W_ih``): the layer's projection at that width."""
-    return projection_func(dataclasses.replace(plan, hidden=width // plan.input.slices), input_size, target)
+    those rows of ``W_ih``): the layer's projection at that width, writing ``xp`` in ``xp_dtype``."""
+    return projection_func(dataclasses.replace(plan, hidden=width // plan.input.slices), input_size, target, xp_dtype)

@@ -180,7 +180,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate,
                     streamed=streamed)
         exchanged = sum(kind == "exchange" for kind, _ in self.sequences.values())
-        launch = recurrent_launch(p, workspace, bar.exchange_dtype(self.dt), grid, sync, exchanged)
+        xp_dtype = self.dt if getattr(self.c, "half_xp", False) else self.acc_dt  # the tensor-core knob ``xp``
+        launch = recurrent_launch(p, workspace, bar.exchange_dtype(self.dt), grid, sync, exchanged, xp_dtype)
         if self.save:  # a training forward: the leaves the GPU backward reads, every step
             return with_saved(launch, len(p.saved_leaves()) * self.H, self.acc_dt)
         return launch
@@ -279,7 +280,9 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 self.alloc_unit_sums(max(1, len(p.operands)))
                 w = self.width
                 self.sreg = T.alloc_buffer((max(1, ipt * w.priv),), self.compute_dt, scope="local")
-                self.xreg = T.alloc_buffer((max(1, ipt * w.x),), p.policy.accumulate, scope="local")  # xp's type
+                # the projection's type (none where the kernel projects its input itself: float32), widened where read
+                xp_dtype = p.policy.accumulate if self.a.xp is None else self.a.xp.dtype
+                self.xreg = T.alloc_buffer((max(1, ipt * w.x),), xp_dtype, scope="local")
                 self.preg = T.alloc_buffer((max(1, ipt * w.p),), self.dt, scope="local")
                 self.lreg = T.alloc_buffer((max(1, ipt * w.live),), self.compute_dt, scope="local")
                 self.lenreg = T.alloc_buffer((ipt,), "int32", scope="local")  # each item's row length

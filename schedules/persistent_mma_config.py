@@ -51,6 +51,16 @@ fragment in registers) is what configs and tuning records from before the knob m
 k tiles keep their A fragments in global memory, read in place every pass (``streamed_tier`` says how); 0 is what
 configs and records from before the knob mean.
 
+``xp`` (``float32`` or ``half``): the type of the input projection ``xp``, float32 or the layer's half type (as
+cuDNN keeps it): the projection's GEMM accumulates in float32 and rounds once as it stores (half its bytes written),
+and each step reads half the bytes, widened to float32 in registers where the pointwise math reads them. It rounds
+each gate pre-activation's input part once more (2^-11 relative for float16, 2^-8 for bfloat16), the size of the
+rounding of each step's new state that the dtype's tolerance already bounds (``tests/test_half_xp.py`` runs the CPU
+build on such an ``xp`` against float64 with the unchanged bounds). ``float32`` is what configs and tuning records
+from before the knob mean; the untuned defaults take ``half`` (:data:`XP_DEFAULT`). A training forward keeps
+float32 (``saving_config``), as does a kernel that projects its own input (a session's, the one-step projected
+launch: their projection stays in shared memory, in float32).
+
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
 """
@@ -127,6 +137,10 @@ MMA_PHASE_OVERHEAD = 8
 # 16 at 4 -> 8 warps 0.668 -> 0.605 (2 -> 4 warps, a head a CTA: 0.653 -> 0.588), of 32 0.670 -> 0.605, of 64 at
 # 8 -> 16 warps 0.717 -> 0.678; 32 warps (1024 threads, 64 registers) never measured.
 BATCH_WARPS_BELOW = 16
+XP_TYPES = ("float32", "half")  # the input projection's type (``xp``, module doc)
+# What the untuned defaults take for ``xp`` (module doc): the projection's GEMM into bf16 at 768 x 16, T=1024
+# (H100, bench/half_xp.py) 116.7 us against 202.2 into float32, and half the bytes each step reads
+XP_DEFAULT = "half"
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,12 @@ class MmaConfig:
     l2_k_tiles: int = field(default=0, metadata={"short": "lk", "quiet": True})
     gate_layout: str = field(default="by_gate", metadata={"short": "", "quiet": True})
     batch_warps: int = field(default=1, metadata={"short": "bw", "quiet": True})
+    xp: str = field(default="float32", metadata={"short": "xp", "quiet": True})
+
+    @property
+    def half_xp(self) -> bool:
+        """Whether the kernel reads the input projection in the layer's half type (``xp="half"``)."""
+        return self.xp == "half"
 
     @property
     def in_warp(self) -> bool:
@@ -360,6 +380,9 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch{group} "
                           f"needs at most {_round_up(rows, TILE_N) // TILE_N}")
     check_batch_warps(cfg)
+    if cfg.xp not in XP_TYPES:
+        raise ConfigError(f"xp='{cfg.xp}': the input projection's type, one of {', '.join(XP_TYPES)} (the layer's "
+                          "half type)")
     if cfg.smem_k_tiles < 0:
         raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: the k tiles of a warp whose weights are in shared "
                           "memory, 0 or more")
@@ -547,6 +570,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
     in_warp = [dataclasses.replace(cfg, gate_layout="in_warp") for cfg in configs if in_warp_offered(cfg, plan)]
     configs += in_warp + [dataclasses.replace(cfg, batch_warps=bw) for cfg in in_warp for bw in BATCH_WARPS
                           if 1 < bw and cfg.n_tiles % bw == 0]
+    configs += [dataclasses.replace(cfg, xp=xp) for cfg in configs for xp in XP_TYPES[1:]]  # either projection
     tiered = configs
     if tiers_offered(plan, gpu, configs, validate):
         tiered = [dataclasses.replace(cfg, smem_k_tiles=sk) if sk else cfg for cfg in configs
@@ -648,6 +672,7 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
                                         "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps")}
+    row["half_xp"] = float(cfg.half_xp)
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)
@@ -697,8 +722,9 @@ def carried(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``
-    (``ranking.shared_layout``)."""
-    return shared_layout(cfg, plan, gpu, validate, ranked_configs)
+    (``ranking.shared_layout``), its projection float32: what ``prnn_tvm.torch``'s half projection that trains
+    (``half_projection.HalfProjection``) and the GPU backward read."""
+    return dataclasses.replace(shared_layout(cfg, plan, gpu, validate, ranked_configs), xp="float32")
 
 
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
@@ -742,7 +768,7 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
             return with_barrier(cfg, PREFERRED, plan, gpu, validate)
         return cfg
 
-    return local + [preferred(cfg) for cfg in ladder]
+    return [dataclasses.replace(cfg, xp=XP_DEFAULT) for cfg in local + [preferred(cfg) for cfg in ladder]]
 
 
 def _round_up(x: int, m: int) -> int:

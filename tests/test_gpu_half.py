@@ -2,6 +2,9 @@
 float64 reference on the same rounded inputs, every built-in cell and barrier, torch modules.
 Random tuning configs of every dtype: ``test_gpu_robust``'s fuzz."""
 
+import dataclasses
+
+import ml_dtypes  # noqa: F401  (NumPy's 'bfloat16')
 import numpy as np
 import pytest
 import tvm
@@ -169,6 +172,7 @@ def test_half_back_to_back_launches_are_bitwise_identical():
         assert all(np.array_equal(a, b) for a, b in zip(finals, runs[0][1]))
 
 
+@pytest.mark.parametrize("xp", ["float32", "half"])
 @pytest.mark.parametrize("dtype", TENSOR_CORE_DTYPES)
 @pytest.mark.parametrize(
     "cell, hidden, batch, input_size, seq_len",
@@ -181,15 +185,23 @@ def test_half_back_to_back_launches_are_bitwise_identical():
         ("lstm", 129, 7, 200, 301),
     ],
 )  # a width of 516: a part tile of columns
-def test_tensor_core_projection_matches_float64(dtype, cell, hidden, batch, input_size, seq_len):
+def test_tensor_core_projection_matches_float64(xp, dtype, cell, hidden, batch, input_size, seq_len):
     """The input projection of a compiled half layer (``codegen.projection.tensor_core_projection``) against
-    float64 on the same half inputs: it accumulates in float32, so only float32 rounding of the sums remains."""
-    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="cuda")
+    float64 on the same half inputs: it accumulates in float32, so only float32 rounding of the sums remains, and
+    where it writes the half type (the knob ``xp``) that one rounding of each value (an odd width stores a value at a
+    time)."""
+    default = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="cuda")
+    config = dataclasses.replace(default.kernel.config, xp=xp)
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, input_size=input_size, dtype=dtype, target="cuda", config=config)
+    written = layer.signature.launch("projection").arg("xp").dtype
+    assert written == ("float32" if xp == "float32" else dtype)
     inputs = random_inputs(layer.plan, seq_len, input_size, seed=1)
     dev = tvm.cuda(0)
-    xp = tvm.runtime.tensor(np.full((seq_len, batch, inputs["W_ih"].shape[0]), np.nan, np.float32), dev)
-    layer.module["projection"](*(tvm.runtime.tensor(inputs[k], dev) for k in ("x", "W_ih", "b_ih")), xp)
+    out = tvm.runtime.tensor(np.full((seq_len, batch, inputs["W_ih"].shape[0]), np.nan, written), dev)
+    layer.module["projection"](*(tvm.runtime.tensor(inputs[k], dev) for k in ("x", "W_ih", "b_ih")), out)
     x, w, b = (inputs[k].astype(np.float64) for k in ("x", "W_ih", "b_ih"))
     ref = x @ w.T + b
-    err = np.abs(xp.numpy() - ref).max()  # NaN (an element never written) fails too
-    assert err <= 1e-6 * np.sqrt(input_size) * max(1.0, np.abs(ref).max()), err
+    unit = 0.0 if xp == "float32" else {"float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]  # half an ulp, relative
+    slack = 1e-6 * np.sqrt(input_size) * max(1.0, np.abs(ref).max())
+    err = np.abs(out.numpy().astype(np.float64) - ref)
+    assert np.all(err <= unit * np.abs(ref) + slack), err.max()  # NaN (an element never written) fails too

@@ -192,9 +192,9 @@ def run(layer, seq_len: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     inputs = random_inputs(layer.plan, seq_len, layer.input_size, seed=seed)
     rng = np.random.default_rng(seed)
     shape = (seq_len, layer.plan.batch, layer.plan.input.slices * layer.plan.hidden)
-    xp = rng.standard_normal(shape, dtype=np.float32) * 0.5
-    if xp.size * 2 < blocks * words:
-        raise ValueError(f"heads timeline: xp ({xp.size * 4} B) cannot hold {blocks} blocks' spans: a longer sequence")
+    xp = (rng.standard_normal(shape, dtype=np.float32) * 0.5).astype(launch.arg("xp").dtype)  # float32 or half (xp)
+    if xp.nbytes < 2 * blocks * words:
+        raise ValueError(f"heads timeline: xp ({xp.nbytes} B) cannot hold {blocks} blocks' spans: a longer sequence")
     xp = tvm.runtime.tensor(xp, layer.device)
     layer.recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     layer.device.sync()

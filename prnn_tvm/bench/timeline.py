@@ -150,10 +150,11 @@ def run(layer, g, tiles: int, seed: int = 0) -> np.ndarray:
     inputs = random_inputs(layer.plan, STEPS, layer.input_size, seed=seed)
     rng = np.random.default_rng(seed)
     xp = rng.standard_normal((STEPS, layer.plan.batch, layer.plan.input.slices * layer.plan.hidden)) * 0.5
+    xp = xp.astype(layer.signature.launch("recurrent").arg("xp").dtype)  # float32, or the half type (``xp``)
     words = STEPS * tiles * SLOTS
-    if xp.size * 4 < g.ctas * words * 8:
-        raise ValueError(f"timeline: xp ({xp.size * 4} B) cannot hold {g.ctas} blocks' stamps")
-    xp = tvm.runtime.tensor(xp.astype("float32"), layer.device)
+    if xp.nbytes < g.ctas * words * 8:
+        raise ValueError(f"timeline: xp ({xp.nbytes} B) cannot hold {g.ctas} blocks' stamps")
+    xp = tvm.runtime.tensor(xp, layer.device)
     layer.recurrent(xp, **{k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")})
     layer.device.sync()
     stamps = xp.numpy().view(np.uint64).reshape(-1)[: g.ctas * words]

@@ -158,7 +158,8 @@ def build_module(
 
 def layer_functions(plan: CellPlan, kernel: Kernel, input_size: int, target: tvm.target.Target) -> dict:
     """A layer's functions by name, as its module holds them: the recurrent kernel and the input projection."""
-    return {"recurrent": kernel.func, "projection": projection_func(plan, input_size, target)}
+    xp_dtype = kernel.launch.arg("xp").dtype  # the projection writes xp as the recurrent kernel reads it
+    return {"recurrent": kernel.func, "projection": projection_func(plan, input_size, target, xp_dtype)}
 
 
 def generated_source(funcs: dict, target: tvm.target.Target) -> str:

@@ -60,9 +60,12 @@ def recurrent_launch(
     grid: Grid | None = None,
     sync: GridSync | None = None,
     exchanged: int = 0,
+    xp_dtype: str | None = None,
 ) -> Launch:
     """The ``recurrent`` launch of ``plan``: the arguments every template's kernel takes, in order (and an
-    ``exchange`` sequence of ``exchanged`` states where a kernel needs one)."""
+    ``exchange`` sequence of ``exchanged`` states where a kernel needs one). ``xp_dtype``: the input projection's type,
+    by default the accumulation type (a half layer's float32); the layer's storage type where a template reads it
+    so (the tensor-core template's ``half_xp``)."""
     H = plan.hidden
     args = recurrent_args(
         plan.batch,
@@ -75,7 +78,7 @@ def recurrent_launch(
         workspace,
         workspace_dtype,
         sync.state_words if sync is not None else None,
-        plan.policy.accumulate,
+        xp_dtype or plan.policy.accumulate,
         len(plan.outputs),
         exchanged,
     )
@@ -102,9 +105,11 @@ def backward_launch(plan: CellPlan) -> Launch:
 
 def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = None) -> Signature:
     """The layer a compile makes: the input projection, then the recurrent kernel (``recurrent``:
-    the template's launch; by default the arguments alone, which every template shares)."""
+    the template's launch; by default the arguments alone, which every template shares). The projection writes ``xp``
+    in the type the recurrent launch reads it in."""
+    recurrent = recurrent or recurrent_launch(plan)
     projection = projection_launch(
-        plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype, plan.policy.accumulate
+        plan.batch, input_size, plan.input.slices * plan.hidden, plan.dtype, recurrent.arg("xp").dtype
     )
     return Signature(
         plan.cell.name,
@@ -112,7 +117,7 @@ def layer_signature(plan: CellPlan, input_size: int, recurrent: Launch | None = 
         plan.hidden,
         input_size,
         plan.dtype,
-        (projection, recurrent or recurrent_launch(plan)),
+        (projection, recurrent),
         bool(plan.reversed_states),
     )
 

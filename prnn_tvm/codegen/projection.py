@@ -1,7 +1,9 @@
 """The input projection ``xp[t, n, j] = sum_i x[t, n, i] * W_ih[j, i] + b_ih[j]``.
 
-Inputs are the layer's storage dtype; the products accumulate, and ``xp`` is kept, in the
-accumulation type (float32 for every dtype), so a half-precision layer rounds its inputs once.
+Inputs are the layer's storage dtype; the products accumulate in the accumulation type (float32 for every dtype),
+and ``xp`` is kept in the type the recurrent kernel reads: the accumulation type, so that a half-precision layer
+rounds its inputs once, or the layer's half type (the tensor-core template's ``half_xp``: the float32 sum plus the
+bias rounded once as it is stored, as cuDNN keeps it).
 
 It has no recurrence, so it is one large matrix product over all timesteps (rows: every
 step's batch rows), run before the persistent kernel. float32 on CUDA: built from TE and
@@ -25,11 +27,16 @@ from ..frontend.plan import CellPlan
 from .kernel import HAND_PLACED, SEQ_LEN, vec_index
 
 
-def projection_func(plan: CellPlan, input_size: int, target: tvm.target.Target) -> tirx.PrimFunc:
-    """The projection as a PrimFunc named ``projection``, scheduled for ``target``."""
+def projection_func(
+    plan: CellPlan, input_size: int, target: tvm.target.Target, xp_dtype: str | None = None
+) -> tirx.PrimFunc:
+    """The projection as a PrimFunc named ``projection``, scheduled for ``target``, writing ``xp`` in ``xp_dtype``
+    (the recurrent launch's; by default the accumulation type)."""
     B, N, dt, acc = plan.batch, plan.input.slices * plan.hidden, plan.dtype, plan.policy.accumulate
     if target.kind.name == "cuda" and plan.policy.mma is not None:
-        return tensor_core_projection(B, input_size, N, plan.policy)
+        return tensor_core_projection(B, input_size, N, plan.policy, xp_dtype)
+    if xp_dtype not in (None, acc):
+        raise ConfigError(f"the {target.kind.name} projection of a {dt} layer writes xp in {acc}, not {xp_dtype}")
     seq_len = tirx.Var(SEQ_LEN, "int32")
     x = te.placeholder((seq_len, B, input_size), dt, name="x")
     w = te.placeholder((N, input_size), dt, name="W_ih")
@@ -143,9 +150,12 @@ N_TILES = TILE_COLS // WARPS_N // 8
 VECTOR = 8  # elements of one 16-byte global load
 
 
-def tensor_core_projection(batch: int, input_size: int, width: int, policy: DtypePolicy) -> tirx.PrimFunc:
+def tensor_core_projection(
+    batch: int, input_size: int, width: int, policy: DtypePolicy, xp_dtype: str | None = None
+) -> tirx.PrimFunc:
     """``xp[t, n, j] = sum_k x[t, n, k] W_ih[j, k] + b_ih[j]`` on tensor cores, for any sequence length, batch,
-    input size and width (the tiles past the matrices are zero-filled, the stores past them skipped).
+    input size and width (the tiles past the matrices are zero-filled, the stores past them skipped). ``xp`` is
+    ``xp_dtype``: the accumulation type (the default), or the storage type, the float32 sum rounded once as stored.
 
     Fragments come from shared memory through ``ldmatrix`` (four 8 x 8 matrices per instruction, lane ``l``
     giving the address of row ``l % 8`` of matrix ``l // 8``): lane ``(grp, quad) = (lane // 4, lane % 4)`` then
@@ -153,6 +163,9 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
     16 x 16 tile of x, B element ``j`` of row (of W_ih) ``grp``, column ``2 * quad + j % 2 + 8 * (j // 2)``, and
     accumulator ``i`` of row ``grp + 8 * (i // 2)``, column ``2 * quad + i % 2``."""
     dtype, acc, mma = policy.storage, policy.accumulate, policy.mma
+    out = xp_dtype or acc
+    if out not in (acc, dtype):
+        raise ConfigError(f"the tensor-core projection writes xp in {acc} or {dtype}, not {out}")
     if mma.shape != M16N8K16:  # its fragments, tiles and ldmatrix addressing are that shape's
         raise ConfigError(
             f"the tensor-core projection is laid out for mma.sync {M16N8K16}, not {mma.shape} ({policy.storage})"
@@ -167,11 +180,11 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
             x = T.arg("x", T.buffer((seq_len, batch, K), dtype, buffer_name="x"))
             w = T.arg("W_ih", T.buffer((width, K), dtype, buffer_name="W_ih"))
             b = T.arg("b_ih", T.buffer((width,), dtype, buffer_name="b_ih"))
-            xp = T.arg("xp", T.buffer((seq_len, batch, width), acc, buffer_name="xp"))
+            xp = T.arg("xp", T.buffer((seq_len, batch, width), out, buffer_name="xp"))
             rows = seq_len * batch
             xf = T.decl_buffer((rows * K,), dtype, data=x.data)
             wf = T.decl_buffer((width * K,), dtype, data=w.data)
-            xpf = T.decl_buffer((rows * width,), acc, data=xp.data)
+            xpf = T.decl_buffer((rows * width,), out, data=xp.data)
             threads = 32 * WARPS_M * WARPS_N
             with (
                 T.launch_thread("blockIdx.x", tirx.floordiv(rows + TILE_ROWS - 1, TILE_ROWS)) as bx,
@@ -249,24 +262,23 @@ def tensor_core_projection(batch: int, input_size: int, width: int, policy: Dtyp
 
 
 def _store_pair(xpf, c, at, b, row, col, rows, width: int, acc: str):
-    """Accumulators ``at``, ``at + 1`` (columns ``col``, ``col + 1`` of ``row``) plus the bias into ``xp``. Where
-    the width is even, one 8-byte store: a warp's stores then fill whole 32-byte sectors (four lanes' pairs of a row
-    side by side), where 4-byte stores wrote each sector in two halves. The store-bound large projections measured
-    11-21% faster so on the H100 (bench/results/projection-h100.md). An odd width keeps 4-byte stores (a pair's
-    address is not 8-byte aligned)."""
+    """Accumulators ``at``, ``at + 1`` (columns ``col``, ``col + 1`` of ``row``) plus the bias into ``xp`` (in its
+    type: the sum rounded once where that is the half type). Where the width is even, one store of the pair (8
+    bytes in float32): a warp's stores then fill whole 32-byte sectors (four lanes' pairs of a row side by side),
+    where 4-byte stores wrote each sector in two halves. The store-bound large projections measured 11-21% faster so
+    on the H100 (bench/results/projection-h100.md). An odd width keeps a store per value (a pair's address is not
+    aligned to the pair)."""
+    out = xpf.dtype
     if width % 2 == 0:  # col is even, so is width: col < width means both columns are inside
         with T.If(tirx.all(row < rows, col < width)):
             with T.Then():
-                T.buffer_store(
-                    xpf,
-                    c[T.ramp(at, 1, 2)] + b[T.ramp(col, 1, 2)].astype(f"{acc}x2"),
-                    [T.ramp(row * width + col, 1, 2)],
-                )
+                pair = c[T.ramp(at, 1, 2)] + b[T.ramp(col, 1, 2)].astype(f"{acc}x2")
+                T.buffer_store(xpf, pair if out == acc else pair.astype(f"{out}x2"), [T.ramp(row * width + col, 1, 2)])
         return
     for i in range(2):
         with T.If(tirx.all(row < rows, col + i < width)):
             with T.Then():
-                T.buffer_store(xpf, c[at + i] + b[col + i].astype(acc), [row * width + col + i])
+                T.buffer_store(xpf, (c[at + i] + b[col + i].astype(acc)).astype(out), [row * width + col + i])
 
 
 def _ldmatrix_x4(frag, first, tile, at):

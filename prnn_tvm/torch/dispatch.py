@@ -33,7 +33,7 @@ from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
 from .fallback import refusal, run_in_torch
 from .half_projection import trained_projection
-from .projection import project
+from .projection import project, rounds
 from .sequences import reversal_within
 
 log = logging.getLogger(__name__)
@@ -386,7 +386,8 @@ class Dispatch(BatchBuckets):
             return out, finals
         # inference, on the GPU or the CPU build: the projection in torch, the recurrent launch by the runtime's
         # Launcher (the CPU build's call is then the GPU's, streams and stream capture apart)
-        out, *finals = self._launch(layer, project(*args[:3], biased_weight=self._biased_weight), args[3:], into=into)
+        xp = project(*args[:3], biased_weight=self._biased_weight, rounded=rounds(layer))
+        out, *finals = self._launch(layer, xp, args[3:], into=into)
         return out, finals
 
     def _launch(

@@ -30,7 +30,7 @@ from .amp import autocast_dtype
 from .arguments import aligned_state, detached, parameter_suffix
 from .dispatch import current_stream, stacked_finals
 from .fallback import refusal
-from .projection import projector
+from .projection import projector, rounds
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,6 @@ def _step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> St
         return None
     return Step(
         launch,
-        projector(weights[0], weights[1], module._biased_weight),
+        projector(weights[0], weights[1], module._biased_weight, rounds(layer)),
         module._arguments[(id(layer), suffix, "weights")][0],  # kept by _launch_arguments with the weights
     )

@@ -31,7 +31,7 @@ from prnn_tvm.deferred import compile_cell
 
 from .arguments import parameter_suffix
 from .dispatch import DTYPES, current_stream, torch_arrays
-from .projection import biased, project
+from .projection import biased, project, rounds
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class SplitLayers:
             def kept_biased(W, b, g=g):  # [W_ih | b_ih | 0] of this GPU's rows, made once per weight update
                 return self._kept((index, g, "biased"), (W, b), lambda: biased(W, b))
 
-            here["xp"] = project(inputs[g], W_ih, b_ih, biased_weight=kept_biased)
+            here["xp"] = project(inputs[g], W_ih, b_ih, biased_weight=kept_biased, rounded=rounds(layer))
         self._mark("projections")
         outputs = self.launcher(layer, devices)(per_gpu, [current_stream(d) for d in devices])
         self._mark("recurrent")
