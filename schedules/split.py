@@ -94,8 +94,9 @@ def split_configs(cfg, plan, gpu, gpus: int, validate, ranked_configs, limit: in
     """``cfg`` as a split layer runs it on ``gpus`` GPUs like ``gpu`` (a :class:`SplitPlacement`: the ``tags``
     exchange, the shared layout, one batch group, shared operands, a grid of a multiple of ``gpus`` CTAs that fits G
     GPUs, validated on :func:`combined`, its poll of ``words``: None, :data:`DEFAULT_WORDS` where the config can run
-    them over at most :data:`DEFAULT_WORDS_GPUS` GPUs, else single), then up to ``limit`` of the best untuned configs that run so, best first (the fallbacks where
-    ptxas spills); ``cfg`` None: those alone. ConfigError with the reason when none runs so."""
+    them over at most :data:`DEFAULT_WORDS_GPUS` GPUs, else single), then up to ``limit`` of the best untuned configs
+    that run so, best first (the fallbacks where ptxas spills); ``cfg`` None: those alone. ConfigError with the
+    reason when none runs so."""
     changes = {"barrier": SPLIT_BARRIER, "layout": "shared", "batch_groups": 1, "operand_path": "shared",
                "gate_layout": "by_gate",
                "batch_warps": 1}  # (in_warp, and its batch_warps, write the block's own tiles)
