@@ -53,6 +53,10 @@ configs and records from before the knob mean.
 
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
+
+``atomic_sums`` (cells that sum over units, ``c.mean``): 0, each block reads every block's partial sum after the
+barrier in a fixed order (deterministic); R in 1, 2, 4, 8, the blocks add their partials into R accumulators by
+atomics and a total is R loads (not bit-deterministic from run to run): ``persistent_sums``.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 from .gate_layout import BATCH_WARPS, check_batch_warps, check_gate_layout, in_warp_problem, in_warp_tiles
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import REG_OVERHEAD, group_span
-from .persistent_sums import unit_sum_bytes
+from .persistent_sums import atomic_sums_offered, check_atomic_sums, unit_sum_bytes
 from .ranking import (
     PREFERRED,
     RANKED_WITH,
@@ -147,6 +151,7 @@ class MmaConfig:
     l2_k_tiles: int = field(default=0, metadata={"short": "lk", "quiet": True})
     gate_layout: str = field(default="by_gate", metadata={"short": "", "quiet": True})
     batch_warps: int = field(default=1, metadata={"short": "bw", "quiet": True})
+    atomic_sums: int = field(default=0, metadata={"short": "as", "quiet": True})
 
     @property
     def in_warp(self) -> bool:
@@ -360,6 +365,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
         raise ConfigError(f"n_tiles={cfg.n_tiles} covers {cfg.batch_tile} batch rows per pass; the batch{group} "
                           f"needs at most {_round_up(rows, TILE_N) // TILE_N}")
     check_batch_warps(cfg)
+    check_atomic_sums(cfg, plan)
     if cfg.smem_k_tiles < 0:
         raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: the k tiles of a warp whose weights are in shared "
                           "memory, 0 or more")
@@ -539,11 +545,11 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         offered = {min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units, TILE_M}
         units = sorted({u for u in offered | grid_filling_units(plan, gpu, runs) if u <= H}
                        | fitting_units(plan, min_units))
-        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path) for u in units for kg in K_GROUPS
-                    for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
-                    if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
+        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path, atomic_sums=a) for u in units
+                    for kg in K_GROUPS for nt in (1, 2, 4, 8) for b in layout_barriers
+                    for bg in groups_for(plan, layout, b) if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
-                    for path in paths_for(plan, b)]
+                    for path in paths_for(plan, b) for a in atomic_sums_offered(plan)]
     in_warp = [dataclasses.replace(cfg, gate_layout="in_warp") for cfg in configs if in_warp_offered(cfg, plan)]
     configs += in_warp + [dataclasses.replace(cfg, batch_warps=bw) for cfg in in_warp for bw in BATCH_WARPS
                           if 1 < bw and cfg.n_tiles % bw == 0]
@@ -647,7 +653,8 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps")}
+                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps",
+                                        "atomic_sums")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row["operand_path=direct"] = float(cfg.direct)
