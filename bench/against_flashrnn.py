@@ -28,6 +28,7 @@ of CUDA-event runs (``prnn_tvm.bench.baselines.cuda_event_times``) in one proces
 """
 
 import argparse
+import json
 import math
 import time
 
@@ -55,6 +56,10 @@ p.add_argument(
 p.add_argument("--repeats", type=int, default=7)
 p.add_argument("--number", type=int, default=5)
 p.add_argument("--out", default=None)
+p.add_argument(
+    "--layernorm-config", type=json.loads, default=None,
+    help="the layer-normalized LSTM's config as JSON, for its layer and module (default: its tuned or default one)",
+)
 args = p.parse_args()
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 torch.manual_seed(0)
@@ -95,10 +100,10 @@ def flashrnn_times(cell: str, Wx, R, b) -> dict:
     return found
 
 
-def ours(cell: str, heads: int, dtype: str, hidden: int = H, batch: int = B):
+def ours(cell: str, heads: int, dtype: str, hidden: int = H, batch: int = B, config=None):
     spec = f"{cell}_h{heads}" if heads > 1 else cell
     start = time.perf_counter()
-    layer = prnn_tvm.compile_cell(spec, hidden, batch, dtype=dtype, target="cuda")
+    layer = prnn_tvm.compile_cell(spec, hidden, batch, dtype=dtype, target="cuda", config=config)
     say(
         f"  {spec}: config {layer.report.config}, {layer.report.registers} registers, "
         f"{layer.report.spill_bytes} B spills, compiled in {time.perf_counter() - start:.0f} s"
@@ -126,10 +131,10 @@ def best(times: dict) -> float:
     return min((v for v in times.values() if isinstance(v, float)), default=float("nan"))
 
 
-def module_call(spec: str, x, weights: dict, hidden: int = H, dtype=BF16):
+def module_call(spec: str, x, weights: dict, hidden: int = H, dtype=BF16, config=None):
     """The torch module's inference call on ``x`` with ``weights`` (the compiled layer's argument names), ms, and its
     output (``prnn_tvm.torch.Recurrent``: cuBLAS projection, torch's allocator, the launch's arguments kept)."""
-    module = prnn_tvm.torch.Recurrent(spec, hidden, hidden, device="cuda", dtype=dtype)
+    module = prnn_tvm.torch.Recurrent(spec, hidden, hidden, device="cuda", dtype=dtype, config=config)
     with torch.no_grad():
         for name, value in weights.items():
             getattr(module, f"{name}_l0").copy_(value)
@@ -270,7 +275,7 @@ def case_layernorm():
     hidden, batch, steps = 1024, 8, 256
     say(f"## Layer-normalized LSTM: hidden {hidden}, batch {batch}, T={steps}, fp16")
     say("")
-    layer = ours("lstm_layernorm", 1, "float16", hidden, batch)
+    layer = ours("lstm_layernorm", 1, "float16", hidden, batch, args.layernorm_config)
     plain = ours("lstm", 1, "float16", hidden, batch)
     dtype = torch.float16
     W = torch.randn(4 * hidden, hidden, device="cuda", dtype=dtype) / math.sqrt(hidden)
@@ -321,7 +326,7 @@ def case_layernorm():
     xp = torch.mm(rows, W_ih.t(), out_dtype=torch.float32).view(steps, batch, -1)  # b_ih is zero
     ln_recurrent, ln_call = our_times(layer, xp, x, params)
     plain_recurrent, plain_call = our_times(plain, xp, x, plain_params)
-    ln_module, ln_out = module_call("lstm_layernorm", x, params, hidden, dtype)
+    ln_module, ln_out = module_call("lstm_layernorm", x, params, hidden, dtype, args.layernorm_config)
     plain_module, _ = module_call("lstm", x, plain_params, hidden, dtype)
     got, _ = layer(x, **params)
     torch_loop()

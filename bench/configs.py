@@ -4,10 +4,11 @@ step, T=``--seq``), so that every config meets the same GPU state.
 
     python bench/configs.py lstm_layernorm:1024x8 --dtype float16 \\
         --configs '{"units_per_cta": 8, "k_groups": 4, "barrier": "counter"}' '{"units_per_cta": 8, ...}' \\
-        [--default] [--rounds 3] [--seq 256] [--check-seq 16]
+        [--default] [--rounds 3] [--seq 256] [--check-seq 16] [--fastest FILE]
 
 ``--default`` adds the case's untuned default config first. Prints one line per config: its knobs, registers and
-spills, the error and its bound, the fastest and median rounds. Needs a GPU.
+spills, the error and its bound, the fastest and median rounds; ``--fastest`` writes the knobs of the config with the
+fastest median (as built: a JSON dict, for another script's ``--config``). Needs a GPU.
 """
 
 import argparse
@@ -26,6 +27,7 @@ p.add_argument("--dtype", default="float16")
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--seq", type=int, default=256)
 p.add_argument("--check-seq", type=int, default=16, help="steps checked against the float64 reference")
+p.add_argument("--fastest", default=None, help="write the fastest config's knobs here, as JSON")
 args = p.parse_args()
 
 case = Case.parse(args.case, args.seq, args.dtype)
@@ -45,3 +47,7 @@ for cfg, layer, found in zip(configs, layers, times):
     print(f"{case.label} {'default ' if cfg is None else ''}{knobs}: {rep.ctas} CTAs x {rep.threads}, "
           f"{rep.registers} registers, {rep.spill_store_bytes} B spills; error {err:.2e} (bound {bound:.1e}); "
           f"{min(found):.3f} us/step (median {statistics.median(found):.3f})", flush=True)
+if args.fastest:
+    fastest = min(zip(layers, times), key=lambda pair: statistics.median(pair[1]))[0]
+    with open(args.fastest, "w") as f:
+        json.dump(dict(fastest.report.config), f)

@@ -17,6 +17,10 @@ window on the weight buffer: ``prnn_tvm.runtime.l2``); chunks ``[l2_chunks, k_ch
 registers. ``layout``
 (``shared``, or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``.
+
+``atomic_sums`` (cells that sum over units, ``c.mean``): 0, each block reads every block's partial sum after the
+barrier in a fixed order (deterministic); R in 1, 2, 4, 8, the blocks add their partials into R accumulators by
+atomics and a total is R loads (not bit-deterministic from run to run): ``persistent_sums``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import STATIC_SMEM_RESERVE, GpuSpec, ctas_per_sm, max_regs_per_thread
 
 from .head_columns import OperandColumns, check_heads, fitting_units
-from .persistent_sums import unit_sum_bytes
+from .persistent_sums import atomic_sums_offered, check_atomic_sums, unit_sum_bytes
 from .persistent_weights import lane_shuffles
 from .ranking import (
     PREFERRED,
@@ -76,6 +80,7 @@ class PersistentConfig:
     layout: str = field(default="shared", metadata={"short": "", "quiet": True})
     smem_chunks: int = field(default=0, metadata={"short": "sc", "quiet": True, "tier": True})
     l2_chunks: int = field(default=0, metadata={"short": "lc", "quiet": True})
+    atomic_sums: int = field(default=0, metadata={"short": "as", "quiet": True})
 
     def as_dict(self) -> dict:
         return knobs_of(self)
@@ -206,6 +211,7 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} exceeds hidden={plan.hidden}")
     if cfg.smem_chunks < 0:
         raise ConfigError(f"smem_chunks={cfg.smem_chunks}: the weight chunks a lane keeps in shared memory, 0 or more")
+    check_atomic_sums(cfg, plan)
     g = geometry(cfg, plan)
     if cfg.smem_chunks > g.k_chunks:
         raise ConfigError(f"smem_chunks={cfg.smem_chunks}: a lane's row has {g.k_chunks} chunks of {cfg.vec} weights "
@@ -301,7 +307,8 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                 for r in per_thread:
                     for bt in tiles:
                         for vec in (1, 2, 4):
-                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout) for b in layout_barriers)
+                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout, atomic_sums=a)
+                                       for b in layout_barriers for a in atomic_sums_offered(plan))
     tiered = out
     if tiers_offered(plan, gpu, out, validate):
         tiered = [dataclasses.replace(base, smem_chunks=sc) for base in out for sc in weight_tiers(base, plan, gpu)]
@@ -355,7 +362,7 @@ def features(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_split", "rows_per_thread", "batch_tile", "vec",
-                                        "smem_chunks", "l2_chunks")}
+                                        "smem_chunks", "l2_chunks", "atomic_sums")}
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
     row.update({k: getattr(g, k) for k in GEOMETRY_FEATURES})

@@ -300,6 +300,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                     with T.serial(0, self.steps) as t:
                         self.step(t)
                     self.after_steps()
+                self.clear_sums()  # atomic sums: the last block out zeroes their accumulators for the next launch
                 if self.sync is not None:  # the last step crosses no barrier
                     for _ in self.each_part():
                         self.report_timeout()

@@ -61,7 +61,7 @@ class OperandExchange:
         sums of the sums over units (``persistent_sums``)."""
         rows = (self.p.batch, self.H) if not self.cols.headed else (self.p.batch * self.cols.padded_hidden(),)
         operands = max(1, len(self.p.operands))  # then the partial sums of the sums over units
-        return (operands + sum_slots(self.p, 2 * math.prod(rows), self.dt, self.g.ctas), 2, *rows)
+        return (operands + sum_slots(self.p, 2 * math.prod(rows), self.dt, self.g.ctas, self.replicas), 2, *rows)
 
     def ws_at(self, name: str, parity, b, unit) -> tuple:
         """The workspace indices of operand ``name``'s value for batch row ``b``, unit ``unit``, at ``parity``: by span

@@ -63,6 +63,10 @@ launch: their projection stays in shared memory, in float32).
 
 ``layout`` (``shared`` or ``split``: each part of the step on CTAs of its own) is explained in
 ``ranking``, which both persistent templates share.
+
+``atomic_sums`` (cells that sum over units, ``c.mean``): 0, each block reads every block's partial sum after the
+barrier in a fixed order (deterministic); R in 1, 2, 4, 8, the blocks add their partials into R accumulators by
+atomics and a total is R loads (not bit-deterministic from run to run): ``persistent_sums``.
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ from prnn_tvm.target import GpuSpec, ctas_per_sm, max_regs_per_thread
 from .gate_layout import BATCH_WARPS, check_batch_warps, check_gate_layout, in_warp_problem, in_warp_tiles
 from .head_columns import OperandColumns, check_heads, fitting_units
 from .persistent_config import REG_OVERHEAD, group_span
-from .persistent_sums import unit_sum_bytes
+from .persistent_sums import atomic_sums_offered, check_atomic_sums, unit_sum_bytes
 from .ranking import (
     PREFERRED,
     RANKED_WITH,
@@ -116,6 +120,10 @@ TAGS_MAX_ROWS = 8  # a tagged half value moves 8 bytes: worth it at small batche
 # of the layer-normalized LSTM): H100, lstm_layernorm fp16 1024 x 8 at 8 units and 4 k groups a block, grid.sync()
 # 5.833 us a step against counter's 6.592 (bench/results/heads-flashrnn-h100.md)
 SUMS_BARRIER = "grid_sync"
+# and the sums' exchange the default takes (``atomic_sums``): 0, every block reading each block's partial in a fixed
+# order (bit-deterministic), until the GPU says atomics are faster (issue 49: the partials' reads ~1.1 us of a 6.05 us
+# step, H200)
+SUMS_ATOMICS = 0
 K_GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)  # the space's; 3, 6, 12 fit where a power of two has too many registers
 M_TILES_PER_WARP = (1, 2, 4)
 OPERAND_PATHS = ("shared", "direct")
@@ -162,6 +170,7 @@ class MmaConfig:
     gate_layout: str = field(default="by_gate", metadata={"short": "", "quiet": True})
     batch_warps: int = field(default=1, metadata={"short": "bw", "quiet": True})
     xp: str = field(default="float32", metadata={"short": "xp", "quiet": True})
+    atomic_sums: int = field(default=0, metadata={"short": "as", "quiet": True})
 
     @property
     def half_xp(self) -> bool:
@@ -383,6 +392,7 @@ def validate(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometry:
     if cfg.xp not in XP_TYPES:
         raise ConfigError(f"xp='{cfg.xp}': the input projection's type, one of {', '.join(XP_TYPES)} (the layer's "
                           "half type)")
+    check_atomic_sums(cfg, plan)
     if cfg.smem_k_tiles < 0:
         raise ConfigError(f"smem_k_tiles={cfg.smem_k_tiles}: the k tiles of a warp whose weights are in shared "
                           "memory, 0 or more")
@@ -562,11 +572,11 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
         offered = {min_units, min_units + 1, aligned, 2 * min_units, 4 * min_units, 8 * min_units, TILE_M}
         units = sorted({u for u in offered | grid_filling_units(plan, gpu, runs) if u <= H}
                        | fitting_units(plan, min_units))
-        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path) for u in units for kg in K_GROUPS
-                    for nt in (1, 2, 4, 8) for b in layout_barriers for bg in groups_for(plan, layout, b)
-                    if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
+        configs += [MmaConfig(u, kg, nt, b, layout, mw, kc, bg, ps, path, atomic_sums=a) for u in units
+                    for kg in K_GROUPS for nt in (1, 2, 4, 8) for b in layout_barriers
+                    for bg in groups_for(plan, layout, b) if nt <= _round_up(plan.batch // bg, TILE_N) // TILE_N
                     for mw in tiles_per_warp for kc in chain_counts(kg, nt, mw) for ps in sleeps_for(plan, b, bg)
-                    for path in paths_for(plan, b)]
+                    for path in paths_for(plan, b) for a in atomic_sums_offered(plan)]
     in_warp = [dataclasses.replace(cfg, gate_layout="in_warp") for cfg in configs if in_warp_offered(cfg, plan)]
     configs += in_warp + [dataclasses.replace(cfg, batch_warps=bw) for cfg in in_warp for bw in BATCH_WARPS
                           if 1 < bw and cfg.n_tiles % bw == 0]
@@ -671,7 +681,8 @@ def features(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> dict:
     """The cost model's view of a valid config: knobs, barrier one-hot, geometry, occupancy, estimate."""
     g = geometry(cfg, plan)
     row = {k: getattr(cfg, k) for k in ("units_per_cta", "k_groups", "n_tiles", "m_tiles_per_warp", "k_chains",
-                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps")}
+                                        "batch_groups", "poll_sleep", "smem_k_tiles", "l2_k_tiles", "batch_warps",
+                                        "atomic_sums")}
     row["half_xp"] = float(cfg.half_xp)
     row.update({f"barrier={b}": float(cfg.barrier == b) for b in BARRIERS})
     row["layout=split"] = float(cfg.layout == "split")
@@ -763,7 +774,7 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
     # SUMS_BARRIER where the plan sums over units (``tags`` cannot carry them)
     def preferred(cfg: MmaConfig) -> MmaConfig:
         if plan.unit_sums:
-            return with_barrier(cfg, SUMS_BARRIER, plan, gpu, validate)
+            return dataclasses.replace(with_barrier(cfg, SUMS_BARRIER, plan, gpu, validate), atomic_sums=SUMS_ATOMICS)
         if min(cfg.batch_tile, plan.batch) <= TAGS_MAX_ROWS:
             return with_barrier(cfg, PREFERRED, plan, gpu, validate)
         return cfg

@@ -104,6 +104,7 @@ def test_knob_short_names_come_from_the_config_fields():
         "gate_layout": "",
         "batch_warps": "bw",
         "xp": "xp",
+        "atomic_sums": "as",
     }
     knobs = {"units_per_cta": 8, "k_split": 16, "rows_per_thread": 2, "batch_tile": 4, "vec": 4, "barrier": "tags"}
     assert knob_text(knobs, knob_short_names()) == "U=8 ks=16 r=2 bt=4 v=4 tags"

@@ -461,6 +461,14 @@ inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
 }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline float atomicAdd(float* p, float v) {  // a compare-and-swap loop, as CUDA's before native float atomics
+  float old, sum;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do {
+    sum = old + v;
+  } while (!__atomic_compare_exchange(p, &old, &sum, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  return old;
+}
 inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
