@@ -114,8 +114,8 @@ def test_a_second_cell_that_sums_over_units_and_the_space_at_random():
 
 
 def test_the_kernel_adds_by_atomics_only_with_the_knob():
-    """``atomic_sums=0`` (the default) emits the blocks' partials as before; R > 0 an atomic add a sum and the clear
-    at the launch's end, and reads R replicas per total (no lane groups' shuffles)."""
+    """``atomic_sums=0`` (the config's field default) emits the blocks' partials as before; R > 0 an atomic add a sum
+    and the clear at the launch's end, and reads R replicas per total (no lane groups' shuffles)."""
     plain, atomic = (build(8, 2, knobs(4, 4, 2, 2, atomic_sums=R)).cuda_source for R in (0, 4))
     assert "atomicAdd" not in plain and "prnn_sums_clear" not in plain and "__shfl_xor_sync" in plain
     kernel = atomic[atomic.index(" recurrent_kernel(") :]
@@ -144,7 +144,8 @@ def test_the_space_records_and_features_know_the_knob(module, dtype):
     plain = prnn_tvm.analyze(prnn_tvm.resolve("lstm"), 8, 256, dtype)
     assert {c.atomic_sums for c in module.space(plain, SM90)} == {0}
     default = module.ranked_configs(plan, SM90, limit=1)[0]
-    assert default.atomic_sums == (mc.SUMS_ATOMICS if module is mc else 0)  # the partials until the GPU says otherwise
+    # the half template's default: one accumulator (measured faster); the float32 template's: the partials
+    assert default.atomic_sums == (mc.SUMS_ATOMICS if module is mc else 0)
     assert "atomic_sums" not in dataclasses.replace(default, atomic_sums=0).as_dict()
     atomic = dataclasses.replace(default, atomic_sums=4)
     assert atomic.as_dict()["atomic_sums"] == 4

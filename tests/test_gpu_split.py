@@ -11,9 +11,24 @@ from prnn_tvm.checks import max_abs_error, plan_tolerance
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.errors import BarrierTimeout, LaunchError
 from prnn_tvm.reference import random_inputs, random_lengths, reference_layer
+from prnn_tvm.runtime.peers import current_device_kept
 
 pytestmark = pytest.mark.gpu
 _LAYERS = {}
+
+
+@pytest.fixture(autouse=True)
+def _current_device_unchanged():
+    """Each test leaves the CUDA runtime's current device where it found it (TVM's copies and launches on a GPU leave
+    it there; torch's next ``.cuda()`` would then put the next test's module on that GPU): set back, then failed."""
+    before = _current_device()
+    yield
+    after = _current_device()
+    if after != before:
+        from prnn_tvm.runtime.peers import cudart
+
+        cudart().cudaSetDevice(before)
+        pytest.fail(f"the test left the current CUDA device at {after} (it was {before})")
 
 
 def split_layer(hidden: int, batch: int, dtype: str, gpus: int, cell: str = "lstm"):
@@ -127,12 +142,14 @@ def test_packed_words_carry_a_gru_whose_step_reads_its_previous_state():
 
 
 def start_at(layer, base: int) -> None:
-    """Every GPU's step base (word 2 of its barrier state) set to ``base``, its workspace as fresh (zeros)."""
-    for part in layer.parts:
-        sync = part.launch_state(part.stream)["sync"]
-        words = sync.numpy()
-        words[2] = base
-        sync.copyfrom(words)
+    """Every GPU's step base (word 2 of its barrier state) set to ``base``, its workspace as fresh (zeros); the
+    caller's current device kept (TVM's copies leave it at the last GPU copied on, where torch's next module goes)."""
+    with current_device_kept():
+        for part in layer.parts:
+            sync = part.launch_state(part.stream)["sync"]
+            words = sync.numpy()
+            words[2] = base
+            sync.copyfrom(words)
 
 
 @pytest.mark.gpus(2)
