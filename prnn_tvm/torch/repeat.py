@@ -31,6 +31,7 @@ from .arguments import aligned_state, detached, parameter_suffix
 from .dispatch import current_stream, stacked_finals
 from .fallback import refusal
 from .projection import projector
+from .state_rows import StateRows
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ class Plan(NamedTuple):
     (layers, B, H) tensors the call returns, ``made_from`` ``(name, parameter, address, version)`` of every parameter
     it was made from, ``group`` the batch size's group (:meth:`~prnn_tvm.torch.buckets.BatchBuckets._keep`),
     ``device`` the key's, ``form`` how the input is laid out (:data:`TIME_MAJOR`, :data:`BATCH_FIRST` or
-    :data:`UNBATCHED`)."""
+    :data:`UNBATCHED`), ``rows`` the rows of the states its calls were last given and last returned
+    (:class:`~prnn_tvm.torch.state_rows.StateRows`)."""
 
     steps: list
     stack: bool
@@ -72,6 +74,7 @@ class Plan(NamedTuple):
     group: tuple
     device: torch.device
     form: str
+    rows: StateRows
 
 
 TIME_MAJOR, BATCH_FIRST, UNBATCHED = "time-major", "batch_first", "unbatched"  # Plan.form
@@ -154,30 +157,32 @@ def run(module, plan: Plan, input: torch.Tensor, hx, registered: dict | None = N
     module._keep(plan.group)
     layers, states = module.num_layers, len(module._states)
     # each layer's initial states, (B, H) (an unbatched (layers, H) state's row as (1, H)), aligned as kernels take
-    # them: per layer, the cell's states in order
-    given = [
-        [aligned_state(t[layer : layer + 1] if form is UNBATCHED else t[layer]) for t in hx] for layer in range(layers)
-    ]
-    output, wholes, views = None, None, None
+    # them, layer by layer: kept for the states last given and last returned (a decoder's next call passes either)
+    given = plan.rows.rows(hx, layers, form is UNBATCHED) if hx else hx
+    output, wholes, made = None, None, None
     if plan.whole:  # the output and each state's (layers, B, H) as views of one allocation (one allocator call)
         output, *wholes = outputs(x.shape[0], layers, states, module.hidden_size, x)
         views = [w.unbind(0) for w in wholes]
+        made = [v[layer] for layer in range(layers) for v in views]  # what the launches write, as ``given``
     if plan.stack:
         (step,) = plan.steps
-        into = None if views is None else [output, *(v[layer] for layer in range(layers) for v in views)]
-        out, *ends = step.launch([step.project(x), *(t for g in given for t in g)], stream, into)
-        ends = [ends[layer * states : (layer + 1) * states] for layer in range(layers)]
+        out, *ends = step.launch([step.project(x), *given], stream, None if made is None else [output, *made])
+        if wholes is None:  # per layer, for stacking
+            ends = [ends[layer * states : (layer + 1) * states] for layer in range(layers)]
     else:
         out, ends, last = x, [], len(plan.steps) - 1
         for layer, step in enumerate(plan.steps):
-            into = None if views is None else [output if layer == last else None, *(v[layer] for v in views)]
-            out, *end = step.launch([step.project(out), *given[layer]], stream, into)
+            at = slice(layer * states, (layer + 1) * states)
+            into = None if made is None else [output if layer == last else None, *made[at]]
+            out, *end = step.launch([step.project(out), *given[at]], stream, into)
             ends.append(end)
     finals = wholes if wholes is not None else stacked_finals([[end[k] for end in ends] for k in range(states)])
     if form is UNBATCHED:
         out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
     elif form is BATCH_FIRST:
         out = out.transpose(0, 1)
+    if made is not None and x.shape[0] == 1:  # one step: the rows hold no more than the states (and a row of out)
+        plan.rows.returning(finals, made)
     return out, (tuple(finals) if states > 1 else finals[0])
 
 
@@ -224,7 +229,7 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
     whole = module._whole_finals(rows, device, dtype) is not None
     form = UNBATCHED if input.dim() != 3 else BATCH_FIRST if module.batch_first else TIME_MAJOR
     group = (rows, device.type, device.index, dtype)
-    return Plan(steps, stack is not None, whole, tuple(made_from.values()), group, device, form)
+    return Plan(steps, stack is not None, whole, tuple(made_from.values()), group, device, form, StateRows())
 
 
 def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> Step | None:
