@@ -13,6 +13,9 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 - ``ours, two launches a layer``: the planned call with the projection a launch of its own (torch's GEMM) and the
   recurrent launch on its result: what ``ours`` was before; the rows after it measure this plan;
 - ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
+- ``ours, states passed back``: the call given the states the last call returned, as a decoder's loop passes them
+  (``ours`` gives the same states every call): the plan takes each layer's rows of either from what it kept
+  (:mod:`prnn_tvm.torch.state_rows`);
 - ``ours planned, launches memoized``: the planned call with each recurrent launch answered from a memo (the
   runtime's Launcher): the plan's checks, the projection, the states' views and stacks;
 - ``ours, own path``: the call with plans off (every check and decision made again, as before plans);
@@ -25,7 +28,8 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
   either way, ``prnn_tvm.torch.dispatch.WRITTEN_IN_PLACE``);
 - ``ours, kernels a no-op``: the call with every launch's kernel replaced by TVM's ``testing.nop`` (its arguments
   converted all the same): the host's whole work, and on the CPU the figure to compare (there a kernel's run is its
-  arithmetic, not a launch); ``own path, kernels a no-op`` the same with plans off.
+  arithmetic, not a launch); ``own path, kernels a no-op`` the same with plans off, ``ours, states passed back,
+  kernels a no-op`` with the states passed back.
 
 Issue 47's levers, each a row of its own (the planned call is ``ours``):
 
@@ -43,7 +47,9 @@ Issue 47's levers, each a row of its own (the planned call is ``ours``):
 - ``torch.empty on the device``, ``a view``: what each output and each state's view costs the call; ``outputs: ...``
   the output and the final states (an LSTM's) as a tensor each, or as views of one allocation.
 
-``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work).
+``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work);
+``--in-place`` (the CPU) has the launches write the final states into the tensors the call returns, as on the GPU,
+so the CPU's ``kernels a no-op`` rows run the GPU's Python.
 """
 
 import argparse
@@ -54,7 +60,7 @@ import tvm_ffi
 
 import prnn_tvm.torch as pt
 from prnn_tvm.runtime.launcher import Bound
-from prnn_tvm.torch import repeat
+from prnn_tvm.torch import dispatch, repeat
 from prnn_tvm.torch.arguments import aligned_state
 from prnn_tvm.torch.projection import project, projector
 
@@ -67,7 +73,10 @@ parser.add_argument("--dtype", default="float32", choices=["float32", "float16",
 parser.add_argument("--calls", type=int, default=200)
 parser.add_argument("--rounds", type=int, default=40)
 parser.add_argument("--clock", default="wall", choices=["wall", "thread"])
+parser.add_argument("--in-place", action="store_true", help="on the CPU: final states written as on the GPU")
 args = parser.parse_args()
+if args.in_place:  # the CPU build's plan as the GPU's: the launch writes the final states into the returned tensors
+    dispatch.WRITTEN_IN_PLACE = (*dispatch.WRITTEN_IN_PLACE, "cpu")
 clock = time.perf_counter if args.clock == "wall" else time.thread_time
 cuda = args.device == "cuda"
 drain = torch.cuda.synchronize if cuda else (lambda: None)
@@ -99,12 +108,20 @@ ours = pt.from_torch(reference).eval()
 x = torch.randn(1, B, H, device=args.device, dtype=dtype)
 state = tuple(torch.zeros(L, B, H, device=args.device, dtype=dtype) for _ in range(2))
 rows = {}
+carried = [state]  # a decoder's states: each call given those the last returned
+
+
+def passed_back():
+    carried[0] = ours(x, carried[0])[1]
+
+
 with torch.no_grad():
     want, got = reference(x, state)[0], ours(x, state)[0]  # compiled here, and checked
     assert (want.float() - got.float()).abs().max() < 1e-2, "our call differs from torch.nn's"
     rows["torch.nn"] = us(lambda: reference(x, state))
     rows["ours"] = us(lambda: ours(x, state))
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
+    rows["ours, states passed back"] = us(passed_back)
     stream = torch.cuda.current_stream().cuda_stream if cuda else 0
     (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
     if plan.steps[0].project is aligned_state:  # one launch a layer (repeat.ONE_LAUNCH): the first one alone
@@ -197,6 +214,7 @@ with torch.no_grad():
     rows["own path, kernels a no-op"] = us(lambda: ours(x, state))
     repeat.call_key = planned_key
     rows["ours, kernels a no-op"] = us(lambda: ours(x, state))
+    rows["ours, states passed back, kernels a no-op"] = us(passed_back)
     for key, launcher in ours._launchers.items():
         launcher.function = functions[key]
 where = torch.cuda.get_device_name() if cuda else "CPU"
