@@ -28,7 +28,7 @@ from prnn_tvm.errors import ConfigError, LaunchError
 
 from .amp import autocast_dtype
 from .arguments import aligned_state, detached, parameter_suffix
-from .dispatch import current_stream, stacked_finals
+from .dispatch import current_stream, final_slots, stacked_finals
 from .fallback import refusal
 from .projection import projector
 from .state_rows import StateRows
@@ -162,8 +162,7 @@ def run(module, plan: Plan, input: torch.Tensor, hx, registered: dict | None = N
     output, wholes, made = None, None, None
     if plan.whole:  # the output and each state's (layers, B, H) as views of one allocation (one allocator call)
         output, *wholes = outputs(x.shape[0], layers, states, module.hidden_size, x)
-        views = [w.unbind(0) for w in wholes]
-        made = [v[layer] for layer in range(layers) for v in views]  # what the launches write, as ``given``
+        made = final_slots(wholes, layers)[1]  # what the launches write, in the order of ``given``
     if plan.stack:
         (step,) = plan.steps
         out, *ends = step.launch([step.project(x), *given], stream, None if made is None else [output, *made])
