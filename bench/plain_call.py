@@ -15,7 +15,8 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 - ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
 - ``ours, states passed back``: the call given the states the last call returned, as a decoder's loop passes them
   (``ours`` gives the same states every call): the plan takes each layer's rows of either from what it kept
-  (:mod:`prnn_tvm.torch.state_rows`);
+  (:mod:`prnn_tvm.torch.state_rows`); ``..., rows taken each call``: the same with those rows forgotten before each
+  call, so it takes them again (a torch view per layer and state), as every call did before they were kept;
 - ``ours planned, launches memoized``: the planned call with each recurrent launch answered from a memo (the
   runtime's Launcher): the plan's checks, the projection, the states' views and stacks;
 - ``ours, own path``: the call with plans off (every check and decision made again, as before plans);
@@ -29,7 +30,7 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 - ``ours, kernels a no-op``: the call with every launch's kernel replaced by TVM's ``testing.nop`` (its arguments
   converted all the same): the host's whole work, and on the CPU the figure to compare (there a kernel's run is its
   arithmetic, not a launch); ``own path, kernels a no-op`` the same with plans off, ``ours, states passed back,
-  kernels a no-op`` with the states passed back.
+  kernels a no-op`` with the states passed back (and ``passed back, rows taken, ...`` its rows taken each call).
 
 Issue 47's levers, each a row of its own (the planned call is ``ours``):
 
@@ -115,6 +116,16 @@ def passed_back():
     carried[0] = ours(x, carried[0])[1]
 
 
+def forgotten(call):  # the call with its plan's kept state rows forgotten first: taken again, as before they were kept
+    (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
+
+    def again():
+        plan.rows.given = plan.rows.returned = None
+        call()
+
+    return again
+
+
 with torch.no_grad():
     want, got = reference(x, state)[0], ours(x, state)[0]  # compiled here, and checked
     assert (want.float() - got.float()).abs().max() < 1e-2, "our call differs from torch.nn's"
@@ -122,8 +133,10 @@ with torch.no_grad():
     rows["ours"] = us(lambda: ours(x, state))
     rows["ours, step latency"] = us(lambda: (ours(x, state), drain()))
     rows["ours, states passed back"] = us(passed_back)
-    stream = torch.cuda.current_stream().cuda_stream if cuda else 0
+    rows["ours, state rows taken each call"] = us(forgotten(lambda: ours(x, state)))
+    rows["ours, passed back, rows taken each call"] = us(forgotten(passed_back))
     (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
+    stream = torch.cuda.current_stream().cuda_stream if cuda else 0
     if plan.steps[0].project is aligned_state:  # one launch a layer (repeat.ONE_LAUNCH): the first one alone
         states = [t[layer] for layer in range(L if plan.stack else 1) for t in state]
         rows["the one launch (x projected in it), bound"] = us(lambda: plan.steps[0].launch([x, *states], stream))
@@ -215,6 +228,7 @@ with torch.no_grad():
     repeat.call_key = planned_key
     rows["ours, kernels a no-op"] = us(lambda: ours(x, state))
     rows["ours, states passed back, kernels a no-op"] = us(passed_back)
+    rows["passed back, rows taken, kernels a no-op"] = us(forgotten(passed_back))
     for key, launcher in ours._launchers.items():
         launcher.function = functions[key]
 where = torch.cuda.get_device_name() if cuda else "CPU"
