@@ -9,7 +9,9 @@ drained between rounds, so a figure is the host's work, not the GPU's, as long a
 - ``ours`` / ``torch.nn``: the whole call, ``module(x, (h, c))`` under ``torch.no_grad()``: from the third call on,
   the module's plan of it (``prnn_tvm.torch.repeat``): on the GPU one launch a layer (a wavefront stack: one in all),
   its input projected in the recurrent kernel, where the layer's config leaves room (``repeat.ONE_LAUNCH``);
-- ``the one launch (x projected in it), bound``: that launch alone (the first layer's), as the plan calls it;
+- ``the one launch (x projected in it), bound``: that launch alone (the first layer's), with what it writes made by
+  torch.empty each; ``the one launch, bound, into given tensors`` as the plan calls it, into the call's tensors (made
+  once here: the launch alone, its outputs' allocation and views not counted);
 - ``ours, two launches a layer``: the planned call with the projection a launch of its own (torch's GEMM) and the
   recurrent launch on its result: what ``ours`` was before; the rows after it measure this plan;
 - ``ours, step latency``: the call and a wait for its results (the GPU's time included), as a decoder steps;
@@ -39,8 +41,10 @@ Issue 47's levers, each a row of its own (the planned call is ``ours``):
   session's kernel does), what that lever can win;
 - ``plan, launches unbound``: the plan's launches through the Launcher's whole call (every argument placed each call)
   instead of its bound launch (``Launcher.bound``: weights, params, lengths placed once);
-- ``the recurrent launch, bound`` / ``, kernel a no-op``: one bound launch as the plan calls it, and the same with TVM's
-  ``testing.nop`` for its kernel (the difference: the launch itself, driver and TVM's CUDA module);
+- ``the recurrent launch, bound`` / ``, kernel a no-op``: one bound launch (what it writes made by torch.empty
+  each), and the same with TVM's ``testing.nop`` for its kernel (the difference: the launch itself, driver and TVM's
+  CUDA module); ``recurrent launch, no-op, into given tensors``: the no-op's, into tensors made once, as the plan
+  passes them (the arguments' passing alone);
 - the projection at T=1 alone (``projection: ...``): as planned (``b_ih`` folded into the recurrent bias: the GEMM
   alone), with ``b_ih`` (float32: ``addmm``; half: the GEMM into float32 then ``add_``), and the other ways to make a
   half layer's float32 ``xp`` (the input widened, then a float32 GEMM on a float32 copy of ``W_ih``; for reference, the
@@ -116,6 +120,18 @@ def passed_back():
     carried[0] = ours(x, carried[0])[1]
 
 
+def written_into(plan) -> list | None:
+    """What the plan's first launch writes into, made once, as the plan's call passes them (the output and the final
+    states' rows, views of one allocation; a layer-by-layer plan's first layer's output, where it is not the call's,
+    made by the launch), or None where the plan's launches make what they write (torch.empty for each)."""
+    if not plan.whole:
+        return None
+    S = len(ours._states)
+    output, *wholes = repeat.outputs(1, L, S, H, x)
+    made = dispatch.final_slots(wholes, L)[1]
+    return [output, *made] if plan.stack else [output if L == 1 else None, *made[:S]]
+
+
 def forgotten(call):  # the call with its plan's kept state rows forgotten first: taken again, as before they were kept
     (plan,) = [p for p in ours._plans.values() if type(p) is repeat.Plan]
 
@@ -140,6 +156,8 @@ with torch.no_grad():
     if plan.steps[0].project is aligned_state:  # one launch a layer (repeat.ONE_LAUNCH): the first one alone
         states = [t[layer] for layer in range(L if plan.stack else 1) for t in state]
         rows["the one launch (x projected in it), bound"] = us(lambda: plan.steps[0].launch([x, *states], stream))
+        into = written_into(plan)
+        rows["the one launch, bound, into given tensors"] = us(lambda: plan.steps[0].launch([x, *states], stream, into))
     # the rows below: the plan with each layer's projection a launch of its own (torch's GEMM)
     repeat.ONE_LAUNCH = False
     ours._plans.clear()
@@ -182,6 +200,8 @@ with torch.no_grad():
     rows["the recurrent launch, bound"] = us(lambda: bound[0]([xp, *states], stream))
     real_kernel, bound[0].launcher.function = bound[0].launcher.function, tvm_ffi.get_global_func("testing.nop")
     rows["the recurrent launch, bound, kernel a no-op"] = us(lambda: bound[0]([xp, *states], stream))
+    into = written_into(plan)
+    rows["recurrent launch, no-op, into given tensors"] = us(lambda: bound[0]([xp, *states], stream, into))
     bound[0].launcher.function = real_kernel
     W, b = ours.weight_ih_l0.detach(), ours.bias_ih_l0.detach()
     rows["projection: as planned"] = us(lambda: plan.steps[0].project(x))
