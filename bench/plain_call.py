@@ -124,12 +124,10 @@ def written_into(plan) -> list | None:
     """What the plan's first launch writes into, made once, as the plan's call passes them (the output and the final
     states' rows, views of one allocation; a layer-by-layer plan's first layer's output, where it is not the call's,
     made by the launch), or None where the plan's launches make what they write (torch.empty for each)."""
-    if not plan.whole:
+    if plan.whole is None:
         return None
-    S = len(ours._states)
-    output, *wholes = repeat.outputs(1, L, S, H, x)
-    made = dispatch.final_slots(wholes, L)[1]
-    return [output, *made] if plan.stack else [output if L == 1 else None, *made[:S]]
+    output, _, made = plan.whole(x)
+    return [output, *made] if plan.stack else [output if L == 1 else None, *made[: len(ours._states)]]
 
 
 def forgotten(call):  # the call with its plan's kept state rows forgotten first: taken again, as before they were kept

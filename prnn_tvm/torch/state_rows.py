@@ -45,7 +45,7 @@ class StateRows:
 
 def _kept(states, rows: list) -> tuple:
     states = tuple(states)
-    return states, tuple(t.data_ptr() for t in states), rows
+    return states, tuple([t.data_ptr() for t in states]), rows  # a list's comprehension: faster than a generator's
 
 
 def _holds(kept: tuple, hx) -> bool:
