@@ -50,7 +50,10 @@ Issue 47's levers, each a row of its own (the planned call is ``ours``):
   half layer's float32 ``xp`` (the input widened, then a float32 GEMM on a float32 copy of ``W_ih``; for reference, the
   half GEMM into half);
 - ``torch.empty on the device``, ``a view``: what each output and each state's view costs the call; ``outputs: ...``
-  the output and the final states (an LSTM's) as a tensor each, or as views of one allocation.
+  the output and the final states (an LSTM's) as a tensor each, or as views of one allocation; ``outputs and launch
+  rows, as planned``: those views and the (B, H) rows of the final states the launch writes, as the plan makes them
+  (``repeat.Written``: one allocation, split once, unbound once), and ``..., an unbind a state`` as it made them
+  before (an unbind of each state's (layers, B, H)).
 
 ``--clock thread`` counts the process's CPU time instead of the wall clock (a machine shared with other work);
 ``--in-place`` (the CPU) has the launches write the final states into the tensors the call returns, as on the GPU,
@@ -112,7 +115,19 @@ reference = torch.nn.LSTM(H, H, L).to(args.device, dtype).eval()
 ours = pt.from_torch(reference).eval()
 x = torch.randn(1, B, H, device=args.device, dtype=dtype)
 state = tuple(torch.zeros(L, B, H, device=args.device, dtype=dtype) for _ in range(2))
-rows = {}
+
+
+class Rows(dict):
+    """The figures by row, each printed as it is measured (a run cut short keeps what it printed)."""
+
+    def __setitem__(self, name: str, value: float) -> None:
+        super().__setitem__(name, value)
+        print(f"  {name:44s} {value:8.1f}", flush=True)
+
+
+where = torch.cuda.get_device_name() if cuda else "CPU"
+print(f"LSTM {L}x{H} B={B} {args.dtype}, T=1, on {where}, us per call ({args.clock} clock):", flush=True)
+rows = Rows()
 carried = [state]  # a decoder's states: each call given those the last returned
 
 
@@ -215,6 +230,14 @@ with torch.no_grad():
     rows["outputs: one allocation, split"] = us(
         lambda: torch.empty(2 * L + 1, B, H, device=on, dtype=dtype).split_with_sizes(sizes)
     )
+    if plan.whole is not None:  # what the plan's call makes for its launches to write (repeat.Written)
+        rows["outputs and launch rows, as planned"] = us(lambda: plan.whole(x))
+
+        def per_state():  # as the plan made them before repeat.Written: an unbind per state
+            output, *wholes = torch.empty(2 * L + 1, B, H, device=on, dtype=dtype).split_with_sizes(sizes)
+            return output, wholes, dispatch.final_slots(wholes, L)[1]
+
+        rows["outputs and launch rows, an unbind a state"] = us(per_state)
     planned_key, repeat.call_key = repeat.call_key, lambda *_: None  # plans off: the module's own path
     rows["ours, own path"] = us(lambda: ours(x, state))
     runs, memo, real = [], {}, ours._run
@@ -249,7 +272,3 @@ with torch.no_grad():
     rows["passed back, rows taken, kernels a no-op"] = us(forgotten(passed_back))
     for key, launcher in ours._launchers.items():
         launcher.function = functions[key]
-where = torch.cuda.get_device_name() if cuda else "CPU"
-print(f"LSTM {L}x{H} B={B} {args.dtype}, T=1, on {where}, us per call ({args.clock} clock):")
-for name, value in rows.items():
-    print(f"  {name:44s} {value:8.1f}")
