@@ -240,3 +240,17 @@ def test_keys_past_the_most_a_module_remembers_start_again(monkeypatch):
             x = torch.randn(T, B, H)
             _compare(reference, ours, x, _state())
             assert len(ours._plans) <= 4
+
+
+def test_the_call_key_is_the_shapes_dtypes_and_devices_of_the_input_and_states():
+    """The key a plan is kept under: the same for states given as a tuple or a list, a state of its own for a single
+    tensor (a GRU's), None (the module's own path) for states that are not all tensors."""
+    _, ours = _pair(layers=2)
+    x, (h, c) = torch.randn(1, B, H), _state(2)
+    part = (h.shape, h.dtype, h.device)
+    assert repeat.call_key(ours, x, None) == (x.shape, x.dtype, x.device)
+    key = (x.shape, x.dtype, x.device, part, part)
+    assert repeat.call_key(ours, x, (h, c)) == repeat.call_key(ours, x, [h, c]) == key
+    assert repeat.call_key(ours, x, h) == (x.shape, x.dtype, x.device, part)
+    assert repeat.call_key(ours, x, (h, c.numpy())) is None and repeat.call_key(ours, x.numpy(), (h, c)) is None
+    assert repeat.call_key(ours, x, (h, c.double()))[-1] == (c.shape, torch.float64, c.device)

@@ -117,7 +117,8 @@ def _compare_with_own_path(case, device, monkeypatch, wavefront=True, one_launch
         projected = [step.project is aligned_state for step in plan.steps]
         assert projected == [one_launch] * len(plan.steps)
         rows = 1 if form == "unbatched" else batch
-        assert plan.whole == (x.device.type in dispatch.WRITTEN_IN_PLACE and rows * hidden * dtype.itemsize % 64 == 0)
+        in_place = x.device.type in dispatch.WRITTEN_IN_PLACE and rows * hidden * dtype.itemsize % 64 == 0
+        assert (plan.whole is not None) == in_place
         with monkeypatch.context() as plans_off:
             plans_off.setattr(repeat, "call_key", lambda *_: None)
             own = ours(x, hx)
@@ -165,3 +166,26 @@ def test_a_planned_call_returns_tensors_of_its_own(device, wavefront, monkeypatc
         assert type(plan) is repeat.Plan
         if plan.whole:  # the output and the final states: views of one allocation
             assert len({t.untyped_storage().data_ptr() for t in (out, *state)}) == 1
+
+
+@pytest.mark.parametrize("steps,layers,states", [(1, 1, 1), (1, 2, 2), (1, 3, 2), (3, 2, 3)])
+def test_the_written_layout_is_the_own_paths(steps, layers, states):
+    """A plan's output, final states and the rows its launches write (:class:`~prnn_tvm.torch.repeat.Written`): views
+    of one new allocation each call, the rows the final states' layers in the own path's launch order
+    (``dispatch.final_slots``), each on a 64-byte boundary."""
+    written = repeat.Written(steps, layers, states, 2, 8)  # rows of 64 bytes in float32
+    like = torch.zeros(steps, 2, 8)
+    output, finals, rows = written(like)
+    assert output.shape == (steps, 2, 8) and [f.shape for f in finals] == [(layers, 2, 8)] * states
+    assert output.dtype == like.dtype and all(f.dtype == like.dtype for f in finals)
+    want = dispatch.final_slots(finals, layers)[1]
+    assert len(rows) == len(want) == layers * states
+    for row, slot in zip(rows, want):
+        assert row.shape == slot.shape == (2, 8) and row.stride() == slot.stride()
+        assert row.data_ptr() == slot.data_ptr() and row.data_ptr() % 64 == 0
+    storage = output.untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == storage for t in (*finals, *rows))
+    # one after another, none overlapping: the output, then each state's layers
+    offsets = [0, *((steps + state * layers) * 16 for state in range(states))]  # 16 elements a (2, 8) row
+    assert [t.storage_offset() for t in (output, *finals)] == offsets
+    assert written(like)[0].untyped_storage().data_ptr() != storage  # each call's own allocation

@@ -19,6 +19,7 @@ torch.export) plans its repeated calls the same way, on the parameters it is giv
 from __future__ import annotations
 
 import logging
+import operator
 from typing import NamedTuple
 
 import torch  # PyTorch itself: absolute import
@@ -31,6 +32,7 @@ from .arguments import aligned_state, detached, parameter_suffix
 from .dispatch import current_stream, stacked_finals
 from .fallback import refusal
 from .projection import projector, rounds
+from .state_rows import StateRows
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +61,21 @@ class Step(NamedTuple):
 
 class Plan(NamedTuple):
     """What the calls of one key run (:func:`plan_for`): ``steps`` (one per layer, or the wavefront stack's one),
-    ``stack`` whether that one launch runs every layer, ``whole`` whether the launches write the final states into
-    (layers, B, H) tensors the call returns, ``made_from`` ``(name, parameter, address, version)`` of every parameter
-    it was made from, ``group`` the batch size's group (:meth:`~prnn_tvm.torch.buckets.BatchBuckets._keep`),
-    ``device`` the key's, ``form`` how the input is laid out (:data:`TIME_MAJOR`, :data:`BATCH_FIRST` or
-    :data:`UNBATCHED`)."""
+    ``stack`` whether that one launch runs every layer, ``whole`` where the launches write the final states into
+    (layers, B, H) tensors the call returns, what they write (:class:`Written`; else None), ``made_from`` ``(name,
+    parameter, address, version)`` of every parameter it was made from, ``group`` the batch size's group
+    (:meth:`~prnn_tvm.torch.buckets.BatchBuckets._keep`), ``device`` the key's, ``form`` how the input is laid out
+    (:data:`TIME_MAJOR`, :data:`BATCH_FIRST` or :data:`UNBATCHED`), ``rows`` the rows of the states its calls were
+    last given and last returned (:class:`~prnn_tvm.torch.state_rows.StateRows`)."""
 
     steps: list
     stack: bool
-    whole: bool
+    whole: Written | None
     made_from: tuple
     group: tuple
     device: torch.device
     form: str
+    rows: StateRows
 
 
 TIME_MAJOR, BATCH_FIRST, UNBATCHED = "time-major", "batch_first", "unbatched"  # Plan.form
@@ -87,10 +91,14 @@ def call_key(module, input, hx) -> tuple | None:
         return None
     if hx is None:
         return input.shape, input.dtype, device
-    states = (hx,) if type(hx) is torch.Tensor else tuple(hx)
-    if not all(type(t) is torch.Tensor for t in states):
-        return None
-    return input.shape, input.dtype, device, *((t.shape, t.dtype, t.device) for t in states)
+    if type(hx) is torch.Tensor:
+        return input.shape, input.dtype, device, (hx.shape, hx.dtype, hx.device)
+    key = [input.shape, input.dtype, device]  # a loop, not generators: a microsecond of every call
+    for t in hx:
+        if type(t) is not torch.Tensor:
+            return None
+        key.append((t.shape, t.dtype, t.device))
+    return tuple(key)
 
 
 def planned(module, key: tuple, input: torch.Tensor, hx, registered: dict | None = None) -> tuple | None:
@@ -154,40 +162,54 @@ def run(module, plan: Plan, input: torch.Tensor, hx, registered: dict | None = N
     module._keep(plan.group)
     layers, states = module.num_layers, len(module._states)
     # each layer's initial states, (B, H) (an unbatched (layers, H) state's row as (1, H)), aligned as kernels take
-    # them: per layer, the cell's states in order
-    given = [
-        [aligned_state(t[layer : layer + 1] if form is UNBATCHED else t[layer]) for t in hx] for layer in range(layers)
-    ]
-    output, wholes, views = None, None, None
-    if plan.whole:  # the output and each state's (layers, B, H) as views of one allocation (one allocator call)
-        output, *wholes = outputs(x.shape[0], layers, states, module.hidden_size, x)
-        views = [w.unbind(0) for w in wholes]
+    # them, layer by layer: kept for the states last given and last returned (a decoder's next call passes either)
+    given = plan.rows.rows(hx, layers, form is UNBATCHED) if hx else hx
+    output, wholes, made = None, None, None
+    if plan.whole is not None:  # the output and each state's (layers, B, H), and the rows the launches write
+        output, wholes, made = plan.whole(x)
     if plan.stack:
         (step,) = plan.steps
-        into = None if views is None else [output, *(v[layer] for layer in range(layers) for v in views)]
-        out, *ends = step.launch([step.project(x), *(t for g in given for t in g)], stream, into)
-        ends = [ends[layer * states : (layer + 1) * states] for layer in range(layers)]
+        out, *ends = step.launch([step.project(x), *given], stream, None if made is None else [output, *made])
+        if wholes is None:  # per layer, for stacking
+            ends = [ends[layer * states : (layer + 1) * states] for layer in range(layers)]
     else:
         out, ends, last = x, [], len(plan.steps) - 1
         for layer, step in enumerate(plan.steps):
-            into = None if views is None else [output if layer == last else None, *(v[layer] for v in views)]
-            out, *end = step.launch([step.project(out), *given[layer]], stream, into)
+            at = slice(layer * states, (layer + 1) * states)
+            into = None if made is None else [output if layer == last else None, *made[at]]
+            out, *end = step.launch([step.project(out), *given[at]], stream, into)
             ends.append(end)
     finals = wholes if wholes is not None else stacked_finals([[end[k] for end in ends] for k in range(states)])
     if form is UNBATCHED:
         out, finals = out.squeeze(1), [f.squeeze(1) for f in finals]
     elif form is BATCH_FIRST:
         out = out.transpose(0, 1)
+    if made is not None and x.shape[0] == 1:  # one step: the rows hold no more than the states (and a row of out)
+        plan.rows.returning(finals, made)
     return out, (tuple(finals) if states > 1 else finals[0])
 
 
-def outputs(steps: int, layers: int, states: int, hidden: int, like: torch.Tensor) -> list:
-    """The call's output (steps, B, H) and each state's final states (layers, B, H), uninitialized, as views of one
-    allocation (torch's allocator called once: measured 5.9 us against 10.0 for three allocations on the GPU); each
-    starts on a 64-byte boundary where a row of states does (``Dispatch._whole_finals``)."""
-    B = like.shape[1]
-    one = torch.empty(steps + states * layers, B, hidden, device=like.device, dtype=like.dtype)
-    return list(one.split_with_sizes([steps, *[layers] * states]))
+class Written:
+    """What the launches of a plan whose final states are written in place (``Plan.whole``) write, made for each
+    call as views of one uninitialized allocation (torch's allocator called once: measured 5.9 us against 10.0 for
+    three allocations on the GPU): the call's output (steps, B, H), each state's final states (layers, B, H) that
+    the call returns, and their (B, H) rows in the launches' order (layer by layer, the cell's states in order
+    within a layer: ``dispatch.final_slots``'), taken by one ``unbind`` of the whole allocation rather than one per
+    state. Each row starts on a 64-byte boundary where a row of states does (``Dispatch._whole_finals``)."""
+
+    __slots__ = ("shape", "sizes", "order")
+
+    def __init__(self, steps: int, layers: int, states: int, batch: int, hidden: int):
+        self.shape = (steps + states * layers, batch, hidden)
+        self.sizes = [steps, *[layers] * states]
+        order = [steps + state * layers + layer for layer in range(layers) for state in range(states)]
+        self.order = operator.itemgetter(*order) if len(order) > 1 else lambda rows: (rows[order[0]],)
+
+    def __call__(self, like: torch.Tensor) -> tuple:
+        """``(output, finals, rows)`` in ``like``'s dtype and on its device: finals a list, rows a tuple."""
+        one = like.new_empty(self.shape)
+        output, *finals = one.split_with_sizes(self.sizes)
+        return output, finals, self.order(one.unbind(0))
 
 
 def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
@@ -221,10 +243,12 @@ def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
     if any(step is None for step in steps):
         return None  # a sequence that runs in pieces
     made_from = {entry[0]: entry for step in steps for entry in step.made_from}  # a stack's, each layer's
-    whole = module._whole_finals(rows, device, dtype) is not None
+    whole = None
+    if module._whole_finals(rows, device, dtype) is not None:
+        whole = Written(T, module.num_layers, len(module._states), rows, module.hidden_size)
     form = UNBATCHED if input.dim() != 3 else BATCH_FIRST if module.batch_first else TIME_MAJOR
     group = (rows, device.type, device.index, dtype)
-    return Plan(steps, stack is not None, whole, tuple(made_from.values()), group, device, form)
+    return Plan(steps, stack is not None, whole, tuple(made_from.values()), group, device, form, StateRows())
 
 
 def _projected_step(module, layer, x: torch.Tensor, suffix: str | None, given: bool) -> Step | None:
