@@ -20,16 +20,17 @@ run: $(STAMP)
 	$(BIN)/prnn-tvm compile lstm --hidden 256 --batch 4 --seq 64
 
 # The tests CI runs (GPU tests skip themselves without a GPU), one process per core, at most four
-# (each holds TVM and torch; ptxas's reports from the committed table below, docs/tests.md).
+# (each holds TVM and torch; ptxas's reports from the committed table below, docs/tests.md); the tests of one
+# xdist_group run in one process (they share what they build).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup
 
 # The table of ptxas's reports the tests read instead of running nvcc (docs/tests.md): written again from a run of the
 # suite that compiles every kernel source and records its report; commit it after a change to the generated code.
 PTXAS_TABLE := tests/data/ptxas-reports.jsonl
 ptxas-table: $(STAMP)
 	rm -f $(PTXAS_TABLE)
-	PRNN_TVM_PTXAS_TABLE_RECORD=1 $(BIN)/python -m pytest -q -n auto --maxprocesses=4
+	PRNN_TVM_PTXAS_TABLE_RECORD=1 $(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup
 	LC_ALL=C sort -u -t'"' -k4,4 -o $(PTXAS_TABLE) $(PTXAS_TABLE)  # one line per key (field 4), by key
 
 # The GPU tests (on a machine with a CUDA GPU), one process per core: they share the GPU and spend most of

@@ -23,6 +23,7 @@ same cell and shapes, so a compile can say why it used none.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -234,11 +235,26 @@ def append(path: str | Path, records: list[Record]) -> None:
 def load(path: str | Path) -> list[Record]:
     """Every well-formed record of the log at ``path`` (none if it does not exist). Records of another
     schema are skipped with one warning for the file; corrupt lines with one warning each, up to
-    :data:`WARNED_LINES`, then one for the rest."""
+    :data:`WARNED_LINES`, then one for the rest.
+
+    A file is parsed once per version in a process (its path, size, modification time and inode, what a layer's
+    cache key stamps it by: ``cache.key.log_stamps``); every compile reads the shipped log (thousands of records,
+    ~0.15 s to parse and check), and a later load of the same version gives the same records and says the same
+    warnings again."""
     path = _log_file(path)
     if path is None:
         return []
-    records, corrupt, schemas = [], 0, {}
+    info = path.stat()
+    found, warnings = _parsed(path, info.st_size, info.st_mtime_ns, info.st_ino)
+    for message, args in warnings:
+        log.warning(message, *args)
+    return list(found)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: Path, size: int, mtime_ns: int, inode: int) -> tuple[tuple[Record, ...], tuple]:
+    """(the records of one version of the log at ``path``, the warnings its reading says: (message, args))."""
+    records, corrupt, schemas, warnings = [], 0, {}, []
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -253,21 +269,25 @@ def load(path: str | Path) -> list[Record]:
             except (ValueError, TypeError, KeyError, RecursionError) as err:
                 corrupt += 1
                 if corrupt <= WARNED_LINES:
-                    log.warning("%s:%d: skipping a corrupt tuning record (%s)", path, number, _excerpt(err))
+                    warnings.append(("%s:%d: skipping a corrupt tuning record (%s)", (path, number, _excerpt(err))))
     if corrupt > WARNED_LINES:
-        log.warning("%s: skipped %d more corrupt lines", path, corrupt - WARNED_LINES)
+        warnings.append(("%s: skipped %d more corrupt lines", (path, corrupt - WARNED_LINES)))
     for schema, lines in schemas.items():
-        log.warning(
-            "%s: skipping %d record(s) of schema %s (lines %d-%d); this prnn-tvm reads schema %d: %s",
-            path,
-            len(lines),
-            _excerpt(schema),
-            lines[0],
-            lines[-1],
-            SCHEMA,
-            "use the prnn-tvm that wrote them" if _is_int(schema) and schema > SCHEMA else "tune again",
+        warnings.append(
+            (
+                "%s: skipping %d record(s) of schema %s (lines %d-%d); this prnn-tvm reads schema %d: %s",
+                (
+                    path,
+                    len(lines),
+                    _excerpt(schema),
+                    lines[0],
+                    lines[-1],
+                    SCHEMA,
+                    "use the prnn-tvm that wrote them" if _is_int(schema) and schema > SCHEMA else "tune again",
+                ),
+            )
         )
-    return records
+    return tuple(records), tuple(warnings)
 
 
 def _excerpt(value, limit: int = 200) -> str:

@@ -58,6 +58,20 @@ def test_a_hit_answers_without_nvcc_and_a_changed_source_compiles(table, monkeyp
 
 
 @needs_nvcc
+def test_a_recording_run_answers_from_the_table_and_adds_what_it_misses(table, monkeypatch):
+    """``PRNN_TVM_PTXAS_TABLE_RECORD=1`` over a table that holds entries: a hit is not compiled again, a miss is
+    compiled and appended (a run of the suite brings the table up to date for the sources it changed)."""
+    ptxas.report(TINY_KERNEL, "sm_90")
+    compiled = _read_only(monkeypatch)
+    monkeypatch.setenv(ptxas_table.RECORD, "1")
+    ptxas.report(TINY_KERNEL, "sm_90")
+    changed = TINY_KERNEL.replace("1.0f", "2.0f")
+    ptxas.report(changed, "sm_90")
+    assert compiled == [changed]
+    assert [json.loads(line)["arch"] for line in table.read_text().splitlines()] == ["sm_90", "sm_90"]
+
+
+@needs_nvcc
 def test_a_checked_hit_that_differs_fails_and_names_the_fix(table, monkeypatch):
     ptxas.report(TINY_KERNEL, "sm_90")
     entry = json.loads(table.read_text())

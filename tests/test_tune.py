@@ -121,6 +121,30 @@ def test_corrupt_lines_are_skipped_with_a_warning_and_nothing_is_lost(tmp_path, 
     assert [m for m in caplog.messages if "skipping 1 record(s) of schema 99 (lines 5-5)" in m]  # once per file
 
 
+def test_a_log_is_parsed_once_per_version_and_warns_at_every_load(tmp_path, caplog, monkeypatch):
+    """Every compile loads the shipped log: an unchanged file is not parsed again, a load of it still says its
+    warnings, and a file that gained records (a new size and modification time) is read again."""
+    path = tmp_path / "sm_90.jsonl"
+    first = [Record(key(), CFG, (float(i + 1),), 1) for i in range(2)]
+    records.append(path, first)
+    with open(path, "a") as f:
+        f.write("not json at all\n")
+    parsed, from_dict = [], Record.from_dict
+    monkeypatch.setattr(Record, "from_dict", lambda d: parsed.append(d) or from_dict(d))
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert records.load(path) == first
+        assert sum("sm_90.jsonl:3: skipping a corrupt tuning record" in m for m in caplog.messages) == 1
+    assert len(parsed) == 2
+    loaded = records.load(path)
+    loaded.clear()  # the caller's list: the next load is whole
+    assert records.load(path) == first
+    more = Record(key(), CFG, (9.0,), 1)
+    records.append(path, [more])
+    assert records.load(path) == [*first, more] and len(parsed) == 5
+
+
 def _batches(tag, n):
     return [[Record(key(), {**CFG, "detail": tag}, (float(i + 1),), 1, detail=tag * 200)] * 3 for i in range(n)]
 

@@ -12,8 +12,9 @@ nvcc there is no key (the build says nvcc is missing, as without a table).
 - ``PRNN_TVM_PTXAS_TABLE_CHECK``: the fraction of hits compiled anyway and compared with the table (default 0.02):
   a report that differs raises :class:`PtxasTableError`, so a table edited by hand or left stale by a toolkit that
   kept its version text fails the run that meets it;
-- ``PRNN_TVM_PTXAS_TABLE_RECORD=1``: every report compiled is appended to the table (``make ptxas-table`` rewrites
-  it so, from a run of the suite).
+- ``PRNN_TVM_PTXAS_TABLE_RECORD=1``: every report compiled for a source the table does not hold is appended to it
+  (the table still answers for the sources it holds: a recording run adds the missing reports; ``make ptxas-table``
+  removes the table first and so writes it anew, from a run of the suite).
 
 Imports only the standard library.
 """
@@ -101,7 +102,7 @@ def _entries(path: Path, size: int, mtime_ns: int) -> dict:
 def lookup(key_: str | None) -> str | None:
     """ptxas's log for ``key_`` in the table, or None (no table, no key, or none of that key)."""
     path = table_path()
-    if path is None or key_ is None or recording():
+    if path is None or key_ is None:
         return None
     try:
         info = path.stat()
