@@ -194,22 +194,24 @@ class Written:
     call as views of one uninitialized allocation (torch's allocator called once: measured 5.9 us against 10.0 for
     three allocations on the GPU): the call's output (steps, B, H), each state's final states (layers, B, H) that
     the call returns, and their (B, H) rows in the launches' order (layer by layer, the cell's states in order
-    within a layer: ``dispatch.final_slots``'), taken by one ``unbind`` of the whole allocation rather than one per
-    state. Each row starts on a 64-byte boundary where a row of states does (``Dispatch._whole_finals``)."""
+    within a layer: ``dispatch.final_slots``'), taken by one ``unbind`` of the final states' part of the allocation
+    rather than one per state (never of the output's steps: a view a step, ~1 ms a call at T=1024). Each row starts
+    on a 64-byte boundary where a row of states does (``Dispatch._whole_finals``)."""
 
-    __slots__ = ("shape", "sizes", "order")
+    __slots__ = ("shape", "sizes", "steps", "order")
 
     def __init__(self, steps: int, layers: int, states: int, batch: int, hidden: int):
         self.shape = (steps + states * layers, batch, hidden)
         self.sizes = [steps, *[layers] * states]
-        order = [steps + state * layers + layer for layer in range(layers) for state in range(states)]
+        self.steps = steps
+        order = [state * layers + layer for layer in range(layers) for state in range(states)]  # past the steps
         self.order = operator.itemgetter(*order) if len(order) > 1 else lambda rows: (rows[order[0]],)
 
     def __call__(self, like: torch.Tensor) -> tuple:
         """``(output, finals, rows)`` in ``like``'s dtype and on its device: finals a list, rows a tuple."""
         one = like.new_empty(self.shape)
         output, *finals = one.split_with_sizes(self.sizes)
-        return output, finals, self.order(one.unbind(0))
+        return output, finals, self.order(one[self.steps :].unbind(0))
 
 
 def plan_for(module, input: torch.Tensor, hx) -> Plan | None:
