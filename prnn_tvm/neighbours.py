@@ -84,12 +84,13 @@ def carried_seeds(found: list, plan, template, gpu, key: records.TuneKey, top: i
     """Configs to measure first at a key whose neighbours have records (``tune(first=...)``): the ``top`` fastest
     records of every neighbour of ``key``, nearest first, each carried over as it is and with ``knob`` set to each
     of ``values`` (``bench/tune_neighbours.py``: ``batch_groups`` 2 and 4, the units raised as the grid needs),
-    distinct, in that order."""
+    distinct, in that order; first of all the config a compile carries over (:func:`carried_configs`' first), which
+    is not the fastest record's variant where that record carries over only with ``knob`` changed."""
 
     def variants(knobs: dict) -> tuple:
         return (knobs, *({**knobs, knob: v} for v in values))
 
-    out = []
+    out = [cfg for cfg, _record, _near in carried_configs(found, plan, template, gpu, key, top)[:1]]
     for cfg, _record, _near in _carried(found, plan, template, gpu, key, top, variants):
         if cfg not in out:
             out.append(cfg)

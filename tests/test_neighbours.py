@@ -12,6 +12,7 @@ import prnn_tvm
 from prnn_tvm import records
 from prnn_tvm.checks import plan_tolerance
 from prnn_tvm.choice import tuned_configs
+from prnn_tvm.errors import ConfigError
 from prnn_tvm.neighbours import carried_seeds, neighbour_keys
 from prnn_tvm.report import ConfigOrigin
 from prnn_tvm.schedules import persistent_mma_config as mc
@@ -42,17 +43,27 @@ def neighbour_log(tmp_path_factory):
 
 def expected(hidden: int, log) -> tuple:
     """What the rule says, worked out here from the log: the nearest tuned hidden size by ratio (a tie to the
-    larger), its fastest config, the units raised to the least multiple of 4 (LSTM's whole row tiles) whose grid
-    keeps to 132 CTAs, and the most row tiles per warp, up to the record's, that divide the CTA's."""
+    larger), its fastest config that carries over (the units raised to the least multiple of 4 (LSTM's whole row
+    tiles) whose grid keeps to 132 CTAs, the most row tiles per warp, up to the record's, that divide the CTA's; a
+    config that then does not validate at ``hidden``, say its k groups do not divide its k tiles, is passed over
+    for the next fastest)."""
     near = min(TUNED, key=lambda h: (max(h, hidden) / min(h, hidden), -h))
-    best = records.best(records.load(log), records.key_for(plan_of(near), SM90, "persistent_mma"))
-    knobs = dict(best.config)
-    units = knobs["units_per_cta"]
-    while -(-hidden // units) * knobs.get("batch_groups", 1) > SM90.sms:
-        units += 4
-    tiles = 4 * units // 16
-    knobs["m_tiles_per_warp"] = max(m for m in (1, 2, 4) if m <= knobs.get("m_tiles_per_warp", 1) and tiles % m == 0)
-    return near, mc.MmaConfig(**dict(knobs, units_per_cta=units))
+    plan = plan_of(hidden)
+    for record in records.ranked(records.load(log), records.key_for(plan_of(near), SM90, "persistent_mma")):
+        knobs = dict(record.config)
+        units = knobs["units_per_cta"]
+        while -(-hidden // units) * knobs.get("batch_groups", 1) > SM90.sms:
+            units += 4
+        tiles = 4 * units // 16
+        most = knobs.get("m_tiles_per_warp", 1)
+        knobs["m_tiles_per_warp"] = max(m for m in (1, 2, 4) if m <= most and tiles % m == 0)
+        cfg = mc.MmaConfig(**dict(knobs, units_per_cta=units))
+        try:
+            mc.validate(cfg, plan, SM90)
+        except ConfigError:
+            continue
+        return near, cfg
+    raise AssertionError(f"no record at hidden={near} carries over to {hidden}")
 
 
 @pytest.mark.parametrize("hidden", UNTUNED)
