@@ -52,6 +52,7 @@ import prnn_tvm.torch as pt
 from prnn_tvm.codegen.barriers.packed import words_of
 from prnn_tvm.errors import ConfigError, UnsupportedError
 from prnn_tvm.reference import random_inputs
+from prnn_tvm.schedules import SPLIT_WORDS, split_knobs
 
 p = argparse.ArgumentParser()
 for name, default in {"hidden": 2048, "batch": 8, "gpus": 2, "seq": 256, "repeats": 7, "number": 5}.items():
@@ -122,17 +123,17 @@ def public_row(what: str, make) -> dict:
 
 def hop_of(knobs) -> str:
     """The split's knob ``hop`` a config names (``exposed`` by default)."""
-    return knobs.get("hop", "exposed") if isinstance(knobs, dict) else "exposed"
+    return split_knobs(knobs)[1].hop
 
 
 def words_of_config(knobs) -> str:
     """The split's knob ``words`` a config names (``default`` where it names none)."""
-    return (knobs.get("words") if isinstance(knobs, dict) else None) or "default"
+    return split_knobs(knobs)[1].words or "default"
 
 
 def words_run(layer) -> str:
     """The words a compiled split layer's states travel in (its report's config note names them)."""
-    return next(w for w in ("single", "packed") if f"words {w}:" in layer.report.format())
+    return next(w for w in SPLIT_WORDS if f"words {w}:" in layer.report.format())
 
 
 rows.append(public_row("prnn-tvm, 1 GPU: public call", lambda: pt.from_torch(lstm)))

@@ -30,10 +30,12 @@ from . import (
 from .template import Acceptance, Template, as_config, knob_text, short_names
 
 TEMPLATES: tuple = (persistent_cuda.TEMPLATE, persistent_mma.TEMPLATE, cpu_reference.TEMPLATE)
+split_knobs = split.split_knobs  # a config's split knobs (hop, words) beside the template's: what split_kernels reads
+SPLIT_WORDS = split.WORDS  # the tagged words a split layer's states travel in (its report names them)
 
-__all__ = ["TEMPLATES", "Acceptance", "Template", "as_config", "backward_configs", "backward_for", "backward_kernel",
-           "by_name", "gpu_backward", "knob_short_names", "knob_text", "projected_kernel", "saving_forward",
-           "session_kernel", "split_kernels", "template_for", "templates_for"]
+__all__ = ["SPLIT_WORDS", "TEMPLATES", "Acceptance", "Template", "as_config", "backward_configs", "backward_for",
+           "backward_kernel", "by_name", "gpu_backward", "knob_short_names", "knob_text", "projected_kernel",
+           "saving_forward", "session_kernel", "split_kernels", "split_knobs", "template_for", "templates_for"]
 
 
 def templates_for(plan, target) -> list:
