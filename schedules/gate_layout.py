@@ -69,9 +69,9 @@ def in_warp_problem(cfg, plan: CellPlan, batch_chunks: int) -> str | None:
     if D % UNITS_PER_WARP:
         return (f"multiplies a warp's {UNITS_PER_WARP} units with one head's state values: heads of {D} units are "
                 f"not a multiple of {UNITS_PER_WARP}")
-    if batch_chunks != 1 or cfg.direct or cfg.batch_groups != 1 or cfg.layout != "shared":
-        return ("keeps every batch row of a step in one pass through the shared operand tile: take n_tiles covering "
-                "the batch, operand_path='shared', one batch group and the shared layout")
+    if batch_chunks != 1 or cfg.direct or cfg.layout != "shared":
+        return ("keeps every batch row of a step (of its batch group) in one pass through the shared operand tile: "
+                "take n_tiles covering the batch group's rows, operand_path='shared' and the shared layout")
     return None
 
 

@@ -244,18 +244,23 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         projection, the output sequence, the workspace, initial and final states, lengths) a view whose row
         ``b`` is row ``group * B + b``. A view keeps the whole argument's shape, offset by the group's first
         row: TVM 0.27 lowers a declared buffer by its shape and drops explicit strides (``LowerTIRx``), so a
-        view shaped to the group's rows would index the later steps of a sequence wrongly."""
+        view shaped to the group's rows would index the later steps of a sequence wrongly. A workspace laid out by
+        span of heads (``head_columns``: one axis of ``[span][batch row][column]`` per slot) gives each group a run
+        of its own, ``B x`` the padded hidden size, in which ``ws_at`` lays out the group's rows so."""
         first = bind_value(self.bx // self.part.ctas * self.B, "group_row0")
 
-        def rows(buf, axis: int):
-            row = functools.reduce(operator.mul, buf.shape[axis + 1:], 1)  # elements between batch rows
+        def rows(buf, axis: int, row: int | None = None):
+            if row is None:
+                row = functools.reduce(operator.mul, buf.shape[axis + 1:], 1)  # elements between batch rows
             return T.decl_buffer(buf.shape, buf.dtype, data=buf.data, elem_offset=first * row)
 
         views = {} if a.xp is None else {"xp": rows(a.xp, 1)}  # none where the kernel projects its input itself
         views.update(init={k: rows(v, 0) for k, v in a.init.items()}, final={k: rows(v, 0) for k, v in a.final.items()})
         views.update({name: rows(getattr(a, name), axis)
-                      for name, axis in (("out", 1), ("ws", 2), ("exchange", 2), ("lengths", 0))
+                      for name, axis in (("out", 1), ("exchange", 2), ("lengths", 0))
                       if getattr(a, name) is not None})
+        if getattr(a, "ws", None) is not None:  # values a batch row: the hidden size, or the padded one (by span)
+            views["ws"] = rows(a.ws, 2, self.cols.padded_hidden() if self.cols.headed else None)
         return SimpleNamespace(**{**vars(a), **views})
 
     def row_starts(self) -> list[int]:

@@ -20,7 +20,12 @@ would wait on each step before the next.
 all the weights and exchange only their group's rows: batch rows never read each other, so with a barrier
 that synchronizes through the data (``tags``, ``sentinel``) a group never waits for another, and each
 exchanges a tile of B / batch_groups rows among H / units_per_cta CTAs (as many as one group of that
-batch alone would).
+batch alone would). With ``block`` (every block holds whole heads, or a single block every unit) no CTA waits for
+any other at all, so a group can be as small as one row: ``batch_groups`` x (a group's CTAs), each a span of heads for
+its own group's rows, the weights once per group. Its point is the step's latency where few CTAs hold the heads
+(issue 49: 12 CTAs of heads of 64 run every pointwise item of all 16 rows while 120 SMs idle): each CTA does the
+products and pointwise math of B / batch_groups rows. The untuned default takes them up to :data:`BLOCK_GROUPS_MOST`
+(:func:`grouped`).
 
 ``poll_sleep`` (nanoseconds; those barriers only) makes a thread that polls for values not written yet
 sleep about that long between polls (``prnn_poll_pause``). Where many CTAs poll large tiles, the polls of
@@ -131,8 +136,13 @@ OPERAND_PATHS = ("shared", "direct")
 K_CHAINS = (1, 2, 4)
 CHAIN_MIN_K_TILES = 8  # the space offers more chains to a warp with at least this many k tiles
 CHAIN_MAX_SETS = 2  # and at most this many accumulator sets (two: a chain of k_tiles_per_warp steps each)
-BATCH_GROUPS = (1, 2, 4)
-GROUP_MIN_ROWS = 4  # the space splits the batch only into groups of at least this many rows (each holds all weights)
+BATCH_GROUPS = (1, 2, 4, 8, 16)
+GROUP_MIN_ROWS = 4  # a polling kind's space splits the batch only into groups of at least this many rows (each holds
+POLLED_GROUPS_MOST = 4  # all weights) and at most this many (the range its tuning records were run over)
+# The most batch groups the untuned default of a ``block`` config takes (:func:`grouped`: the most that keep its grid
+# within one CTA per SM, up to this). 1 keeps the default of one group until a GPU run says more groups are faster
+# (issue 49, bench/configs.py at lstm_h48 / h24 / h12 / h6, bf16 768 x 16).
+BLOCK_GROUPS_MOST = 1
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
 SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
 SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (the tiers): two in flight
@@ -439,7 +449,7 @@ def check_mma_heads(cfg: MmaConfig, plan: CellPlan) -> None:
     """ConfigError where head-wise products do not fit the tensor-core layout: a warp's row tiles must lie in one
     head (they share the B fragments), a head's columns must start at a 16-byte boundary of the operand tile
     (``ldmatrix``: a head size a multiple of 8, unless every head starts the CTA's span), and the batch is one
-    group."""
+    group unless no block reads another's values (``block``)."""
     if plan.heads == 1:
         return
     cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
@@ -457,9 +467,10 @@ def check_mma_heads(cfg: MmaConfig, plan: CellPlan) -> None:
             raise ConfigError(f"the tensor cores read a head's columns of the operand tile from 16-byte boundaries, "
                               f"and heads of {D} units (not a multiple of 8) of '{r.operand}', which a dense product "
                               "reads whole too, start inside it; take heads of a multiple of 8 units, or float32")
-    if cfg.batch_groups > 1:
+    if cfg.batch_groups > 1 and barrier(cfg.barrier).grid_wide:
         raise ConfigError(f"batch_groups={cfg.batch_groups}: head-wise products exchange by span of heads, every "
-                          "batch row's values together; take one batch group")
+                          f"batch row's values together, across blocks with '{cfg.barrier}'; take one batch group, or "
+                          "barrier 'block' with blocks of whole heads (no block reads another's values)")
 
 
 def check_batch_groups(cfg: MmaConfig, plan: CellPlan) -> None:
@@ -471,12 +482,16 @@ def check_batch_groups(cfg: MmaConfig, plan: CellPlan) -> None:
         return
     if plan.batch % G:
         raise ConfigError(f"batch_groups={G}: the batch of {plan.batch} does not split into {G} equal groups of rows")
-    if not barrier(cfg.barrier).polls_values:
+    kind = barrier(cfg.barrier)
+    if not kind.polls_values and kind.grid_wide:
         raise ConfigError(f"batch_groups={G} runs each group of batch rows on CTAs of its own, which pays only where "
-                          f"the groups never wait for each other: with tags or sentinel, not across the grid "
-                          f"barrier of '{cfg.barrier}'")
+                          f"the groups never wait for each other: with tags or sentinel, or block (no block waits for "
+                          f"another), not across the grid barrier of '{cfg.barrier}'")
     if cfg.layout != "shared":
         raise ConfigError(f"batch_groups={G} takes the shared layout, not '{cfg.layout}'")
+    if plan.unit_sums:
+        raise ConfigError(f"batch_groups={G}: cell '{plan.cell.name}' sums over units, whose partial sums the "
+                          "workspace holds for the whole batch; take one batch group")
 
 
 def check_operand_path(cfg: MmaConfig, plan: CellPlan) -> None:
@@ -511,16 +526,23 @@ def paths_for(plan: CellPlan, kind: str) -> tuple:
 
 
 def groups_for(plan: CellPlan, layout: str, kind: str) -> tuple:
-    """The batch groups the space offers: more than one only with a kind that polls values (groups never wait for
-    each other), in the shared layout, into equal groups of at least GROUP_MIN_ROWS rows."""
-    if layout != "shared" or not barrier(kind).polls_values:
+    """The batch groups the space offers, in the shared layout: with ``block`` (no block waits for another) every
+    count that splits the batch into equal groups, down to one row (a plan that sums over units: none); with a kind
+    that polls values (groups never wait for each other) up to POLLED_GROUPS_MOST groups of at least GROUP_MIN_ROWS
+    rows; else none."""
+    found = barrier(kind)
+    if layout != "shared" or plan.unit_sums or (found.grid_wide and not found.polls_values):
         return (1,)
+    if not found.grid_wide:
+        return batch_splits(plan, 1, BATCH_GROUPS[-1])
     return batch_splits(plan)
 
 
-def batch_splits(plan: CellPlan) -> tuple:
-    """The batch group counts that split ``plan``'s batch into equal groups of at least GROUP_MIN_ROWS rows."""
-    return tuple(G for G in BATCH_GROUPS if G == 1 or (plan.batch % G == 0 and plan.batch // G >= GROUP_MIN_ROWS))
+def batch_splits(plan: CellPlan, min_rows: int = GROUP_MIN_ROWS, most: int = POLLED_GROUPS_MOST) -> tuple:
+    """The batch group counts, up to ``most``, that split ``plan``'s batch into equal groups of at least ``min_rows``
+    rows."""
+    return tuple(G for G in BATCH_GROUPS
+                 if G == 1 or (G <= most and plan.batch % G == 0 and plan.batch // G >= min_rows))
 
 
 def grid_filling_units(plan: CellPlan, gpu: GpuSpec, runs: int) -> set:
@@ -595,7 +617,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS),
 def in_warp_offered(cfg: MmaConfig, plan: CellPlan) -> bool:
     """Whether the space offers ``cfg`` with ``gate_layout="in_warp"`` too: where that layout can place ``plan``
     with ``cfg``'s knobs (``gate_layout.in_warp_problem``, the batch in one pass; validate checks the rest)."""
-    return in_warp_problem(cfg, plan, math.ceil(plan.batch / cfg.batch_tile)) is None
+    return in_warp_problem(cfg, plan, math.ceil(group_rows(cfg, plan) / cfg.batch_tile)) is None
 
 
 def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
@@ -609,7 +631,7 @@ def gates_in_warp(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     several heads and one head a CTA still fits the SMs, each CTA does half the work on SMs that were idle (H200,
     lstm_h48, heads of 16: 0.668 -> 0.653 us per step, 0.605 -> 0.588 with ``batch_warps=2``)."""
     mw = in_warp_tiles(plan)
-    passes = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), None)
+    passes = next((n for n in (1, 2, 4, 8) if TILE_N * n >= group_rows(cfg, plan)), None)
     if mw is None or passes is None:
         return cfg
     other = dataclasses.replace(cfg, gate_layout="in_warp", m_tiles_per_warp=mw, k_groups=1, n_tiles=passes,
@@ -651,6 +673,28 @@ def split_batch_tiles(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig
             break
         best = other
     return best
+
+
+def grouped(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec, most: int | None = None) -> MmaConfig:
+    """``cfg``, a config of one batch group whose blocks never wait for each other (``block``), with the batch in the
+    most groups, up to ``most`` (default :data:`BLOCK_GROUPS_MOST`), whose grid keeps within one CTA per SM: a group's
+    rows in the batch tiles they need (one pass where ``cfg`` runs one), the fewest shared k tiles that validate and
+    its pass split over sets of warps as :func:`split_batch_tiles` does; else ``cfg`` as it is. Each CTA then runs the
+    products and pointwise math of its group's rows alone, on SMs the heads left idle (issue 49: lstm_h12 at batch
+    16, 12 CTAs of 132 SMs)."""
+    most = BLOCK_GROUPS_MOST if most is None else most
+    if barrier(cfg.barrier).grid_wide or cfg.batch_groups != 1:
+        return cfg
+    for G in reversed(groups_for(plan, cfg.layout, cfg.barrier)):
+        if G == 1 or G > most:
+            continue
+        tiles = min(cfg.n_tiles, math.ceil(plan.batch // G / TILE_N))
+        n_tiles = next(n for n in (1, 2, 4, 8) if n >= tiles)
+        found = fewest_shared_tiles(dataclasses.replace(cfg, batch_groups=G, n_tiles=n_tiles, batch_warps=1,
+                                                        smem_k_tiles=0), plan, gpu)
+        if found is not None and geometry(found, plan).ctas <= gpu.sms:
+            return split_batch_tiles(found, plan, gpu)
+    return cfg
 
 
 def weight_tiers(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> list[int]:
@@ -734,9 +778,27 @@ def carried(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``
-    (``ranking.shared_layout``), its projection float32: what ``prnn_tvm.torch``'s half projection that trains
-    (``half_projection.HalfProjection``) and the GPU backward read."""
-    return dataclasses.replace(shared_layout(cfg, plan, gpu, validate, ranked_configs), xp="float32")
+    (``ranking.shared_layout``, in one batch group: :func:`one_group`), its projection float32: what
+    ``prnn_tvm.torch``'s half projection that trains (``half_projection.HalfProjection``) and the GPU backward read."""
+    return dataclasses.replace(shared_layout(one_group(cfg, plan, gpu), plan, gpu, validate, ranked_configs),
+                               xp="float32")
+
+
+def one_group(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
+    """``cfg`` with the whole batch as one group (what the training forward runs: its saved columns are the whole
+    batch's), where it is a ``block`` config of several, :func:`grouped` undone: the batch tiles the batch needs where
+    ``cfg`` runs a group in one pass, its weights' fewest shared k tiles that validate; else the best untuned config
+    of one group. A kind that polls values keeps its knobs (``ranking.shared_layout`` makes it one group)."""
+    if cfg.batch_groups == 1 or barrier(cfg.barrier).grid_wide:
+        return cfg
+    n_tiles = cfg.n_tiles
+    if cfg.batch_tile >= group_rows(cfg, plan):  # one pass a group: one pass the batch, where 8 tiles hold it
+        n_tiles = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), cfg.n_tiles)
+    found = fewest_shared_tiles(dataclasses.replace(cfg, batch_groups=1, n_tiles=n_tiles, batch_warps=1,
+                                                    smem_k_tiles=0), plan, gpu)
+    if found is not None:
+        return found
+    return next(c for c in ranked_configs(plan, gpu) if c.batch_groups == 1)
 
 
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
@@ -763,12 +825,15 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConf
         return space(plan, gpu, barriers=barriers, tiles_per_warp=(1,), chains=(1,))
 
     # a block that holds whole heads may need several row tiles per warp to fit (a head of 128: 1024 threads else)
-    local = block_local(plan, gpu, lambda p, g, kinds: space(p, g, barriers=kinds, chains=(1,)), validate,
-                        estimated_cycles, limit, "tensor-core")
-    # each with a unit's gates in one warp where that fits (no gate exchange through shared memory), the layout
-    # as ranked after it (a fallback where ptxas spills)
+    # (ranked as one batch group: the estimate does not see what groups gain, :func:`grouped` adds them below)
+    local = block_local(plan, gpu, lambda p, g, kinds: [c for c in space(p, g, barriers=kinds, chains=(1,))
+                                                        if c.batch_groups == 1],
+                        validate, estimated_cycles, limit, "tensor-core")
+    # each with a unit's gates in one warp where that fits (no gate exchange through shared memory), its batch in
+    # groups where BLOCK_GROUPS_MOST allows, then the layout as ranked after it (fallbacks where ptxas spills)
     local = list(dict.fromkeys(c for cfg in local for warp in (gates_in_warp(cfg, plan, gpu),)
-                               for c in (split_batch_tiles(warp, plan, gpu), warp, cfg)))
+                               for split in (split_batch_tiles(warp, plan, gpu),)
+                               for c in (grouped(split, plan, gpu), split, warp, cfg)))
     ladder = layered_defaults(plan, gpu, one_tile_space(plan, gpu, (RANKED_WITH,)), validate, estimated_cycles, limit,
                               "tensor-core", widen)
     # ``tags`` where a pass holds at most TAGS_MAX_ROWS batch rows and it fits (1.25x faster per step at batch 1);

@@ -51,9 +51,12 @@ def test_batch_groups_take_the_shared_layout():
     [("lstm", 16, {1, 2, 4}), ("gru", 8, {1, 2}), ("lstm", 4, {1}), ("lstm", 33, {1}), ("rnn_tanh", 12, {1, 2})],
 )
 def test_the_space_splits_the_batch_into_groups_of_at_least_four_rows_with_data_carried_barriers(cell, batch, groups):
+    """Kinds that poll values: groups of at least GROUP_MIN_ROWS rows; ``block`` (a single block of every unit here):
+    any equal groups, down to one row (test_heads_batch_groups.py); grid-wide kinds: none."""
     space = mc.space(plan_of(cell, batch=batch), SM90)
-    assert {c.batch_groups for c in space} == groups
-    assert all(c.barrier in ("tags", "sentinel") and c.layout == "shared" for c in space if c.batch_groups > 1)
+    assert {c.batch_groups for c in space if c.barrier in ("tags", "sentinel")} == groups
+    assert {c.batch_groups for c in space if c.barrier == "block"} == {G for G in mc.BATCH_GROUPS if batch % G == 0}
+    assert all(c.barrier in ("tags", "sentinel", "block") and c.layout == "shared" for c in space if c.batch_groups > 1)
     # a group's passes cover its rows, not the whole batch's
     assert all(c.batch_tile <= -(-batch // c.batch_groups // 8) * 8 for c in space)
 
