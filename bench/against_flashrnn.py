@@ -23,6 +23,7 @@ Setup (../shared/device/README.md, "FlashRNN as a baseline"): on this machine
 (``.peers`` git-ignored through .git/info/exclude), carry ``.peers``, and on the GPU machine
     python3 -m pip install -q --no-index --no-deps .peers/*.whl && bash ../shared/device/flashrnn-cuda13.sh
     python3 bench/against_flashrnn.py [--cases heads slstm layernorm] [--out $OUT/flashrnn-h100.md]
+                                      [--heads-configs 64=fastest64.json ...]
 FlashRNN builds its kernels with nvcc on first use (1-3 minutes per shape and backend). Every figure is the median
 of CUDA-event runs (``prnn_tvm.bench.baselines.cuda_event_times``) in one process, milliseconds per sequence.
 """
@@ -52,6 +53,11 @@ p.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64, 128, 256
 p.add_argument(
     "--flashrnn-backends", nargs="+", default=list(flashrnn.BACKENDS), choices=flashrnn.BACKENDS,
     help="FlashRNN backends timed (each builds its kernels by JIT at first use: its fused CUDA ~2.5 min a shape)",
+)
+p.add_argument(
+    "--heads-configs", nargs="*", default=[], metavar="D=FILE",
+    help="the config of heads of D units as a JSON file (what bench/configs.py --fastest writes), for its layer and "
+    "module; the others take their default",
 )
 p.add_argument("--repeats", type=int, default=7)
 p.add_argument("--number", type=int, default=5)
@@ -142,7 +148,18 @@ def module_call(spec: str, x, weights: dict, hidden: int = H, dtype=BF16, config
         return ms(lambda: module(x)), out
 
 
+def heads_configs() -> dict:
+    """``--heads-configs``: head size -> config dict."""
+    found = {}
+    for item in args.heads_configs:
+        D, _, path = item.partition("=")
+        with open(path) as f:
+            found[int(D)] = json.load(f)
+    return found
+
+
 def case_heads():
+    configs = heads_configs()
     say("## LSTM with heads: hidden {}, batch {}, T={}, bf16".format(H, B, T))
     say("")
     say(
@@ -154,7 +171,7 @@ def case_heads():
         heads = H // D
         Wx, R, b = flashrnn_inputs(heads, D, BF16)
         theirs = flashrnn_times("lstm", Wx, R, b)
-        layer = ours("lstm", heads, "bfloat16")
+        layer = ours("lstm", heads, "bfloat16", config=configs.get(D))
         xp = flashrnn.projection(Wx).float().contiguous()
         x = torch.randn(T, B, H, device="cuda", dtype=BF16)
         weights = {
@@ -165,7 +182,7 @@ def case_heads():
         }
         recurrent, call = our_times(layer, xp, x, weights)
         spec = f"lstm_h{heads}" if heads > 1 else "lstm"
-        module, module_out = module_call(spec, x, weights)
+        module, module_out = module_call(spec, x, weights, config=configs.get(D))
         cells = [theirs[k] if isinstance(theirs[k], str) else f"{theirs[k]:.3f}" for k in flashrnn.BACKENDS]
         fastest = best(theirs)
         say(

@@ -1,0 +1,76 @@
+"""Batch groups with head-wise products under barrier ``block`` on a real GPU (``pytest -m gpu``): each group of rows
+on CTAs of its own, no CTA waiting for another. Every grouped config ``grouped`` makes at heads of 16 to 128 (hidden
+768, batches 16 and 8, bf16 and fp16) against the float64 reference, and bit for bit against the same layer in one
+group; the torch module's call with a grouped config. Refusals, space, default and generated code:
+test_heads_batch_groups.py."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import prnn_tvm
+from prnn_tvm.dtypes import tolerance
+from prnn_tvm.reference import random_lengths
+from prnn_tvm.schedules import persistent_mma_config as mc
+
+from .test_gpu_half import error_of
+from .test_gpu_sentinel import assert_same_bits
+
+pytestmark = pytest.mark.gpu
+
+HEADS = {16: "lstm_h48", 32: "lstm_h24", 64: "lstm_h12", 128: "lstm_h6"}  # at hidden 768
+
+
+def grouped_configs(cell: str, batch: int, dtype: str, gpu) -> list:
+    """The default of one group and each config of more groups that :func:`mc.grouped` makes of it (one a count)."""
+    plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, 768, dtype)
+    base = mc.ranked_configs(plan, gpu)[0]
+    found = {mc.grouped(base, plan, gpu, most=G) for G in mc.BATCH_GROUPS[1:]} - {base}
+    return [base, *sorted(found, key=lambda c: c.batch_groups)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("batch", [16, 8])
+@pytest.mark.parametrize("D", sorted(HEADS))
+def test_grouped_configs_match_the_reference_and_one_group(D, batch, dtype):
+    """At T=1, 7 and 64 with rows stopping at their own lengths: within the dtype's bound of float64, and (bfloat16)
+    the same bits as the one-group layer (rows never read each other; each row's products and pointwise math are the
+    same). float16 checks the most groups alone (the builds are most of the time)."""
+    cell = HEADS[D]
+    one = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", tuning_logs=[])
+    base, *grouped = grouped_configs(cell, batch, dtype, one.gpu)
+    assert grouped and one.kernel.config == base
+    for config in grouped if dtype == "bfloat16" else grouped[-1:]:
+        layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda", config=config, tuning_logs=[])
+        assert layer.report.spill_bytes == 0 and layer.report.ctas == config.batch_groups * one.report.ctas
+        for seq_len in (1, 7, 64):
+            lengths = random_lengths(batch, seq_len, seed=seq_len)
+            err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
+            assert err <= tolerance(dtype, seq_len), f"{config}: T={seq_len}: {err:.2e}"
+        if dtype == "bfloat16":
+            assert_same_bits(layer, one, batch)
+
+
+def test_a_torch_module_with_grouped_heads():
+    """A grouped config through ``prnn_tvm.torch.Recurrent`` (cuBLAS projection, torch's allocator): the same outputs
+    as the one-group module on the same weights, and twice in a row (the workspace and tiles of the first call leave
+    nothing the second reads)."""
+    torch = pytest.importorskip("torch")
+    import prnn_tvm.torch as pt
+
+    torch.manual_seed(7)
+    plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm_h12"), 16, 768, "bfloat16")
+    one = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", target="cuda", tuning_logs=[])
+    config = mc.grouped(one.kernel.config, plan, one.gpu, most=8)
+    assert config.batch_groups == 8
+    modules = [pt.Recurrent("lstm_h12", 768, 768, device="cuda", dtype=torch.bfloat16, config=c)
+               for c in (dataclasses.asdict(config), None)]
+    with torch.no_grad():
+        for a, b in zip(modules[0].parameters(), modules[1].parameters()):
+            b.copy_(a)
+        x = torch.randn(96, 16, 768, device="cuda", dtype=torch.bfloat16)
+        (got, _), (again, _), (want, _) = modules[0](x), modules[0](x), modules[1](x)
+    assert modules[0].layer_for(16, x.device).report.config["batch_groups"] == 8
+    assert torch.equal(got, want) and torch.equal(again, want)
+    assert np.isfinite(got.float().cpu().numpy()).all()
