@@ -1,8 +1,8 @@
 """A cell's GPU backward config by config, in a training step through ``prnn_tvm.torch.Recurrent`` on the GPU: sLSTM
 with 12 heads of 64, bf16, H=768 B=16 T=1024 by default (FlashRNN's shape, ``bench/against_flashrnn.py``). The
 backward's ranked defaults (``schedules.backward_configs``; the first is what a layer trains with), then the first's
-variants: other units a CTA (whole heads with the ``block`` barrier, or parts of one over the grid), other lane splits
-and rows per thread.
+variants: other units a CTA (whole heads with the ``block`` barrier, in batch groups or over the whole batch, or parts
+of one over the grid), other lane splits and rows per thread.
 
     PRNN_TVM_CACHE=0 python bench/cell_backward_configs.py [--spec slstm_h12] [--dtype bfloat16]
                                                            [--hidden 768 --batch 16 --seq 1024]
@@ -43,17 +43,13 @@ plan = prnn_tvm.analyze(prnn_tvm.resolve(args.spec), B, H, dtype=args.dtype)
 gpu = gpu_spec()
 configs = schedules.backward_configs(plan, gpu)
 first_cfg = configs[0]
-variants = [{"units_per_cta": u, "barrier": "counter"} for u in (32, 16, 8)]
-variants += [
-    {"units_per_cta": u, "barrier": "counter", "k_split": k, "rows_per_thread": r}
-    for u in (32, 16)
-    for k in (8, 16)
-    for r in (1, 2)
-]
-variants += [{"k_split": 8, "rows_per_thread": r} for r in (1, 2)]
-variants += [
-    {"units_per_cta": 64, "barrier": "block", "k_split": k, "rows_per_thread": r} for k in (8, 16) for r in (2, 4)
-]
+# over the grid, the whole batch a block (the default before batch groups: 8 units, k_split 32, one row a thread)
+grid = {"barrier": "counter", "batch_groups": 1, "batch_tile": B}
+variants = [{**grid, "units_per_cta": u, "k_split": k, "rows_per_thread": r}
+            for u, k, r in ((8, 32, 1), (16, 16, 1), (16, 16, 2), (32, 16, 2))]
+# whole heads a block, in batch groups of B / G rows (G=1: the whole batch, four items a thread at 16 rows)
+variants += [{"units_per_cta": 64, "barrier": "block", "batch_groups": G, "batch_tile": max(1, B // G), "k_split": k,
+              "rows_per_thread": r} for G in (1, 2, 4, 8) for k, r in ((16, 4), (32, 4), (16, 2))]
 add_variants(first_cfg, variants, configs, plan, gpu)
 
 module = pt.Recurrent(args.spec, H, H, device="cuda", dtype=dtype).train()

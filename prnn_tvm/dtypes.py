@@ -66,7 +66,7 @@ class DtypePolicy:
     torch_type: str  # the torch dtype's name (``torch.<torch_type>``)
     record_family: str
     error_floor: float = 0.0  # at any T: rounding an output of magnitude up to 4 to storage
-    fast_math: bool = False  # GPU kernels: exp, sigmoid, tanh on the hardware's approximate units
+    fast_math: bool = False  # GPU kernels: exp, sigmoid, tanh, log, division on the hardware's approximate units
     mma: MmaOperand | None = None  # tensor-core products (None: CUDA cores)
     gpu: bool = True
     cast_through_bits: bool = False

@@ -160,7 +160,7 @@ class _MmaBackward(FragmentWeights, _Backward):
             for half in range(2):
                 row = bind_value((self.mt + m) * TILE_M + self.grp + 8 * half, f"frag_row{m}_{half}")
                 ul = row % self.U16
-                unit = bind_value(self.bx * U + ul, f"frag_unit{m}_{half}")
+                unit = bind_value(self.cta * U + ul, f"frag_unit{m}_{half}")
                 oks = [bind_value(tirx.all(self.operand_of(row) == self.ops[r.operand], ul < U, unit < H),
                                   f"frag_ok{m}_{half}_{i}") for i, r in enumerate(reductions)]
                 sources.append((unit, oks))

@@ -125,6 +125,11 @@ def validate(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometr
     problem = barrier(cfg.barrier).placement_problem(plan, cfg.units_per_cta)
     if problem:
         raise ConfigError(problem)
+    if cfg.batch_groups != 1:
+        raise ConfigError(f"batch_groups={cfg.batch_groups}: the tensor-core backward multiplies dense products, "
+                          "whose blocks meet over the grid every step: groups of batch rows would wait for each other "
+                          "there and only add CTAs to the barrier (the float32 backward takes batch groups, for "
+                          "head-wise products a CTA holds whole: backward_groups); take batch_groups=1")
     fixed = {k: v for k, v in FIXED.items() if getattr(cfg, k) != v}
     if fixed:
         raise ConfigError(f"the tensor-core backward takes {', '.join(f'{k}={v!r}' for k, v in FIXED.items())}, "

@@ -24,7 +24,9 @@ the stages pointwise. Per CTA, which owns ``units_per_cta`` hidden units:
                    length passes them on)
     end        ``d_<s>0`` and each param's gradient per batch row
 
-One barrier per phase, so a step of a cell of P phases waits P times, as its forward does. The
+One barrier per phase, so a step of a cell of P phases waits P times, as its forward does (none between blocks with
+barrier ``block``, whose blocks hold whole heads; there ``batch_groups`` runs each group of batch rows on a run of
+CTAs of its own: ``backward_groups``). The
 weights' gradients are GEMMs over ``d_gates`` and the saved operands that the caller makes
 (``sum_t d_gates_t^T operand_t``, one per product). A half-precision layer trains on the tensor-core
 backward (``backward_mma``: this step with the products on mma fragments); where that refuses it (head-wise
@@ -39,6 +41,7 @@ The thread layout of the products, the knobs and the cost model are the forward'
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
@@ -46,16 +49,17 @@ from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.barriers import BARRIERS, row_lanes
 from prnn_tvm.codegen.barriers import by_name as barrier
-from prnn_tvm.codegen.kernel import Kernel, persistent_frame, vec_index
+from prnn_tvm.codegen.kernel import Kernel, persistent_frame, row_view, vec_index
 from prnn_tvm.codegen.pointwise import adjoint_values, as_type, bind_kept, bind_value, gpu_math
 from prnn_tvm.dtypes import GPU_DTYPES, itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
-from prnn_tvm.signature import Grid, Launch, gpu_backward_args
+from prnn_tvm.signature import SEQ, ArgRole, Grid, Launch, gpu_backward_args
 from prnn_tvm.target import GpuSpec
 
 from . import persistent_config as pc
+from .backward_groups import BackwardConfig, check_batch_groups, group_rows, groups_of, groups_offered
 from .head_columns import fitting_units
 from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
@@ -70,7 +74,10 @@ PLAIN = tuple(name for name, kind in BARRIERS.items() if not kind.polls_values)
 # configs of slstm_h12 bf16 at 768 x 16 (from 12 blocks of a head, barrier ``block``, to 96 blocks of an eighth of
 # one; bench/cell_backward_configs.py): a step ~ 0.47 us per 1000 estimated cycles + 0.74 us per item a thread takes
 # + 0.91 us where the grid meets, every config within 0.75 us. 12 x 256 of whole heads: 5.2 us a step, 4 items a
-# thread; 96 x 256, counter: 3.0 us, one item.
+# thread; 96 x 256, counter: 3.0 us, one item. Batch groups (``backward_groups``, no config of the fit had them) enter
+# the estimate through the geometry alone, a CTA's items and batch tiles being its group's: 48 x 256 of whole heads
+# in 4 groups of 4 rows, one item a thread, no grid meeting, is estimated at 3204 cycles (~1.5 us a step by the fit)
+# against the counter's 5672 (~2.7 us): a prediction until the GPU measures it.
 ITEM_CYCLES = 1500  # a (batch row, unit) item's recomputed stages and adjoints
 GRID_BARRIER_CYCLES = 1900  # a barrier over the grid, per phase
 
@@ -111,8 +118,9 @@ def head_span(plan: CellPlan, units: int) -> int:
 def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     """The forward's geometry (``persistent_config.geometry``) over the transposed weights: a CTA's rows
     are (operand, unit) for every operand a product multiplies (an exchanged state, or a stage of a later
-    phase), each as long as every gate row (the rows of other operands' products hold zeros)."""
-    H, B, U = plan.hidden, plan.batch, cfg.units_per_cta
+    phase), each as long as every gate row (the rows of other operands' products hold zeros). With batch groups
+    (``backward_groups``) a CTA runs its group's rows, and the grid is a run of CTAs per group."""
+    H, B, U = plan.hidden, group_rows(cfg, plan), cfg.units_per_cta
     D = head_size(plan)
     k = gate_rows(plan) * D  # a row's gate rows: every one, or its head's
     rows = len(plan.operands) * U if plan.reductions else 0
@@ -127,7 +135,7 @@ def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
     # head-wise: the tile holds the gate gradients of the CTA's heads, head by head, a row reading its head's k
     stride = 0 if D == H else pc._round_up(gate_rows(plan) * head_span(plan, U) + k_pad - k, 4)
     smem_hs = 4 * cfg.batch_tile * (stride or k_pad)
-    return Geometry(math.ceil(H / U), threads, rows, row_groups, k_chunks, k_pad, weights,
+    return Geometry(groups_of(cfg) * math.ceil(H / U), threads, rows, row_groups, k_chunks, k_pad, weights,
                     math.ceil(B / cfg.batch_tile), ipt, 0, smem_hs, 4 * B * rows, regs, stride)
 
 
@@ -145,8 +153,12 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
         raise ConfigError(f"k_split={cfg.k_split}, vec={cfg.vec}: k_split is a power of two up to 32, vec 1, 2 or 4")
     if not 1 <= cfg.units_per_cta <= plan.hidden or cfg.rows_per_thread < 1:
         raise ConfigError(f"units_per_cta={cfg.units_per_cta} must be in [1, hidden], rows_per_thread at least 1")
-    if not 1 <= cfg.batch_tile <= plan.batch:
-        raise ConfigError(f"batch_tile={cfg.batch_tile}: must be between 1 and the batch ({plan.batch})")
+    check_batch_groups(cfg, plan)
+    rows = group_rows(cfg, plan)
+    if not 1 <= cfg.batch_tile <= rows:
+        rows_of = f"a batch group's rows ({rows}: batch_groups={groups_of(cfg)})" if rows < plan.batch else \
+            f"the batch ({rows})"
+        raise ConfigError(f"batch_tile={cfg.batch_tile}: must be between 1 and {rows_of}")
     check_backward_heads(cfg, plan)
     g = geometry(cfg, plan)
     if g.rows and cfg.rows_per_thread > g.rows:
@@ -157,7 +169,8 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     if g.threads > 1024:
         raise ConfigError(f"{g.threads} threads per CTA; at most 1024: raise rows_per_thread or lower units_per_cta")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} transposed weights", "raise k_split or lower "
-                    "rows_per_thread", "lower batch_tile")
+                    "rows_per_thread", "lower batch_tile",
+                    "raise units_per_cta" + (" or lower batch_groups" if groups_of(cfg) > 1 else ""))
     return g
 
 
@@ -181,29 +194,39 @@ def check_backward_heads(cfg: PersistentConfig, plan: CellPlan) -> None:
                           "values; vec must divide them")
 
 
-def space(plan: CellPlan, gpu: GpuSpec, kind: str = RANKED_WITH) -> list[PersistentConfig]:
-    """The configs the default is ranked from (with barrier ``kind``)."""
+def space(plan: CellPlan, gpu: GpuSpec, kind: str = RANKED_WITH) -> list[BackwardConfig]:
+    """The configs the default is ranked from (with barrier ``kind``; where no block waits for another, in each of
+    the batch groups ``backward_groups.groups_offered`` whose grid keeps to one CTA per SM, as the forward's groups
+    do: two CTAs on an SM share its issue slots, which the estimate does not see)."""
     min_units = math.ceil(plan.hidden / gpu.sms)
     units = sorted({u for u in (min_units, min_units + 1, 2 * min_units) if u <= plan.hidden}
                    | fitting_units(plan, min_units))
-    tiles = sorted({t for t in (1, 2, 4, 8, plan.batch) if t <= plan.batch})
-    return [PersistentConfig(u, ks, r, bt, vec, kind) for u in units for ks in (4, 8, 16, 32)
-            for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
+    out = []
+    for G in groups_offered(plan, kind):
+        rows = plan.batch // G
+        tiles = sorted({t for t in (1, 2, 4, 8, rows) if t <= rows})
+        out += [BackwardConfig(u, ks, r, bt, vec, kind, batch_groups=G) for u in units
+                if G == 1 or G * math.ceil(plan.hidden / u) <= gpu.sms
+                for ks in (4, 8, 16, 32) for r in (1, 2, 4) for bt in tiles for vec in (4, 2, 1)]
+    return out
 
 
 def estimated_cycles(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> float:
     """The forward's estimate of the products (``persistent_config.estimated_cycles``) plus what the backward's step
     adds to it: each item's recomputed stages and adjoints (``ITEM_CYCLES`` per item a thread takes) and, where the
-    blocks meet over the grid (any barrier but ``block``), a grid barrier per phase."""
+    blocks meet over the grid (any barrier but ``block``), a grid barrier per phase. A CTA of a batch group runs its
+    group's rows: its items and batch tiles are the group's (``geometry``)."""
     grid = 0 if cfg.barrier == "block" else GRID_BARRIER_CYCLES * plan.phases
     return pc.estimated_cycles(cfg, g) + ITEM_CYCLES * g.items_per_thread + grid
 
 
-def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
+def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardConfig]:
     """The untuned choices, best first by :func:`estimated_cycles`, each later one holding fewer weights per thread:
     what a build falls back to when ptxas spills. Head-wise products whose heads a block holds whole (barrier
     ``block``, no grid barrier) rank with the grid's configs, not before them: a block of whole heads takes a
-    head's every item, and the backward's items cost more than the barrier it saves (slstm_h12 above)."""
+    head's every item of the batch, and the backward's items cost more than the barrier it saves (slstm_h12 above);
+    in batch groups (``backward_groups``) it takes a group's, and ranks first where that makes a thread's items as
+    few as the grid's configs' (slstm_h12 768 x 16: 4 groups of 4 rows)."""
     local = [] if plan.heads == 1 else [cfg for cfg in space(plan, gpu, "block") if plan.local_to(cfg.units_per_cta)]
     return ranked_defaults(plan, gpu, local + space(plan, gpu), validate,
                            lambda cfg, g: estimated_cycles(cfg, g, plan), limit, "persistent backward")
@@ -223,7 +246,9 @@ class _Backward(RegisterWeights):
 
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry):
         self.p, self.c, self.g = plan, cfg, g
-        self.H, self.B, self.U = plan.hidden, plan.batch, cfg.units_per_cta
+        self.H, self.U = plan.hidden, cfg.units_per_cta
+        self.B = group_rows(cfg, plan)  # the rows a CTA runs: its batch group's (``backward_groups``)
+        self.ctas_per_group = math.ceil(self.H / self.U)
         self.compute = self.acc_dt = plan.policy.compute  # the adjoints, the carried and the params' gradients
         # the register weights and the shared tile of gate gradients (published in it too): float32 here, the
         # weights widened in registers; the layer's half type on the tensor cores (``backward_mma``)
@@ -247,19 +272,35 @@ class _Backward(RegisterWeights):
 
     @property
     def cta(self):
-        """This CTA's index in its run of the grid (:class:`~.persistent_cuda.Item` reads it): the backward's
-        grid is one run."""
-        return self.bx
+        """This CTA's index in its run of the grid (:class:`~.persistent_cuda.Item` reads it; its units start at
+        ``cta * units_per_cta``): a run per batch group."""
+        return self.bx % self.ctas_per_group if groups_of(self.c) > 1 else self.bx
+
+    def batch_group_views(self, a):
+        """The launch's arguments as this CTA's batch group sees them: every per-row one (``xp``, ``lengths``,
+        ``saved``, ``d_out``, the state adjoints in and out, ``d_xp``, ``d_gates``, the params' rows, the workspace)
+        a view whose row ``b`` is row ``group * B + b`` (``codegen.kernel.row_view``); the weights and params as
+        they are."""
+        first = bind_value(self.bx // self.ctas_per_group * self.B, "group_row0")
+        named = dict(a.named)
+        for arg in self.launch.args:
+            if arg.role in (ArgRole.WEIGHT, ArgRole.PARAM, ArgRole.SYNC, ArgRole.SCALAR):
+                continue
+            # (T, B, ...) sequences and the workspace's (parity, B, ...) have their rows second, the rest first
+            axis = 1 if arg.shape[0] == SEQ or arg.role is ArgRole.WORKSPACE else 0
+            named[arg.name] = row_view(named[arg.name], axis, first)
+        return SimpleNamespace(**{**vars(a), "named": named, "xp": named["xp"], "lengths": named["lengths"],
+                                  "ws": named["workspace"]})
 
     def _launch(self) -> Launch:
         p, g, H = self.p, self.g, self.H
         grid_wide = p.needs_grid_barrier and self.barrier.grid_wide  # ``block``: each block with itself
         sync = self.barrier.grid_sync(p.phases) if grid_wide else None
         args = gpu_backward_args(
-            self.B, H, p.input.slices * H, p.weight_shapes(),
+            p.batch, H, p.input.slices * H, p.weight_shapes(),
             {q.name: (q.slices * H,) for q in p.params}, tuple(self.si),
             len(p.saved_leaves()) * H, max(1, self.K), self.compute,
-            self.storage, (2, self.B, max(1, self.K)), sync.state_words if sync is not None else None, self.storage,
+            self.storage, (2, p.batch, max(1, self.K)), sync.state_words if sync is not None else None, self.storage,
             self.gates_dt)
         grid = Grid(g.ctas, g.threads, g.smem_bytes, cooperative=grid_wide, registers=g.regs_estimate)
         return Launch("recurrent_backward", args, grid, sync)
@@ -270,6 +311,8 @@ class _Backward(RegisterWeights):
         ipt = g.items_per_thread
         with IRBuilder() as ib:
             with persistent_frame(self.launch) as (self.a, self.bx, self.tx):
+                if groups_of(self.c) > 1:
+                    self.a = self.batch_group_views(self.a)
                 n = self.a.named
                 self.saved, self.d_out, self.d_xp, self.d_gates = n["saved"], n["d_out"], n["d_xp"], n["d_gates"]
                 self.d_final = {s: n[f"d_{s}_n"] for s in self.si}
@@ -333,7 +376,7 @@ class _Backward(RegisterWeights):
         for r in range(c.rows_per_thread if self.g.rows else 0):
             row = bind_value(self.rg * c.rows_per_thread + r, f"row{r}")
             e, ul = row // U, row % U
-            unit = self.bx * U + ul
+            unit = self.cta * U + ul
             for q in range(self.g.k_chunks):
                 for v in range(c.vec):
                     k = c.vec * (self.ks + c.k_split * q) + v
@@ -364,7 +407,7 @@ class _Backward(RegisterWeights):
         """Columns of the shared tile that no copy loads, head-wise: past the CTA's heads (to the tile's stride)
         and the heads past ``hidden`` in the last CTA."""
         BT, stride, per_head = self.c.batch_tile, self.g.stride, gate_rows(self.p) * self.D
-        col0 = self.bx * self.U // self.span * self.span
+        col0 = self.cta * self.U // self.span * self.span
         total = BT * stride
         for i in range(ceil_div(total, self.g.threads)):
             idx = i * self.g.threads + self.tx
@@ -500,7 +543,7 @@ class _Backward(RegisterWeights):
         c, g, D = self.c, self.g, self.D
         per_head = gate_rows(self.p) * D
         width = gate_rows(self.p) * self.span
-        col0 = self.bx * self.U // self.span * self.span
+        col0 = self.cta * self.U // self.span * self.span
         lv = next(n for n in (4, 2, 1) if D % n == 0)  # 16-byte loads where a head allows
         n = c.batch_tile * width // lv
         for i in range(ceil_div(n, g.threads)):

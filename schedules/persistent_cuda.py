@@ -44,8 +44,6 @@ keeps the placement as written (no automatic syncs or buffer compaction).
 
 from __future__ import annotations
 
-import functools
-import operator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -54,7 +52,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen import barriers
-from prnn_tvm.codegen.kernel import Kernel, StepTiming, persistent_frame, recurrent_launch
+from prnn_tvm.codegen.kernel import Kernel, StepTiming, persistent_frame, recurrent_launch, row_view
 from prnn_tvm.codegen.pointwise import (
     as_type,
     bind_value,
@@ -242,17 +240,13 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     def batch_group_views(self, a: SimpleNamespace) -> SimpleNamespace:
         """The launch's arguments as this CTA's batch group sees them: every per-row argument (the input
         projection, the output sequence, the workspace, initial and final states, lengths) a view whose row
-        ``b`` is row ``group * B + b``. A view keeps the whole argument's shape, offset by the group's first
-        row: TVM 0.27 lowers a declared buffer by its shape and drops explicit strides (``LowerTIRx``), so a
-        view shaped to the group's rows would index the later steps of a sequence wrongly. A workspace laid out by
-        span of heads (``head_columns``: one axis of ``[span][batch row][column]`` per slot) gives each group a run
-        of its own, ``B x`` the padded hidden size, in which ``ws_at`` lays out the group's rows so."""
+        ``b`` is row ``group * B + b`` (``codegen.kernel.row_view``). A workspace laid out by span of heads
+        (``head_columns``: one axis of ``[span][batch row][column]`` per slot) gives each group a run of its own,
+        ``B x`` the padded hidden size, in which ``ws_at`` lays out the group's rows so."""
         first = bind_value(self.bx // self.part.ctas * self.B, "group_row0")
 
         def rows(buf, axis: int, row: int | None = None):
-            if row is None:
-                row = functools.reduce(operator.mul, buf.shape[axis + 1:], 1)  # elements between batch rows
-            return T.decl_buffer(buf.shape, buf.dtype, data=buf.data, elem_offset=first * row)
+            return row_view(buf, axis, first, row)
 
         views = {} if a.xp is None else {"xp": rows(a.xp, 1)}  # none where the kernel projects its input itself
         views.update(init={k: rows(v, 0) for k, v in a.init.items()}, final={k: rows(v, 0) for k, v in a.final.items()})

@@ -14,9 +14,9 @@ def test_variants_that_build_are_added_once_and_refusals_say_why(capsys):
     gpu = gpu_spec("sm_90")
     configs = schedules.backward_configs(plan, gpu)
     first = configs[0]
-    whole_heads = {"units_per_cta": 64, "barrier": "block", "k_split": 16, "rows_per_thread": 4}
-    changes = [whole_heads, dict(whole_heads), {"k_groups": 2}, {"units_per_cta": 5}, {}]
+    whole_batch = {"batch_groups": 1, "batch_tile": 16}  # whole heads of the whole batch: 12 blocks
+    changes = [whole_batch, dict(whole_batch), {"k_groups": 2}, {"units_per_cta": 5}, {}]
     got = add_variants(first, changes, list(configs), plan, gpu)
-    assert got == [*configs, dataclasses.replace(first, **whole_heads)]  # once; no k_groups knob; 5 refused
+    assert got == [*configs, dataclasses.replace(first, **whole_batch)]  # once; no k_groups knob; 5 refused
     printed = capsys.readouterr().out
-    assert printed.count("skipped") == 1 and "heads of 64" in printed, printed
+    assert printed.count("skipped") == 1 and "units_per_cta=5 must be a multiple of the head size" in printed, printed

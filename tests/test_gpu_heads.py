@@ -14,8 +14,9 @@ from prnn_tvm.checks import max_abs_error, plan_tolerance, relative_error, time_
 from prnn_tvm.compiler import compile_training
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import plan_gradients, random_inputs, random_lengths, reference_layer
-from prnn_tvm.schedules import by_name
+from prnn_tvm.schedules import backward_kernel, by_name
 from prnn_tvm.schedules import persistent_mma_config as mc
+from prnn_tvm.schedules.backward_groups import BackwardConfig
 from prnn_tvm.verify.emulator import projection
 
 from .test_emulated import gradients_from
@@ -77,12 +78,22 @@ def test_the_training_kernels_of_heads(cell, hidden, batch, dtype):
     """The saving forward and the GPU backward run on the GPU, every argument's gradient assembled as prnn_tvm.torch
     does (``test_emulated.gradients_from``), against the plan's in float64 (emulated twin: test_heads_cuda.py)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda")
+    assert training_error(layer) <= (1e-4 if dtype == "float32" else 5e-2)
+
+
+def training_error(layer, seq_len: int = 16) -> float:
+    """The worst relative error, over every argument's gradient, of ``layer``'s training kernels run on the GPU
+    (``compile_training``: the saving forward, the GPU backward) on random inputs and output gradients, assembled as
+    prnn_tvm.torch does (``test_emulated.gradients_from``), against the plan's in float64; the kernels built without
+    spills."""
+    plan, batch, hidden = layer.plan, layer.plan.batch, layer.plan.hidden
     training = compile_training(layer)
     assert all(", 0 spill bytes" in line for line in training.report.splitlines()), training.report
-    inputs = random_inputs(layer.plan, 16, layer.input_size)
+    inputs = random_inputs(plan, seq_len, layer.input_size)
+    inputs["lengths"] = random_lengths(batch, seq_len, seed=3)
     rng = np.random.default_rng(1)
-    d_out = rng.standard_normal((16, batch, hidden)).astype(np.float32)
-    d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(np.float32) for s in layer.plan.states}
+    d_out = rng.standard_normal((seq_len, batch, hidden)).astype(np.float32)
+    d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(np.float32) for s in plan.states}
     args = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
     xp = projection(inputs, "float32")
     _, (*_, saved) = training.forward(xp=xp, **args)
@@ -95,10 +106,34 @@ def test_the_training_kernels_of_heads(cell, hidden, batch, dtype):
         **{k: v for k, v in args.items() if k in takes},  # the saved states stand for the initial ones
     )
     written = [a.name for a in training.backward.signature.launches[0].args if a.role.written]
-    got = gradients_from(layer.plan, inputs, dict(zip(written, (first, *rest))), saved, layer.input_size)
-    want = plan_gradients(layer.plan, inputs, d_out, d_finals)
-    bound = 1e-4 if dtype == "float32" else 5e-2
-    assert worst(relative_error(got[n], want[n]) for n in want) <= bound
+    got = gradients_from(plan, inputs, dict(zip(written, (first, *rest))), saved, layer.input_size)
+    want = plan_gradients(plan, inputs, d_out, d_finals)
+    return worst(relative_error(got[n], want[n]) for n in want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize(
+    "cell, hidden, batch, config",
+    [
+        ("slstm_h12", 768, 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),  # the default
+        ("slstm_h12", 768, 16, BackwardConfig(64, 16, 4, 8, 4, "block", batch_groups=2)),
+        ("slstm_h12", 768, 8, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=2)),  # the default at 8 rows
+        ("lstm_h12", 768, 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
+        ("lstm_h12", 768, 8, BackwardConfig(64, 16, 4, 1, 4, "block", batch_groups=8)),  # a row a group
+        ("rnn_tanh_h7", 7, 4, BackwardConfig(7, 2, 1, 2, 1, "block", batch_groups=2)),  # heads of one unit, odd hidden
+        ("lstm_h4", 36, 6, BackwardConfig(36, 4, 3, 2, 4, "block", batch_groups=3)),  # heads of 9, groups of 2 rows
+    ],
+)
+def test_the_training_kernels_in_batch_groups(cell, hidden, batch, config, dtype, monkeypatch):
+    """The GPU backward in batch groups (``schedules/backward_groups.py``: whole heads a block, a run of blocks per
+    group of rows, no grid barrier) under the GPU's own memory order, ragged lengths, against the plan's gradients in
+    float64 at the bound of the training kernels' test (emulated twin: test_backward_groups.py)."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", cache=False)
+    kernel = backward_kernel(layer.plan, layer.gpu, config)
+    grid = kernel.launch.grid
+    assert kernel.launch.sync is None and grid.ctas == config.batch_groups * -(-hidden // config.units_per_cta)
+    monkeypatch.setattr(prnn_tvm.compiler, "gpu_backward", lambda plan, gpu: iter([kernel]))
+    assert training_error(layer) <= (1e-4 if dtype == "float32" else 5e-2)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

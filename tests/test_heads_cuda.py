@@ -16,6 +16,7 @@ from prnn_tvm.schedules import persistent_backward as pb
 from prnn_tvm.schedules import persistent_config as pc
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.schedules import saving_forward
+from prnn_tvm.schedules.backward_groups import BackwardConfig
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 from prnn_tvm.tune.space import ConfigSpace
 from prnn_tvm.verify import emulator
@@ -273,28 +274,31 @@ def test_the_gpu_backward_takes_products_of_one_head_size():
 
 
 @pytest.mark.parametrize(
-    "cell, first",
+    "cell, batch, first",
     [
-        # 12 heads of 64: 96 blocks of an eighth of a head over the grid, not 12 blocks of whole heads (H100,
-        # slstm_h12 bf16: 3.0 us a backward step against 5.2)
-        ("slstm_h12", pc.PersistentConfig(8, 32, 1, 16, 4, "counter")),
-        ("lstm_h12", pc.PersistentConfig(8, 32, 1, 16, 4, "counter")),
-        # heads of 16: whole heads a block, one item a thread, no grid barrier
-        ("slstm_h48", pc.PersistentConfig(16, 16, 1, 16, 4, "block")),
+        # 12 heads of 64: whole heads in 4 batch groups of 4 rows (48 blocks, one item a thread, no grid barrier)
+        ("slstm_h12", 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
+        ("lstm_h12", 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
+        ("slstm_h12", 8, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=2)),
+        # heads of 16: two heads a block in 4 groups (96 blocks: within one block per SM)
+        ("slstm_h48", 16, BackwardConfig(32, 16, 2, 4, 4, "block", batch_groups=4)),
     ],
 )
-def test_the_gpu_backward_ranks_blocks_of_whole_heads_by_their_cost(cell, first):
-    """The float32 backward's default (head-wise products, every dtype) is its cheapest estimate over blocks of
-    whole heads (barrier ``block``) and blocks over the grid alike: a block of whole heads takes every item of its
-    heads, whose recomputed stages and adjoints cost more than the grid barrier it saves where heads are few."""
-    p = plan(cell, 16, 768, "bfloat16")
-    ranked = pb.ranked_configs(p, GPU)
+def test_the_gpu_backward_ranks_blocks_of_whole_heads_by_their_cost(cell, batch, first):
+    """The float32 backward's default (head-wise products, every dtype: ``schedules.backward_configs``) is its
+    cheapest estimate over blocks of whole heads (barrier ``block``) and blocks over the grid alike. A block of whole
+    heads over the whole batch takes every item of its heads, whose recomputed stages and adjoints cost more than the
+    grid barrier it saves (H100, slstm_h12 bf16 768 x 16: 12 such blocks 5.2 us a backward step, 96 blocks of an
+    eighth of a head over the grid 3.0); in batch groups (``backward_groups``) it takes a group's rows' items alone."""
+    p = plan(cell, batch, 768, "bfloat16")
+    ranked = prnn_tvm.schedules.backward_configs(p, GPU)
     assert ranked[0] == first, ranked
-    block = dataclasses.replace(first, units_per_cta=64, barrier="block", k_split=16, rows_per_thread=4)
-    g_block, g_first = pb.validate(block, p, GPU), pb.validate(first, p, GPU)
-    if first.barrier == "counter":  # the block of a whole head: four items a thread, no grid barrier, dearer
-        assert g_block.items_per_thread > g_first.items_per_thread
-        assert pb.estimated_cycles(block, g_block, p) > pb.estimated_cycles(first, g_first, p)
+    whole = BackwardConfig(64, 16, 4, batch, 4, "block")  # a head's items of the whole batch
+    grid = BackwardConfig(8, 32, 1, batch, 4, "counter")
+    g = {cfg: pb.validate(cfg, p, GPU) for cfg in (first, whole, grid)}
+    cycles = {cfg: pb.estimated_cycles(cfg, g[cfg], p) for cfg in g}
+    assert cycles[first] < cycles[grid] < cycles[whole]
+    assert g[whole].items_per_thread > g[grid].items_per_thread == g[first].items_per_thread == 1
     weights = [pb.validate(cfg, p, GPU).weights_per_thread for cfg in ranked]
     assert weights == sorted(weights, reverse=True) and len(set(weights)) == len(weights)  # fallbacks hold fewer
 

@@ -586,17 +586,30 @@ def test_float32_kernels_keep_the_exact_transcendentals():
     assert "tanhf(" in body and "expf(" in body and "__expf(" not in body and "__fdividef(" not in body
 
 
-@pytest.mark.parametrize("function", ["sigmoid", "exp"])
+@pytest.mark.parametrize("function", ["sigmoid", "exp", "log", "division"])
 def test_fast_transcendentals_are_the_same_functions(function):
-    # The rewrite is algebra (sigmoid = 1 / (1 + e^-x)) over CUDA's __expf and __fdividef; evaluated with exact
-    # exp and division it must give the function itself.
+    # The rewrite is algebra (sigmoid = 1 / (1 + e^-x)) over CUDA's __expf, __logf and __fdividef; evaluated with
+    # exact exp, log and division it must give the function itself.
     x = tirx.Var("x", "float32")
-    expr = getattr(tirx, function)(x)
+    expr = (x + 3.0) / (x * x + 0.5) if function == "division" else getattr(tirx, function)(x)
     fast = fast_transcendentals(expr)
-    assert "call_pure_extern" in str(fast) and function not in str(fast).replace("__expf", "")
+    assert "call_pure_extern" in str(fast) and function not in str(fast).replace("__expf", "").replace("__logf", "")
+    if function == "division":
+        assert "__fdividef" in str(fast) and not isinstance(fast, type(expr))
     values = np.concatenate([np.linspace(-30, 30, 601), [-1e-4, 0.0, 1e-4]])
+    values = np.abs(values) + 1e-6 if function == "log" else values
     got, want = evaluate(fast, {x: values}), evaluate(expr, {x: values})
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_only_float32_divisions_go_to_the_reciprocal_unit():
+    """An integer division (an index) and a float64 one keep their exact form; a float32 one inside another
+    function's argument is rewritten too."""
+    i, d, x = tirx.Var("i", "int32"), tirx.Var("d", "float64"), tirx.Var("x", "float32")
+    assert "__fdividef" not in str(fast_transcendentals(tirx.truncdiv(i, 7)))
+    assert "__fdividef" not in str(fast_transcendentals(d / (d + 1.0)))
+    nested = fast_transcendentals(tirx.tanh(x / 3.0))
+    assert "__fdividef" in str(nested) and "prnn_tanh_approx" in str(nested)
 
 
 def test_fast_tanh_is_the_hardware_tanh_of_the_same_argument():

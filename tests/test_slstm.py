@@ -170,3 +170,23 @@ def test_the_backward_computes_each_value_of_a_step_once(cell, dtype):
     per_item = math.ceil(16 * 768 / (grid.ctas * grid.threads))  # (batch row, unit) items a thread, at most
     exps, logs = len(re.findall(r"\bexpf\(|__expf\(", body)), body.count("logf(")
     assert exps <= 16 * per_item and logs <= 2 * per_item, (exps, logs, per_item)
+
+
+@pytest.mark.parametrize("dtype, fast", [("bfloat16", True), ("float16", True), ("float32", False)])
+def test_half_kernels_take_the_log_and_divisions_on_the_approximate_units(dtype, fast):
+    """A half layer's kernels (fast math: ``pointwise.fast_transcendentals``) compute the forget gate's log on the
+    log2 unit (``__logf``) and every division (``h = o c / n``, the backward's adjoints through it) on the reciprocal
+    unit (``__fdividef``), forward, saving forward and backward alike; float32 kernels keep IEEE ``logf`` and
+    divisions. Their error (2^-21 or less, ``pointwise._FAST``) is checked on the GPU at the dtype's tolerance
+    (``test_gpu_heads.py``)."""
+    layer = prnn_tvm.compile_cell("slstm_h12", 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
+    training = prnn_tvm.compile_training(layer)
+    trained = training.backward.module.imports[0].inspect_source()
+    for name, source in (("recurrent", layer.cuda_source), ("recurrent_save", trained),
+                         ("recurrent_backward", trained)):
+        start = source.index(f"{name}_kernel(", source.index(f"{name}_kernel(") + 1)
+        body = source[start : source.index("\n}\n", start)]
+        ieee_logs = len(re.findall(r"(?<!__)logf\(", body))
+        divided_by_n = re.findall(r"/ \(?n_new", body)  # h = o c / n, d h / d c = o / n, d h / d n = -o c / n^2
+        assert (ieee_logs == 0 and not divided_by_n) == fast, (name, ieee_logs, divided_by_n)
+        assert ("__logf(" in body and "__fdividef(" in body) == fast, name

@@ -8,6 +8,8 @@ The arguments come from one place, :func:`recurrent_launch` (in turn
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -162,6 +164,18 @@ def declare_args(launch: Launch) -> SimpleNamespace:
         SyncArgs(declared["sync"], *(declared.get(name) for name in SYNC_SCALARS)) if "sync" in declared else None
     )  # a launch that only reads the barrier's words takes none of its scalars
     return ns
+
+
+def row_view(buf, axis: int, first, row: int | None = None):
+    """``buf`` seen from batch row ``first`` of its batch axis ``axis`` on: row ``b`` of the view is row ``first + b``
+    (a batch group's rows: ``persistent_cuda.PersistentBuilder.batch_group_views``, the backward's
+    ``persistent_backward``). The view keeps the whole argument's shape, offset by the first row: TVM 0.27 lowers a
+    declared buffer by its shape and drops explicit strides (``LowerTIRx``), so a view shaped to the group's rows
+    would index the later steps of a sequence wrongly. ``row``: the elements between batch rows, where they are not
+    the product of the axes after ``axis`` (a workspace laid out by span of heads)."""
+    if row is None:
+        row = functools.reduce(operator.mul, buf.shape[axis + 1 :], 1)  # elements between batch rows
+    return T.decl_buffer(buf.shape, buf.dtype, data=buf.data, elem_offset=first * row)
 
 
 def input_step(plan: CellPlan, a, t):

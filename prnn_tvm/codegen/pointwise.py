@@ -164,7 +164,13 @@ def _expf(x):
 
 
 def _fdividef(a, b):
-    return T.call_pure_extern("float32", "__fdividef", tirx.const(a, "float32"), b)  # rcp.approx, then a multiply
+    """``a / b`` (``a`` a float32 expression or a Python number) on the approximate reciprocal unit."""
+    a = tirx.const(a, "float32") if isinstance(a, float) else a
+    return T.call_pure_extern("float32", "__fdividef", a, b)  # rcp.approx, then a multiply
+
+
+def _logf(x):
+    return T.call_pure_extern("float32", "__logf", x)  # lg2.approx of x, times ln 2
 
 
 # The hardware tanh unit (MUFU.TANH, sm_75 and newer; PTX tanh.approx.f32), as cuDNN's persistent LSTM uses it:
@@ -187,14 +193,22 @@ def _tanh_approx(x):
     return T.cuda.func_call("prnn_tanh_approx", x, source_code=_TANH_SOURCE, return_type="float32")
 
 
-# float32 exp and sigmoid on the approximate exp2 and reciprocal units, tanh on the hardware tanh unit: a few
-# instructions each against ~20 for expf / an IEEE division / tanhf, on the critical path of every step. Limits
-# hold: __expf overflows to inf and __fdividef(a, inf) is 0, so sigmoid goes to 0 and 1.
+# float32 exp and sigmoid on the approximate exp2 and reciprocal units, tanh on the hardware tanh unit, log on the
+# approximate log2 unit: a few instructions each against ~20 for expf / an IEEE division / tanhf / logf, on the
+# critical path of every step. Limits hold: __expf overflows to inf and __fdividef(a, inf) is 0, so sigmoid goes to 0
+# and 1; __logf(0) is -inf. Errors (CUDA C++ Programming Guide, "Intrinsic Functions"): __logf 2^-21.41 absolute for
+# x in [0.5, 2], 3 ulp elsewhere, an absolute error being what a log's value carries on (it enters sums in log space,
+# a stabilizer or an exponent, where exp turns it into a relative one: sLSTM's log f + m); __fdividef (every float32
+# division, :data:`_FAST_DIVISION`) 2 ulp for 2^-126 <= |b| <= 2^126, and 0 for 2^126 < |b| < 2^128 (a divisor past
+# float16's range by 2^110, which a bfloat16 layer reaches only once its values have overflowed). Each is below 2^-20
+# relative, against the 2^-11 (float16) or 2^-8 (bfloat16) to which every stored value is rounded.
 _FAST = {
     "tirx.exp": _expf,
     "tirx.sigmoid": lambda x: _fdividef(1.0, 1.0 + _expf(-x)),
     "tirx.tanh": _tanh_approx,
+    "tirx.log": _logf,
 }
+_FAST_DIVISION = _fdividef  # a float32 division (``a / b``), on the reciprocal unit
 
 
 def _sigmoid_through_tanh(x):
@@ -206,16 +220,19 @@ def _sigmoid_through_tanh(x):
 
 
 def fast_transcendentals(expr, sigmoid_through_tanh: bool = False):
-    """``expr`` with its float32 exp, sigmoid and tanh on the GPU's approximate units (exp and sigmoid:
-    relative error about 2^-21; tanh: 2^-16.6): the pointwise math of layers whose dtype policy says
-    ``fast_math`` (half precision, where every stored value is rounded to 2^-11 or coarser). With
-    ``sigmoid_through_tanh``, sigmoid on the tanh unit (:func:`_sigmoid_through_tanh`: fewer MUFU instructions
-    where their throughput bounds the step, absolute error up to 2^-12)."""
+    """``expr`` with its float32 exp, sigmoid, tanh, log and divisions on the GPU's approximate units (exp, sigmoid
+    and a division: relative error about 2^-21; tanh: 2^-16.6; log: 2^-21.4 absolute near 1; see ``_FAST``): the
+    pointwise math of layers whose dtype policy says ``fast_math`` (half precision, where every stored value is rounded
+    to 2^-11 or coarser), forward and backward alike. With ``sigmoid_through_tanh``, sigmoid on the tanh unit
+    (:func:`_sigmoid_through_tanh`: fewer MUFU instructions where their throughput bounds the step, absolute error up
+    to 2^-12)."""
     fast_ops = {**_FAST, "tirx.sigmoid": _sigmoid_through_tanh} if sigmoid_through_tanh else _FAST
 
     def replace(node):
         if isinstance(node, TensorLoad):  # a register or shared-memory value: nothing below it
             return node
+        if isinstance(node, P.Div) and str(node.ty.dtype) == "float32":
+            return _FAST_DIVISION(rebuild(node.a, replace), rebuild(node.b, replace))
         fast = fast_ops.get(getattr(getattr(node, "op", None), "name", None))
         if fast is None or str(node.ty.dtype) != "float32":
             return None

@@ -123,7 +123,7 @@ _NUMPY_CALLS = {
 }
 # CUDA's approximate intrinsics that GPU kernels compute with (``codegen.pointwise.gpu_math``), as the exact functions
 # they approximate
-_NUMPY_EXTERNS = {"__expf": np.exp, "__fdividef": np.divide, "rsqrtf": lambda u: 1.0 / np.sqrt(u)}
+_NUMPY_EXTERNS = {"__expf": np.exp, "__logf": np.log, "__fdividef": np.divide, "rsqrtf": lambda u: 1.0 / np.sqrt(u)}
 
 
 def evaluate(e, env: dict):
