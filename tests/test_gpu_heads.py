@@ -55,7 +55,7 @@ def test_defaults_match_the_reference(cell, hidden, batch, dtype):
     assert layer.report.spill_bytes == 0, layer.report.format()
     for seq_len in (1, 7, 256):
         err = error_of(layer, seq_len, seed=seq_len, lengths=random_lengths(batch, seq_len, seed=seq_len))
-        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -69,7 +69,7 @@ def test_every_synchronization_of_one_head_placement(cell, barrier, dtype):
     if barrier != "block" and getattr(config, "in_warp", False):  # its gates in warps write the block's own tiles
         config = dataclasses.replace(config, gate_layout="by_gate", batch_warps=1)
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
-    assert error_of(layer, 64, seed=4) <= tolerance(dtype, 64)
+    assert error_of(layer, 64, seed=4) <= plan_tolerance(layer.plan, 64)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -263,11 +263,11 @@ def test_gates_in_warp_by_head_size(D, capsys, dtype="bfloat16"):
     for seq_len in (1, 7, 255):
         lengths = random_lengths(16, seq_len, seed=seq_len) if seq_len > 1 else None
         err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
-        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
     template = by_name(layer.report.template)
     by_gate = next(c for c in template.default_configs(layer.plan, layer.target, layer.gpu) if not c.in_warp)
     other = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=by_gate)
-    assert error_of(other, 255, seed=5) <= tolerance(dtype, 255)
+    assert error_of(other, 255, seed=5) <= plan_tolerance(other.plan, 255)
     times = [time_layer(built, 1024).per_step_s * 1e6 for built in (layer, other)]
     with capsys.disabled():
         print(
@@ -292,7 +292,7 @@ def test_in_warp_over_a_long_ragged_sequence(cell, batch, dtype="bfloat16"):
     layer = prnn_tvm.compile_cell(cell, 768, batch, dtype=dtype, target="cuda")
     assert layer.kernel.config.in_warp and layer.report.spill_bytes == 0, layer.report.format()
     err = error_of(layer, 1024, seed=11, lengths=random_lengths(batch, 1024, seed=11))
-    assert err <= tolerance(dtype, 1024), f"{err:.2e}\n{layer.report.format()}"
+    assert err <= plan_tolerance(layer.plan, 1024), f"{err:.2e}\n{layer.report.format()}"
 
 
 @pytest.mark.parametrize("batch", [16, 9])
@@ -308,7 +308,7 @@ def test_split_batch_tiles_match_the_reference(D, batch, dtype="bfloat16"):
     for seq_len in (1, 7, 255):
         lengths = random_lengths(batch, seq_len, seed=seq_len) if seq_len > 1 else None
         err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
-        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
 
 
 @pytest.mark.parametrize("D", sorted(IN_WARP_CASES))
@@ -318,4 +318,4 @@ def test_every_head_size_at_batch_1(D, dtype="bfloat16"):
     assert layer.report.spill_bytes == 0, layer.report.format()
     for seq_len in (7, 255):
         err = error_of(layer, seq_len, seed=seq_len)
-        assert err <= tolerance(dtype, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+        assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"

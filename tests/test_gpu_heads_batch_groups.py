@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.dtypes import tolerance
+from prnn_tvm.checks import plan_tolerance
 from prnn_tvm.reference import random_lengths
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec
@@ -38,7 +38,7 @@ def check(layer, config, dtype: str, batch: int) -> None:
     for seq_len in (1, 7, 64):
         lengths = random_lengths(batch, seq_len, seed=seq_len)
         err = error_of(layer, seq_len, seed=seq_len, lengths=lengths)
-        assert err <= tolerance(dtype, seq_len), f"{config}: T={seq_len}: {err:.2e}"
+        assert err <= plan_tolerance(layer.plan, seq_len), f"{config}: T={seq_len}: {err:.2e}"
 
 
 @pytest.mark.parametrize("batch", [16, 8])
