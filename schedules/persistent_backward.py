@@ -70,16 +70,17 @@ from .ranking import RANKED_WITH, check_resources, ranked_defaults
 DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
 # the exchange is plain stores and loads between barriers: kinds that poll values instead do not order them
 PLAIN = tuple(name for name, kind in BARRIERS.items() if not kind.polls_values)
-# What a step costs beyond its products (``estimated_cycles``), fitted on the H100 to the backward kernels of 14
-# configs of slstm_h12 bf16 at 768 x 16 (from 12 blocks of a head, barrier ``block``, to 96 blocks of an eighth of
-# one; bench/cell_backward_configs.py): a step ~ 0.47 us per 1000 estimated cycles + 0.74 us per item a thread takes
-# + 0.91 us where the grid meets, every config within 0.75 us. 12 x 256 of whole heads: 5.2 us a step, 4 items a
-# thread; 96 x 256, counter: 3.0 us, one item. Batch groups (``backward_groups``, no config of the fit had them) enter
-# the estimate through the geometry alone, a CTA's items and batch tiles being its group's: 48 x 256 of whole heads
-# in 4 groups of 4 rows, one item a thread, no grid meeting, is estimated at 3204 cycles (~1.5 us a step by the fit)
-# against the counter's 5672 (~2.7 us): a prediction until the GPU measures it.
-ITEM_CYCLES = 1500  # a (batch row, unit) item's recomputed stages and adjoints
-GRID_BARRIER_CYCLES = 1900  # a barrier over the grid, per phase
+# What a step costs beyond its products (``estimated_cycles``), fitted on the H100 to training steps of 14 backward
+# configs of slstm_h12 bf16 at 768 x 16, T=1024 (bench/cell_backward_configs.py, fast math on): 12 blocks of whole
+# heads over the whole batch (barrier ``block``), the same in 2, 4 and 8 batch groups (``backward_groups``) at k_split
+# 16 and 32 and 2 and 4 rows a thread, and blocks of 8 to 32 units over the grid (``counter``). Least squares gave a
+# step ~ 3.02 ms of the rest of the training step + per backward step 0.55 us per 1000 estimated cycles of products,
+# 0.27 us per item a thread takes, 1.11 us where the grid meets: every config of whole heads within 0.07 ms of its
+# figure, those over the grid within 0.67 ms, and the measured order of the four fastest kept. Fastest: 8 groups of 2
+# rows, 96 x 256 (k_split 16, 4 rows a thread, batch tile 2), 4.042 ms; 4 groups of 4 rows 4.363; the grid's best,
+# 96 x 256 of 8 units, 6.004; 12 blocks of whole heads over the whole batch 6.895.
+ITEM_CYCLES = 500  # a (batch row, unit) item's recomputed stages and adjoints
+GRID_BARRIER_CYCLES = 2000  # a barrier over the grid, per phase
 
 
 def refusal(plan: CellPlan) -> str | None:
@@ -226,7 +227,7 @@ def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[Backwar
     ``block``, no grid barrier) rank with the grid's configs, not before them: a block of whole heads takes a
     head's every item of the batch, and the backward's items cost more than the barrier it saves (slstm_h12 above);
     in batch groups (``backward_groups``) it takes a group's, and ranks first where that makes a thread's items as
-    few as the grid's configs' (slstm_h12 768 x 16: 4 groups of 4 rows)."""
+    few as the grid's configs' (slstm_h12 768 x 16: 8 groups of 2 rows)."""
     local = [] if plan.heads == 1 else [cfg for cfg in space(plan, gpu, "block") if plan.local_to(cfg.units_per_cta)]
     return ranked_defaults(plan, gpu, local + space(plan, gpu), validate,
                            lambda cfg, g: estimated_cycles(cfg, g, plan), limit, "persistent backward")

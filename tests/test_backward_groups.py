@@ -90,11 +90,12 @@ def test_the_tensor_core_backward_refuses_batch_groups_with_the_reason():
     assert "head-wise products" in bmc.refusal(plan("lstm_h12", 16, 768, "float16"), "sm_90")
 
 
-@pytest.mark.parametrize("cell, batch, groups", [("slstm_h12", 16, {1, 2, 4}), ("lstm_h12", 8, {1, 2}),
-                                                 ("lstm_h12", 4, {1}), ("lstm_h48", 16, {1, 2, 4})])
+@pytest.mark.parametrize("cell, batch, groups", [("slstm_h12", 16, {1, 2, 4, 8}), ("lstm_h12", 8, {1, 2, 4}),
+                                                 ("lstm_h12", 4, {1, 2}), ("lstm_h12", 1, {1}),
+                                                 ("lstm_h48", 16, {1, 2, 4, 8}), ("lstm_h12", 64, {1, 2, 4, 8, 16})])
 def test_the_space_offers_groups_where_no_block_waits_for_another(cell, batch, groups):
-    """Equal groups of at least four rows (the forward's ``batch_splits``) with barrier ``block`` alone, each grid
-    within one CTA per SM; a group's batch tiles within its rows."""
+    """Equal groups of at least two rows (``backward_groups.GROUP_MIN_ROWS``, of the forward's counts) with barrier
+    ``block`` alone, each grid within one CTA per SM; a group's batch tiles within its rows."""
     p = plan(cell, batch, 768, "bfloat16")
     assert {c.batch_groups for c in pb.space(p, GPU)} == {1}  # the grid's barrier
     local = pb.space(p, GPU, "block")

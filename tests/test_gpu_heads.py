@@ -115,10 +115,10 @@ def training_error(layer, seq_len: int = 16) -> float:
 @pytest.mark.parametrize(
     "cell, hidden, batch, config",
     [
-        ("slstm_h12", 768, 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),  # the default
-        ("slstm_h12", 768, 16, BackwardConfig(64, 16, 4, 8, 4, "block", batch_groups=2)),
-        ("slstm_h12", 768, 8, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=2)),  # the default at 8 rows
-        ("lstm_h12", 768, 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
+        ("slstm_h12", 768, 16, BackwardConfig(64, 16, 4, 2, 4, "block", batch_groups=8)),  # the default
+        ("slstm_h12", 768, 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
+        ("slstm_h12", 768, 8, BackwardConfig(64, 16, 4, 2, 4, "block", batch_groups=4)),  # the default at 8 rows
+        ("lstm_h12", 768, 16, BackwardConfig(64, 16, 4, 2, 4, "block", batch_groups=8)),
         ("lstm_h12", 768, 8, BackwardConfig(64, 16, 4, 1, 4, "block", batch_groups=8)),  # a row a group
         ("rnn_tanh_h7", 7, 4, BackwardConfig(7, 2, 1, 2, 1, "block", batch_groups=2)),  # heads of one unit, odd hidden
         ("lstm_h4", 36, 6, BackwardConfig(36, 4, 3, 2, 4, "block", batch_groups=3)),  # heads of 9, groups of 2 rows

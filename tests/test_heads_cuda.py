@@ -276,20 +276,22 @@ def test_the_gpu_backward_takes_products_of_one_head_size():
 @pytest.mark.parametrize(
     "cell, batch, first",
     [
-        # 12 heads of 64: whole heads in 4 batch groups of 4 rows (48 blocks, one item a thread, no grid barrier)
-        ("slstm_h12", 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
-        ("lstm_h12", 16, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=4)),
-        ("slstm_h12", 8, BackwardConfig(64, 16, 4, 4, 4, "block", batch_groups=2)),
-        # heads of 16: two heads a block in 4 groups (96 blocks: within one block per SM)
-        ("slstm_h48", 16, BackwardConfig(32, 16, 2, 4, 4, "block", batch_groups=4)),
+        # 12 heads of 64: whole heads in 8 batch groups of 2 rows (96 blocks, one item a thread, no grid barrier),
+        # the fastest of 14 configs on the H100 (persistent_backward's ITEM_CYCLES)
+        ("slstm_h12", 16, BackwardConfig(64, 16, 4, 2, 4, "block", batch_groups=8)),
+        ("lstm_h12", 16, BackwardConfig(64, 16, 4, 2, 4, "block", batch_groups=8)),
+        ("slstm_h12", 8, BackwardConfig(64, 16, 4, 2, 4, "block", batch_groups=4)),
+        # heads of 16: four heads a block in 8 groups (96 blocks: within one block per SM)
+        ("slstm_h48", 16, BackwardConfig(64, 8, 2, 2, 4, "block", batch_groups=8)),
     ],
 )
 def test_the_gpu_backward_ranks_blocks_of_whole_heads_by_their_cost(cell, batch, first):
     """The float32 backward's default (head-wise products, every dtype: ``schedules.backward_configs``) is its
     cheapest estimate over blocks of whole heads (barrier ``block``) and blocks over the grid alike. A block of whole
     heads over the whole batch takes every item of its heads, whose recomputed stages and adjoints cost more than the
-    grid barrier it saves (H100, slstm_h12 bf16 768 x 16: 12 such blocks 5.2 us a backward step, 96 blocks of an
-    eighth of a head over the grid 3.0); in batch groups (``backward_groups``) it takes a group's rows' items alone."""
+    grid barrier it saves at batch 16 (H100, slstm_h12 bf16 768 x 16, a training step: 12 such blocks 6.895 ms, 96
+    blocks of an eighth of a head over the grid 6.004); in batch groups (``backward_groups``) it takes a group's rows'
+    items alone (8 groups of 2 rows: 4.042)."""
     p = plan(cell, batch, 768, "bfloat16")
     ranked = prnn_tvm.schedules.backward_configs(p, GPU)
     assert ranked[0] == first, ranked
@@ -297,7 +299,8 @@ def test_the_gpu_backward_ranks_blocks_of_whole_heads_by_their_cost(cell, batch,
     grid = BackwardConfig(8, 32, 1, batch, 4, "counter")
     g = {cfg: pb.validate(cfg, p, GPU) for cfg in (first, whole, grid)}
     cycles = {cfg: pb.estimated_cycles(cfg, g[cfg], p) for cfg in g}
-    assert cycles[first] < cycles[grid] < cycles[whole]
+    assert cycles[first] < min(cycles[grid], cycles[whole])
+    assert batch != 16 or cycles[grid] < cycles[whole]  # as measured at batch 16
     assert g[whole].items_per_thread > g[grid].items_per_thread == g[first].items_per_thread == 1
     weights = [pb.validate(cfg, p, GPU).weights_per_thread for cfg in ranked]
     assert weights == sorted(weights, reverse=True) and len(set(weights)) == len(weights)  # fallbacks hold fewer
