@@ -320,6 +320,26 @@ def test_a_half_call_folds_the_input_bias_into_the_recurrent_one(kind, layers, b
     assert all(a is b for a, b in zip(module._folded_input_bias(launch, suffix, weights), folded))  # once per update
 
 
+def test_a_call_that_trains_folds_the_input_bias_with_its_gradient():
+    """A call that trains on the GPU folds ``b_ih`` too, made anew at each call from the tracked parameters: autograd
+    gives ``b_ih`` and ``b_hh`` the carrier's gradient (which the backward kernel sums over steps and rows), and no
+    sum over the projection's gradient runs. No GPU needed: the CPU build's launch has the same arguments."""
+    module = pt.from_torch(_reference("lstm", input_size=3, hidden_size=4))
+    launch = module.layer_for(2, torch.device("cpu"))
+    entries = module._parameter_arguments(launch, "_l0")
+    args = [arg for arg, _, _ in entries]
+    weights = [module._tracked(name) for _, name, _ in entries]
+    folded = module._folded_input_bias(launch, "_l0", weights, grad=True)
+    carrier = folded[args.index("b_hh")]
+    assert folded[args.index("b_ih")] is None and carrier.requires_grad
+    assert torch.equal(carrier, module.bias_hh_l0 + module.bias_ih_l0)
+    assert module._folded_input_bias(launch, "_l0", weights, grad=True)[args.index("b_hh")] is not carrier  # anew
+    g = torch.randn_like(carrier)
+    (carrier * g).sum().backward()
+    assert torch.equal(module.bias_ih_l0.grad, g) and torch.equal(module.bias_hh_l0.grad, g)
+    assert module.weight_ih_l0.grad is None and module.weight_hh_l0.grad is None
+
+
 def test_a_compiled_module_copies_and_pickles():
     import copy
     import io
