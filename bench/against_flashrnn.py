@@ -245,7 +245,7 @@ def case_slstm():
     say(f"prnn-tvm training kernels: {training.report}")
     plan = layer.plan
     names = [a.name for a in training.backward.signature.launches[0].args if a.role.written]
-    d_out = torch.randn(T, B, H, device="cuda")
+    d_out = torch.randn(T, B, H, device="cuda", dtype=BF16)  # the outputs' gradients in the layer's type
 
     def kernels_step():  # the training kernels driven directly: the saving forward, the backward, R's gradient
         _, (*_, saved) = training.forward(xp=xp, **weights)
@@ -254,7 +254,7 @@ def case_slstm():
             saved=saved,
             d_out=d_out,
             **weights,
-            **{f"d_{s.name}_n": torch.zeros(B, H, device="cuda") for s in plan.states},
+            **{f"d_{s.name}_n": torch.zeros(B, H, device="cuda", dtype=BF16) for s in plan.states},
         )
         d = dict(zip(names, (first, *rest)))
         gates = torch.from_dlpack(d["d_gates"]).reshape(T * B, -1)

@@ -353,7 +353,8 @@ class _Backward(RegisterWeights):
         for it in range(self.g.items_per_thread):
             with self.item(it) as (b, unit, _ul):
                 for name, i in self.si.items():
-                    T.buffer_store(self.carry, self.d_final[name][b, unit], [it * len(self.si) + i])
+                    T.buffer_store(self.carry, as_type(self.d_final[name][b, unit], self.compute),
+                                   [it * len(self.si) + i])
                 for i in range(len(self.p_leaves)):
                     T.buffer_store(self.pgrad, tirx.const(0.0, self.compute), [it * len(self.p_leaves) + i])
                 T.buffer_store(self.lenreg, self.a.lengths[b], [it])
@@ -503,7 +504,7 @@ class _Backward(RegisterWeights):
         def incoming(name: str):
             d = self.carry[it * S + self.si[name]]
             if name == p.output:
-                d = d + self.d_out[t, b, unit]
+                d = d + as_type(self.d_out[t, b, unit], self.compute)  # in the layer's type, as torch gives it
             return T.if_then_else(running, d, tirx.const(0.0, self.compute))
 
         def operand(name: str):  # an operand stage's adjoint, received from a later phase's products

@@ -109,8 +109,9 @@ def emulated_gradients(layer, seq_len: int = T, seed: int = 0) -> dict:
     inputs = random_inputs(plan, seq_len, layer.input_size, seed=seed)
     inputs["lengths"] = random_lengths(B, seq_len, seed=seed + 1)
     rng = np.random.default_rng(seed + 2)
-    d_out = rng.standard_normal((seq_len, B, H))
-    d_finals = {s.name: rng.standard_normal((B, H)) for s in plan.states}
+    given = backward.launch.arg("d_out").dtype  # the outputs' gradients in the layer's type: their values as rounded
+    d_out = rng.standard_normal((seq_len, B, H)).astype(given).astype(np.float64)
+    d_finals = {s.name: rng.standard_normal((B, H)).astype(given).astype(np.float64) for s in plan.states}
     xp = emulator.projection(inputs, "float32")
     saved = (
         emulator.run_launch(source, save.launch, {**inputs, "xp": xp}, seq_len, kernel=save.func, target=layer.target)

@@ -92,8 +92,8 @@ def training_error(layer, seq_len: int = 16) -> float:
     inputs = random_inputs(plan, seq_len, layer.input_size)
     inputs["lengths"] = random_lengths(batch, seq_len, seed=3)
     rng = np.random.default_rng(1)
-    d_out = rng.standard_normal((seq_len, batch, hidden)).astype(np.float32)
-    d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(np.float32) for s in plan.states}
+    d_out = rng.standard_normal((seq_len, batch, hidden)).astype(plan.dtype)  # in the layer's type, as torch's
+    d_finals = {s.name: rng.standard_normal((batch, hidden)).astype(plan.dtype) for s in plan.states}
     args = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
     xp = projection(inputs, "float32")
     _, (*_, saved) = training.forward(xp=xp, **args)
@@ -107,7 +107,8 @@ def training_error(layer, seq_len: int = 16) -> float:
     )
     written = [a.name for a in training.backward.signature.launches[0].args if a.role.written]
     got = gradients_from(plan, inputs, dict(zip(written, (first, *rest))), saved, layer.input_size)
-    want = plan_gradients(plan, inputs, d_out, d_finals)
+    wide = {s: v.astype(np.float64) for s, v in d_finals.items()}
+    want = plan_gradients(plan, inputs, d_out.astype(np.float64), wide)
     return worst(relative_error(got[n], want[n]) for n in want)
 
 

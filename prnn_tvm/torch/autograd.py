@@ -65,10 +65,11 @@ class CudaBackprop(torch.autograd.Function):
         xp, *args, saved = ctx.saved_tensors
         plan, H = training.plan, module.hidden_size
         names = _data_names(training.forward)[1:]  # the forward's arguments after xp
-        # the backward computes in float32 (a half layer's outputs come back as float32 gradients; its gate
-        # gradients, d_gates, may be in the half type)
-        given = dict(zip(names, args), saved=saved, d_out=d_out.float().contiguous())
-        given.update({f"d_{s.name}_n": d.float().contiguous() for s, d in zip(plan.states, d_finals)})
+        # the backward computes in float32 and reads the outputs' gradients in the layer's type, as autograd gives
+        # them (a half layer's come back as float32 gradients; its gate gradients, d_gates, may be in the half type)
+        storage = getattr(torch, training.backward.signature.launches[0].arg("d_out").dtype)
+        given = dict(zip(names, args), saved=saved, d_out=d_out.to(storage).contiguous())
+        given.update({f"d_{s.name}_n": d.to(storage).contiguous() for s, d in zip(plan.states, d_finals)})
         launched = module._launch(
             training.backward, xp, [given[n] for n in _data_names(training.backward)[1:]], "recurrent_backward"
         )
