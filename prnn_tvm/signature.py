@@ -522,9 +522,10 @@ def gpu_backward_args(
     ``d_<s>_n`` in; ``d_xp``, ``d_gates`` (T, B, ``gates``: every product's gate gradients, for the weight
     gradients' GEMMs), each ``d_<param>_rows`` (B, width of the param: the param's gradient per batch
     row) and each ``d_<s>0`` out; then the workspace and the barrier's state and scalars. The weights and
-    params are the layer's ``storage`` type, and so are ``d_out`` and each ``d_<s>_n``: the gradients of what the
-    layer returns come in its type, and the kernel widens them as it reads them (a half layer's taken in float32, a
-    copy of ``d_out`` ran before the kernel: 55 us a step at slstm_h12 bf16 768 x 16, T=1024, H100). ``d_gates`` is
+    params are the layer's ``storage`` type, and so are ``d_out`` and each ``d_<s>_n`` (the gradients of what the
+    layer returns come in its type, and the kernel widens them as it reads them: a half layer's taken in float32, a
+    copy of ``d_out`` ran before the kernel, 55 us a step at slstm_h12 bf16 768 x 16, T=1024, H100) and ``d_xp`` (the
+    projection's GEMMs take it in the layer's type: rounded where written, not by a copy of 95 us there). ``d_gates`` is
     ``gates_dtype`` (the half type where the weight gradients' GEMMs multiply them), the workspace (the gate gradients
     the blocks exchange) ``exchange_dtype`` (where not ``gates_dtype``: the float32 backward of a half layer exchanges
     them in float32), everything else ``dtype`` (float32)."""
@@ -539,7 +540,7 @@ def gpu_backward_args(
     ]
     args += [Arg(f"d_{s}_n", ArgRole.STATE, (B, H), storage) for s in states]
     args += [
-        Arg("d_xp", ArgRole.OUTPUT, (SEQ, B, width), dtype),
+        Arg("d_xp", ArgRole.OUTPUT, (SEQ, B, width), storage),
         Arg("d_gates", ArgRole.OUTPUT, (SEQ, B, gates), gates_dtype or dtype),
     ]
     args += [Arg(f"d_{n}_rows", ArgRole.OUTPUT, (B, *s), dtype) for n, s in params.items()]

@@ -446,7 +446,7 @@ class _Backward(RegisterWeights):
                             T.buffer_store(self.d_rows[leaf.name], nan, [b, leaf.slice * H + unit])
                         with T.serial(0, self.a.seq_len) as t:
                             for s in range(self.p.input.slices):
-                                T.buffer_store(self.d_xp, nan, [t, b, s * H + unit])
+                                T.buffer_store(self.d_xp, as_type(nan, self.storage), [t, b, s * H + unit])
                             for column in range(self.K // H):
                                 T.buffer_store(self.d_gates, as_type(nan, self.storage), [t, b, column * H + unit])
 
@@ -466,7 +466,8 @@ class _Backward(RegisterWeights):
         if phase:
             return
         for s in range(p.input.slices):
-            T.buffer_store(self.d_xp, value(Leaf("input", p.input.name, s)), [t, b, s * H + unit])
+            d_xp = as_type(value(Leaf("input", p.input.name, s)), self.storage)  # the projection's GEMMs' type
+            T.buffer_store(self.d_xp, d_xp, [t, b, s * H + unit])
         P = len(self.p_leaves)
         for i, leaf in enumerate(self.p_leaves):
             T.buffer_store(self.pgrad, self.pgrad[it * P + i] + value(leaf), [it * P + i])

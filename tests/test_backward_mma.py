@@ -31,20 +31,24 @@ def test_half_layers_take_the_tensor_core_backward_first(dtype, template):
     args = {a.name: a for a in kernel.launch.args}
     gates = "float32" if dtype == "float32" else dtype  # published and written in the half type
     assert (args["d_gates"].dtype, args["workspace"].dtype) == (gates, gates)
-    assert (args["d_xp"].dtype, args["d_h0"].dtype, args["saved"].dtype) == ("float32",) * 3
+    # the outputs' gradients in and the projection's out in the layer's type, as torch gives and its GEMMs take them
+    assert (args["d_out"].dtype, args["d_h_n"].dtype, args["d_xp"].dtype) == (dtype,) * 3
+    assert (args["d_h0"].dtype, args["saved"].dtype) == ("float32",) * 2
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_float32_backward_of_a_half_layer_writes_its_gate_gradients_in_the_half_type(dtype):
     """Head-wise products take the float32 backward: it exchanges the gate gradients in float32 but writes ``d_gates``
-    in the layer's type, which the weight gradients' GEMMs take (``torch.autograd.weight_gradient``)."""
+    and ``d_xp`` in the layer's type, which the weights' and the projection's GEMMs take
+    (``torch.autograd.weight_gradient``, ``torch.projection.projection_gradients``)."""
     layer = prnn_tvm.compile_cell("lstm_h4", 64, 4, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     kernel = next(iter(gpu_backward(layer.plan, layer.gpu)))
     assert kernel.template == "persistent_backward"
     args = {a.name: a for a in kernel.launch.args}
-    assert (args["d_gates"].dtype, args["workspace"].dtype, args["d_xp"].dtype) == (dtype, "float32", "float32")
+    assert (args["d_gates"].dtype, args["workspace"].dtype, args["d_xp"].dtype) == (dtype, "float32", dtype)
     source = build_functions({"recurrent_backward": kernel.func}, layer.target, layer.gpu).source
-    assert f"{'half' if dtype == 'float16' else 'nv_bfloat16'}* __restrict__ d_gates" in source
+    for name in ("d_gates", "d_xp", "d_out"):
+        assert f"{'half' if dtype == 'float16' else 'nv_bfloat16'}* __restrict__ {name}" in source, name
 
 
 def test_refusals_name_the_reason():

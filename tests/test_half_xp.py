@@ -88,8 +88,8 @@ def test_the_space_offers_both_projections():
 
 @pytest.mark.parametrize("cell", ["lstm", "gru_cho", "lstm_h4"])
 def test_training_keeps_a_float32_projection(cell):
-    """The saving forward of a half-xp layer reads float32 ``xp``: what ``HalfProjection`` gives it and the GPU
-    backward reads."""
+    """The saving forward of a half-xp layer reads float32 ``xp``: what ``CudaBackprop``'s projection gives it and
+    the GPU backward reads."""
     layer = cuda_layer(cell, 64, 4)
     assert layer.kernel.config.half_xp
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

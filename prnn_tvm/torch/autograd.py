@@ -10,6 +10,7 @@ from prnn_tvm.deferred import compile_backward
 from prnn_tvm.errors import UnsupportedError
 
 from .arguments import aligned_state
+from .projection import project, projection_gradients
 
 
 class CpuBackprop(torch.autograd.Function):
@@ -42,27 +43,33 @@ class CpuBackprop(torch.autograd.Function):
 
 
 class CudaBackprop(torch.autograd.Function):
-    """One layer and direction's recurrent kernel on the GPU, differentiable. The forward is the training
-    forward (the layer's kernel, also saving each step's states and products); the backward is the
-    persistent backward kernel (:func:`prnn_tvm.compiler.compile_training`; adjoints derived from the
-    cell's plan), then one GEMM per product for the weights' gradients and a sum over the batch for the
-    params'. Arguments: the module (which launches them, :meth:`~prnn_tvm.torch.dispatch.Dispatch._launch`),
-    the layer's :class:`~prnn_tvm.compiler.Training`, then the recurrent kernel's inputs in its signature's
-    order (``xp``, weights, params, initial states, lengths)."""
+    """One layer and direction's input projection and recurrent kernel on the GPU, differentiable. The forward is
+    the projection (:func:`~prnn_tvm.torch.projection.project`: into float32, half GEMMs for a half layer) and the
+    training forward (the layer's kernel, also saving each step's states and products); the backward is the
+    persistent backward kernel (:func:`prnn_tvm.compiler.compile_training`; adjoints derived from the cell's plan),
+    then one GEMM per product for the weights' gradients, a sum over the batch for the params', and the projection's
+    gradients from the kernel's ``d_xp`` (:func:`~prnn_tvm.torch.projection.projection_gradients`). One Function for
+    both: the kernel writes ``d_xp`` in the layer's type, which the projection's GEMMs take, and autograd would cast a
+    half gradient of the float32 projection back to float32. Arguments: the module (which launches them,
+    :meth:`~prnn_tvm.torch.dispatch.Dispatch._launch`), the layer's :class:`~prnn_tvm.compiler.Training`, ``x``,
+    ``W_ih``, ``b_ih`` (None where the params carry it), the projection's ``biased_weight``, then the recurrent
+    kernel's inputs after ``xp`` in its signature's order (weights, params, initial states, lengths)."""
 
     @staticmethod
-    def forward(ctx, module, training, xp, *args):
+    def forward(ctx, module, training, x, W_ih, b_ih, biased_weight, *args):
         ctx.module, ctx.training = module, training
-        inputs = [xp.detach(), *(aligned_state(a.detach()) for a in args)]
-        out, *finals, saved = module._launch(training.forward, inputs[0], inputs[1:], "recurrent_save")
-        ctx.save_for_backward(*inputs, saved)
+        ctx.bias_dtype = None if b_ih is None else b_ih.dtype
+        xp = project(x, W_ih, b_ih, biased_weight=biased_weight)
+        inputs = [aligned_state(a.detach()) for a in args]
+        out, *finals, saved = module._launch(training.forward, xp, inputs, "recurrent_save")
+        ctx.save_for_backward(x, W_ih, xp, *inputs, saved)
         return (out, *finals)
 
     @staticmethod
     def backward(ctx, d_out, *d_finals):
         refuse_double_backward(ctx.training.plan.cell.name)
         module, training = ctx.module, ctx.training
-        xp, *args, saved = ctx.saved_tensors
+        x, W_ih, xp, *args, saved = ctx.saved_tensors
         plan, H = training.plan, module.hidden_size
         names = _data_names(training.forward)[1:]  # the forward's arguments after xp
         # the backward computes in float32 and reads the outputs' gradients in the layer's type, as autograd gives
@@ -87,7 +94,8 @@ class CudaBackprop(torch.autograd.Function):
             column += r.slices * H
         d.update({f"d_{q.name}": d[f"d_{q.name}_rows"].sum(0) for q in plan.params})
         grads = [None if d.get(f"d_{n}") is None else d[f"d_{n}"].to(given[n].dtype) for n in names]
-        return (None, None, d["d_xp"].to(xp.dtype), *grads)  # lengths: none
+        projected = projection_gradients(d["d_xp"], x, W_ih, ctx.needs_input_grad[2:5], ctx.bias_dtype)
+        return (None, None, *projected, None, *grads)  # lengths: none
 
 
 def weight_gradient(gates, operand, slices: int, heads: int, weight_dtype) -> torch.Tensor:
@@ -102,7 +110,7 @@ def weight_gradient(gates, operand, slices: int, heads: int, weight_dtype) -> to
 
     In the half type where the weight is half (``weight_dtype``): the operands are the half values the forward
     multiplied (exact in it), and the gate gradients are rounded to it once (already, where the tensor-core backward
-    made them), as ``half_projection.HalfProjection`` rounds ``d_xp``; cuBLAS accumulates in float32. Widened, a
+    made them), as the kernel rounds ``d_xp`` (``projection_gradients``); cuBLAS accumulates in float32. Widened, a
     head-wise layer's GEMM ran on CUDA cores (sLSTM 12 heads of 64, bf16, 768 x 16, T=1024: 1.5 ms on the H100)."""
     if weight_dtype in (torch.float16, torch.bfloat16):
         gates, operand = gates.to(weight_dtype), operand.to(weight_dtype)

@@ -32,7 +32,6 @@ from .arguments import parameter_suffix
 from .autograd import CpuBackprop, CudaBackprop
 from .buckets import BatchBuckets, Padding, rows_dropout
 from .fallback import refusal, run_in_torch
-from .half_projection import trained_projection
 from .projection import project, rounds
 from .sequences import reversal_within
 
@@ -377,9 +376,9 @@ class Dispatch(BatchBuckets):
         finals)``, finals of shape (B, H); an inference call writes into ``into`` where given (the launch's outputs in
         its order, None where made anew: :class:`~prnn_tvm.runtime.launcher.Launcher`)."""
         x = args[0]
-        if grad and x.device.type == "cuda":  # the projection's backward: GEMMs in the layer's type (d_x, d_W_ih)
-            xp = trained_projection(*args[:3], biased_weight=self._biased_weight)
-            out, *finals = CudaBackprop.apply(self, self._training_kernels(layer), xp, *args[3:])
+        if grad and x.device.type == "cuda":  # the projection with the kernels: its GEMMs in the layer's type
+            out, *finals = CudaBackprop.apply(self, self._training_kernels(layer), *args[:3], self._biased_weight,
+                                              *args[3:])
             return out, finals
         if grad:  # the recurrent kernel's backward is compiled for the CPU
             out, *finals = CpuBackprop.apply(layer, project(*args[:3]), *args[3:])
