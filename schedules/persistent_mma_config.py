@@ -140,9 +140,12 @@ BATCH_GROUPS = (1, 2, 4, 8, 16)
 GROUP_MIN_ROWS = 4  # a polling kind's space splits the batch only into groups of at least this many rows (each holds
 POLLED_GROUPS_MOST = 4  # all weights) and at most this many (the range its tuning records were run over)
 # The most batch groups the untuned default of a ``block`` config takes (:func:`grouped`: the most that keep its grid
-# within one CTA per SM, up to this). 1 keeps the default of one group until a GPU run says more groups are faster
-# (issue 49, bench/configs.py at lstm_h48 / h24 / h12 / h6, bf16 768 x 16).
-BLOCK_GROUPS_MOST = 1
+# within one CTA per SM, up to this). H100, bench/batch_warps.py --groups (LSTM with heads, bf16 768 x 16, T=1024, us
+# per step, one group -> 2 / 4 / 8 / 16): heads of 16 0.568 -> 0.566 / 0.653 / 0.632 / 0.571; of 32 0.588 -> 0.584 /
+# 0.674 / 0.659 / 0.547; of 64 0.638 -> 0.591 / 0.707 / 0.682 / 0.623; of 128 1.400 -> 0.733 / 0.757 / 0.736 / 0.613.
+# Two groups are at or below one group at every head size; more are faster at some sizes only (16 at heads of 32 and
+# 128), which tuning records find (the space offers every count).
+BLOCK_GROUPS_MOST = 2
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
 SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
 SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (the tiers): two in flight

@@ -23,10 +23,15 @@ pytestmark = pytest.mark.gpu
 HEADS = {16: "lstm_h48", 32: "lstm_h24", 64: "lstm_h12", 128: "lstm_h6"}  # at hidden 768
 
 
+def one_group(plan, gpu):
+    """The untuned config of one batch group (the default's fallback: the default is it in batch groups)."""
+    return next(c for c in mc.ranked_configs(plan, gpu) if c.batch_groups == 1)
+
+
 def grouped_configs(cell: str, batch: int, dtype: str, gpu) -> list:
-    """The default of one group and each config of more groups that :func:`mc.grouped` makes of it (one a count)."""
+    """The config of one group and each config of more groups that :func:`mc.grouped` makes of it (one a count)."""
     plan = prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, 768, dtype)
-    base = mc.ranked_configs(plan, gpu)[0]
+    base = one_group(plan, gpu)
     found = {mc.grouped(base, plan, gpu, most=G) for G in mc.BATCH_GROUPS[1:]} - {base}
     return [base, *sorted(found, key=lambda c: c.batch_groups)]
 
@@ -47,8 +52,8 @@ def test_grouped_configs_match_the_reference_and_one_group(D, batch):
     """bfloat16: every grouped config at batch 16 (the most groups at 8) within the bound, and the same bits as the
     one-group layer (rows never read each other; each row's products and pointwise math are the same)."""
     cell = HEADS[D]
-    one = prnn_tvm.compile_cell(cell, 768, batch, dtype="bfloat16", target="cuda", tuning_logs=[])
-    base, *grouped = grouped_configs(cell, batch, "bfloat16", one.gpu)
+    base, *grouped = grouped_configs(cell, batch, "bfloat16", gpu_spec())
+    one = prnn_tvm.compile_cell(cell, 768, batch, dtype="bfloat16", target="cuda", config=base, tuning_logs=[])
     assert grouped and one.kernel.config == base
     for config in grouped if batch == 16 else grouped[-1:]:
         layer = prnn_tvm.compile_cell(cell, 768, batch, dtype="bfloat16", target="cuda", config=config,
@@ -77,11 +82,11 @@ def test_a_torch_module_with_grouped_heads():
 
     torch.manual_seed(7)
     plan = prnn_tvm.analyze(prnn_tvm.resolve("lstm_h12"), 16, 768, "bfloat16")
-    one = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", target="cuda", tuning_logs=[])
-    config = mc.grouped(one.kernel.config, plan, one.gpu, most=8)
+    base = one_group(plan, gpu_spec())
+    config = mc.grouped(base, plan, gpu_spec(), most=8)
     assert config.batch_groups == 8
-    modules = [pt.Recurrent("lstm_h12", 768, 768, device="cuda", dtype=torch.bfloat16, config=c)
-               for c in (dataclasses.asdict(config), None)]
+    modules = [pt.Recurrent("lstm_h12", 768, 768, device="cuda", dtype=torch.bfloat16, config=dataclasses.asdict(c))
+               for c in (config, base)]
     with torch.no_grad():
         for a, b in zip(modules[0].parameters(), modules[1].parameters()):
             b.copy_(a)
@@ -90,3 +95,4 @@ def test_a_torch_module_with_grouped_heads():
     assert modules[0].layer_for(16, x.device).report.config["batch_groups"] == 8
     assert torch.equal(got, want) and torch.equal(again, want)
     assert np.isfinite(got.float().cpu().numpy()).all()
+

@@ -1,7 +1,7 @@
 """Batch groups with head-wise products and barrier ``block`` (``schedules/persistent_mma_config.py``: ``batch_groups``,
-``grouped``), without a GPU: what validation accepts and refuses, the space, the untuned default (one group until a GPU
-run says otherwise: ``BLOCK_GROUPS_MOST``), the training forward's one group, and the kernels as ptxas builds them,
-each per-row argument indexed from the group's first row. Their numbers on the GPU: test_gpu_heads_batch_groups.py."""
+``grouped``), without a GPU: what validation accepts and refuses, the space, the untuned default (up to
+``BLOCK_GROUPS_MOST`` groups: two), the training forward's one group, and the kernels as ptxas builds them, each per-row
+argument indexed from the group's first row. Their numbers on the GPU: test_gpu_heads_batch_groups.py."""
 
 import dataclasses
 import re
@@ -25,6 +25,11 @@ HEADS = {16: "lstm_h48", 32: "lstm_h24", 64: "lstm_h12", 128: "lstm_h6"}  # at h
 
 def plan(cell, hidden=768, batch=16, dtype="bfloat16"):
     return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
+
+
+def one_group(p):
+    """The untuned default of one batch group (the first ranked config of one group: the fallback of the grouped)."""
+    return next(c for c in mc.ranked_configs(p, GPU) if c.batch_groups == 1)
 
 
 def build(cell, config, hidden=768, batch=16, dtype="bfloat16"):
@@ -99,20 +104,24 @@ def test_the_space_offers_groups_of_any_rows_with_block():
 
 
 @pytest.mark.parametrize("cell", sorted(HEADS.values()) + ["slstm_h12"])
-def test_the_default_keeps_one_group_until_a_gpu_run_says_otherwise(cell, monkeypatch):
-    """BLOCK_GROUPS_MOST = 1: the ranked configs are those of one group. Raised, the first takes the most groups
-    (up to it) whose grid keeps within one CTA per SM, and the one-group config follows (a fallback)."""
+def test_the_default_takes_two_groups_and_falls_back_to_one(cell, monkeypatch):
+    """BLOCK_GROUPS_MOST = 2 (at or below one group at every head size on the H100): the first ranked config is the
+    one-group default in two groups, one pass of its group's rows, and the one-group config follows (a fallback).
+    Raised, the first takes the most groups (up to it) whose grid keeps within one CTA per SM."""
     p = plan(cell)
-    assert mc.BLOCK_GROUPS_MOST == 1
-    before = mc.ranked_configs(p, GPU)
-    assert all(c.batch_groups == 1 for c in before)
-    monkeypatch.setattr(mc, "BLOCK_GROUPS_MOST", 16)
+    assert mc.BLOCK_GROUPS_MOST == 2
     first, second, *_ = mc.ranked_configs(p, GPU)
+    assert first.batch_groups == 2 and first.in_warp and first.barrier == "block", first
+    assert second.batch_groups == 1 and first == mc.grouped(second, p, GPU)
+    assert mc.validate(first, p, GPU).batch_chunks == 1 and first.n_tiles == 1
+    monkeypatch.setattr(mc, "BLOCK_GROUPS_MOST", 1)
+    assert mc.ranked_configs(p, GPU)[0] == second
+    monkeypatch.setattr(mc, "BLOCK_GROUPS_MOST", 16)
+    most_first, *_ = mc.ranked_configs(p, GPU)
     heads = p.reductions[0].heads
     most = max(G for G in mc.BATCH_GROUPS if G * heads <= GPU.sms)
-    assert first.batch_groups == most and first.in_warp and first.barrier == "block", first
-    assert second == before[0] and first == mc.grouped(before[0], p, GPU, most=16)
-    g = mc.geometry(first, p)
+    assert most_first.batch_groups == most and most_first == mc.grouped(second, p, GPU, most=16)
+    g = mc.geometry(most_first, p)
     assert g.ctas == most * heads <= GPU.sms and g.batch_chunks == 1
 
 
@@ -124,7 +133,7 @@ def test_grouped_takes_the_most_groups_that_split_the_batch_and_fit(batch, most,
     """lstm_h12: 12 heads a group; 8 groups fit the 132 SMs; 12 rows split into 4 groups of 3 (not 8); a batch of 1
     or 5 has no split (``cfg`` as it is)."""
     p = plan("lstm_h12", batch=batch)
-    base = mc.ranked_configs(p, GPU)[0]
+    base = one_group(p)
     got = mc.grouped(base, p, GPU, most=most)
     assert got.batch_groups == groups
     if groups > 1:
@@ -144,7 +153,7 @@ def test_the_training_forward_runs_one_group(cell):
     """Its saved columns are the whole batch's: a grouped config trains with its one-group twin (the batch's tiles
     in one pass, the fewest shared k tiles that validate, a float32 projection)."""
     p = plan(cell)
-    one = mc.ranked_configs(p, GPU)[0]
+    one = one_group(p)
     cfg = mc.grouped(one, p, GPU, most=16)
     assert cfg.batch_groups > 1
     saving = mc.saving_config(cfg, p, GPU)
@@ -159,7 +168,7 @@ def test_grouped_kernels_build_without_spills(D, dtype):
     """The grouped default of each head size (most=16), as ptxas builds it: no spills, within the CTA's registers,
     one block barrier a step."""
     p = plan(HEADS[D], dtype=dtype)
-    config = mc.grouped(mc.ranked_configs(p, GPU)[0], p, GPU, most=16)
+    config = mc.grouped(one_group(p), p, GPU, most=16)
     layer = build(HEADS[D], config, dtype=dtype)
     rep = layer.report
     assert rep.ctas == mc.geometry(config, p).ctas and config.batch_groups > 1
