@@ -1,7 +1,8 @@
 """Batch groups with head-wise products under barrier ``block`` on a real GPU (``pytest -m gpu``): each group of rows
 on CTAs of its own, no CTA waiting for another. Every grouped config ``grouped`` makes at heads of 16 to 128 (hidden
 768, batches 16 and 8, bf16 and fp16) against the float64 reference, and bit for bit against the same layer in one
-group; the torch module's call with a grouped config. Refusals, space, default and generated code:
+group; the torch module's call with a grouped config; the training forward in batch groups (its saved values against
+float64 and one group, the training kernels' gradients). Refusals, space, default and generated code:
 test_heads_batch_groups.py."""
 
 import dataclasses
@@ -10,13 +11,17 @@ import numpy as np
 import pytest
 
 import prnn_tvm
-from prnn_tvm.checks import plan_tolerance
-from prnn_tvm.reference import random_lengths
+from prnn_tvm.checks import plan_tolerance, relative_error
+from prnn_tvm.compiler import compile_training
+from prnn_tvm.reference import plan_layer, random_inputs, random_lengths
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec
+from prnn_tvm.verify.emulator import projection
 
 from .test_gpu_half import error_of
+from .test_gpu_heads import training_error
 from .test_gpu_sentinel import assert_same_bits
+from .test_heads_batch_groups import SAVING
 
 pytestmark = pytest.mark.gpu
 
@@ -96,3 +101,39 @@ def test_a_torch_module_with_grouped_heads():
     assert torch.equal(got, want) and torch.equal(again, want)
     assert np.isfinite(got.float().cpu().numpy()).all()
 
+
+def saved_of(layer, inputs: dict) -> np.ndarray:
+    """What ``layer``'s training forward (``compile_training``) saves on ``inputs``: (step, batch row, column)."""
+    training = compile_training(layer)
+    args = {k: v for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
+    _, (*_, saved) = training.forward(xp=projection(inputs, "float32"), **args)
+    return np.asarray(saved)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cell, hidden, batch, config", SAVING)
+def test_the_training_forward_in_batch_groups(cell, hidden, batch, config, dtype):
+    """The training forward of a grouped config runs in its groups (each group's CTAs save their own rows), under the
+    GPU's memory order and ragged lengths: every saved value (the states at each step's start, the products' gate rows)
+    within the bound of float64 and bit for bit those of the same layer in one group; every gradient of the training
+    kernels (the float32 backward reading them) within the bound of the training kernels' test."""
+    layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", config=config, tuning_logs=[],
+                                  cache=False)
+    grid = compile_training(layer).forward.signature.launches[0].grid
+    assert grid.ctas == config.batch_groups * -(-hidden // config.units_per_cta)
+    plan, seq_len = layer.plan, 16
+    inputs = random_inputs(plan, seq_len, layer.input_size, seed=5)
+    inputs["lengths"] = random_lengths(batch, seq_len, seed=6)
+    saved = saved_of(layer, inputs)
+    _, _, steps = plan_layer(plan, inputs)
+    want = np.stack([np.concatenate([step[leaf] for leaf in plan.saved_leaves()], axis=1) for step in steps])
+    assert saved.shape == want.shape
+    H = plan.hidden
+    for column, leaf in enumerate(plan.saved_leaves()):
+        err = relative_error(saved[:, :, column * H : (column + 1) * H], want[:, :, column * H : (column + 1) * H])
+        assert err <= plan_tolerance(plan, seq_len), f"{leaf}: {err:.2e}"
+    one = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", config=one_group(plan, layer.gpu),
+                                tuning_logs=[], cache=False)
+    assert compile_training(one).forward.signature.launches[0].grid.ctas < grid.ctas
+    assert np.array_equal(saved, saved_of(one, inputs))
+    assert training_error(layer) <= 5e-2

@@ -1,6 +1,6 @@
 """Batch groups with head-wise products and barrier ``block`` (``schedules/persistent_mma_config.py``: ``batch_groups``,
 ``grouped``), without a GPU: what validation accepts and refuses, the space, the untuned default (up to
-``BLOCK_GROUPS_MOST`` groups: two), the training forward's one group, and the kernels as ptxas builds them, each per-row
+``BLOCK_GROUPS_MOST`` groups: two), the training forward's groups, and the kernels as ptxas builds them, each per-row
 argument indexed from the group's first row. Their numbers on the GPU: test_gpu_heads_batch_groups.py."""
 
 import dataclasses
@@ -9,8 +9,9 @@ import re
 import pytest
 
 import prnn_tvm
+from prnn_tvm.codegen.build import build_functions
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.schedules import by_name
+from prnn_tvm.schedules import by_name, saving_forward
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
 from prnn_tvm.tune.space import ConfigSpace
@@ -148,18 +149,44 @@ def test_grouped_leaves_a_grid_synchronized_config_as_it_is():
     assert base.barrier != "block" and mc.grouped(base, p, GPU, most=16) == base
 
 
-@pytest.mark.parametrize("cell", sorted(HEADS.values()))
-def test_the_training_forward_runs_one_group(cell):
-    """Its saved columns are the whole batch's: a grouped config trains with its one-group twin (the batch's tiles
-    in one pass, the fewest shared k tiles that validate, a float32 projection)."""
+@pytest.mark.parametrize("cell", sorted(HEADS.values()) + ["slstm_h12"])
+def test_the_training_forward_keeps_the_groups(cell):
+    """Each group's CTAs save their own rows (``saved``'s rows seen from the group's first, as every per-row
+    argument): a grouped config trains in its groups, its projection float32."""
     p = plan(cell)
-    one = one_group(p)
-    cfg = mc.grouped(one, p, GPU, most=16)
-    assert cfg.batch_groups > 1
-    saving = mc.saving_config(cfg, p, GPU)
-    mc.validate(saving, p, GPU)
-    assert saving.batch_groups == 1 and saving.in_warp and saving.xp == "float32"
-    assert dataclasses.replace(saving, xp=one.xp, batch_warps=one.batch_warps) == one
+    for cfg in {mc.grouped(one_group(p), p, GPU, most=G) for G in (2, 16)}:
+        assert cfg.batch_groups > 1
+        assert mc.saving_config(cfg, p, GPU) == dataclasses.replace(cfg, xp="float32")
+
+
+SAVING = [  # (cell, hidden, batch, config): the default's two groups, more, a group's rows tiled awkwardly
+    ("slstm_h12", 768, 16, mc.MmaConfig(64, 1, 1, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_groups=2)),
+    ("slstm_h12", 768, 16, mc.MmaConfig(64, 1, 1, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_groups=8)),
+    ("lstm_h12", 768, 16, dataclasses.replace(GROUPED, batch_groups=16)),  # a row a group
+    ("slstm_h12", 768, 12, dataclasses.replace(GROUPED, batch_groups=4)),  # groups of 3 rows
+    ("slstm_h4", 40, 6, mc.MmaConfig(10, 1, 1, "block", batch_groups=2)),  # heads of 10, gates by gate, 3 rows
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cell, hidden, batch, config", SAVING)
+def test_the_saving_forward_in_groups_writes_each_group_rows(cell, hidden, batch, config, dtype):
+    """The training forward of a grouped config, as ptxas builds it: a grid of the groups' runs of CTAs, no spills,
+    and every store to ``saved`` (step, batch row, column) offset by the group's first row, a step the whole batch's
+    rows apart. Its numbers against float64 and one group on the GPU: test_gpu_heads_batch_groups.py."""
+    layer = build(cell, config, hidden, batch, dtype)
+    save = saving_forward(layer.plan, layer.target, layer.gpu, layer.kernel.config)
+    assert save.config == dataclasses.replace(config, xp="float32")
+    built = build_functions({"recurrent_save": save.func}, layer.target, layer.gpu)
+    assert built.ptxas.function("recurrent_save").spills == 0
+    per_group = -(-hidden // config.units_per_cta)
+    assert save.launch.grid.ctas == config.batch_groups * per_group and save.launch.sync is None
+    columns = len(layer.plan.saved_leaves()) * hidden
+    rows = batch // config.batch_groups
+    stores = re.findall(r"saved_ptr\[([^\]]*)\] = ", built.source)
+    divide = f"/ {per_group}" + (f"|>> {per_group.bit_length() - 1}" if per_group & (per_group - 1) == 0 else "")
+    group = rf"\(\(\(int\)blockIdx\.x\) (?:{divide})\) \* {rows * columns}\)"
+    assert stores and all(re.search(group, i) and f"v * {batch * columns})" in i for i in stores), stores
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
