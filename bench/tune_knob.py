@@ -5,7 +5,8 @@
 
 Values are integers or names (``--knob barrier --values sentinel``). For each case (cell:HIDDENxBATCH; a stack
 is ``lstm_x4``) it takes the ``--top`` fastest records of the log whose config is still
-valid with the knob set to one of ``--values``, measures each of those configs with each value first
+valid with the knob set to one of ``--values`` (a case the log has no record of: the template's untuned defaults, in
+their order), measures each of those configs with each value first
 (``tune(first=...)``), then ``--trials`` configs of the usual model-guided search; everything lands in the log.
 Configs the log has already are skipped, unless ``--remeasure``: after a change to the generated code, that
 measures the best records' configs again (``--values`` their own value of the knob).
@@ -82,7 +83,8 @@ def main():
         template = template_for(plan, gpu.target())
         known = records.for_key(records.load(log), records.key_for(plan, gpu, template.name))
         before = min((r.per_step_s for r in known if r.ok), default=float("nan")) * 1e6
-        seeds = with_knob(ConfigSpace(plan, gpu, template), known, args.knob, args.values, args.top)
+        defaults = [c.as_dict() for c in template.default_configs(plan, gpu.target(), gpu)]
+        seeds = with_knob(ConfigSpace(plan, gpu, template), known, args.knob, args.values, args.top, defaults)
         res = seeded(args, cell, hidden, batch, args.dtype, log, seeds, args.remeasure)
         print(
             f"{case}: {len(seeds)} seeded; best {before:.3f} -> {res.best.per_step_s * 1e6:.3f} us/step "

@@ -124,9 +124,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
     def __init__(self, plan: CellPlan, cfg: PersistentConfig, g: Geometry, save: bool = False):
-        if save and (cfg.layout != "shared" or getattr(cfg, "batch_groups", 1) > 1):
-            raise ConfigError("a training forward runs the shared layout and one batch group "
-                              f"(ranking.shared_layout), not {cfg}")
+        if save and cfg.layout != "shared":
+            raise ConfigError(f"a training forward runs the shared layout (ranking.shared_layout), not {cfg}")
         self.p, self.c, self.g, self.save = plan, cfg, g, save
         self.direct = getattr(cfg, "direct", False)  # a tensor-core knob: each lane polls its own fragments
         self.batch_groups = getattr(cfg, "batch_groups", 1)  # a knob of the tensor-core template's only
@@ -141,9 +140,11 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         # tiles, two sets of them)
         self.tile_rows = cfg.batch_tile if getattr(cfg, "in_warp", False) else min(cfg.batch_tile, self.B)
         # each pointwise group's (batch row, unit) items go to threads of their own (a stack's layers in
-        # parallel); a training forward saves every leaf of a (row, unit) from one item: one group
+        # parallel); a training forward saves every leaf of a (row, unit) from one item: one group (on each batch
+        # group's run of CTAs)
+        whole = (PointwiseGroup.whole(plan),)
         self.parts = self.grid_parts() if not save else (
-            GridPart(0, g.ctas, plan.reductions, plan.operands, (PointwiseGroup.whole(plan),)),)
+            GridPart(0, -(-self.H // cfg.units_per_cta), plan.reductions, plan.operands, whole),)
         self.groups = tuple(group for part in self.parts for group in part.groups)
         self.looping = self.parts  # the parts the time loop being emitted runs: one inside ``part_loops``
         # word offset of the float32 template's gate sums: after the operand tiles of the part with the most
@@ -239,10 +240,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
 
     def batch_group_views(self, a: SimpleNamespace) -> SimpleNamespace:
         """The launch's arguments as this CTA's batch group sees them: every per-row argument (the input
-        projection, the output sequence, the workspace, initial and final states, lengths) a view whose row
-        ``b`` is row ``group * B + b`` (``codegen.kernel.row_view``). A workspace laid out by span of heads
-        (``head_columns``: one axis of ``[span][batch row][column]`` per slot) gives each group a run of its own,
-        ``B x`` the padded hidden size, in which ``ws_at`` lays out the group's rows so."""
+        projection, the output sequence, the workspace, initial and final states, lengths, a training forward's
+        ``saved``) a view whose row ``b`` is row ``group * B + b`` (``codegen.kernel.row_view``). A workspace laid
+        out by span of heads (``head_columns``: one axis of ``[span][batch row][column]`` per slot) gives each group
+        a run of its own, ``B x`` the padded hidden size, in which ``ws_at`` lays out the group's rows so."""
         first = bind_value(self.bx // self.part.ctas * self.B, "group_row0")
 
         def rows(buf, axis: int, row: int | None = None):
@@ -255,6 +256,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                       if getattr(a, name) is not None})
         if getattr(a, "ws", None) is not None:  # values a batch row: the hidden size, or the padded one (by span)
             views["ws"] = rows(a.ws, 2, self.cols.padded_hidden() if self.cols.headed else None)
+        if "saved" in a.named:  # (step, batch row, column), as the GPU backward reads it
+            views["named"] = {**a.named, "saved": rows(a.named["saved"], 1)}
         return SimpleNamespace(**{**vars(a), **views})
 
     def row_starts(self) -> list[int]:

@@ -140,9 +140,12 @@ BATCH_GROUPS = (1, 2, 4, 8, 16)
 GROUP_MIN_ROWS = 4  # a polling kind's space splits the batch only into groups of at least this many rows (each holds
 POLLED_GROUPS_MOST = 4  # all weights) and at most this many (the range its tuning records were run over)
 # The most batch groups the untuned default of a ``block`` config takes (:func:`grouped`: the most that keep its grid
-# within one CTA per SM, up to this). 1 keeps the default of one group until a GPU run says more groups are faster
-# (issue 49, bench/configs.py at lstm_h48 / h24 / h12 / h6, bf16 768 x 16).
-BLOCK_GROUPS_MOST = 1
+# within one CTA per SM, up to this). H100, bench/batch_warps.py --groups (LSTM with heads, bf16 768 x 16, T=1024, us
+# per step, one group -> 2 / 4 / 8 / 16): heads of 16 0.568 -> 0.566 / 0.653 / 0.632 / 0.571; of 32 0.588 -> 0.584 /
+# 0.674 / 0.659 / 0.547; of 64 0.638 -> 0.591 / 0.707 / 0.682 / 0.623; of 128 1.400 -> 0.733 / 0.757 / 0.736 / 0.613.
+# Two groups are at or below one group at every head size; more are faster at some sizes only (16 at heads of 32 and
+# 128), which tuning records find (the space offers every count).
+BLOCK_GROUPS_MOST = 2
 POLL_SLEEPS = (0, 256, 512)  # nanoseconds between the polls of a data-carried exchange
 SLEEP_MIN_ROWS = 8  # the space offers a sleep only where a group polls at least this many batch rows
 SHARED_FRAGMENT_REGS = 8  # registers of A fragments loaded from shared memory (the tiers): two in flight
@@ -778,27 +781,11 @@ def carried(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``
-    (``ranking.shared_layout``, in one batch group: :func:`one_group`), its projection float32: what
-    ``prnn_tvm.torch``'s half projection that trains (``half_projection.HalfProjection``) and the GPU backward read."""
-    return dataclasses.replace(shared_layout(one_group(cfg, plan, gpu), plan, gpu, validate, ranked_configs),
-                               xp="float32")
-
-
-def one_group(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
-    """``cfg`` with the whole batch as one group (what the training forward runs: its saved columns are the whole
-    batch's), where it is a ``block`` config of several, :func:`grouped` undone: the batch tiles the batch needs where
-    ``cfg`` runs a group in one pass, its weights' fewest shared k tiles that validate; else the best untuned config
-    of one group. A kind that polls values keeps its knobs (``ranking.shared_layout`` makes it one group)."""
-    if cfg.batch_groups == 1 or barrier(cfg.barrier).grid_wide:
-        return cfg
-    n_tiles = cfg.n_tiles
-    if cfg.batch_tile >= group_rows(cfg, plan):  # one pass a group: one pass the batch, where 8 tiles hold it
-        n_tiles = next((n for n in (1, 2, 4, 8) if TILE_N * n >= plan.batch), cfg.n_tiles)
-    found = fewest_shared_tiles(dataclasses.replace(cfg, batch_groups=1, n_tiles=n_tiles, batch_warps=1,
-                                                    smem_k_tiles=0), plan, gpu)
-    if found is not None:
-        return found
-    return next(c for c in ranked_configs(plan, gpu) if c.batch_groups == 1)
+    (``ranking.shared_layout``), its projection float32: what ``prnn_tvm.torch``'s half projection that trains
+    (``half_projection.HalfProjection``) and the GPU backward read. A ``block`` config keeps its batch groups, each
+    group's CTAs saving their own rows (H100, slstm_h12 bf16 768 x 16: in one group, 12 CTAs, it took 1481 us of a
+    4.9 ms training step); a kind that polls values trains in one group."""
+    return dataclasses.replace(shared_layout(cfg, plan, gpu, validate, ranked_configs), xp="float32")
 
 
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:

@@ -238,7 +238,9 @@ def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate
 def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_configs: Callable):
     """``cfg`` in the shared layout: what the training forward (``recurrent_save``) of a layer built with ``cfg``
     runs, since it writes every saved column of a (batch row, unit) from one item of the whole step. ``cfg``
-    itself where it is shared, else with the shared layout where that fits, else the best untuned shared one."""
+    itself where it is shared, else with the shared layout where that fits, else the best untuned shared one. Its batch
+    groups stay where the training forward's kind synchronizes each block with itself alone (``block``: each group's
+    blocks save their own rows, ``row_view``), else it runs one group."""
     kind = barrier(cfg.barrier).training_kind()  # the training forward exchanges through its workspace
     if kind != cfg.barrier:
         cfg = dataclasses.replace(cfg, barrier=kind)
@@ -246,7 +248,9 @@ def shared_layout(cfg, plan: CellPlan, gpu: GpuSpec, validate: Callable, ranked_
             cfg = dataclasses.replace(cfg, poll_sleep=0)
         if getattr(cfg, "operand_path", "shared") != "shared":  # and loads whole tiles after its barriers
             cfg = dataclasses.replace(cfg, operand_path="shared")
-    if getattr(cfg, "batch_groups", 1) > 1:  # and runs the whole batch as one group (its saved columns' layout)
+    # one batch group where the training forward's kind synchronizes blocks with each other; a ``block`` forward keeps
+    # its groups, each group's blocks saving their own rows
+    if getattr(cfg, "batch_groups", 1) > 1 and barrier(kind).grid_wide:
         cfg = dataclasses.replace(cfg, batch_groups=1)
     if cfg.layout == "shared":
         return cfg

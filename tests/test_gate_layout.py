@@ -24,6 +24,12 @@ def plan(cell, hidden=768, batch=16, dtype="bfloat16"):
     return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
 
 
+def one_group(p) -> list:
+    """The ranked configs of one batch group (the default takes the first of them in batch groups first:
+    test_heads_batch_groups.py)."""
+    return [c for c in mc.ranked_configs(p, GPU) if c.batch_groups == 1]
+
+
 def build(cell, dtype, config=None, hidden=768, batch=16):
     return prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", config=config,
                                  tuning_logs=[])
@@ -83,7 +89,7 @@ def test_a_head_of_128_takes_its_gates_in_one_warp_with_shared_k_tiles(batch, sk
     shared memory (H200: 1.425 us per step against 2.435 by gate, 252 registers at 256 threads); the fewest that
     validate at each batch (none at one batch tile), the by_gate config next (a fallback)."""
     p = plan("lstm_h6", batch=batch)
-    first, second, *_ = mc.ranked_configs(p, GPU)
+    first, second, *_ = one_group(p)
     assert first.in_warp and first.smem_k_tiles == sk and mc.geometry(first, p).threads == 512, first
     if sk:
         with pytest.raises(ConfigError, match="registers per thread"):
@@ -245,7 +251,7 @@ def test_the_default_splits_the_batch_tiles_only_below_the_measured_warps(cell, 
     fallback); 0 would never split."""
     p = plan(cell)
     assert mc.BATCH_WARPS_BELOW == 16
-    first, second, *_ = mc.ranked_configs(p, GPU)
+    first, second, *_ = one_group(p)
     assert first == dataclasses.replace(second, batch_warps=2), (first, second)
     assert mc.geometry(first, p).threads == 2 * mc.geometry(second, p).threads <= 16 * 32
     monkeypatch.setattr(mc, "BATCH_WARPS_BELOW", 0)
@@ -257,7 +263,7 @@ def test_the_split_takes_the_batch_tiles_of_each_batch_up_to_16_warps(batch, war
     """Heads of 16 (2 warps a CTA unsplit): one batch tile has nothing to split; 2, 4, 8 tiles a pass take as many
     sets of warps (4, 8, 16 warps), each set one tile."""
     p = plan("lstm_h48", batch=batch)
-    first = mc.ranked_configs(p, GPU)[0]
+    first = one_group(p)[0]
     assert first.in_warp and first.batch_warps == warps and first.warp_n_tiles == 1, first
     assert mc.geometry(first, p).threads == 64 * warps
 

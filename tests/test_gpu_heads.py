@@ -67,7 +67,7 @@ def test_every_synchronization_of_one_head_placement(cell, barrier, dtype):
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda")
     config = dataclasses.replace(layer.kernel.config, barrier=barrier)
     if barrier != "block" and getattr(config, "in_warp", False):  # its gates in warps write the block's own tiles
-        config = dataclasses.replace(config, gate_layout="by_gate", batch_warps=1)
+        config = dataclasses.replace(config, gate_layout="by_gate", batch_warps=1, batch_groups=1)  # (groups: block)
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", config=config)
     assert error_of(layer, 64, seed=4) <= plan_tolerance(layer.plan, 64)
 

@@ -1,7 +1,7 @@
 """Batch groups with head-wise products and barrier ``block`` (``schedules/persistent_mma_config.py``: ``batch_groups``,
-``grouped``), without a GPU: what validation accepts and refuses, the space, the untuned default (one group until a GPU
-run says otherwise: ``BLOCK_GROUPS_MOST``), the training forward's one group, and the kernels as ptxas builds them,
-each per-row argument indexed from the group's first row. Their numbers on the GPU: test_gpu_heads_batch_groups.py."""
+``grouped``), without a GPU: what validation accepts and refuses, the space, the untuned default (up to
+``BLOCK_GROUPS_MOST`` groups: two), the training forward's groups, and the kernels as ptxas builds them, each per-row
+argument indexed from the group's first row. Their numbers on the GPU: test_gpu_heads_batch_groups.py."""
 
 import dataclasses
 import re
@@ -9,8 +9,9 @@ import re
 import pytest
 
 import prnn_tvm
+from prnn_tvm.codegen.build import build_functions
 from prnn_tvm.errors import ConfigError
-from prnn_tvm.schedules import by_name
+from prnn_tvm.schedules import by_name, saving_forward
 from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
 from prnn_tvm.tune.space import ConfigSpace
@@ -25,6 +26,11 @@ HEADS = {16: "lstm_h48", 32: "lstm_h24", 64: "lstm_h12", 128: "lstm_h6"}  # at h
 
 def plan(cell, hidden=768, batch=16, dtype="bfloat16"):
     return prnn_tvm.analyze(prnn_tvm.resolve(cell), batch, hidden, dtype)
+
+
+def one_group(p):
+    """The untuned default of one batch group (the first ranked config of one group: the fallback of the grouped)."""
+    return next(c for c in mc.ranked_configs(p, GPU) if c.batch_groups == 1)
 
 
 def build(cell, config, hidden=768, batch=16, dtype="bfloat16"):
@@ -99,20 +105,24 @@ def test_the_space_offers_groups_of_any_rows_with_block():
 
 
 @pytest.mark.parametrize("cell", sorted(HEADS.values()) + ["slstm_h12"])
-def test_the_default_keeps_one_group_until_a_gpu_run_says_otherwise(cell, monkeypatch):
-    """BLOCK_GROUPS_MOST = 1: the ranked configs are those of one group. Raised, the first takes the most groups
-    (up to it) whose grid keeps within one CTA per SM, and the one-group config follows (a fallback)."""
+def test_the_default_takes_two_groups_and_falls_back_to_one(cell, monkeypatch):
+    """BLOCK_GROUPS_MOST = 2 (at or below one group at every head size on the H100): the first ranked config is the
+    one-group default in two groups, one pass of its group's rows, and the one-group config follows (a fallback).
+    Raised, the first takes the most groups (up to it) whose grid keeps within one CTA per SM."""
     p = plan(cell)
-    assert mc.BLOCK_GROUPS_MOST == 1
-    before = mc.ranked_configs(p, GPU)
-    assert all(c.batch_groups == 1 for c in before)
-    monkeypatch.setattr(mc, "BLOCK_GROUPS_MOST", 16)
+    assert mc.BLOCK_GROUPS_MOST == 2
     first, second, *_ = mc.ranked_configs(p, GPU)
+    assert first.batch_groups == 2 and first.in_warp and first.barrier == "block", first
+    assert second.batch_groups == 1 and first == mc.grouped(second, p, GPU)
+    assert mc.validate(first, p, GPU).batch_chunks == 1 and first.n_tiles == 1
+    monkeypatch.setattr(mc, "BLOCK_GROUPS_MOST", 1)
+    assert mc.ranked_configs(p, GPU)[0] == second
+    monkeypatch.setattr(mc, "BLOCK_GROUPS_MOST", 16)
+    most_first, *_ = mc.ranked_configs(p, GPU)
     heads = p.reductions[0].heads
     most = max(G for G in mc.BATCH_GROUPS if G * heads <= GPU.sms)
-    assert first.batch_groups == most and first.in_warp and first.barrier == "block", first
-    assert second == before[0] and first == mc.grouped(before[0], p, GPU, most=16)
-    g = mc.geometry(first, p)
+    assert most_first.batch_groups == most and most_first == mc.grouped(second, p, GPU, most=16)
+    g = mc.geometry(most_first, p)
     assert g.ctas == most * heads <= GPU.sms and g.batch_chunks == 1
 
 
@@ -124,7 +134,7 @@ def test_grouped_takes_the_most_groups_that_split_the_batch_and_fit(batch, most,
     """lstm_h12: 12 heads a group; 8 groups fit the 132 SMs; 12 rows split into 4 groups of 3 (not 8); a batch of 1
     or 5 has no split (``cfg`` as it is)."""
     p = plan("lstm_h12", batch=batch)
-    base = mc.ranked_configs(p, GPU)[0]
+    base = one_group(p)
     got = mc.grouped(base, p, GPU, most=most)
     assert got.batch_groups == groups
     if groups > 1:
@@ -139,18 +149,44 @@ def test_grouped_leaves_a_grid_synchronized_config_as_it_is():
     assert base.barrier != "block" and mc.grouped(base, p, GPU, most=16) == base
 
 
-@pytest.mark.parametrize("cell", sorted(HEADS.values()))
-def test_the_training_forward_runs_one_group(cell):
-    """Its saved columns are the whole batch's: a grouped config trains with its one-group twin (the batch's tiles
-    in one pass, the fewest shared k tiles that validate, a float32 projection)."""
+@pytest.mark.parametrize("cell", sorted(HEADS.values()) + ["slstm_h12"])
+def test_the_training_forward_keeps_the_groups(cell):
+    """Each group's CTAs save their own rows (``saved``'s rows seen from the group's first, as every per-row
+    argument): a grouped config trains in its groups, its projection float32."""
     p = plan(cell)
-    one = mc.ranked_configs(p, GPU)[0]
-    cfg = mc.grouped(one, p, GPU, most=16)
-    assert cfg.batch_groups > 1
-    saving = mc.saving_config(cfg, p, GPU)
-    mc.validate(saving, p, GPU)
-    assert saving.batch_groups == 1 and saving.in_warp and saving.xp == "float32"
-    assert dataclasses.replace(saving, xp=one.xp, batch_warps=one.batch_warps) == one
+    for cfg in {mc.grouped(one_group(p), p, GPU, most=G) for G in (2, 16)}:
+        assert cfg.batch_groups > 1
+        assert mc.saving_config(cfg, p, GPU) == dataclasses.replace(cfg, xp="float32")
+
+
+SAVING = [  # (cell, hidden, batch, config): the default's two groups, more, a group's rows tiled awkwardly
+    ("slstm_h12", 768, 16, mc.MmaConfig(64, 1, 1, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_groups=2)),
+    ("slstm_h12", 768, 16, mc.MmaConfig(64, 1, 1, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_groups=8)),
+    ("lstm_h12", 768, 16, dataclasses.replace(GROUPED, batch_groups=16)),  # a row a group
+    ("slstm_h12", 768, 12, dataclasses.replace(GROUPED, batch_groups=4)),  # groups of 3 rows
+    ("slstm_h4", 40, 6, mc.MmaConfig(10, 1, 1, "block", batch_groups=2)),  # heads of 10, gates by gate, 3 rows
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cell, hidden, batch, config", SAVING)
+def test_the_saving_forward_in_groups_writes_each_group_rows(cell, hidden, batch, config, dtype):
+    """The training forward of a grouped config, as ptxas builds it: a grid of the groups' runs of CTAs, no spills,
+    and every store to ``saved`` (step, batch row, column) offset by the group's first row, a step the whole batch's
+    rows apart. Its numbers against float64 and one group on the GPU: test_gpu_heads_batch_groups.py."""
+    layer = build(cell, config, hidden, batch, dtype)
+    save = saving_forward(layer.plan, layer.target, layer.gpu, layer.kernel.config)
+    assert save.config == dataclasses.replace(config, xp="float32")
+    built = build_functions({"recurrent_save": save.func}, layer.target, layer.gpu)
+    assert built.ptxas.function("recurrent_save").spills == 0
+    per_group = -(-hidden // config.units_per_cta)
+    assert save.launch.grid.ctas == config.batch_groups * per_group and save.launch.sync is None
+    columns = len(layer.plan.saved_leaves()) * hidden
+    rows = batch // config.batch_groups
+    stores = re.findall(r"saved_ptr\[([^\]]*)\] = ", built.source)
+    divide = f"/ {per_group}" + (f"|>> {per_group.bit_length() - 1}" if per_group & (per_group - 1) == 0 else "")
+    group = rf"\(\(\(int\)blockIdx\.x\) (?:{divide})\) \* {rows * columns}\)"
+    assert stores and all(re.search(group, i) and f"v * {batch * columns})" in i for i in stores), stores
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -159,7 +195,7 @@ def test_grouped_kernels_build_without_spills(D, dtype):
     """The grouped default of each head size (most=16), as ptxas builds it: no spills, within the CTA's registers,
     one block barrier a step."""
     p = plan(HEADS[D], dtype=dtype)
-    config = mc.grouped(mc.ranked_configs(p, GPU)[0], p, GPU, most=16)
+    config = mc.grouped(one_group(p), p, GPU, most=16)
     layer = build(HEADS[D], config, dtype=dtype)
     rep = layer.report
     assert rep.ctas == mc.geometry(config, p).ctas and config.batch_groups > 1

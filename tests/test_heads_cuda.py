@@ -180,8 +180,8 @@ def test_half_block_kernels_take_sigmoid_through_tanh(cell, dtype, barrier, thro
     most: half a float16 ulp at 0.5), no exp2 or reciprocal left; elsewhere 1 / (1 + e^-x)."""
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     config = dataclasses.replace(layer.kernel.config, barrier=barrier)
-    if barrier != "block" and getattr(config, "in_warp", False):  # (a unit's gates in a warp take block alone)
-        config = dataclasses.replace(config, gate_layout="by_gate", batch_warps=1)
+    if barrier != "block":  # (a unit's gates in a warp, and batch groups of heads, take block alone)
+        config = dataclasses.replace(config, gate_layout="by_gate", batch_warps=1, batch_groups=1)
     layer = prnn_tvm.compile_cell(cell, 768, 16, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[],
                                   config=config)
     body = kernel_source(layer)
@@ -319,7 +319,7 @@ def test_the_tuning_space_places_heads_and_records_key_the_placement():
     first = space.configs[space.defaults()[0]]
     assert first.barrier == "block" and first.as_dict()["barrier"] == "block"
     assert first.in_warp  # a unit's gates in one warp (test_gate_layout.py), which only ``block`` takes
-    synchronized = dataclasses.replace(first, barrier="counter", gate_layout="by_gate", batch_warps=1)
+    synchronized = dataclasses.replace(first, barrier="counter", gate_layout="by_gate", batch_warps=1, batch_groups=1)
     assert synchronized in space.configs  # the same placement, synchronized
 
 

@@ -471,6 +471,26 @@ def test_remeasure_measures_the_given_configs_again(tmp_path):
     assert [r.config for r in skipped.new] == [configs[0].as_dict()]
 
 
+def test_with_knob_seeds_a_case_without_records_from_the_untuned_defaults():
+    """``bench/tune_knob.py`` on shapes the log has no record of: the template's ranked defaults stand for the records,
+    in their order (a default equal to an earlier one but for the knob adds nothing), and a record, once there,
+    takes their place."""
+    plan = analyze(resolve("lstm_h2"), 4, 32, "bfloat16")
+    template = by_name("persistent_mma")
+    space = ConfigSpace(plan, GPU, template)
+    defaults = [c.as_dict() for c in template.default_configs(plan, GPU.target(), GPU)]
+    first = defaults[0]
+    second = next(d for d in defaults if dict(d, batch_groups=1) != dict(first, batch_groups=1))
+    assert first["batch_groups"] == 2 and first["barrier"] == "block"
+    assert with_knob(space, [], "batch_groups", (1, 2, 4), 2, defaults) == [
+        *({**first, "batch_groups": G} for G in (1, 2, 4)),
+        *({**second, "batch_groups": G} for G in (1, 2, 4)),
+    ]
+    assert with_knob(space, [], "batch_groups", (4,), 1) == []  # neither records nor defaults
+    measured = Record(key(), {**second, "batch_groups": 2}, (1e-4,), 256)
+    assert with_knob(space, [measured], "batch_groups", (4,), 2, defaults) == [{**second, "batch_groups": 4}]
+
+
 def test_with_knob_takes_the_fastest_distinct_configs_that_stay_valid_with_the_knob():
     plan = analyze(resolve("lstm"), 16, 256, "float16")
     space = ConfigSpace(plan, GPU, by_name("persistent_mma"))

@@ -228,22 +228,24 @@ def _record(key: TuneKey, plan: CellPlan, task: TuneTask, built: Built, runner, 
     )
 
 
-def with_knob(space: ConfigSpace, recs: list[Record], knob: str, values, top: int) -> list[dict]:
+def with_knob(space: ConfigSpace, recs: list[Record], knob: str, values, top: int, bases=()) -> list[dict]:
     """The configs of the ``top`` fastest successfully measured configs of ``recs`` that stay in ``space`` with
     ``knob`` set to one of ``values``: each with every such value, fastest first (``tune(first=...)`` measures
-    them before its search)."""
-    seeds, seen, bases = [], set(), 0
-    for rec in sorted((r for r in recs if r.ok), key=lambda r: r.per_step_s):
-        if bases == top:
+    them before its search). Where ``recs`` has no successful record, ``bases`` (config dicts, in their order: a case
+    without records seeds from the template's untuned defaults) stand for them."""
+    seeds, seen, taken = [], set(), 0
+    ordered = [r.config for r in sorted((r for r in recs if r.ok), key=lambda r: r.per_step_s)]
+    for base in ordered or list(bases):
+        if taken == top:
             break
         fresh = []  # a config measured twice, or two that the knob's value makes equal, is seeded once
-        for config in ({**rec.config, knob: v} for v in values):
+        for config in ({**base, knob: v} for v in values):
             i = space.index(config)
             if i is not None and i not in seen:
                 seen.add(i)
                 fresh.append(config)
         if fresh:
-            bases += 1
+            taken += 1
             seeds += fresh
     return seeds
 
