@@ -55,8 +55,17 @@ def configs(plan, gpu) -> list:
 
 plan = prnn_tvm.analyze(prnn_tvm.resolve(args.spec), B, H, args.dtype)
 inputs = random_inputs(plan, T, H, seed=1)  # the layer's input size is its hidden size
-data = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in inputs.items()
-        if k not in ("x", "W_ih", "b_ih")}
+
+
+def on_gpu(v):
+    """A NumPy array on the GPU; bfloat16 (ml_dtypes, which torch.from_numpy refuses) through its 16-bit pattern."""
+    v = np.ascontiguousarray(v)
+    if v.dtype.name == "bfloat16":
+        return torch.from_numpy(v.view(np.uint16)).view(torch.bfloat16).cuda()
+    return torch.from_numpy(v).cuda()
+
+
+data = {k: on_gpu(v) for k, v in inputs.items() if k not in ("x", "W_ih", "b_ih")}
 xp = torch.from_numpy(projection(inputs, "float32")).cuda()
 first = None
 for config in configs(plan, gpu_spec()):
