@@ -781,10 +781,10 @@ def carried(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig | None:
 
 def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     """The config of the training forward (``recurrent_save``) of a layer built with ``cfg``
-    (``ranking.shared_layout``), its projection float32: what ``prnn_tvm.torch``'s half projection that trains
-    (``half_projection.HalfProjection``) and the GPU backward read. A ``block`` config keeps its batch groups, each
-    group's CTAs saving their own rows (H100, slstm_h12 bf16 768 x 16: in one group, 12 CTAs, it took 1481 us of a
-    4.9 ms training step); a kind that polls values trains in one group."""
+    (``ranking.shared_layout``), its projection float32: what ``prnn_tvm.torch``'s training call projects
+    (``autograd.CudaBackprop``) and the GPU backward reads. A ``block`` config keeps its batch groups, each group's CTAs
+    saving their own rows (H100, slstm_h12 bf16 768 x 16, bench/saving_groups.py: 1.472 us a step in one group of 12
+    CTAs, 0.799 in two); a kind that polls values trains in one group."""
     return dataclasses.replace(shared_layout(cfg, plan, gpu, validate, ranked_configs), xp="float32")
 
 
