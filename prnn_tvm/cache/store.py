@@ -176,11 +176,11 @@ class Store:
         the digest just stored), and what dead writers left under tmp/; returns how many entries went. Reads
         sizes and times only, no entry.json: an entry's size once per process (:data:`_SIZES`), its time only where
         the bound is passed."""
-        sized = [(Entry(Path(folder.path), {}), _size(folder)) for folder in self._scanned()]
+        sized = [(folder, _size(folder)) for folder in self._scanned()]
         total = sum(size for _, size in sized)
         if total <= self.max_bytes:
             return 0
-        listed = [(entry.last_used, size, entry) for entry, size in sized]
+        listed = [(entry.last_used, size, entry) for entry, size in ((Entry(Path(f.path), {}), n) for f, n in sized)]
         removed = 0
         with self._locked():
             for _, size, entry in sorted(listed, key=lambda item: item[0]):  # least recently used first
