@@ -85,15 +85,10 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
         if problem:
             raise ConfigError(f"config {cfg} of cell '{plan.cell.name}': {problem}")
         return kernel, built, ConfigChoice(cfg, ConfigOrigin.USER, template=template)
-    defaults = [
-        ConfigChoice(cfg, ConfigOrigin.DEFAULT, template=t)
-        for t in templates
-        for cfg in t.default_configs(plan, target, gpu)
-    ]
-    if not defaults:  # no template with knobs: the first builds as it is
-        kernel = templates[0].apply(plan, target, gpu)
-        return kernel, build(kernel), ConfigChoice(None, ConfigOrigin.NONE, template=templates[0])
-    tuned, why_default = tuned_configs(plan, [t for t in templates if t.config_type is not None], gpu, tuning_logs)
+    knobbed = [t for t in templates if t.config_type is not None]
+    if not knobbed:  # no template with knobs: the first builds as it is
+        return _as_it_is(plan, templates, target, gpu, build)
+    tuned, why_default = tuned_configs(plan, knobbed, gpu, tuning_logs)
     failures = []  # why each faster tuned config was not kept
     for choice in tuned:
         try:
@@ -118,7 +113,14 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
             if len(failures) == 1
             else f"the {len(failures)} fastest {what} configs: {', '.join(failures)}"
         )
-    candidates = [replace(choice, reason=why_default) for choice in defaults]
+    # ranked only here, where no tuned config was kept (ranking validates every config of the space)
+    candidates = [
+        ConfigChoice(cfg, ConfigOrigin.DEFAULT, why_default, template=t)
+        for t in templates
+        for cfg in t.default_configs(plan, target, gpu)
+    ]
+    if not candidates:  # no template with a default: the first builds as it is
+        return _as_it_is(plan, templates, target, gpu, build)
     passed_over, unfit = [], 0
     for i, choice in enumerate(candidates):
         kernel = choice.template.apply(plan, target, gpu, choice.config)
@@ -144,6 +146,12 @@ def choose_and_build(plan, templates, target, gpu, build, config=None, tuning_lo
         )
         passed_over.append(built.spill_bytes)
     raise AssertionError("unreachable: the last candidate is returned or refused")
+
+
+def _as_it_is(plan, templates, target, gpu, build) -> tuple:
+    """The first template's kernel without a config, built (a template without knobs)."""
+    kernel = templates[0].apply(plan, target, gpu)
+    return kernel, build(kernel), ConfigChoice(None, ConfigOrigin.NONE, template=templates[0])
 
 
 def _callers_config(templates, config) -> tuple:

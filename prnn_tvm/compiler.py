@@ -29,7 +29,7 @@ from .schedules import backward_for, by_name, gpu_backward, saving_forward, temp
 from .session_build import SessionKernels, compile_session  # noqa: F401 - the compiler's entry points, re-exported
 from .signature import SEQ, Signature
 from .split_build import compile_split
-from .target import GpuSpec, gpu_spec
+from .target import GpuSpec, cpu_target, gpu_spec
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +302,7 @@ def _target(target, arch):
                 f"arch={arch!r} is a CUDA architecture, and target 'llvm' is the CPU build, which takes "
                 "none: drop arch, or compile for target='cuda'"
             )
-        return tvm.target.Target("llvm"), None
+        return cpu_target(), None
     if kind == "cuda":
         gpu = arch if isinstance(arch, GpuSpec) else gpu_spec(arch)
         return gpu.target(), gpu

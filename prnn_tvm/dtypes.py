@@ -20,6 +20,7 @@ benchmark use.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -179,6 +180,7 @@ def tolerance(dtype: str, seq_len: int) -> float:
     return policy(dtype).tolerance(seq_len)
 
 
+@functools.lru_cache(maxsize=64)  # a handful of names, asked millions of times while configs are ranked
 def itemsize(dtype: str) -> int:
     """Bytes per element of a TVM dtype name (``float32`` -> 4, ``uint64`` -> 8, ``bfloat16`` -> 2)."""
     bits = int("".join(ch for ch in dtype if ch.isdigit()) or 0)

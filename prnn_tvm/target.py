@@ -1,4 +1,4 @@
-"""GPU facts the schedule needs before anything is built: SMs, registers, shared memory.
+"""GPU facts the schedule needs before anything is built: SMs, registers, shared memory; and the CPU build's target.
 
 Known architectures carry the numbers of their flagship part (the H100 SXM for sm_90);
 on a machine with a GPU, :func:`gpu_spec` takes the SM count from the device itself.
@@ -8,6 +8,7 @@ TVM is imported by the functions that need it: the command line names architectu
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, replace
 
@@ -55,10 +56,10 @@ class GpuSpec:
         return self.sms * self.tensor_flops_per_sm_clock * self.boost_clock_mhz * 1e6
 
     def target(self):
-        """The TVM target for this GPU, with an LLVM host."""
+        """The TVM target for this GPU, with an LLVM host (:func:`cpu_target`: its level of optimization)."""
         import tvm
 
-        return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host="llvm")
+        return tvm.target.Target({"kind": "cuda", "arch": self.arch}, host=cpu_target())
 
 
 _KNOWN = {
@@ -140,6 +141,28 @@ def parse_arch(arch: str) -> str:
     if name not in _KNOWN:
         raise ConfigError(f"unknown GPU architecture '{arch}'; known: {', '.join(known_archs())}")
     return name
+
+
+CPU_OPT_LEVEL = "PRNN_TVM_CPU_OPT_LEVEL"
+CPU_OPT_LEVELS = ("0", "1", "2", "3")
+
+
+def cpu_target(environ=None):
+    """The TVM target of the CPU build and of a CUDA build's host code: LLVM at its own optimization level (3), or at
+    the level ``PRNN_TVM_CPU_OPT_LEVEL`` names (0 to 3; read from ``environ``, default ``os.environ``). The test suite
+    builds hundreds of CPU layers and CUDA layers at level 1, where LLVM's code generation takes about half the CPU
+    time of level 3 (``tests/conftest.py``, docs/tests.md); a layer cached at one level is another key than at the
+    other (the target's text is part of it). ConfigError naming the variable for another value."""
+    import tvm
+
+    env = os.environ if environ is None else environ
+    level = env.get(CPU_OPT_LEVEL, "").strip()
+    if not level:
+        return tvm.target.Target("llvm")
+    if level not in CPU_OPT_LEVELS:
+        raise ConfigError(f"{CPU_OPT_LEVEL}={env[CPU_OPT_LEVEL]!r}: LLVM's optimization level of the CPU build is "
+                          f"one of {', '.join(CPU_OPT_LEVELS)} (unset: LLVM's own, 3)")
+    return tvm.target.Target({"kind": "llvm", "opt-level": int(level)})
 
 
 def local_gpu():

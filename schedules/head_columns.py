@@ -17,6 +17,7 @@ past the row's own ``D``), and its operand values start at the row's head within
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,7 +38,12 @@ class OperandColumns:
     @classmethod
     def of(cls, reductions, hidden: int, units: int) -> "OperandColumns":
         """From a CTA's products; ConfigError where ``units`` does not fit a head size, or two head-wise products of
-        one operand have heads of different sizes."""
+        one operand have heads of different sizes. Made once per products, hidden and units in a process (every
+        config of a space asks, twice: read it, never change it)."""
+        return _columns(tuple(reductions), hidden, units)
+
+    @classmethod
+    def _of(cls, reductions: tuple, hidden: int, units: int) -> "OperandColumns":
         sizes: dict = {}
         for r in reductions:
             sizes[r.operand] = sizes.get(r.operand, frozenset()) | {r.head_size(hidden)}
@@ -117,6 +123,11 @@ class OperandColumns:
             if len(found) > 1:
                 return False
         return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _columns(reductions: tuple, hidden: int, units: int) -> OperandColumns:
+    return OperandColumns._of(reductions, hidden, units)
 
 
 def check_heads(cols: OperandColumns, reductions, rows: int, knob: str, what: str, starts: list | None = None) -> None:

@@ -77,6 +77,7 @@ atomics and a total is R loads (not bit-deterministic from run to run): ``persis
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -325,6 +326,7 @@ def geometry(cfg: MmaConfig, plan: CellPlan) -> MmaGeometry:
                        unit_sum_bytes(plan, B, cfg.units_per_cta), sk, smem_ws, lk, l2_ws)
 
 
+@functools.lru_cache(maxsize=None)  # a few hundred (rows, units) pairs; every config's geometry asks
 def gate_sum_stride(rows: int, units: int) -> int:
     """Words between batch rows of the shared partial sums: the least stride from the CTA's ``rows`` up at
     which every warp's pointwise reads hit 32 distinct banks. A warp's items are 32 consecutive (batch

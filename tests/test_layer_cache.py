@@ -19,7 +19,7 @@ from prnn_tvm.compiler import compile_backward
 from prnn_tvm.errors import PrnnError
 from prnn_tvm.reference import random_inputs
 from prnn_tvm.runtime.loading import read_metadata
-from prnn_tvm.target import gpu_spec, local_gpu
+from prnn_tvm.target import CPU_OPT_LEVEL, gpu_spec, local_gpu
 
 
 @pytest.fixture
@@ -62,7 +62,8 @@ def test_a_second_process_gets_the_layer_in_50_ms_of_cpu(cache_dir, target):
     """The target: the first process compiles (and stores), the second finds it; CPU time of compile_cell in the
     second, the honest figure on a shared machine (its wall time is printed beside). On a GPU the second loads
     the cubin the first stored: no nvcc, no NVRTC."""
-    env = {**os.environ, "PRNN_TVM_CACHE_DIR": str(cache_dir)}
+    # a user's build, at LLVM's own level (the suite's level 1 compiles in less than half the CPU: not the figure)
+    env = {k: v for k, v in os.environ.items() if k != CPU_OPT_LEVEL} | {"PRNN_TVM_CACHE_DIR": str(cache_dir)}
     first, second = _run(env, target), _run(env, target)
     print(
         f"compile_cell ({target}): first process {first['cpu_ms']:.0f} ms of CPU, second {second['cpu_ms']:.1f} ms "

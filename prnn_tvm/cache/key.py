@@ -114,9 +114,11 @@ def log_stamps(tuning_logs, gpu) -> list:
 
 
 def target_identity(target, gpu) -> dict:
-    """The target as the code depends on it: the CUDA GPU's spec and nvcc, or the host and LLVM target."""
+    """The target as the code depends on it: the CUDA GPU's spec, nvcc and the host code's LLVM target, or the host
+    and LLVM target."""
     if gpu is not None:
-        return {"kind": "cuda", "gpu": {k: getattr(gpu, k) for k in gpu.__dataclass_fields__}, "nvcc": nvcc_identity()}
+        return {"kind": "cuda", "gpu": {k: getattr(gpu, k) for k in gpu.__dataclass_fields__}, "nvcc": nvcc_identity(),
+                "host": str(target.host)}
     return {"kind": "llvm", "target": str(target), "machine": platform.machine()}
 
 

@@ -76,6 +76,20 @@ class Entry:
             return 0.0
 
 
+# Bytes of each entry folder (by path and inode) this process has measured: an entry's files do not change once it is
+# in place (renamed in whole, renamed out to go), so a store's trim stats only the entries new to it, not every file
+# of every entry after every store (a test run stores ~1,400 entries: quadratic in stats before). A key stored again
+# after it went (its folder may take the old inode) is the same layer, of about the same size: the bound stays near.
+_SIZES: dict = {}
+
+
+def _size(folder: os.DirEntry) -> int:
+    key = (folder.path, folder.inode())
+    if key not in _SIZES:
+        _SIZES[key] = Entry(Path(folder.path), {}).size
+    return _SIZES[key]
+
+
 class Store:
     """The entries under ``root``, trimmed to ``max_bytes`` after each store."""
 
@@ -136,8 +150,11 @@ class Store:
         return sum(Entry(folder, {}).size for folder in self._folders())
 
     def _folders(self) -> list[Path]:
+        return [Path(folder.path) for folder in self._scanned()]
+
+    def _scanned(self) -> list[os.DirEntry]:
         try:
-            return [Path(folder.path) for folder in os.scandir(self.entries_dir)]
+            return list(os.scandir(self.entries_dir))
         except FileNotFoundError:
             return []
 
@@ -157,11 +174,13 @@ class Store:
     def trim(self, keep: str | None = None) -> int:
         """Remove the least recently used entries until the cache holds at most ``max_bytes`` (never ``keep``,
         the digest just stored), and what dead writers left under tmp/; returns how many entries went. Reads
-        sizes and times only (a stat per file), no entry.json."""
-        listed = [(e.last_used, e.size, e) for e in (Entry(folder, {}) for folder in self._folders())]
-        total = sum(size for _, size, _ in listed)
+        sizes and times only, no entry.json: an entry's size once per process (:data:`_SIZES`), its time only where
+        the bound is passed."""
+        sized = [(folder, _size(folder)) for folder in self._scanned()]
+        total = sum(size for _, size in sized)
         if total <= self.max_bytes:
             return 0
+        listed = [(entry.last_used, size, entry) for entry, size in ((Entry(Path(f.path), {}), n) for f, n in sized)]
         removed = 0
         with self._locked():
             for _, size, entry in sorted(listed, key=lambda item: item[0]):  # least recently used first

@@ -208,6 +208,10 @@ class _Walker:
     def expr(self, e, mask):
         """An integer (or bool) expression's value over the threads, or None where it reads data. Shared
         buffers read on the way are recorded (only where the expression's own conditions may hold)."""
+        binary = _BINARY.get(type(e))  # the most common node first (none of the kinds below is one)
+        if binary is not None:
+            a, b = self.expr(e.a, mask), self.expr(e.b, mask)
+            return None if a is None or b is None else binary(a, b)
         if isinstance(e, tirx.IntImm):
             return np.int64(e.value)
         if isinstance(e, tirx.FloatImm):
@@ -248,9 +252,6 @@ class _Walker:
         if isinstance(e, (tirx.Ramp, tirx.Broadcast)):
             self.expr(e.base if isinstance(e, tirx.Ramp) else e.value, mask)
             return None
-        if type(e) in _BINARY:
-            a, b = self.expr(e.a, mask), self.expr(e.b, mask)
-            return None if a is None or b is None else _BINARY[type(e)](a, b)
         return None
 
     def choose(self, cond, yes, no, mask):
