@@ -408,16 +408,20 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         (``persistent_warp_gates`` says yes)."""
         return False
 
-    # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`)
+    # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`): where a step loads
+    # its own at its top, and where it is loaded a step or two early (:attr:`inputs_early`), steps on from the load's
     XP_PREFETCH_STEPS = 0
+    XP_PREFETCH_EARLY_STEPS = 0
 
     @property
     def inputs_prefetched(self) -> int:
-        """How many steps on a step asks its items' input projection into L2 (``prefetch.global.L2``, one per word
-        the thread will read: one per 64-byte line from hidden 16 up), or 0: where the step loads its own projection at
-        its top (not :attr:`inputs_early`), so that the load of a projection too large for L2 meets it there
-        rather than waiting on DRAM (bench/results/exchange-probes-h100.md, "Two source changes timed and adopted")."""
-        return 0 if self.inputs_early else self.XP_PREFETCH_STEPS
+        """How many steps on from the step whose projection it loads a thread asks its items' projection into L2
+        (``prefetch.global.L2``, one per word the thread will read: one per 64-byte line from hidden 16 up), or 0:
+        so that the load of a projection too large for L2 meets it there rather than waiting on DRAM. Where the step
+        loads its own at its top, ``XP_PREFETCH_STEPS`` (bench/results/exchange-probes-h100.md, "Two source changes
+        timed and adopted"); where it is loaded a step or two early (:attr:`inputs_early`: a block kernel's step is
+        shorter than DRAM's latency), ``XP_PREFETCH_EARLY_STEPS``."""
+        return self.XP_PREFETCH_EARLY_STEPS if self.inputs_early else self.XP_PREFETCH_STEPS
 
     def load_inputs(self, t, regs=None):
         """Step ``t``'s input projection for the items of the part being emitted, into registers (``regs``, else the
