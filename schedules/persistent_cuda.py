@@ -421,7 +421,7 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     # Where it is loaded a step or two early (:attr:`inputs_early`): steps on from the loaded step (0: none); how
     # ("segment": :meth:`prefetch_segments`; "word": as ``XP_PREFETCH_STEPS``, each thread its words); and where
     # ("load": with the loads, before the step's barrier; "barrier": after it). bench/xp_prefetch_block.py times them.
-    XP_PREFETCH_EARLY_STEPS = 4
+    XP_PREFETCH_EARLY_STEPS = 0
     XP_PREFETCH_EARLY_BY = "segment"
     XP_PREFETCH_EARLY_AT = "load"
 

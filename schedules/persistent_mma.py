@@ -22,6 +22,7 @@ class _MmaBuilder(WarpGates, FragmentWeights, PersistentBuilder):
     """The persistent step with tensor-core products."""
 
     XP_PREFETCH_STEPS = 2  # timed on the H100: bench/results/exchange-probes-h100.md, "Two source changes timed"
+    XP_PREFETCH_EARLY_STEPS = 4  # the block kernels' (issue 49): bench/xp_prefetch_block.py
 
 
 TEMPLATE = PersistentTemplate("persistent_mma", MmaConfig, mc, _MmaBuilder)  # half-precision cuda layers

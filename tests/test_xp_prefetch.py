@@ -7,6 +7,8 @@ GPU: ``test_gpu_half.py``."""
 
 import re
 
+import pytest
+
 import prnn_tvm
 from prnn_tvm.compiler import compile_session
 from prnn_tvm.schedules.persistent_mma import _MmaBuilder
@@ -52,8 +54,9 @@ def test_a_tensor_core_step_asks_its_projection_two_steps_on_into_l2():
     assert "prefetch.global.L2 [%0];" in layer.cuda_source and ptx.PREFETCH.search(layer.cuda_source)
 
 
-def test_kernels_without_the_prefetch():
-    layer = build("lstm", 256, 4, "float32")  # the float32 template: unmeasured, left as it was
+@pytest.mark.parametrize("cell, hidden, batch", [("lstm", 256, 4), ("lstm_h12", 768, 16)])  # grid-wide and block
+def test_kernels_without_the_prefetch(cell, hidden, batch):
+    layer = build(cell, hidden, batch, "float32")  # the float32 template: unmeasured, left as it was
     assert "xp" in [a.name for a in layer.kernel.launch.args]
     assert PREFETCH not in layer.cuda_source and BULK not in layer.cuda_source
 
