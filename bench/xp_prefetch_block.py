@@ -6,13 +6,28 @@ the recurrent kernel's us per step, the best of interleaved rounds (each round t
 
     python bench/xp_prefetch_block.py [--cells lstm_h24 lstm_h12 lstm_h48 slstm_h12] [--hidden 768 --batch 16] \\
         [--dtype bfloat16] [--seqs 1024 256] [--rounds 3] \\
-        [--variants off word:4:load segment:4:load segment:4:barrier] [--arch sm_90]
+        [--variants off word:3:load sector:4:barrier sector:4:load:128] [--arch sm_90]
 
-A variant is ``off`` (no prefetch) or ``BY:STEPS:AT``: ``BY`` ``segment`` (one ``cp.async.bulk.prefetch.L2`` per
-contiguous segment of the CTA's projection, ``prefetch_segments``) or ``word`` (each thread one ``prefetch.global.L2``
-per word it reads), ``STEPS`` on from the loaded step, ``AT`` ``load`` (with the loads, before the step's barrier)
-or ``barrier`` (after it). The layer's own config: its tuning record's, else the default. With ``--arch`` the layers
-are built only (no GPU needed): registers, spills and call sites.
+A variant is ``off`` (no prefetch), ``word:STEPS:load`` (each thread one ``prefetch.global.L2`` per word it reads,
+``PersistentBuilder.inputs_prefetched``) or ``sector:STEPS:AT[:BYTES]`` (warp 0 one ``prefetch.global.L2`` per lane,
+a lane a ``BYTES``-byte sector or line, 32 unless given, of the CTA's projection: ``persistent_xp_sectors``),
+``STEPS`` on from the loaded step, ``AT`` ``load`` (with the loads, before the step's barrier) or ``barrier`` (after
+it). The layer's own config: its tuning record's, else the default. With ``--arch`` the layers are built only (no GPU
+needed): registers, spills and call sites.
+
+Measured (H100, bfloat16 768 x 16, us/step of the recurrent kernel, best of 3 rounds), the first, since dropped,
+variant ``segment``: one ``cp.async.bulk.prefetch.L2`` per contiguous segment (batch row x leaf x the CTA's units'
+bytes), each by a thread of its own, costs far more than it saves:
+
+    cell       T     off    word:3:load  segment:4:load  segment:4:barrier
+    lstm_h24   1024  0.545  0.414        0.458           0.435
+    lstm_h24   256   0.321  0.377        0.475           0.454
+    lstm_h12   1024  0.619  0.444        0.540           0.511
+    lstm_h12   256   0.427  0.466        0.566           0.538
+    lstm_h48   1024  0.564  -            1.304           1.313   (32 segments of 32 bytes a CTA)
+    slstm_h12  1024  0.598  -            1.568           1.527
+
+(segment:2 and :8 as :4; outputs bitwise equal in every variant.)
 """
 
 import argparse
@@ -24,7 +39,7 @@ os.environ.setdefault("PRNN_TVM_CACHE", "0")  # each variant's source compiled, 
 
 from prnn_tvm.compiler import compile_cell  # noqa: E402
 from prnn_tvm.reference import random_inputs, random_lengths  # noqa: E402
-from prnn_tvm.schedules.persistent_mma import _MmaBuilder  # noqa: E402
+from prnn_tvm.schedules import by_name  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--cells", nargs="+", default=["lstm_h24", "lstm_h12", "lstm_h48", "slstm_h12"])
@@ -33,35 +48,39 @@ p.add_argument("--batch", type=int, default=16)
 p.add_argument("--dtype", default="bfloat16")
 p.add_argument("--seqs", nargs="+", type=int, default=[1024, 256])
 p.add_argument("--rounds", type=int, default=3)
-p.add_argument("--variants", nargs="+", default=["off", "word:4:load", "segment:4:load", "segment:4:barrier"])
+p.add_argument("--variants", nargs="+", default=["off", "word:3:load", "sector:4:barrier", "sector:4:load:128"])
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")
 args = p.parse_args()
 
 
-KNOBS = ("XP_PREFETCH_EARLY_BY", "XP_PREFETCH_EARLY_STEPS", "XP_PREFETCH_EARLY_AT")
+BUILDER = by_name("persistent_mma").builder  # the tensor-core template's builder, whose class settings vary
+KNOBS = ("XP_PREFETCH_EARLY_BY", "XP_PREFETCH_EARLY_STEPS", "XP_PREFETCH_EARLY_AT", "XP_PREFETCH_EARLY_BYTES")
 
 
 def settings(variant: str) -> tuple:
-    """``(by, steps, at)`` of a variant (``off``: no prefetch)."""
+    """``(by, steps, at, bytes)`` of a variant (``off``: no prefetch)."""
     if variant == "off":
-        return _MmaBuilder.XP_PREFETCH_EARLY_BY, 0, _MmaBuilder.XP_PREFETCH_EARLY_AT
-    by, steps, at = variant.split(":")
-    if by not in ("segment", "word") or at not in ("load", "barrier") or not steps.isdigit():
-        p.error(f"variant {variant!r}: off, or BY:STEPS:AT with BY segment|word, AT load|barrier")
-    return by, int(steps), at
+        return BUILDER.XP_PREFETCH_EARLY_BY, 0, BUILDER.XP_PREFETCH_EARLY_AT, 32
+    by, steps, at, *size = variant.split(":")
+    valid = (by == "sector" and at in ("load", "barrier") and size in ([], ["32"], ["64"], ["128"])) or (
+        by == "word" and at == "load" and not size)
+    if not valid or not steps.isdigit():
+        p.error(f"variant {variant!r}: off, word:STEPS:load or sector:STEPS:AT[:BYTES] with AT load|barrier and "
+                "BYTES 32|64|128")
+    return by, int(steps), at, int(size[0]) if size else 32
 
 
 def build(cell: str, variant: str):
     """The layer with ``variant``'s prefetch (the class's settings restored after)."""
-    saved = [getattr(_MmaBuilder, knob) for knob in KNOBS]
+    saved = [getattr(BUILDER, knob) for knob in KNOBS]
     for knob, value in zip(KNOBS, settings(variant)):
-        setattr(_MmaBuilder, knob, value)
+        setattr(BUILDER, knob, value)
     try:
         return compile_cell(cell, args.hidden, args.batch, dtype=args.dtype, target="cuda", arch=args.arch,
                             cache=False)
     finally:
         for knob, value in zip(KNOBS, saved):
-            setattr(_MmaBuilder, knob, value)
+            setattr(BUILDER, knob, value)
 
 
 def same(a, b) -> bool:
@@ -80,7 +99,7 @@ for cell in args.cells:
     for v, layer in layers.items():
         src, r = layer.cuda_source, layer.report
         print(f"  {v:<18} registers {r.registers} spills {r.spill_bytes} call sites: "
-              f"segment {src.count('prnn_prefetch_l2_bulk((')} word {src.count('prnn_prefetch_l2((')}", flush=True)
+              f"{src.count('prnn_prefetch_l2((')}", flush=True)
     if args.arch:
         continue
     for T in args.seqs:

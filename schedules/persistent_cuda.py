@@ -44,7 +44,6 @@ keeps the placement as written (no automatic syncs or buffer compaction).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -61,8 +60,7 @@ from prnn_tvm.codegen.pointwise import (
     gpu_math,
     new_state_values,
 )
-from prnn_tvm.codegen.prefetch import prefetch_l2, prefetch_l2_bulk
-from prnn_tvm.dtypes import itemsize
+from prnn_tvm.codegen.prefetch import prefetch_l2
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan, Leaf, PointwiseGroup
 from prnn_tvm.signature import Grid, with_saved
@@ -74,6 +72,7 @@ from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
 from .persistent_sums import UnitSumExchange
 from .persistent_weights import RegisterWeights
+from .persistent_xp_sectors import SectorPrefetch
 from .ranking import parts
 from .template import ACCEPTED, Acceptance, config_from_dict, refused
 
@@ -121,7 +120,7 @@ class PersistentTemplate:
         return config_from_dict(self.config_type, knobs)
 
 
-class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
+class PersistentBuilder(SectorPrefetch, OperandExchange, UnitSumExchange, RegisterWeights):
     """Builds the kernel of one config. The products (weights, their registers, the shared gate sums)
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
@@ -400,11 +399,11 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
     def after_barrier(self, t):
         """At the end of step ``t``, after its barrier: what a template does once every value of the step is in place
         (the output sequence copied from the operand tile: ``persistent_warp_gates``); here, where
-        :attr:`segments_prefetched` with ``XP_PREFETCH_EARLY_AT="barrier"``, the projection's segments that many steps
-        on from the one loaded at the step's end (:meth:`prefetch_segments`)."""
-        if self.segments_prefetched and self.XP_PREFETCH_EARLY_AT == "barrier":
+        :attr:`sectors_prefetched` with ``XP_PREFETCH_EARLY_AT="barrier"``, the projection that many steps on from the
+        one loaded at the step's end (:meth:`prefetch_sectors`)."""
+        if self.sectors_prefetched and self.XP_PREFETCH_EARLY_AT == "barrier":
             for _ in self.each_part():
-                self.prefetch_segments(t + self.inputs_ahead + self.segments_prefetched)
+                self.prefetch_sectors(t + self.inputs_ahead + self.sectors_prefetched)
 
     @property
     def waits_at_last_step(self) -> bool:
@@ -416,14 +415,8 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         return False
 
     # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`), where a step loads
-    # its own at its top
+    # its own at its top (where it is loaded early: ``XP_PREFETCH_EARLY_*``, ``persistent_xp_sectors``)
     XP_PREFETCH_STEPS = 0
-    # Where it is loaded a step or two early (:attr:`inputs_early`): steps on from the loaded step (0: none); how
-    # ("segment": :meth:`prefetch_segments`; "word": as ``XP_PREFETCH_STEPS``, each thread its words); and where
-    # ("load": with the loads, before the step's barrier; "barrier": after it). bench/xp_prefetch_block.py times them.
-    XP_PREFETCH_EARLY_STEPS = 0
-    XP_PREFETCH_EARLY_BY = "segment"
-    XP_PREFETCH_EARLY_AT = "load"
 
     @property
     def inputs_prefetched(self) -> int:
@@ -432,19 +425,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         so that the load of a projection too large for L2 meets it there rather than waiting on DRAM. Where the step
         loads its own at its top, ``XP_PREFETCH_STEPS`` (bench/results/exchange-probes-h100.md, "Two source changes
         timed and adopted"); where it is loaded early (:attr:`inputs_early`), ``XP_PREFETCH_EARLY_STEPS`` with
-        ``XP_PREFETCH_EARLY_BY="word"`` (else :attr:`segments_prefetched`)."""
+        ``XP_PREFETCH_EARLY_BY="word"`` (else :attr:`sectors_prefetched`)."""
         if not self.inputs_early:
             return self.XP_PREFETCH_STEPS
         return self.XP_PREFETCH_EARLY_STEPS if self.XP_PREFETCH_EARLY_BY == "word" else 0
-
-    @property
-    def segments_prefetched(self) -> int:
-        """Where the projection is loaded early (:attr:`inputs_early`; a block kernel's step is shorter than DRAM's
-        latency), how many steps on from the loaded step the CTA asks the projection it will read into L2 with
-        :meth:`prefetch_segments`, or 0."""
-        if not self.inputs_early or self.XP_PREFETCH_EARLY_BY != "segment":
-            return 0
-        return self.XP_PREFETCH_EARLY_STEPS
 
     @property
     def inputs_ahead(self) -> int:
@@ -455,10 +439,10 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         """Step ``t``'s input projection for the items of the part being emitted, into registers (``regs``, else the
         ones the step reads): issued now, consumed after the products (of this step, or the next where
         :attr:`inputs_early`); and, where :attr:`inputs_prefetched`, that of a later step asked into L2 (where
-        :attr:`segments_prefetched` with ``XP_PREFETCH_EARLY_AT="load"``, by segment)."""
+        :attr:`sectors_prefetched` with ``XP_PREFETCH_EARLY_AT="load"``, from one warp)."""
         ahead, regs = self.inputs_prefetched, self.xreg if regs is None else regs
-        if self.segments_prefetched and self.XP_PREFETCH_EARLY_AT == "load":
-            self.prefetch_segments(t + self.segments_prefetched)
+        if self.sectors_prefetched and self.XP_PREFETCH_EARLY_AT == "load":
+            self.prefetch_sectors(t + self.sectors_prefetched)
         for it, group, item in self.items():
             with item as (b, unit, _ul):
                 if ahead:
@@ -473,48 +457,6 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
                 for i, leaf in enumerate(self.slots[group].x):
                     T.buffer_store(regs, self.a.xp[timing.input_step(leaf.slice), b, self.xp_column(leaf, unit)],
                                    [it * self.width.x + i])
-
-    def prefetch_segments(self, t):
-        """Step ``t``'s input projection that the CTA's items of the part being emitted read, asked into L2 (unless
-        ``t`` is past the steps): one ``cp.async.bulk.prefetch.L2`` per contiguous segment of it, a batch row's
-        columns of one input leaf over the CTA's units, each issued by a thread of its own (the first ones), so that
-        a few instructions a CTA rather than one per word a thread ask it there (issue 49: a block kernel's loads of a
-        projection past L2 waited on DRAM although issued a step or two early)."""
-        leaves = sorted({leaf for group in self.part.groups for leaf in self.slots[group].x}, key=_leaf_key)
-        if not leaves or self.a.xp is None:
-            return
-        U, H, threads, n = self.c.units_per_cta, self.H, self.g.threads, self.B * len(leaves)
-        nbytes = (U if H % U == 0 else T.min(U, H - self.cta * U)) * itemsize(str(self.a.xp.dtype))
-        with T.If(t < self.steps):
-            with T.Then():
-                for k in range(-(-n // threads)):
-                    seg = self.tx if k == 0 else self.tx + k * threads
-                    with T.If(seg < n):
-                        with T.Then():
-                            T.evaluate(prefetch_l2_bulk(self.segment_address(t, seg, leaves), nbytes))
-
-    def segment_address(self, t, seg, leaves: list):
-        """Where segment ``seg`` (:meth:`prefetch_segments`) of step ``t``'s projection starts: batch row
-        ``seg // len(leaves)``, the CTA's first unit of leaf ``seg % len(leaves)``."""
-        leaf_at, b, first = seg % len(leaves), seg // len(leaves), self.cta * self.c.units_per_cta
-        backwards = [lf.slice in self.p.reversed_slices for lf in leaves]
-        timing = StepTiming(self.p, self.a, t, self.a.lengths[b] if self.a.lengths is not None and any(backwards)
-                            else None)
-
-        def of_leaf(value_of):  # leaf_at's value, a chain of selects
-            value = value_of(leaves[-1])
-            for i in range(len(leaves) - 2, -1, -1):
-                value = T.if_then_else(leaf_at == i, value_of(leaves[i]), value)
-            return value
-
-        slices = [lf.slice for lf in leaves]
-        mixed = any(backwards) and not all(backwards)  # a step of its own for each direction's leaves
-        step = of_leaf(lambda lf: timing.input_step(lf.slice)) if mixed else timing.input_step(slices[0])
-        if slices == list(range(slices[0], slices[0] + len(slices))):  # one input's slices, in a run
-            column = self.xp_column(dataclasses.replace(leaves[0], slice=slices[0] + leaf_at), first)
-        else:
-            column = of_leaf(lambda lf: self.xp_column(lf, first))
-        return T.address_of(self.a.xp[step, b, column])
 
     def xp_column(self, leaf: Leaf, unit):
         """The column of the input projection that input ``leaf`` of ``unit`` reads (its slice's block of units)."""

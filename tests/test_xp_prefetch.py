@@ -1,15 +1,15 @@
 """The input projection asked into L2 ahead of its load: in the tensor-core kernels that load a step's projection at
 its top, two steps on, one ``prefetch.global.L2`` per word a thread will read (``PersistentBuilder.inputs_prefetched``),
 guarded by the sequence's end; where it is loaded a step or two early (``block``), ``XP_PREFETCH_EARLY_STEPS`` on from
-the loaded step, one ``cp.async.bulk.prefetch.L2`` per contiguous segment of the CTA's projection, each by a thread of
-its own (``prefetch_segments``); not in a session kernel (no projection), nor in the float32 template. Numerics on the
-GPU: ``test_gpu_half.py``."""
+the loaded step, by warp 0, a lane a sector of the CTA's projection (``persistent_xp_sectors``); not in a session
+kernel (no projection), nor in the float32 template. Numerics on the GPU: ``test_gpu_half.py``."""
 
 import re
 
 import pytest
 
 import prnn_tvm
+from prnn_tvm.codegen.prefetch import lines_covering
 from prnn_tvm.compiler import compile_session
 from prnn_tvm.schedules.persistent_mma import _MmaBuilder
 from prnn_tvm.verify import ptx
@@ -19,11 +19,11 @@ from .test_ptxas import kernel_source, time_loops
 # LSTM float16 1024x16's tuned config, where the prefetch was measured (docs/findings.md)
 TUNED = dict(units_per_cta=16, k_groups=4, n_tiles=1, barrier="sentinel", m_tiles_per_warp=2, batch_groups=2)
 PREFETCH = "prnn_prefetch_l2("
-BULK = "prnn_prefetch_l2_bulk("
 # lstm_h48 bfloat16 768x16's tuned config (a head of 16 units a CTA, 8 batch rows a group), and lstm_h12's
 HEADS48 = dict(units_per_cta=16, k_groups=1, n_tiles=1, barrier="block", m_tiles_per_warp=2, batch_groups=2,
                gate_layout="in_warp", xp="half")
 HEADS12 = dict(HEADS48, units_per_cta=64, batch_groups=16)
+SLSTM12 = dict(HEADS48, units_per_cta=64)  # slstm_h12's: 8 rows a group
 
 
 def build(cell, hidden, batch, dtype="float16", config=None, cache=True):
@@ -58,54 +58,95 @@ def test_a_tensor_core_step_asks_its_projection_two_steps_on_into_l2():
 def test_kernels_without_the_prefetch(cell, hidden, batch):
     layer = build(cell, hidden, batch, "float32")  # the float32 template: unmeasured, left as it was
     assert "xp" in [a.name for a in layer.kernel.launch.args]
-    assert PREFETCH not in layer.cuda_source and BULK not in layer.cuda_source
+    assert PREFETCH not in layer.cuda_source
 
 
-def test_a_block_kernel_asks_its_segments_of_the_projection_into_l2():
-    """lstm_h48: each CTA's 8 rows x 4 gates of 16 units (32 bytes of bfloat16), one bulk prefetch each by threads
-    0-31, of the step ``XP_PREFETCH_EARLY_STEPS`` on from the one whose loads follow (two steps on in the loop)."""
+def early_prefetch(layer):
+    """The time loop of a block kernel's source and the address indices of its prefetches there, each with the
+    guard of its warp's lanes."""
+    body = kernel_source(layer)
+    loop = body[slice(*time_loops(body)[0])]
+    lanes = r"if \(\(\(int\)threadIdx\.x\) < (\d+)\) \{\s*"
+    calls = re.findall(lanes + r"prnn_prefetch_l2\(\(&\(xp_ptr\[(.*)\]\)\)\);", loop)
+    return loop, [(int(lanes), index.replace(" ", "")) for lanes, index in calls]
+
+
+def test_a_block_kernel_asks_its_projection_into_l2_from_one_warp():
+    """lstm_h48: each CTA's 8 rows x 4 gates of 16 units (32 bytes of bfloat16, a sector each), one prefetch from each
+    lane of warp 0, after the step's barrier, of the step ``XP_PREFETCH_EARLY_STEPS`` on from the one loaded before it
+    (two steps on)."""
     layer = build("lstm_h48", 768, 16, "bfloat16", HEADS48)
     assert layer.report.spill_bytes == 0, layer.report.format()
-    body, ahead = kernel_source(layer), _MmaBuilder.XP_PREFETCH_EARLY_STEPS
-    assert ahead > 0 and PREFETCH not in body  # by segment, not by word
-    start, end = time_loops(body)[0]
-    loop = body[start:end]
+    ahead = _MmaBuilder.XP_PREFETCH_EARLY_STEPS
+    assert ahead > 0 and _MmaBuilder.XP_PREFETCH_EARLY_AT == "barrier" and _MmaBuilder.XP_PREFETCH_EARLY_BYTES == 32
+    loop, calls = early_prefetch(layer)
+    assert loop.count(PREFETCH) == len(calls) == 1 and calls[0][0] == 32, calls  # one warp instruction a step
     step = re.match(r"for \(int (v\w*) = 0; \1 < seq_len;", loop).group(1)
-    calls = re.findall(r"prnn_prefetch_l2_bulk\(\(&\(xp_ptr\[(.*)\]\)\), (\d+)\);", loop)
-    assert len(calls) == 1 and calls[0][1] == "32", calls  # one call a thread, 16 units x 2 bytes
-    at = loop.index(BULK)
-    guard = loop.rindex(f"if (({step} + {2 + ahead}) < seq_len) {{", 0, at)  # past the steps: none
-    first = loop.rindex(f"if (({step} + 2) < seq_len)", 0, at)
-    assert first < guard < loop.rindex("if (((int)threadIdx.x) < 32) {", 0, at)
-    # thread tx: row tx / 4 of the group (3072 columns a row), gate tx % 4 (768 a gate), the CTA's head of 16 units,
-    # 2 + ahead steps of 16 rows on
-    index = calls[0][0].replace(" ", "")
+    at = loop.index(PREFETCH)
+    assert loop.rindex("__syncthreads()", 0, at) < loop.rindex(f"if (({step} + {2 + ahead}) < seq_len) {{", 0, at)
+    # lane i: row i / 4 of the group (3072 columns a row), gate i % 4 (768 a gate): i * 768; the CTA's head of 16
+    # units, 2 + ahead steps of 16 rows on
     for term in ("(((int)threadIdx.x)*768)", "((((int)blockIdx.x)%48)*16)", "((((int)blockIdx.x)/48)*24576)",
                  f"+{(2 + ahead) * 16 * 3072})"):
-        assert term in index, (term, index)
-    assert body.count(BULK) == 3  # the prologue's loads of steps 0 and 1 too
-    assert "cp.async.bulk.prefetch.L2.global [%0], %1;" in layer.cuda_source
-    emulated = ptx.translate('"cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(lo), "r"(size)')
-    assert emulated == "(void)(lo); (void)(size);"  # nothing on the host
+        assert term in calls[0][1], (term, calls[0][1])
 
 
-def test_the_early_prefetch_by_segment_off_and_by_word(monkeypatch):
+@pytest.mark.parametrize("nbytes, turns, lanes", [(32, 4, 32), (128, 1, 32)])
+def test_more_sectors_than_lanes_take_turns(monkeypatch, nbytes, turns, lanes):
+    """slstm_h12: 8 rows x 4 gates of 64 units (128 bytes): 128 sectors, four turns of warp 0, or 32 lines."""
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BYTES", nbytes)
+    layer = build("slstm_h12", 768, 16, "bfloat16", SLSTM12, cache=False)
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    _, calls = early_prefetch(layer)
+    assert [n for n, _ in calls] == [lanes] * turns, calls
+    if turns > 1:  # turn k: sectors 32k on, 4 a segment: 8 segments, two rows of 4 gates (4 x 768 columns a row)
+        assert all("((((int)threadIdx.x)&3)*16)" in index for _, index in calls), calls  # 16 units a sector
+        ends = [int(re.search(r"\+(\d+)\)$", index).group(1)) for _, index in calls]
+        assert [end - ends[0] for end in ends] == [0, 6144, 12288, 18432], ends
+
+
+def test_the_lines_a_segment_touches():
+    """A run of bytes starting at a multiple of its alignment: the most lines it touches."""
+    assert lines_covering(128, 128, 32) == 4 and lines_covering(64, 64, 128) == 1 and lines_covering(32, 32, 32) == 1
+    assert lines_covering(32, 16, 32) == 2 and lines_covering(40, 40, 32) == 2 and lines_covering(40, 8, 128) == 2
+    assert lines_covering(80, 80, 32) == 3 and lines_covering(256, 2, 128) == 3
+
+
+def test_segments_off_the_sectors():
+    """lstm_h12 at hidden 240 (heads of 20 units, 40 bytes at multiples of 40 bytes): two sectors a segment, 8 rows x
+    4 gates of them in two turns of warp 0; lstm_h15 at hidden 120 (CTAs of 16 units at multiples of 16 bytes, the
+    last of 8 units): two sectors a segment, the second clamped to the CTA's last unit."""
+    layer = build("lstm_h12", 240, 16, "bfloat16", cache=False)
+    assert layer.report.config["units_per_cta"] == 20 and layer.report.config["batch_groups"] == 2
+    _, calls = early_prefetch(layer)
+    assert [n for n, _ in calls] == [32, 32] and all("((((int)threadIdx.x)&1)*16)" in i for _, i in calls), calls
+    ends = [int(re.search(r"\+(\d+)\)$", index).group(1)) for _, index in calls]
+    assert ends[1] - ends[0] == 4 * 960, ends  # the second turn: rows 4-7 of the group
+    _, calls = early_prefetch(build("lstm_h15", 120, 16, "bfloat16", HEADS48, cache=False))
+    assert [n for n, _ in calls] == [32, 32], calls
+    clamp = "min(((((int)threadIdx.x)&1)*16),(min(16,(120-((((int)blockIdx.x)&7)*16)))-1))"
+    assert all(clamp in index for _, index in calls), calls
+
+
+def test_the_early_prefetch_off_by_word_and_with_the_loads(monkeypatch):
     """``XP_PREFETCH_EARLY_STEPS = 0``: the block kernel's source as before the prefetch; ``XP_PREFETCH_EARLY_BY =
-    "word"``: each thread's words instead; ``XP_PREFETCH_EARLY_AT = "barrier"``: one call, after the step's barrier."""
+    "word"``: each thread's words instead; ``XP_PREFETCH_EARLY_AT = "load"``: warp 0's with the loads of the
+    projection, before the step's barrier (and with the prologue's)."""
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_STEPS", 0)
     off = build("lstm_h12", 768, 16, "bfloat16", HEADS12, cache=False).cuda_source
-    assert PREFETCH not in off and BULK not in off
+    assert PREFETCH not in off
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_STEPS", 3)
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BY", "word")
-    words = build("lstm_h12", 768, 16, "bfloat16", HEADS12, cache=False).cuda_source
-    assert PREFETCH in words and BULK not in words
-    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BY", "segment")
-    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_AT", "barrier")
+    words = build("lstm_h12", 768, 16, "bfloat16", HEADS12, cache=False)
+    assert kernel_source(words).count(PREFETCH) > 3 and early_prefetch(words)[1] == []  # every thread's, unguarded
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BY", "sector")
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_AT", "load")
     layer = build("lstm_h12", 768, 16, "bfloat16", HEADS12, cache=False)
     body = kernel_source(layer)
-    assert body.count(BULK) == 1 and PREFETCH not in body and layer.report.spill_bytes == 0
-    loop = body[slice(*time_loops(body)[0])]
-    assert loop.index("__syncthreads()") < loop.index(BULK)  # after the step's block barrier
+    assert body.count(PREFETCH) == 3 and layer.report.spill_bytes == 0  # the loop's and the prologue's two
+    loop, calls = early_prefetch(layer)
+    assert [n for n, _ in calls] == [16], calls  # one row x 4 gates x 4 sectors of 64 units' 128 bytes
+    assert loop.index(PREFETCH) < loop.index("__syncthreads()")
 
 
 def test_a_session_kernel_has_no_projection_to_prefetch():

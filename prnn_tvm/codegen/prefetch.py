@@ -4,12 +4,13 @@
 nothing); the persistent tensor-core template issues it for the input projection a thread reads two steps
 later (``schedules.persistent_cuda``, ``PersistentBuilder.inputs_prefetched``); ``prefetch.global.L1`` the persistent
 float32 template issues for the weights it streams from L2 (``schedules.persistent_weights``).
-``cp.async.bulk.prefetch.L2`` (sm_90 and newer) asks a whole run of bytes into L2 in one instruction: the block
-kernels issue one per contiguous run of the projection a CTA will read some steps on
-(``PersistentBuilder.prefetch_segments``).
+The block kernels ask the projection a CTA will read some steps on into L2 from one warp, a lane a sector or line
+of each contiguous run of it (``PersistentBuilder.prefetch_sectors``; :func:`lines_covering` counts them).
 """
 
 from __future__ import annotations
+
+import math
 
 from tvm.script.ir_builder import tirx as T
 
@@ -36,27 +37,9 @@ def prefetch_l2(address):
     return prefetch(address, "L2")
 
 
-# The 16-byte granules holding [p, p + bytes) (the bulk prefetch's address and size must be multiples of 16; a granule
-# holding a byte of an allocation lies in its page); before sm_90, one ``prefetch.global.L2`` per 128-byte line.
-_BULK_SOURCE = r"""
-#ifndef PRNN_PREFETCH_L2_BULK
-#define PRNN_PREFETCH_L2_BULK
-__device__ __forceinline__ void prnn_prefetch_l2_bulk(const void* p, unsigned int bytes) {
-  unsigned long long lo = (unsigned long long)p & ~15ull;
-  unsigned int size = (unsigned int)((((unsigned long long)p + bytes + 15ull) & ~15ull) - lo);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(lo), "r"(size));
-#else
-  for (unsigned int at = 0; at < size; at += 128) {
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(lo + at));
-  }
-#endif
-}
-#endif
-"""
 
-
-def prefetch_l2_bulk(address, nbytes):
-    """A statement-level call asking the ``nbytes`` bytes from ``address`` (a global pointer) into L2 with one
-    instruction (sm_90 and newer; before, one :func:`prefetch_l2` per line): emit it with ``T.evaluate``."""
-    return T.cuda.func_call("prnn_prefetch_l2_bulk", address, nbytes, source_code=_BULK_SOURCE, return_type="void")
+def lines_covering(nbytes: int, alignment: int, line: int) -> int:
+    """The most ``line``-byte lines (aligned to ``line``) a run of ``nbytes`` bytes touches where it starts at a
+    multiple of ``alignment`` bytes: one prefetch each asks the whole run into the cache."""
+    step = math.gcd(alignment, line)  # the offsets within a line the run can start at
+    return max(-(-(offset + nbytes) // line) for offset in range(0, line, step))

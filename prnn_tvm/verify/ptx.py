@@ -2,8 +2,8 @@
 
 Only the memory operations the project's device code uses have a translation: loads and stores with a memory
 order (``ld.acquire``, ``ld.relaxed``, ``ld.volatile``, ``st.relaxed``; scalar or vector), atomic adds
-(``red``, ``atom``), ``%globaltimer`` and cache prefetches (``prefetch``, ``cp.async.bulk.prefetch``: nothing on the
-host). Anything else (tensor-core ``mma``, ``ldmatrix``, ``tanh.approx``) raises
+(``red``, ``atom``), ``%globaltimer`` and cache prefetches (``prefetch``: nothing on the host). Anything else
+(tensor-core ``mma``, ``ldmatrix``, ``tanh.approx``) raises
 :class:`~prnn_tvm.errors.PrnnError` naming the instruction: such a kernel runs on the GPU only.
 """
 
@@ -42,7 +42,6 @@ ATOMIC = re.compile(
 )
 TIMER = re.compile(r"mov\.u64 %(\d+), %%globaltimer;")
 PREFETCH = re.compile(r"prefetch\.global\.L[12] \[%(\d+)\];")
-BULK_PREFETCH = re.compile(r"cp\.async\.bulk\.prefetch\.L2\.global \[%(\d+)\], %(\d+);")
 
 
 def translate_source(source: str) -> str:
@@ -99,8 +98,6 @@ def translate(body: str) -> str:
         return f"{op('%' + m.group(1))} = prnn_emu::globaltimer();"
     if m := PREFETCH.fullmatch(instruction):  # a hint to the caches: the address is evaluated, nothing else
         return f"(void){op('%' + m.group(1))};"
-    if m := BULK_PREFETCH.fullmatch(instruction):
-        return f"(void){op('%' + m.group(1))}; (void){op('%' + m.group(2))};"
     raise PrnnError(
         f"the emulator has no host translation of the PTX '{instruction}': this kernel runs on the GPU only"
     )
