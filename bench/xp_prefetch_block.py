@@ -9,11 +9,12 @@ the recurrent kernel's us per step, the best of interleaved rounds (each round t
         [--variants off word:3:load sector:4:barrier sector:4:load:128] [--arch sm_90]
 
 A variant is ``off`` (no prefetch), ``word:STEPS:load`` (each thread one ``prefetch.global.L2`` per word it reads,
-``PersistentBuilder.inputs_prefetched``) or ``sector:STEPS:AT[:BYTES]`` (warp 0 one ``prefetch.global.L2`` per lane,
-a lane a ``BYTES``-byte sector or line, 32 unless given, of the CTA's projection: ``persistent_xp_sectors``),
-``STEPS`` on from the loaded step, ``AT`` ``load`` (with the loads, before the step's barrier) or ``barrier`` (after
-it). The layer's own config: its tuning record's, else the default. With ``--arch`` the layers are built only (no GPU
-needed): registers, spills and call sites.
+``PersistentBuilder.inputs_prefetched``) or ``sector:STEPS:AT[:BYTES[:WARPS]]`` (warp 0, or the first ``WARPS``
+warps, one ``prefetch.global.L2`` per lane, a lane a ``BYTES``-byte sector or line, 32 unless given, of the CTA's
+projection, in turns where there are more: ``persistent_xp_sectors``), ``STEPS`` on from the loaded step, ``AT``
+``load`` (with the loads, before the step's barrier) or ``barrier`` (after it). The layer's own config: its tuning
+record's, else the default. With ``--arch`` the layers are built only (no GPU needed): registers, spills and call
+sites.
 
 Measured (H100, bfloat16 768 x 16, us/step of the recurrent kernel, best of 3 rounds), the first, since dropped,
 variant ``segment``: one ``cp.async.bulk.prefetch.L2`` per contiguous segment (batch row x leaf x the CTA's units'
@@ -54,20 +55,22 @@ args = p.parse_args()
 
 
 BUILDER = by_name("persistent_mma").builder  # the tensor-core template's builder, whose class settings vary
-KNOBS = ("XP_PREFETCH_EARLY_BY", "XP_PREFETCH_EARLY_STEPS", "XP_PREFETCH_EARLY_AT", "XP_PREFETCH_EARLY_BYTES")
+KNOBS = ("XP_PREFETCH_EARLY_BY", "XP_PREFETCH_EARLY_STEPS", "XP_PREFETCH_EARLY_AT", "XP_PREFETCH_EARLY_BYTES",
+         "XP_PREFETCH_EARLY_WARPS")
 
 
 def settings(variant: str) -> tuple:
-    """``(by, steps, at, bytes)`` of a variant (``off``: no prefetch)."""
+    """``(by, steps, at, bytes, warps)`` of a variant (``off``: no prefetch)."""
     if variant == "off":
-        return BUILDER.XP_PREFETCH_EARLY_BY, 0, BUILDER.XP_PREFETCH_EARLY_AT, 32
-    by, steps, at, *size = variant.split(":")
-    valid = (by == "sector" and at in ("load", "barrier") and size in ([], ["32"], ["64"], ["128"])) or (
-        by == "word" and at == "load" and not size)
+        return BUILDER.XP_PREFETCH_EARLY_BY, 0, BUILDER.XP_PREFETCH_EARLY_AT, 32, 1
+    by, steps, at, *rest = variant.split(":")
+    size, warps = (rest + ["32", "1"][len(rest):])[:2] if len(rest) <= 2 else ("", "")
+    valid = (by == "sector" and at in ("load", "barrier") and size in ("32", "64", "128") and warps.isdigit()
+             and int(warps) > 0) or (by == "word" and at == "load" and not rest)
     if not valid or not steps.isdigit():
-        p.error(f"variant {variant!r}: off, word:STEPS:load or sector:STEPS:AT[:BYTES] with AT load|barrier and "
-                "BYTES 32|64|128")
-    return by, int(steps), at, int(size[0]) if size else 32
+        p.error(f"variant {variant!r}: off, word:STEPS:load or sector:STEPS:AT[:BYTES[:WARPS]] with AT load|barrier, "
+                "BYTES 32|64|128, WARPS 1 or more")
+    return by, int(steps), at, int(size), int(warps)
 
 
 def build(cell: str, variant: str):

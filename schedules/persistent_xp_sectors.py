@@ -6,10 +6,10 @@ batch 16) kept the loads waiting on DRAM. So the CTA asks the projection of the 
 into L2: what it reads is one contiguous segment per batch row of its group and input leaf (the leaf's columns of the
 CTA's units), and lane ``i`` of warp 0 issues one ``prefetch.global.L2`` for sector or line ``i`` of them
 (``XP_PREFETCH_EARLY_BYTES`` each, :func:`~prnn_tvm.codegen.prefetch.lines_covering` of a segment), looping where
-there are more than 32: a warp instruction or a few a step, rather than one per word from every thread (``"word"``,
-``PersistentBuilder.inputs_prefetched``). ``XP_PREFETCH_EARLY_AT`` places it with the loads of the projection
-(``"load"``, before the step's barrier) or after the barrier (``"barrier"``). A prefetch changes no value.
-bench/xp_prefetch_block.py times the settings.
+there are more than 32 (or ``XP_PREFETCH_EARLY_WARPS`` warps share them): a warp instruction or a few a step, rather
+than one per word from every thread (``"word"``, ``PersistentBuilder.inputs_prefetched``). ``XP_PREFETCH_EARLY_AT``
+places it with the loads of the projection (``"load"``, before the step's barrier) or after the barrier
+(``"barrier"``). A prefetch changes no value. bench/xp_prefetch_block.py times the settings.
 """
 
 from __future__ import annotations
@@ -17,26 +17,29 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import StepTiming
 from prnn_tvm.codegen.prefetch import lines_covering, prefetch_l2
 from prnn_tvm.dtypes import itemsize
 
-LANES = 32  # one warp issues them
+WARP = 32
 
 
 class SectorPrefetch:
-    """The early projection's prefetch from one warp, a mixin of ``PersistentBuilder`` (its ``a``, ``p``, ``c``,
+    """The early projection's prefetch from one warp, a mixin of ``PersistentBuilder`` (its ``a``, ``p``, ``c``, ``g``,
     ``B``, ``H``, ``part``, ``slots``, ``steps``, ``cta``, ``tx``, ``xp_column``, ``inputs_early``)."""
 
     # Steps on from the loaded step (0: none); how ("sector": :meth:`prefetch_sectors`; "word": each thread its words,
     # ``PersistentBuilder.inputs_prefetched``); where ("load": with the loads, before the step's barrier; "barrier":
-    # after it); and the bytes a lane asks for (a 32-byte sector; 64 or 128 where a prefetch fetches the whole line)
+    # after it); the bytes a lane asks for (a 32-byte sector; 64 or 128 where a prefetch fetches the whole line); and
+    # the warps that share the sectors, at most the CTA's (1: warp 0 takes them in turns of 32)
     XP_PREFETCH_EARLY_STEPS = 0
     XP_PREFETCH_EARLY_BY = "sector"
     XP_PREFETCH_EARLY_AT = "barrier"
     XP_PREFETCH_EARLY_BYTES = 32
+    XP_PREFETCH_EARLY_WARPS = 1
 
     @property
     def sectors_prefetched(self) -> int:
@@ -55,15 +58,16 @@ class SectorPrefetch:
         """The prefetches that ask one segment into L2: the lines a CTA's units' bytes touch, where a segment starts
         at a multiple of the elements between the projection's rows, its leaves' column blocks and the CTA's first
         units (an allocation aligned to a line assumed: another costs time, never a value)."""
-        columns = self.a.xp.shape[-1]
-        steps = [int(columns), self.H, self.c.units_per_cta] + [self.xp_column(leaf, 0) for leaf in leaves]
+        starts = [self.a.xp.shape[-1], self.H, self.c.units_per_cta] + [self.xp_column(leaf, 0) for leaf in leaves]
+        steps = [int(x) if isinstance(x, int | tirx.IntImm) else 1 for x in starts]  # a runtime column: any element
         size = itemsize(str(self.a.xp.dtype))
         return lines_covering(self.c.units_per_cta * size, math.gcd(*steps) * size, self.XP_PREFETCH_EARLY_BYTES)
 
     def prefetch_sectors(self, t):
         """Step ``t``'s input projection that the CTA's items of the part being emitted read, asked into L2 (unless
-        ``t`` is past the steps): lane ``i`` of warp 0 asks for sector ``i`` (in turns of 32): segment
-        ``i // per_segment`` (:meth:`sector_address`), its ``i % per_segment``-th line."""
+        ``t`` is past the steps): thread ``i`` of the first ``XP_PREFETCH_EARLY_WARPS`` warps asks for sector ``i`` (in
+        turns, where there are more): segment ``i // per_segment`` (:meth:`sector_address`), its
+        ``i % per_segment``-th line."""
         leaves = self.early_leaves()
         if not leaves or self.a.xp is None:
             return
@@ -71,10 +75,11 @@ class SectorPrefetch:
         n = self.B * len(leaves) * per_segment
         with T.If(t < self.steps):
             with T.Then():
-                for k in range(-(-n // LANES)):
-                    with T.If(self.tx < min(LANES, n - k * LANES)):
+                lanes = min(WARP * self.XP_PREFETCH_EARLY_WARPS, self.g.threads)
+                for k in range(-(-n // lanes)):
+                    with T.If(self.tx < min(lanes, n - k * lanes)):
                         with T.Then():
-                            i = self.tx + k * LANES if k else self.tx
+                            i = self.tx + k * lanes if k else self.tx
                             address = self.sector_address(t, i // per_segment, i % per_segment, leaves, per_segment)
                             T.evaluate(prefetch_l2(address))
 

@@ -91,10 +91,13 @@ def test_a_block_kernel_asks_its_projection_into_l2_from_one_warp():
         assert term in calls[0][1], (term, calls[0][1])
 
 
-@pytest.mark.parametrize("nbytes, turns, lanes", [(32, 4, 32), (128, 1, 32)])
-def test_more_sectors_than_lanes_take_turns(monkeypatch, nbytes, turns, lanes):
-    """slstm_h12: 8 rows x 4 gates of 64 units (128 bytes): 128 sectors, four turns of warp 0, or 32 lines."""
+@pytest.mark.parametrize("nbytes, warps, turns, lanes",
+                         [(32, 1, 4, 32), (128, 1, 1, 32), (32, 2, 2, 64), (32, 8, 1, 128)])
+def test_more_sectors_than_lanes_take_turns(monkeypatch, nbytes, warps, turns, lanes):
+    """slstm_h12: 8 rows x 4 gates of 64 units (128 bytes): 128 sectors, four turns of warp 0, or 32 lines, or two
+    turns of two warps, or one of the CTA's four warps (no more than it has)."""
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BYTES", nbytes)
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_WARPS", warps)
     layer = build("slstm_h12", 768, 16, "bfloat16", SLSTM12, cache=False)
     assert layer.report.spill_bytes == 0, layer.report.format()
     _, calls = early_prefetch(layer)
@@ -102,7 +105,7 @@ def test_more_sectors_than_lanes_take_turns(monkeypatch, nbytes, turns, lanes):
     if turns > 1:  # turn k: sectors 32k on, 4 a segment: 8 segments, two rows of 4 gates (4 x 768 columns a row)
         assert all("((((int)threadIdx.x)&3)*16)" in index for _, index in calls), calls  # 16 units a sector
         ends = [int(re.search(r"\+(\d+)\)$", index).group(1)) for _, index in calls]
-        assert [end - ends[0] for end in ends] == [0, 6144, 12288, 18432], ends
+        assert [end - ends[0] for end in ends] == [k * 6144 * lanes // 32 for k in range(turns)], ends
 
 
 def test_the_lines_a_segment_touches():
