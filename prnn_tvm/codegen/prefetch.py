@@ -5,7 +5,7 @@ nothing); the persistent tensor-core template issues it for the input projection
 later (``schedules.persistent_cuda``, ``PersistentBuilder.inputs_prefetched``); ``prefetch.global.L1`` the persistent
 float32 template issues for the weights it streams from L2 (``schedules.persistent_weights``).
 The block kernels ask the projection a CTA will read some steps on into L2 from one warp, a lane a sector or line
-of each contiguous run of it (``PersistentBuilder.prefetch_sectors``; :func:`lines_covering` counts them).
+of each contiguous run of it (``schedules.persistent_xp_sectors``; :func:`lines_covering` counts them).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ def prefetch(address, level: str):
 def prefetch_l2(address):
     """:func:`prefetch` into L2."""
     return prefetch(address, "L2")
-
 
 
 def lines_covering(nbytes: int, alignment: int, line: int) -> int:
