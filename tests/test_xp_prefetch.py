@@ -74,11 +74,11 @@ def early_prefetch(layer):
 def test_a_block_kernel_asks_its_projection_into_l2_from_one_warp():
     """lstm_h48: each CTA's 8 rows x 4 gates of 16 units (32 bytes of bfloat16, a sector each), one prefetch from each
     lane of warp 0, after the step's barrier, of the step ``XP_PREFETCH_EARLY_STEPS`` on from the one loaded before it
-    (two steps on)."""
+    (two steps on): one line or sector a segment, whichever of the two a lane asks for."""
     layer = build("lstm_h48", 768, 16, "bfloat16", HEADS48)
     assert layer.report.spill_bytes == 0, layer.report.format()
     ahead = _MmaBuilder.XP_PREFETCH_EARLY_STEPS
-    assert ahead > 0 and _MmaBuilder.XP_PREFETCH_EARLY_AT == "barrier" and _MmaBuilder.XP_PREFETCH_EARLY_BYTES == 32
+    assert ahead > 0 and _MmaBuilder.XP_PREFETCH_EARLY_AT == "barrier" and _MmaBuilder.XP_PREFETCH_EARLY_BYTES >= 32
     loop, calls = early_prefetch(layer)
     assert loop.count(PREFETCH) == len(calls) == 1 and calls[0][0] == 32, calls  # one warp instruction a step
     step = re.match(r"for \(int (v\w*) = 0; \1 < seq_len;", loop).group(1)
@@ -115,10 +115,11 @@ def test_the_lines_a_segment_touches():
     assert lines_covering(80, 80, 32) == 3 and lines_covering(256, 2, 128) == 3
 
 
-def test_segments_off_the_sectors():
+def test_segments_off_the_sectors(monkeypatch):
     """lstm_h12 at hidden 240 (heads of 20 units, 40 bytes at multiples of 40 bytes): two sectors a segment, 8 rows x
     4 gates of them in two turns of warp 0; lstm_h15 at hidden 120 (CTAs of 16 units at multiples of 16 bytes, the
     last of 8 units): two sectors a segment, the second clamped to the CTA's last unit."""
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BYTES", 32)
     layer = build("lstm_h12", 240, 16, "bfloat16", cache=False)
     assert layer.report.config["units_per_cta"] == 20 and layer.report.config["batch_groups"] == 2
     _, calls = early_prefetch(layer)
@@ -144,6 +145,7 @@ def test_the_early_prefetch_off_by_word_and_with_the_loads(monkeypatch):
     assert kernel_source(words).count(PREFETCH) > 3 and early_prefetch(words)[1] == []  # every thread's, unguarded
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BY", "sector")
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_AT", "load")
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BYTES", 32)
     layer = build("lstm_h12", 768, 16, "bfloat16", HEADS12, cache=False)
     body = kernel_source(layer)
     assert body.count(PREFETCH) == 3 and layer.report.spill_bytes == 0  # the loop's and the prologue's two
