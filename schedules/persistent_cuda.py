@@ -72,6 +72,7 @@ from .persistent_config import Geometry, PersistentConfig, group_span
 from .persistent_exchange import OperandExchange
 from .persistent_sums import UnitSumExchange
 from .persistent_weights import RegisterWeights
+from .persistent_xp_sectors import SectorPrefetch
 from .ranking import parts
 from .template import ACCEPTED, Acceptance, config_from_dict, refused
 
@@ -119,7 +120,7 @@ class PersistentTemplate:
         return config_from_dict(self.config_type, knobs)
 
 
-class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
+class PersistentBuilder(SectorPrefetch, OperandExchange, UnitSumExchange, RegisterWeights):
     """Builds the kernel of one config. The products (weights, their registers, the shared gate sums)
     come from a mixin: ``RegisterWeights`` here, ``FragmentWeights`` in the tensor-core template."""
 
@@ -397,7 +398,12 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
 
     def after_barrier(self, t):
         """At the end of step ``t``, after its barrier: what a template does once every value of the step is in place
-        (the output sequence copied from the operand tile: ``persistent_warp_gates``). Nothing here."""
+        (the output sequence copied from the operand tile: ``persistent_warp_gates``); here, where
+        :attr:`sectors_prefetched` with ``XP_PREFETCH_EARLY_AT="barrier"``, the projection that many steps on from the
+        one loaded at the step's end (:meth:`prefetch_sectors`)."""
+        if self.sectors_prefetched and self.XP_PREFETCH_EARLY_AT == "barrier":
+            for _ in self.each_part():
+                self.prefetch_sectors(t + self.inputs_ahead + self.sectors_prefetched)
 
     @property
     def waits_at_last_step(self) -> bool:
@@ -408,22 +414,35 @@ class PersistentBuilder(OperandExchange, UnitSumExchange, RegisterWeights):
         (``persistent_warp_gates`` says yes)."""
         return False
 
-    # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`)
+    # Steps ahead whose input projection a step asks into L2 (0: none; :attr:`inputs_prefetched`), where a step loads
+    # its own at its top (where it is loaded early: ``XP_PREFETCH_EARLY_*``, ``persistent_xp_sectors``)
     XP_PREFETCH_STEPS = 0
 
     @property
     def inputs_prefetched(self) -> int:
-        """How many steps on a step asks its items' input projection into L2 (``prefetch.global.L2``, one per word
-        the thread will read: one per 64-byte line from hidden 16 up), or 0: where the step loads its own projection at
-        its top (not :attr:`inputs_early`), so that the load of a projection too large for L2 meets it there
-        rather than waiting on DRAM (bench/results/exchange-probes-h100.md, "Two source changes timed and adopted")."""
-        return 0 if self.inputs_early else self.XP_PREFETCH_STEPS
+        """How many steps on from the step whose projection it loads a thread asks its items' projection into L2
+        (``prefetch.global.L2``, one per word the thread will read: one per 64-byte line from hidden 16 up), or 0:
+        so that the load of a projection too large for L2 meets it there rather than waiting on DRAM. Where the step
+        loads its own at its top, ``XP_PREFETCH_STEPS`` (bench/results/exchange-probes-h100.md, "Two source changes
+        timed and adopted"); where it is loaded early (:attr:`inputs_early`), ``XP_PREFETCH_EARLY_STEPS`` with
+        ``XP_PREFETCH_EARLY_BY="word"`` (else :attr:`sectors_prefetched`)."""
+        if not self.inputs_early:
+            return self.XP_PREFETCH_STEPS
+        return self.XP_PREFETCH_EARLY_STEPS if self.XP_PREFETCH_EARLY_BY == "word" else 0
+
+    @property
+    def inputs_ahead(self) -> int:
+        """Where :attr:`inputs_early`, how many steps on from a step the projection loaded at its end is: the next."""
+        return 1
 
     def load_inputs(self, t, regs=None):
         """Step ``t``'s input projection for the items of the part being emitted, into registers (``regs``, else the
         ones the step reads): issued now, consumed after the products (of this step, or the next where
-        :attr:`inputs_early`); and, where :attr:`inputs_prefetched`, that of a later step asked into L2."""
+        :attr:`inputs_early`); and, where :attr:`inputs_prefetched`, that of a later step asked into L2 (where
+        :attr:`sectors_prefetched` with ``XP_PREFETCH_EARLY_AT="load"``, from one warp)."""
         ahead, regs = self.inputs_prefetched, self.xreg if regs is None else regs
+        if self.sectors_prefetched and self.XP_PREFETCH_EARLY_AT == "load":
+            self.prefetch_sectors(t + self.sectors_prefetched)
         for it, group, item in self.items():
             with item as (b, unit, _ul):
                 if ahead:

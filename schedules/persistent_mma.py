@@ -22,6 +22,10 @@ class _MmaBuilder(WarpGates, FragmentWeights, PersistentBuilder):
     """The persistent step with tensor-core products."""
 
     XP_PREFETCH_STEPS = 2  # timed on the H100: bench/results/exchange-probes-h100.md, "Two source changes timed"
+    # the block kernels' (issue 49): 4 steps on, after the barrier, a 128-byte line a lane, from one warp — the best
+    # or within 7% of it at heads of 16, 32, 64 and sLSTM (bench/results/xp-prefetch-block-h100.md)
+    XP_PREFETCH_EARLY_STEPS = 4
+    XP_PREFETCH_EARLY_BYTES = 128
 
 
 TEMPLATE = PersistentTemplate("persistent_mma", MmaConfig, mc, _MmaBuilder)  # half-precision cuda layers

@@ -146,6 +146,11 @@ class WarpGates:
         any_gpu = GpuSpec("any", 0, 0, 0)  # the register file, the same on every GpuSpec (its defaults)
         return self.g.regs_estimate + self.ipt * self.width.x <= max_regs_per_thread(self.g.threads, any_gpu)
 
+    @property
+    def inputs_ahead(self) -> int:
+        """With :attr:`xp_two_ahead`, the projection loaded at a step's end is the one two steps on."""
+        return 2 if self.xp_two_ahead else super().inputs_ahead
+
     def next_inputs(self, t):
         """With :attr:`xp_two_ahead`, at the end of step ``t``: the next step's projection from the registers it was
         loaded into a step before, and the loads of the step after next issued into those (about two steps against

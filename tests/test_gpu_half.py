@@ -112,6 +112,11 @@ def test_half_rows_stop_at_their_lengths(dtype, cell):
     assert error_of(layer, 64, lengths=random_lengths(33, 64, seed=4)) <= plan_tolerance(layer.plan, 64)
 
 
+# the heads' block kernels (gate_layout="in_warp", batch groups: lstm_h48 bfloat16 768 x 16's tuned config)
+HEADS = dict(units_per_cta=16, k_groups=1, n_tiles=1, barrier="block", m_tiles_per_warp=2, batch_groups=2,
+             gate_layout="in_warp", xp="half")
+
+
 @pytest.mark.parametrize(
     "cell, hidden, batch, config",
     [
@@ -120,16 +125,50 @@ def test_half_rows_stop_at_their_lengths(dtype, cell):
                                 batch_groups=2)),
         ("lstm_bi", 512, 8, None),  # the reverse direction prefetches the row's step n - 3 - t
         ("lstm_x2", 512, 8, None),  # a stack's lag: steps past the sequence read its last step
+        # block kernels, from warp 0 (``persistent_xp_sectors``): a sector a lane, the projection two steps ahead
+        ("lstm_h48", 768, 16, HEADS),
+        ("lstm_h12", 768, 16, dict(HEADS, units_per_cta=64, batch_groups=16)),  # a row a group
+        ("slstm_h12", 768, 16, dict(HEADS, units_per_cta=64)),  # 128 sectors: four turns of the warp
+        ("lstm_h12", 768, 5, None),  # rows past the batch in a warp's tiles
+        ("lstm_h12_bi", 768, 16, None),  # two parts; the reverse direction's at each row's n - 1 - t
+        ("lstm_h12", 240, 16, None),  # a head of 20 units: 40-byte segments off the sectors
+        ("lstm_h15", 120, 16, HEADS),  # the last CTA's 8 units: its second sectors clamped to its last unit
+        ("gru_h12", 768, 16, None),  # the block kernel without in_warp
     ],
 )
 def test_kernels_that_prefetch_their_projection(cell, hidden, batch, config):
-    """The input projection two steps on asked into L2 (``inputs_prefetched``): the same numbers, at the sequence's
-    first steps and its end, with rows of their own lengths."""
+    """The input projection asked into L2 ahead of its loads (``inputs_prefetched``, ``prefetch_sectors``): the same
+    numbers, at the sequence's first steps and its end, with rows of their own lengths."""
     layer = layer_for(cell, hidden, batch, "float16", config)
     assert "prnn_prefetch_l2(" in layer.cuda_source and layer.report.spill_bytes == 0, layer.report.format()
     for seq_len in (1, 2, 3, 300):
         err = error_of(layer, seq_len, seed=seq_len, lengths=random_lengths(batch, seq_len, seed=seq_len))
         assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("at, nbytes", [("barrier", 32), ("load", 128)])
+@pytest.mark.parametrize("cell, batch", [("lstm_h48", 16), ("lstm_h12_bi", 16), ("slstm_h12", 5)])
+def test_the_block_kernels_prefetch_changes_no_value(monkeypatch, cell, batch, at, nbytes):
+    """A block kernel with its projection asked into L2 from one warp (after the barrier by sector, or with the loads
+    by line) and the same kernel without: outputs and final states bitwise equal, rows of their own lengths."""
+    from prnn_tvm.schedules.persistent_mma import _MmaBuilder
+
+    def build():  # not the layer cache's: its key knows nothing of the class's settings
+        return prnn_tvm.compile_cell(cell, 768, batch, dtype="bfloat16", target="cuda", cache=False)
+
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_AT", at)
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BYTES", nbytes)
+    with_it = build()
+    assert "prnn_prefetch_l2(" in with_it.cuda_source
+    monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_STEPS", 0)
+    without = build()
+    assert "prnn_prefetch_l2(" not in without.cuda_source
+    for seq_len in (3, 300):
+        inputs = random_inputs(with_it.plan, seq_len, with_it.input_size, seed=seq_len)
+        inputs["lengths"] = random_lengths(batch, seq_len, seed=seq_len)
+        (out_a, finals_a), (out_b, finals_b) = with_it(**inputs), without(**inputs)
+        for a, b in zip((out_a, *finals_a), (out_b, *finals_b)):
+            assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)), f"T={seq_len}"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

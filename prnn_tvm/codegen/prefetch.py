@@ -4,9 +4,13 @@
 nothing); the persistent tensor-core template issues it for the input projection a thread reads two steps
 later (``schedules.persistent_cuda``, ``PersistentBuilder.inputs_prefetched``); ``prefetch.global.L1`` the persistent
 float32 template issues for the weights it streams from L2 (``schedules.persistent_weights``).
+The block kernels ask the projection a CTA will read some steps on into L2 from one warp, a lane a sector or line
+of each contiguous run of it (``schedules.persistent_xp_sectors``; :func:`lines_covering` counts them).
 """
 
 from __future__ import annotations
+
+import math
 
 from tvm.script.ir_builder import tirx as T
 
@@ -31,3 +35,10 @@ def prefetch(address, level: str):
 def prefetch_l2(address):
     """:func:`prefetch` into L2."""
     return prefetch(address, "L2")
+
+
+def lines_covering(nbytes: int, alignment: int, line: int) -> int:
+    """The most ``line``-byte lines (aligned to ``line``) a run of ``nbytes`` bytes touches where it starts at a
+    multiple of ``alignment`` bytes: one prefetch each asks the whole run into the cache."""
+    step = math.gcd(alignment, line)  # the offsets within a line the run can start at
+    return max(-(-(offset + nbytes) // line) for offset in range(0, line, step))
