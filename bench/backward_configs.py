@@ -1,10 +1,12 @@
 """The backward of a half LSTM, config by config, in a training step through the public call on the GPU: the
 tensor-core backward's ranked defaults (``schedules.backward_configs``, the first is what a layer trains with),
 the first's at 16 k groups and at the fewest units that spread over every SM, the first's with the block's whole-tile
-copy of the gate gradients and without L2 prefetch (``copy_stages``, ``prefetch_steps``), and the first config of the
+copy of the gate gradients and without L2 prefetch (``copy_stages``, ``prefetch_steps``), the first's in thread-block
+clusters of 2, 4 and 8 CTAs sharing one copy of the gate gradients (``cluster``), and the first config of the
 float32 backward it replaced (transposed weights widened in registers), against cuDNN in the same dtype.
 
     PRNN_TVM_CACHE=0 python bench/backward_configs.py [--hidden 1024] [--batch 16] [--seq 256] [--bf16 0]
+        [--clusters 2 4 8]
 
 The layer cache is keyed by the layer, not by the backward's config: run it with the cache off. Each figure is
 the median of CUDA-event runs of one step (gradients cleared, forward, loss over every output, ``backward()``);
@@ -24,7 +26,7 @@ from prnn_tvm.bench.backward_variants import add_variants
 from prnn_tvm.checks import relative_error, worst
 from prnn_tvm.target import gpu_spec
 
-args = baselines.script_arguments(number=10, hidden=1024, batch=16, bf16=0)
+args = baselines.script_arguments(number=10, hidden=1024, batch=16, bf16=0, clusters=[2, 4, 8])
 T, H, B = args.seq, args.hidden, args.batch
 dtype = torch.bfloat16 if args.bf16 else torch.float16
 built_with = prnn_tvm.compiler.gpu_backward  # what a training build asks for its backward; replaced config by config
@@ -63,6 +65,8 @@ variants = [{"units_per_cta": units, "k_groups": kg}
 # alone, and more stages
 variants += [{"copy_stages": 0, "prefetch_steps": 0}, {"copy_stages": 0}, {"prefetch_steps": 0}, {"copy_stages": 4},
              {"prefetch_steps": 1}]
+# thread-block clusters sharing one copy of the gate gradients (``cluster``, with the whole-tile wait it takes)
+variants += [{"cluster": c, "copy_stages": 0} for c in args.clusters]
 add_variants(first_cfg, variants, tensor_cores, plan, gpu)
 widened = [cfg for cfg in configs if not hasattr(cfg, "k_groups")][:1]
 cudnn_ms = ms(lambda: step(ref, x, hx))

@@ -3,7 +3,11 @@ its phases (pointwise adjoints and publish, grid barrier, the gate gradients' co
 products, what was sent back; ``prnn_tvm.bench.backward_timeline``), from a training step through
 ``prnn_tvm.torch.from_torch(m)``. Default: LSTM fp16 H=1024 B=16 T=256.
 
-    python bench/backward_timeline.py [--cell LSTM --hidden 1024 --batch 16 --seq 256 --dtype float16]
+    python bench/backward_timeline.py [--cell LSTM --hidden 1024 --batch 16 --seq 256 --dtype float16] [--cluster 2]
+
+``--cluster N``: the tensor-core backward's first ranked config in thread-block clusters of N CTAs sharing the copy
+of the gate gradients (``copy_stages`` 0, which the clusters take); run it with ``PRNN_TVM_CACHE=0`` (the layer
+cache is keyed by the layer, not by the backward's config).
 
 The instrumented run's gradients are not valid (the stamps overwrite ``d_xp``). Without a GPU (``--arch sm_90``)
 it builds the instrumented training kernels, prints ptxas's figures and stops: the rewrite still applies. About
@@ -21,7 +25,21 @@ p.add_argument("--batch", type=int, default=16)
 p.add_argument("--seq", type=int, default=256)
 p.add_argument("--dtype", default="float16")
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")
+p.add_argument("--cluster", type=int, default=1, help="CTAs per thread-block cluster of the tensor-core backward")
 args = p.parse_args()
+
+if args.cluster > 1:
+    import dataclasses
+
+    from prnn_tvm import compiler, schedules
+    from prnn_tvm.schedules import backward_mma_config as bc
+
+    def clustered(plan, gpu):
+        """What a training build asks for its backward: the first ranked config, in clusters."""
+        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], cluster=args.cluster, copy_stages=0)
+        return iter([schedules.backward_kernel(plan, gpu, cfg)])
+
+    compiler.gpu_backward = clustered
 
 if args.arch is not None:
     from prnn_tvm.codegen import build

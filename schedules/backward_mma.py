@@ -15,6 +15,8 @@ states' adjoints, the params' gradients and the pointwise math stay float32.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -27,6 +29,7 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec
 
 from . import backward_mma_config as bc
+from . import cluster_copy
 from .backward_mma_config import BackwardMmaConfig
 from .persistent_backward import _Backward
 from .persistent_exchange import ceil_div, sync_threads
@@ -97,13 +100,32 @@ class _MmaBackward(FragmentWeights, _Backward):
         self.stages = min(cfg.copy_stages, g.k_tiles_per_warp) if g.warp_rows == 1 and g.m_tiles else 0
         self.stage_starts = [s * g.k_tiles_per_warp // self.stages for s in range(self.stages)]
 
+    def _launch(self):
+        """The float32 backward's launch, its grid in clusters of ``cluster`` CTAs (``cluster_copy``)."""
+        launch = super()._launch()
+        return replace(launch, grid=replace(launch.grid, cluster=self.c.cluster)) if self.c.cluster > 1 else launch
+
+    @property
+    def pass_bytes(self) -> int:
+        """Bytes of the gate gradients one pass copies into a CTA's tile: every batch row's (one pass a phase)."""
+        return self.B * self.K * itemsize(self.gates_dt)
+
     def prologue(self):
         """The float32 backward's; where warps copy their own columns, a block barrier after it: the padding
         columns it zeroed are read by the last k group's warp, which no block barrier before the products orders
-        otherwise."""
+        otherwise. In clusters, the mbarrier the copies land on, armed for the first pass (``cluster_copy``)."""
         super().prologue()
         if self.stages and self.g.k_pad > self.K:
             sync_threads()
+        if self.c.cluster > 1:
+            cluster_copy.begin(self.mbar, self.parity, self.pass_bytes, self.tx)
+
+    def epilogue(self):
+        """In clusters, first the cluster meets (no CTA leaves while a peer may still write into its tile); then the
+        float32 backward's."""
+        if self.c.cluster > 1:
+            cluster_copy.sync()
+        super().epilogue()
 
     def gate_gradients(self, t, phase: int, it, b, unit):
         """The float32 backward's; at a step's first phase walked (the last), with ``prefetch_steps``, first every
@@ -124,6 +146,9 @@ class _MmaBackward(FragmentWeights, _Backward):
         """The forward's buffers, and the A fragments of one k tile read back from shared memory."""
         super().alloc_product_buffers()
         self.afrag = T.alloc_buffer((A_REGS * self.c.m_tiles_per_warp,), self.dt, scope="local")
+        if self.c.cluster > 1:  # the mbarrier the cluster's copies land on, and the parity of the pass awaited
+            self.mbar = T.alloc_buffer((1,), "uint64", scope="shared")
+            self.parity = T.alloc_buffer((1,), "int32", scope="local")
 
     def a_fragment(self, m: int, kt: int) -> tuple:
         """Where the A fragment of the warp's row tile ``m`` and k tile ``kt`` lives: ``(buffer, element)``, in the
@@ -194,6 +219,9 @@ class _MmaBackward(FragmentWeights, _Backward):
         (:meth:`before_k_tile`)."""
         c, g = self.c, self.g
         self.copied_step = t
+        if c.cluster > 1:
+            self.cluster_products(t, phase)
+            return
         with T.serial(0, g.batch_chunks) as chunk:
             b0 = bind_value(chunk * c.batch_tile, "b0")
             if not self.stages:
@@ -203,6 +231,27 @@ class _MmaBackward(FragmentWeights, _Backward):
                 sync_threads()
             self.tile_products(b0, phase)
             sync_threads()
+
+    def cluster_products(self, t, phase: int):
+        """``products`` in clusters (one pass: the tile holds the whole batch): thread ``b`` fetches this CTA's
+        granules of batch row ``b`` for the whole cluster (``cluster_copy``), every thread waits for the whole tile
+        (leaving the time loop where the wait gives up), the tensor cores, then each thread's reads of the tile
+        ordered before the peers' next copy into it."""
+        c, g, p = self.c, self.g, self.p
+        lanes = cluster_copy.GRANULE // itemsize(self.gates_dt)
+        first, count = cluster_copy.granules(self.K * itemsize(self.gates_dt), c.cluster, self.a.cluster_rank)
+        k0, nbytes = bind_value(first * lanes, "slice_k0"), bind_value(count * cluster_copy.GRANULE, "slice_bytes")
+        for i in range(ceil_div(self.B, g.threads)):
+            b = i * g.threads + self.tx
+            with T.If(b < self.B):
+                with T.Then():
+                    cluster_copy.copy(c.cluster, T.address_of(self.smem[b * g.stride + k0]),
+                                      T.address_of(self.a.ws[t % 2, b, k0]), nbytes, self.mbar)
+        ordinal = (self.a.seq_len - 1 - t) * p.phases + (p.phases - 1 - phase)  # as the grid barrier counts
+        cluster_copy.wait(self.mbar, self.parity, self.a.sync, ordinal, self.pass_bytes, self.tx)
+        self.tile_products(0, phase)
+        cluster_copy.reads_done()
+        sync_threads()
 
     @property
     def copy_bytes(self) -> int:
