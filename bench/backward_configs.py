@@ -2,7 +2,8 @@
 tensor-core backward's ranked defaults (``schedules.backward_configs``, the first is what a layer trains with),
 the first's at 16 k groups and at the fewest units that spread over every SM, the first's with the block's whole-tile
 copy of the gate gradients and without L2 prefetch (``copy_stages``, ``prefetch_steps``), the first's in thread-block
-clusters of 2, 4 and 8 CTAs sharing one copy of the gate gradients (``cluster``), and the first config of the
+clusters of 2, 4 and 8 CTAs sharing one copy of the gate gradients (``cluster``; the block's wait for it and each
+warp's for its own columns: ``copy_stages`` 0 and 1), and the first config of the
 float32 backward it replaced (transposed weights widened in registers), against cuDNN in the same dtype.
 
     PRNN_TVM_CACHE=0 python bench/backward_configs.py [--hidden 1024] [--batch 16] [--seq 256] [--bf16 0]
@@ -66,7 +67,7 @@ variants = [{"units_per_cta": units, "k_groups": kg}
 variants += [{"copy_stages": 0, "prefetch_steps": 0}, {"copy_stages": 0}, {"prefetch_steps": 0}, {"copy_stages": 4},
              {"prefetch_steps": 1}]
 # thread-block clusters sharing one copy of the gate gradients (``cluster``, with the whole-tile wait it takes)
-variants += [{"cluster": c, "copy_stages": 0} for c in args.clusters]
+variants += [{"cluster": c, "copy_stages": s} for c in args.clusters for s in (0, 1)]
 add_variants(first_cfg, variants, tensor_cores, plan, gpu)
 widened = [cfg for cfg in configs if not hasattr(cfg, "k_groups")][:1]
 cudnn_ms = ms(lambda: step(ref, x, hx))

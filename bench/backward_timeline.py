@@ -3,11 +3,12 @@ its phases (pointwise adjoints and publish, grid barrier, the gate gradients' co
 products, what was sent back; ``prnn_tvm.bench.backward_timeline``), from a training step through
 ``prnn_tvm.torch.from_torch(m)``. Default: LSTM fp16 H=1024 B=16 T=256.
 
-    python bench/backward_timeline.py [--cell LSTM --hidden 1024 --batch 16 --seq 256 --dtype float16] [--cluster 2]
+    python bench/backward_timeline.py [--cell LSTM --hidden 1024 --batch 16 --seq 256 --dtype float16]
+        [--cluster 2 --copy-stages 0]
 
 ``--cluster N``: the tensor-core backward's first ranked config in thread-block clusters of N CTAs sharing the copy
-of the gate gradients (``copy_stages`` 0, which the clusters take); run it with ``PRNN_TVM_CACHE=0`` (the layer
-cache is keyed by the layer, not by the backward's config).
+of the gate gradients, waited for by the block (``--copy-stages 0``) or by each warp for its own columns (1); run it
+with ``PRNN_TVM_CACHE=0`` (the layer cache is keyed by the layer, not by the backward's config).
 
 The instrumented run's gradients are not valid (the stamps overwrite ``d_xp``). Without a GPU (``--arch sm_90``)
 it builds the instrumented training kernels, prints ptxas's figures and stops: the rewrite still applies. About
@@ -26,6 +27,7 @@ p.add_argument("--seq", type=int, default=256)
 p.add_argument("--dtype", default="float16")
 p.add_argument("--arch", default=None, help="build only, for this architecture (no GPU needed)")
 p.add_argument("--cluster", type=int, default=1, help="CTAs per thread-block cluster of the tensor-core backward")
+p.add_argument("--copy-stages", type=int, default=0, help="with --cluster: 0 the block's wait, 1 each warp's")
 args = p.parse_args()
 
 if args.cluster > 1:
@@ -36,7 +38,7 @@ if args.cluster > 1:
 
     def clustered(plan, gpu):
         """What a training build asks for its backward: the first ranked config, in clusters."""
-        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], cluster=args.cluster, copy_stages=0)
+        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], cluster=args.cluster, copy_stages=args.copy_stages)
         return iter([schedules.backward_kernel(plan, gpu, cfg)])
 
     compiler.gpu_backward = clustered

@@ -52,9 +52,11 @@ class BackwardMmaConfig(MmaConfig):
 
     ``cluster``: CTAs per thread-block cluster (sm_90+), which share one copy of each pass's gate gradients: each
     fetches ``1/cluster`` of them and multicasts it into every CTA of the cluster (``cluster_copy``), the grid
-    reading them from L2 once per cluster; 1: none, each CTA copies all of them (``copy_stages``). It takes the
-    block's whole-tile wait (``copy_stages`` 0), a tile that holds the whole batch (one pass per phase), gate
-    gradient rows of whole 16-byte granules and a barrier with an error word (the copy's wait gives up with it)."""
+    reading them from L2 once per cluster; 1: none, each CTA copies all of them (``copy_stages``). In clusters
+    ``copy_stages`` 0 is the block's wait for the whole tile, 1 each warp's wait for its own k group's columns
+    alone (where it would copy them alone, in a cell of one phase; else the block's). It takes a tile that holds
+    the whole batch (one pass per phase), gate gradient rows of whole 16-byte granules and a barrier with an error
+    word (the copy's waits give up with it)."""
 
     shared_k_tiles: int = field(default=0, metadata={"short": "skt", "quiet": True})
     copy_stages: int = field(default=2, metadata={"short": "cs", "quiet": True})
@@ -204,9 +206,9 @@ def check_cluster(cfg: BackwardMmaConfig, g: MmaGeometry, plan: CellPlan, gpu: G
         raise ConfigError(f"cluster={c}: the shared tile must hold the whole batch (one copy a phase, whose landing "
                           f"the peers' next copy waits for through the grid barrier): take n_tiles="
                           f"{mc._round_up(plan.batch, TILE_N) // TILE_N}")
-    if cfg.copy_stages:
-        raise ConfigError(f"cluster={c}: the cluster's copy lands as one (the block waits for all of it), not in "
-                          f"copy_stages={cfg.copy_stages}; take copy_stages=0")
+    if cfg.copy_stages > 1:
+        raise ConfigError(f"cluster={c}: the cluster's copy lands as one, waited for by the block (copy_stages=0) or "
+                          f"by each warp for its own columns (1), not in copy_stages={cfg.copy_stages}; take 0 or 1")
     if barrier(cfg.barrier).state_words is None:
         raise ConfigError(f"cluster={c}: the copy's wait gives up with the grid barrier's error word, which "
                           f"'{cfg.barrier}' has none of; take a barrier with one ({', '.join(with_error_word())})")
@@ -228,7 +230,7 @@ def space(plan: CellPlan, gpu: GpuSpec, clusters: tuple = CLUSTERS) -> list[Back
     """The configs the default is ranked from: units spread over the SMs (also whole row tiles of them), the
     forward's k groups, batch tiles, row tiles per warp and chains (these only where a warp has one accumulator
     set), and none, a quarter, a third or half of a warp's k tiles in shared memory; each in ``clusters`` (a
-    cluster's with the whole-tile wait it takes, ``copy_stages`` 0)."""
+    cluster's with the block's wait or each warp's, ``copy_stages`` 0 or 1)."""
     H = plan.hidden
     least = math.ceil(H / gpu.sms)
     units = sorted({u for u in (least, least + 1, mc._round_up(least, TILE_M), 2 * least) if u <= H})
@@ -239,7 +241,8 @@ def space(plan: CellPlan, gpu: GpuSpec, clusters: tuple = CLUSTERS) -> list[Back
         kt = math.ceil(k_tiles / kg)
         return sorted({0, kt // 4, kt // 3, kt // 2})
 
-    copies = [{"cluster": 1}] * (1 in clusters) + [{"cluster": c, "copy_stages": 0} for c in clusters if c > 1]
+    copies = [{"cluster": 1}] * (1 in clusters) + [{"cluster": c, "copy_stages": s} for c in clusters if c > 1
+                                                   for s in (0, 1)]
     return [BackwardMmaConfig(u, kg, nt, RANKED_WITH, m_tiles_per_warp=mw, k_chains=kc, shared_k_tiles=skt, **copy)
             for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8) if nt <= most
             for mw in mc.M_TILES_PER_WARP for kc in mc.K_CHAINS if kc == 1 or nt * mw == 1 for skt in shared(kg)

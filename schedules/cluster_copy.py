@@ -10,7 +10,9 @@ The protocol, per CTA: its mbarrier (one arrival) is armed with the bytes of the
 once the previous pass has landed, before this CTA arrives at the grid barrier that precedes the next pass; the
 peers' multicasts, issued after that grid barrier, therefore find it armed (and a ``complete_tx`` that came first
 would only take the transaction count below zero: the phase cannot complete before the arrival anyway). A thread
-waits for the phase's parity. Every pass completes exactly one phase, so the parity flips each pass.
+waits for the phase's parity. Every pass completes exactly one phase, so the parity flips each pass. With
+``copy_stages`` 1 each k group's columns land on an mbarrier of their own, which only that k group's warp waits for
+(and its lane 0 re-arms): a warp multiplies its columns while the others' land.
 
 Memory ordering:
 
@@ -104,6 +106,29 @@ __device__ __forceinline__ int prnn_cluster_wait(void* bar, unsigned parity, uns
   }
   return abort;
 }
+// The same for one warp, waiting for its own columns' mbarrier (lane 0 waits, bounded; then every lane observes the
+// phase itself). Giving up sets *abort_flag (shared) for the block, which leaves the time loop after the products'
+// block barrier: no warp leaves alone.
+__device__ __forceinline__ void prnn_cluster_wait_warp(void* bar, unsigned parity, unsigned* sync, int step,
+                                                       int timeout_us, int* abort_flag) {
+  int abort = 0;
+  if ((threadIdx.x & 31) == 0) {
+    const unsigned long long start = prnn_globaltimer(), limit = (unsigned long long)timeout_us * 1000ull;
+    for (unsigned polls = 1; !prnn_mbar_done(bar, parity); ++polls) {
+      if (polls % PRNN_CHECK_EVERY == 0 && prnn_give_up(sync, step, start, limit)) {
+        abort = 1;
+        break;
+      }
+    }
+  }
+  abort = __shfl_sync(0xffffffffu, abort, 0);
+  if (abort) {
+    if ((threadIdx.x & 31) == 0) *(volatile int*)abort_flag = 1;
+    return;
+  }
+  while (!prnn_mbar_done(bar, parity)) {
+  }
+}
 #endif
 """
 
@@ -117,34 +142,43 @@ def _call(name: str, *args, return_type: str = "void"):
     return T.cuda.func_call(name, *args, source_code=source(), return_type=return_type)
 
 
-def granules(row_bytes: int, cluster: int, rank) -> tuple:
-    """The first granule and the granules of a row of ``row_bytes`` that CTA ``rank`` of a cluster fetches:
-    ``[rank * n // cluster, (rank + 1) * n // cluster)`` of its ``n`` granules."""
-    n = row_bytes // GRANULE
-    first = rank * n // cluster
-    return first, (rank + 1) * n // cluster - first
+def share(granules, cluster: int, rank) -> tuple:
+    """The first granule and the number of granules of a range of ``granules`` that CTA ``rank`` of a cluster
+    fetches: ``[rank * n // cluster, (rank + 1) * n // cluster)``, none where ``n`` is less than the cluster."""
+    first = rank * granules // cluster
+    return first, (rank + 1) * granules // cluster - first
 
 
-def begin(mbar, parity, bytes_per_pass: int, tx) -> None:
-    """In the prologue, every thread: thread 0 initializes the mbarrier and arms it for the first pass; the parity
-    starts at 0; the cluster meets (the init visible to every peer before any copy)."""
+def begin(mbars, parity, bytes_of: list, tx, abort=None) -> None:
+    """In the prologue, every thread: thread 0 initializes each mbarrier and arms it for the first pass (mbarrier
+    ``i``: ``bytes_of[i]``), and clears the block's abort flag (``abort``, where warps wait alone); the parity
+    starts at 0; the cluster meets (the inits visible to every peer before any copy)."""
     with T.If(tx == 0):
         with T.Then():
-            T.evaluate(_call("prnn_mbar_init", T.address_of(mbar[0])))
-            T.evaluate(_call("prnn_mbar_arm", T.address_of(mbar[0]), tirx.const(bytes_per_pass, "uint32")))
+            for i, nbytes in enumerate(bytes_of):
+                T.evaluate(_call("prnn_mbar_init", T.address_of(mbars[i])))
+                arm(mbars, i, nbytes)
+            if abort is not None:
+                T.buffer_store(abort, tirx.const(0, "int32"), [0])
     T.buffer_store(parity, tirx.const(0, "int32"), [0])
     sync()
 
 
+def arm(mbars, i, nbytes) -> None:
+    """The arming thread's arrival on mbarrier ``i``, expecting ``nbytes`` of the next pass."""
+    T.evaluate(_call("prnn_mbar_arm", T.address_of(mbars[i]), T.Cast("uint32", nbytes)))
+
+
 def copy(cluster: int, dst, src, nbytes, mbar) -> None:
-    """One thread's bulk copy of ``nbytes`` from ``src`` to ``dst`` (addresses) multicast to the cluster."""
-    T.evaluate(_call(f"prnn_cluster_copy<{cluster}>", dst, src, T.Cast("uint32", nbytes), T.address_of(mbar[0])))
+    """One thread's bulk copy of ``nbytes`` from ``src`` to ``dst`` (addresses) multicast to the cluster, landing
+    on mbarrier ``mbar`` (an address) of each CTA."""
+    T.evaluate(_call(f"prnn_cluster_copy<{cluster}>", dst, src, T.Cast("uint32", nbytes), mbar))
 
 
-def wait(mbar, parity, sync_args, step, bytes_per_pass: int, tx) -> None:
+def wait(mbars, parity, sync_args, step, bytes_per_pass: int, tx) -> None:
     """Every thread: the pass landed (else leave the time loop, as a barrier timeout does), the parity flipped, and
     thread 0 arms the mbarrier for the next pass (before this CTA reaches the grid barrier that precedes it)."""
-    done = _call("prnn_cluster_wait", T.address_of(mbar[0]), T.Cast("uint32", parity[0]), sync_args.sync.data,
+    done = _call("prnn_cluster_wait", T.address_of(mbars[0]), T.Cast("uint32", parity[0]), sync_args.sync.data,
                  step, sync_args.timeout_us, return_type="int32")
     abort = T.bind(done, var=tirx.Var("copy_abort", "int32"))
     with T.If(abort != 0):
@@ -153,7 +187,26 @@ def wait(mbar, parity, sync_args, step, bytes_per_pass: int, tx) -> None:
     T.buffer_store(parity, parity[0] ^ 1, [0])
     with T.If(tx == 0):
         with T.Then():
-            T.evaluate(_call("prnn_mbar_arm", T.address_of(mbar[0]), tirx.const(bytes_per_pass, "uint32")))
+            arm(mbars, 0, bytes_per_pass)
+
+
+def wait_warp(mbars, i, parity, sync_args, step, abort, nbytes, lane) -> None:
+    """Every lane of a warp: its own columns (mbarrier ``i``) landed, else the block's ``abort`` flag set (see
+    :func:`leave_if_aborted`); lane 0 arms mbarrier ``i`` for the next pass (``nbytes``)."""
+    T.evaluate(_call("prnn_cluster_wait_warp", T.address_of(mbars[i]), T.Cast("uint32", parity[0]),
+                     sync_args.sync.data, step, sync_args.timeout_us, T.address_of(abort[0])))
+    with T.If(lane == 0):
+        with T.Then():
+            arm(mbars, i, nbytes)
+
+
+def leave_if_aborted(abort, parity) -> None:
+    """Every thread, after the block barrier that ends a pass whose warps waited alone: leave the time loop where
+    one gave up, else flip the parity."""
+    with T.If(abort[0] != 0):
+        with T.Then():
+            T.Break()
+    T.buffer_store(parity, parity[0] ^ 1, [0])
 
 
 def reads_done() -> None:

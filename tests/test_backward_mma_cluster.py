@@ -30,7 +30,7 @@ def clustered(plan, gpu, cluster, **changes):
     "cell, hidden, batch, change, match",
     [
         ("lstm", 1024, 16, {"cluster": 3}, "cluster=3: one of 1, 2, 4, 8"),
-        ("lstm", 1024, 16, {"copy_stages": 2}, "take copy_stages=0"),
+        ("lstm", 1024, 16, {"copy_stages": 2}, "not in copy_stages=2; take 0 or 1"),
         ("lstm", 1024, 16, {"n_tiles": 1}, "whole batch.*take n_tiles=2"),  # two passes a phase
         ("lstm", 1024, 16, {"barrier": "grid_sync"}, "error word.*counter"),
         ("lstm", 1024, 16, {"units_per_cta": 8, "cluster": 8}, "16 clusters of 8 CTAs cannot be co-resident.*9 fit"),
@@ -73,7 +73,7 @@ def test_the_space_offers_clusters_and_the_default_keeps_none():
     layer = layer_of("lstm", 1024, 16)
     space = bc.space(layer.plan, layer.gpu)
     assert {cfg.cluster for cfg in space} == {1, 2, 4, 8}
-    assert all(cfg.copy_stages == 0 for cfg in space if cfg.cluster > 1)
+    assert {cfg.copy_stages for cfg in space if cfg.cluster > 1} == {0, 1}
     assert any(cfg.cluster > 1 for cfg in space if _valid(cfg, layer))
     assert {cfg.cluster for cfg in bc.ranked_configs(layer.plan, layer.gpu)} == {1}
 
@@ -87,16 +87,19 @@ def _valid(cfg, layer) -> bool:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("hidden, batch, units", [(1024, 16, None), (136, 3, 17)])  # 136 / 17: 8 CTAs
+@pytest.mark.parametrize("hidden, batch, units", [(1024, 16, None), (136, 3, 17), (128, 3, 16)])  # 8 CTAs: 136, 128
 def test_clusters_share_the_copy_without_spills(hidden, batch, units, dtype):
     """Cluster 1 is today's kernel (no multicast, no cluster); 2, 4 and 8: the launch in clusters (TVM's
-    ``clusterCtaIdx.x`` thread tag, which its launcher turns into the cluster dimension), each CTA's bulk copy of
-    its share multicast to the cluster after the proxy fence, the mbarrier's wait that can give up, and ptxas's
-    figures without spills."""
+    ``clusterCtaIdx.x`` thread tag, which its launcher turns into the cluster dimension), each CTA's bulk copies of
+    its share multicast to the cluster after the proxy fence, the waits that can give up: the block's for the whole
+    tile (copy_stages 0), or each warp's for its own columns (1, where a k group is one warp: one row tile a CTA, not
+    at 136 / 17), and ptxas's figures without spills."""
     layer = layer_of("lstm", hidden, batch, dtype)
     plan, gpu = layer.plan, layer.gpu
-    for cluster in (1, 2, 4, 8):
-        cfg = clustered(plan, gpu, cluster, **({"units_per_cta": units} if units else {}))
+    for cluster, stages in [(1, 0), *((c, s) for c in (2, 4, 8) for s in (0, 1))]:
+        cfg = clustered(plan, gpu, cluster, copy_stages=stages, **({"units_per_cta": units} if units else {}))
+        own = cluster > 1 and stages == 1 and bc.geometry(cfg, plan).warp_rows == 1
+        assert own == (stages == 1 and hidden != 136), cfg
         kernel = backward_mma.backward_kernel(plan, gpu, cfg)
         assert kernel.launch.grid.cluster == cluster
         assert ("clusterCtaIdx.x" in kernel.func.script()) == (cluster > 1)
@@ -107,6 +110,8 @@ def test_clusters_share_the_copy_without_spills(hidden, batch, units, dtype):
         assert ("multicast::cluster" in built.source) == (cluster > 1)
         assert ("fence.proxy.async.global" in built.source) == (cluster > 1)
         assert body.count(f"prnn_cluster_copy<{cluster}>(") == (cluster > 1)
-        assert body.count("prnn_cluster_wait(") == (cluster > 1)
+        assert body.count("prnn_cluster_wait(") == (cluster > 1 and not own)
+        assert body.count("prnn_cluster_wait_warp(") == own
+        assert body.count("prnn_mbar_init(") == (cfg.k_groups if own else cluster > 1)
         assert body.count("prnn_cluster_sync();") == 2 * (cluster > 1)  # after the mbarrier's init, before exit
         assert ("prnn_cp_async" in body) == (cluster == 1)

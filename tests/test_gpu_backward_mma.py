@@ -164,11 +164,19 @@ def _built_with(changes: dict):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("T, B, H, n_in, units", [(64, 16, 1024, 64, None), (1, 3, 136, 9, 17), (9, 3, 136, 9, 17)])
-def test_clusters_give_the_gradients_of_one_cta_each(T, B, H, n_in, units, dtype, monkeypatch):
+@pytest.mark.parametrize(
+    "T, B, H, n_in, units, copy_stages",
+    [
+        (64, 16, 1024, 64, None, 0),  # the block waits for the whole tile
+        (64, 16, 1024, 64, None, 1),  # each warp for its own k group's columns
+        (1, 3, 136, 9, 17, 0),  # 8 CTAs; rows of 68 granules split unevenly; two row tiles: the block's wait
+        (9, 3, 128, 9, 16, 1),  # 8 CTAs of one row tile: each warp's own wait
+    ],
+)
+def test_clusters_give_the_gradients_of_one_cta_each(T, B, H, n_in, units, copy_stages, dtype, monkeypatch):
     """The gate gradients through a cluster's shared copy (``cluster`` 2, 4, 8: ``schedules/cluster_copy.py``) are
     the bytes each CTA copied itself (cluster 1, the same knobs otherwise): every gradient bitwise the same, and within
-    the tolerance of float64. H=136 at 17 units: 8 CTAs, gate-gradient rows of 68 granules split unevenly."""
+    the tolerance of float64."""
     from prnn_tvm import compiler
 
     monkeypatch.setenv("PRNN_TVM_CACHE", "0")
@@ -179,7 +187,7 @@ def test_clusters_give_the_gradients_of_one_cta_each(T, B, H, n_in, units, dtype
                       list(ref.parameters()))
     got = {}
     for cluster in (1, 2, 4, 8):
-        changes = {"cluster": cluster, "copy_stages": 0, **({"units_per_cta": units} if units else {})}
+        changes = {"cluster": cluster, "copy_stages": copy_stages, **({"units_per_cta": units} if units else {})}
         monkeypatch.setattr(compiler, "gpu_backward", _built_with(changes))
         fast, _ = modules("lstm", n_in, H, dtype)  # built anew: the layer cache keys the layer, not the backward
         got[cluster] = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx],
