@@ -36,27 +36,16 @@ __device__ __forceinline__ int prnn_packed_copy(const uint64_t* src, V* dst, int
                                                 unsigned* sync, int timeout_us) {
   static_assert(W == (U + 2) / 3, "three units a word");
   const unsigned tag = ((unsigned)base + (unsigned)step) & 0xffffu;  // written at step - 1
-  uint64_t v[PER][VEC];
-  const int failed = prnn_poll_tagged<PER, VEC, WROW, SRC_ROW, 48, SLEEP_NS>(v, src, n, tag, step, sync, timeout_us);
-  if (!failed) {
+  return prnn_poll_copy<PER, VEC, WROW, SRC_ROW, 48, SLEEP_NS>(src, n, tag, step, sync, timeout_us,
+                                                               [&](int k, uint64_t word) {
+    const int row = k / WROW, w = k % WROW;
+    const int first = (w / W) * U + (w % W) * 3;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = (threadIdx.x + j * blockDim.x) * VEC;
-      if (i < n) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const int row = (i + e) / WROW, w = (i + e) % WROW;
-          const int first = (w / W) * U + (w % W) * 3;
-#pragma unroll
-          for (int lane = 0; lane < 3; ++lane) {
-            if ((w % W) * 3 + lane < U && first + lane < COLS) {
-              dst[row * ROW_PAD + first + lane] = prnn_from_payload<V>((unsigned)(v[j][e] >> (16 * lane)) & 0xffffu);
-            }
-          }
-        }
+    for (int lane = 0; lane < 3; ++lane) {
+      if ((w % W) * 3 + lane < U && first + lane < COLS) {
+        dst[row * ROW_PAD + first + lane] = prnn_from_payload<V>((unsigned)(word >> (16 * lane)) & 0xffffu);
       }
     }
-  }
-  return __syncthreads_or(failed);
+  });
 }
 #endif

@@ -70,6 +70,27 @@ __device__ __forceinline__ int prnn_poll_tagged(uint64_t (&v)[PER][VEC], const u
   }
   return 0;
 }
+// Poll n tagged words with prnn_poll_tagged, then hand each of this thread's to store(index of the word, word): the
+// copy loop of prnn_tag_copy and of packed.cuh's prnn_packed_copy. Returns 1 for the whole block if a wait timed out
+// or another block reported one (nothing stored then).
+template <int PER, int VEC, int ROW, int SRC_ROW, int TAG_SHIFT, int SLEEP_NS, typename Store>
+__device__ __forceinline__ int prnn_poll_copy(const uint64_t* src, int n, unsigned tag, int step, unsigned* sync,
+                                              int timeout_us, Store store) {
+  uint64_t v[PER][VEC];
+  const int failed = prnn_poll_tagged<PER, VEC, ROW, SRC_ROW, TAG_SHIFT, SLEEP_NS>(v, src, n, tag, step, sync,
+                                                                                  timeout_us);
+  if (!failed) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int i = (threadIdx.x + j * blockDim.x) * VEC;
+      if (i < n) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) store(i + e, v[j][e]);
+      }
+    }
+  }
+  return __syncthreads_or(failed);
+}
 // Copy n tagged values (row-major rows of ROW) into dst (rows padded to ROW_PAD), polled by prnn_poll_tagged until
 // every tag is the one written at step - 1. Returns 1 for the whole block if a wait timed out or another block
 // reported one. SRC_ROW: values between the source's rows (ROW: contiguous; more: ROW columns of each row of a wider
@@ -78,20 +99,8 @@ template <typename V, int PER, int VEC, int ROW, int ROW_PAD, int SLEEP_NS, int 
 __device__ __forceinline__ int prnn_tag_copy(const uint64_t* src, V* dst, int n, int base, int step,
                                              unsigned* sync, int timeout_us) {
   const unsigned tag = (unsigned)base + (unsigned)step;  // written at step - 1
-  uint64_t v[PER][VEC];
-  const int failed = prnn_poll_tagged<PER, VEC, ROW, SRC_ROW, 32, SLEEP_NS>(v, src, n, tag, step, sync, timeout_us);
-  if (!failed) {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = (threadIdx.x + j * blockDim.x) * VEC;
-      if (i < n) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          dst[((i + e) / ROW) * ROW_PAD + (i + e) % ROW] = prnn_from_payload<V>((unsigned)v[j][e]);
-        }
-      }
-    }
-  }
-  return __syncthreads_or(failed);
+  return prnn_poll_copy<PER, VEC, ROW, SRC_ROW, 32, SLEEP_NS>(
+      src, n, tag, step, sync, timeout_us,
+      [&](int k, uint64_t word) { dst[(k / ROW) * ROW_PAD + k % ROW] = prnn_from_payload<V>((unsigned)word); });
 }
 #endif
