@@ -14,7 +14,7 @@ barriers (here in the half type), a CTA copying every product's into its shared 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import itemsize
@@ -81,7 +81,10 @@ REG_MARGIN = 16
 A_TILE_BYTES = 32 * 16  # a warp's A fragments of one row tile and k tile: 16 bytes a lane
 COPY_STAGES = (0, 1, 2, 4)  # ``copy_stages``: 0 the block's whole-tile copy, else a warp's own columns in stages
 MAX_PREFETCH_STEPS = 8  # ``prefetch_steps``: lines asked into L2 stay there for a few steps, not for long
-RANKED_CLUSTERS = (1,)  # the clusters the untuned default is ranked from: none until GPU figures say otherwise
+# The clusters the untuned default takes, best first, each with its ``copy_stages`` (measured on the H100 at fp16
+# LSTM 1024 x 16, bench/results/training-clusters-h100.md: training step 2.537 ms at one copy per CTA, 2.348 in
+# clusters of 8 with the block's wait, 2.395 in clusters of 4 with each warp's; the backward's step 4.96 -> 4.26 us)
+CLUSTERED_DEFAULTS = ((8, 0), (4, 1))
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -263,10 +266,25 @@ def estimated_cycles(cfg: BackwardMmaConfig, g: MmaGeometry) -> float:
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardMmaConfig]:
     """The untuned choices, least estimated cost first (not units spread over every SM first, as the forward's:
     the copy of the gate gradients favours fewer CTAs), each later one holding fewer weight registers per thread
-    (what a build falls back to when ptxas spills); ConfigError where none fits."""
+    (what a build falls back to when ptxas spills), each in the first cluster of ``CLUSTERED_DEFAULTS`` it takes
+    (:func:`clustered`); ConfigError where none fits."""
     reason = refusal(plan, gpu.arch)
     if reason:
         raise ConfigError(reason)
-    return ranked_defaults(plan, gpu, space(plan, gpu, RANKED_CLUSTERS), validate, estimated_cycles, limit,
-                           "tensor-core backward", spread=False)
+    ranked = ranked_defaults(plan, gpu, space(plan, gpu, (1,)), validate, estimated_cycles, limit,
+                             "tensor-core backward", spread=False)
+    return [clustered(cfg, plan, gpu) for cfg in ranked]
 
+
+def clustered(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> BackwardMmaConfig:
+    """``cfg`` in the first cluster (with its ``copy_stages``) of ``CLUSTERED_DEFAULTS`` that it validates in (the
+    grid in whole clusters, co-resident, the copy splittable: :func:`check_cluster`), else ``cfg`` itself. The
+    ranking's estimate keeps one copy per CTA: the cluster's gain is a measured one, not the estimate's."""
+    for c, stages in CLUSTERED_DEFAULTS:
+        candidate = replace(cfg, cluster=c, copy_stages=stages)
+        try:
+            validate(candidate, plan, gpu)
+        except ConfigError:
+            continue
+        return candidate
+    return cfg

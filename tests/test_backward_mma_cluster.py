@@ -69,13 +69,35 @@ def test_a_grid_in_clusters_reads_back_from_its_signature():
         assert Launch.from_dict(launch.as_dict()).grid == grid
 
 
-def test_the_space_offers_clusters_and_the_default_keeps_none():
+def test_the_space_offers_clusters():
     layer = layer_of("lstm", 1024, 16)
     space = bc.space(layer.plan, layer.gpu)
     assert {cfg.cluster for cfg in space} == {1, 2, 4, 8}
     assert {cfg.copy_stages for cfg in space if cfg.cluster > 1} == {0, 1}
     assert any(cfg.cluster > 1 for cfg in space if _valid(cfg, layer))
-    assert {cfg.cluster for cfg in bc.ranked_configs(layer.plan, layer.gpu)} == {1}
+
+
+@pytest.mark.parametrize(
+    "cell, hidden, batch, arch, copy",
+    [
+        ("lstm", 1024, 16, "sm_90", (8, 0)),  # 64 CTAs: 8 clusters of 8 (9 fit)
+        ("gru", 512, 8, "sm_90", (8, 0)),
+        ("lstm", 1536, 8, "sm_90", (4, 1)),  # 96 CTAs: 12 clusters of 8 do not fit, 24 of 4 do (27)
+        ("lstm", 1024, 16, "sm_80", (1, 2)),  # no clusters before sm_90
+        ("lstm", 1024, 64, "sm_90", (1, 2)),  # two batch tiles a pass: four passes a phase
+        ("lstm", 136, 3, "sm_90", (1, 2)),  # 9 CTAs
+    ],
+)
+def test_the_default_takes_the_largest_cluster_that_fits(cell, hidden, batch, arch, copy):
+    """Every ranked config in clusters of 8 with the block's wait, else of 4 with each warp's, else none (the
+    measured order: bench/results/training-clusters-h100.md); the rest of the config as ranked without them."""
+    layer = layer_of(cell, hidden, batch)
+    gpu = gpu_spec(arch)
+    ranked = bc.ranked_configs(layer.plan, gpu)
+    unclustered = [dataclasses.replace(cfg, cluster=1, copy_stages=2) for cfg in ranked]
+    assert ranked == [bc.clustered(cfg, layer.plan, gpu) for cfg in unclustered]
+    for cfg in ranked:
+        assert (cfg.cluster, cfg.copy_stages) == copy, cfg
 
 
 def _valid(cfg, layer) -> bool:
