@@ -20,8 +20,8 @@ from prnn_tvm.schedules import backward_mma_config as bc
 @pytest.mark.parametrize(
     "cell, hidden, dtype, change, copy",
     [
-        ("lstm", 128, "float16", {"copy_stages": 2}, "prnn_cp_async_wait_group<1>();"),  # each warp its own, staged
-        ("lstm", 128, "float16", {"copy_stages": 0}, "prnn_cp_async_wait_all();"),  # the block's whole-tile cp.async
+        ("lstm", 128, "float16", {"copy_stages": 2, "cluster": 1}, "prnn_cp_async_wait_group<1>();"),  # staged
+        ("lstm", 128, "float16", {"copy_stages": 0, "cluster": 1}, "prnn_cp_async_wait_all();"),  # the block's
         ("lstm", 128, "float16", {"copy_stages": 0, "cluster": 2}, "copy_abort = prnn_cluster_wait("),  # clusters
         ("lstm", 128, "float16", {"copy_stages": 1, "cluster": 2}, "    prnn_cluster_wait_warp("),  # a warp's own
         ("rnn_tanh", 37, "bfloat16", {"copy_stages": 2}, "prnn_sync_warp();"),  # odd gate rows: plain loads
