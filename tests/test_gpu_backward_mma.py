@@ -92,14 +92,14 @@ def test_a_half_stack_both_ways_trains_on_tensor_cores(dtype):
 @pytest.mark.parametrize("copy_stages", [0, 1, 2, 4])
 @pytest.mark.parametrize("cell, T, B, H, n_in", [("lstm", 48, 16, 256, 32), ("gru", 17, 3, 33, 7)])
 def test_each_copy_of_the_gate_gradients_gives_the_same_gradients(copy_stages, cell, T, B, H, n_in, monkeypatch):
-    """The block's whole-tile copy (0) and each warp's own columns in 1, 2 or 4 stages (the GRU's warps have 2 k
-    tiles: 4 stages are 2): within the tolerance of float64, each config built anew (the layer cache keys the
-    layer, not the backward's config)."""
+    """One copy per CTA (``cluster`` 1): the block's whole-tile copy (0) and each warp's own columns in 1, 2 or 4
+    stages (the GRU's warps have 2 k tiles: 4 stages are 2): within the tolerance of float64, each config built anew
+    (the layer cache keys the layer, not the backward's config)."""
     from prnn_tvm import compiler, schedules
     from prnn_tvm.schedules import backward_mma_config as bc
 
     def built_with(plan, gpu):  # the layer's (its batch is the call's bucket) first ranked config, that copy
-        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], copy_stages=copy_stages)
+        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], cluster=1, copy_stages=copy_stages)
         return iter([schedules.backward_kernel(plan, gpu, cfg)])
 
     monkeypatch.setenv("PRNN_TVM_CACHE", "0")
