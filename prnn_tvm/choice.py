@@ -39,7 +39,7 @@ from .errors import ConfigError
 from .neighbours import carried_configs
 from .report import ConfigOrigin
 from .schedules import as_config
-from .target import resident_ctas
+from .target import in_clusters, resident_ctas
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +184,9 @@ def unlaunchable(kernel, built, gpu) -> str:
     if grid.ctas <= fit:
         return ""
     return (
-        f"its grid of {grid.ctas} CTAs cannot be co-resident on {gpu.arch}: ptxas gives {fn.registers} "
-        f"registers per thread and {grid.smem_bytes} bytes of shared memory per CTA of {grid.threads} threads, "
-        f"so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs"
+        f"its grid of {grid.ctas} CTAs{in_clusters(grid)} cannot be co-resident on {gpu.arch}: ptxas gives "
+        f"{fn.registers} registers per thread and {grid.smem_bytes} bytes of shared memory per CTA of "
+        f"{grid.threads} threads, so {fit} fit ({gpu.sms} SMs); raise units_per_cta or lower the registers it needs"
     )
 
 

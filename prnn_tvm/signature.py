@@ -96,6 +96,11 @@ class Grid:
     registers: int | None = None  # per thread: ptxas's figure once built, the template's estimate before
     static_smem_bytes: int = 0
     streamed: str = ""  # the weight argument part of which the kernel reads from global memory every step (L2 window)
+    cluster: int = 1  # CTAs per thread-block cluster (sm_90+; ``clusterCtaIdx.x``): 1, none
+
+    def as_dict(self) -> dict:
+        """The fields, ``cluster`` only where the grid has clusters (a signature without them reads as before)."""
+        return {k: v for k, v in vars(self).items() if k != "cluster" or v != 1}
 
     @property
     def smem_bytes(self) -> int:
@@ -145,7 +150,7 @@ class Launch:
         return {
             "function": self.function,
             "args": [a.as_dict() for a in self.args],
-            "grid": None if self.grid is None else vars(self.grid).copy(),
+            "grid": None if self.grid is None else self.grid.as_dict(),
             "sync": None if self.sync is None else vars(self.sync).copy(),
         }
 

@@ -31,6 +31,9 @@ class GpuSpec:
     boost_clock_mhz: int = 0  # the flagship part's boost clock (datasheets); 0 = unknown
     tensor_flops_per_sm_clock: int = 0  # dense fp16/bf16 mma, fp32 accumulation (whitepapers); 0 = none
     l2_bytes: int = 0  # the L2 cache (whitepapers); 0 = unknown
+    # GPCs, which a thread-block cluster's CTAs share (the most of any part of the architecture: each may leave up to
+    # cluster - 1 CTA slots unused, :func:`resident_ctas`); 0 = no clusters (before sm_90)
+    gpcs: int = 0
     device_name: str = ""
 
     @property
@@ -126,6 +129,7 @@ _KNOWN = {
         boost_clock_mhz=1980,
         tensor_flops_per_sm_clock=4096,
         l2_bytes=50 * 1024 * 1024,
+        gpcs=8,  # GH100: every H100 and H200 part
     ),
 }
 
@@ -244,8 +248,23 @@ def ctas_per_sm(threads: int, regs: int, smem: int, gpu: GpuSpec) -> int:
 
 def resident_ctas(grid, gpu: GpuSpec) -> int:
     """How many CTAs of ``grid``'s shape (a :class:`~prnn_tvm.signature.Grid`: threads, registers and shared
-    memory per CTA) the whole GPU holds at once."""
-    return ctas_per_sm(grid.threads, grid.registers, grid.smem_bytes, gpu) * gpu.sms
+    memory per CTA, and the CTAs of a thread-block cluster) the whole GPU holds at once, in whole clusters.
+
+    A cluster's CTAs run in one GPC, so each GPC may leave up to ``cluster - 1`` of its CTA slots unused: with
+    ``gpcs`` GPCs at most, at least ``(slots - gpcs * (cluster - 1)) // cluster`` clusters fit (a lower bound of
+    what ``cudaOccupancyMaxActiveClusters`` reports: the H100's 132 SMs, one CTA each, give 62 clusters of 2, 27 of
+    4 and 9 of 8). No cluster fits where the architecture has none (``gpcs`` 0)."""
+    slots = ctas_per_sm(grid.threads, grid.registers, grid.smem_bytes, gpu) * gpu.sms
+    cluster = getattr(grid, "cluster", 1)
+    if cluster == 1:
+        return slots
+    return max(0, slots - gpu.gpcs * (cluster - 1)) // cluster * cluster if gpu.gpcs else 0
+
+
+def in_clusters(grid) -> str:
+    """How a co-residency message names ``grid``'s clusters: "" without any."""
+    cluster = getattr(grid, "cluster", 1)
+    return f" in clusters of {cluster} (at most {cluster - 1} CTA slots left unused per GPC)" if cluster > 1 else ""
 
 
 def max_regs_per_thread(threads: int, gpu: GpuSpec) -> int:

@@ -15,6 +15,8 @@ states' adjoints, the params' gradients and the pointwise math stay float32.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -27,6 +29,7 @@ from prnn_tvm.frontend.plan import CellPlan
 from prnn_tvm.target import GpuSpec
 
 from . import backward_mma_config as bc
+from . import cluster_copy
 from .backward_mma_config import BackwardMmaConfig
 from .persistent_backward import _Backward
 from .persistent_exchange import ceil_div, sync_threads
@@ -95,15 +98,58 @@ class _MmaBackward(FragmentWeights, _Backward):
         self.kt_regs = g.k_tiles_per_warp - cfg.shared_k_tiles  # a warp's first k tiles: in registers
         # each warp copies its own columns where it alone reads them (one warp per k group), in copy_stages stages
         self.stages = min(cfg.copy_stages, g.k_tiles_per_warp) if g.warp_rows == 1 and g.m_tiles else 0
+        # in clusters (``cluster_copy``): each warp waits for its own k group's columns alone (an mbarrier per k
+        # group) where it would copy them alone and every warp multiplies in every pass (one phase); else the block
+        # waits for the whole tile
+        self.own_waits = cfg.cluster > 1 and self.stages > 0 and plan.phases == 1
+        if cfg.cluster > 1:
+            self.stages = 0  # no cp.async
         self.stage_starts = [s * g.k_tiles_per_warp // self.stages for s in range(self.stages)]
+
+    def _launch(self):
+        """The float32 backward's launch, its grid in clusters of ``cluster`` CTAs (``cluster_copy``)."""
+        launch = super()._launch()
+        return replace(launch, grid=replace(launch.grid, cluster=self.c.cluster)) if self.c.cluster > 1 else launch
+
+    @property
+    def pass_bytes(self) -> int:
+        """Bytes of the gate gradients one pass copies into a CTA's tile: every batch row's (one pass a phase)."""
+        return self.B * self.K * itemsize(self.gates_dt)
+
+    @property
+    def waited_columns(self) -> int:
+        """Columns of the tile behind each of the cluster's mbarriers: a k group's, or all of them."""
+        return TILE_K * self.g.k_tiles_per_warp if self.own_waits else self.K
+
+    def columns_of(self, i):
+        """The first column and the column count of the tile behind mbarrier ``i`` (a k group's ends at the gate
+        rows' end: none for a k group wholly in the padding)."""
+        w = self.waited_columns
+        if isinstance(i, int):
+            return i * w, max(0, min(self.K, (i + 1) * w) - i * w)
+        return i * w, T.max(0, T.min(self.K, (i + 1) * w) - i * w)
+
+    def barrier_bytes(self, i) -> int:
+        """Bytes of the next pass that land on mbarrier ``i``: its columns of every batch row."""
+        return self.B * self.columns_of(i)[1] * itemsize(self.gates_dt)
 
     def prologue(self):
         """The float32 backward's; where warps copy their own columns, a block barrier after it: the padding
         columns it zeroed are read by the last k group's warp, which no block barrier before the products orders
-        otherwise."""
+        otherwise. In clusters, the mbarrier the copies land on, armed for the first pass (``cluster_copy``)."""
         super().prologue()
         if self.stages and self.g.k_pad > self.K:
             sync_threads()
+        if self.c.cluster > 1:
+            cluster_copy.begin(self.mbar, self.parity, [self.barrier_bytes(i) for i in range(self.barriers)],
+                               self.tx, self.abort if self.own_waits else None)
+
+    def epilogue(self):
+        """In clusters, first the cluster meets (no CTA leaves while a peer may still write into its tile); then the
+        float32 backward's."""
+        if self.c.cluster > 1:
+            cluster_copy.sync()
+        super().epilogue()
 
     def gate_gradients(self, t, phase: int, it, b, unit):
         """The float32 backward's; at a step's first phase walked (the last), with ``prefetch_steps``, first every
@@ -124,6 +170,12 @@ class _MmaBackward(FragmentWeights, _Backward):
         """The forward's buffers, and the A fragments of one k tile read back from shared memory."""
         super().alloc_product_buffers()
         self.afrag = T.alloc_buffer((A_REGS * self.c.m_tiles_per_warp,), self.dt, scope="local")
+        if self.c.cluster > 1:  # the mbarriers the cluster's copies land on, and the parity of the pass awaited
+            self.barriers = self.c.k_groups if self.own_waits else 1
+            self.mbar = T.alloc_buffer((self.barriers,), "uint64", scope="shared")
+            self.parity = T.alloc_buffer((1,), "int32", scope="local")
+            if self.own_waits:  # a warp that gave up waiting: the block leaves after the pass
+                self.abort = T.alloc_buffer((1,), "int32", scope="shared")
 
     def a_fragment(self, m: int, kt: int) -> tuple:
         """Where the A fragment of the warp's row tile ``m`` and k tile ``kt`` lives: ``(buffer, element)``, in the
@@ -194,6 +246,9 @@ class _MmaBackward(FragmentWeights, _Backward):
         (:meth:`before_k_tile`)."""
         c, g = self.c, self.g
         self.copied_step = t
+        if c.cluster > 1:
+            self.cluster_products(t, phase)
+            return
         with T.serial(0, g.batch_chunks) as chunk:
             b0 = bind_value(chunk * c.batch_tile, "b0")
             if not self.stages:
@@ -203,6 +258,37 @@ class _MmaBackward(FragmentWeights, _Backward):
                 sync_threads()
             self.tile_products(b0, phase)
             sync_threads()
+
+    def cluster_products(self, t, phase: int):
+        """``products`` in clusters (one pass: the tile holds the whole batch): for each batch row and mbarrier, a
+        thread fetches this CTA's granules of the mbarrier's columns for the whole cluster (``cluster_copy``); the
+        block waits for the whole tile, or each warp for its own columns at its first k tile (``before_k_tile``),
+        leaving the time loop where a wait gives up; the tensor cores; each thread's reads of the tile ordered
+        before the peers' next copy into it."""
+        c, g, p = self.c, self.g, self.p
+        lanes = cluster_copy.GRANULE // itemsize(self.gates_dt)
+        ordinal = (self.a.seq_len - 1 - t) * p.phases + (p.phases - 1 - phase)  # as the grid barrier counts
+        self.copy_ordinal = ordinal
+        barriers = self.barriers
+        copies = self.B * barriers
+        for i in range(ceil_div(copies, g.threads)):
+            idx = i * g.threads + self.tx
+            b, j = idx // barriers, idx % barriers
+            k0, width = self.columns_of(j)
+            first, count = cluster_copy.share(width // lanes, c.cluster, self.a.cluster_rank)
+            with T.If(tirx.all(idx < copies, count > 0)):
+                with T.Then():
+                    k = bind_value(k0 + first * lanes, "slice_k0")
+                    cluster_copy.copy(c.cluster, T.address_of(self.smem[b * g.stride + k]),
+                                      T.address_of(self.a.ws[t % 2, b, k]), count * cluster_copy.GRANULE,
+                                      T.address_of(self.mbar[j]))
+        if not self.own_waits:
+            cluster_copy.wait(self.mbar, self.parity, self.a.sync, ordinal, self.pass_bytes, self.tx)
+        self.tile_products(0, phase)
+        cluster_copy.reads_done()
+        sync_threads()
+        if self.own_waits:
+            cluster_copy.leave_if_aborted(self.abort, self.parity)
 
     @property
     def copy_bytes(self) -> int:
@@ -232,6 +318,9 @@ class _MmaBackward(FragmentWeights, _Backward):
         """With ``copy_stages``: at the warp's first k tile, every stage's copy of its own columns (a ``cp.async``
         group each); at each stage's first k tile, the wait for that stage's group and the warp's lanes meeting
         (each lane reads what the others copied)."""
+        if self.own_waits and kt == 0:  # in clusters: the warp's own columns landed
+            cluster_copy.wait_warp(self.mbar, self.kg, self.parity, self.a.sync, self.copy_ordinal, self.abort,
+                                   self.barrier_bytes(self.kg), self.tx % 32)
         if not self.stages:
             return
         kt_per, first = self.g.k_tiles_per_warp, TILE_K * self.kg * self.g.k_tiles_per_warp

@@ -14,16 +14,18 @@ barriers (here in the half type), a CTA copying every product's into its shared 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prnn_tvm.codegen.barriers import by_name as barrier
 from prnn_tvm.dtypes import itemsize
 from prnn_tvm.errors import ConfigError
 from prnn_tvm.frontend.plan import CellPlan
-from prnn_tvm.target import GpuSpec
+from prnn_tvm.signature import Grid
+from prnn_tvm.target import GpuSpec, resident_ctas
 
 from . import persistent_backward as fb
 from . import persistent_mma_config as mc
+from .cluster_copy import CLUSTERS, GRANULE
 from .persistent_config import REG_OVERHEAD
 from .persistent_mma_config import K_GROUPS, ROW_SKEW, TILE_K, TILE_M, TILE_N, MmaConfig, MmaGeometry
 from .ranking import RANKED_WITH, check_resources, ranked_defaults
@@ -46,11 +48,20 @@ class BackwardMmaConfig(MmaConfig):
 
     ``prefetch_steps``: how many steps on (backwards) each item asks the forward's values it will read there (its
     ``xp``, ``saved`` columns and ``d_out``: float32, from DRAM, read once) into L2 (``prefetch.global.L2``), as the
-    forward does for its ``xp``; 0: none."""
+    forward does for its ``xp``; 0: none.
+
+    ``cluster``: CTAs per thread-block cluster (sm_90+), which share one copy of each pass's gate gradients: each
+    fetches ``1/cluster`` of them and multicasts it into every CTA of the cluster (``cluster_copy``), the grid
+    reading them from L2 once per cluster; 1: none, each CTA copies all of them (``copy_stages``). In clusters
+    ``copy_stages`` 0 is the block's wait for the whole tile, 1 each warp's wait for its own k group's columns
+    alone (where it would copy them alone, in a cell of one phase; else the block's). It takes a tile that holds
+    the whole batch (one pass per phase), gate gradient rows of whole 16-byte granules and a barrier with an error
+    word (the copy's waits give up with it)."""
 
     shared_k_tiles: int = field(default=0, metadata={"short": "skt", "quiet": True})
     copy_stages: int = field(default=2, metadata={"short": "cs", "quiet": True})
     prefetch_steps: int = field(default=2, metadata={"short": "pf", "quiet": True})
+    cluster: int = field(default=1, metadata={"short": "cl", "quiet": True})
 
 
 # what the backward's exchange takes of the forward's knobs (anything else is refused by validate)
@@ -70,6 +81,10 @@ REG_MARGIN = 16
 A_TILE_BYTES = 32 * 16  # a warp's A fragments of one row tile and k tile: 16 bytes a lane
 COPY_STAGES = (0, 1, 2, 4)  # ``copy_stages``: 0 the block's whole-tile copy, else a warp's own columns in stages
 MAX_PREFETCH_STEPS = 8  # ``prefetch_steps``: lines asked into L2 stay there for a few steps, not for long
+# The clusters the untuned default takes, best first, each with its ``copy_stages`` (measured on the H100 at fp16
+# LSTM 1024 x 16, bench/results/training-clusters-h100.md: training step 2.537 ms at one copy per CTA, 2.348 in
+# clusters of 8 with the block's wait, 2.395 in clusters of 4 with each warp's; the backward's step 4.96 -> 4.26 us)
+CLUSTERED_DEFAULTS = ((8, 0), (4, 1))
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -165,13 +180,60 @@ def validate(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaGeometr
                           "1024: lower k_groups or units_per_cta, or raise m_tiles_per_warp")
     check_resources(g, plan, gpu, f"{g.weights_per_thread} of transposed weight fragments",
                     "raise k_groups or shared_k_tiles, or lower n_tiles", "lower n_tiles or shared_k_tiles")
+    check_cluster(cfg, g, plan, gpu)
     return g
 
 
-def space(plan: CellPlan, gpu: GpuSpec) -> list[BackwardMmaConfig]:
+def check_cluster(cfg: BackwardMmaConfig, g: MmaGeometry, plan: CellPlan, gpu: GpuSpec) -> None:
+    """ConfigError where ``cluster`` cannot share the copy of the gate gradients (``cluster_copy``): the
+    architecture, the grid, the copy's shape, the barrier, and whole clusters co-resident."""
+    c = cfg.cluster
+    if c not in CLUSTERS:
+        raise ConfigError(f"cluster={c}: one of {', '.join(map(str, CLUSTERS))} CTAs per thread-block cluster")
+    if c == 1:
+        return
+    if not gpu.gpcs:
+        raise ConfigError(f"cluster={c}: thread-block clusters need sm_90 or later, not {gpu.arch}; take cluster=1")
+    if not g.m_tiles:
+        raise ConfigError(f"cluster={c}: cell '{plan.cell.name}' sends no gate gradients back; take cluster=1")
+    if g.ctas % c:
+        fits = [u for u in range(cfg.units_per_cta, plan.hidden + 1) if math.ceil(plan.hidden / u) % c == 0][:3]
+        raise ConfigError(f"cluster={c}: the grid's {g.ctas} CTAs (hidden {plan.hidden} / units_per_cta "
+                          f"{cfg.units_per_cta}) are not whole clusters of {c}; take units_per_cta in "
+                          f"{fits or 'none'} or another cluster")
+    row = fb.gate_rows(plan) * plan.hidden * itemsize(plan.dtype)
+    if row % GRANULE or row // GRANULE < c:
+        raise ConfigError(f"cluster={c}: a batch row of the gate gradients is {row} bytes, which the bulk copy cannot "
+                          f"split into {c} parts of whole {GRANULE}-byte granules; take cluster=1")
+    if g.batch_chunks != 1:
+        raise ConfigError(f"cluster={c}: the shared tile must hold the whole batch (one copy a phase, whose landing "
+                          f"the peers' next copy waits for through the grid barrier): take n_tiles="
+                          f"{mc._round_up(plan.batch, TILE_N) // TILE_N}")
+    if cfg.copy_stages > 1:
+        raise ConfigError(f"cluster={c}: the cluster's copy lands as one, waited for by the block (copy_stages=0) or "
+                          f"by each warp for its own columns (1), not in copy_stages={cfg.copy_stages}; take 0 or 1")
+    if barrier(cfg.barrier).state_words is None:
+        raise ConfigError(f"cluster={c}: the copy's wait gives up with the grid barrier's error word, which "
+                          f"'{cfg.barrier}' has none of; take a barrier with one ({', '.join(with_error_word())})")
+    grid = Grid(g.ctas, g.threads, g.smem_bytes, True, registers=g.regs_estimate, cluster=c)
+    fit = resident_ctas(grid, gpu)
+    if g.ctas > fit:
+        raise ConfigError(f"cluster={c}: {g.ctas // c} clusters of {c} CTAs cannot be co-resident on {gpu.arch}: "
+                          f"{fit // c} fit (at least: {gpu.sms} SMs in up to {gpu.gpcs} GPCs, a cluster in one, at "
+                          f"{g.threads} threads, ~{g.regs_estimate} registers, {g.smem_bytes} bytes of shared memory "
+                          "per CTA); take a smaller cluster or raise units_per_cta")
+
+
+def with_error_word() -> list[str]:
+    """The backward's barriers whose state has the error word a cluster's copy gives up with."""
+    return [name for name in fb.PLAIN if barrier(name).state_words is not None]
+
+
+def space(plan: CellPlan, gpu: GpuSpec, clusters: tuple = CLUSTERS) -> list[BackwardMmaConfig]:
     """The configs the default is ranked from: units spread over the SMs (also whole row tiles of them), the
     forward's k groups, batch tiles, row tiles per warp and chains (these only where a warp has one accumulator
-    set), and none, a quarter, a third or half of a warp's k tiles in shared memory."""
+    set), and none, a quarter, a third or half of a warp's k tiles in shared memory; each in ``clusters`` (a
+    cluster's with the block's wait or each warp's, ``copy_stages`` 0 or 1)."""
     H = plan.hidden
     least = math.ceil(H / gpu.sms)
     units = sorted({u for u in (least, least + 1, mc._round_up(least, TILE_M), 2 * least) if u <= H})
@@ -182,17 +244,21 @@ def space(plan: CellPlan, gpu: GpuSpec) -> list[BackwardMmaConfig]:
         kt = math.ceil(k_tiles / kg)
         return sorted({0, kt // 4, kt // 3, kt // 2})
 
-    return [BackwardMmaConfig(u, kg, nt, RANKED_WITH, m_tiles_per_warp=mw, k_chains=kc, shared_k_tiles=skt)
+    copies = [{"cluster": 1}] * (1 in clusters) + [{"cluster": c, "copy_stages": s} for c in clusters if c > 1
+                                                   for s in (0, 1)]
+    return [BackwardMmaConfig(u, kg, nt, RANKED_WITH, m_tiles_per_warp=mw, k_chains=kc, shared_k_tiles=skt, **copy)
             for u in units for kg in K_GROUPS for nt in (1, 2, 4, 8) if nt <= most
-            for mw in mc.M_TILES_PER_WARP for kc in mc.K_CHAINS if kc == 1 or nt * mw == 1 for skt in shared(kg)]
+            for mw in mc.M_TILES_PER_WARP for kc in mc.K_CHAINS if kc == 1 or nt * mw == 1 for skt in shared(kg)
+            for copy in copies]
 
 
 def estimated_cycles(cfg: BackwardMmaConfig, g: MmaGeometry) -> float:
     """The forward's estimate (``persistent_mma_config.estimated_cycles``) plus each pass's copy of the gate
-    gradients' tile from L2 (every CTA reads all of them: ``k_pad`` columns of ``batch_tile`` rows) and its reads
-    of the A fragments kept in shared memory."""
+    gradients' tile from L2 (every CTA reads all of them: ``k_pad`` columns of ``batch_tile`` rows; in clusters a
+    CTA reads ``1/cluster`` of them, an estimate to check on the GPU) and its reads of the A fragments kept in
+    shared memory."""
     tile = cfg.batch_tile * g.k_pad * 2
-    copy = max(tile / L2_BYTES_PER_CYCLE, g.ctas * tile / L2_GRID_BYTES_PER_CYCLE)
+    copy = max(tile / L2_BYTES_PER_CYCLE, g.ctas * tile / L2_GRID_BYTES_PER_CYCLE) / cfg.cluster
     fragments = cfg.shared_k_tiles * cfg.m_tiles_per_warp * SHARED_TILE_CYCLES
     return mc.estimated_cycles(cfg, g) + g.batch_chunks * (copy + fragments)
 
@@ -200,10 +266,25 @@ def estimated_cycles(cfg: BackwardMmaConfig, g: MmaGeometry) -> float:
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardMmaConfig]:
     """The untuned choices, least estimated cost first (not units spread over every SM first, as the forward's:
     the copy of the gate gradients favours fewer CTAs), each later one holding fewer weight registers per thread
-    (what a build falls back to when ptxas spills); ConfigError where none fits."""
+    (what a build falls back to when ptxas spills), each in the first cluster of ``CLUSTERED_DEFAULTS`` it takes
+    (:func:`clustered`); ConfigError where none fits."""
     reason = refusal(plan, gpu.arch)
     if reason:
         raise ConfigError(reason)
-    return ranked_defaults(plan, gpu, space(plan, gpu), validate, estimated_cycles, limit, "tensor-core backward",
-                           spread=False)
+    ranked = ranked_defaults(plan, gpu, space(plan, gpu, (1,)), validate, estimated_cycles, limit,
+                             "tensor-core backward", spread=False)
+    return [clustered(cfg, plan, gpu) for cfg in ranked]
 
+
+def clustered(cfg: BackwardMmaConfig, plan: CellPlan, gpu: GpuSpec) -> BackwardMmaConfig:
+    """``cfg`` in the first cluster (with its ``copy_stages``) of ``CLUSTERED_DEFAULTS`` that it validates in (the
+    grid in whole clusters, co-resident, the copy splittable: :func:`check_cluster`), else ``cfg`` itself. The
+    ranking's estimate keeps one copy per CTA: the cluster's gain is a measured one, not the estimate's."""
+    for c, stages in CLUSTERED_DEFAULTS:
+        candidate = replace(cfg, cluster=c, copy_stages=stages)
+        try:
+            validate(candidate, plan, gpu)
+        except ConfigError:
+            continue
+        return candidate
+    return cfg

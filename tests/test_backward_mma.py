@@ -105,23 +105,28 @@ def test_two_operands_start_at_row_tile_boundaries():
 
 
 @pytest.mark.parametrize(
-    "cell, hidden, batch, dtype",
+    "cell, hidden, batch, dtype, cluster",
     [
-        ("lstm", 1024, 16, "float16"),
-        ("lstm", 1024, 16, "bfloat16"),
-        ("gru", 1024, 16, "float16"),
-        ("rnn_tanh", 1024, 16, "float16"),
-        ("gru_cho", 512, 8, "float16"),  # two operands, two phases
-        ("lstm", 37, 1, "float16"),  # odd hidden: gate rows not a multiple of 8 (8-byte copies)
-        ("rnn_tanh", 37, 5, "bfloat16"),  # odd gate rows: plain copies
-        ("lstm", 1536, 16, "float16"),  # part of the fragments in shared memory
+        ("lstm", 1024, 16, "float16", 8),
+        ("lstm", 1024, 16, "bfloat16", 8),
+        ("gru", 1024, 16, "float16", 8),
+        ("rnn_tanh", 1024, 16, "float16", 8),
+        ("gru_cho", 512, 8, "float16", 8),  # two operands, two phases
+        ("lstm", 37, 1, "float16", 1),  # odd hidden: gate rows not a multiple of 8 (8-byte copies)
+        ("rnn_tanh", 37, 5, "bfloat16", 1),  # odd gate rows: plain copies
+        ("lstm", 1536, 16, "float16", 1),  # part of the fragments in shared memory; two passes a phase
+        ("lstm", 1536, 8, "float16", 4),  # 96 CTAs: clusters of 4
+        ("lstm", 512, 8, "float16", 8),
+        ("gru", 512, 8, "float16", 8),
     ],
 )
-def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, dtype):
-    """ptxas's figures for the first ranked config, and the code it runs: mma.sync on half fragments, the gate
-    gradients' tile by cp.async where the rows allow: where each k group is one warp, each warp its own columns
-    in two groups (copy_stages=2), waited for one at a time, else the block's whole tile; the forward's values of
-    two steps on asked into L2 (prefetch_steps=2)."""
+def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, dtype, cluster):
+    """ptxas's figures for the first ranked config, and the code it runs: mma.sync on half fragments; in clusters
+    (where it takes them: ``test_backward_mma_cluster.py``) the cluster's shared copy, waited for by the block
+    (clusters of 8: copy_stages=0) or by each warp for its own columns (of 4: 1); else the gate gradients' tile by
+    cp.async where the rows allow: where each k group is one warp, each warp its own columns in two groups
+    (copy_stages=2), waited for one at a time, else the block's whole tile; the forward's values of two steps on
+    asked into L2 (prefetch_steps=2)."""
     layer = prnn_tvm.compile_cell(cell, hidden, batch, dtype=dtype, target="cuda", arch="sm_90", tuning_logs=[])
     plan, gpu = layer.plan, layer.gpu
     cfg = bc.ranked_configs(plan, gpu)[0]
@@ -129,21 +134,25 @@ def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, d
     built = build_functions({"recurrent_backward": kernel.func}, layer.target, gpu)
     fn = built.ptxas.function("recurrent_backward")
     assert fn.spills == 0, (cfg, fn)
-    assert (cfg.shared_k_tiles > 0) == (hidden == 1536), cfg
+    assert (cfg.shared_k_tiles > 0) == (hidden == 1536) and cfg.cluster == cluster, cfg
     assert "mma.sync.aligned.m16n8k16" in built.source
+    g = bc.geometry(cfg, plan)
+    calls = built.source.split("recurrent_backward_kernel(")[-1]  # the kernel's body, not the helpers' definitions
+    per_item = plan.input.slices + len(plan.saved_leaves()) + 1  # its xp, saved and d_out columns of 2 steps on
+    assert calls.count("prnn_prefetch_l2(") == per_item * g.items_per_thread, calls.count("prnn_prefetch_l2(")
+    if cluster > 1:
+        own = cfg.copy_stages == 1 and g.warp_rows == 1
+        assert calls.count(f"prnn_cluster_copy<{cluster}>(") == plan.phases and "prnn_cp_async" not in calls
+        assert calls.count("prnn_cluster_wait_warp(" if own else "prnn_cluster_wait(") == plan.phases, cfg
+        return
     asynchronous = fb.gate_rows(plan) * hidden % 2 == 0
     assert ("prnn_cp_async" in built.source) == asynchronous
-    g = bc.geometry(cfg, plan)
     own = g.warp_rows == 1 and cfg.copy_stages == 2
     stages = min(2, g.k_tiles_per_warp) if own else 0  # a stage per k tile at most
-    calls = built.source.split("recurrent_backward_kernel(")[-1]  # the kernel's body, not the helpers' definitions
     assert calls.count("prnn_cp_async_commit();") == (stages if asynchronous else 0)
     assert ("prnn_cp_async_wait_group<0>();" in calls) == (own and asynchronous)
     assert ("prnn_cp_async_wait_group<1>();" in calls) == (stages == 2 and asynchronous)
     assert calls.count("prnn_sync_warp();") == stages
-    # each item asks its xp, saved and d_out columns of two steps on into L2 (prefetch_steps=2)
-    per_item = plan.input.slices + len(plan.saved_leaves()) + 1
-    assert calls.count("prnn_prefetch_l2(") == per_item * g.items_per_thread, calls.count("prnn_prefetch_l2(")
     assert ("prnn_cp_async_wait_all();" in calls) == (asynchronous and not own)
 
 

@@ -18,18 +18,20 @@ from prnn_tvm.schedules import backward_mma_config as bc
 
 
 @pytest.mark.parametrize(
-    "cell, hidden, dtype, copy_stages, copy",
+    "cell, hidden, dtype, change, copy",
     [
-        ("lstm", 128, "float16", 2, "prnn_cp_async_wait_group<1>();"),  # tensor cores: each warp its own, staged
-        ("lstm", 128, "float16", 0, "prnn_cp_async_wait_all();"),  # the block's whole-tile cp.async
-        ("rnn_tanh", 37, "bfloat16", 2, "prnn_sync_warp();"),  # odd gate rows: each warp's own by plain loads
+        ("lstm", 128, "float16", {"copy_stages": 2, "cluster": 1}, "prnn_cp_async_wait_group<1>();"),  # staged
+        ("lstm", 128, "float16", {"copy_stages": 0, "cluster": 1}, "prnn_cp_async_wait_all();"),  # the block's
+        ("lstm", 128, "float16", {"copy_stages": 0, "cluster": 2}, "copy_abort = prnn_cluster_wait("),  # clusters
+        ("lstm", 128, "float16", {"copy_stages": 1, "cluster": 2}, "    prnn_cluster_wait_warp("),  # a warp's own
+        ("rnn_tanh", 37, "bfloat16", {"copy_stages": 2}, "prnn_sync_warp();"),  # odd gate rows: plain loads
         ("lstm", 128, "float32", None, None),  # the float32 backward: plain loads, issue and wait one stamp
     ],
 )
-def test_the_rewrite_applies_and_compiles(cell, hidden, dtype, copy_stages, copy, monkeypatch):
+def test_the_rewrite_applies_and_compiles(cell, hidden, dtype, change, copy, monkeypatch):
     layer = prnn_tvm.compile_cell(cell, hidden, 16, dtype=dtype, arch="sm_90", tuning_logs=[])
-    if copy_stages is not None:  # the ranked config with that copy
-        cfg = dataclasses.replace(bc.ranked_configs(layer.plan, layer.gpu)[0], copy_stages=copy_stages)
+    if change is not None:  # the ranked config with that copy
+        cfg = dataclasses.replace(bc.ranked_configs(layer.plan, layer.gpu)[0], **change)
         monkeypatch.setattr(compiler, "gpu_backward", lambda plan, gpu: iter([backward_kernel(plan, gpu, cfg)]))
     sources = []
 

@@ -92,14 +92,14 @@ def test_a_half_stack_both_ways_trains_on_tensor_cores(dtype):
 @pytest.mark.parametrize("copy_stages", [0, 1, 2, 4])
 @pytest.mark.parametrize("cell, T, B, H, n_in", [("lstm", 48, 16, 256, 32), ("gru", 17, 3, 33, 7)])
 def test_each_copy_of_the_gate_gradients_gives_the_same_gradients(copy_stages, cell, T, B, H, n_in, monkeypatch):
-    """The block's whole-tile copy (0) and each warp's own columns in 1, 2 or 4 stages (the GRU's warps have 2 k
-    tiles: 4 stages are 2): within the tolerance of float64, each config built anew (the layer cache keys the
-    layer, not the backward's config)."""
+    """One copy per CTA (``cluster`` 1): the block's whole-tile copy (0) and each warp's own columns in 1, 2 or 4
+    stages (the GRU's warps have 2 k tiles: 4 stages are 2): within the tolerance of float64, each config built anew
+    (the layer cache keys the layer, not the backward's config)."""
     from prnn_tvm import compiler, schedules
     from prnn_tvm.schedules import backward_mma_config as bc
 
     def built_with(plan, gpu):  # the layer's (its batch is the call's bucket) first ranked config, that copy
-        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], copy_stages=copy_stages)
+        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], cluster=1, copy_stages=copy_stages)
         return iter([schedules.backward_kernel(plan, gpu, cfg)])
 
     monkeypatch.setenv("PRNN_TVM_CACHE", "0")
@@ -143,6 +143,73 @@ def test_a_half_backward_that_times_out_fills_nan_and_raises():
     x = torch.randn(20, 2, 8, device="cuda", dtype=torch.float16, requires_grad=True)
     out, _ = fast(x)
     backward = _trained_layer(fast)._training.backward
+    backward.debug_stall_step, backward.barrier_timeout_us = 5, 2000
+    out.float().sum().backward()
+    assert torch.isnan(x.grad).all() and all(torch.isnan(p.grad).all() for p in fast.parameters())
+    with pytest.raises(prnn_tvm.BarrierTimeout, match="after step 5"):
+        fast.check()
+
+
+def _built_with(changes: dict):
+    """What a training build asks for its backward: the layer's (its batch is the call's bucket) first ranked config
+    with ``changes``."""
+    from prnn_tvm import schedules
+    from prnn_tvm.schedules import backward_mma_config as bc
+
+    def built(plan, gpu):
+        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], **changes)
+        return iter([schedules.backward_kernel(plan, gpu, cfg)])
+
+    return built
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "T, B, H, n_in, units, copy_stages",
+    [
+        (64, 16, 1024, 64, None, 0),  # the block waits for the whole tile
+        (64, 16, 1024, 64, None, 1),  # each warp for its own k group's columns
+        (1, 3, 136, 9, 17, 0),  # 8 CTAs; rows of 68 granules split unevenly; two row tiles: the block's wait
+        (9, 3, 128, 9, 16, 1),  # 8 CTAs of one row tile: each warp's own wait
+    ],
+)
+def test_clusters_give_the_gradients_of_one_cta_each(T, B, H, n_in, units, copy_stages, dtype, monkeypatch):
+    """The gate gradients through a cluster's shared copy (``cluster`` 2, 4, 8: ``schedules/cluster_copy.py``) are
+    the bytes each CTA copied itself (cluster 1, the same knobs otherwise): every gradient bitwise the same, and within
+    the tolerance of float64."""
+    from prnn_tvm import compiler
+
+    monkeypatch.setenv("PRNN_TVM_CACHE", "0")
+    fast, ref = modules("lstm", n_in, H, dtype)
+    x = torch.randn(T, B, n_in).to(dtype)
+    hx = [(0.5 * torch.randn(1, B, H)).to(dtype) for _ in fast._states]
+    want = _gradients(ref, x.double().requires_grad_(), [h.double().requires_grad_() for h in hx],
+                      list(ref.parameters()))
+    got = {}
+    for cluster in (1, 2, 4, 8):
+        changes = {"cluster": cluster, "copy_stages": copy_stages, **({"units_per_cta": units} if units else {})}
+        monkeypatch.setattr(compiler, "gpu_backward", _built_with(changes))
+        fast, _ = modules("lstm", n_in, H, dtype)  # built anew: the layer cache keys the layer, not the backward
+        got[cluster] = _gradients(fast, x.cuda().requires_grad_(), [h.cuda().requires_grad_() for h in hx],
+                                  list(fast.parameters()))
+        layer = _trained_layer(fast)
+        assert (f"cluster={cluster}" in layer._training.report) == (cluster > 1), layer._training.report
+        assert _gradient_error(want, got[cluster]) <= plan_tolerance(layer.plan, T), cluster
+        for one, shared in zip(got[1], got[cluster], strict=True):
+            assert torch.equal(one, shared), cluster
+
+
+def test_a_clustered_backward_that_times_out_fills_nan_and_raises(monkeypatch):
+    """A stalled block: its cluster's peers give up at the grid barrier (or their copy's wait), none hangs."""
+    from prnn_tvm import compiler
+
+    monkeypatch.setenv("PRNN_TVM_CACHE", "0")
+    monkeypatch.setattr(compiler, "gpu_backward", _built_with({"cluster": 2, "copy_stages": 0}))
+    fast = pt.from_torch(torch.nn.LSTM(8, 64)).half().cuda()
+    x = torch.randn(20, 2, 8, device="cuda", dtype=torch.float16, requires_grad=True)
+    out, _ = fast(x)
+    backward = _trained_layer(fast)._training.backward
+    assert "cluster=2" in _trained_layer(fast)._training.report
     backward.debug_stall_step, backward.barrier_timeout_us = 5, 2000
     out.float().sum().backward()
     assert torch.isnan(x.grad).all() and all(torch.isnan(p.grad).all() for p in fast.parameters())

@@ -40,6 +40,31 @@ def test_the_tables_add_up_per_step():
     assert any(line.startswith("backward") and "GEMM" in line and " 300.0 " in line for line in kinds)
 
 
+def test_the_floor_puts_the_saving_forward_beside_the_inference_one():
+    records = [
+        ("backward", "recurrent_backward_kernel", 2560.0),
+        ("backward", "nvjet_sm90_hsh_a", 300.0),
+        ("forward", "recurrent_save_kernel", 1280.0),
+        (tp.UNLAUNCHED, tp.RANGE + "forward", 2000.0),  # the profiler's range of a part, not a kernel
+    ]
+    inference = {"recurrent_kernel": 448.0, "nvjet_sm90_hsh_b": 100.0}  # per call
+    lines = tp.floor_lines(records, 2, inference, seq=64)
+    assert "saving forward 10.00 us, inference forward 7.00 us" in lines[0] and "backward 20.00 us" in lines[0]
+    assert "every other kernel of a training step (GEMMs, elementwise, copies): 150.0 us" in lines[1]
+
+
+@pytest.mark.gpu
+def test_the_forward_without_gradients_runs_the_inference_kernel():
+    import torch
+
+    import prnn_tvm.torch as pt
+    from prnn_tvm.bench.training_step import case
+
+    ref, x, hx = case("LSTM", 128, 16, torch.float16, 32)
+    kinds = {tp.kind_of(name) for name in tp.inference_kernels(pt.from_torch(ref), x, hx, calls=2)}
+    assert "prnn recurrent" in kinds and "prnn forward (saving)" not in kinds, kinds
+
+
 @pytest.mark.gpu
 def test_a_profiled_step_names_the_parts_that_launch_the_kernels():
     import torch

@@ -13,7 +13,10 @@ and step, clocks the kernel itself records at the borders of its phases.
 
 With ``copy_stages`` (each warp copies its own columns, ``backward_mma``) thread 0 stamps its warp's: 3 after its
 last stage's copies are issued, 4 once its first stage landed; the products (4 -> 5) then hold the waits for the
-later stages, and the block barrier after the products is the first one after the grid barrier.
+later stages, and the block barrier after the products is the first one after the grid barrier. In clusters
+(``cluster``: ``schedules/cluster_copy.py``) 3 is after this CTA's share of the multicast copy is issued, 4 once the
+whole tile landed (every CTA's share: the mbarrier's wait, with its block barrier), or with ``copy_stages`` 1 once
+thread 0's warp's own columns landed (its k group's mbarrier).
     9 the block's SM
 
 The phases a step splits into (:func:`summary`): pointwise (0 -> 1: the saved leaves', ``xp``'s and ``d_out``'s
@@ -76,9 +79,20 @@ def instrument(source: str) -> str:
     edits.append((passed.end(), _stamp(2, "clock64()") + _stamp(8, "prnn_btl_ns()") + _stamp(9, "prnn_btl_sm()")))
     copied = _find(r"^\s*__syncthreads\(\);\n", source, "block barrier after the copy", passed.end())
     between = source[passed.end() : copied.start()]
+    clustered = re.search(r"^\s*int copy_abort = prnn_cluster_wait\(", between, re.M)
+    warp_waits = re.search(r"^\s*prnn_cluster_wait_warp\(.*\);\n", between, re.M)
     staged = list(re.finditer(r"^\s*prnn_cp_async_commit\(\);\n", between, re.M))
     warp_met = re.search(r"^\s*prnn_sync_warp\(\);\n", between, re.M)
-    if warp_met:  # copy_stages: each warp copies its own columns (in cp.async groups, or plain loads), no block barrier
+    if clustered:  # cluster: this CTA's share issued for the cluster, the whole tile landed (a block barrier inside)
+        edits.append((passed.end() + clustered.start(), _stamp(3, "clock64()")))
+        landed = _find(r"^\s*if \(copy_abort != 0\) \{\n\s*break;\n\s*\}\n", source, "copy check", passed.end())
+        edits.append((landed.end(), _stamp(4, "clock64()")))
+        summed = copied  # the block barrier that ends the products
+    elif warp_waits:  # cluster, each warp waiting for its own columns: thread 0's warp's wait
+        edits.append((passed.end() + warp_waits.start(), _stamp(3, "clock64()")))
+        edits.append((passed.end() + warp_waits.end(), _stamp(4, "clock64()")))
+        summed = copied
+    elif warp_met:  # copy_stages: each warp copies its own columns (cp.async groups or plain loads), no block barrier
         issued = passed.end() + (staged[-1].end() if staged else warp_met.start())
         edits.append((issued, _stamp(3, "clock64()")))
         landed = _find(r"^\s*prnn_sync_warp\(\);\n", source, "wait for the first stage", issued)

@@ -162,3 +162,48 @@ def breakdown(module, x, hx, repeats: int, number: int, kernels: int | None = No
     lines += [f"{part:<10} {times[part][0]:8.3f} {times[part][1]:9.3f}" for part in (*PARTS, "step")]
     records = kernel_records(module, x, hx, number)
     return lines + kernel_table(records, number)[:kernels] + category_table(records, number)
+
+
+def inference_kernels(module, x, hx, calls: int) -> dict[str, float]:
+    """GPU us per call of each kernel of ``module``'s forward without gradients (``torch.no_grad``: the inference
+    layer's kernels, its tuned recurrent one among them), from ``calls`` profiled calls after two warm-up ones."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    state = tuple(hx) if len(hx) > 1 else hx[0]
+    with torch.no_grad():
+        for _ in range(2):
+            module(x, state)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                module(x, state)
+            torch.cuda.synchronize()
+    total = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            total[e.name] += e.time_range.elapsed_us() / calls
+    return dict(total)
+
+
+def floor_lines(records: list[tuple[str, str, float]], steps: int, inference: dict[str, float], seq: int) -> list[str]:
+    """The parts of a step's measured floor: per time step, the saving forward's recurrent kernel (training) beside
+    the inference forward's (``inference``: :func:`inference_kernels`, the layer's tuned kernel), and the
+    backward's; per training step (``records`` of ``steps`` steps: :func:`kernel_records`), every other kernel (the
+    parts' ranges left out)."""
+
+    def per_step(kind: str) -> float:
+        return sum(us for _, name, us in records if kind_of(name) == kind) / steps
+
+    save, backward = per_step("prnn forward (saving)"), per_step("prnn backward (recurrent)")
+    forward = sum(us for name, us in inference.items() if kind_of(name) == "prnn recurrent")
+    # the profiler's ranges of the parts show up as GPU activity too (``part:forward``): not kernels
+    other = sum(us for _, name, us in records if not name.startswith(RANGE)) / steps - save - backward
+    return [
+        f"recurrent kernels per time step (T={seq}): saving forward {save / seq:.2f} us, inference forward "
+        f"{forward / seq:.2f} us (no grad: the layer's tuned kernel), backward {backward / seq:.2f} us",
+        f"every other kernel of a training step (GEMMs, elementwise, copies): {other:.1f} us",
+        "floor of a step: inference forward x T + the backward without its exchange x T (bench/backward_timeline.py "
+        "--no-copy) + every other kernel",
+    ]

@@ -251,7 +251,8 @@ class StepTiming:
 def persistent_frame(launch: Launch, plain: tuple = ()):
     """The frame of a hand-placed persistent kernel, inside an IRBuilder: the function named after
     ``launch``, cooperative when its grid is, its arguments declared (:func:`declare_args`), one block per
-    CTA of the grid and one thread per thread. Yields ``(arguments, blockIdx.x, threadIdx.x)``. ``plain``:
+    CTA of the grid and one thread per thread, in thread-block clusters where the grid has them (the arguments'
+    ``cluster_rank``: the CTA's rank in its cluster). Yields ``(arguments, blockIdx.x, threadIdx.x)``. ``plain``:
     more arguments to declare without ``__restrict__`` (what other blocks write while this one reads)."""
     grid = launch.grid
     attrs = {
@@ -267,9 +268,10 @@ def persistent_frame(launch: Launch, plain: tuple = ()):
         args = declare_args(launch)
         # __launch_bounds__(threads, 1): one CTA per SM is all a persistent grid needs; without
         # the bound ptxas trades registers for occupancy the kernel does not want, and spills.
-        with (
-            T.launch_thread("blockIdx.x", grid.ctas) as bx,
-            T.launch_thread("threadIdx.x", grid.threads) as tx,
-            T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}),
-        ):
+        with contextlib.ExitStack() as frames:
+            bx = frames.enter_context(T.launch_thread("blockIdx.x", grid.ctas))
+            if grid.cluster > 1:  # TVM's launcher makes it the launch's cluster dimension (cuLaunchKernelEx)
+                args.cluster_rank = frames.enter_context(T.launch_thread("clusterCtaIdx.x", grid.cluster))
+            tx = frames.enter_context(T.launch_thread("threadIdx.x", grid.threads))
+            frames.enter_context(T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1}))
             yield args, bx, tx

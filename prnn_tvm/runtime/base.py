@@ -29,7 +29,7 @@ import tvm_ffi
 
 from ..errors import BarrierTimeout, ConfigError, LaunchError, UnsupportedError
 from ..signature import ArgRole, Signature
-from ..target import gpu_spec, resident_ctas, smem_launch_problem
+from ..target import gpu_spec, in_clusters, resident_ctas, smem_launch_problem
 from .binding import COPY, BoundCall, bind
 from .buffers import KeptBuffers
 
@@ -360,7 +360,7 @@ class RuntimeLayer:
             fit = resident_ctas(grid, gpu)
             if grid.ctas > fit:
                 raise LaunchError(
-                    f"the grid of {grid.ctas} CTAs cannot be co-resident on this "
+                    f"the grid of {grid.ctas} CTAs{in_clusters(grid)} cannot be co-resident on this "
                     f"{gpu.device_name or gpu.arch}: {fit} fit ({gpu.sms} SMs at {grid.threads} "
                     f"threads, {grid.registers} registers, {grid.smem_bytes} bytes of shared memory "
                     "each); recompile for this GPU"
