@@ -47,13 +47,12 @@ if args.cluster is not None:
     import dataclasses
 
     from prnn_tvm import compiler, schedules
-    from prnn_tvm.schedules import backward_mma_config as bc
 
     stages = args.copy_stages if args.copy_stages is not None else (0 if args.cluster > 1 else 2)
 
     def clustered(plan, gpu):
         """What a training build asks for its backward: the first ranked config, in clusters of ``--cluster``."""
-        cfg = dataclasses.replace(bc.ranked_configs(plan, gpu)[0], cluster=args.cluster, copy_stages=stages)
+        cfg = dataclasses.replace(schedules.backward_configs(plan, gpu)[0], cluster=args.cluster, copy_stages=stages)
         return iter([schedules.backward_kernel(plan, gpu, cfg)])
 
     compiler.gpu_backward = clustered
