@@ -269,19 +269,22 @@ class _MmaBackward(FragmentWeights, _Backward):
         lanes = cluster_copy.GRANULE // itemsize(self.gates_dt)
         ordinal = (self.a.seq_len - 1 - t) * p.phases + (p.phases - 1 - phase)  # as the grid barrier counts
         self.copy_ordinal = ordinal
-        barriers = self.barriers
-        copies = self.B * barriers
-        for i in range(ceil_div(copies, g.threads)):
-            idx = i * g.threads + self.tx
-            b, j = idx // barriers, idx % barriers
+        # copy j * B + b (mbarrier j's columns of row b) is thread (j * B + b) % threads's; each mbarrier's columns
+        # a constant here (a symbolic mbarrier's made TVM's simplifier divide by zero: rnn_tanh 64x8 in clusters of 4)
+        for j in range(self.barriers):
             k0, width = self.columns_of(j)
+            if width == 0:
+                continue
             first, count = cluster_copy.share(width // lanes, c.cluster, self.a.cluster_rank)
-            with T.If(tirx.all(idx < copies, count > 0)):
-                with T.Then():
-                    k = bind_value(k0 + first * lanes, "slice_k0")
-                    cluster_copy.copy(c.cluster, T.address_of(self.smem[b * g.stride + k]),
-                                      T.address_of(self.a.ws[t % 2, b, k]), count * cluster_copy.GRANULE,
-                                      T.address_of(self.mbar[j]))
+            mine = (self.tx + g.threads - (j * self.B) % g.threads) % g.threads
+            for i in range(ceil_div(self.B, g.threads)):
+                b = i * g.threads + mine
+                with T.If(tirx.all(b < self.B, count > 0)):
+                    with T.Then():
+                        k = bind_value(k0 + first * lanes, "slice_k0")
+                        cluster_copy.copy(c.cluster, T.address_of(self.smem[b * g.stride + k]),
+                                          T.address_of(self.a.ws[t % 2, b, k]), count * cluster_copy.GRANULE,
+                                          T.address_of(self.mbar[j]))
         if not self.own_waits:
             cluster_copy.wait(self.mbar, self.parity, self.a.sync, ordinal, self.pass_bytes, self.tx)
         self.tile_products(0, phase)
