@@ -229,7 +229,7 @@ def tuned_configs(plan, templates, gpu, logs) -> tuple[list[ConfigChoice], str]:
         logs = [logs]
     if not logs:
         return [], "tuning records not consulted"
-    found = [r for path in logs for r in records.load(path)]
+    found = records.load_all(logs)
     ranked, near, recorded = [], [], False  # (seconds per step, choice); why records of other keys do not serve
     for template in templates:
         key = records.key_for(plan, gpu, template.name)

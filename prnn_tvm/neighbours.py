@@ -35,12 +35,12 @@ def neighbour_keys(found: list, key: records.TuneKey) -> list:
     for dtype in (key.dtype, *sharing_records(key.dtype)):
         want = replace(key, dtype=dtype)
         near = {
-            r.key
-            for r in found
-            if r.ok
-            and replace(r.key, hidden=want.hidden) == want
-            and r.key.hidden != key.hidden
-            and _ratio(r.key.hidden, key.hidden) <= NEIGHBOUR_RATIO
+            k
+            for k, recs in records.grouped(found).items()
+            if k.hidden != key.hidden
+            and replace(k, hidden=want.hidden) == want
+            and _ratio(k.hidden, key.hidden) <= NEIGHBOUR_RATIO
+            and any(r.ok for r in recs)
         }
         if near:
             return sorted(near, key=lambda k: (_ratio(k.hidden, key.hidden), -k.hidden))

@@ -154,9 +154,9 @@ CPU_OPT_LEVELS = ("0", "1", "2", "3")
 def cpu_target(environ=None):
     """The TVM target of the CPU build and of a CUDA build's host code: LLVM at its own optimization level (3), or at
     the level ``PRNN_TVM_CPU_OPT_LEVEL`` names (0 to 3; read from ``environ``, default ``os.environ``). The test suite
-    builds hundreds of CPU layers and CUDA layers at level 1, where LLVM's code generation takes about half the CPU
-    time of level 3 (``tests/conftest.py``, docs/tests.md); a layer cached at one level is another key than at the
-    other (the target's text is part of it). ConfigError naming the variable for another value."""
+    builds hundreds of CPU layers and CUDA layers at level 0, where LLVM's code generation takes about a quarter of
+    the CPU time of level 3 (``tests/conftest.py``, docs/tests.md); a layer cached at one level is another key than
+    at the other (the target's text is part of it). ConfigError naming the variable for another value."""
     import tvm
 
     env = os.environ if environ is None else environ

@@ -109,20 +109,26 @@ class OperandColumns:
     def rows_in_one_head(self, row_lo: list, reductions, rows: int) -> bool:
         """Whether every run of ``rows`` consecutive CTA rows from a multiple of ``rows`` (a thread's, or a warp's
         row tiles) that holds rows of a head-wise product holds rows of one of its heads only (they share the
-        operand values they multiply). ``row_lo``: each product's first CTA row."""
-        def head(row):
-            for lo, r in zip(row_lo, reductions):
-                if lo <= row < lo + r.slices * self.units:
-                    D = r.head_size(self.hidden)
-                    return None if D == self.hidden else (r.operand, (row - lo) % self.units // D)
-            return None
+        operand values they multiply). ``row_lo``: each product's first CTA row. Answered once per arguments in a
+        process (every config of a space asks, a walk over every CTA row each: ~15 million rows in a test run)."""
+        return _rows_in_one_head(tuple(row_lo), tuple(reductions), rows, self.hidden, self.units)
 
-        total = row_lo[-1] + reductions[-1].slices * self.units if reductions else 0
-        for first in range(0, total, rows):
-            found = {head(row) for row in range(first, min(first + rows, total))} - {None}
-            if len(found) > 1:
-                return False
-        return True
+
+@functools.lru_cache(maxsize=16384)
+def _rows_in_one_head(row_lo: tuple, reductions: tuple, rows: int, hidden: int, units: int) -> bool:
+    def head(row):
+        for lo, r in zip(row_lo, reductions):
+            if lo <= row < lo + r.slices * units:
+                D = r.head_size(hidden)
+                return None if D == hidden else (r.operand, (row - lo) % units // D)
+        return None
+
+    total = row_lo[-1] + reductions[-1].slices * units if reductions else 0
+    for first in range(0, total, rows):
+        found = {head(row) for row in range(first, min(first + rows, total))} - {None}
+        if len(found) > 1:
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,5 +1,5 @@
 """LLVM's own optimization level, the one a user's build takes: the rest of the suite builds its CPU layers and the
-host code of its CUDA layers at level 1 (``PRNN_TVM_CPU_OPT_LEVEL``, set by tests/conftest.py to save CPU time), so
+host code of its CUDA layers at level 0 (``PRNN_TVM_CPU_OPT_LEVEL``, set by tests/conftest.py to save CPU time), so
 this module builds every built-in cell's CPU layer without it and checks it against the float64 reference, a float64
 layer's derived backward against central differences, on a GPU a CUDA layer (its host code), and the variable's own
 handling."""
@@ -22,11 +22,11 @@ def shipped_level(monkeypatch):
     monkeypatch.delenv(CPU_OPT_LEVEL, raising=False)
 
 
-def test_the_suite_builds_at_level_1_and_a_user_at_llvms_own():
-    assert cpu_target({CPU_OPT_LEVEL: "1"}).attrs["opt-level"] == 1
+def test_the_suite_builds_at_level_0_and_a_user_at_llvms_own():
+    assert cpu_target({CPU_OPT_LEVEL: "0"}).attrs["opt-level"] == 0
     assert "opt-level" not in cpu_target({}).attrs  # LLVM's own: 3
     assert cpu_target({CPU_OPT_LEVEL: " "}).attrs.get("opt-level") is None
-    assert gpu_spec("sm_90").target().host.attrs["opt-level"] == 1  # a CUDA build's host code: the same level
+    assert gpu_spec("sm_90").target().host.attrs["opt-level"] == 0  # a CUDA build's host code: the same level
 
 
 @pytest.mark.parametrize("level", ["4", "-1", "O2", "fast"])

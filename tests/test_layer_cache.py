@@ -62,7 +62,7 @@ def test_a_second_process_gets_the_layer_in_50_ms_of_cpu(cache_dir, target):
     """The target: the first process compiles (and stores), the second finds it; CPU time of compile_cell in the
     second, the honest figure on a shared machine (its wall time is printed beside). On a GPU the second loads
     the cubin the first stored: no nvcc, no NVRTC."""
-    # a user's build, at LLVM's own level (the suite's level 1 compiles in less than half the CPU: not the figure)
+    # a user's build, at LLVM's own level (the suite's level 0 compiles in a quarter of the CPU: not the figure)
     env = {k: v for k, v in os.environ.items() if k != CPU_OPT_LEVEL} | {"PRNN_TVM_CACHE_DIR": str(cache_dir)}
     first, second = _run(env, target), _run(env, target)
     print(
