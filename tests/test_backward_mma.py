@@ -142,7 +142,9 @@ def test_the_tensor_core_backward_compiles_without_spills(cell, hidden, batch, d
     assert calls.count("prnn_prefetch_l2(") == per_item * g.items_per_thread, calls.count("prnn_prefetch_l2(")
     if cluster > 1:
         own = cfg.copy_stages == 1 and g.warp_rows == 1
-        assert calls.count(f"prnn_cluster_copy<{cluster}>(") == plan.phases and "prnn_cp_async" not in calls
+        copies = calls.count(f"prnn_cluster_copy<{cluster}>(")  # a phase's: one per waited mbarrier with columns
+        assert (plan.phases <= copies <= plan.phases * cfg.k_groups if own else copies == plan.phases), copies
+        assert "prnn_cp_async" not in calls
         assert calls.count("prnn_cluster_wait_warp(" if own else "prnn_cluster_wait(") == plan.phases, cfg
         return
     asynchronous = fb.gate_rows(plan) * hidden % 2 == 0
