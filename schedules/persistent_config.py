@@ -51,6 +51,7 @@ from .ranking import (
     layouts,
     offers_streaming,
     parts,
+    per_plan,
     shared_layout,
     tier_counts,
     tiered_smem,
@@ -404,6 +405,7 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry) -> float:
     return g.batch_chunks * per_tile
 
 
+@per_plan
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[PersistentConfig]:
     """The untuned choices, best first: one CTA per SM at most, then least estimated cost.
 

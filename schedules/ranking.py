@@ -16,7 +16,9 @@ side.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from prnn_tvm.codegen.barriers import by_name as barrier
@@ -199,6 +201,41 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
             f"grid of {g.ctas} CTAs cannot be co-resident on {gpu.arch}: {fit * gpu.sms} fit "
             f"({gpu.sms} SMs x {fit} per SM at {g.threads} threads, ~{g.regs_estimate} registers, "
             f"{g.smem_bytes} bytes of shared memory): {grid_advice}")
+
+
+_PER_PLAN: list = []  # the memos of :func:`per_plan`, for :func:`forget_rankings`
+PER_PLAN_KEPT = 256  # rankings a memo keeps (the latest asked)
+
+
+def per_plan(rank: Callable) -> Callable:
+    """``rank(plan, gpu, *args)`` answered once per plan object, GPU and arguments in a process, as a new list each
+    time: a plan and a GpuSpec are frozen, and :func:`prnn_tvm.analyze` gives one plan object per cell, sizes and
+    dtype, so a compile, its config report and a check of its defaults rank the space once (ranking validates
+    every config of it). The memo holds each plan it keys by its ``id``. A test that patches what a ranking reads
+    forgets them after itself (:func:`forget_rankings`)."""
+    memo: OrderedDict = OrderedDict()
+    _PER_PLAN.append(memo)
+
+    @functools.wraps(rank)
+    def ranked(plan: CellPlan, gpu: GpuSpec, *args, **kwargs) -> list:
+        key = (id(plan), gpu, args, tuple(sorted(kwargs.items())))
+        kept = memo.get(key)
+        if kept is not None and kept[0] is plan:
+            memo.move_to_end(key)
+            return list(kept[1])
+        found = rank(plan, gpu, *args, **kwargs)
+        memo[key] = (plan, tuple(found))
+        if len(memo) > PER_PLAN_KEPT:
+            memo.popitem(last=False)
+        return list(found)
+
+    return ranked
+
+
+def forget_rankings() -> None:
+    """Empty every :func:`per_plan` memo."""
+    for memo in _PER_PLAN:
+        memo.clear()
 
 
 def ranked_defaults(plan: CellPlan, gpu: GpuSpec, candidates: Iterable, validate: Callable, cost: Callable,

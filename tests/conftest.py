@@ -100,6 +100,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _rankings_forgotten_after_patches(request):
+    """The untuned rankings a process keeps per plan (``schedules.ranking.per_plan``) forgotten after a test that
+    patches (what it patched may be what a ranking read)."""
+    yield
+    if "monkeypatch" in request.fixturenames:
+        from prnn_tvm.schedules.ranking import forget_rankings
+
+        forget_rankings()
+
+
 @pytest.fixture
 def no_tf32():
     """float32 on both sides of a comparison with torch.nn: TF32 off in cuDNN and in torch's GEMMs

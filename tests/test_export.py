@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import tvm
 
 import prnn_tvm
 from prnn_tvm import InputError, LoadError
@@ -19,7 +20,7 @@ from prnn_tvm.codegen import kernel as kernel_module
 from prnn_tvm.codegen.ptxas import compile_cuda
 from prnn_tvm.dtypes import tolerance
 from prnn_tvm.reference import random_inputs
-from prnn_tvm.runtime import exporting
+from prnn_tvm.runtime import exporting, library
 from prnn_tvm.runtime.loading import arch_runs_on, read_metadata, signature_of
 from prnn_tvm.runtime.module_format import _Reader, replace_cuda_payload
 from prnn_tvm.target import local_gpu
@@ -123,6 +124,22 @@ def test_round_trip_is_bitwise_identical(cpu_layer, cpu_library):
     xp = inputs["x"] @ inputs["W_ih"].T + inputs["b_ih"]
     rec, _ = loaded.recurrent(xp.astype(np.float32), inputs["W_hh"], inputs["b_hh"], inputs["h0"], inputs["c0"])
     assert np.abs(rec - out).max() < tolerance("float32", 7)
+
+
+def test_libraries_in_one_process_each_read_their_own_metadata(cpu_layer, cpu_library, tmp_path):
+    """Every library's metadata text has one symbol name, hidden: each library's functions return its own text,
+    whatever text needs escaping in the assembler's string (quotes, backslashes, JSON's escapes)."""
+    odd = 'a "quoted" back\\slash, \u00e9, a tab\t and a newline\n'
+    other = tmp_path / "other.so"
+    library.write_library(cpu_layer.module, other, library.layer_metadata(cpu_layer) | {"note": odd, "cell": "other"})
+    first, second = ctypes.CDLL(str(cpu_library)), ctypes.CDLL(str(other))
+    for lib in (first, second):
+        lib.prnn_tvm_metadata.restype = ctypes.c_char_p
+    assert json.loads(first.prnn_tvm_metadata().decode())["cell"] == "lstm"
+    meta = json.loads(second.prnn_tvm_metadata().decode())
+    assert meta["cell"] == "other" and meta["note"] == odd
+    for path, cell in ((other, "other"), (cpu_library, "lstm")):  # the packed entry
+        assert json.loads(tvm.runtime.load_module(str(path))["prnn_tvm_metadata"]())["cell"] == cell
 
 
 RUNTIME_ONLY = textwrap.dedent("""

@@ -20,6 +20,7 @@ the stage and saying what would be accepted: a kernel is never built on a guess.
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 from tvm import te, tirx
@@ -48,7 +49,21 @@ def analyze(cell: Cell, batch: int, hidden: int, dtype: str = "float32") -> Cell
             raise CellError(
                 f"{name} must be a positive integer up to {MAX_SIZE} (kernels count in 32-bit integers), got {value!r}"
             )
-    return _Analysis(cell.trace(int(batch), int(hidden), policy(dtype).compute), dtype).run()
+    key = (cell, int(batch), int(hidden), dtype)
+    try:
+        hash(key)
+    except TypeError:  # a cell made with lists where it takes tuples: traced every time
+        return _analyzed(*key)
+    return _memo(*key)
+
+
+def _analyzed(cell: Cell, batch: int, hidden: int, dtype: str) -> CellPlan:
+    return _Analysis(cell.trace(batch, hidden, policy(dtype).compute), dtype).run()
+
+
+# A plan is frozen and a cell's trace depends only on the cell's fields (its step function among them) and the sizes:
+# a process that compiles a layer again (a cache hit, another input size or config) reuses its plan.
+_memo = functools.lru_cache(maxsize=512)(_analyzed)
 
 
 class _Analysis:

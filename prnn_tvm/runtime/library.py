@@ -16,6 +16,7 @@ nvcc (CUDA) and a host C++ compiler (``g++``, for linking); no GPU.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -24,32 +25,29 @@ from pathlib import Path
 
 import tvm
 import tvm_ffi
+from tvm.support import cc
 
 from ..codegen import ptxas
 from ..errors import ExportError
 from .loading import CHECKSUM, FORMAT, METADATA_SYMBOL, SCHEMA, checksum_trailer, first_line
 from .module_format import pack_with_cubin
 
+TEXT_SYMBOL = "prnn_tvm_metadata_text"  # the metadata's JSON in a library, hidden (each library reads its own)
+
 
 def write_library(module, path: Path, metadata: dict, cubin: bytes | None = None) -> None:
     """Link ``module`` with ``metadata`` (and ``cubin`` in place of its CUDA code) into the library ``path``,
     whole or not at all (a file beside it, renamed into place, ends with the checksum load verifies)."""
     with tempfile.TemporaryDirectory(prefix="prnn_tvm_export_") as tmp:
-        meta_c = Path(tmp, "prnn_metadata.c")
-        meta_c.write_text(_metadata_source(json.dumps(metadata, sort_keys=True)))
+        functions, text = Path(tmp, "prnn_metadata_functions.o"), Path(tmp, "prnn_metadata_text.s")
         pack = None
         if cubin is not None:
             pack = lambda mod, _system_lib, prefix, workdir: pack_with_cubin(mod, prefix, workdir, cubin)  # noqa: E731
-        includes = [tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]
         built = Path(tmp, "layer.so")
         try:
-            module.export_library(
-                str(built),
-                fpack_imports=pack,
-                addons=[str(meta_c)],
-                options=[f"-I{d}" for d in includes],
-                workspace_dir=tmp,
-            )
+            functions.write_bytes(_metadata_functions(cc.get_cc()))
+            text.write_text(_metadata_text(json.dumps(metadata, sort_keys=True)))
+            module.export_library(str(built), fpack_imports=pack, addons=[str(functions), str(text)], workspace_dir=tmp)
         except (RuntimeError, OSError) as err:  # the host compiler's or linker's message, first line
             needed = "; a host C++ compiler (g++) is needed" if shutil.which("g++") is None else ""
             raise ExportError(f"linking {path.name} failed: {first_line(err)}{needed}") from err
@@ -130,18 +128,30 @@ def cubin(source: str | None, arch: str, what: str) -> bytes:
     return code
 
 
-def _metadata_source(text: str) -> str:
-    """C for the metadata: a plain C function (ctypes can read it) and a packed function (TVM can)."""
-    literal = json.dumps(text)  # a valid C string literal for JSON text (ASCII, escaped)
-    return f"""#include <tvm/ffi/c_api.h>
+@functools.cache
+def _metadata_functions(compiler: str) -> bytes:
+    """The object of the metadata's functions, compiled by ``compiler`` once per process: a plain C function (ctypes
+    can read it) and a packed function (TVM can), both returning the text a library's :func:`_metadata_text`
+    holds. A library links it with that text as assembler data, so writing one compiles no C (the layer cache
+    writes hundreds)."""
+    with tempfile.TemporaryDirectory(prefix="prnn_tvm_export_") as tmp:
+        source, obj = Path(tmp, "prnn_metadata.c"), Path(tmp, "prnn_metadata.o")
+        source.write_text(_FUNCTIONS)
+        includes = [tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]
+        cc.create_shared(str(obj), [str(source)], options=["-c", "-fPIC", *(f"-I{d}" for d in includes)], cc=compiler)
+        return obj.read_bytes()
+
+
+_FUNCTIONS = f"""#include <string.h>
+#include <tvm/ffi/c_api.h>
 #ifdef __cplusplus
 extern "C" {{
 #endif
-static const char prnn_metadata_json[] = {literal};
-TVM_FFI_DLL_EXPORT const char* {METADATA_SYMBOL}(void) {{ return prnn_metadata_json; }}
+extern const char {TEXT_SYMBOL}[] __attribute__((visibility("hidden")));
+TVM_FFI_DLL_EXPORT const char* {METADATA_SYMBOL}(void) {{ return {TEXT_SYMBOL}; }}
 TVM_FFI_DLL_EXPORT int __tvm_ffi_{METADATA_SYMBOL}(void* self, const TVMFFIAny* args, int32_t num_args,
                                                    TVMFFIAny* result) {{
-  TVMFFIByteArray text = {{prnn_metadata_json, sizeof(prnn_metadata_json) - 1}};
+  TVMFFIByteArray text = {{{TEXT_SYMBOL}, strlen({TEXT_SYMBOL})}};
   (void)self; (void)args; (void)num_args;
   return TVMFFIStringFromByteArray(&text, result);
 }}
@@ -149,3 +159,14 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_{METADATA_SYMBOL}(void* self, const TVMFFIAny* 
 }}
 #endif
 """
+
+
+def _metadata_text(text: str) -> str:
+    """Assembler data for the metadata's JSON ``text`` (ASCII): a hidden symbol, so each library's functions read
+    its own text, ending in a zero byte."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return (
+        f'\t.section .rodata\n\t.globl {TEXT_SYMBOL}\n\t.hidden {TEXT_SYMBOL}\n\t.type {TEXT_SYMBOL}, %object\n'
+        f'{TEXT_SYMBOL}:\n\t.ascii "{escaped}"\n\t.byte 0\n\t.size {TEXT_SYMBOL}, . - {TEXT_SYMBOL}\n'
+        '\t.section .note.GNU-stack,"",%progbits\n'
+    )
