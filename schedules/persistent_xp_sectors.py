@@ -24,6 +24,8 @@ from prnn_tvm.codegen.kernel import StepTiming
 from prnn_tvm.codegen.prefetch import lines_covering, prefetch_l2
 from prnn_tvm.dtypes import itemsize
 
+from .persistent_exchange import ceil_div
+
 WARP = 32
 
 
@@ -76,7 +78,7 @@ class SectorPrefetch:
         with T.If(t < self.steps):
             with T.Then():
                 lanes = min(WARP * self.XP_PREFETCH_EARLY_WARPS, self.g.threads)
-                for k in range(-(-n // lanes)):
+                for k in range(ceil_div(n, lanes)):
                     with T.If(self.tx < min(lanes, n - k * lanes)):
                         with T.Then():
                             i = self.tx + k * lanes if k else self.tx
