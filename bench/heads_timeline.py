@@ -49,7 +49,7 @@ def layer(stamped: bool):
         source = changed(source)
         return htl.instrument(source, first) if stamped else source
 
-    with build.rewriting_sources(rewrite):
+    with build.rewriting_sources(rewrite), htl.one_step_a_turn():  # the loop the rewrite reads
         return compile_cell(args.cell, args.hidden, args.batch, dtype=args.dtype, config=args.config, arch=args.arch)
 
 

@@ -12,7 +12,9 @@ A variant is ``off`` (no prefetch), ``word:STEPS:load`` (each thread one ``prefe
 ``PersistentBuilder.inputs_prefetched``) or ``sector:STEPS:AT[:BYTES[:WARPS]]`` (warp 0, or the first ``WARPS``
 warps, one ``prefetch.global.L2`` per lane, a lane a ``BYTES``-byte sector or line, 32 unless given, of the CTA's
 projection, in turns where there are more: ``persistent_xp_sectors``), ``STEPS`` on from the loaded step, ``AT``
-``load`` (with the loads, before the step's barrier) or ``barrier`` (after it). The layer's own config: its tuning
+``load`` (with the loads, before the step's barrier) or ``barrier`` (after it). Any of them prefixed ``moved+``: the
+projection's two register banks as they were before they took turns (``WarpGates.XP_BANKS_ALTERNATE`` off: the next
+step's values moved from one bank into the other at each step's end). The layer's own config: its tuning
 record's, else the default. With ``--arch`` the layers are built only (no GPU needed): registers, spills and call
 sites.
 
@@ -56,21 +58,24 @@ args = p.parse_args()
 
 BUILDER = by_name("persistent_mma").builder  # the tensor-core template's builder, whose class settings vary
 KNOBS = ("XP_PREFETCH_EARLY_BY", "XP_PREFETCH_EARLY_STEPS", "XP_PREFETCH_EARLY_AT", "XP_PREFETCH_EARLY_BYTES",
-         "XP_PREFETCH_EARLY_WARPS")
+         "XP_PREFETCH_EARLY_WARPS", "XP_BANKS_ALTERNATE")
+MOVED = "moved+"
 
 
 def settings(variant: str) -> tuple:
-    """``(by, steps, at, bytes, warps)`` of a variant (``off``: no prefetch)."""
+    """``(by, steps, at, bytes, warps, banks alternate)`` of a variant (``off``: no prefetch)."""
+    if variant.startswith(MOVED):
+        return (*settings(variant[len(MOVED):])[:-1], False)
     if variant == "off":
-        return BUILDER.XP_PREFETCH_EARLY_BY, 0, BUILDER.XP_PREFETCH_EARLY_AT, 32, 1
+        return BUILDER.XP_PREFETCH_EARLY_BY, 0, BUILDER.XP_PREFETCH_EARLY_AT, 32, 1, True
     by, steps, at, *rest = variant.split(":")
     size, warps = (rest + ["32", "1"][len(rest):])[:2] if len(rest) <= 2 else ("", "")
     valid = (by == "sector" and at in ("load", "barrier") and size in ("32", "64", "128") and warps.isdigit()
              and int(warps) > 0) or (by == "word" and at == "load" and not rest)
     if not valid or not steps.isdigit():
         p.error(f"variant {variant!r}: off, word:STEPS:load or sector:STEPS:AT[:BYTES[:WARPS]] with AT load|barrier, "
-                "BYTES 32|64|128, WARPS 1 or more")
-    return by, int(steps), at, int(size), int(warps)
+                "BYTES 32|64|128, WARPS 1 or more, each may be prefixed moved+")
+    return by, int(steps), at, int(size), int(warps), True
 
 
 def build(cell: str, variant: str):

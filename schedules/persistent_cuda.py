@@ -300,8 +300,7 @@ class PersistentBuilder(SectorPrefetch, OperandExchange, UnitSumExchange, Regist
                 for _ in self.part_loops():
                     for _ in self.each_part():
                         self.prologue()
-                    with T.serial(0, self.steps) as t:
-                        self.step(t)
+                    self.time_loop()
                     self.after_steps()
                 self.clear_sums()  # atomic sums: the last block out zeroes their accumulators for the next launch
                 if self.sync is not None:  # the last step crosses no barrier
@@ -310,6 +309,12 @@ class PersistentBuilder(SectorPrefetch, OperandExchange, UnitSumExchange, Regist
                     steps = self.steps_run
                     self.barrier.end(self.sync, self.barrier_base, steps, steps * p.phases - 1)
         return ib.get()
+
+    def time_loop(self):
+        """The steps, one after the other (``persistent_warp_gates`` emits two a turn where the projection's two
+        register banks alternate)."""
+        with T.serial(0, self.steps) as t:
+            self.step(t)
 
     def alloc_loop_state(self):
         """Before the time loop: registers or shared memory the loop keeps besides the template's own (a session

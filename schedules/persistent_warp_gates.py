@@ -16,7 +16,8 @@ The time loop is the step alone, as in the hand-written prototype it was measure
 (bench/changes/heads_gates_in_warp.json, issue 49): the initial states reach the tiles before it, each item keeps its
 exchanged states in registers too (``kept``: a row past its length rewrites them without reading the tile), the
 final states are written after it from those registers, and its one block barrier is unguarded, after the next
-step's loads of the projection.
+step's loads of the projection. Where the projection has a second bank of registers (``xp_two_ahead``) a turn of the
+loop is two such steps, the second guarded by the sequence's end, the banks taking turns (:meth:`WarpGates.time_loop`).
 
 The output sequence is copied from the set of operand tiles the step wrote, after its barrier (that set is read-only
 until the next step's barrier): a thread's 16 bytes of a batch row's units in one shared load and one global store,
@@ -151,12 +152,44 @@ class WarpGates:
         """With :attr:`xp_two_ahead`, the projection loaded at a step's end is the one two steps on."""
         return 2 if self.xp_two_ahead else super().inputs_ahead
 
+    # With xp_two_ahead, whether the projection's two register banks take turns (:meth:`time_loop`) rather than the
+    # next step's values being moved from one bank into the other at each step's end (a move that waits for loads
+    # issued a step before). H100, lstm_h24 bf16 768 x 16, T=1024: that move's wait was 17% of the kernel's stall
+    # samples (ncu); taking turns, 0.373 -> 0.306 us a step (bench/results/xp-banks-h100.md)
+    XP_BANKS_ALTERNATE = True
+
+    @property
+    def xp_banks_alternate(self) -> bool:
+        """Whether the time loop runs two steps a turn, the projection's banks taking turns (above)."""
+        return self.xp_two_ahead and self.XP_BANKS_ALTERNATE
+
+    def time_loop(self):
+        """With :attr:`xp_banks_alternate`: two steps a turn, the first reading ``xreg`` and the second ``xnext``
+        (each loading, at its end, the projection of two steps on into the bank it read: :meth:`next_inputs`), so that
+        a load has two steps to land."""
+        if not self.xp_banks_alternate:
+            super().time_loop()
+            return
+        with T.serial(0, (self.steps + 1) // 2) as turn:
+            self.step(2 * turn)
+            self.xreg, self.xnext = self.xnext, self.xreg
+            with T.If(2 * turn + 1 < self.steps):
+                with T.Then():
+                    self.step(2 * turn + 1)
+            self.xreg, self.xnext = self.xnext, self.xreg
+
     def next_inputs(self, t):
-        """With :attr:`xp_two_ahead`, at the end of step ``t``: the next step's projection from the registers it was
-        loaded into a step before, and the loads of the step after next issued into those (about two steps against
-        DRAM's latency where the projection is past L2)."""
+        """With :attr:`xp_two_ahead`, at the end of step ``t``: the loads of the step after next, into the bank this
+        step read (:attr:`xp_banks_alternate`), or into the other bank once the next step's values are moved from it
+        into the one the step reads (loaded a step before: about two steps against DRAM's latency where the
+        projection is past L2, the move waiting for them)."""
         if not self.xp_two_ahead:
             super().next_inputs(t)
+            return
+        if self.xp_banks_alternate:
+            with T.If(t + 2 < self.steps):
+                with T.Then():
+                    self.load_inputs(t + 2, self.xreg)
             return
         with T.If(t + 1 < self.steps):
             with T.Then():

@@ -14,7 +14,7 @@ from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import gpu_spec, max_regs_per_thread
 from prnn_tvm.tune.space import ConfigSpace
 
-from .test_ptxas import kernel_source, time_loops
+from .test_ptxas import kernel_source, loop_steps, time_loops
 
 GPU = gpu_spec("sm_90")
 IN_WARP = mc.MmaConfig(64, 1, 2, "block", m_tiles_per_warp=2, gate_layout="in_warp")  # lstm_h12's at 768 x 16
@@ -155,23 +155,34 @@ def assert_the_step_alone(layer, body: str, loop: str):
     length keeps its state in registers; a warp of one batch tile, ``batch_warps``: by two 32-bit loads into its B
     fragment a k tile), and one block barrier, unguarded, after the next step's loads of the
     projection (a guarded one shared their guard, and ptxas issued the loads after the barrier). After the barrier,
-    the outputs alone: 16-byte copies from the tile the step wrote (heads_out_from_tile), no store of them before."""
+    the outputs alone: 16-byte copies from the tile the step wrote (heads_out_from_tile), no store of them before.
+    Where the projection's register banks take turns, a turn of the loop is two such steps (``loop_steps``), the
+    second under its guard, each copying out the set of tiles it wrote, known when built: set 1, then set 0."""
     assert "v == 0" not in loop and "seq_len - 1" not in loop, loop
     finals = [f"{a.name}_ptr[" for a in layer.kernel.launch.args if a.role == "final"]
     assert finals and all(f not in loop and f in body[body.index(loop) + len(loop):] for f in finals), finals
-    tile_reads = [ln for ln in loop.splitlines() if "_ptr_3)[" in ln and not re.match(r"\s*\(\(\w+\*\)_ptr_3\)\[", ln)]
-    assert loop.count("__syncthreads()") == 1 and "\n    __syncthreads();\n" in loop, loop[-300:]
-    step, after = loop.split("__syncthreads()")
-    if layer.kernel.config.warp_n_tiles > 1:
-        assert tile_reads and all("prnn_ldmatrix_x4(" in ln for ln in tile_reads), tile_reads
+    steps, copied = loop_steps(loop), []
+    for k, text in enumerate(steps):
+        lines = text.splitlines()
+        tile_reads = [ln for ln in lines if "_ptr_3)[" in ln and not re.match(r"\s*\(\(\w+\*\)_ptr_3\)\[", ln)]
+        indent = " " * (4 + 2 * k)  # the loop's level, or the second step's guarded block's
+        assert text.count("__syncthreads()") == 1 and f"\n{indent}__syncthreads();\n" in text, text[-300:]
+        step, after = text.split("__syncthreads()")
+        if layer.kernel.config.warp_n_tiles > 1:
+            assert tile_reads and all("prnn_ldmatrix_x4(" in ln for ln in tile_reads), tile_reads
+        else:
+            loads = [ln for ln in step.splitlines() if "_ptr_3) + " in ln]
+            assert not tile_reads and loads, (tile_reads, step[:2000])
+            assert all(re.match(r"\s*\*\(\w+2\*\)\(_ptr_2 \+ \d+\) = \*\(\w+2\*\)\(", ln) for ln in loads), loads
+        assert step.rindex("xp_ptr[") and "out_ptr" not in step, step[-300:]
+        copies = [ln for ln in after.splitlines() if "out_ptr" in ln]
+        assert copies and all(ln.lstrip().startswith("*(uint4*)(out_ptr + ") for ln in copies), after
+        copied += re.findall(r"\*\(uint4\*\)\(\(\(\w+\*\)_ptr_3\) \+ (.*)\);", after)[:1]
+    if len(steps) == 1:
+        assert "_ptr_3) + (((((v + 1) & 1) * " in after, after  # the set the step wrote
     else:
-        loads = [ln for ln in step.splitlines() if "_ptr_3) + " in ln]
-        assert not tile_reads and loads, (tile_reads, step[:2000])
-        assert all(re.match(r"\s*\*\(\w+2\*\)\(_ptr_2 \+ \d+\) = \*\(\w+2\*\)\(", ln) for ln in loads), loads
-    assert step.rindex("xp_ptr[") and "out_ptr" not in step, step[-300:]
-    copies = [ln for ln in after.splitlines() if "out_ptr" in ln]
-    assert copies and all(ln.lstrip().startswith("*(uint4*)(out_ptr + ") for ln in copies), after
-    assert "*(uint4*)(((" in after and "_ptr_3) + (((((v + 1) & 1) * " in after, after  # the set the step wrote
+        first, second = copied
+        assert re.fullmatch(rf"\({re.escape(second)} \+ \d+\)", first) and "v" not in first, copied
 
 
 def test_by_gate_keeps_two_barriers_a_step_and_the_shared_gate_sums():
@@ -183,12 +194,25 @@ def test_by_gate_keeps_two_barriers_a_step_and_the_shared_gate_sums():
 
 
 def test_the_operand_tile_is_double_buffered():
-    """Step ``v`` multiplies set ``v % 2`` (ldmatrix) and writes its new h into set ``(v + 1) % 2``."""
+    """Step ``v`` multiplies set ``v % 2`` (ldmatrix) and writes its new h into set ``(v + 1) % 2``: in a turn of two
+    steps (the projection's banks taking turns), the first multiplies set 0 and the second set 1, each ldmatrix of
+    the second a set on from the first's (the copies out of the set each wrote: test_the_kernels_build_...)."""
     layer = build("lstm_h12", "bfloat16", IN_WARP)
     set_elements = 16 * (64 + mc.ROW_SKEW)  # batch tile rows x (span + skew)
     assert layer.kernel.launch.grid.smem_bytes >= 2 * 2 * set_elements
     body = kernel_source(layer)
-    assert f"((v & 1) * {set_elements})" in body and f"(((v + 1) & 1) * {set_elements})" in body
+    steps = loop_steps(body[slice(*time_loops(body)[0])])
+    if len(steps) == 1:
+        assert f"((v & 1) * {set_elements})" in body and f"(((v + 1) & 1) * {set_elements})" in body
+        return
+
+    def offsets(text):  # each ldmatrix's constant offset into the tiles
+        found = re.findall(r"prnn_ldmatrix_x4\(\(&\(_ptr_2\[0\]\)\), \(&\(\(\(\w+\*\)_ptr_3\)\[(.*)\]\)\)\);", text)
+        return [int(m[1]) if (m := re.search(r" \+ (\d+)\)$", index)) else 0 for index in found]
+
+    first, second = (offsets(text) for text in steps)
+    assert first and len(first) == len(second) and max(first) < set_elements, (first, second)
+    assert [b - a for a, b in zip(first, second)] == [set_elements] * len(first), (first, second)
 
 
 @pytest.mark.parametrize(
@@ -204,11 +228,12 @@ def test_the_projection_is_loaded_two_steps_ahead_where_the_registers_allow(cell
     layer = build(cell, "bfloat16", config)
     body = kernel_source(layer)
     begin, end = time_loops(body)[0]
-    per_step = body[begin:end].count("= xp_ptr[")
+    step = loop_steps(body[begin:end])[0]  # a turn's first step
+    per_step = step.count("= xp_ptr[")
     assert per_step and body[:begin].count("= xp_ptr[") == ahead * per_step
     assert layer.report.spill_store_bytes == 0 and layer.report.stack_bytes == 0, layer.report.format()
     stride = 16 * 4 * 768  # a step of the projection: batch x 4 gates x hidden
-    assert f"+ {ahead * stride})]" in body[begin:end], body[begin:end][-2000:]
+    assert f"+ {ahead * stride})]" in step, step[-2000:]
 
 
 # ---------------------------------------------------------------- batch_warps: a pass's batch tiles over sets of warps
@@ -289,7 +314,7 @@ def test_split_kernels_build_without_spills_and_place_each_warp_on_its_tiles(cel
     assert f"((((int)threadIdx.x) & {sets - 1}) >> 2)" in body, body[:3000]
     assert f"((((int)threadIdx.x) >> {sets.bit_length() - 1}) * {8 * config.warp_n_tiles})" in body, body[:5000]
     begin, end = time_loops(body)[0]
-    assert body[begin:end].count("__syncthreads()") == 1
+    assert all(step.count("__syncthreads()") == 1 for step in loop_steps(body[begin:end]))
 
 
 def test_a_session_runs_a_split_config_by_gate_on_one_set_of_warps():
@@ -298,3 +323,27 @@ def test_a_session_runs_a_split_config_by_gate_on_one_set_of_warps():
 
     got = session.session_config(SPLIT, plan("lstm_h12"), GPU, mc.validate, mc.ranked_configs, 768)
     assert not got.in_warp and got.batch_warps == 1, got
+
+
+# ---------------------------------------------------------------- the projection's register banks taking turns
+def test_the_projection_banks_take_turns_two_steps_a_turn(monkeypatch):
+    """With a second bank of the projection's registers (``xp_two_ahead``) the time loop runs two steps a turn, each
+    loading the projection of two steps on into the bank it read (``WarpGates.time_loop``): no values move between
+    the banks. ``XP_BANKS_ALTERNATE`` off: a step a turn, the next step's values moved into the bank the step reads
+    (the form the banks replaced: ``bench/xp_prefetch_block.py``'s ``moved+`` variants)."""
+    layer = build("lstm_h12", "bfloat16", IN_WARP)
+    body = kernel_source(layer)
+    steps = loop_steps(body[slice(*time_loops(body)[0])])
+    banks = [set(re.findall(r"(_ptr_\d+)\[\d+\] = xp_ptr\[", step)) for step in steps]
+    assert len(steps) == 2 and all(len(bank) == 1 for bank in banks) and banks[0] != banks[1], banks
+    (a,), (b,) = banks
+    assert not re.search(rf"({a}\[\d+\] = {b}\[)|({b}\[\d+\] = {a}\[)", body)
+    assert re.search(rf"\bif \(\(\(v \* 2\) \+ 2\) < seq_len\) \{{[^}}]*{a}\[0\] = xp_ptr\[", steps[0])  # 2 on, its own
+    assert layer.report.spill_bytes == 0, layer.report.format()
+    monkeypatch.setattr(by_name("persistent_mma").builder, "XP_BANKS_ALTERNATE", False)
+    moved = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", target="cuda", arch="sm_90", config=IN_WARP,
+                                  tuning_logs=[], cache=False)
+    body = kernel_source(moved)
+    (step,) = loop_steps(body[slice(*time_loops(body)[0])])
+    (into,) = set(re.findall(r"(_ptr_\d+)\[\d+\] = xp_ptr\[", step))
+    assert re.search(rf"_ptr_\d+\[0\] = {into}\[0\];", step)  # the next step's values moved out of the bank loaded

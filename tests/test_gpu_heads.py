@@ -320,3 +320,26 @@ def test_every_head_size_at_batch_1(D, dtype="bfloat16"):
     for seq_len in (7, 255):
         err = error_of(layer, seq_len, seed=seq_len)
         assert err <= plan_tolerance(layer.plan, seq_len), f"T={seq_len}: {err:.2e}\n{layer.report.format()}"
+
+
+@pytest.mark.parametrize("cell, config", [
+    ("lstm_h12", mc.MmaConfig(64, 1, 2, "block", m_tiles_per_warp=2, gate_layout="in_warp")),
+    ("slstm_h12", mc.MmaConfig(64, 1, 1, "block", m_tiles_per_warp=2, gate_layout="in_warp", batch_groups=2)),
+])
+def test_the_banks_taking_turns_answer_bitwise_as_the_moved_values(monkeypatch, cell, config):
+    """Two steps a turn (the projection's register banks taking turns) against a step a turn with the values moved
+    between the banks: the same outputs and final states, bit for bit, at odd and even lengths, T=1 and rows of
+    their own lengths (a turn whose second step is past the sequence, or past a row's end)."""
+    def built(alternate):
+        monkeypatch.setattr(by_name("persistent_mma").builder, "XP_BANKS_ALTERNATE", alternate)
+        return prnn_tvm.compile_cell(cell, 768, 16, dtype="bfloat16", target="cuda", config=config, tuning_logs=[],
+                                     cache=False)
+
+    turns, moved = built(True), built(False)
+    for seq_len in (1, 2, 5, 64):
+        inputs = random_inputs(turns.plan, seq_len, turns.input_size, seed=seq_len)
+        for call in (inputs, {**inputs, "lengths": random_lengths(16, seq_len, seed=seq_len)}):
+            (out_a, finals_a), (out_b, finals_b) = turns(**call), moved(**call)
+            for a, b in zip((out_a, *finals_a), (out_b, *finals_b)):
+                same = np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+                assert same, (seq_len, sorted(call))

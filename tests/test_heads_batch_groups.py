@@ -16,7 +16,7 @@ from prnn_tvm.schedules import persistent_mma_config as mc
 from prnn_tvm.target import ctas_per_sm, gpu_spec, max_regs_per_thread
 from prnn_tvm.tune.space import ConfigSpace
 
-from .test_ptxas import kernel_source, time_loops
+from .test_ptxas import kernel_source, loop_steps, steps_a_turn, time_loops
 
 GPU = gpu_spec("sm_90")
 # lstm_h12 (heads of 64) at 768 x 16, a head a CTA, a unit's gates in one warp, 8 groups of 2 rows: 96 CTAs
@@ -186,7 +186,8 @@ def test_the_saving_forward_in_groups_writes_each_group_rows(cell, hidden, batch
     stores = re.findall(r"saved_ptr\[([^\]]*)\] = ", built.source)
     divide = f"/ {per_group}" + (f"|>> {per_group.bit_length() - 1}" if per_group & (per_group - 1) == 0 else "")
     group = rf"\(\(\(int\)blockIdx\.x\) (?:{divide})\) \* {rows * columns}\)"
-    assert stores and all(re.search(group, i) and f"v * {batch * columns})" in i for i in stores), stores
+    turn = steps_a_turn(built.source) * batch * columns  # a turn of the time loop: its steps' rows
+    assert stores and all(re.search(group, i) and f"v * {turn})" in i for i in stores), stores
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -203,8 +204,9 @@ def test_grouped_kernels_build_without_spills(D, dtype):
     assert rep.registers <= max_regs_per_thread(rep.threads, GPU), rep.format()
     body = kernel_source(layer)
     begin, end = time_loops(body)[0]
-    step, after = body[begin:end].split("__syncthreads()")  # one block barrier a step, the outputs copied after it
-    assert "out_ptr" not in step and "*(uint4*)(out_ptr + " in after
+    for text in loop_steps(body[begin:end]):
+        step, after = text.split("__syncthreads()")  # one block barrier a step, the outputs copied after it
+        assert "out_ptr" not in step and "*(uint4*)(out_ptr + " in after
 
 
 def test_the_kernel_indexes_a_group_rows_with_the_whole_batch_strides():
@@ -216,9 +218,10 @@ def test_the_kernel_indexes_a_group_rows_with_the_whole_batch_strides():
     group = r"\(\(\(int\)blockIdx\.x\) / 12\) \* "
     xp = re.findall(r"xp_ptr\[([^\]]*)\]", src)
     assert xp and all(re.search(group + "6144", i) for i in xp)  # 2 rows x 4 gates x 768
-    assert any(re.search(r"v \* 49152", i) for i in xp)  # a step: 16 rows x 3072
+    turn = steps_a_turn(kernel_source(layer))  # a turn of the time loop: its steps
+    assert any(f"v * {turn * 49152}" in i for i in xp)  # a step: 16 rows x 3072
     outs = re.findall(r"out_ptr \+ ([^;]*)\)\)", src)
-    assert outs and all(re.search(group + "1536", i) and "v * 12288" in i for i in outs)  # 2 x 768; 16 x 768
+    assert outs and all(re.search(group + "1536", i) and f"v * {turn * 12288}" in i for i in outs)  # 2 x 768; 16 x 768
     for buffer in ("h_n", "c_n", "h0", "c0", "lengths"):
         accesses = re.findall(rf"{buffer}_ptr(?:\[| \+ )([^;]*)", src)
         assert accesses and all(re.search(group, i) for i in accesses), buffer

@@ -23,7 +23,7 @@ from prnn_tvm.verify import emulator
 
 from . import test_emulated
 from .test_emulated import T, emulated, knobs
-from .test_ptxas import assert_launchable, kernel_source, time_loops
+from .test_ptxas import assert_launchable, kernel_source, loop_steps, time_loops
 
 GPU = gpu_spec("sm_90")
 emulates = pytest.mark.skipif(not emulator.available(), reason="emulating a kernel needs g++")
@@ -114,9 +114,12 @@ def test_a_block_exchanges_its_values_in_its_operand_tiles(cell, hidden, batch, 
         # pointwise math alone where a unit's gates are in one warp: test_gate_layout.py)
         in_warp = getattr(layer.kernel.config, "in_warp", False)
         expected = layer.plan.phases if in_warp else 2 * layer.plan.phases + 1
-        assert loop.count("__syncthreads()") == expected, loop.count("__syncthreads()")
+        steps = loop_steps(loop)  # one a turn, or two where the projection's register banks take turns
+        assert [s.count("__syncthreads()") for s in steps] == [expected] * len(steps), loop.count("__syncthreads()")
         assert "xp_ptr[" in body[:start]  # step 0's, in the prologue
-        assert loop.index("xp_ptr[") > loop.index("if ((v + 1) < seq_len)")  # the next step's, after the math
+        # a later step's, after the math: the next one's, or (banks taking turns) the one after
+        guard = "if ((v + 1) < seq_len)" if len(steps) == 1 else "if (((v * 2) + 2) < seq_len)"
+        assert steps[0].index("xp_ptr[") > steps[0].index(guard) > steps[0].rfind("mma.sync")  # (tensor cores')
 
 
 def test_a_block_holds_only_its_heads_weights_and_state():

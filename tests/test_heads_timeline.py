@@ -17,7 +17,7 @@ def instrumented(arch="sm_90", first=0):
         sources.append(htl.instrument(code, first) if "recurrent_kernel(" in code else code)
         return sources[-1]
 
-    with build.rewriting_sources(keep):
+    with build.rewriting_sources(keep), htl.one_step_a_turn():
         layer = prnn_tvm.compile_cell("lstm_h2", 128, 16, dtype="bfloat16", config=htl.IN_WARP, arch=arch)
     return layer, next(s for s in sources if "prnn_htl_t[" in s)
 
@@ -85,7 +85,7 @@ def test_a_block_of_16_warps_records_fewer_steps_and_its_one_tile_loads():
         sources.append(htl.instrument(code) if "recurrent_kernel(" in code else code)
         return sources[-1]
 
-    with build.rewriting_sources(keep):
+    with build.rewriting_sources(keep), htl.one_step_a_turn():
         layer = prnn_tvm.compile_cell("lstm_h12", 768, 16, dtype="bfloat16", config=config, arch="sm_90")
     source = next(s for s in sources if "prnn_htl_t[" in s)
     assert htl.steps_recorded(16) == 128 and htl.steps_recorded(8) == htl.STEPS

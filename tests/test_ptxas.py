@@ -280,18 +280,42 @@ def kernel_source(layer):
     return src[start : src.index("\n}\n", start)]
 
 
+# a time loop's head: a step a turn, or two (``(seq_len + 1) >> 1`` turns: the tensor-core block kernels whose two
+# register banks of the projection take turns, ``WarpGates.time_loop``)
+TIME_LOOP = re.compile(r"for \(int (v\w*) = 0; \1 < (seq_len|\(\(seq_len \+ 1\) >> 1\)); \+\+\1\) \{")
+
+
+def _block_end(source: str, start: int) -> int:
+    """Where the block whose ``{`` ends ``source[:start]`` closes (just past its ``}``)."""
+    depth, i = 1, start
+    while depth:
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        i += 1
+    return i
+
+
 def time_loops(body: str) -> list:
     """``(start, end)`` of each time loop in a kernel's body: one, or one per part of a split grid (the NaN fills
     after ``prnn_report`` are not time loops)."""
     head = body[: body.index("prnn_report(")] if "prnn_report(" in body else body
-    spans = []
-    for m in re.finditer(r"for \(int (v\w*) = 0; \1 < seq_len; \+\+\1\) \{", head):
-        depth, i = 1, m.end()
-        while depth:
-            depth += {"{": 1, "}": -1}.get(body[i], 0)
-            i += 1
-        spans.append((m.start(), i))
-    return spans
+    return [(m.start(), _block_end(body, m.end())) for m in TIME_LOOP.finditer(head)]
+
+
+def steps_a_turn(source: str) -> int:
+    """Steps a turn of the (first) time loop in ``source``: 1, or 2 (:data:`TIME_LOOP`); an index of step ``v`` is
+    then ``v * (2 x its step's stride)`` in the turn's first step."""
+    return 1 if TIME_LOOP.search(source).group(2) == "seq_len" else 2
+
+
+def loop_steps(loop: str) -> list:
+    """The steps of a turn of a time loop (``body[start:end]`` of :func:`time_loops`), each as its text: the loop
+    itself where a turn is a step; where it is two, the first step (the loop's head and what precedes the second) and
+    the second (the block under ``if (((v * 2) + 1) < seq_len) {``, indented one level more)."""
+    head = TIME_LOOP.match(loop)
+    if head.group(2) == "seq_len":
+        return [loop]
+    second = loop.index(f"if ((({head.group(1)} * 2) + 1) < seq_len) {{")
+    return [loop[:second], loop[second : _block_end(loop, loop.index("{", second) + 1)]]
 
 
 @pytest.mark.parametrize("cell", CELLS)

@@ -14,7 +14,7 @@ from prnn_tvm.compiler import compile_session
 from prnn_tvm.schedules.persistent_mma import _MmaBuilder
 from prnn_tvm.verify import ptx
 
-from .test_ptxas import kernel_source, time_loops
+from .test_ptxas import kernel_source, loop_steps, steps_a_turn, time_loops
 
 # LSTM float16 1024x16's tuned config, where the prefetch was measured (docs/findings.md)
 TUNED = dict(units_per_cta=16, k_groups=4, n_tiles=1, barrier="sentinel", m_tiles_per_warp=2, batch_groups=2)
@@ -62,10 +62,11 @@ def test_kernels_without_the_prefetch(cell, hidden, batch):
 
 
 def early_prefetch(layer):
-    """The time loop of a block kernel's source and the address indices of its prefetches there, each with the
-    guard of its warp's lanes."""
+    """The time loop of a block kernel's source, its first step where a turn of it runs two (the projection's
+    register banks taking turns), and the address indices of its prefetches there, each with the guard of its warp's
+    lanes."""
     body = kernel_source(layer)
-    loop = body[slice(*time_loops(body)[0])]
+    loop = loop_steps(body[slice(*time_loops(body)[0])])[0]
     lanes = r"if \(\(\(int\)threadIdx\.x\) < (\d+)\) \{\s*"
     calls = re.findall(lanes + r"prnn_prefetch_l2\(\(&\(xp_ptr\[(.*)\]\)\)\);", loop)
     return loop, [(int(lanes), index.replace(" ", "")) for lanes, index in calls]
@@ -81,7 +82,8 @@ def test_a_block_kernel_asks_its_projection_into_l2_from_one_warp():
     assert ahead > 0 and _MmaBuilder.XP_PREFETCH_EARLY_AT == "barrier" and _MmaBuilder.XP_PREFETCH_EARLY_BYTES >= 32
     loop, calls = early_prefetch(layer)
     assert loop.count(PREFETCH) == len(calls) == 1 and calls[0][0] == 32, calls  # one warp instruction a step
-    step = re.match(r"for \(int (v\w*) = 0; \1 < seq_len;", loop).group(1)
+    step = re.match(r"for \(int (v\w*) = 0; \1 < (seq_len|\(\(seq_len \+ 1\) >> 1\));", loop)
+    step = step[1] if step[2] == "seq_len" else f"({step[1]} * 2)"  # a turn's first step
     at = loop.index(PREFETCH)
     assert loop.rindex("__syncthreads()", 0, at) < loop.rindex(f"if (({step} + {2 + ahead}) < seq_len) {{", 0, at)
     # lane i: row i / 4 of the group (3072 columns a row), gate i % 4 (768 a gate): i * 768; the CTA's head of 16
@@ -148,7 +150,8 @@ def test_the_early_prefetch_off_by_word_and_with_the_loads(monkeypatch):
     monkeypatch.setattr(_MmaBuilder, "XP_PREFETCH_EARLY_BYTES", 32)
     layer = build("lstm_h12", 768, 16, "bfloat16", HEADS12, cache=False)
     body = kernel_source(layer)
-    assert body.count(PREFETCH) == 3 and layer.report.spill_bytes == 0  # the loop's and the prologue's two
+    # each step's of the loop (two a turn where the banks take turns) and the prologue's two
+    assert body.count(PREFETCH) == steps_a_turn(body) + 2 and layer.report.spill_bytes == 0
     loop, calls = early_prefetch(layer)
     assert [n for n, _ in calls] == [16], calls  # one row x 4 gates x 4 sectors of 64 units' 128 bytes
     assert loop.index(PREFETCH) < loop.index("__syncthreads()")

@@ -20,15 +20,19 @@ is the wait for its phase's results once the one before ended, not the issue of 
 loop each block writes its spans over the start of ``xp`` (the caller's, read back by :func:`run`), with thread 0's
 ``clock64`` and ``%globaltimer`` at the loop's start and end. Timing only: the stamps add a few instructions and
 their waits; compare the instrumented step with the plain one (``bench/heads_timeline.py`` prints both). The
-rewrite is textual and raises ``ValueError`` where an anchor moved (``tests/test_heads_timeline.py`` builds it for
+rewrite is textual, of a time loop of one step a turn (build within :func:`one_step_a_turn`), and raises
+``ValueError`` where an anchor moved (``tests/test_heads_timeline.py`` builds it for
 sm_90); a source change (``bench/changes/*.json``) can be applied first, if it keeps the anchors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
+
+from prnn_tvm.schedules import by_name
 
 PHASES = ("operands", "products", "xp wait", "pointwise", "stores", "xp issue", "barrier")
 STEPS = 256  # steps recorded per launch, up to 8 warps a block (fewer with more: steps_recorded)
@@ -49,6 +53,19 @@ template <class T> __device__ __forceinline__ unsigned prnn_htl_bits(T v) {
 __device__ __forceinline__ unsigned long long prnn_htl_ns() { unsigned long long t; \
 asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 """
+
+
+@contextlib.contextmanager
+def one_step_a_turn():
+    """Within the block, the tensor-core template's kernels run one step a turn of their time loop, the form
+    :func:`instrument` reads: the projection's next values moved between its two register banks at each step's end
+    (``XP_BANKS_ALTERNATE`` off), where the shipped kernels run two steps a turn, the banks taking turns."""
+    builder = by_name("persistent_mma").builder
+    saved, builder.XP_BANKS_ALTERNATE = builder.XP_BANKS_ALTERNATE, False
+    try:
+        yield
+    finally:
+        builder.XP_BANKS_ALTERNATE = saved
 
 
 def _find(pattern: str, source: str, what: str, start: int = 0, end: int | None = None) -> re.Match:
