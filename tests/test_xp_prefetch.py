@@ -14,7 +14,7 @@ from prnn_tvm.compiler import compile_session
 from prnn_tvm.schedules.persistent_mma import _MmaBuilder
 from prnn_tvm.verify import ptx
 
-from .test_ptxas import kernel_source, loop_steps, steps_a_turn, time_loops
+from .test_ptxas import TIME_LOOP, kernel_source, loop_steps, steps_a_turn, time_loops
 
 # LSTM float16 1024x16's tuned config, where the prefetch was measured (docs/findings.md)
 TUNED = dict(units_per_cta=16, k_groups=4, n_tiles=1, barrier="sentinel", m_tiles_per_warp=2, batch_groups=2)
@@ -82,7 +82,7 @@ def test_a_block_kernel_asks_its_projection_into_l2_from_one_warp():
     assert ahead > 0 and _MmaBuilder.XP_PREFETCH_EARLY_AT == "barrier" and _MmaBuilder.XP_PREFETCH_EARLY_BYTES >= 32
     loop, calls = early_prefetch(layer)
     assert loop.count(PREFETCH) == len(calls) == 1 and calls[0][0] == 32, calls  # one warp instruction a step
-    step = re.match(r"for \(int (v\w*) = 0; \1 < (seq_len|\(\(seq_len \+ 1\) >> 1\));", loop)
+    step = TIME_LOOP.match(loop)
     step = step[1] if step[2] == "seq_len" else f"({step[1]} * 2)"  # a turn's first step
     at = loop.index(PREFETCH)
     assert loop.rindex("__syncthreads()", 0, at) < loop.rindex(f"if (({step} + {2 + ahead}) < seq_len) {{", 0, at)
