@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 
@@ -154,8 +154,9 @@ def compile_backward(layer: Layer) -> RuntimeLayer:
     if layer._backward is None:
         plan, key = layer.plan, layer_cache.backward_key(layer)
         found = layer_cache.lookup_kernels(key, layer.target, None)
-        if found is not None:
+        if found is not None:  # (keyed without the input size: another layer of this plan may have stored it)
             module, (signature,), _ = found
+            signature = replace(signature, input_size=layer.input_size)
         else:
             kernel = backward_for(plan, layer.target)
             signature = Signature(

@@ -28,7 +28,7 @@ from . import persistent_mma_config as mc
 from .cluster_copy import CLUSTERS, GRANULE
 from .persistent_config import REG_OVERHEAD
 from .persistent_mma_config import K_GROUPS, ROW_SKEW, TILE_K, TILE_M, TILE_N, MmaConfig, MmaGeometry
-from .ranking import RANKED_WITH, check_resources, ranked_defaults
+from .ranking import RANKED_WITH, check_resources, per_plan, ranked_defaults
 
 
 @dataclass(frozen=True)
@@ -263,6 +263,7 @@ def estimated_cycles(cfg: BackwardMmaConfig, g: MmaGeometry) -> float:
     return mc.estimated_cycles(cfg, g) + g.batch_chunks * (copy + fragments)
 
 
+@per_plan
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardMmaConfig]:
     """The untuned choices, least estimated cost first (not units spread over every SM first, as the forward's:
     the copy of the gate gradients favours fewer CTAs), each later one holding fewer weight registers per thread

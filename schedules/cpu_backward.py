@@ -24,7 +24,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from prnn_tvm.codegen.kernel import Kernel, backward_launch, declare_args
-from prnn_tvm.codegen.pointwise import adjoint_values, bind_value
+from prnn_tvm.codegen.pointwise import adjoint_values, bind_kept_llvm, bind_value
 from prnn_tvm.frontend.derivative import step_adjoints
 from prnn_tvm.frontend.plan import CellPlan, Leaf
 
@@ -228,5 +228,6 @@ class _Backward:
                 d = d + widen(self.d_out[t, b, u], dt)
             return d if running is None else T.if_then_else(running, d, tirx.const(0.0, dt))
 
-        return adjoint_values(p, self.adj, forward, incoming, lambda name: self.sent[name][b, u], bind_value,
+        # each value kept as one (bind_kept_llvm): TVM's simplifier would copy a stage into every adjoint reading it
+        return adjoint_values(p, self.adj, forward, incoming, lambda name: self.sent[name][b, u], bind_kept_llvm,
                               lambda name: self.d_sums[self.sum_index[name], b])

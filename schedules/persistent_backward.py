@@ -65,7 +65,7 @@ from .persistent_config import Geometry, PersistentConfig
 from .persistent_cuda import Item
 from .persistent_exchange import ceil_div, sync_threads
 from .persistent_weights import RegisterWeights
-from .ranking import RANKED_WITH, check_resources, ranked_defaults
+from .ranking import RANKED_WITH, check_resources, per_plan, ranked_defaults
 
 DTYPES = GPU_DTYPES  # storage; the backward computes in its compute type, float32 (its registers too)
 # the exchange is plain stores and loads between barriers: kinds that poll values instead do not order them
@@ -221,6 +221,7 @@ def estimated_cycles(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> floa
     return pc.estimated_cycles(cfg, g) + ITEM_CYCLES * g.items_per_thread + grid
 
 
+@per_plan
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[BackwardConfig]:
     """The untuned choices, best first by :func:`estimated_cycles`, each later one holding fewer weights per thread:
     what a build falls back to when ptxas spills. Head-wise products whose heads a block holds whole (barrier

@@ -104,6 +104,7 @@ from .ranking import (
     layouts,
     offers_streaming,
     parts,
+    per_plan,
     ranked_defaults,
     shared_layout,
     tier_counts,
@@ -790,6 +791,7 @@ def saving_config(cfg: MmaConfig, plan: CellPlan, gpu: GpuSpec) -> MmaConfig:
     return dataclasses.replace(shared_layout(cfg, plan, gpu, validate, ranked_configs), xp="float32")
 
 
+@per_plan
 def ranked_configs(plan: CellPlan, gpu: GpuSpec, limit: int = 4) -> list[MmaConfig]:
     """The untuned choices, best first: units spread over every SM, then least estimated cost.
     Later entries hold fewer weight registers per thread (what a build falls back to if ptxas spills).

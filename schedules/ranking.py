@@ -211,8 +211,8 @@ def per_plan(rank: Callable) -> Callable:
     """``rank(plan, gpu, *args)`` answered once per plan object, GPU and arguments in a process, as a new list each
     time: a plan and a GpuSpec are frozen, and :func:`prnn_tvm.analyze` gives one plan object per cell, sizes and
     dtype, so a compile, its config report and a check of its defaults rank the space once (ranking validates
-    every config of it). The memo holds each plan it keys by its ``id``. A test that patches what a ranking reads
-    forgets them after itself (:func:`forget_rankings`)."""
+    every config of it). The memo holds each plan it keys by its ``id``. A patch of what a ranking reads forgets
+    them (:func:`forget_rankings`; the test suite's ``monkeypatch`` forgets them at every patch and its undoing)."""
     memo: OrderedDict = OrderedDict()
     _PER_PLAN.append(memo)
 

@@ -100,15 +100,45 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _rankings_forgotten_after_patches(request):
-    """The untuned rankings a process keeps per plan (``schedules.ranking.per_plan``) forgotten after a test that
-    patches (what it patched may be what a ranking read)."""
-    yield
-    if "monkeypatch" in request.fixturenames:
-        from prnn_tvm.schedules.ranking import forget_rankings
+class _ForgettingPatch(pytest.MonkeyPatch):
+    """pytest's ``monkeypatch`` that forgets the untuned rankings a process keeps per plan
+    (``schedules.ranking.per_plan``) after every attribute or item it patches, and when it is undone: what it patched
+    may be what a ranking read, and a test may rank, patch a template's constant and rank again. A test that only sets
+    environment variables keeps them (no ranking reads one)."""
 
-        forget_rankings()
+    def setattr(self, *args, **kwargs):
+        super().setattr(*args, **kwargs)
+        _forget_rankings()
+
+    def delattr(self, *args, **kwargs):
+        super().delattr(*args, **kwargs)
+        _forget_rankings()
+
+    def setitem(self, *args, **kwargs):
+        super().setitem(*args, **kwargs)
+        _forget_rankings()
+
+    def delitem(self, *args, **kwargs):
+        super().delitem(*args, **kwargs)
+        _forget_rankings()
+
+    def undo(self):
+        super().undo()
+        _forget_rankings()
+
+
+def _forget_rankings():
+    from prnn_tvm.schedules.ranking import forget_rankings
+
+    forget_rankings()
+
+
+@pytest.fixture
+def monkeypatch():
+    """pytest's own, forgetting the rankings as it patches (:class:`_ForgettingPatch`)."""
+    patch = _ForgettingPatch()
+    yield patch
+    patch.undo()
 
 
 @pytest.fixture

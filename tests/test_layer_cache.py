@@ -154,6 +154,29 @@ def test_a_cached_layers_backward_is_cached_too(cache_dir):
     assert all(np.array_equal(a, b) for a, b in zip(first[1], second[1]))
 
 
+def test_layers_of_one_plan_share_their_backward(cache_dir):
+    """The CPU backward's code reads neither the input size nor the sequence length (one kernel of the plan): two
+    layers that differ only there are two entries and share one backward, which says each layer's input size and
+    computes as the one built for it."""
+    small = prnn_tvm.compile_cell("rnn_tanh", 8, 2, input_size=3, seq_len=5, dtype="float64", target="llvm")
+    wide = prnn_tvm.compile_cell("rnn_tanh", 8, 2, input_size=7, seq_len=9, dtype="float64", target="llvm")
+    backward, shared = compile_backward(small), compile_backward(wide)
+    kinds = sorted(e.info["kind"] for e in _entries(cache_dir))
+    assert kinds == ["backward", "layer", "layer"]
+    built = compile_backward(prnn_tvm.compile_cell("rnn_tanh", 8, 2, input_size=7, dtype="float64", target="llvm",
+                                                   cache=False))
+    assert (backward.signature.input_size, shared.signature.input_size) == (3, 7)
+    assert shared.signature == built.signature
+    rng = np.random.default_rng(1)
+    inputs = {
+        a.name: rng.standard_normal(a.concrete_shape(6)).astype(a.dtype)
+        for a in built.signature.inputs
+        if a.name != "lengths"
+    }
+    got, want = shared(**inputs), built(**inputs)
+    assert np.array_equal(got[0], want[0]) and all(np.array_equal(a, b) for a, b in zip(got[1], want[1]))
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -149,9 +149,18 @@ def store_kernels(key: dict | None, module, signatures: list, source: str | None
         return module
 
 
+# What a layer's key holds that its CPU backward's code does not read: the backward is one kernel of the plan alone
+# (``schedules.cpu_backward.backward_kernel``: the sequence length a runtime argument, the input projection's size
+# not among its arguments) and takes no config. Layers that differ only in these share one backward.
+BACKWARD_UNREAD = ("input_size", "seq_len", "config", "tuning_records")
+
+
 def backward_key(layer: Layer) -> dict | None:
-    """The key of ``layer``'s backward (None for a layer that was not cached)."""
-    return derived_key(layer.cache_key, "backward") if layer.cache_key is not None else None
+    """The key of ``layer``'s backward (None for a layer that was not cached): its key without
+    :data:`BACKWARD_UNREAD`."""
+    if layer.cache_key is None:
+        return None
+    return derived_key({k: v for k, v in layer.cache_key.items() if k not in BACKWARD_UNREAD}, "backward")
 
 
 def training_key(layer: Layer) -> dict | None:
