@@ -137,18 +137,23 @@ def test_a_cached_layer_computes_and_reports_as_a_compiled_one(cache_dir):
     assert len(_entries(cache_dir)) == 1
 
 
+def _backward_inputs(signature, steps: int, seed: int) -> dict:
+    """Random inputs of a backward's launch for ``steps`` steps (every row whole: no lengths)."""
+    rng = np.random.default_rng(seed)
+    return {
+        a.name: rng.standard_normal(a.concrete_shape(steps)).astype(a.dtype)
+        for a in signature.inputs
+        if a.name != "lengths"
+    }
+
+
 def test_a_cached_layers_backward_is_cached_too(cache_dir):
     layer = prnn_tvm.compile_cell("rnn_tanh", 8, 2, input_size=3, dtype="float64", target="llvm")
     backward = compile_backward(layer)
     again = compile_backward(prnn_tvm.compile_cell("rnn_tanh", 8, 2, input_size=3, dtype="float64", target="llvm"))
     assert {e.info["kind"] for e in _entries(cache_dir)} == {"layer", "backward"}
     assert again.signature == backward.signature
-    rng = np.random.default_rng(0)
-    inputs = {
-        a.name: rng.standard_normal(a.concrete_shape(5)).astype(a.dtype)
-        for a in backward.signature.inputs
-        if a.name != "lengths"
-    }
+    inputs = _backward_inputs(backward.signature, 5, seed=0)
     first, second = backward(**inputs), again(**inputs)
     assert np.array_equal(first[0], second[0]) and np.isfinite(first[0]).all()
     assert all(np.array_equal(a, b) for a, b in zip(first[1], second[1]))
@@ -167,12 +172,7 @@ def test_layers_of_one_plan_share_their_backward(cache_dir):
                                                    cache=False))
     assert (backward.signature.input_size, shared.signature.input_size) == (3, 7)
     assert shared.signature == built.signature
-    rng = np.random.default_rng(1)
-    inputs = {
-        a.name: rng.standard_normal(a.concrete_shape(6)).astype(a.dtype)
-        for a in built.signature.inputs
-        if a.name != "lengths"
-    }
+    inputs = _backward_inputs(built.signature, 6, seed=1)
     got, want = shared(**inputs), built(**inputs)
     assert np.array_equal(got[0], want[0]) and all(np.array_equal(a, b) for a, b in zip(got[1], want[1]))
 
