@@ -101,17 +101,26 @@ def test_without_nvcc_there_is_no_key_and_the_build_says_nvcc_is_missing(table, 
 
 
 @needs_nvcc
-def test_the_key_covers_source_arch_flags_and_nvcc(monkeypatch):
+def test_the_key_covers_source_arch_flags_nvcc_and_a_host_compiler(monkeypatch):
+    """A whole program's key (a probe's, tests/test_probes.py) holds the host compiler's version text too; without
+    that compiler there is no key (nvcc would fail: the build says so)."""
     base = ptxas_table.key(TINY_KERNEL, "sm_90", ["-O3"])
     assert re.fullmatch(r"[0-9a-f]{64}", base)
     others = [
         ptxas_table.key(TINY_KERNEL + " ", "sm_90", ["-O3"]),
         ptxas_table.key(TINY_KERNEL, "sm_80", ["-O3"]),
         ptxas_table.key(TINY_KERNEL, "sm_90", ["-O2"]),
+        ptxas_table.key(TINY_KERNEL, "sm_90", ["-O3"], host="gcc"),
     ]
-    monkeypatch.setattr(ptxas_table, "_nvcc_version", lambda path: "Cuda compilation tools, release 99.9")
+    assert ptxas_table.key(TINY_KERNEL, "sm_90", ["-O3"], host="no-such-compiler") is None
+    versions = {"nvcc": "Cuda compilation tools, release 13.0", "gcc": "gcc 12"}
+    monkeypatch.setattr(ptxas_table, "_version_text", lambda path: versions["nvcc" if "nvcc" in path else "gcc"])
+    with_gcc = ptxas_table.key(TINY_KERNEL, "sm_90", ["-O3"], host="gcc")
+    versions["gcc"] = "gcc 13"
+    others += [with_gcc, ptxas_table.key(TINY_KERNEL, "sm_90", ["-O3"], host="gcc")]
+    versions["nvcc"] = "Cuda compilation tools, release 99.9"
     others.append(ptxas_table.key(TINY_KERNEL, "sm_90", ["-O3"]))
-    assert len({base, *others}) == 5
+    assert len({base, *others}) == 8
 
 
 @pytest.mark.parametrize("text", ["often", "-0.5", "2"])

@@ -3,9 +3,10 @@ on a machine without a GPU compiles its source for ptxas's figures alone (the te
 sources, ~1 s of nvcc each).
 
 An entry is keyed by a SHA-256 over everything that decides ptxas's output: the CUDA source's SHA-256, the arch,
-nvcc's flags and nvcc's version text (``nvcc --version``). A changed source, arch, flag or toolkit is a key the table
-does not hold, and nvcc runs as without it: a table can be incomplete, never answer for another source. Without
-nvcc there is no key (the build says nvcc is missing, as without a table).
+nvcc's flags and nvcc's version text (``nvcc --version``); for a whole program (a probe of ``bench/probes/``, whose
+source is its file and the project's files it includes), the host compiler's version text too. A changed source,
+arch, flag or toolkit is a key the table does not hold, and nvcc runs as without it: a table can be incomplete, never
+answer for another source. Without nvcc there is no key (the build says nvcc is missing, as without a table).
 
 - ``PRNN_TVM_PTXAS_TABLE=FILE``: the table, JSON lines ``{"key", "arch", "log"}`` with ptxas's lines of nvcc's output
   (unset: none; ``tests/conftest.py`` sets ``tests/data/ptxas-reports.jsonl``);
@@ -66,22 +67,34 @@ def recording() -> bool:
     return os.environ.get(RECORD, "") == "1" and table_path() is not None
 
 
-@functools.lru_cache(maxsize=4)
-def _nvcc_version(path: str) -> str:
+@functools.lru_cache(maxsize=8)
+def _version_text(path: str) -> str:
     done = subprocess.run([path, "--version"], capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
 
-def key(source: str, arch: str, flags: list[str]) -> str | None:
-    """The entry's key for nvcc on the PATH, or None without nvcc."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+def _version(program: str) -> str | None:
+    """``program --version``'s text for the one on the PATH, or None where there is none (or it fails)."""
+    found = shutil.which(program)
+    if found is None:
         return None
     try:
-        version = _nvcc_version(str(Path(nvcc).resolve()))
+        return _version_text(str(Path(found).resolve()))
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def key(source: str, arch: str, flags: list[str], host: str | None = None) -> str | None:
+    """The entry's key for nvcc on the PATH, or None without nvcc. ``host``: the host compiler a whole build runs
+    (nvcc's is ``gcc``, or ``-ccbin``'s), whose version text enters the key (None without it); a cubin has none."""
+    version = _version("nvcc")
+    if version is None:
+        return None
     fields = {"source": hashlib.sha256(source.encode()).hexdigest(), "arch": arch, "flags": flags, "nvcc": version}
+    if host is not None:
+        fields["host"] = _version(host)
+        if fields["host"] is None:
+            return None
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

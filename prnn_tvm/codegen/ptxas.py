@@ -141,11 +141,20 @@ def report(source: str, arch: str) -> PtxasReport:
     if known is not None and not table.should_check():
         return parse_report(known, arch)
     compiled = compile_cuda(source, arch)[1]
-    if known is not None and parse_report(known, arch).functions != compiled.functions:
+    settle_table(key, arch, known, compiled.log)
+    return compiled
+
+
+def settle_table(key: str | None, arch: str, known: str | None, log: str) -> None:
+    """After nvcc compiled what the table keys as ``key`` (:mod:`prnn_tvm.cache.ptxas_table`), its output ``log``:
+    where the table holds ``known`` (a hit compiled anyway) and ptxas's figures differ, ``PtxasTableError``; where
+    it holds none, the report is recorded (``PRNN_TVM_PTXAS_TABLE_RECORD=1``)."""
+    from ..cache import ptxas_table as table
+
+    if known is not None and parse_report(known, arch).functions != parse_report(log, arch).functions:
         raise table.PtxasTableError(
             f"{table.table_path()}: the entry {key} (arch {arch}) differs from ptxas's report of its source:\n"
-            f"table:\n{known}\nptxas:\n{compiled.log}\nthe table is stale or edited: run `make ptxas-table`"
+            f"table:\n{known}\nptxas:\n{log}\nthe table is stale or edited: run `make ptxas-table`"
         )
     if known is None:
-        table.record(key, arch, compiled.log)
-    return compiled
+        table.record(key, arch, log)
