@@ -26,7 +26,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadgroup
 
 # The table of ptxas's reports the tests read instead of running nvcc (docs/tests.md): written again from a run of the
-# suite that compiles every kernel source and records its report; commit it after a change to the generated code.
+# suite that compiles every kernel source and probe (bench/probes/) and records its report; commit it after a change to
+# the generated code or to a probe.
 PTXAS_TABLE := tests/data/ptxas-reports.jsonl
 ptxas-table: $(STAMP)
 	rm -f $(PTXAS_TABLE)
