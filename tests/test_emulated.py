@@ -9,6 +9,8 @@ template's instructions) is in the ``gpu`` tests: ``test_gpu_barrier.py``, ``tes
 ``test_gpu_numerics.py``, ``test_gpu_cells.py``, ``test_gpu_half.py``, ``test_gpu_direct.py``,
 ``test_gpu_batch_groups.py``, ``test_gpu_robust.py``, ``test_gpu_streams.py``."""
 
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,19 @@ def test_an_access_past_a_buffer_names_it():
             blocks=2,
             n=128,
         )
+
+
+def test_kernels_link_one_runtime_built_once(tmp_path, monkeypatch):
+    """Every kernel's program is its own translation unit linked with the runtime (the grid, the fibers, ``main``),
+    which is compiled once; a shuffle moves a lane's 8 bytes whole."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a cache of this test's own
+    lanes = np.arange(64)
+    got = tiny("double mine = 0.5 * (int)threadIdx.x + 1e-9;\n"
+               "out_ptr[threadIdx.x] = (float)(__shfl_xor_sync(0xffffffffu, mine, 2, 32) - 1e-9);")
+    np.testing.assert_array_equal(got, 0.5 * (lanes ^ 2))
+    runtime = emulator.runtime_object()
+    built = runtime.stat().st_mtime_ns
+    np.testing.assert_array_equal(tiny("out_ptr[threadIdx.x] = (float)blockDim.x;"), np.full(64, 64.0))
+    folders = sorted(path.name for path in (tmp_path / "prnn_emulator").iterdir())
+    assert len(folders) == 3 and [name for name in folders if name.startswith("runtime-")] == [runtime.parent.name]
+    assert runtime.stat().st_mtime_ns == built

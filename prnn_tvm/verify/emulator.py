@@ -1,7 +1,8 @@
 """Running a layer's emitted CUDA kernel on the host CPU, as written (no GPU, no model of the kernel).
 
 The CUDA source TVM emits for a layer is compiled with g++ against ``emulator.h`` (CUDA's built-ins for the host:
-thread blocks as host threads, their threads as fibers, warp shuffles, block and grid barriers), after two
+thread blocks as host threads, their threads as fibers, warp shuffles, block and grid barriers; the grid and the
+program's ``main`` in ``emulator_runtime.cpp``, compiled once and linked into every kernel's program), after two
 rewrites that CUDA has no host form for: inline PTX (:mod:`.ptx`) and the dynamic shared memory declaration.
 The kernel then runs as it would on a GPU, block against block, so a wrong lane reduction, exchange or barrier
 gives wrong numbers, and an access past the end of any buffer or of a block's shared memory stops the run with
@@ -33,7 +34,13 @@ from prnn_tvm.signature import ArgRole, Launch
 from . import bounds, ptx
 
 HEADER = Path(__file__).with_name("emulator.h")
-CXX_FLAGS = ("-std=c++17", "-O1", "-pthread", "-fno-strict-aliasing", "-w")
+RUNTIME = Path(__file__).with_name("emulator_runtime.cpp")
+CXX_FLAGS = ("-std=c++17", "-pthread", "-fno-strict-aliasing", "-w")
+# A kernel's program is built once per source and run a few times: unoptimized, its g++ build takes half the CPU
+# time of -O1's and its runs a little more (tests/test_emulated.py, kernels and runtime at one level: from an empty
+# cache 48.7 s of CPU at -O0 against 67.6 s at -O1, builds and runs; the runs alone 29.9 against 27.4 s). The
+# runtime, built once and running every fiber switch, is optimized.
+KERNEL_OPT, RUNTIME_OPT = "-O0", "-O1"
 # headers the emitted source includes that the host has no use for (emulator.h defines what they would)
 STUB_HEADERS = ("cuda.h", "cooperative_groups.h", "cuda/barrier")
 TIMEOUT_US = 20_000_000  # the kernels' own barrier timeout in an emulated run: 20 s of host time
@@ -72,12 +79,12 @@ def kernel_parameters(source: str, function: str) -> list[tuple[str, str]]:
 
 
 def host_source(source: str, function: str) -> str:
-    """The translation unit the emulator compiles: the header, ``source`` translated, a launcher for
-    ``function``'s kernel and ``main``."""
+    """The translation unit the emulator compiles for a kernel: the header, ``source`` translated and a launcher for
+    ``function``'s kernel (``main`` is the runtime's)."""
     body = ptx.translate_source(source)
     body = re.sub(
         r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
-        r"\1* \2 = (\1*)prnn_emu::block->dynamic_shared;",
+        r"\1* \2 = (\1*)prnn_emu::dynamic_shared;",
         body,
     )
     body = re.sub(r"__shared__ (alignas\(\d+\)) ", r"\1 __shared__ ", body)  # C++: the attribute first
@@ -88,46 +95,54 @@ def host_source(source: str, function: str) -> str:
     return (
         f'#include "{HEADER.name}"\n{body}\n'
         f"void prnn_emu::call_kernel(void** args) {{ {function}_kernel({args}); }}\n"
-        "int main(int argc, char** argv) { return prnn_emu::main(argc, argv); }\n"
     )
 
 
 def build(source: str, function: str) -> Path:
     """The emulator program for ``function``'s kernel of ``source``, compiled once per source (cached in the
-    temporary directory)."""
+    temporary directory) and linked with the runtime (:func:`runtime_object`)."""
+    runtime = runtime_object()
+    text = host_source(source, function)
+    key = hashlib.sha256((text + runtime.parent.name).encode()).hexdigest()[:20]
+    return _compiled(key, "kernel.cpp", text, "kernel", [KERNEL_OPT], [str(runtime)], "the emulated kernel")
+
+
+def runtime_object() -> Path:
+    """The emulator's runtime (``emulator_runtime.cpp``: the grid, fibers, barriers and ``main``) as an object file,
+    compiled once per version of it, of the header and of the flags (cached in the temporary directory): the part
+    of every kernel's program that does not change with the kernel, and most of a whole program's compile."""
+    text = RUNTIME.read_text()
+    flags = [*CXX_FLAGS, RUNTIME_OPT, KERNEL_OPT]  # (the kernel's level too: a key for the pair)
+    key = hashlib.sha256((text + HEADER.read_text() + " ".join(flags)).encode()).hexdigest()[:20]
+    return _compiled(f"runtime-{key}", RUNTIME.name, text, "emulator_runtime.o", [RUNTIME_OPT, "-c"], [],
+                     "the emulator's runtime")
+
+
+def _compiled(key: str, name: str, text: str, result: str, flags: list, inputs: list, what: str) -> Path:
+    """``result``, what g++ makes of ``text`` (written as ``name``, compiled against the header with ``flags``, then
+    linked with ``inputs``) in the folder of ``key``, built once: it lands whole under its name (another process may
+    be building the same)."""
     if not available():
         raise EmulationError("emulating a kernel needs g++, which is not on this machine's PATH")
-    text = host_source(source, function)
-    key = hashlib.sha256((text + HEADER.read_text() + " ".join(CXX_FLAGS)).encode()).hexdigest()[:20]
     where = Path(tempfile.gettempdir(), "prnn_emulator", key)
-    program = where / "kernel"
-    if program.exists():
-        return program
+    if (where / result).exists():
+        return where / result
     where.mkdir(parents=True, exist_ok=True)
     for stub in STUB_HEADERS:
         Path(where, "include", stub).parent.mkdir(parents=True, exist_ok=True)
         Path(where, "include", stub).write_text("// the emulator's stand-in: emulator.h defines what is used\n")
-    (where / "kernel.cpp").write_text(text)
-    partial = where / f"kernel.{os.getpid()}"
+    (where / name).write_text(text)
+    partial = where / f"{result}.{os.getpid()}"
     done = subprocess.run(
-        [
-            "g++",
-            *CXX_FLAGS,
-            f"-I{HEADER.parent}",
-            f"-I{where / 'include'}",
-            str(where / "kernel.cpp"),
-            "-o",
-            str(partial),
-        ],
+        ["g++", *CXX_FLAGS, *flags, f"-I{HEADER.parent}", f"-I{where / 'include'}", str(where / name), *inputs,
+         "-o", str(partial)],
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
-        raise EmulationError(
-            f"g++ could not build the emulated kernel ({where / 'kernel.cpp'}):\n{done.stderr[-4000:]}"
-        )
-    os.replace(partial, program)  # whole, or not there: another process may be building the same
-    return program
+        raise EmulationError(f"g++ could not build {what} ({where / name}):\n{done.stderr[-4000:]}")
+    os.replace(partial, where / result)
+    return where / result
 
 
 def emulate(source: str, launch: Launch, arrays: dict, scalars: dict, timeout_s: float = 300.0) -> Emulated:
