@@ -52,6 +52,7 @@ from .ranking import (
     offers_streaming,
     parts,
     per_plan,
+    plan_memo,
     shared_layout,
     tier_counts,
     tiered_smem,
@@ -111,6 +112,17 @@ class Geometry:
     l2_chunks: int = 0     # of each row's k_chunks per lane, the first ones, read from global memory every step
     l2_ws: int = 0         # bytes: the weights a CTA reads from global memory (L2) per batch tile and step
 
+    @classmethod
+    def made(cls, *values) -> "Geometry":
+        """``Geometry(*values)``, every field in order, made without the frozen dataclass's ``__init__`` (which sets
+        each field through ``object.__setattr__``: about half of what :func:`geometry` costs, and every config of a
+        space has one): the same object, equal, hashed and shown alike. The class has no ``__post_init__`` to skip."""
+        if len(values) != len(_GEOMETRY_FIELDS):
+            raise TypeError(f"Geometry.made takes its {len(_GEOMETRY_FIELDS)} fields, not {len(values)}")
+        g = object.__new__(cls)
+        g.__dict__.update(zip(_GEOMETRY_FIELDS, values))
+        return g
+
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
@@ -138,6 +150,9 @@ class Geometry:
         return self.tile_stride or self.k_pad
 
 
+_GEOMETRY_FIELDS = tuple(f.name for f in dataclasses.fields(Geometry))
+
+
 def group_span(items: int, groups: int) -> int:
     """Item numbers each pointwise group takes: its ``items`` (batch rows x units per CTA), rounded up to whole
     warps where there are several groups, so that each runs on warps of its own (not serialized within a
@@ -147,43 +162,97 @@ def group_span(items: int, groups: int) -> int:
 
 
 
-def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
-    H, B, policy = plan.hidden, plan.batch, plan.policy
-    runs = parts(cfg.layout, plan)
-    cols = OperandColumns.of(plan.reductions, H, cfg.units_per_cta)  # ConfigError where units fit no head
-    K = cols.k_extent  # weights per row: hidden, or the largest head
-    row = max((cols.span(op) for op in cols.sizes), default=H)  # a tile row's values to load
+@dataclass(frozen=True)
+class Placement:
+    """What :func:`geometry` and :func:`validate` read of a plan at one ``layout`` and ``units_per_cta``, the same
+    whatever the other knobs (:func:`placement`)."""
+
+    runs: tuple            # ``ranking.parts``: (reductions, operands, pointwise groups) of each run of CTAs
+    problem: str | None    # why the units fit no head (``OperandColumns.of``); then nothing below is worked out
+    cols: OperandColumns | None = None
+    headed: bool = False   # ``cols.headed``
+    K: int = 0             # weights per row: hidden, or the largest head
+    row: int = 0           # a tile row's values to load
+    ctas: int = 0
+    rows: int = 0
+    item_spans: tuple = ()  # per run: its groups' item numbers (``group_span``), spread over a CTA's threads
+    n_ops: int = 0
+    smem_us: int = 0
+    product_phases: int = 1
+    checks: tuple = ()     # per run: (reductions, head sizes of its head-wise products, rows of each product, whether
+    #                        its products read different operands or run in different phases)
+
+
+def placement(plan: CellPlan, layout, units) -> Placement:
+    """:class:`Placement` of ``plan``, worked out once per plan object, layout and units in a process
+    (``ranking.plan_memo``: every config of a space asks, twice) where they are a string and an int."""
+    if type(layout) is str and type(units) is int:
+        return _placements(plan, layout, units)
+    return placed(plan, layout, units)
+
+
+def placed(plan: CellPlan, layout, units) -> Placement:
+    """:class:`Placement` of ``plan`` at ``layout`` and ``units``, worked out."""
+    H, B = plan.hidden, plan.batch
+    runs = parts(layout, plan)
+    try:
+        cols = OperandColumns.of(plan.reductions, H, units)
+    except ConfigError as e:
+        return Placement(runs, str(e))
     slices = max(sum(r.slices for r in reductions) for reductions, _, _ in runs)
-    ctas = len(runs) * math.ceil(H / cfg.units_per_cta)
-    rows = slices * cfg.units_per_cta
+    rows = slices * units
+    checks = []
+    for reductions, _, _ in runs:
+        headed = tuple(sorted({r.head_size(H) for r in reductions} - {H}))
+        checks.append((reductions, headed, tuple(r.slices * units for r in reductions),
+                       len({(r.operand, r.phase) for r in reductions}) > 1))
+    return Placement(runs, None, cols, cols.headed, cols.k_extent,
+                     max((cols.span(op) for op in cols.sizes), default=H), len(runs) * math.ceil(H / units), rows,
+                     tuple(len(groups) * group_span(B * units, len(groups)) for _, _, groups in runs),
+                     max(len(operands) for _, operands, _ in runs), unit_sum_bytes(plan, B, units),
+                     plan.product_phases, tuple(checks))
+
+
+_placements = plan_memo(4096)(placed)
+
+
+def geometry(cfg: PersistentConfig, plan: CellPlan) -> Geometry:
+    """What ``cfg`` implies for ``plan``; ConfigError where its units fit no head of a head-wise product."""
+    return placed_geometry(cfg, plan, placement(plan, cfg.layout, cfg.units_per_cta))
+
+
+def placed_geometry(cfg: PersistentConfig, plan: CellPlan, at: Placement) -> Geometry:
+    """:func:`geometry` of ``cfg`` from its :func:`placement` ``at``."""
+    B, policy = plan.batch, plan.policy
+    if at.problem:  # the units fit no head
+        raise ConfigError(at.problem)
+    K, row, rows = at.K, at.row, at.rows
     row_groups = max(1, math.ceil(rows / cfg.rows_per_thread))
     threads = _round_up(row_groups * cfg.k_split, 32)
     k_chunks = math.ceil(K / (cfg.vec * cfg.k_split)) if rows else 0
     k_pad = k_chunks * cfg.vec * cfg.k_split
-    stride = _round_up(cols.tile_width(k_pad), 4) if cols.headed else 0
+    stride = _round_up(at.cols.tile_width(k_pad), 4) if at.headed else 0
     sc = min(cfg.smem_chunks, k_chunks)
     lc = min(cfg.l2_chunks, k_chunks - sc)
     weights = cfg.rows_per_thread * (k_chunks - sc - lc) * cfg.vec if rows else 0
     smem_ws = policy.itemsize * threads * cfg.rows_per_thread * sc * cfg.vec
     l2_ws = policy.itemsize * threads * cfg.rows_per_thread * lc * cfg.vec
     # (group, batch row, unit) items, each group on warps of its own
-    ipt = max(math.ceil(len(groups) * group_span(B * cfg.units_per_cta, len(groups)) / threads)
-              for _, _, groups in runs)
-    n_ops = max(len(operands) for _, operands, _ in runs)
+    ipt = max(math.ceil(span / threads) for span in at.item_spans)
+    n_ops = at.n_ops
     smem_hs = policy.itemsize * n_ops * cfg.batch_tile * (stride or k_pad)
     smem_gs = itemsize(policy.accumulate) * B * rows
     # the loads the kind's poll holds while it waits (none for a kind that polls no values)
     tagged, poll_regs = barrier(cfg.barrier).polled_loads(cfg.batch_tile * row if n_ops else 0, threads, row,
                                                           policy.itemsize, n_ops)
     regs = (weights + cfg.rows_per_thread * cfg.batch_tile + cfg.vec + ipt * plan.item_values
-            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (plan.product_phases - 1))
+            + poll_regs * tagged + REG_OVERHEAD + PHASE_OVERHEAD * (at.product_phases - 1))
     if sc or lc:  # a chunk's state vectors of the whole tile and one weight vector (persistent_weights)
         regs += cfg.batch_tile * cfg.vec + cfg.vec
     if lc:  # a streamed chunk's weight vectors of every row, loaded together, and each row's offset
         regs += (cfg.rows_per_thread - 1) * cfg.vec + cfg.rows_per_thread
-    return Geometry(ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile), ipt,
-                    tagged, smem_hs, smem_gs, regs, stride, unit_sum_bytes(plan, B, cfg.units_per_cta), sc, smem_ws,
-                    lc, l2_ws)
+    return Geometry.made(at.ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile),
+                         ipt, tagged, smem_hs, smem_gs, regs, stride, at.smem_us, sc, smem_ws, lc, l2_ws)
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
@@ -213,16 +282,16 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     if cfg.smem_chunks < 0:
         raise ConfigError(f"smem_chunks={cfg.smem_chunks}: the weight chunks a lane keeps in shared memory, 0 or more")
     check_atomic_sums(cfg, plan)
-    g = geometry(cfg, plan)
+    at = placement(plan, cfg.layout, cfg.units_per_cta)
+    g = placed_geometry(cfg, plan, at)
     if cfg.smem_chunks > g.k_chunks:
         raise ConfigError(f"smem_chunks={cfg.smem_chunks}: a lane's row has {g.k_chunks} chunks of {cfg.vec} weights "
                           f"(hidden {plan.hidden} over k_split {cfg.k_split}); at most {g.k_chunks} can be in shared "
                           "memory")
-    check_streamed(cfg, g, plan)
-    cols = OperandColumns.of(plan.reductions, plan.hidden, cfg.units_per_cta)
-    for reductions, _, _ in parts(cfg.layout, plan):
-        check_heads(cols, reductions, cfg.rows_per_thread, "rows_per_thread", "a thread's rows")
-        headed = sorted({r.head_size(plan.hidden) for r in reductions} - {plan.hidden})
+    check_streamed(cfg, g, plan, at)
+    for reductions, headed, _, _ in at.checks:
+        if at.headed:
+            check_heads(at.cols, reductions, cfg.rows_per_thread, "rows_per_thread", "a thread's rows")
         if any(D % cfg.vec for D in headed):
             raise ConfigError(f"vec={cfg.vec}: a head-wise product's rows read their head's values from a multiple of "
                               f"its head size ({', '.join(map(str, headed))} units), in loads of vec values: vec must "
@@ -232,9 +301,7 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
                           f"(batch_tile {cfg.batch_tile} x hidden {plan.hidden} over {g.threads} threads, for each "
                           "operand one poll waits on); at most 32: "
                           "lower batch_tile")
-    for reductions, _, _ in parts(cfg.layout, plan):  # the products of one CTA
-        products = [r.slices * cfg.units_per_cta for r in reductions]
-        mixed = len({(r.operand, r.phase) for r in reductions}) > 1
+    for _, _, products, mixed in at.checks:  # the products of one CTA
         if mixed and any(rows % cfg.rows_per_thread for rows in products):
             raise ConfigError(f"rows_per_thread={cfg.rows_per_thread} must divide the rows of each recurrent product "
                               f"({', '.join(map(str, products))}) when products read different operands or run in "
@@ -252,8 +319,9 @@ def validate(cfg: PersistentConfig, plan: CellPlan, gpu: GpuSpec) -> Geometry:
     return g
 
 
-def check_streamed(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> None:
-    """ConfigError where ``l2_chunks`` cannot be read in place from the weight matrix, with the reason."""
+def check_streamed(cfg: PersistentConfig, g: Geometry, plan: CellPlan, at: Placement) -> None:
+    """ConfigError where ``l2_chunks`` cannot be read in place from the weight matrix, with the reason (``at``: the
+    config's :func:`placement`)."""
     if cfg.l2_chunks < 0:
         raise ConfigError(f"l2_chunks={cfg.l2_chunks}: the weight chunks a lane reads from global memory, 0 or more")
     if not cfg.l2_chunks:
@@ -264,8 +332,7 @@ def check_streamed(cfg: PersistentConfig, g: Geometry, plan: CellPlan) -> None:
     problem = streaming_problem(plan)
     if problem:
         raise ConfigError(f"l2_chunks={cfg.l2_chunks}: {problem}: use l2_chunks=0")
-    for reductions, _, _ in parts(cfg.layout, plan):  # a thread reads one product's matrix
-        products = [r.slices * cfg.units_per_cta for r in reductions]
+    for _, _, products, _ in at.checks:  # a thread reads one product's matrix
         if len(products) > 1 and any(rows % cfg.rows_per_thread for rows in products):
             raise ConfigError(f"l2_chunks={cfg.l2_chunks}: a thread reads its streamed chunks from one product's "
                               f"weight matrix, so rows_per_thread={cfg.rows_per_thread} must divide the rows of each "
@@ -295,7 +362,9 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
     H, B = plan.hidden, plan.batch
     tiles = sorted({t for t in (1, 2, 4, 8, 16, B) if t <= B})
     out = []
+    sums = atomic_sums_offered(plan)
     for layout, runs, layout_barriers in layouts(plan, barriers):
+        kinds = [(b, a) for b in layout_barriers for a in sums]
         min_units = math.ceil(runs * H / gpu.sms)
         units = sorted({u for u in (min_units, min_units + 1, 2 * min_units, 4 * min_units) if u <= H}
                        | fitting_units(plan, min_units))
@@ -308,8 +377,7 @@ def space(plan: CellPlan, gpu: GpuSpec, barriers: tuple = tuple(BARRIERS)) -> li
                 for r in per_thread:
                     for bt in tiles:
                         for vec in (1, 2, 4):
-                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout, atomic_sums=a)
-                                       for b in layout_barriers for a in atomic_sums_offered(plan))
+                            out.extend(PersistentConfig(u, ks, r, bt, vec, b, layout, atomic_sums=a) for b, a in kinds)
     tiered = out
     if tiers_offered(plan, gpu, out, validate):
         tiered = [dataclasses.replace(base, smem_chunks=sc) for base in out for sc in weight_tiers(base, plan, gpu)]

@@ -30,6 +30,7 @@ Registers hold chunks ``[L, k_chunks - S)``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -76,8 +77,10 @@ def halving_levels(values: int, k_split: int) -> list[HalvingLevel]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def lane_shuffles(values: int, k_split: int) -> int:
-    """Shuffles a lane issues in :meth:`RegisterWeights.lane_reduce`."""
+    """Shuffles a lane issues in :meth:`RegisterWeights.lane_reduce` (answered once per arguments in a process: the
+    cost estimate of every valid config of a space asks)."""
     return sum(level.half or 1 for level in halving_levels(values, k_split))
 
 

@@ -203,7 +203,7 @@ def check_resources(g, plan: CellPlan, gpu: GpuSpec, holds: str, registers_advic
             f"{g.smem_bytes} bytes of shared memory): {grid_advice}")
 
 
-_PER_PLAN: list = []  # the memos of :func:`per_plan`, for :func:`forget_rankings`
+_PER_PLAN: list = []  # the memos of :func:`per_plan` and :func:`plan_memo`, for :func:`forget_rankings`
 PER_PLAN_KEPT = 256  # rankings a memo keeps (the latest asked)
 
 
@@ -232,8 +232,36 @@ def per_plan(rank: Callable) -> Callable:
     return ranked
 
 
+def plan_memo(kept: int) -> Callable:
+    """``answer(plan, *args)`` worked out once per plan object and arguments in a process, for answers that no one
+    changes (a frozen dataclass, a tuple): what every config of a space asks of its plan again (e.g. the plan's parts
+    at one layout and units per CTA). The memo holds each plan it keys by its ``id`` and keeps the latest ``kept``
+    answers; :func:`forget_rankings` empties it with the rankings (a patch of what an answer reads)."""
+
+    def memoized(answer: Callable) -> Callable:
+        memo: OrderedDict = OrderedDict()
+        _PER_PLAN.append(memo)
+
+        @functools.wraps(answer)
+        def answered(plan: CellPlan, *args):
+            key = (id(plan), *args)
+            found = memo.get(key)
+            if found is not None and found[0] is plan:
+                memo.move_to_end(key)
+                return found[1]
+            value = answer(plan, *args)
+            memo[key] = (plan, value)
+            if len(memo) > kept:
+                memo.popitem(last=False)
+            return value
+
+        return answered
+
+    return memoized
+
+
 def forget_rankings() -> None:
-    """Empty every :func:`per_plan` memo."""
+    """Empty every :func:`per_plan` and :func:`plan_memo` memo."""
     for memo in _PER_PLAN:
         memo.clear()
 
