@@ -112,17 +112,6 @@ class Geometry:
     l2_chunks: int = 0     # of each row's k_chunks per lane, the first ones, read from global memory every step
     l2_ws: int = 0         # bytes: the weights a CTA reads from global memory (L2) per batch tile and step
 
-    @classmethod
-    def made(cls, *values) -> "Geometry":
-        """``Geometry(*values)``, every field in order, made without the frozen dataclass's ``__init__`` (which sets
-        each field through ``object.__setattr__``: about half of what :func:`geometry` costs, and every config of a
-        space has one): the same object, equal, hashed and shown alike. The class has no ``__post_init__`` to skip."""
-        if len(values) != len(_GEOMETRY_FIELDS):
-            raise TypeError(f"Geometry.made takes its {len(_GEOMETRY_FIELDS)} fields, not {len(values)}")
-        g = object.__new__(cls)
-        g.__dict__.update(zip(_GEOMETRY_FIELDS, values))
-        return g
-
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as allocated (:func:`~prnn_tvm.target.launchable_smem`)."""
@@ -149,8 +138,6 @@ class Geometry:
         of the CTA's heads and the last head's padding (``head_columns.OperandColumns.tile_width``)."""
         return self.tile_stride or self.k_pad
 
-
-_GEOMETRY_FIELDS = tuple(f.name for f in dataclasses.fields(Geometry))
 
 
 def group_span(items: int, groups: int) -> int:
@@ -251,8 +238,8 @@ def placed_geometry(cfg: PersistentConfig, plan: CellPlan, at: Placement) -> Geo
         regs += cfg.batch_tile * cfg.vec + cfg.vec
     if lc:  # a streamed chunk's weight vectors of every row, loaded together, and each row's offset
         regs += (cfg.rows_per_thread - 1) * cfg.vec + cfg.rows_per_thread
-    return Geometry.made(at.ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile),
-                         ipt, tagged, smem_hs, smem_gs, regs, stride, at.smem_us, sc, smem_ws, lc, l2_ws)
+    return Geometry(at.ctas, threads, rows, row_groups, k_chunks, k_pad, weights, math.ceil(B / cfg.batch_tile), ipt,
+                    tagged, smem_hs, smem_gs, regs, stride, at.smem_us, sc, smem_ws, lc, l2_ws)
 
 
 def refusal(plan: CellPlan, arch: str) -> str | None:
