@@ -72,7 +72,6 @@ thread_local unsigned char* dynamic_shared = nullptr;
 dim3 block_dim, grid_dim;
 constexpr size_t PAGE = 4096, STACK = 256 * 1024;
 
-
 // `bytes` of memory ending where a page that faults on any access begins (the fault handler names `name`).
 static unsigned char* guarded(size_t bytes, const char* name) {
   const size_t span = (bytes + PAGE - 1) / PAGE * PAGE;
