@@ -213,21 +213,13 @@ def per_plan(rank: Callable) -> Callable:
     dtype, so a compile, its config report and a check of its defaults rank the space once (ranking validates
     every config of it). The memo holds each plan it keys by its ``id``. A patch of what a ranking reads forgets
     them (:func:`forget_rankings`; the test suite's ``monkeypatch`` forgets them at every patch and its undoing)."""
-    memo: OrderedDict = OrderedDict()
-    _PER_PLAN.append(memo)
+    memoized = plan_memo(PER_PLAN_KEPT)(
+        lambda plan, gpu, args, kwargs: tuple(rank(plan, gpu, *args, **dict(kwargs)))
+    )
 
     @functools.wraps(rank)
     def ranked(plan: CellPlan, gpu: GpuSpec, *args, **kwargs) -> list:
-        key = (id(plan), gpu, args, tuple(sorted(kwargs.items())))
-        kept = memo.get(key)
-        if kept is not None and kept[0] is plan:
-            memo.move_to_end(key)
-            return list(kept[1])
-        found = rank(plan, gpu, *args, **kwargs)
-        memo[key] = (plan, tuple(found))
-        if len(memo) > PER_PLAN_KEPT:
-            memo.popitem(last=False)
-        return list(found)
+        return list(memoized(plan, gpu, args, tuple(sorted(kwargs.items()))))
 
     return ranked
 
